@@ -1,0 +1,3 @@
+"""packcli: turn raw fine-tuning data into packed, trainer-ready shards."""
+
+__version__ = "0.1.0"

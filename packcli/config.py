@@ -1,0 +1,109 @@
+"""The frozen options of a pack run, and presets loaded from config files (TOML or JSON).
+
+A config file holds the same names as the ``pack`` flags (``max_len``, ``train_on``, ...) plus a
+``[fields]`` table that renames record fields. Flags given on the command line override the file.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from packcli.errors import UsageError
+from packcli.formats import DEFAULT_FIELDS, FORMATS
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "format": ("auto", *FORMATS),
+    "train_on": ("auto", "all", "assistant", "last_assistant", "completion"),
+    "overflow": ("drop", "truncate", "error"),
+    "on_error": ("fail", "skip"),
+    "output_format": ("parquet", "arrow"),
+    "algorithm": ("ffd", "bfd"),
+    "rank_remainder": ("drop", "pad"),
+}
+
+
+@dataclass(frozen=True)
+class PackConfig:
+    """Every option of ``packcli pack``; the manifest records all of them."""
+
+    inputs: tuple[str, ...]
+    output: str = "packed"
+    max_len: int = 4096
+    tokenizer: str | None = None
+    chat_template: str | None = None
+    split: str | None = None
+    format: str = "auto"
+    fields: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_FIELDS))
+    train_on: str = "auto"
+    add_eos: bool = True
+    overflow: str = "drop"
+    on_error: str = "fail"
+    algorithm: str = "ffd"
+    seed: int = 0
+    world_size: int = 1
+    rank_remainder: str = "drop"
+    rows_per_shard: int = 10_000
+    output_format: str = "parquet"
+    pad_to_max: bool = False
+    overwrite: bool = False
+    num_proc: int = 1
+    cache: bool = True
+    cache_dir: str | None = None
+    rejects: str | None = None
+    dry_run: bool = False
+
+    def __post_init__(self) -> None:
+        for name, allowed in CHOICES.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                flag = "--" + name.replace("_", "-")
+                raise UsageError(f"{flag} must be one of {', '.join(allowed)}, not '{value}'")
+        for name, low in (("max_len", 2), ("rows_per_shard", 1), ("world_size", 1), ("num_proc", 1)):
+            if getattr(self, name) < low:
+                raise UsageError(f"--{name.replace('_', '-')} must be at least {low}, not {getattr(self, name)}")
+        unknown = set(self.fields) - set(DEFAULT_FIELDS)
+        if unknown:
+            raise UsageError(
+                f"unknown field name(s) {', '.join(sorted(unknown))}; known: {', '.join(DEFAULT_FIELDS)}"
+            )
+
+    def options(self) -> dict[str, Any]:
+        """Return the options as plain JSON values, for the manifest."""
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {"inputs": list(self.inputs)}
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    """Read a preset; return its options with field renames merged over the defaults."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+        data = tomllib.loads(text) if p.suffix != ".json" else json.loads(text)
+    except FileNotFoundError as exc:
+        raise UsageError(f"{path}: no such config file; check the --config path") from exc
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
+        raise UsageError(f"{path}: not a valid config file ({exc}); fix it") from exc
+    known = {f.name for f in fields(PackConfig)} - {"inputs"}
+    data = {k.replace("-", "_"): v for k, v in data.items() if k != "description"}
+    unknown = set(data) - known
+    if unknown:
+        raise UsageError(f"{path}: unknown option(s) {', '.join(sorted(unknown))}; see packcli pack --help")
+    if "fields" in data:
+        if not isinstance(data["fields"], dict):
+            raise UsageError(f"{path}: 'fields' must be a table of name = field")
+        data["fields"] = {**DEFAULT_FIELDS, **data["fields"]}
+    return data
+
+
+def parse_field_flags(values: list[str]) -> dict[str, str]:
+    """Parse ``--field NAME=FIELD`` flags."""
+    out = {}
+    for value in values:
+        name, sep, target = value.partition("=")
+        if not sep or not name or not target:
+            raise UsageError(f"--field takes NAME=FIELD (e.g. messages=dialog), not '{value}'")
+        out[name.strip()] = target.strip()
+    return out

@@ -1,0 +1,42 @@
+"""The one error hierarchy. Core modules raise these; ``cli.main`` turns them into one line and an exit code."""
+
+from __future__ import annotations
+
+
+class PackcliError(Exception):
+    """A known failure: the message is one line that names what went wrong and how to fix it."""
+
+    exit_code = 1
+
+
+class UsageError(PackcliError):
+    """Bad flags or options (exit code 2)."""
+
+    exit_code = 2
+
+
+class InputError(PackcliError):
+    """Bad or unreadable input data (exit code 1)."""
+
+
+class TokenizerError(PackcliError):
+    """The tokenizer or chat template cannot be loaded or applied (exit code 1)."""
+
+
+class OutputError(PackcliError):
+    """The output cannot be written (exit code 1)."""
+
+
+class Interrupted(PackcliError):
+    """The run was stopped by a signal; nothing partial was left behind (exit code 130)."""
+
+    exit_code = 130
+
+
+class RecordError(Exception):
+    """One record cannot be used. ``reason`` is a short snake_case key counted in the summary."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail

@@ -1,0 +1,234 @@
+"""Detect the record format and normalise each record to a ``Sample``.
+
+Record formats: ``messages`` (OpenAI-style chat), ``conversations`` (ShareGPT), ``prompt_completion``
+(strings or message lists), ``alpaca``, ``text`` and ``tokenized`` (``input_ids``, optional ``labels``).
+Field names can be remapped (``--field messages=dialog``), so every lookup goes through ``fields``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from packcli.errors import RecordError
+
+FORMATS = ("messages", "conversations", "prompt_completion", "alpaca", "text", "tokenized")
+
+DEFAULT_FIELDS: dict[str, str] = {
+    "messages": "messages",
+    "conversations": "conversations",
+    "role": "role",
+    "content": "content",
+    "from": "from",
+    "value": "value",
+    "prompt": "prompt",
+    "completion": "completion",
+    "instruction": "instruction",
+    "input": "input",
+    "output": "output",
+    "system": "system",
+    "text": "text",
+    "input_ids": "input_ids",
+    "labels": "labels",
+}
+
+ROLES = ("system", "user", "assistant", "tool")
+
+# ShareGPT speaker names seen in real exports, mapped to chat roles.
+SHAREGPT_ROLES: dict[str, str] = {
+    "system": "system",
+    "human": "user",
+    "user": "user",
+    "prompter": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "model": "assistant",
+    "bot": "assistant",
+    "ai": "assistant",
+    "function_call": "assistant",
+    "tool": "tool",
+    "function": "tool",
+    "function_response": "tool",
+    "observation": "tool",
+    "ipython": "tool",
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One normalised record.
+
+    ``kind`` is ``chat`` (``messages``; ``prompt_len`` messages of prompt when it came from a
+    prompt/completion pair), ``prompt_completion`` (strings), ``text``, or ``tokenized``.
+    """
+
+    kind: str
+    messages: list[dict[str, Any]] | None = None
+    prompt_len: int | None = None
+    prompt: str | None = None
+    completion: str | None = None
+    text: str | None = None
+    input_ids: list[int] | None = None
+    labels: list[int] | None = None
+
+
+def detect_format(record: Any, fields: dict[str, str]) -> str | None:
+    """Return the record format that a record's fields show, or None when none fits."""
+    if not isinstance(record, dict):
+        return None
+    if fields["messages"] in record:
+        return "messages"
+    if fields["conversations"] in record:
+        return "conversations"
+    if fields["prompt"] in record and fields["completion"] in record:
+        return "prompt_completion"
+    if fields["instruction"] in record and fields["output"] in record:
+        return "alpaca"
+    if fields["input_ids"] in record:
+        return "tokenized"
+    if fields["text"] in record:
+        return "text"
+    return None
+
+
+def normalize(record: Any, fmt: str, fields: dict[str, str]) -> Sample:
+    """Return the record as a Sample of format ``fmt``; raise RecordError naming what is wrong."""
+    if not isinstance(record, dict):
+        raise RecordError("not_an_object", f"the record is a {type(record).__name__}, not a JSON object")
+    if fmt == "messages":
+        return Sample("chat", messages=_messages(_require(record, fields["messages"]), fields, sharegpt=False))
+    if fmt == "conversations":
+        return Sample("chat", messages=_messages(_require(record, fields["conversations"]), fields, sharegpt=True))
+    if fmt == "prompt_completion":
+        prompt = _require(record, fields["prompt"])
+        completion = _require(record, fields["completion"])
+        if isinstance(prompt, str) and isinstance(completion, str):
+            return Sample("prompt_completion", prompt=prompt, completion=completion)
+        if isinstance(prompt, str):
+            prompt = [{"role": "user", "content": prompt}]
+        if isinstance(completion, str):
+            completion = [{"role": "assistant", "content": completion}]
+        prompt_msgs = _messages(prompt, fields, sharegpt=False, field=fields["prompt"], allow_empty=True)
+        completion_msgs = _messages(completion, fields, sharegpt=False, field=fields["completion"])
+        return Sample("chat", messages=prompt_msgs + completion_msgs, prompt_len=len(prompt_msgs))
+    if fmt == "alpaca":
+        instruction = _string(record, fields["instruction"])
+        extra = record.get(fields["input"])
+        if extra is not None and not isinstance(extra, str):
+            raise RecordError("wrong_type", f"field '{fields['input']}' must be a string, not {_tname(extra)}")
+        output = _string(record, fields["output"])
+        user = instruction + ("\n\n" + extra if extra else "")
+        messages = [{"role": "user", "content": user}, {"role": "assistant", "content": output}]
+        system = record.get(fields["system"])
+        if isinstance(system, str) and system:
+            messages.insert(0, {"role": "system", "content": system})
+        return Sample("chat", messages=messages, prompt_len=len(messages) - 1)
+    if fmt == "text":
+        return Sample("text", text=_string(record, fields["text"]))
+    if fmt == "tokenized":
+        ids = _int_list(_require(record, fields["input_ids"]), fields["input_ids"])
+        labels = record.get(fields["labels"])
+        if labels is not None:
+            labels = _int_list(labels, fields["labels"])
+            if len(labels) != len(ids):
+                raise RecordError(
+                    "length_mismatch",
+                    f"'{fields['labels']}' has {len(labels)} values but '{fields['input_ids']}' has {len(ids)}",
+                )
+        return Sample("tokenized", input_ids=ids, labels=labels)
+    raise ValueError(f"unknown format {fmt!r}")
+
+
+def _tname(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _require(record: dict[str, Any], key: str) -> Any:
+    if key not in record:
+        raise RecordError("missing_field", f"the record has no field '{key}' (it has: {', '.join(map(str, record))})")
+    value = record[key]
+    if value is None:
+        raise RecordError("wrong_type", f"field '{key}' is null")
+    return value
+
+
+def _string(record: dict[str, Any], key: str) -> str:
+    value = _require(record, key)
+    if not isinstance(value, str):
+        raise RecordError("wrong_type", f"field '{key}' must be a string, not {_tname(value)}")
+    return value
+
+
+def _int_list(value: Any, key: str) -> list[int]:
+    if isinstance(value, str):
+        value = _json_cell(value, key)
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise RecordError("wrong_type", f"field '{key}' must be a list of integers")
+    return value
+
+
+def _json_cell(value: str, key: str) -> Any:
+    # CSV cells and some exports carry lists as JSON text.
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise RecordError("wrong_type", f"field '{key}' is a string that is not JSON ({exc.msg})") from exc
+
+
+def _messages(
+    value: Any,
+    fields: dict[str, str],
+    *,
+    sharegpt: bool,
+    field: str | None = None,
+    allow_empty: bool = False,
+) -> list[dict[str, Any]]:
+    field = field or (fields["conversations"] if sharegpt else fields["messages"])
+    if isinstance(value, str):
+        value = _json_cell(value, field)
+    if not isinstance(value, list):
+        raise RecordError("wrong_type", f"field '{field}' must be a list of messages, not {_tname(value)}")
+    if not value and not allow_empty:
+        raise RecordError("empty_conversation", f"field '{field}' is an empty list")
+    role_key = fields["from"] if sharegpt else fields["role"]
+    content_key = fields["value"] if sharegpt else fields["content"]
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise RecordError("wrong_type", f"message {i} of '{field}' is a {_tname(message)}, not an object")
+        if role_key not in message:
+            raise RecordError("missing_field", f"message {i} of '{field}' has no '{role_key}'")
+        role = message[role_key]
+        if not isinstance(role, str):
+            raise RecordError("wrong_type", f"message {i} of '{field}': '{role_key}' must be a string")
+        if sharegpt:
+            mapped = SHAREGPT_ROLES.get(role.lower())
+            if mapped is None:
+                raise RecordError(
+                    "unknown_role",
+                    f"message {i} of '{field}': unknown speaker '{role}' (known: {', '.join(SHAREGPT_ROLES)})",
+                )
+            role = mapped
+        elif role not in ROLES:
+            raise RecordError(
+                "unknown_role", f"message {i} of '{field}': unknown role '{role}' (known: {', '.join(ROLES)})"
+            )
+        content = message.get(content_key)
+        if content is None and not message.get("tool_calls"):
+            raise RecordError("wrong_type", f"message {i} of '{field}': '{content_key}' is missing or null")
+        if content is not None and not isinstance(content, (str, list)):
+            raise RecordError(
+                "wrong_type", f"message {i} of '{field}': '{content_key}' must be a string, not {_tname(content)}"
+            )
+        if isinstance(content, list) and not all(isinstance(p, dict) for p in content):
+            raise RecordError("wrong_type", f"message {i} of '{field}': content parts must be objects")
+        if sharegpt or role_key != "role" or content_key != "content":
+            # Keep every other key (tool_calls, reasoning, names): templates may read them.
+            rest = {k: v for k, v in message.items() if k not in (role_key, content_key)}
+            message = {"role": role, "content": content, **rest}
+        out.append(message)
+    return out

@@ -1,0 +1,582 @@
+"""The pack run: read, normalise, tokenize (in worker processes), plan, write. Returns the summary."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packcli import __version__, packing
+from packcli.cache import TokenStore, TokenStoreWriter, cache_key, default_cache_dir, find_store
+from packcli.config import PackConfig
+from packcli.errors import InputError, OutputError, RecordError
+from packcli.formats import detect_format, normalize
+from packcli.shards import (
+    StagedOutput,
+    build_rows,
+    check_output_dir,
+    shard_name,
+    write_manifest,
+    write_shard,
+)
+from packcli.sources import InputSource, RawBatch, fingerprint, read_batches, resolve_inputs
+from packcli.tokenize import EncodeOptions, Encoder
+
+Progress = Callable[[str, int, int | None], None]
+
+# Reasons a record is left out by policy: always counted, never an error. Every other reason is bad
+# data, which stops the run unless --on-error skip.
+POLICY_DROPS = frozenset(
+    {
+        "empty",
+        "empty_conversation",
+        "no_assistant_turn",
+        "nothing_to_train",
+        "too_long",
+        "nothing_to_train_after_truncation",
+        "world_size_remainder",
+    }
+)
+BATCH_SIZE = 1000
+REJECT_RECORD_CHARS = 100_000
+
+
+def _no_progress(stage: str, advance: int, total: int | None) -> None:
+    return None
+
+
+@dataclass
+class TokenizedBatch:
+    """A worker's output for one RawBatch: kept samples as flat arrays, and the rejected records."""
+
+    source: str
+    first_index: int
+    n_records: int
+    sample_index: np.ndarray
+    lengths: np.ndarray
+    trainable: np.ndarray
+    first_trained: np.ndarray
+    positions: np.ndarray
+    ids: np.ndarray
+    labels: np.ndarray
+    rejects: list[dict[str, Any]] = field(default_factory=list)
+
+
+# Worker state: set in the parent before the pool forks, so workers start without loading anything.
+_STATE: dict[str, Any] = {}
+
+
+def _tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
+    encoder: Encoder = _STATE["encoder"]
+    fields: dict[str, str] = _STATE["fields"]
+    errors = {pos: (reason, detail) for pos, reason, detail in batch.errors}
+    samples: list[Any] = []
+    raws: list[Any] = []
+    for item, pos in zip(batch.items, batch.positions, strict=True):
+        raws.append(item)
+        try:
+            if pos in errors:
+                raise RecordError(*errors[pos])
+            record = _parse_line(item) if batch.raw_lines else item
+            record_format = fmt or detect_format(record, fields)
+            if record_format is None:
+                keys = ", ".join(map(str, record)) if isinstance(record, dict) else type(record).__name__
+                raise RecordError("unknown_format", f"no known record format fits the fields ({keys})")
+            samples.append(normalize(record, record_format, fields))
+        except RecordError as err:
+            samples.append(err)
+    results = encoder.encode_batch(samples)
+    kept_index, kept_pos, ids, labels, rejects = [], [], [], [], []
+    for k, result in enumerate(results):
+        index = batch.first_index + k
+        if isinstance(result, RecordError):
+            rejects.append(_reject(index, batch.source, batch.positions[k], result, raws[k], batch.raw_lines))
+            continue
+        kept_index.append(index)
+        kept_pos.append(batch.positions[k])
+        ids.append(result[0])
+        labels.append(result[1])
+    lengths = np.array([len(x) for x in ids], dtype=np.int32)
+    trained = [lab != -100 for lab in labels]
+    return TokenizedBatch(
+        source=batch.source,
+        first_index=batch.first_index,
+        n_records=len(batch.items),
+        sample_index=np.array(kept_index, dtype=np.int64),
+        lengths=lengths,
+        trainable=np.array([int(t.sum()) for t in trained], dtype=np.int32),
+        first_trained=np.array([int(t.argmax()) for t in trained], dtype=np.int32),
+        positions=np.array(kept_pos, dtype=np.int32),
+        ids=np.concatenate(ids) if ids else np.zeros(0, np.int32),
+        labels=np.concatenate(labels) if labels else np.zeros(0, np.int32),
+        rejects=rejects,
+    )
+
+
+def _parse_line(line: bytes) -> Any:
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecordError("invalid_utf8", f"byte {exc.start} of the line is not UTF-8; re-encode the file") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecordError("invalid_json", f"invalid JSON ({exc.msg} at column {exc.colno})") from exc
+
+
+def _reject(index: int, source: str, position: int, err: RecordError, raw: Any, raw_lines: bool) -> dict[str, Any]:
+    if raw_lines and isinstance(raw, bytes):
+        record: Any = raw.decode("utf-8", errors="replace").rstrip("\n")
+    else:
+        record = raw
+    text = record if isinstance(record, str) else json.dumps(record, ensure_ascii=False, default=str)
+    return {
+        "sample_index": index,
+        "source": source,
+        "position": position,
+        "reason": err.reason,
+        "detail": err.detail,
+        "record": text[:REJECT_RECORD_CHARS],
+    }
+
+
+def _where(source: str, position: int, raw_lines: bool = True) -> str:
+    return f"{source} {'line' if raw_lines else 'record'} {position}"
+
+
+# -- stage 1: tokenize into the token store ---------------------------------------------------------
+
+
+def _sniff_format(source: InputSource, fields: dict[str, str]) -> str | None:
+    """Return the record format of a source, from the fields of its first readable record."""
+    for batch in read_batches([source], batch_size=50):
+        for item in batch.items:
+            try:
+                record = _parse_line(item) if batch.raw_lines else item
+            except RecordError:
+                continue
+            fmt = detect_format(record, fields)
+            if fmt is not None:
+                return fmt
+        break
+    return None
+
+
+def _map_ordered(
+    fn: Callable[..., TokenizedBatch], jobs: Iterator[tuple[Any, ...]], num_proc: int
+) -> Iterator[TokenizedBatch]:
+    """Run ``fn`` over jobs, in worker processes when num_proc > 1, yielding results in job order.
+
+    At most a few batches per worker are in flight, so memory does not grow with the input.
+    """
+    if num_proc <= 1:
+        for job in jobs:
+            yield fn(*job)
+        return
+    context = multiprocessing.get_context("fork")
+    executor = ProcessPoolExecutor(max_workers=num_proc, mp_context=context)
+    pending: deque[Future[TokenizedBatch]] = deque()
+    try:
+        for job in jobs:
+            pending.append(executor.submit(fn, *job))
+            if len(pending) >= 2 * num_proc + 1:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for f in pending:
+            f.cancel()
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
+def tokenize_to_store(
+    config: PackConfig,
+    sources: list[InputSource],
+    formats: dict[str, str | None],
+    encoder: Encoder,
+    store_path: Path,
+    progress: Progress,
+) -> TokenStore:
+    """Tokenize every record of the sources into a token store at ``store_path``."""
+    _STATE.update(encoder=encoder, fields=config.fields)
+    writer = TokenStoreWriter(store_path)
+    counts: Counter[str] = Counter()
+    records = 0
+    rejects_path = writer.tmp / "rejects.jsonl"
+    kinds = {s.display: s.kind for s in sources}
+    starts: dict[str, int] = {}
+    try:
+        with open(rejects_path, "w", encoding="utf-8") as rejects_file:
+            jobs = ((batch, formats[batch.source]) for batch in read_batches(sources, BATCH_SIZE))
+            for result in _map_ordered(_tokenize_batch, jobs, config.num_proc):
+                records += result.n_records
+                starts.setdefault(result.source, result.first_index)
+                for reject in result.rejects:
+                    if reject["reason"] not in POLICY_DROPS and config.on_error == "fail":
+                        where = _where(reject["source"], reject["position"], kinds.get(reject["source"]) in ("jsonl",))
+                        raise InputError(
+                            f"{where}: {reject['detail']}; fix the record, or pass --on-error skip to skip bad records"
+                        )
+                    counts[reject["reason"]] += 1
+                    rejects_file.write(json.dumps(reject, ensure_ascii=False) + "\n")
+                writer.add(
+                    result.sample_index,
+                    result.lengths,
+                    result.ids,
+                    result.labels,
+                    result.trainable,
+                    result.first_trained,
+                    result.positions,
+                )
+                progress("tokenize", result.n_records, None)
+        meta = {
+            "records_read": records,
+            "dropped": dict(sorted(counts.items())),
+            "sources": [
+                {"path": s.display, "kind": s.kind, "format": formats[s.display]} for s in sources
+            ],
+            "source_starts": [starts.get(s.display, records) for s in sources],
+        }
+        return writer.finish(meta)
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        _STATE.clear()
+
+
+# -- stage 2 and 3: plan and write ----------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """Which samples go in which row, and in what order rows are written."""
+
+    store_rows: np.ndarray  # kept samples' store rows, grouped by row, ascending sample_index in a row
+    lengths: np.ndarray  # their lengths in the row (truncated where needed)
+    row_start: np.ndarray  # start of each row in store_rows (len rows + 1)
+    order: packing.RowOrder
+    drop_rows: dict[str, np.ndarray]  # store rows of the samples the plan leaves out, by reason
+    truncated: int
+    tokens: int
+    trainable: int
+    n_rows: int
+    bound_l1: int
+    bound_l2: int
+
+
+def make_plan(config: PackConfig, store: TokenStore) -> Plan:
+    """Apply the overflow policy and compute the bin plan from the sample lengths alone."""
+    lengths = store.lengths.astype(np.int64)
+    max_len = config.max_len
+    drop_rows: dict[str, np.ndarray] = {}
+    too_long = lengths > max_len
+    keep = ~too_long
+    eff = np.minimum(lengths, max_len)
+    truncated = 0
+    if config.overflow == "error" and too_long.any():
+        k = int(np.flatnonzero(too_long)[0])
+        source, kind = _source_of(store, int(store.sample_index[k]))
+        raise InputError(
+            f"{_where(source, int(store.positions[k]), kind == 'jsonl')}: the sample has {lengths[k]} tokens, "
+            f"more than --max-len {max_len}; raise --max-len or pass --overflow drop or truncate"
+        )
+    if config.overflow == "truncate":
+        nothing = too_long & (store.first_trained >= max_len)
+        keep = ~nothing
+        truncated = int((too_long & ~nothing).sum())
+        if nothing.any():
+            drop_rows["nothing_to_train_after_truncation"] = np.flatnonzero(nothing)
+    elif too_long.any():
+        drop_rows["too_long"] = np.flatnonzero(too_long)
+    kept = np.flatnonzero(keep)
+    if len(kept) == 0:
+        raise InputError(
+            f"no sample left to pack: all {len(lengths)} tokenized samples are longer than --max-len {max_len} "
+            "or have nothing to train on; raise --max-len"
+            if len(lengths)
+            else "no sample left to pack: every record was dropped (see the reasons with --on-error skip --rejects FILE)"
+        )
+    kept_len = eff[kept]
+    bins = packing.plan_rows(kept_len, max_len, config.algorithm)
+    by_row = np.argsort(bins, kind="stable")
+    store_rows = kept[by_row]
+    row_lengths = kept_len[by_row]
+    counts = np.bincount(bins)
+    row_start = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=row_start[1:])
+    row_tokens = np.bincount(bins, weights=kept_len).astype(np.int64)
+    order = packing.order_rows(row_tokens, config.seed, config.world_size, config.rank_remainder)
+    dropped_samples = np.zeros(0, dtype=np.int64)
+    if len(order.dropped_rows):
+        dropped_samples = np.concatenate([store_rows[row_start[r] : row_start[r + 1]] for r in order.dropped_rows])
+        drop_rows["world_size_remainder"] = dropped_samples
+    trainable_full = store.trainable.astype(np.int64)
+    trainable = int(trainable_full[kept].sum())
+    if truncated:
+        trainable = _trainable_after_truncation(store, kept, eff)
+    if len(dropped_samples):
+        trainable -= int(trainable_full[dropped_samples].sum())  # not truncated: rows dropped are the smallest
+    return Plan(
+        store_rows=store_rows,
+        lengths=row_lengths,
+        row_start=row_start,
+        order=order,
+        drop_rows=drop_rows,
+        truncated=truncated,
+        tokens=int(kept_len.sum()),
+        trainable=trainable,
+        n_rows=len(counts),
+        bound_l1=packing.lower_bound_l1(kept_len, max_len),
+        bound_l2=packing.lower_bound_l2(kept_len, max_len),
+    )
+
+
+def _trainable_after_truncation(store: TokenStore, kept: np.ndarray, eff: np.ndarray) -> int:
+    """Count labelled tokens when some samples are cut at max_len (reads only the cut samples' labels)."""
+    total = int(store.trainable[kept].astype(np.int64).sum())
+    cut = kept[eff[kept] < store.lengths[kept]]
+    if len(cut):
+        labels = store.open_tokens().column("labels").take(cut)
+        for row, keep_len in zip(labels.to_pylist(), eff[cut], strict=True):
+            total -= sum(1 for x in row[keep_len:] if x != -100)
+    return total
+
+
+def _source_of(store: TokenStore, sample_index: int) -> tuple[str, str]:
+    starts = store.meta.get("source_starts")
+    sources = store.meta["sources"]
+    if not starts:
+        return sources[0]["path"], sources[0]["kind"]
+    k = int(np.searchsorted(np.asarray(starts), sample_index, side="right")) - 1
+    return sources[k]["path"], sources[k]["kind"]
+
+
+def write_output(
+    config: PackConfig, store: TokenStore, plan: Plan, staged: Path, progress: Progress, pad_id: int
+) -> list[dict[str, Any]]:
+    """Write the planned rows as shards into ``staged``; return the manifest's shard entries."""
+    tokens = store.open_tokens()
+    order = plan.order.order
+    n_rows = len(order)
+    per = config.rows_per_shard
+    n_shards = max(1, -(-n_rows // per))
+    entries = []
+    counts = np.diff(plan.row_start)
+    for s in range(n_shards):
+        rows = order[s * per : (s + 1) * per]
+        samples_per_row = counts[rows]
+        starts = plan.row_start[rows]
+        total = int(samples_per_row.sum())
+        within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(samples_per_row) - samples_per_row, samples_per_row)
+        pick = np.repeat(starts, samples_per_row) + within
+        store_rows = plan.store_rows[pick]
+        table = build_rows(
+            tokens,
+            store_rows,
+            plan.lengths[pick],
+            samples_per_row,
+            store.sample_index[store_rows],
+            pad_to=config.max_len if config.pad_to_max else None,
+            pad_id=pad_id,
+        )
+        path = staged / shard_name(s, n_shards, config.output_format)
+        try:
+            entries.append(write_shard(table, path, config.output_format))
+        except OSError as exc:
+            raise OutputError(f"{path.name}: cannot write the shard ({exc.strerror or exc}); free disk space or choose another -o") from exc
+        progress("write", len(rows), n_rows)
+    return entries
+
+
+def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, Any]:
+    """Run ``packcli pack`` and return its summary (also written into the manifest)."""
+    progress = progress or _no_progress
+    started = time.perf_counter()
+    output = Path(config.output)
+    if not config.dry_run:
+        check_output_dir(output, config.overwrite)
+    sources = resolve_inputs(list(config.inputs), config.split)
+    encoder = Encoder(config.tokenizer, config.chat_template, EncodeOptions(config.train_on, config.add_eos))
+    formats: dict[str, str | None] = {}
+    for source in sources:
+        fmt = config.format if config.format != "auto" else _sniff_format(source, config.fields)
+        if fmt is None and config.on_error == "fail":
+            raise InputError(
+                f"{source.display}: cannot tell the record format from the fields of its first records; "
+                "pass --format, or --field to name the fields"
+            )
+        formats[source.display] = fmt
+    identity = encoder.identity()
+    fingerprints = [fingerprint(s) for s in sources]
+    key = cache_key(
+        {
+            "sources": [[s.display, s.kind, f] for s, f in zip(sources, fingerprints, strict=True)],
+            "formats": formats,
+            "fields": config.fields,
+            "tokenizer": identity,
+            "train_on": config.train_on,
+            "add_eos": config.add_eos,
+            "on_error": config.on_error,
+            "version": __version__,
+        }
+    )
+    cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
+    store = find_store(cache_root / key) if config.cache else None
+    cache_state = "hit" if store is not None else ("miss" if config.cache else "off")
+    staged = None if config.dry_run else StagedOutput(output, config.overwrite)
+    try:
+        t0 = time.perf_counter()
+        if store is None:
+            store_path = cache_root / key if config.cache else staged.tmp / ".tokens" if staged else None
+            if store_path is None:
+                import tempfile
+
+                store_path = Path(tempfile.mkdtemp(prefix="packcli-dry-run-")) / "tokens"
+            store = tokenize_to_store(config, sources, formats, encoder, store_path, progress)
+        t1 = time.perf_counter()
+        plan = make_plan(config, store)
+        t2 = time.perf_counter()
+        summary = _summary(config, store, plan, cache_state)
+        if staged is not None:
+            pad_id = encoder.tokenizer.pad_token_id
+            pad_id = pad_id if pad_id is not None else (encoder.eos_id or 0)
+            shards = write_output(config, store, plan, staged.tmp, progress, pad_id)
+            if config.rejects:
+                _write_rejects(Path(config.rejects), store, plan)
+            manifest = _manifest(config, identity, sources, fingerprints, formats, summary, shards)
+            if not config.cache:
+                import shutil
+
+                shutil.rmtree(staged.tmp / ".tokens", ignore_errors=True)
+            write_manifest(staged.tmp, manifest)
+            staged.commit()
+            summary["shards"] = len(shards)
+        t3 = time.perf_counter()
+    except BaseException:
+        if staged is not None:
+            staged.abort()
+        raise
+    summary["seconds"] = {
+        "tokenize": round(t1 - t0, 3),
+        "plan": round(t2 - t1, 3),
+        "write": round(t3 - t2, 3),
+        "total": round(t3 - started, 3),
+    }
+    summary["tokens_per_second"] = round(summary["tokens"] / max(t3 - started, 1e-9))
+    return summary
+
+
+def _summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str) -> dict[str, Any]:
+    dropped = Counter(store.meta["dropped"]) + Counter({k: len(v) for k, v in plan.drop_rows.items()})
+    records = int(store.meta["records_read"])
+    rows = len(plan.order.order)
+    packed = records - sum(dropped.values())
+    padded = int(sum(np.diff(plan.row_start)[plan.order.padded_rows])) if len(plan.order.padded_rows) else 0
+    remainder = plan.drop_rows.get("world_size_remainder", np.zeros(0, np.int64))
+    tokens = plan.tokens - int(store.lengths[remainder].sum())
+    row_tokens_padded = sum(
+        int(plan.lengths[plan.row_start[r] : plan.row_start[r + 1]].sum()) for r in plan.order.padded_rows
+    )
+    written_tokens = tokens + row_tokens_padded
+    capacity = rows * config.max_len
+    return {
+        "records_read": records,
+        "packed": packed,
+        "dropped": dict(sorted(dropped.items())),
+        "truncated": plan.truncated,
+        "duplicated": padded,
+        "tokens": written_tokens,
+        "trainable_tokens": plan.trainable,
+        "rows": rows,
+        "max_len": config.max_len,
+        "fill": round(written_tokens / capacity, 6) if capacity else 0.0,
+        "lower_bound_l1": plan.bound_l1,
+        "lower_bound_l2": plan.bound_l2,
+        "rows_over_l2": round(plan.n_rows / plan.bound_l2 - 1, 6) if plan.bound_l2 else 0.0,
+        "padding_tokens": capacity - written_tokens,
+        "rows_without_packing": packed,
+        "padding_tokens_without_packing": packed * config.max_len - tokens,
+        "algorithm": config.algorithm,
+        "world_size": config.world_size,
+        "rank_tokens": [int(x) for x in plan.order.rank_tokens],
+        "rank_token_spread": round(float(packing.rank_token_spread(plan.order.rank_tokens)), 6),
+        "cache": cache_state,
+        "output": None if config.dry_run else str(config.output),
+    }
+
+
+def _manifest(
+    config: PackConfig,
+    identity: dict[str, Any],
+    sources: list[InputSource],
+    fingerprints: list[str],
+    formats: dict[str, str | None],
+    summary: dict[str, Any],
+    shards: list[dict[str, Any]],
+) -> dict[str, Any]:
+    options = config.options()
+    return {
+        "packcli_version": __version__,
+        "options": options,
+        "tokenizer": identity,
+        "inputs": [
+            {"path": s.display, "kind": s.kind, "format": formats[s.display], "blake2b": f}
+            for s, f in zip(sources, fingerprints, strict=True)
+        ],
+        "counts": {k: summary[k] for k in ("records_read", "packed", "dropped", "truncated", "duplicated")},
+        **{
+            k: summary[k]
+            for k in (
+                "tokens",
+                "trainable_tokens",
+                "rows",
+                "max_len",
+                "fill",
+                "lower_bound_l1",
+                "lower_bound_l2",
+                "rows_over_l2",
+                "padding_tokens",
+                "algorithm",
+                "world_size",
+                "rank_tokens",
+                "rank_token_spread",
+            )
+        },
+        "columns": ["input_ids", "labels", "position_ids", "seq_lengths", "sample_index"],
+        "shards": shards,
+    }
+
+
+def _write_rejects(path: Path, store: TokenStore, plan: Plan) -> None:
+    """Write every dropped record (with reason and input position) to a JSON lines file, atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as out:
+            with open(store.path / "rejects.jsonl", encoding="utf-8") as early:
+                for line in early:
+                    out.write(line)
+            for reason, rows in plan.drop_rows.items():
+                for r in rows.tolist():
+                    source, _ = _source_of(store, int(store.sample_index[r]))
+                    reject = {
+                        "sample_index": int(store.sample_index[r]),
+                        "source": source,
+                        "position": int(store.positions[r]),
+                        "reason": reason,
+                        "detail": f"{int(store.lengths[r])} tokens",
+                    }
+                    out.write(json.dumps(reject) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write the rejects file ({exc.strerror or exc})") from exc

@@ -1,0 +1,257 @@
+"""Packed rows to shard files and a manifest, atomically; and the read side for stats and verify.
+
+A row is built from its samples' token data, gathered by index from the memory-mapped token store,
+so only one shard's worth of tokens is in memory at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from packcli.errors import OutputError
+
+IGNORE_INDEX = -100
+MANIFEST = "manifest.json"
+SHARD_SCHEMA = pa.schema(
+    [
+        ("input_ids", pa.list_(pa.int32())),
+        ("labels", pa.list_(pa.int32())),
+        ("position_ids", pa.list_(pa.int32())),
+        ("seq_lengths", pa.list_(pa.int32())),
+        ("sample_index", pa.list_(pa.int64())),
+    ]
+)
+EXTENSIONS = {"parquet": ".parquet", "arrow": ".arrow"}
+
+
+def build_rows(
+    tokens: pa.Table,
+    store_rows: np.ndarray,
+    sample_lengths: np.ndarray,
+    samples_per_row: np.ndarray,
+    sample_index: np.ndarray,
+    pad_to: int | None = None,
+    pad_id: int = 0,
+) -> pa.Table:
+    """Return a table of packed rows.
+
+    ``store_rows`` lists the token-store rows of the samples, row after row; ``sample_lengths`` their
+    lengths in the row (shorter than stored when truncated); ``samples_per_row`` how many samples each
+    row holds. With ``pad_to``, each row is padded with one extra segment (sample_index -1, labels
+    -100, positions from 0) to that length.
+    """
+    taken = tokens.take(pa.array(store_rows, pa.int64()))
+    ids_list = taken.column("input_ids").combine_chunks()
+    labels_list = taken.column("labels").combine_chunks()
+    offsets = ids_list.offsets.to_numpy().astype(np.int64)
+    stored = np.diff(offsets)
+    src_starts = offsets[:-1] - offsets[0]
+    ids_values = ids_list.flatten().to_numpy(zero_copy_only=False)
+    label_values = labels_list.flatten().to_numpy(zero_copy_only=False)
+    lengths = sample_lengths.astype(np.int64)
+    total = int(lengths.sum())
+    # Output token k of a sample comes from stored token src_start + (k - dst_start).
+    dst_starts = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=dst_starts[1:])
+    within = np.arange(total, dtype=np.int64) - np.repeat(dst_starts, lengths)
+    if np.array_equal(lengths, stored):
+        ids, labels = ids_values, label_values
+    else:
+        gather = np.repeat(src_starts, lengths) + within
+        ids, labels = ids_values[gather], label_values[gather]
+    positions = within.astype(np.int32)
+    row_sample_offsets = np.zeros(len(samples_per_row) + 1, dtype=np.int64)
+    np.cumsum(samples_per_row, out=row_sample_offsets[1:])
+    row_tokens = np.add.reduceat(lengths, row_sample_offsets[:-1]) if len(lengths) else np.zeros(0, np.int64)
+    row_tokens = np.where(samples_per_row > 0, row_tokens, 0)
+    seq_lengths = lengths.astype(np.int32)
+    index = sample_index.astype(np.int64)
+    if pad_to is not None:
+        ids, labels, positions, seq_lengths, index, row_tokens, samples_per_row = _pad_rows(
+            ids, labels, positions, seq_lengths, index, row_tokens, samples_per_row, pad_to, pad_id
+        )
+    token_offsets = np.zeros(len(row_tokens) + 1, dtype=np.int64)
+    np.cumsum(row_tokens, out=token_offsets[1:])
+    seq_offsets = np.zeros(len(samples_per_row) + 1, dtype=np.int64)
+    np.cumsum(samples_per_row, out=seq_offsets[1:])
+    tok_off = pa.array(token_offsets.astype(np.int32))
+    seq_off = pa.array(seq_offsets.astype(np.int32))
+    return pa.Table.from_arrays(
+        [
+            pa.ListArray.from_arrays(tok_off, pa.array(np.asarray(ids, np.int32))),
+            pa.ListArray.from_arrays(tok_off, pa.array(np.asarray(labels, np.int32))),
+            pa.ListArray.from_arrays(tok_off, pa.array(positions)),
+            pa.ListArray.from_arrays(seq_off, pa.array(seq_lengths)),
+            pa.ListArray.from_arrays(seq_off, pa.array(index)),
+        ],
+        schema=SHARD_SCHEMA,
+    )
+
+
+def _pad_rows(
+    ids: np.ndarray,
+    labels: np.ndarray,
+    positions: np.ndarray,
+    seq_lengths: np.ndarray,
+    index: np.ndarray,
+    row_tokens: np.ndarray,
+    samples_per_row: np.ndarray,
+    pad_to: int,
+    pad_id: int,
+) -> tuple[np.ndarray, ...]:
+    pad = (pad_to - row_tokens).astype(np.int64)
+    n_rows = len(row_tokens)
+    # Tokens: each row's tokens followed by its padding.
+    dst = np.arange(len(ids), dtype=np.int64) + np.repeat(np.cumsum(pad) - pad, row_tokens)
+    size = n_rows * pad_to
+    out_ids = np.full(size, pad_id, dtype=np.int32)
+    out_labels = np.full(size, IGNORE_INDEX, dtype=np.int32)
+    out_pos = np.zeros(size, dtype=np.int32)
+    out_ids[dst] = ids
+    out_labels[dst] = labels
+    out_pos[dst] = positions
+    pad_start = np.arange(n_rows, dtype=np.int64) * pad_to + row_tokens
+    pad_within = np.arange(int(pad.sum()), dtype=np.int64) - np.repeat(np.cumsum(pad) - pad, pad)
+    out_pos[np.repeat(pad_start, pad) + pad_within] = pad_within.astype(np.int32)
+    # Segments: each row's samples followed by one padding segment where there is padding.
+    has_pad = (pad > 0).astype(np.int64)
+    new_counts = samples_per_row + has_pad
+    seg_dst = np.arange(len(seq_lengths), dtype=np.int64) + np.repeat(np.cumsum(has_pad) - has_pad, samples_per_row)
+    n_seg = int(new_counts.sum())
+    out_seq = np.zeros(n_seg, dtype=np.int32)
+    out_index = np.full(n_seg, -1, dtype=np.int64)
+    out_seq[seg_dst] = seq_lengths
+    out_index[seg_dst] = index
+    pad_seg = (np.cumsum(new_counts) - 1)[pad > 0]
+    out_seq[pad_seg] = pad[pad > 0]
+    return out_ids, out_labels, out_pos, out_seq, out_index, np.full(n_rows, pad_to, np.int64), new_counts
+
+
+def shard_name(i: int, n: int, output_format: str) -> str:
+    return f"shard-{i:05d}-of-{n:05d}{EXTENSIONS[output_format]}"
+
+
+def write_shard(table: pa.Table, path: Path, output_format: str) -> dict[str, Any]:
+    """Write one shard and return its manifest entry (file, rows, tokens, sha256)."""
+    if output_format == "parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(
+            table,
+            str(path),
+            compression="zstd",
+            use_dictionary=False,
+            row_group_size=min(max(table.num_rows, 1), 4096),
+        )
+    else:
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=4096)
+    return {
+        "file": path.name,
+        "rows": table.num_rows,
+        "tokens": int(pa.compute.sum(pa.compute.list_value_length(table.column("input_ids"))).as_py() or 0),
+        "sha256": file_sha256(path),
+    }
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class StagedOutput:
+    """A temporary directory beside the output; ``commit`` swaps it in, ``abort`` removes it.
+
+    A run that fails or is interrupted leaves the previous output untouched and no directory that
+    looks complete: the manifest is the last file written, and the swap is two renames.
+    """
+
+    def __init__(self, output: Path, overwrite: bool) -> None:
+        self.output = output
+        self.overwrite = overwrite
+        parent = output.resolve().parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            self.tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=parent))
+            # mkdtemp makes the directory private; the output is an ordinary directory.
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(self.tmp, 0o777 & ~umask)
+        except OSError as exc:
+            raise OutputError(
+                f"{output}: cannot create the output directory ({exc.strerror or exc}); "
+                "choose a writable path with -o"
+            ) from exc
+
+    def commit(self) -> None:
+        old = None
+        if self.output.exists():
+            old = self.output.resolve().parent / f".{self.output.name}.old-{os.getpid()}"
+            os.replace(self.output, old)
+        os.replace(self.tmp, self.output)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def abort(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def check_output_dir(output: Path, overwrite: bool) -> None:
+    """Refuse a non-empty output directory unless overwriting; refuse a path that is a file."""
+    from packcli.errors import UsageError
+
+    if output.exists() and not output.is_dir():
+        raise UsageError(f"{output}: exists and is not a directory; choose another -o")
+    if output.is_dir() and any(output.iterdir()) and not overwrite:
+        raise UsageError(f"{output}: the output directory is not empty; pass --overwrite or choose another -o")
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
+    path = directory / MANIFEST
+    tmp = directory / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+# -- read side -------------------------------------------------------------------------------------
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """Return the manifest of a packed output directory."""
+    path = directory / MANIFEST
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise OutputError(f"{directory}: no {MANIFEST}; is this a packcli output directory?") from exc
+    except (OSError, json.JSONDecodeError) as exc:
+        raise OutputError(f"{path}: cannot be read ({exc}); the output is damaged, pack again") from exc
+
+
+def read_shard(path: Path) -> pa.Table:
+    """Read one shard, Parquet or Arrow stream, as a table."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(str(path))
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_stream(source).read_all()
+
+
+def iter_shards(directory: Path) -> Iterator[tuple[str, pa.Table]]:
+    """Yield (file name, table) for each shard listed in the manifest, in order."""
+    manifest = read_manifest(directory)
+    for entry in manifest.get("shards", []):
+        yield entry["file"], read_shard(directory / entry["file"])

