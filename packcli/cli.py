@@ -6,10 +6,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -46,12 +48,32 @@ def _root(
     """Pack raw fine-tuning data into trainer-ready Parquet shards."""
 
 
+def handle_errors(command: Callable[..., None]) -> Callable[..., None]:
+    """Turn known errors into one ``Error: ...`` line on stderr and their exit code."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        from packcli import console
+
+        try:
+            command(*args, **kwargs)
+        except PackcliError as exc:
+            console.error(str(exc))
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            console.error("interrupted; the previous output, if any, was left as it was")
+            raise typer.Exit(Interrupted.exit_code) from None
+
+    return wrapper
+
+
 def _given(ctx: typer.Context, name: str) -> bool:
     source = ctx.get_parameter_source(name)
     return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
 @app.command()
+@handle_errors
 def pack(
     ctx: typer.Context,
     inputs: Annotated[list[str], typer.Argument(help="Files, directories, globs, saved datasets or Hub names.")],
@@ -95,7 +117,10 @@ def pack(
     json_out: JsonFlag = False,
     quiet: QuietFlag = False,
 ) -> None:
-    """Tokenize, pack and write shards: PACKCLI pack data.jsonl --max-len 4096 -o out/."""
+    """Tokenize records, pack them into rows of at most --max-len tokens, and write shards.
+
+    Example: packcli pack data.jsonl --max-len 4096 -o out/
+    """
     from packcli.config import PackConfig, load_config_file, parse_field_flags
 
     options: dict[str, Any] = load_config_file(config) if config else {}
@@ -165,7 +190,9 @@ def main(argv: list[str] | None = None) -> None:
 
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        app(args=argv, prog_name="packcli", standalone_mode=False)
+        code = app(args=argv, prog_name="packcli", standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except PackcliError as exc:
         console.error(str(exc))
         sys.exit(exc.exit_code)
@@ -175,6 +202,9 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except Exception as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError" and getattr(exc, "ctx", None) is not None:
+            print(exc.ctx.get_help(), file=sys.stderr)
+            sys.exit(UsageError.exit_code)
         usage = _usage_error(exc)
         if usage is None:
             raise
@@ -186,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _usage_error(exc: Exception) -> str | None:
     """Return the one-line message of a flag-parsing error, or None for anything else."""
-    names = {type(c).__name__ for c in type(exc).__mro__}
+    names = {c.__name__ for c in type(exc).__mro__}
     if "UsageError" in names or "BadParameter" in names or "ClickException" in names:
         message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
         ctx = getattr(exc, "ctx", None)

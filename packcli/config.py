@@ -63,8 +63,9 @@ class PackConfig:
                 flag = "--" + name.replace("_", "-")
                 raise UsageError(f"{flag} must be one of {', '.join(allowed)}, not '{value}'")
         for name, low in (("max_len", 2), ("rows_per_shard", 1), ("world_size", 1), ("num_proc", 1)):
-            if getattr(self, name) < low:
-                raise UsageError(f"--{name.replace('_', '-')} must be at least {low}, not {getattr(self, name)}")
+            value = getattr(self, name)
+            if not low <= value <= 1 << 30:
+                raise UsageError(f"--{name.replace('_', '-')} must be between {low} and {1 << 30}, not {value}")
         unknown = set(self.fields) - set(DEFAULT_FIELDS)
         if unknown:
             raise UsageError(

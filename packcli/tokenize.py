@@ -228,13 +228,19 @@ class Encoder:
             if not batch:
                 continue
             encodings = self.backend.encode_batch([b[1] for b in batch], add_special_tokens=add_special)
-            for (i, text, spans, eos), enc in zip(batch, encodings):
+            for (i, text, spans, eos), enc in zip(batch, encodings, strict=True):
                 ids = np.asarray(enc.ids, dtype=np.int32)
+                if not text:
+                    results[i] = RecordError("empty", "the sample's text is empty")
+                    continue
                 mask = _span_mask(enc, spans, len(ids), len(text))
                 if eos and self.options.add_eos and self.eos_id is not None and (not len(ids) or ids[-1] != self.eos_id):
                     ids = np.append(ids, np.int32(self.eos_id))
                     mask = np.append(mask, bool(spans) and spans[-1][1] >= len(text))
-                results[i] = _finish(ids, mask)
+                try:
+                    results[i] = _finish(ids, mask)
+                except RecordError as err:
+                    results[i] = err
         return results
 
     def _tokenized(self, sample: Sample) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,105 @@
+"""Shared fixtures: real tokenizers that load offline, chat data, and a CLI runner."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from packcli.cli import app
+from packcli.tokenize import default_tokenizer_dir
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+@pytest.fixture(scope="session")
+def base_tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(default_tokenizer_dir())
+
+
+@pytest.fixture(scope="session")
+def llama3_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 128k tokenizer with Llama-3 header tokens added and a template without generation blocks."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(default_tokenizer_dir())
+    tok.add_special_tokens(
+        {"additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]}
+    )
+    tok.chat_template = (TEMPLATES / "llama3.jinja").read_text()
+    out = tmp_path_factory.mktemp("llama3-tokenizer")
+    tok.save_pretrained(out)
+    return out
+
+
+def make_conversations(n: int, seed: int = 0) -> list[list[dict[str, str]]]:
+    """Multi-turn conversations with unicode, emoji, code and whitespace edge cases."""
+    rng = random.Random(seed)
+    words = [
+        "packing", "row", "token", "naïve", "café", "数据", "😀", "🚀", "x=1;", "def f():", "\n", "  ",
+        "attention", "mask", "über", "Ωmega", "ñ", "tab\there", "l'été", "—", "1234", "3.14", "{json}",
+    ]
+
+    def text(k: int) -> str:
+        return " ".join(rng.choice(words) for _ in range(k)).strip() or "ok"
+
+    conversations = []
+    for _ in range(n):
+        messages = []
+        if rng.random() < 0.4:
+            messages.append({"role": "system", "content": text(rng.randint(2, 8))})
+        for _ in range(rng.randint(1, 4)):
+            messages.append({"role": "user", "content": text(rng.randint(1, 30))})
+            messages.append({"role": "assistant", "content": text(rng.randint(1, 60))})
+        conversations.append(messages)
+    return conversations
+
+
+def write_jsonl(path: Path, records: list[Any]) -> Path:
+    with open(path, "w", encoding="utf-8") as fh:
+        for record in records:
+            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return path
+
+
+@pytest.fixture
+def chat_jsonl(tmp_path: Path) -> Path:
+    return write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in make_conversations(60, seed=1)])
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def pack(tmp_path: Path, cache_dir: Path) -> Callable[..., Any]:
+    """Run ``packcli pack`` through typer's runner; returns the result (stdout and stderr kept apart)."""
+
+    def run(*args: str, expect: int | None = 0) -> Any:
+        argv = ["pack", *map(str, args)]
+        if "--cache-dir" not in argv and "--no-cache" not in argv:
+            argv += ["--cache-dir", str(cache_dir)]
+        if "--num-proc" not in argv:
+            argv += ["--num-proc", "1"]
+        result = CliRunner().invoke(app, argv)
+        if expect is not None:
+            assert result.exit_code == expect, (result.stdout, result.stderr, result.exception)
+        return result
+
+    return run
+
+
+def read_rows(out: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for shard in sorted(out.glob("shard-*.parquet")):
+        rows.extend(pq.read_table(shard).to_pylist())
+    return rows
