@@ -9,9 +9,11 @@ currently have room for ``s`` ("eligible" bins) one after another, each bin ``j`
 ``residual_j // s`` items, until the run is placed, then opens new bins holding ``capacity // s``
 items each. A bin that is filled this way drops below ``s`` and leaves the eligible set; it comes
 back when the current size falls to its residual. Bins waiting to come back are kept in a calendar
-keyed by the step (distinct-size index) at which they become eligible again, so each step costs
-time proportional to the bins it touches, not to the number of open bins. Finally the per-bin
-counts are expanded to per-item bin ids over the stable size-sorted item order.
+keyed by the step (distinct-size index) at which they become eligible again, so a step costs
+(amortised, up to log factors) time in proportion to the bins it touches and releases, not to
+the number of open bins. Items larger than half the capacity never share a bin and are placed in
+one vectorised pass first. Finally the per-bin counts are expanded to per-item bin ids over the
+stable size-sorted item order.
 """
 
 from __future__ import annotations
@@ -71,25 +73,32 @@ def _check_lengths(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, int]
     return arr.astype(np.int64, copy=False), cap
 
 
+def _narrow_dtype(distinct: int) -> type[np.unsignedinteger]:
+    """Return the smallest unsigned dtype that can hold ``distinct`` different ranks."""
+    if distinct <= 1 << 8:
+        return np.uint8
+    if distinct <= 1 << 16:
+        return np.uint16
+    if distinct <= 1 << 32:
+        return np.uint32
+    return np.uint64
+
+
 def _size_groups(x: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Return (distinct sizes descending, their counts, stable item order by decreasing size)."""
     if capacity <= max(_HISTOGRAM_LIMIT, 4 * x.size):
         hist = np.bincount(x, minlength=capacity + 1)
         sizes = np.flatnonzero(hist)[::-1]
         counts = hist[sizes]
-        rank = np.zeros(capacity + 1, dtype=np.int64)
+        # A narrow key lets numpy use its radix sort for the stable argsort.
+        rank = np.zeros(capacity + 1, dtype=_narrow_dtype(sizes.size))
         rank[sizes] = np.arange(sizes.size)
         key = rank[x]
     else:
         asc, inverse, counts_asc = np.unique(x, return_inverse=True, return_counts=True)
         sizes = asc[::-1]
         counts = counts_asc[::-1]
-        key = (asc.size - 1) - inverse.reshape(-1)
-    # A narrow key lets numpy use its radix sort for the stable argsort.
-    if sizes.size <= 1 << 8:
-        key = key.astype(np.uint8)
-    elif sizes.size <= 1 << 16:
-        key = key.astype(np.uint16)
+        key = ((asc.size - 1) - inverse.reshape(-1)).astype(_narrow_dtype(sizes.size))
     order = np.argsort(key, kind="stable")
     return sizes.astype(np.int64), counts.astype(np.int64), order
 
@@ -111,11 +120,15 @@ def _expand_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 class _Calendar:
     """Bins waiting to become eligible again, keyed by the step at which that happens.
 
-    Each push stores one batch of entries sorted by target step; an entry is a range of bin ids
-    (``start``, ``length``) sharing one target. Every batch keeps a cursor and the target under it,
-    so a pop finds the batches due at a step with one vectorised comparison and takes each one's
-    run of entries for that step.
+    Entries are ranges of bin ids (``start``, ``length``) sharing one target step. They live in
+    one log, grouped in batches sorted by target; each batch keeps a cursor and the target under
+    it, so a pop finds the batches due at a step with one vectorised comparison and takes each
+    one's run of entries for that step. Every ``_FANOUT`` batches of one level at the top of the
+    stack are merged into one batch of the next level, which keeps the number of live batches
+    logarithmic in the number of steps; dead log space is reclaimed when the log would grow.
     """
+
+    _FANOUT = 16
 
     def __init__(self, nsteps: int) -> None:
         self._start = np.empty(256, dtype=np.int64)
@@ -126,30 +139,61 @@ class _Calendar:
         self._cursor = np.zeros(nsteps + 1, dtype=np.int64)
         self._end = np.zeros(nsteps + 1, dtype=np.int64)
         self._next = np.full(nsteps + 1, _NEVER, dtype=np.int64)
+        self._level = np.zeros(nsteps + 1, dtype=np.int64)
         self._batches = 0
-        self._finished = 0
-
-    def _reserve(self, extra: int) -> None:
-        need = self._used + extra
-        if need <= self._start.size:
-            return
-        size = max(need, 2 * self._start.size)
-        for name in ("_start", "_length", "_target", "_run_end"):
-            old = getattr(self, name)
-            new = np.empty(size, dtype=np.int64)
-            new[: self._used] = old[: self._used]
-            setattr(self, name, new)
 
     def push(self, starts: np.ndarray, lengths: np.ndarray, targets: np.ndarray) -> None:
         """Store bin ranges ``[start, start + length)`` to be released at their target steps."""
-        m = targets.size
-        if m == 0:
+        if targets.size == 0:
             return
+        self._append_batch(starts, lengths, targets, level=0)
+        fan = self._FANOUT
+        while self._batches >= fan:
+            top = self._batches
+            levels = self._level[top - fan : top]
+            if int(levels.min()) != int(levels.max()):
+                break
+            self._merge_top(fan, int(levels[0]) + 1)
+
+    def pop(self, step: int) -> np.ndarray:
+        """Return (unsorted) the bin ids whose target is ``step``; steps must be popped in order."""
+        nb = self._batches
+        hits = (self._next[:nb] == step).nonzero()[0]
+        if hits.size == 0:
+            return _EMPTY
+        starts = self._cursor[hits]
+        ends = self._run_end[starts]
+        entries = _expand_ranges(starts, ends - starts)
+        bins = _expand_ranges(self._start[entries], self._length[entries])
+        self._cursor[hits] = ends
+        remaining = ends < self._end[hits]
+        if remaining.all():
+            self._next[hits] = self._target[ends]
+        else:
+            upcoming = np.full(hits.size, _NEVER, dtype=np.int64)
+            upcoming[remaining] = self._target[ends[remaining]]
+            self._next[hits] = upcoming
+            live = np.flatnonzero(self._next[:nb] != _NEVER)
+            self._keep_batches(live)
+        return bins
+
+    def _keep_batches(self, keep: np.ndarray) -> None:
+        """Keep only the batches at positions ``keep`` (ascending), preserving their stack order."""
+        n = keep.size
+        for arr in (self._cursor, self._end, self._next, self._level):
+            arr[:n] = arr[keep]
+        self._next[n : self._batches] = _NEVER
+        self._batches = n
+
+    def _append_batch(self, starts: np.ndarray, lengths: np.ndarray, targets: np.ndarray, level: int) -> None:
+        """Write entries to the log sorted by target and register them as the top batch."""
+        m = targets.size
         if m > 1:
             by_target = np.argsort(targets, kind="stable")
             starts, lengths, targets = starts[by_target], lengths[by_target], targets[by_target]
+        if self._used + m > self._start.size:
+            self._compact_log(m)
         base = self._used
-        self._reserve(m)
         self._start[base : base + m] = starts
         self._length[base : base + m] = lengths
         self._target[base : base + m] = targets
@@ -159,36 +203,132 @@ class _Calendar:
         self._cursor[b] = base
         self._end[b] = base + m
         self._next[b] = targets[0]
+        self._level[b] = level
         self._batches = b + 1
 
-    def pop(self, step: int) -> np.ndarray:
-        """Return (unsorted) the bin ids whose target is ``step``; targets must be popped in order."""
-        hits = np.flatnonzero(self._next[: self._batches] == step)
-        if hits.size == 0:
-            return _EMPTY
-        starts = self._cursor[hits]
-        ends = self._run_end[starts]
-        entries = _expand_ranges(starts, ends - starts)
-        bins = _expand_ranges(self._start[entries], self._length[entries])
-        self._cursor[hits] = ends
-        remaining = ends < self._end[hits]
-        upcoming = np.full(hits.size, _NEVER, dtype=np.int64)
-        upcoming[remaining] = self._target[ends[remaining]]
-        self._next[hits] = upcoming
-        self._finished += int(hits.size - np.count_nonzero(remaining))
-        if self._finished > 64 and 2 * self._finished > self._batches:
-            self._compact()
-        return bins
+    def _merge_top(self, count: int, level: int) -> None:
+        """Replace the top ``count`` batches by one batch of ``level`` holding their live entries."""
+        first = self._batches - count
+        cursors = self._cursor[first : self._batches]
+        pos = _expand_ranges(cursors, self._end[first : self._batches] - cursors)
+        starts, lengths, targets = self._start[pos], self._length[pos], self._target[pos]
+        self._next[first : self._batches] = _NEVER
+        self._batches = first
+        self._append_batch(starts, lengths, targets, level)
 
-    def _compact(self) -> None:
-        live = np.flatnonzero(self._next[: self._batches] != _NEVER)
-        n = live.size
-        self._cursor[:n] = self._cursor[live]
-        self._end[:n] = self._end[live]
-        self._next[:n] = self._next[live]
-        self._next[n : self._batches] = _NEVER
-        self._batches = n
-        self._finished = 0
+    def _compact_log(self, extra: int) -> None:
+        """Make room for ``extra`` entries: drop consumed entries, growing the log if needed."""
+        nb = self._batches
+        cursors = self._cursor[:nb].copy()
+        sizes = self._end[:nb] - cursors
+        live = int(sizes.sum())
+        capacity = self._start.size
+        if live + extra > capacity // 2:
+            capacity = max(2 * capacity, 2 * (live + extra))
+        pos = _expand_ranges(cursors, sizes)
+        new_base = np.cumsum(sizes) - sizes
+        shift = np.repeat(new_base - cursors, sizes)
+        for name in ("_start", "_length", "_target", "_run_end"):
+            new = np.empty(capacity, dtype=np.int64)
+            new[:live] = getattr(self, name)[pos]
+            setattr(self, name, new)
+        self._run_end[:live] += shift
+        self._cursor[:nb] = new_base
+        self._end[:nb] = new_base + sizes
+        self._used = live
+
+
+class _FirstFitQueue:
+    """Eligible bins in bin-id order, held as sorted runs merged like a binary counter."""
+
+    def __init__(self) -> None:
+        self._runs: list[np.ndarray] = []
+        self.size = 0
+
+    def add(self, bins: np.ndarray, residual: np.ndarray) -> None:
+        """Insert bins (any order) that have just become eligible."""
+        self._push(np.sort(bins))
+
+    def give_back(self, head_rest: np.ndarray) -> None:
+        """Return the untouched tail of the last :meth:`take` to the front of the queue."""
+        if head_rest.size:
+            self._push(head_rest)
+
+    def _push(self, run: np.ndarray) -> None:
+        """Add a sorted run, merging it with the runs below while they are under twice its size."""
+        runs = self._runs
+        self.size += run.size
+        while runs and 2 * run.size >= runs[-1].size:
+            run = np.sort(np.concatenate((runs.pop(), run)))
+        runs.append(run)
+
+    def take(self, count: int) -> np.ndarray:
+        """Remove and return the first ``count`` bins in fill order (all of them if fewer)."""
+        runs = self._runs
+        if self.size <= count:
+            head = runs[0] if len(runs) == 1 else np.sort(np.concatenate(runs))
+            runs.clear()
+            self.size = 0
+            return head
+        if len(runs) == 1:
+            head = runs[0][:count]
+            runs[0] = runs[0][count:]
+            self.size -= count
+            return head
+        candidates = np.concatenate([run[:count] for run in runs])
+        cut = np.partition(candidates, count - 1)[count - 1]
+        parts: list[np.ndarray] = []
+        kept: list[np.ndarray] = []
+        for run in runs:
+            n = int(np.searchsorted(run, cut, side="right"))
+            if n:
+                parts.append(run[:n])
+            if n < run.size:
+                kept.append(run[n:])
+        self._runs = kept
+        self.size -= count
+        return np.sort(np.concatenate(parts))
+
+
+class _BestFitQueue:
+    """Eligible bins in (residual, bin id) order, held as a stack of sorted chunks.
+
+    Bins that become eligible at a step have less room than every bin already eligible (those
+    had room for the previous, larger size and were not touched), so they always go in front.
+    """
+
+    def __init__(self) -> None:
+        self._stack: list[np.ndarray] = []
+        self.size = 0
+
+    def add(self, bins: np.ndarray, residual: np.ndarray) -> None:
+        """Insert bins (any order) that have just become eligible."""
+        if bins.size > 1:
+            bins = bins[np.lexsort((bins, residual[bins]))]
+        self._stack.append(bins)
+        self.size += bins.size
+
+    def give_back(self, head_rest: np.ndarray) -> None:
+        """Return the untouched tail of the last :meth:`take` to the front of the queue."""
+        if head_rest.size:
+            self._stack.append(head_rest)
+            self.size += head_rest.size
+
+    def take(self, count: int) -> np.ndarray:
+        """Remove and return the first ``count`` bins in fill order (all of them if fewer)."""
+        stack = self._stack
+        parts: list[np.ndarray] = []
+        need = min(count, self.size)
+        self.size -= need
+        while need:
+            top = stack.pop()
+            if top.size > need:
+                parts.append(top[:need])
+                stack.append(top[need:])
+                break
+            parts.append(top)
+            need -= top.size
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _pack_decreasing(lengths: np.ndarray, capacity: int, best_fit: bool) -> np.ndarray:
@@ -204,77 +344,85 @@ def _pack_decreasing(lengths: np.ndarray, capacity: int, best_fit: bool) -> np.n
     max_bins = min(n, 2 * (int(x.sum()) // cap) + 3)
     residual = np.zeros(max_bins, dtype=np.int64)
     calendar = _Calendar(nsteps)
-    # Eligible bins: first fit keeps them by bin id, best fit by (residual, bin id).
-    eligible = _EMPTY
-    opened = 0
-    out_bins: list[np.ndarray] = []
-    out_counts: list[np.ndarray] = []
+    eligible: _FirstFitQueue | _BestFitQueue = _BestFitQueue() if best_fit else _FirstFitQueue()
 
-    for step in range(nsteps):
-        s = int(sizes[step])
-        c = int(counts[step])
+    # Items larger than half the capacity never share a bin: each opens its own, in sorted order.
+    big = int(np.searchsorted(-sizes, -(cap // 2), side="left"))
+    opened = int(counts[:big].sum())
+    out_bins: list[np.ndarray] = [np.arange(opened, dtype=np.int64)]
+    out_counts: list[np.ndarray] = [np.ones(opened, dtype=np.int64)]
+    if big < nsteps and opened:
+        room = cap - sizes[:big]
+        residual[:opened] = np.repeat(room, counts[:big])
+        target = nsteps - np.searchsorted(sizes_asc, room, side="right")
+        due = target < nsteps
+        first_bins = np.cumsum(counts[:big]) - counts[:big]
+        calendar.push(first_bins[due], counts[:big][due], target[due])
+
+    sizes_list = sizes.tolist()
+    counts_list = counts.tolist()
+    for step in range(big, nsteps):
+        s = sizes_list[step]
+        c = counts_list[step]
         back = calendar.pop(step)
         if back.size:
-            if best_fit:
-                # Bins coming back have less room than every bin still eligible: they go in front.
-                back = back[np.lexsort((back, residual[back]))]
-                eligible = np.concatenate((back, eligible))
-            elif eligible.size:
-                eligible = np.sort(np.concatenate((eligible, back)))
-            else:
-                eligible = np.sort(back)
+            eligible.add(back, residual)
 
-        placed = 0
-        ret_starts = _EMPTY
+        rest = c
+        touched = _EMPTY
         if eligible.size:
-            head = eligible[:c]
+            head = eligible.take(c)
             fits = residual[head] // s
             cum = np.cumsum(fits)
-            if int(cum[-1]) >= c:
+            if cum[-1] >= c:
                 k = int(np.searchsorted(cum, c)) + 1
+                eligible.give_back(head[k:])
+                touched = head[:k]
                 take = fits[:k]
-                take[-1] -= int(cum[k - 1]) - c
-                placed = c
+                take[-1] -= cum[k - 1] - c
+                rest = 0
             else:
-                k = head.size
+                touched = head
                 take = fits
-                placed = int(cum[-1])
-            touched = head[:k]
+                rest = c - int(cum[-1])
             residual[touched] -= take * s
-            eligible = eligible[k:]
             out_bins.append(touched)
             out_counts.append(take)
-            ret_starts = touched
 
-        ret_lengths = np.ones(ret_starts.size, dtype=np.int64)
-        rest = c - placed
         if rest:
             per_bin = cap // s
             full, last = divmod(rest, per_bin)
             new = full + (1 if last else 0)
-            residual[opened : opened + full] = cap - per_bin * s
             new_counts = np.full(new, per_bin, dtype=np.int64)
-            extra_starts = []
-            extra_lengths = []
-            if full:
-                extra_starts.append(opened)
-                extra_lengths.append(full)
+            residual[opened : opened + full] = cap - per_bin * s
             if last:
                 residual[opened + full] = cap - last * s
                 new_counts[-1] = last
-                extra_starts.append(opened + full)
-                extra_lengths.append(1)
             out_bins.append(np.arange(opened, opened + new, dtype=np.int64))
             out_counts.append(new_counts)
-            ret_starts = np.concatenate((ret_starts, np.asarray(extra_starts, dtype=np.int64)))
-            ret_lengths = np.concatenate((ret_lengths, np.asarray(extra_lengths, dtype=np.int64)))
+            if full and last:
+                new_starts = np.array((opened, opened + full), dtype=np.int64)
+                new_lengths = np.array((full, 1), dtype=np.int64)
+            else:
+                new_starts = np.array((opened,), dtype=np.int64)
+                new_lengths = np.array((new,), dtype=np.int64)
             opened += new
+            if touched.size:
+                ret_starts = np.concatenate((touched, new_starts))
+                ret_lengths = np.concatenate((np.ones(touched.size, dtype=np.int64), new_lengths))
+            else:
+                ret_starts, ret_lengths = new_starts, new_lengths
+        elif touched.size:
+            ret_starts = touched
+            ret_lengths = np.ones(touched.size, dtype=np.int64)
+        else:
+            continue
 
-        if ret_starts.size and step + 1 < nsteps:
-            room = residual[ret_starts]
-            # First step whose size fits in the room left; sizes at or before this step are done.
-            target = nsteps - np.searchsorted(sizes_asc, room, side="right")
-            target = np.maximum(target, step + 1)
+        if step + 1 < nsteps:
+            # Step at which each bin gets room again: the first whose size fits the room left,
+            # but never before the next step.
+            target = nsteps - np.searchsorted(sizes_asc, residual[ret_starts], side="right")
+            np.maximum(target, step + 1, out=target)
             due = target < nsteps
             if not due.all():
                 ret_starts, ret_lengths, target = ret_starts[due], ret_lengths[due], target[due]
@@ -380,28 +528,42 @@ class RowOrder:
 _REMAINDERS = ("drop", "pad")
 
 
-def _rank_assignment(tokens_desc: np.ndarray, world_size: int) -> np.ndarray:
+_MAX_BALANCE_BLOCKS = 4096
+
+
+def _rank_assignment(tokens_desc: np.ndarray, world: int) -> np.ndarray:
     """Return the rank of each row of a descending-token sequence whose length is a multiple of N.
 
-    Rows form steps of N consecutive rows; within a step the largest row goes to the rank with
-    the fewest tokens so far, the next largest to the next poorest rank, and so on.
+    Rows form steps of N consecutive rows. Steps are grouped into at most ``_MAX_BALANCE_BLOCKS``
+    blocks of consecutive steps (one step per block unless there are more steps than that);
+    within a block the rows go to N slots in snake order (alternate steps reversed), and the
+    slot with the most tokens goes to the rank with the fewest tokens so far, the next to the
+    next poorest rank, and so on. With one step per block this is: the largest row of each step
+    goes to the rank with the fewest tokens so far.
     """
-    steps = tokens_desc.size // world_size
-    values = tokens_desc.reshape(steps, world_size).tolist()
-    totals = [0] * world_size
-    ranks_by_total = list(range(world_size))
-    ranks: list[int] = []
-    for row_values in values:
-        ranks_by_total.sort(key=totals.__getitem__)
-        ranks.extend(ranks_by_total)
-        for rank, value in zip(ranks_by_total, row_values, strict=True):
-            totals[rank] += value
-    return np.asarray(ranks, dtype=np.int64)
+    steps = tokens_desc.size // world
+    per_block = max(1, -(-steps // _MAX_BALANCE_BLOCKS))
+    blocks = -(-steps // per_block)
+    values = tokens_desc.reshape(steps, world)
+    reverse = (np.arange(steps) % per_block) % 2 == 1
+    lane = np.arange(world)
+    slot = np.where(reverse[:, None], world - 1 - lane, lane)
+    by_slot = np.zeros((blocks * per_block, world), dtype=np.int64)
+    np.put_along_axis(by_slot[:steps], slot, values, axis=1)
+    block_sums = by_slot.reshape(blocks, per_block, world).sum(axis=1)
+    slot_rank = np.empty((blocks, world), dtype=np.int64)
+    totals = np.zeros(world, dtype=np.int64)
+    for block in range(blocks):
+        sums = block_sums[block]
+        richest_slots = np.argsort(-sums, kind="stable")
+        poorest_ranks = np.argsort(totals, kind="stable")
+        slot_rank[block, richest_slots] = poorest_ranks
+        totals[poorest_ranks] += sums[richest_slots]
+    block_of_step = np.arange(steps) // per_block
+    return slot_rank[block_of_step[:, None], slot].reshape(-1)
 
 
-def order_rows(
-    row_tokens: np.ndarray, seed: int, world_size: int = 1, remainder: str = "drop"
-) -> RowOrder:
+def order_rows(row_tokens: np.ndarray, seed: int, world_size: int = 1, remainder: str = "drop") -> RowOrder:
     """Return the seeded write order of packed rows, balanced across ``world_size`` ranks.
 
     With one rank the order is a random permutation of all rows. With ``N > 1`` ranks the written
@@ -417,11 +579,11 @@ def order_rows(
     if isinstance(world_size, bool | np.bool_):
         raise ValueError(f"world_size must be an integer, got {world_size!r}")
     try:
-        ranks = operator.index(world_size)
+        world = operator.index(world_size)
     except TypeError:
         raise ValueError(f"world_size must be an integer, got {world_size!r}") from None
-    if ranks < 1:
-        raise ValueError(f"world_size must be >= 1, got {ranks}")
+    if world < 1:
+        raise ValueError(f"world_size must be >= 1, got {world}")
     if remainder not in _REMAINDERS:
         raise ValueError(f"unknown remainder {remainder!r}; expected one of: drop, pad")
     tokens = np.asarray(row_tokens)
@@ -435,7 +597,7 @@ def order_rows(
     rng = np.random.default_rng(seed)
     n = tokens.size
 
-    if ranks == 1:
+    if world == 1:
         return RowOrder(
             order=rng.permutation(n).astype(np.int64),
             dropped_rows=_EMPTY.copy(),
@@ -443,30 +605,32 @@ def order_rows(
             rank_tokens=np.array([int(tokens.sum())], dtype=np.int64),
         )
 
-    ascending = np.argsort(tokens, kind="stable")
-    extra = n % ranks
+    # Rows by tokens, largest first (ties: lower row id first); the fewest-token rows are last.
+    rows = np.argsort(-tokens, kind="stable")
+    extra = n % world
     dropped = _EMPTY
     padded = _EMPTY
-    kept = np.arange(n, dtype=np.int64)
     if extra and remainder == "drop":
-        dropped = np.sort(ascending[:extra])
-        kept = np.sort(ascending[extra:])
+        dropped = np.sort(rows[n - extra :])
+        rows = rows[: n - extra]
     elif extra and remainder == "pad" and n:
-        padded = np.resize(ascending, ranks - extra).astype(np.int64)
-    rows = np.concatenate((kept, padded))
-    rows = rows[np.argsort(-tokens[rows], kind="stable")]
-    steps = rows.size // ranks
-    rank_of = _rank_assignment(tokens[rows], ranks)
+        need = world - extra
+        padded = np.resize(rows[::-1], need).astype(np.int64)
+        # The repeats are copies of the smallest rows: re-sort only that tail.
+        cut = n - min(need, n)
+        tail = np.concatenate((rows[cut:], padded))
+        rows = np.concatenate((rows[:cut], tail[np.argsort(-tokens[tail], kind="stable")]))
+    steps = rows.size // world
+    rank_of = _rank_assignment(tokens[rows], world)
     # Slot (step, rank) -> row; then shuffle whole steps, keeping each row on its rank.
-    grid = np.empty((steps, ranks), dtype=np.int64)
-    grid[np.repeat(np.arange(steps), ranks), rank_of] = rows
+    grid = np.empty((steps, world), dtype=np.int64)
+    grid[np.repeat(np.arange(steps), world), rank_of] = rows
     grid = grid[rng.permutation(steps)]
-    rank_tokens = tokens[grid].sum(axis=0) if steps else np.zeros(ranks, dtype=np.int64)
     return RowOrder(
         order=grid.reshape(-1),
         dropped_rows=dropped,
         padded_rows=padded,
-        rank_tokens=rank_tokens.astype(np.int64),
+        rank_tokens=tokens[grid].sum(axis=0, dtype=np.int64),
     )
 
 
