@@ -171,6 +171,12 @@ def _sniff_format(source: InputSource, fields: dict[str, str]) -> str | None:
     return None
 
 
+def _init_worker() -> None:
+    # One tokenizer thread per worker process: the processes are the parallelism. This also keeps the
+    # Rust thread pool from being used across fork, which can deadlock when the parent already used it.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
 def _map_ordered(
     fn: Callable[..., TokenizedBatch], jobs: Iterator[tuple[Any, ...]], num_proc: int
 ) -> Iterator[TokenizedBatch]:
@@ -183,7 +189,7 @@ def _map_ordered(
             yield fn(*job)
         return
     context = multiprocessing.get_context("fork")
-    executor = ProcessPoolExecutor(max_workers=num_proc, mp_context=context)
+    executor = ProcessPoolExecutor(max_workers=num_proc, mp_context=context, initializer=_init_worker)
     pending: deque[Future[TokenizedBatch]] = deque()
     try:
         for job in jobs:

@@ -49,7 +49,6 @@ def default_chat_template() -> str:
 
 def load_tokenizer(name: str | None) -> Any:
     """Load a fast Hugging Face tokenizer by Hub name or local directory (None: the default one)."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 

@@ -40,7 +40,7 @@ def llama3_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def make_conversations(n: int, seed: int = 0) -> list[list[dict[str, str]]]:
+def make_conversations(n: int, seed: int = 0, max_turns: int = 4, max_words: int = 60) -> list[list[dict[str, str]]]:
     """Multi-turn conversations with unicode, emoji, code and whitespace edge cases."""
     rng = random.Random(seed)
     words = [
@@ -56,9 +56,9 @@ def make_conversations(n: int, seed: int = 0) -> list[list[dict[str, str]]]:
         messages = []
         if rng.random() < 0.4:
             messages.append({"role": "system", "content": text(rng.randint(2, 8))})
-        for _ in range(rng.randint(1, 4)):
-            messages.append({"role": "user", "content": text(rng.randint(1, 30))})
-            messages.append({"role": "assistant", "content": text(rng.randint(1, 60))})
+        for _ in range(rng.randint(1, max_turns)):
+            messages.append({"role": "user", "content": text(rng.randint(1, max_words // 2))})
+            messages.append({"role": "assistant", "content": text(rng.randint(1, max_words))})
         conversations.append(messages)
     return conversations
 
@@ -72,7 +72,7 @@ def write_jsonl(path: Path, records: list[Any]) -> Path:
 
 @pytest.fixture
 def chat_jsonl(tmp_path: Path) -> Path:
-    return write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in make_conversations(60, seed=1)])
+    return write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in make_conversations(60, seed=1, max_turns=2, max_words=24)])
 
 
 @pytest.fixture
