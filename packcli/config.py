@@ -7,10 +7,11 @@ A config file holds the same names as the ``pack`` flags (``max_len``, ``train_o
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from packcli.errors import UsageError
 from packcli.formats import DEFAULT_FIELDS, FORMATS
@@ -68,9 +69,7 @@ class PackConfig:
                 raise UsageError(f"--{name.replace('_', '-')} must be between {low} and {1 << 30}, not {value}")
         unknown = set(self.fields) - set(DEFAULT_FIELDS)
         if unknown:
-            raise UsageError(
-                f"unknown field name(s) {', '.join(sorted(unknown))}; known: {', '.join(DEFAULT_FIELDS)}"
-            )
+            raise UsageError(f"unknown field name(s) {', '.join(sorted(unknown))}; known: {', '.join(DEFAULT_FIELDS)}")
 
     def options(self) -> dict[str, Any]:
         """Return the options as plain JSON values, for the manifest."""

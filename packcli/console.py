@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import sys
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console

@@ -165,18 +165,18 @@ def _string(record: dict[str, Any], key: str) -> str:
 
 def _int_list(value: Any, key: str) -> list[int]:
     if isinstance(value, str):
-        value = _json_cell(value, key)
+        value = _json_cell(value, key, "a list of integers")
     if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         raise RecordError("wrong_type", f"field '{key}' must be a list of integers")
     return value
 
 
-def _json_cell(value: str, key: str) -> Any:
+def _json_cell(value: str, key: str, expected: str) -> Any:
     # CSV cells and some exports carry lists as JSON text.
     try:
         return json.loads(value)
     except json.JSONDecodeError as exc:
-        raise RecordError("wrong_type", f"field '{key}' is a string that is not JSON ({exc.msg})") from exc
+        raise RecordError("wrong_type", f"field '{key}' must be {expected}, not a string") from exc
 
 
 def _messages(
@@ -189,7 +189,7 @@ def _messages(
 ) -> list[dict[str, Any]]:
     field = field or (fields["conversations"] if sharegpt else fields["messages"])
     if isinstance(value, str):
-        value = _json_cell(value, field)
+        value = _json_cell(value, field, "a list of messages")
     if not isinstance(value, list):
         raise RecordError("wrong_type", f"field '{field}' must be a list of messages, not {_tname(value)}")
     if not value and not allow_empty:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
@@ -175,6 +176,8 @@ def _init_worker() -> None:
     # One tokenizer thread per worker process: the processes are the parallelism. This also keeps the
     # Rust thread pool from being used across fork, which can deadlock when the parent already used it.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    # Ctrl-C reaches the whole process group: the parent handles it and stops the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _map_ordered(
@@ -247,9 +250,7 @@ def tokenize_to_store(
         meta = {
             "records_read": records,
             "dropped": dict(sorted(counts.items())),
-            "sources": [
-                {"path": s.display, "kind": s.kind, "format": formats[s.display]} for s in sources
-            ],
+            "sources": [{"path": s.display, "kind": s.kind, "format": formats[s.display]} for s in sources],
             "source_starts": [starts.get(s.display, records) for s in sources],
         }
         return writer.finish(meta)
@@ -306,11 +307,15 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
         drop_rows["too_long"] = np.flatnonzero(too_long)
     kept = np.flatnonzero(keep)
     if len(kept) == 0:
+        if len(lengths):
+            raise InputError(
+                f"no sample left to pack: all {len(lengths)} tokenized samples are longer than --max-len "
+                f"{max_len} or have nothing to train on; raise --max-len"
+            )
+        reasons = ", ".join(f"{k}: {v}" for k, v in store.meta["dropped"].items())
         raise InputError(
-            f"no sample left to pack: all {len(lengths)} tokenized samples are longer than --max-len {max_len} "
-            "or have nothing to train on; raise --max-len"
-            if len(lengths)
-            else "no sample left to pack: every record was dropped (see the reasons with --on-error skip --rejects FILE)"
+            f"no sample left to pack: all {store.meta['records_read']} records were dropped ({reasons}); "
+            "list them with --on-error skip --rejects FILE"
         )
     kept_len = eff[kept]
     bins = packing.plan_rows(kept_len, max_len, config.algorithm)
@@ -383,7 +388,9 @@ def write_output(
         samples_per_row = counts[rows]
         starts = plan.row_start[rows]
         total = int(samples_per_row.sum())
-        within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(samples_per_row) - samples_per_row, samples_per_row)
+        within = np.arange(total, dtype=np.int64) - np.repeat(
+            np.cumsum(samples_per_row) - samples_per_row, samples_per_row
+        )
         pick = np.repeat(starts, samples_per_row) + within
         store_rows = plan.store_rows[pick]
         table = build_rows(
@@ -399,7 +406,9 @@ def write_output(
         try:
             entries.append(write_shard(table, path, config.output_format))
         except OSError as exc:
-            raise OutputError(f"{path.name}: cannot write the shard ({exc.strerror or exc}); free disk space or choose another -o") from exc
+            raise OutputError(
+                f"{path.name}: cannot write the shard ({exc.strerror or exc}); free disk space or choose another -o"
+            ) from exc
         progress("write", len(rows), n_rows)
     return entries
 

@@ -192,8 +192,7 @@ class StagedOutput:
             os.chmod(self.tmp, 0o777 & ~umask)
         except OSError as exc:
             raise OutputError(
-                f"{output}: cannot create the output directory ({exc.strerror or exc}); "
-                "choose a writable path with -o"
+                f"{output}: cannot create the output directory ({exc.strerror or exc}); choose a writable path with -o"
             ) from exc
 
     def commit(self) -> None:

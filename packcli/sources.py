@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -299,7 +300,27 @@ def _read_arrow_file(path: str, batch_size: int) -> Iterator[Any]:
             yield from _slices(batch, batch_size)
 
 
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Return whether the Hub answers at all (offline mode and failed name lookups say no at once)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    import socket
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        with socket.create_connection((host, 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def _read_hub(source: InputSource, batch_size: int) -> Iterator[Any]:
+    if not hub_reachable():
+        raise InputError(
+            f"{source.display}: the Hugging Face Hub cannot be reached; save the dataset with "
+            "datasets.save_to_disk where there is network and pass its directory"
+        )
     try:
         import datasets
 
@@ -310,5 +331,4 @@ def _read_hub(source: InputSource, batch_size: int) -> Iterator[Any]:
             f"{source.display}: cannot load the Hub dataset ({first}); check the name and split, "
             "the network, or save it locally with datasets.save_to_disk and pass the directory"
         ) from exc
-    for batch in ds.data.to_batches(max_chunksize=batch_size):
-        yield batch
+    yield from ds.data.to_batches(max_chunksize=batch_size)

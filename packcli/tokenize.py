@@ -24,6 +24,7 @@ import numpy as np
 
 from packcli.errors import RecordError, TokenizerError
 from packcli.formats import Sample
+from packcli.sources import hub_reachable
 
 IGNORE_INDEX = -100
 TRAIN_ON = ("auto", "all", "assistant", "last_assistant", "completion")
@@ -54,20 +55,32 @@ def load_tokenizer(name: str | None) -> Any:
 
     hf_logging.set_verbosity_error()
     source = default_tokenizer_dir() if name in (None, DEFAULT_TOKENIZER) else name
+    local = os.path.exists(source)
+    if not local and _looks_like_path(source):
+        raise TokenizerError(f"cannot load tokenizer '{name}': no such directory; check the path")
+    # Without network, read the local Hub cache only, instead of retrying the download for a minute.
+    offline = not local and not hub_reachable()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
     except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors... for one failure
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        hint = "check the path" if os.path.exists(source) or os.sep in source or source.startswith(".") else (
-            "check the name, or download it where there is network and pass its local directory"
-        )
-        raise TokenizerError(f"cannot load tokenizer '{name}': {first}; {hint}") from exc
+        if local:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise TokenizerError(f"cannot load tokenizer '{name}': {first}; check the directory") from exc
+        why = "the Hub cannot be reached and it is not in the local cache" if offline else "not found on the Hub"
+        raise TokenizerError(
+            f"cannot load tokenizer '{name}': {why}; check the name, or save it with "
+            "save_pretrained where there is network and pass its directory"
+        ) from exc
     if not getattr(tokenizer, "is_fast", False) or getattr(tokenizer, "backend_tokenizer", None) is None:
         raise TokenizerError(
             f"tokenizer '{name}' is not a fast (Rust) tokenizer; packcli needs character offsets, "
             "convert it with tokenizers or use its tokenizer.json"
         )
     return tokenizer
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or (os.sep == "\\" and "\\" in name)
 
 
 @dataclass(frozen=True)
@@ -174,10 +187,12 @@ class Encoder:
             return text, spans[-1:]
         if train_on == "completion":
             first = sample.prompt_len if sample.prompt_len is not None else assistant_at[-1]
-            return text, [s for s, i in zip(spans, assistant_at) if i >= first]
+            return text, [s for s, i in zip(spans, assistant_at, strict=True) if i >= first]
         return text, spans
 
-    def _prefix_spans(self, messages: list[dict[str, Any]], assistant_at: list[int], full: str) -> list[tuple[int, int]]:
+    def _prefix_spans(
+        self, messages: list[dict[str, Any]], assistant_at: list[int], full: str
+    ) -> list[tuple[int, int]]:
         """Character spans of assistant turns for a template without generation blocks.
 
         The span of assistant message i is the text that rendering messages[:i+1] adds to rendering
@@ -233,7 +248,12 @@ class Encoder:
                     results[i] = RecordError("empty", "the sample's text is empty")
                     continue
                 mask = _span_mask(enc, spans, len(ids), len(text))
-                if eos and self.options.add_eos and self.eos_id is not None and (not len(ids) or ids[-1] != self.eos_id):
+                if (
+                    eos
+                    and self.options.add_eos
+                    and self.eos_id is not None
+                    and (not len(ids) or ids[-1] != self.eos_id)
+                ):
                     ids = np.append(ids, np.int32(self.eos_id))
                     mask = np.append(mask, bool(spans) and spans[-1][1] >= len(text))
                 try:
@@ -254,9 +274,7 @@ class Encoder:
         labels = np.asarray(sample.labels, dtype=np.int64)
         trained = labels != IGNORE_INDEX
         if np.any(labels[trained] != ids[trained]):
-            raise RecordError(
-                "bad_labels", "labels must equal input_ids where they are not -100 (unshifted labels)"
-            )
+            raise RecordError("bad_labels", "labels must equal input_ids where they are not -100 (unshifted labels)")
         return _finish(ids, trained)
 
 

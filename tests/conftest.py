@@ -31,9 +31,7 @@ def llama3_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(default_tokenizer_dir())
-    tok.add_special_tokens(
-        {"additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]}
-    )
+    tok.add_special_tokens({"additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]})
     tok.chat_template = (TEMPLATES / "llama3.jinja").read_text()
     out = tmp_path_factory.mktemp("llama3-tokenizer")
     tok.save_pretrained(out)
@@ -44,8 +42,29 @@ def make_conversations(n: int, seed: int = 0, max_turns: int = 4, max_words: int
     """Multi-turn conversations with unicode, emoji, code and whitespace edge cases."""
     rng = random.Random(seed)
     words = [
-        "packing", "row", "token", "naïve", "café", "数据", "😀", "🚀", "x=1;", "def f():", "\n", "  ",
-        "attention", "mask", "über", "Ωmega", "ñ", "tab\there", "l'été", "—", "1234", "3.14", "{json}",
+        "packing",
+        "row",
+        "token",
+        "naïve",
+        "café",
+        "数据",
+        "😀",
+        "🚀",
+        "x=1;",
+        "def f():",
+        "\n",
+        "  ",
+        "attention",
+        "mask",
+        "über",
+        "Ωmega",
+        "ñ",
+        "tab\there",
+        "l'été",
+        "—",
+        "1234",
+        "3.14",
+        "{json}",
     ]
 
     def text(k: int) -> str:
@@ -72,7 +91,9 @@ def write_jsonl(path: Path, records: list[Any]) -> Path:
 
 @pytest.fixture
 def chat_jsonl(tmp_path: Path) -> Path:
-    return write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in make_conversations(60, seed=1, max_turns=2, max_words=24)])
+    return write_jsonl(
+        tmp_path / "chat.jsonl", [{"messages": m} for m in make_conversations(60, seed=1, max_turns=2, max_words=24)]
+    )
 
 
 @pytest.fixture

@@ -197,9 +197,18 @@ def _decoded(out: Path, tokenizer: Any) -> dict[int, tuple[str, str]]:
 def test_sharegpt_equals_messages(pack: Any, tmp_path: Path) -> None:
     conversations = make_conversations(10, seed=6, max_turns=2, max_words=24)
     names = {"system": "system", "user": "human", "assistant": "gpt"}
-    sharegpt = [{"conversations": [{"from": names[m["role"]], "value": m["content"]} for m in c]} for c in conversations]
+    sharegpt = [
+        {"conversations": [{"from": names[m["role"]], "value": m["content"]} for m in c]} for c in conversations
+    ]
     pack(write_jsonl(tmp_path / "s.jsonl", sharegpt), "--max-len", "512", "-o", tmp_path / "s", "-q")
-    pack(write_jsonl(tmp_path / "m.jsonl", [{"messages": c} for c in conversations]), "--max-len", "512", "-o", tmp_path / "m", "-q")
+    pack(
+        write_jsonl(tmp_path / "m.jsonl", [{"messages": c} for c in conversations]),
+        "--max-len",
+        "512",
+        "-o",
+        tmp_path / "m",
+        "-q",
+    )
     assert samples_of(read_rows(tmp_path / "s")) == samples_of(read_rows(tmp_path / "m"))
 
 
@@ -228,7 +237,9 @@ def test_text_prompt_completion_alpaca_and_tokenized(pack: Any, tmp_path: Path, 
     assert text == "<|im_start|>user\nAdd\n\n2 and 2<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
     assert trained.startswith("4<|im_end|>")
 
-    write_jsonl(tmp_path / "tok.jsonl", [{"input_ids": [5, 6, 7, 8]}, {"input_ids": [9, 10, 11], "labels": [-100, -100, 11]}])
+    write_jsonl(
+        tmp_path / "tok.jsonl", [{"input_ids": [5, 6, 7, 8]}, {"input_ids": [9, 10, 11], "labels": [-100, -100, 11]}]
+    )
     pack(tmp_path / "tok.jsonl", "--max-len", "64", "-o", tmp_path / "tok", "-q")
     assert samples_of(read_rows(tmp_path / "tok")) == {
         0: ([5, 6, 7, 8], [-100, 6, 7, 8]),
@@ -241,13 +252,30 @@ def test_field_flags_and_config_presets(pack: Any, tmp_path: Path) -> None:
     renamed = [{"dialog": [{"speaker": m["role"], "text": m["content"]} for m in c]} for c in conversations]
     write_jsonl(tmp_path / "r.jsonl", renamed)
     pack(
-        tmp_path / "r.jsonl", "--max-len", "512", "-o", tmp_path / "flags", "-q",
-        "--field", "messages=dialog", "--field", "role=speaker", "--field", "content=text",
+        tmp_path / "r.jsonl",
+        "--max-len",
+        "512",
+        "-o",
+        tmp_path / "flags",
+        "-q",
+        "--field",
+        "messages=dialog",
+        "--field",
+        "role=speaker",
+        "--field",
+        "content=text",
     )
     preset = tmp_path / "preset.toml"
     preset.write_text('max_len = 512\n[fields]\nmessages = "dialog"\nrole = "speaker"\ncontent = "text"\n')
     pack(tmp_path / "r.jsonl", "--config", preset, "-o", tmp_path / "preset", "-q")
-    pack(write_jsonl(tmp_path / "m.jsonl", [{"messages": c} for c in conversations]), "--max-len", "512", "-o", tmp_path / "m", "-q")
+    pack(
+        write_jsonl(tmp_path / "m.jsonl", [{"messages": c} for c in conversations]),
+        "--max-len",
+        "512",
+        "-o",
+        tmp_path / "m",
+        "-q",
+    )
     expected = samples_of(read_rows(tmp_path / "m"))
     assert samples_of(read_rows(tmp_path / "flags")) == expected
     assert samples_of(read_rows(tmp_path / "preset")) == expected
@@ -259,7 +287,10 @@ def test_field_flags_and_config_presets(pack: Any, tmp_path: Path) -> None:
 def test_shipped_presets_pack(preset: str, pack: Any, tmp_path: Path) -> None:
     records = {
         "chatml-sft.toml": [{"messages": m} for m in make_conversations(5, seed=1, max_turns=2, max_words=24)],
-        "alpaca.toml": [{"instruction": "Say hi", "output": "hi"}, {"instruction": "Add", "input": "1 1", "output": "2"}],
+        "alpaca.toml": [
+            {"instruction": "Say hi", "output": "hi"},
+            {"instruction": "Add", "input": "1 1", "output": "2"},
+        ],
         "pretrain-text.toml": [{"text": "one document"}, {"text": "another document"}],
     }[preset]
     config = Path(__file__).parents[1] / "configs" / preset
@@ -300,7 +331,9 @@ def test_rows_per_shard_arrow_output_and_pad_to_max(pack: Any, chat_jsonl: Path,
     pack(chat_jsonl, "--max-len", "256", "-o", out, "-q", "--output-format", "arrow", "--rows-per-shard", "10")
     files = sorted(out.glob("shard-*.arrow"))
     assert len(files) > 1
-    ds = datasets.load_dataset("arrow", data_files=[str(f) for f in files], split="train", cache_dir=str(tmp_path / "hf"))
+    ds = datasets.load_dataset(
+        "arrow", data_files=[str(f) for f in files], split="train", cache_dir=str(tmp_path / "hf")
+    )
     assert ds.num_rows == json.loads((out / "manifest.json").read_text())["rows"]
     check_contract(list(ds), 256)
 
@@ -321,7 +354,9 @@ def test_world_size_balances_ranks(pack: Any, chat_jsonl: Path, tmp_path: Path) 
     assert len(rows) % 4 == 0
     rank_tokens = [sum(len(r["input_ids"]) for r in rows[k::4]) for k in range(4)]
     assert rank_tokens == summary["rank_tokens"]
-    assert summary["rank_token_spread"] == pytest.approx((max(rank_tokens) - min(rank_tokens)) / np.mean(rank_tokens), abs=1e-5)
+    assert summary["rank_token_spread"] == pytest.approx(
+        (max(rank_tokens) - min(rank_tokens)) / np.mean(rank_tokens), abs=1e-5
+    )
     assert summary["packed"] + sum(summary["dropped"].values()) == summary["records_read"] == 60
 
 
@@ -337,7 +372,10 @@ def test_output_directory_rules(pack: Any, chat_jsonl: Path, tmp_path: Path) -> 
     out.mkdir()
     (out / "keep.txt").write_text("x")
     result = pack(chat_jsonl, "--max-len", "300", "-o", out, expect=2)
-    assert result.stderr.strip() == f"Error: {out}: the output directory is not empty; pass --overwrite or choose another -o"
+    assert (
+        result.stderr.strip()
+        == f"Error: {out}: the output directory is not empty; pass --overwrite or choose another -o"
+    )
     assert (out / "keep.txt").exists()
     pack(chat_jsonl, "--max-len", "300", "-o", out, "--overwrite", "-q")
     assert not (out / "keep.txt").exists() and (out / "manifest.json").exists()

@@ -47,7 +47,7 @@ def _check_parity(encoder: Encoder, tokenizer: Any, conversations: list[Any], re
     for messages, result in zip(conversations, results, strict=True):
         assert not isinstance(result, RecordError), result
         ids, labels = result
-        ref_ids, ref_mask = _reference(tokenizer, messages, encoder.template)
+        ref_ids, _ = _reference(tokenizer, messages, encoder.template)
         assert ids.tolist() == ref_ids
         _, mask = _reference(tokenizer, messages, reference_template)
         expected = np.where(np.array(mask, dtype=bool), np.array(ref_ids), IGNORE_INDEX)
@@ -164,13 +164,15 @@ def test_record_errors_are_reasons_not_exceptions() -> None:
 
 def test_template_that_raises_is_a_record_error(tmp_path: Path) -> None:
     encoder = Encoder(None, _template_file("mistral.jinja", tmp_path), EncodeOptions())
-    result = encoder.encode_batch([Sample("chat", messages=[{"role": "tool", "content": "x"}, {"role": "assistant", "content": "y"}])])[0]
+    result = encoder.encode_batch(
+        [Sample("chat", messages=[{"role": "tool", "content": "x"}, {"role": "assistant", "content": "y"}])]
+    )[0]
     assert isinstance(result, RecordError) and result.reason == "template_error"
     assert "roles must be system, user or assistant" in result.detail
 
 
 def test_bad_tokenizer_and_template_are_clear_errors(tmp_path: Path) -> None:
-    with pytest.raises(TokenizerError, match="cannot load tokenizer '.*nope'.*check the path"):
+    with pytest.raises(TokenizerError, match=r"cannot load tokenizer '.*nope'.*check the path"):
         Encoder(str(tmp_path / "nope"), None, EncodeOptions())
     bad = tmp_path / "bad.jinja"
     bad.write_text("{% for %}")
