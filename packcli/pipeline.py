@@ -357,7 +357,8 @@ def _trainable_after_truncation(store: TokenStore, kept: np.ndarray, eff: np.nda
     total = int(store.trainable[kept].astype(np.int64).sum())
     cut = kept[eff[kept] < store.lengths[kept]]
     if len(cut):
-        labels = store.open_tokens().column("labels").take(cut)
+        with store.open_tokens() as reader:
+            labels = reader.table.column("labels").take(cut)
         for row, keep_len in zip(labels.to_pylist(), eff[cut], strict=True):
             total -= sum(1 for x in row[keep_len:] if x != -100)
     return total
@@ -376,40 +377,42 @@ def write_output(
     config: PackConfig, store: TokenStore, plan: Plan, staged: Path, progress: Progress, pad_id: int
 ) -> list[dict[str, Any]]:
     """Write the planned rows as shards into ``staged``; return the manifest's shard entries."""
-    tokens = store.open_tokens()
     order = plan.order.order
     n_rows = len(order)
     per = config.rows_per_shard
     n_shards = max(1, -(-n_rows // per))
-    entries = []
     counts = np.diff(plan.row_start)
-    for s in range(n_shards):
-        rows = order[s * per : (s + 1) * per]
-        samples_per_row = counts[rows]
-        starts = plan.row_start[rows]
-        total = int(samples_per_row.sum())
-        within = np.arange(total, dtype=np.int64) - np.repeat(
-            np.cumsum(samples_per_row) - samples_per_row, samples_per_row
-        )
-        pick = np.repeat(starts, samples_per_row) + within
-        store_rows = plan.store_rows[pick]
-        table = build_rows(
-            tokens,
-            store_rows,
-            plan.lengths[pick],
-            samples_per_row,
-            store.sample_index[store_rows],
-            pad_to=config.max_len if config.pad_to_max else None,
-            pad_id=pad_id,
-        )
-        path = staged / shard_name(s, n_shards, config.output_format)
-        try:
-            entries.append(write_shard(table, path, config.output_format))
-        except OSError as exc:
-            raise OutputError(
-                f"{path.name}: cannot write the shard ({exc.strerror or exc}); free disk space or choose another -o"
-            ) from exc
-        progress("write", len(rows), n_rows)
+    entries = []
+    with store.open_tokens() as reader:
+        for s in range(n_shards):
+            rows = order[s * per : (s + 1) * per]
+            samples_per_row = counts[rows]
+            total = int(samples_per_row.sum())
+            first = np.cumsum(samples_per_row) - samples_per_row
+            pick = np.repeat(plan.row_start[rows], samples_per_row) + (
+                np.arange(total, dtype=np.int64) - np.repeat(first, samples_per_row)
+            )
+            store_rows = plan.store_rows[pick]
+            table = build_rows(
+                reader.table,
+                store_rows,
+                plan.lengths[pick],
+                samples_per_row,
+                store.sample_index[store_rows],
+                pad_to=config.max_len if config.pad_to_max else None,
+                pad_id=pad_id,
+            )
+            path = staged / shard_name(s, n_shards, config.output_format)
+            try:
+                entries.append(write_shard(table, path, config.output_format))
+            except OSError as exc:
+                raise OutputError(
+                    f"{path.name}: cannot write the shard ({exc.strerror or exc}); "
+                    "free disk space or choose another -o"
+                ) from exc
+            del table
+            reader.release()
+            progress("write", len(rows), n_rows)
     return entries
 
 
