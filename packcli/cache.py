@@ -1,15 +1,18 @@
-"""The on-disk store of tokenized samples: an Arrow IPC file, memory-mapped when shards are written.
+"""The on-disk store of tokenized samples, memory-mapped when shards are written.
 
-A finished store is a directory holding ``tokens.arrow`` (one row per kept sample: ``sample_index``,
-``input_ids``, ``labels``), ``samples.npz`` (per-sample lengths, trainable counts, first trained
-position and record position, so the plan never reads token data) and ``meta.json`` (counts, dropped
-records by reason, sources). The same layout serves as the tokenization cache, keyed by everything that
+A finished store is a directory holding ``input_ids.bin`` and ``labels.bin`` (every kept sample's
+tokens, concatenated, little-endian int32: the layout of a token file plus a boundary index),
+``samples.npz`` (per sample: sample_index, length, trainable count, first trained position and record
+position, so the plan never reads token data) and ``meta.json`` (counts, dropped records by reason,
+sources). Rows are gathered from the token files by index, touching only the pages they need.
+The same layout serves as the tokenization cache, keyed by everything that
 changes tokens; entries are written to a temporary directory and renamed into place, so a killed run
 never leaves an entry that looks complete.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import mmap
@@ -21,16 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
-CACHE_FORMAT = 1
-TOKENS_SCHEMA = pa.schema(
-    [
-        ("sample_index", pa.int64()),
-        ("input_ids", pa.list_(pa.int32())),
-        ("labels", pa.list_(pa.int32())),
-    ]
-)
+CACHE_FORMAT = 2
+TOKEN_DTYPE = np.dtype("<i4")
 
 
 def default_cache_dir() -> Path:
@@ -59,34 +55,50 @@ class TokenStore:
     positions: np.ndarray  # int32: line or record number in its source
     meta: dict[str, Any]
 
+    @property
+    def starts(self) -> np.ndarray:
+        """Offset of each sample's first token in the token files (int64)."""
+        starts = np.zeros(len(self.lengths), dtype=np.int64)
+        np.cumsum(self.lengths[:-1], out=starts[1:])
+        return starts
+
     def open_tokens(self) -> TokenReader:
-        """Memory-map the token table."""
-        return TokenReader(self.path / "tokens.arrow")
+        """Memory-map the token files."""
+        return TokenReader(self.path)
 
 
 class TokenReader:
-    """The token table, memory-mapped; ``release`` drops the pages read so far from this process.
+    """The token files, memory-mapped; ``release`` drops the pages read so far from this process.
 
-    Pages of a mapped file count in the resident set while mapped; releasing them after each shard
-    keeps peak memory at one shard's worth whatever the size of the data (they stay in the page cache).
+    Pages of a mapped file count in the resident set while mapped; releasing them after each row group
+    keeps peak memory at one row group's worth whatever the size of the data (they stay in the page
+    cache, so reading them again costs no disk I/O).
     """
 
     def __init__(self, path: Path) -> None:
-        self._file = open(path, "rb")  # noqa: SIM115 - closed in close()
-        self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
-        self.table = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(self._map))).read_all()
+        self._maps: list[mmap.mmap] = []
+        self.input_ids = self._map(path / "input_ids.bin")
+        self.labels = self._map(path / "labels.bin")
+
+    def _map(self, path: Path) -> np.ndarray:
+        if path.stat().st_size == 0:
+            return np.zeros(0, dtype=TOKEN_DTYPE)
+        with open(path, "rb") as fh:
+            mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        self._maps.append(mapped)
+        return np.frombuffer(mapped, dtype=TOKEN_DTYPE)
 
     def release(self) -> None:
-        if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
-            self._map.madvise(mmap.MADV_DONTNEED)
+        for mapped in self._maps:
+            if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+                mapped.madvise(mmap.MADV_DONTNEED)
 
     def close(self) -> None:
-        self.table = None
-        try:
-            self._map.close()
-        except BufferError:  # arrays still point into the map; the OS frees it at exit
-            pass
-        self._file.close()
+        del self.input_ids, self.labels
+        for mapped in self._maps:
+            with contextlib.suppress(BufferError):  # an array still points into the map: unmapped when freed
+                mapped.close()
+        self._maps.clear()
 
     def __enter__(self) -> TokenReader:
         return self
@@ -102,8 +114,8 @@ class TokenStoreWriter:
         self.final_path = final_path
         final_path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final_path.parent))
-        self._sink = pa.OSFile(str(self.tmp / "tokens.arrow"), "wb")
-        self._writer = pa.ipc.new_file(self._sink, TOKENS_SCHEMA)
+        self._ids = open(self.tmp / "input_ids.bin", "wb")  # noqa: SIM115 - closed in finish/abort
+        self._labels = open(self.tmp / "labels.bin", "wb")  # noqa: SIM115
         self._arrays: dict[str, list[np.ndarray]] = {
             k: [] for k in ("sample_index", "lengths", "trainable", "first_trained", "positions")
         }
@@ -120,17 +132,8 @@ class TokenStoreWriter:
     ) -> None:
         if len(lengths) == 0:
             return
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
-        np.cumsum(lengths, out=offsets[1:])
-        batch = pa.record_batch(
-            [
-                pa.array(sample_index, pa.int64()),
-                pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids, pa.int32())),
-                pa.ListArray.from_arrays(pa.array(offsets), pa.array(labels, pa.int32())),
-            ],
-            schema=TOKENS_SCHEMA,
-        )
-        self._writer.write_batch(batch)
+        self._ids.write(np.ascontiguousarray(ids, dtype=TOKEN_DTYPE).tobytes())
+        self._labels.write(np.ascontiguousarray(labels, dtype=TOKEN_DTYPE).tobytes())
         for key, value in (
             ("sample_index", sample_index),
             ("lengths", lengths),
@@ -142,8 +145,8 @@ class TokenStoreWriter:
 
     def finish(self, meta: dict[str, Any]) -> TokenStore:
         """Close the files, move the store into place and return it."""
-        self._writer.close()
-        self._sink.close()
+        self._ids.close()
+        self._labels.close()
         arrays = {
             k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64 if k == "sample_index" else np.int32))
             for k, v in self._arrays.items()
@@ -156,11 +159,8 @@ class TokenStoreWriter:
         return load_store(self.final_path)
 
     def abort(self) -> None:
-        try:
-            self._writer.close()
-            self._sink.close()
-        except Exception:  # closing a half-written file may fail; it is deleted anyway
-            pass
+        self._ids.close()
+        self._labels.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 

@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 
 from packcli import __version__, packing
-from packcli.cache import TokenStore, TokenStoreWriter, cache_key, default_cache_dir, find_store
+from packcli.cache import TokenReader, TokenStore, TokenStoreWriter, cache_key, default_cache_dir, find_store
 from packcli.config import PackConfig
 from packcli.errors import InputError, OutputError, RecordError
 from packcli.formats import detect_format, normalize
 from packcli.shards import (
+    ROW_GROUP_ROWS,
     StagedOutput,
     build_rows,
     check_output_dir,
@@ -357,10 +358,11 @@ def _trainable_after_truncation(store: TokenStore, kept: np.ndarray, eff: np.nda
     total = int(store.trainable[kept].astype(np.int64).sum())
     cut = kept[eff[kept] < store.lengths[kept]]
     if len(cut):
+        starts = store.starts
         with store.open_tokens() as reader:
-            labels = reader.table.column("labels").take(cut)
-        for row, keep_len in zip(labels.to_pylist(), eff[cut], strict=True):
-            total -= sum(1 for x in row[keep_len:] if x != -100)
+            for k in cut.tolist():
+                tail = reader.labels[starts[k] + eff[k] : starts[k] + store.lengths[k]]
+                total -= int(np.count_nonzero(tail != -100))
     return total
 
 
@@ -382,37 +384,42 @@ def write_output(
     per = config.rows_per_shard
     n_shards = max(1, -(-n_rows // per))
     counts = np.diff(plan.row_start)
+    starts = store.starts
     entries = []
-    with store.open_tokens() as reader:
-        for s in range(n_shards):
-            rows = order[s * per : (s + 1) * per]
-            samples_per_row = counts[rows]
-            total = int(samples_per_row.sum())
+
+    def row_groups(reader: TokenReader, rows: np.ndarray) -> Iterator[Any]:
+        for start in range(0, len(rows), ROW_GROUP_ROWS):
+            group = rows[start : start + ROW_GROUP_ROWS]
+            samples_per_row = counts[group]
             first = np.cumsum(samples_per_row) - samples_per_row
-            pick = np.repeat(plan.row_start[rows], samples_per_row) + (
-                np.arange(total, dtype=np.int64) - np.repeat(first, samples_per_row)
+            pick = np.repeat(plan.row_start[group], samples_per_row) + (
+                np.arange(int(samples_per_row.sum()), dtype=np.int64) - np.repeat(first, samples_per_row)
             )
             store_rows = plan.store_rows[pick]
-            table = build_rows(
-                reader.table,
-                store_rows,
+            yield build_rows(
+                reader.input_ids,
+                reader.labels,
+                starts[store_rows],
                 plan.lengths[pick],
                 samples_per_row,
                 store.sample_index[store_rows],
                 pad_to=config.max_len if config.pad_to_max else None,
                 pad_id=pad_id,
             )
+            reader.release()
+            progress("write", len(group), n_rows)
+
+    with store.open_tokens() as reader:
+        for s in range(n_shards):
             path = staged / shard_name(s, n_shards, config.output_format)
             try:
-                entries.append(write_shard(table, path, config.output_format))
+                entries.append(
+                    write_shard(row_groups(reader, order[s * per : (s + 1) * per]), path, config.output_format)
+                )
             except OSError as exc:
                 raise OutputError(
-                    f"{path.name}: cannot write the shard ({exc.strerror or exc}); "
-                    "free disk space or choose another -o"
+                    f"{path.name}: cannot write the shard ({exc.strerror or exc}); free disk space or choose another -o"
                 ) from exc
-            del table
-            reader.release()
-            progress("write", len(rows), n_rows)
     return entries
 
 

@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,50 +35,43 @@ EXTENSIONS = {"parquet": ".parquet", "arrow": ".arrow"}
 
 
 def build_rows(
-    tokens: pa.Table,
-    store_rows: np.ndarray,
+    input_ids: np.ndarray,
+    labels: np.ndarray,
+    starts: np.ndarray,
     sample_lengths: np.ndarray,
     samples_per_row: np.ndarray,
     sample_index: np.ndarray,
     pad_to: int | None = None,
     pad_id: int = 0,
 ) -> pa.Table:
-    """Return a table of packed rows.
+    """Return a table of packed rows gathered from flat token arrays.
 
-    ``store_rows`` lists the token-store rows of the samples, row after row; ``sample_lengths`` their
-    lengths in the row (shorter than stored when truncated); ``samples_per_row`` how many samples each
-    row holds. With ``pad_to``, each row is padded with one extra segment (sample_index -1, labels
-    -100, positions from 0) to that length.
+    ``starts`` holds the offset of each sample's first token in ``input_ids``/``labels``, row after
+    row; ``sample_lengths`` how many of its tokens the row takes (fewer than stored when truncated);
+    ``samples_per_row`` how many samples each row holds. With ``pad_to``, each row is padded with one
+    extra segment (sample_index -1, labels -100, positions from 0) to that length.
     """
-    taken = tokens.take(pa.array(store_rows, pa.int64()))
-    ids_list = taken.column("input_ids").combine_chunks()
-    labels_list = taken.column("labels").combine_chunks()
-    offsets = ids_list.offsets.to_numpy().astype(np.int64)
-    stored = np.diff(offsets)
-    src_starts = offsets[:-1] - offsets[0]
-    ids_values = ids_list.flatten().to_numpy(zero_copy_only=False)
-    label_values = labels_list.flatten().to_numpy(zero_copy_only=False)
     lengths = sample_lengths.astype(np.int64)
     total = int(lengths.sum())
-    # Output token k of a sample comes from stored token src_start + (k - dst_start).
     dst_starts = np.zeros(len(lengths), dtype=np.int64)
     np.cumsum(lengths[:-1], out=dst_starts[1:])
     within = np.arange(total, dtype=np.int64) - np.repeat(dst_starts, lengths)
-    if np.array_equal(lengths, stored):
-        ids, labels = ids_values, label_values
-    else:
-        gather = np.repeat(src_starts, lengths) + within
-        ids, labels = ids_values[gather], label_values[gather]
+    gather = np.repeat(starts.astype(np.int64), lengths) + within
+    ids = input_ids[gather]
+    row_labels = labels[gather]
     positions = within.astype(np.int32)
+    del gather, within
     row_sample_offsets = np.zeros(len(samples_per_row) + 1, dtype=np.int64)
     np.cumsum(samples_per_row, out=row_sample_offsets[1:])
-    row_tokens = np.add.reduceat(lengths, row_sample_offsets[:-1]) if len(lengths) else np.zeros(0, np.int64)
-    row_tokens = np.where(samples_per_row > 0, row_tokens, 0)
+    row_tokens = np.zeros(len(samples_per_row), dtype=np.int64)
+    if len(lengths):
+        row_tokens = np.add.reduceat(lengths, row_sample_offsets[:-1])
+        row_tokens[samples_per_row == 0] = 0
     seq_lengths = lengths.astype(np.int32)
     index = sample_index.astype(np.int64)
     if pad_to is not None:
-        ids, labels, positions, seq_lengths, index, row_tokens, samples_per_row = _pad_rows(
-            ids, labels, positions, seq_lengths, index, row_tokens, samples_per_row, pad_to, pad_id
+        ids, row_labels, positions, seq_lengths, index, row_tokens, samples_per_row = _pad_rows(
+            ids, row_labels, positions, seq_lengths, index, row_tokens, samples_per_row, pad_to, pad_id
         )
     token_offsets = np.zeros(len(row_tokens) + 1, dtype=np.int64)
     np.cumsum(row_tokens, out=token_offsets[1:])
@@ -89,7 +82,7 @@ def build_rows(
     return pa.Table.from_arrays(
         [
             pa.ListArray.from_arrays(tok_off, pa.array(np.asarray(ids, np.int32))),
-            pa.ListArray.from_arrays(tok_off, pa.array(np.asarray(labels, np.int32))),
+            pa.ListArray.from_arrays(tok_off, pa.array(np.asarray(row_labels, np.int32))),
             pa.ListArray.from_arrays(tok_off, pa.array(positions)),
             pa.ListArray.from_arrays(seq_off, pa.array(seq_lengths)),
             pa.ListArray.from_arrays(seq_off, pa.array(index)),
@@ -141,27 +134,35 @@ def shard_name(i: int, n: int, output_format: str) -> str:
     return f"shard-{i:05d}-of-{n:05d}{EXTENSIONS[output_format]}"
 
 
-def write_shard(table: pa.Table, path: Path, output_format: str) -> dict[str, Any]:
-    """Write one shard and return its manifest entry (file, rows, tokens, sha256)."""
+ROW_GROUP_ROWS = 256
+
+
+def write_shard(tables: Iterable[pa.Table], path: Path, output_format: str) -> dict[str, Any]:
+    """Write one shard from consecutive row groups and return its manifest entry.
+
+    Row groups are written as they come, so memory holds one row group whatever the shard size.
+    """
+    rows = tokens = 0
     if output_format == "parquet":
         import pyarrow.parquet as pq
 
-        pq.write_table(
-            table,
-            str(path),
-            compression="zstd",
-            use_dictionary=False,
-            row_group_size=min(max(table.num_rows, 1), 4096),
-        )
+        writer: Any = pq.ParquetWriter(str(path), SHARD_SCHEMA, compression="zstd", use_dictionary=False)
     else:
-        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table, max_chunksize=4096)
-    return {
-        "file": path.name,
-        "rows": table.num_rows,
-        "tokens": int(pa.compute.sum(pa.compute.list_value_length(table.column("input_ids"))).as_py() or 0),
-        "sha256": file_sha256(path),
-    }
+        sink = pa.OSFile(str(path), "wb")
+        writer = pa.ipc.new_stream(sink, SHARD_SCHEMA)
+    try:
+        for table in tables:
+            rows += table.num_rows
+            tokens += len(table.column("input_ids").combine_chunks().flatten())
+            if output_format == "parquet":
+                writer.write_table(table, row_group_size=max(table.num_rows, 1))
+            else:
+                writer.write_table(table)
+    finally:
+        writer.close()
+        if output_format != "parquet":
+            sink.close()
+    return {"file": path.name, "rows": rows, "tokens": tokens, "sha256": file_sha256(path)}
 
 
 def file_sha256(path: Path) -> str:
