@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 TOKEN_DTYPE = np.dtype("<i4")
 
 

@@ -129,6 +129,10 @@ def pack(
     ] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Do not read or write the tokenization cache.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and print the summary; write nothing.")] = False,
+    engine: Annotated[str, typer.Option(help="Where tokenizing and writing run: local or ray.")] = "local",
+    ray_address: Annotated[
+        str | None, typer.Option("--ray-address", help="Ray cluster to connect to [default: start a local one].")
+    ] = None,
     json_out: JsonFlag = False,
     quiet: QuietFlag = False,
 ) -> None:
@@ -161,6 +165,8 @@ def pack(
         "overwrite": overwrite,
         "cache_dir": cache_dir,
         "dry_run": dry_run,
+        "engine": engine,
+        "ray_address": ray_address,
     }
     for name, value in flags.items():
         if _given(ctx, name) or name not in options:
@@ -241,3 +247,7 @@ def _usage_error(exc: Exception) -> str | None:
         return "aborted"
     return None
 
+
+from packcli import report_cli  # noqa: E402
+
+report_cli.register(app)

@@ -24,6 +24,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "output_format": ("parquet", "arrow"),
     "algorithm": ("ffd", "bfd"),
     "rank_remainder": ("drop", "pad"),
+    "engine": ("local", "ray"),
 }
 
 
@@ -56,6 +57,8 @@ class PackConfig:
     cache_dir: str | None = None
     rejects: str | None = None
     dry_run: bool = False
+    engine: str = "local"
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in CHOICES.items():

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -18,7 +19,7 @@ STAGE_LABELS = {"tokenize": "Tokenizing records", "write": "Writing rows"}
 
 def error(message: str) -> None:
     """Print one error line on stderr."""
-    stderr.print(f"[bold red]Error:[/] {message}", soft_wrap=True, markup=True, highlight=False, emoji=False)
+    stderr.print(f"[bold red]Error:[/] {escape(message)}", soft_wrap=True, markup=True, highlight=False, emoji=False)
 
 
 @contextmanager

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
 import signal
+import sys
+import tempfile
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
@@ -19,7 +22,7 @@ import numpy as np
 from packcli import __version__, packing
 from packcli.cache import TokenReader, TokenStore, TokenStoreWriter, cache_key, default_cache_dir, find_store
 from packcli.config import PackConfig
-from packcli.errors import InputError, OutputError, RecordError
+from packcli.errors import InputError, OutputError, RecordError, UsageError
 from packcli.formats import detect_format, normalize
 from packcli.shards import (
     ROW_GROUP_ROWS,
@@ -31,7 +34,7 @@ from packcli.shards import (
     write_shard,
 )
 from packcli.sources import InputSource, RawBatch, fingerprint, read_batches, resolve_inputs
-from packcli.tokenize import EncodeOptions, Encoder
+from packcli.tokenize import EncodeOptions, Encoder, tokenizer_fingerprint
 
 Progress = Callable[[str, int, int | None], None]
 
@@ -248,7 +251,10 @@ def tokenize_to_store(
                     result.positions,
                 )
                 progress("tokenize", result.n_records, None)
+        pad_id = encoder.tokenizer.pad_token_id
         meta = {
+            "tokenizer": encoder.identity(),
+            "pad_id": pad_id if pad_id is not None else (encoder.eos_id or 0),
             "records_read": records,
             "dropped": dict(sorted(counts.items())),
             "sources": [{"path": s.display, "kind": s.kind, "format": formats[s.display]} for s in sources],
@@ -423,15 +429,42 @@ def write_output(
     return entries
 
 
-def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, Any]:
-    """Run ``packcli pack`` and return its summary (also written into the manifest)."""
+def load_engine(config: PackConfig) -> Any:
+    """Return the module that tokenizes and writes: this one, or the Ray engine for --engine ray."""
+    if config.engine == "local":
+        return sys.modules[__name__]
+    try:
+        from packcli.engines import ray_engine
+    except ImportError as exc:
+        raise UsageError("--engine ray needs Ray, which is not installed; pip install 'packcli[ray]'") from exc
+    return ray_engine
+
+
+@dataclass
+class TokenizedInputs:
+    """The inputs, tokenized: the token store and what the manifest says about how it was made."""
+
+    store: TokenStore
+    cache: str  # hit | miss | off
+    sources: list[InputSource]
+    fingerprints: list[str]
+    formats: dict[str, str | None]
+    tokenizer: dict[str, Any]  # the tokenizer's identity
+    pad_id: int
+
+
+@contextlib.contextmanager
+def tokenized_inputs(
+    config: PackConfig, progress: Progress | None = None, scratch: Path | None = None
+) -> Iterator[TokenizedInputs]:
+    """Yield the inputs of ``config`` tokenized into a token store: from the cache, or made now.
+
+    With the cache on, the store is the cache entry (found, or made and kept); with it off, it is made
+    under ``scratch`` (a temporary directory when None) and removed afterwards. A cache hit loads no
+    tokenizer: the key hashes the tokenizer's files and the template when they are local.
+    """
     progress = progress or _no_progress
-    started = time.perf_counter()
-    output = Path(config.output)
-    if not config.dry_run:
-        check_output_dir(output, config.overwrite)
     sources = resolve_inputs(list(config.inputs), config.split)
-    encoder = Encoder(config.tokenizer, config.chat_template, EncodeOptions(config.train_on, config.add_eos))
     formats: dict[str, str | None] = {}
     for source in sources:
         fmt = config.format if config.format != "auto" else _sniff_format(source, config.fields)
@@ -441,14 +474,18 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
                 "pass --format, or --field to name the fields"
             )
         formats[source.display] = fmt
-    identity = encoder.identity()
     fingerprints = [fingerprint(s) for s in sources]
+    encoder = None
+    tokenizer_key = tokenizer_fingerprint(config.tokenizer, config.chat_template)
+    if tokenizer_key is None:
+        encoder = Encoder(config.tokenizer, config.chat_template, EncodeOptions(config.train_on, config.add_eos))
+        tokenizer_key = encoder.identity()["sha256"] + encoder.identity()["chat_template_sha256"]
     key = cache_key(
         {
             "sources": [[s.display, s.kind, f] for s, f in zip(sources, fingerprints, strict=True)],
             "formats": formats,
             "fields": config.fields,
-            "tokenizer": identity,
+            "tokenizer": tokenizer_key,
             "train_on": config.train_on,
             "add_eos": config.add_eos,
             "on_error": config.on_error,
@@ -457,32 +494,51 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
     )
     cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     store = find_store(cache_root / key) if config.cache else None
-    cache_state = "hit" if store is not None else ("miss" if config.cache else "off")
+    with contextlib.ExitStack() as stack:
+        if store is None:
+            if encoder is None:
+                encoder = Encoder(
+                    config.tokenizer, config.chat_template, EncodeOptions(config.train_on, config.add_eos)
+                )
+            if config.cache:
+                store_path = cache_root / key
+            else:
+                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=".packcli-tokens-", dir=scratch))
+                store_path = Path(tmp) / "tokens"
+            store = load_engine(config).tokenize_to_store(config, sources, formats, encoder, store_path, progress)
+        yield TokenizedInputs(
+            store=store,
+            cache="off" if not config.cache else ("miss" if encoder is not None else "hit"),
+            sources=sources,
+            fingerprints=fingerprints,
+            formats=formats,
+            tokenizer=store.meta["tokenizer"],
+            pad_id=store.meta["pad_id"],
+        )
+
+
+def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, Any]:
+    """Run ``packcli pack`` and return its summary (also written into the manifest)."""
+    progress = progress or _no_progress
+    started = time.perf_counter()
+    output = Path(config.output)
+    if not config.dry_run:
+        check_output_dir(output, config.overwrite)
+    engine = load_engine(config)
     staged = None if config.dry_run else StagedOutput(output, config.overwrite)
     try:
-        t0 = time.perf_counter()
-        if store is None:
-            store_path = cache_root / key if config.cache else staged.tmp / ".tokens" if staged else None
-            if store_path is None:
-                import tempfile
-
-                store_path = Path(tempfile.mkdtemp(prefix="packcli-dry-run-")) / "tokens"
-            store = tokenize_to_store(config, sources, formats, encoder, store_path, progress)
-        t1 = time.perf_counter()
-        plan = make_plan(config, store)
-        t2 = time.perf_counter()
-        summary = _summary(config, store, plan, cache_state)
+        with tokenized_inputs(config, progress, scratch=staged.tmp if staged else None) as inputs:
+            t1 = time.perf_counter()
+            store = inputs.store
+            plan = make_plan(config, store)
+            t2 = time.perf_counter()
+            summary = _summary(config, store, plan, inputs.cache)
+            if staged is not None:
+                shards = engine.write_output(config, store, plan, staged.tmp, progress, inputs.pad_id)
+                if config.rejects:
+                    _write_rejects(Path(config.rejects), store, plan)
+                manifest = _manifest(config, inputs, summary, shards)
         if staged is not None:
-            pad_id = encoder.tokenizer.pad_token_id
-            pad_id = pad_id if pad_id is not None else (encoder.eos_id or 0)
-            shards = write_output(config, store, plan, staged.tmp, progress, pad_id)
-            if config.rejects:
-                _write_rejects(Path(config.rejects), store, plan)
-            manifest = _manifest(config, identity, sources, fingerprints, formats, summary, shards)
-            if not config.cache:
-                import shutil
-
-                shutil.rmtree(staged.tmp / ".tokens", ignore_errors=True)
             write_manifest(staged.tmp, manifest)
             staged.commit()
             summary["shards"] = len(shards)
@@ -492,7 +548,7 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
             staged.abort()
         raise
     summary["seconds"] = {
-        "tokenize": round(t1 - t0, 3),
+        "tokenize": round(t1 - started, 3),
         "plan": round(t2 - t1, 3),
         "write": round(t3 - t2, 3),
         "total": round(t3 - started, 3),
@@ -541,22 +597,15 @@ def _summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str
 
 
 def _manifest(
-    config: PackConfig,
-    identity: dict[str, Any],
-    sources: list[InputSource],
-    fingerprints: list[str],
-    formats: dict[str, str | None],
-    summary: dict[str, Any],
-    shards: list[dict[str, Any]],
+    config: PackConfig, inputs: TokenizedInputs, summary: dict[str, Any], shards: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    options = config.options()
     return {
         "packcli_version": __version__,
-        "options": options,
-        "tokenizer": identity,
+        "options": config.options(),
+        "tokenizer": inputs.tokenizer,
         "inputs": [
-            {"path": s.display, "kind": s.kind, "format": formats[s.display], "blake2b": f}
-            for s, f in zip(sources, fingerprints, strict=True)
+            {"path": s.display, "kind": s.kind, "format": inputs.formats[s.display], "blake2b": f}
+            for s, f in zip(inputs.sources, inputs.fingerprints, strict=True)
         ],
         "counts": {k: summary[k] for k in ("records_read", "packed", "dropped", "truncated", "duplicated")},
         **{

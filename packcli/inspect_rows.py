@@ -1,0 +1,203 @@
+"""One packed row, decoded: its samples, and which of their tokens are trained on.
+
+Rows are numbered from 0 across all shards in manifest order. A row is found from the manifest's
+per-shard row counts without reading other shards; a sample is found by scanning only the
+``sample_index`` column, shard by shard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from packcli.errors import InputError, OutputError, TokenizerError, UsageError
+from packcli.shards import IGNORE_INDEX, read_manifest
+from packcli.stats import list_parts, shard_batches
+
+
+@dataclass
+class Piece:
+    """A run of consecutive tokens of one segment that are all trained, or all masked."""
+
+    trained: bool
+    text: str
+    tokens: int
+
+
+@dataclass
+class Segment:
+    """One sample in a row (or the padding segment of ``--pad-to-max``, sample_index -1)."""
+
+    sample_index: int
+    start: int
+    length: int
+    padding: bool
+    trained_tokens: int
+    text: str
+    trained_text: list[str]
+    pieces: list[Piece]
+    input_ids: list[int]
+    trained: list[bool]
+
+
+@dataclass
+class InspectedRow:
+    """A decoded row and where it is."""
+
+    directory: str
+    row: int
+    rows: int
+    shard: str
+    row_in_shard: int
+    max_len: int
+    tokens: int
+    trained_tokens: int
+    tokenizer: str
+    tokenizer_matches: bool
+    requested_sample_index: int | None
+    segments: list[Segment] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def locate_row(manifest: dict[str, Any], row: int) -> tuple[str, int]:
+    """Return (shard file, row within the shard) of global row ``row``; raise UsageError when out of range."""
+    sizes = [int(e["rows"]) for e in manifest.get("shards", [])]
+    total = sum(sizes)
+    if not 0 <= row < total:
+        span = f"0..{total - 1}" if total else "none"
+        raise UsageError(f"--row {row} is out of range: the output has {total} rows ({span})")
+    k = int(np.searchsorted(np.cumsum(sizes), row, side="right"))
+    return manifest["shards"][k]["file"], row - sum(sizes[:k])
+
+
+def find_sample(directory: Path, manifest: dict[str, Any], sample_index: int) -> int:
+    """Return the global row that holds ``sample_index`` (its first copy); raise InputError when none does."""
+    if sample_index < 0:
+        raise UsageError(f"--sample-index must be >= 0, not {sample_index}")
+    first_row = 0
+    for entry in manifest.get("shards", []):
+        try:
+            for batch in shard_batches(directory / entry["file"], ["sample_index"]):
+                segs, index = list_parts(batch.column("sample_index"))
+                hits = np.flatnonzero(index == sample_index)
+                if len(hits):
+                    row_of = np.repeat(np.arange(batch.num_rows), segs)
+                    return first_row + int(row_of[hits[0]])
+                first_row += batch.num_rows
+        except (OSError, pa.ArrowException) as exc:
+            raise _unreadable(directory, entry["file"], exc) from exc
+    counts = manifest.get("counts", {})
+    dropped = ", ".join(f"{reason} {n}" for reason, n in counts.get("dropped", {}).items()) or "none"
+    raise InputError(
+        f"sample_index {sample_index} is in no row: it numbers the {counts.get('records_read', '?')} input records "
+        f"from 0, and dropped records are in no row (dropped: {dropped}); pack with --rejects FILE to list them"
+    )
+
+
+def read_row(path: Path, row_in_shard: int) -> dict[str, list[int]]:
+    """Return one row of a shard as lists, reading batches only up to the one that holds it."""
+    seen = 0
+    for batch in shard_batches(path):
+        if row_in_shard < seen + batch.num_rows:
+            return batch.slice(row_in_shard - seen, 1).to_pylist()[0]
+        seen += batch.num_rows
+    raise OutputError(f"{path.name}: has {seen} rows, fewer than manifest.json says; run packcli verify")
+
+
+def inspect_row(
+    directory: Path, row: int | None = None, sample_index: int | None = None, tokenizer: str | None = None
+) -> InspectedRow:
+    """Decode one row (by global row number, or the row holding ``sample_index``) into its segments.
+
+    The tokenizer is the one named in the manifest unless ``tokenizer`` is given; ``tokenizer_matches``
+    says whether its identity equals the manifest's.
+    """
+    if row is not None and sample_index is not None:
+        raise UsageError("--row cannot be used with --sample-index; pass one of them")
+    manifest = read_manifest(directory)
+    if sample_index is not None:
+        row = find_sample(directory, manifest, sample_index)
+    row = 0 if row is None else row
+    shard, row_in_shard = locate_row(manifest, row)
+    try:
+        data = read_row(directory / shard, row_in_shard)
+    except (OSError, pa.ArrowException) as exc:
+        raise _unreadable(directory, shard, exc) from exc
+    identity = manifest.get("tokenizer", {})
+    name = tokenizer or identity.get("name")
+    decoder, matches = _load_decoder(name, identity.get("sha256"))
+    ids = np.asarray(data["input_ids"], dtype=np.int64)
+    trained = np.asarray(data["labels"], dtype=np.int64) != IGNORE_INDEX
+    segments = []
+    start = 0
+    # Not strict: a damaged row still decodes as far as its columns agree (verify says what is wrong).
+    for index, length in zip(data["sample_index"], data["seq_lengths"], strict=False):
+        seg_ids = ids[start : start + length]
+        seg_trained = trained[start : start + length]
+        segments.append(_segment(decoder, int(index), start, seg_ids, seg_trained))
+        start += length
+    return InspectedRow(
+        directory=str(directory),
+        row=row,
+        rows=sum(int(e["rows"]) for e in manifest.get("shards", [])),
+        shard=shard,
+        row_in_shard=row_in_shard,
+        max_len=int(manifest.get("max_len", 0)),
+        tokens=len(ids),
+        trained_tokens=int(trained.sum()),
+        tokenizer=str(name),
+        tokenizer_matches=matches,
+        requested_sample_index=sample_index,
+        segments=segments,
+    )
+
+
+def _load_decoder(name: str | None, sha256: str | None) -> tuple[Any, bool]:
+    from packcli.tokenize import EncodeOptions, Encoder
+
+    try:
+        encoder = Encoder(name, None, EncodeOptions())
+    except TokenizerError as exc:
+        raise TokenizerError(f"{exc}; or pass --tokenizer to decode with another one") from exc
+    return encoder.tokenizer, encoder.identity()["sha256"] == sha256
+
+
+def _segment(decoder: Any, index: int, start: int, ids: np.ndarray, trained: np.ndarray) -> Segment:
+    padding = index == -1
+    # Decode runs of equally-flagged tokens, not single tokens: a byte-level BPE token may hold part of
+    # a character, which only decodes together with its neighbours.
+    cuts = np.flatnonzero(np.diff(trained.astype(np.int8))) + 1
+    bounds = [0, *cuts.tolist(), len(ids)]
+    pieces = []
+    if not padding:
+        for a, b in pairwise(bounds):
+            if b > a:
+                pieces.append(Piece(bool(trained[a]), _decode(decoder, ids[a:b]), b - a))
+    return Segment(
+        sample_index=index,
+        start=start,
+        length=len(ids),
+        padding=padding,
+        trained_tokens=int(trained.sum()),
+        text="" if padding else _decode(decoder, ids),
+        trained_text=[p.text for p in pieces if p.trained],
+        pieces=pieces,
+        input_ids=ids.tolist(),
+        trained=trained.tolist(),
+    )
+
+
+def _decode(decoder: Any, ids: np.ndarray) -> str:
+    return decoder.decode(ids.tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def _unreadable(directory: Path, file: str, exc: BaseException) -> OutputError:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    return OutputError(f"{file}: cannot be read ({first}); run packcli verify {directory}")

@@ -1,0 +1,363 @@
+"""Check a packed output against its manifest and the output contract, one shard at a time.
+
+Each shard is checked for presence, checksum, row and token counts, schema, and the row contract
+(lengths, seq_lengths, position_ids, labels, padding segments), a batch of rows at a time with numpy;
+only each row's sample_index values are kept across shards, for the uniqueness and count checks at
+the end. Problems are returned, not raised: a damaged output is a result, not an error.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from packcli.shards import IGNORE_INDEX, MANIFEST, SHARD_SCHEMA, file_sha256, read_manifest
+from packcli.stats import list_parts, shard_batches
+
+Progress = Callable[[str, int, int | None], None]
+SHARD_FILE = re.compile(r"^shard-\d+-of-\d+\.(parquet|arrow)$")
+MAX_EXAMPLES = 5
+
+# Each row check: a key, and the message for the rows that fail it.
+CHECKS = {
+    "nulls": "hold null values",
+    "token_columns": "have input_ids, labels and position_ids of different lengths",
+    "segment_columns": "have seq_lengths and sample_index of different lengths",
+    "empty": "are empty",
+    "too_long": "are longer than max_len {max_len}",
+    "not_padded": "are not padded to max_len {max_len} (the output was packed with --pad-to-max)",
+    "seq_lengths_positive": "have a seq_lengths value below 1",
+    "seq_lengths_sum": "have seq_lengths that do not sum to the row length",
+    "vocab": "have input_ids outside the tokenizer's vocabulary [0, {vocab_size})",
+    "positions": "have position_ids that do not run 0..n-1 restarting at every sample",
+    "first_label": "have a sample whose first label is not -100",
+    "labels": "have labels that differ from input_ids where they are not -100",
+    "sample_index": "have a sample_index below -1",
+    "padding_unexpected": "have a padding segment (sample_index -1) but the output was packed without --pad-to-max",
+    "padding_labels": "have a padding segment with labels other than -100",
+    "padding_not_last": "have a padding segment that is not the row's last segment",
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong, and the file it is in (a shard, or manifest.json for the whole output)."""
+
+    file: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.message}"
+
+
+@dataclass
+class VerifyReport:
+    """What was checked and what was found wrong."""
+
+    directory: str
+    shards: int = 0
+    rows: int = 0
+    tokens: int = 0
+    sequences: int = 0
+    samples: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "directory": self.directory,
+            "shards": self.shards,
+            "rows": self.rows,
+            "tokens": self.tokens,
+            "sequences": self.sequences,
+            "samples": self.samples,
+            "problems": [{"file": p.file, "message": p.message} for p in self.problems],
+        }
+
+
+@dataclass
+class _Expect:
+    max_len: int
+    pad_to_max: bool
+    vocab_size: int | None
+
+
+@dataclass
+class _ShardTotals:
+    rows: int = 0
+    tokens: int = 0  # every token in the rows, padding segments included (what the manifest's shard entry counts)
+    sample_tokens: int = 0
+    trainable: int = 0
+    failures: dict[str, list[int]] = field(default_factory=dict)  # check -> [count, first row]
+    index: list[np.ndarray] = field(default_factory=list)
+
+    def fail(self, check: str, bad_rows: np.ndarray, first_row: int) -> None:
+        rows = np.unique(bad_rows)
+        if len(rows) == 0:
+            return
+        seen = self.failures.setdefault(check, [0, int(rows[0]) + first_row])
+        seen[0] += len(rows)
+
+
+def verify_output(directory: Path, progress: Progress | None = None) -> VerifyReport:
+    """Check every shard of a packed output against its manifest and the contract; return the report.
+
+    Raises OutputError only when the manifest itself cannot be read.
+    """
+    manifest = read_manifest(directory)
+    report = VerifyReport(directory=str(directory))
+    options = manifest.get("options", {})
+    expect = _Expect(
+        max_len=int(manifest.get("max_len") or options.get("max_len") or 0),
+        pad_to_max=bool(options.get("pad_to_max", False)),
+        vocab_size=manifest.get("tokenizer", {}).get("vocab_size"),
+    )
+    entries = manifest.get("shards")
+    if not isinstance(entries, list) or expect.max_len < 1:
+        report.problems.append(Problem(MANIFEST, "has no shard list or no max_len; the manifest is damaged"))
+        return report
+    listed = set()
+    index_parts: list[np.ndarray] = []
+    shard_ids: list[np.ndarray] = []
+    sample_tokens = trainable = 0
+    for k, entry in enumerate(entries):
+        name = str(entry.get("file", ""))
+        listed.add(name)
+        totals = _check_shard(directory, entry, expect, report.problems)
+        if progress is not None:
+            progress("Verifying shards", 1, len(entries))
+        if totals is None:
+            continue
+        report.shards += 1
+        report.rows += totals.rows
+        report.tokens += totals.tokens
+        sample_tokens += totals.sample_tokens
+        trainable += totals.trainable
+        if totals.index:
+            part = np.concatenate(totals.index)
+            index_parts.append(part)
+            shard_ids.append(np.full(len(part), k, dtype=np.int32))
+    for path in sorted(directory.iterdir()):
+        if SHARD_FILE.match(path.name) and path.name not in listed:
+            report.problems.append(Problem(path.name, "is not listed in manifest.json (a leftover from another run?)"))
+    index = np.concatenate(index_parts) if index_parts else np.zeros(0, np.int64)
+    owner = np.concatenate(shard_ids) if shard_ids else np.zeros(0, np.int32)
+    report.sequences = len(index)
+    complete = report.shards == len(entries)
+    report.samples = _check_samples(index, owner, entries, manifest, report.problems, complete)
+    if complete:
+        _check_totals(manifest, report, sample_tokens, trainable)
+    return report
+
+
+def _check_shard(
+    directory: Path, entry: dict[str, Any], expect: _Expect, problems: list[Problem]
+) -> _ShardTotals | None:
+    name = str(entry.get("file", ""))
+    path = directory / name
+    if not name or not path.is_file():
+        problems.append(Problem(name or MANIFEST, "is missing: manifest.json lists it but the file is not there"))
+        return None
+    if file_sha256(path) != entry.get("sha256"):
+        problems.append(Problem(name, "sha256 differs from manifest.json: the file was changed or is damaged"))
+    totals = _ShardTotals()
+    try:
+        schema = _schema(path)
+        missing = [f.name for f in SHARD_SCHEMA if f.name not in schema.names]
+        if missing:
+            problems.append(Problem(name, f"lacks the column(s) {', '.join(missing)}"))
+            return None
+        wrong = [
+            f"{f.name} is {schema.field(f.name).type}, not {f.type}"
+            for f in SHARD_SCHEMA
+            if schema.field(f.name).type != f.type
+        ]
+        if wrong:
+            problems.append(Problem(name, "has columns of the wrong type: " + "; ".join(wrong)))
+        for batch in shard_batches(path, SHARD_SCHEMA.names):
+            _check_batch(batch, totals.rows, expect, totals)
+            totals.rows += batch.num_rows
+    except (OSError, pa.ArrowException) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        problems.append(Problem(name, f"cannot be read ({first})"))
+        return None
+    for check, (count, first_row) in totals.failures.items():
+        message = CHECKS[check].format(max_len=expect.max_len, vocab_size=expect.vocab_size)
+        noun = "row" if count == 1 else "rows"
+        verb = message if count != 1 else _singular(message)
+        problems.append(Problem(name, f"{count} {noun} {verb} (first: row {first_row})"))
+    if entry.get("rows") != totals.rows:
+        problems.append(Problem(name, f"has {totals.rows} rows, manifest.json says {entry.get('rows')}"))
+    if entry.get("tokens") != totals.tokens:
+        problems.append(Problem(name, f"has {totals.tokens} tokens, manifest.json says {entry.get('tokens')}"))
+    return totals
+
+
+def _singular(message: str) -> str:
+    for plural, singular in (("have ", "has "), ("are ", "is ")):
+        if message.startswith(plural):
+            return singular + message[len(plural) :]
+    return message
+
+
+def _schema(path: Path) -> pa.Schema:
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_schema(str(path))
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_stream(source).schema
+
+
+def _check_batch(batch: pa.RecordBatch, first_row: int, expect: _Expect, totals: _ShardTotals) -> None:
+    """Run the row checks on one batch of rows; record failing rows (shard row numbers) in ``totals``.
+
+    Token-sized work is a handful of comparisons over the flat columns; failing tokens and segments
+    are mapped back to their rows only when there are any.
+    """
+    n = batch.num_rows
+    cols = {name: batch.column(name) for name in SHARD_SCHEMA.names}
+    null_rows = np.zeros(n, dtype=bool)
+    for col in cols.values():
+        null_rows |= col.is_null().to_numpy(zero_copy_only=False)
+        if col.flatten().null_count:
+            seg_lengths, _ = list_parts(col)
+            nulls = col.flatten().is_null().to_numpy(zero_copy_only=False)
+            null_rows[np.repeat(np.arange(n), seg_lengths)[nulls]] = True
+    if null_rows.any():
+        totals.fail("nulls", np.flatnonzero(null_rows), first_row)
+        return
+    row_len, ids = list_parts(cols["input_ids"])
+    lab_len, labels = list_parts(cols["labels"])
+    pos_len, positions = list_parts(cols["position_ids"])
+    segs, seq_lengths = list_parts(cols["seq_lengths"])
+    idx_len, index = list_parts(cols["sample_index"])
+    seq_lengths = seq_lengths.astype(np.int64)
+    index = index.astype(np.int64)
+    totals.tokens += int(row_len.sum())
+    rows = np.arange(n)
+    row_end = np.cumsum(row_len)
+    seg_end = np.cumsum(segs)
+
+    def token_rows(mask: np.ndarray) -> np.ndarray:
+        return np.searchsorted(row_end, np.flatnonzero(mask), side="right")
+
+    def segment_rows(mask: np.ndarray) -> np.ndarray:
+        return np.searchsorted(seg_end, np.flatnonzero(mask), side="right")
+
+    token_ok = (lab_len == row_len) & (pos_len == row_len)
+    segment_ok = idx_len == segs
+    totals.fail("token_columns", rows[~token_ok], first_row)
+    totals.fail("segment_columns", rows[~segment_ok], first_row)
+    totals.fail("empty", rows[row_len == 0], first_row)
+    totals.fail("too_long", rows[row_len > expect.max_len], first_row)
+    if expect.pad_to_max:
+        totals.fail("not_padded", rows[row_len != expect.max_len], first_row)
+    if expect.vocab_size:
+        totals.fail("vocab", token_rows((ids < 0) | (ids >= expect.vocab_size)), first_row)
+    if not (token_ok.all() and segment_ok.all()):
+        return  # the columns do not line up; the checks below would only repeat this
+    labelled = labels != IGNORE_INDEX
+    totals.trainable += int(np.count_nonzero(labelled))
+    totals.fail("labels", token_rows(labelled & (labels != ids)), first_row)
+    totals.fail("sample_index", segment_rows(index < -1), first_row)
+    totals.fail("seq_lengths_positive", segment_rows(seq_lengths < 1), first_row)
+    seg_row = np.repeat(rows, segs)
+    row_sums = np.bincount(seg_row, weights=seq_lengths, minlength=n).astype(np.int64)
+    totals.fail("seq_lengths_sum", rows[row_sums != row_len], first_row)
+    pad = index == -1
+    if pad.any():
+        if not expect.pad_to_max:
+            totals.fail("padding_unexpected", seg_row[pad], first_row)
+        is_last = np.zeros(len(index), dtype=bool)
+        is_last[seg_end[segs > 0] - 1] = True
+        totals.fail("padding_not_last", seg_row[pad & ~is_last], first_row)
+    totals.sample_tokens += int(row_len.sum()) - int(seq_lengths[pad].sum())
+    totals.index.append(index[~pad])
+    tiled = (row_sums == row_len) & (np.bincount(seg_row[seq_lengths < 1], minlength=n) == 0)
+    if not tiled.all():
+        # Positions and first labels can be placed only in rows whose segments tile the row.
+        keep_tokens = np.repeat(tiled, row_len)
+        keep_segments = np.repeat(tiled, segs)
+        rows, row_len, segs = rows[tiled], row_len[tiled], segs[tiled]
+        positions, labelled = positions[keep_tokens], labelled[keep_tokens]
+        seq_lengths, pad = seq_lengths[keep_segments], pad[keep_segments]
+        row_end = np.cumsum(row_len)
+        seg_row = np.repeat(rows, segs)
+    seg_start = np.cumsum(seq_lengths) - seq_lengths
+    # position_ids are 0 at every segment start and grow by one everywhere else.
+    starts = np.zeros(len(positions), dtype=bool)
+    starts[seg_start] = True
+    bad_position = np.zeros(len(positions), dtype=bool)
+    bad_position[seg_start] = positions[seg_start] != 0
+    if len(positions) > 1:
+        bad_position[1:] |= ~starts[1:] & (np.diff(positions) != 1)
+    totals.fail("positions", rows[token_rows(bad_position)], first_row)
+    totals.fail("first_label", seg_row[labelled[seg_start]], first_row)
+    if pad.any():
+        totals.fail("padding_labels", rows[token_rows(np.repeat(pad, seq_lengths) & labelled)], first_row)
+
+
+def _check_samples(
+    index: np.ndarray,
+    owner: np.ndarray,
+    entries: list[dict[str, Any]],
+    manifest: dict[str, Any],
+    problems: list[Problem],
+    complete: bool,
+) -> int:
+    """Check sample_index uniqueness across shards and the distinct count; return the distinct count.
+
+    When some shards could not be read (``complete`` false) only what the others prove is reported.
+    """
+    counts = manifest.get("counts", {})
+    order = np.argsort(index, kind="stable")
+    sorted_index = index[order]
+    repeat = np.flatnonzero(sorted_index[1:] == sorted_index[:-1]) + 1
+    distinct = len(index) - len(repeat)
+    allowed = int(counts.get("duplicated", 0))
+    if len(repeat) > allowed or (complete and len(repeat) != allowed):
+        for r in repeat[:MAX_EXAMPLES]:
+            value = int(sorted_index[r])
+            first = entries[int(owner[order[r - 1]])]["file"]
+            again = entries[int(owner[order[r]])]["file"]
+            where = "again in the same shard" if first == again else f"also in {first}"
+            problems.append(Problem(again, f"sample_index {value} appears {where}"))
+        what = f"{len(repeat)} repeated sample_index values"
+        expected = f"manifest.json counts {allowed} duplicated by rank padding" if allowed else "each must appear once"
+        problems.append(Problem(MANIFEST, f"{what}; {expected}"))
+    packed = counts.get("packed")
+    if packed is not None and distinct != packed:
+        message = f"the shards hold {distinct} distinct samples, manifest.json counts {packed} packed"
+        if not complete:
+            message += " (the missing or unreadable shards hold the rest)"
+        problems.append(Problem(MANIFEST, message))
+    return distinct
+
+
+def _check_totals(manifest: dict[str, Any], report: VerifyReport, sample_tokens: int, trainable: int) -> None:
+    if manifest.get("rows") is not None and manifest["rows"] != report.rows:
+        report.problems.append(Problem(MANIFEST, f"counts {manifest['rows']} rows, the shards hold {report.rows}"))
+    if manifest.get("tokens") is not None and manifest["tokens"] != sample_tokens:
+        report.problems.append(
+            Problem(MANIFEST, f"counts {manifest['tokens']} tokens, the shards hold {sample_tokens} sample tokens")
+        )
+    # Rank padding repeats rows but the manifest counts their trainable tokens once.
+    duplicated = manifest.get("counts", {}).get("duplicated", 0)
+    if not duplicated and manifest.get("trainable_tokens") is not None and manifest["trainable_tokens"] != trainable:
+        report.problems.append(
+            Problem(
+                MANIFEST,
+                f"counts {manifest['trainable_tokens']} trainable tokens, the shards hold {trainable}",
+            )
+        )
