@@ -116,7 +116,7 @@ def pack(
     rank_remainder: Annotated[
         str, typer.Option("--rank-remainder", help="Rows left over by --world-size: drop or pad (repeat rows).")
     ] = "drop",
-    rows_per_shard: Annotated[int, typer.Option("--rows-per-shard", help="Rows per shard file.")] = 10_000,
+    rows_per_shard: Annotated[int, typer.Option("--rows-per-shard", help="Rows per shard file.")] = 2048,
     output_format: Annotated[str, typer.Option("--output-format", help="parquet or arrow.")] = "parquet",
     pad_to_max: Annotated[bool, typer.Option("--pad-to-max", help="Pad every row to --max-len.")] = False,
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty output directory.")] = False,
@@ -201,15 +201,21 @@ def _available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+def _on_signal(signum: int, frame: Any) -> None:
+    # The first SIGINT/SIGTERM asks the run to stop at its next safe point (within a batch); a second
+    # one stops it at once.
+    from packcli.errors import _STOP, request_stop
+
+    if _STOP.is_set():
+        raise KeyboardInterrupt
+    request_stop()
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; map known errors to one line on stderr and an exit code."""
     from packcli import console
 
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         code = app(args=argv, prog_name="packcli", standalone_mode=False)
         if isinstance(code, int) and code:
@@ -232,7 +238,8 @@ def main(argv: list[str] | None = None) -> None:
         console.error(usage)
         sys.exit(UsageError.exit_code)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _usage_error(exc: Exception) -> str | None:

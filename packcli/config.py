@@ -48,7 +48,7 @@ class PackConfig:
     seed: int = 0
     world_size: int = 1
     rank_remainder: str = "drop"
-    rows_per_shard: int = 10_000
+    rows_per_shard: int = 2048
     output_format: str = "parquet"
     pad_to_max: bool = False
     overwrite: bool = False

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+
+_STOP = threading.Event()
+
 
 class PackcliError(Exception):
     """A known failure: the message is one line that names what went wrong and how to fix it."""
@@ -40,3 +44,18 @@ class RecordError(Exception):
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
+
+
+def request_stop() -> None:
+    """Ask the running pack to stop at its next safe point (called from a signal handler)."""
+    _STOP.set()
+
+
+def raise_if_stopped() -> None:
+    """Raise KeyboardInterrupt if a stop was requested: long loops call this between steps.
+
+    Stopping at these points, never inside an import or a file write, is what lets a run that is
+    interrupted clean up every time.
+    """
+    if _STOP.is_set():
+        raise KeyboardInterrupt

@@ -22,7 +22,7 @@ import numpy as np
 from packcli import __version__, packing
 from packcli.cache import TokenReader, TokenStore, TokenStoreWriter, cache_key, default_cache_dir, find_store
 from packcli.config import PackConfig
-from packcli.errors import InputError, OutputError, RecordError, UsageError
+from packcli.errors import InputError, OutputError, RecordError, UsageError, raise_if_stopped
 from packcli.formats import detect_format, normalize
 from packcli.shards import (
     ROW_GROUP_ROWS,
@@ -33,7 +33,7 @@ from packcli.shards import (
     write_manifest,
     write_shard,
 )
-from packcli.sources import InputSource, RawBatch, fingerprint, read_batches, resolve_inputs
+from packcli.sources import InputSource, RawBatch, count_records, fingerprint, read_batches, resolve_inputs
 from packcli.tokenize import EncodeOptions, Encoder, tokenizer_fingerprint
 
 Progress = Callable[[str, int, int | None], None]
@@ -64,6 +64,7 @@ class TokenizedBatch:
     """A worker's output for one RawBatch: kept samples as flat arrays, and the rejected records."""
 
     source: str
+    unit: str  # what positions count: line or record
     first_index: int
     n_records: int
     sample_index: np.ndarray
@@ -114,6 +115,7 @@ def _tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
     trained = [lab != -100 for lab in labels]
     return TokenizedBatch(
         source=batch.source,
+        unit="line" if batch.raw_lines else "record",
         first_index=batch.first_index,
         n_records=len(batch.items),
         sample_index=np.array(kept_index, dtype=np.int64),
@@ -148,14 +150,15 @@ def _reject(index: int, source: str, position: int, err: RecordError, raw: Any, 
         "sample_index": index,
         "source": source,
         "position": position,
+        "unit": "line" if raw_lines else "record",
         "reason": err.reason,
         "detail": err.detail,
         "record": text[:REJECT_RECORD_CHARS],
     }
 
 
-def _where(source: str, position: int, raw_lines: bool = True) -> str:
-    return f"{source} {'line' if raw_lines else 'record'} {position}"
+def _where(source: str, unit: str, position: int) -> str:
+    return f"{source} {unit} {position}"
 
 
 # -- stage 1: tokenize into the token store ---------------------------------------------------------
@@ -184,31 +187,44 @@ def _init_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _map_ordered(
-    fn: Callable[..., TokenizedBatch], jobs: Iterator[tuple[Any, ...]], num_proc: int
-) -> Iterator[TokenizedBatch]:
+def _result(future: Future[Any]) -> Any:
+    # Wait in short steps, so that a stop request is seen while a worker is busy.
+    while True:
+        raise_if_stopped()
+        try:
+            return future.result(timeout=0.2)
+        except TimeoutError:
+            continue
+
+
+def _map_ordered(fn: Callable[..., Any], jobs: Iterator[tuple[Any, ...]], num_proc: int) -> Iterator[Any]:
     """Run ``fn`` over jobs, in worker processes when num_proc > 1, yielding results in job order.
 
     At most a few batches per worker are in flight, so memory does not grow with the input.
     """
     if num_proc <= 1:
         for job in jobs:
+            raise_if_stopped()
             yield fn(*job)
         return
     context = multiprocessing.get_context("fork")
     executor = ProcessPoolExecutor(max_workers=num_proc, mp_context=context, initializer=_init_worker)
-    pending: deque[Future[TokenizedBatch]] = deque()
+    pending: deque[Future[Any]] = deque()
     try:
         for job in jobs:
+            raise_if_stopped()
             pending.append(executor.submit(fn, *job))
             if len(pending) >= 2 * num_proc + 1:
-                yield pending.popleft().result()
+                yield _result(pending.popleft())
         while pending:
-            yield pending.popleft().result()
-    finally:
-        for f in pending:
-            f.cancel()
+            yield _result(pending.popleft())
+    except BaseException:
+        # Stopping (an error, a signal, or the consumer giving up): do not wait for work in flight.
+        for process in list(getattr(executor, "_processes", {}).values()):
+            process.terminate()
         executor.shutdown(wait=True, cancel_futures=True)
+        raise
+    executor.shutdown(wait=True)
 
 
 def tokenize_to_store(
@@ -225,17 +241,20 @@ def tokenize_to_store(
     counts: Counter[str] = Counter()
     records = 0
     rejects_path = writer.tmp / "rejects.jsonl"
-    kinds = {s.display: s.kind for s in sources}
     starts: dict[str, int] = {}
+    units: dict[str, str] = {}
+    counted = [count_records(s) for s in sources]
+    total = None if None in counted else sum(counted)  # type: ignore[arg-type]
     try:
         with open(rejects_path, "w", encoding="utf-8") as rejects_file:
             jobs = ((batch, formats[batch.source]) for batch in read_batches(sources, BATCH_SIZE))
             for result in _map_ordered(_tokenize_batch, jobs, config.num_proc):
                 records += result.n_records
                 starts.setdefault(result.source, result.first_index)
+                units.setdefault(result.source, result.unit)
                 for reject in result.rejects:
                     if reject["reason"] not in POLICY_DROPS and config.on_error == "fail":
-                        where = _where(reject["source"], reject["position"], kinds.get(reject["source"]) in ("jsonl",))
+                        where = _where(reject["source"], reject["unit"], reject["position"])
                         raise InputError(
                             f"{where}: {reject['detail']}; fix the record, or pass --on-error skip to skip bad records"
                         )
@@ -250,14 +269,22 @@ def tokenize_to_store(
                     result.first_trained,
                     result.positions,
                 )
-                progress("tokenize", result.n_records, None)
+                progress("tokenize", result.n_records, total)
         pad_id = encoder.tokenizer.pad_token_id
         meta = {
             "tokenizer": encoder.identity(),
             "pad_id": pad_id if pad_id is not None else (encoder.eos_id or 0),
             "records_read": records,
             "dropped": dict(sorted(counts.items())),
-            "sources": [{"path": s.display, "kind": s.kind, "format": formats[s.display]} for s in sources],
+            "sources": [
+                {
+                    "path": s.display,
+                    "kind": s.kind,
+                    "format": formats[s.display],
+                    "unit": units.get(s.display, "record"),
+                }
+                for s in sources
+            ],
             "source_starts": [starts.get(s.display, records) for s in sources],
         }
         return writer.finish(meta)
@@ -299,9 +326,9 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
     truncated = 0
     if config.overflow == "error" and too_long.any():
         k = int(np.flatnonzero(too_long)[0])
-        source, kind = _source_of(store, int(store.sample_index[k]))
+        source, unit = _source_of(store, int(store.sample_index[k]))
         raise InputError(
-            f"{_where(source, int(store.positions[k]), kind == 'jsonl')}: the sample has {lengths[k]} tokens, "
+            f"{_where(source, unit, int(store.positions[k]))}: the sample has {lengths[k]} tokens, "
             f"more than --max-len {max_len}; raise --max-len or pass --overflow drop or truncate"
         )
     if config.overflow == "truncate":
@@ -373,59 +400,82 @@ def _trainable_after_truncation(store: TokenStore, kept: np.ndarray, eff: np.nda
 
 
 def _source_of(store: TokenStore, sample_index: int) -> tuple[str, str]:
-    starts = store.meta.get("source_starts")
+    """Return (source path, position unit: line or record) of a sample."""
     sources = store.meta["sources"]
-    if not starts:
-        return sources[0]["path"], sources[0]["kind"]
-    k = int(np.searchsorted(np.asarray(starts), sample_index, side="right")) - 1
-    return sources[k]["path"], sources[k]["kind"]
+    k = int(np.searchsorted(np.asarray(store.meta["source_starts"]), sample_index, side="right")) - 1
+    return sources[max(k, 0)]["path"], sources[max(k, 0)]["unit"]
+
+
+# Shard-writer state: set in the parent before the pool forks.
+_WRITE: dict[str, Any] = {}
+
+
+def _shard_row_groups(reader: TokenReader, rows: np.ndarray, progress: Progress) -> Iterator[Any]:
+    """Yield the rows ``rows`` (plan row ids, in write order) as tables of at most ROW_GROUP_ROWS rows."""
+    config: PackConfig = _WRITE["config"]
+    store: TokenStore = _WRITE["store"]
+    plan: Plan = _WRITE["plan"]
+    counts = np.diff(plan.row_start)
+    for start in range(0, len(rows), ROW_GROUP_ROWS):
+        group = rows[start : start + ROW_GROUP_ROWS]
+        samples_per_row = counts[group]
+        first = np.cumsum(samples_per_row) - samples_per_row
+        pick = np.repeat(plan.row_start[group], samples_per_row) + (
+            np.arange(int(samples_per_row.sum()), dtype=np.int64) - np.repeat(first, samples_per_row)
+        )
+        store_rows = plan.store_rows[pick]
+        yield build_rows(
+            reader.input_ids,
+            reader.labels,
+            _WRITE["starts"][store_rows],
+            plan.lengths[pick],
+            samples_per_row,
+            store.sample_index[store_rows],
+            pad_to=config.max_len if config.pad_to_max else None,
+            pad_id=_WRITE["pad_id"],
+        )
+        reader.release()
+        progress("write", len(group), len(plan.order.order))
+        raise_if_stopped()
+
+
+def _write_one_shard(s: int, progress: Progress = _no_progress) -> dict[str, Any]:
+    config: PackConfig = _WRITE["config"]
+    per = config.rows_per_shard
+    path = _WRITE["staged"] / shard_name(s, _WRITE["n_shards"], config.output_format)
+    with _WRITE["store"].open_tokens() as reader:
+        rows = _WRITE["plan"].order.order[s * per : (s + 1) * per]
+        return write_shard(_shard_row_groups(reader, rows, progress), path, config.output_format)
 
 
 def write_output(
     config: PackConfig, store: TokenStore, plan: Plan, staged: Path, progress: Progress, pad_id: int
 ) -> list[dict[str, Any]]:
-    """Write the planned rows as shards into ``staged``; return the manifest's shard entries."""
-    order = plan.order.order
-    n_rows = len(order)
-    per = config.rows_per_shard
-    n_shards = max(1, -(-n_rows // per))
-    counts = np.diff(plan.row_start)
-    starts = store.starts
+    """Write the planned rows as shards into ``staged``; return the manifest's shard entries.
+
+    Shards are written in parallel by up to --num-proc processes; each is the same file whichever
+    process writes it.
+    """
+    n_rows = len(plan.order.order)
+    n_shards = max(1, -(-n_rows // config.rows_per_shard))
+    workers = min(config.num_proc, n_shards)
+    _WRITE.update(
+        config=config, store=store, plan=plan, staged=staged, pad_id=pad_id, n_shards=n_shards, starts=store.starts
+    )
     entries = []
-
-    def row_groups(reader: TokenReader, rows: np.ndarray) -> Iterator[Any]:
-        for start in range(0, len(rows), ROW_GROUP_ROWS):
-            group = rows[start : start + ROW_GROUP_ROWS]
-            samples_per_row = counts[group]
-            first = np.cumsum(samples_per_row) - samples_per_row
-            pick = np.repeat(plan.row_start[group], samples_per_row) + (
-                np.arange(int(samples_per_row.sum()), dtype=np.int64) - np.repeat(first, samples_per_row)
-            )
-            store_rows = plan.store_rows[pick]
-            yield build_rows(
-                reader.input_ids,
-                reader.labels,
-                starts[store_rows],
-                plan.lengths[pick],
-                samples_per_row,
-                store.sample_index[store_rows],
-                pad_to=config.max_len if config.pad_to_max else None,
-                pad_id=pad_id,
-            )
-            reader.release()
-            progress("write", len(group), n_rows)
-
-    with store.open_tokens() as reader:
-        for s in range(n_shards):
-            path = staged / shard_name(s, n_shards, config.output_format)
-            try:
-                entries.append(
-                    write_shard(row_groups(reader, order[s * per : (s + 1) * per]), path, config.output_format)
-                )
-            except OSError as exc:
-                raise OutputError(
-                    f"{path.name}: cannot write the shard ({exc.strerror or exc}); free disk space or choose another -o"
-                ) from exc
+    try:
+        if workers <= 1:
+            entries = [_write_one_shard(s, progress) for s in range(n_shards)]
+        else:
+            for entry in _map_ordered(_write_one_shard, ((s,) for s in range(n_shards)), workers):
+                entries.append(entry)
+                progress("write", entry["rows"], n_rows)
+    except OSError as exc:
+        raise OutputError(
+            f"{config.output}: cannot write a shard ({exc.strerror or exc}); free disk space or choose another -o"
+        ) from exc
+    finally:
+        _WRITE.clear()
     return entries
 
 
@@ -475,6 +525,7 @@ def tokenized_inputs(
             )
         formats[source.display] = fmt
     fingerprints = [fingerprint(s) for s in sources]
+    raise_if_stopped()
     encoder = None
     tokenizer_key = tokenizer_fingerprint(config.tokenizer, config.chat_template)
     if tokenizer_key is None:
@@ -505,6 +556,7 @@ def tokenized_inputs(
             else:
                 tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=".packcli-tokens-", dir=scratch))
                 store_path = Path(tmp) / "tokens"
+            raise_if_stopped()
             store = load_engine(config).tokenize_to_store(config, sources, formats, encoder, store_path, progress)
         yield TokenizedInputs(
             store=store,

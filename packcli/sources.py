@@ -127,6 +127,21 @@ def fingerprint(source: InputSource) -> str:
     return h.hexdigest()
 
 
+def count_records(source: InputSource) -> int | None:
+    """Return the number of records of a source when it is cheap to know (for progress), else None."""
+    try:
+        if source.kind == "jsonl":
+            with open(source.path, "rb") as fh:
+                return sum(1 for line in fh if line.strip())
+        if source.kind == "parquet":
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(source.path).metadata.num_rows
+    except Exception:  # a file that cannot be read is reported by the reader, with its reason
+        return None
+    return None
+
+
 def read_batches(sources: list[InputSource], batch_size: int = 1000) -> Iterator[RawBatch]:
     """Yield the records of all sources in order, in batches, numbering them from 0."""
     index = 0

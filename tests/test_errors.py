@@ -236,7 +236,7 @@ def test_disk_full_and_interrupt_leave_previous_output(
 
     monkeypatch.setattr(pipeline, "write_shard", disk_full)
     line = one_error_line(pack(chat_jsonl, "--max-len", "300", "-o", out, "--overwrite", expect=1))
-    assert "cannot write the shard (No space left on device)" in line
+    assert line == f"Error: {out}: cannot write a shard (No space left on device); free disk space or choose another -o"
 
     def interrupt(*args: Any, **kwargs: Any) -> None:
         raise KeyboardInterrupt
