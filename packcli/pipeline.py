@@ -111,8 +111,10 @@ def _tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         kept_pos.append(batch.positions[k])
         ids.append(result[0])
         labels.append(result[1])
-    lengths = np.array([len(x) for x in ids], dtype=np.int32)
-    trained = [lab != -100 for lab in labels]
+    lengths = np.fromiter((len(x) for x in ids), dtype=np.int32, count=len(ids))
+    flat_ids = np.concatenate(ids) if ids else np.zeros(0, np.int32)
+    flat_labels = np.concatenate(labels) if labels else np.zeros(0, np.int32)
+    trainable, first_trained = _label_stats(flat_labels, lengths)
     return TokenizedBatch(
         source=batch.source,
         unit="line" if batch.raw_lines else "record",
@@ -120,13 +122,30 @@ def _tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         n_records=len(batch.items),
         sample_index=np.array(kept_index, dtype=np.int64),
         lengths=lengths,
-        trainable=np.array([int(t.sum()) for t in trained], dtype=np.int32),
-        first_trained=np.array([int(t.argmax()) for t in trained], dtype=np.int32),
+        trainable=trainable,
+        first_trained=first_trained,
         positions=np.array(kept_pos, dtype=np.int32),
-        ids=np.concatenate(ids) if ids else np.zeros(0, np.int32),
-        labels=np.concatenate(labels) if labels else np.zeros(0, np.int32),
+        ids=flat_ids,
+        labels=flat_labels,
         rejects=rejects,
     )
+
+
+def _label_stats(labels: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return each sample's count of trained tokens and the position of its first trained token.
+
+    Every sample has at least one trained token (samples without are rejected before).
+    """
+    if not len(lengths):
+        return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    starts = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    trained = labels != -100
+    counts = np.add.reduceat(trained.astype(np.int64), starts).astype(np.int32)
+    hits = np.flatnonzero(trained)
+    owner = np.searchsorted(starts, hits, side="right") - 1
+    _, first_hit = np.unique(owner, return_index=True)
+    return counts, (hits[first_hit] - starts).astype(np.int32)
 
 
 def _parse_line(line: bytes) -> Any:

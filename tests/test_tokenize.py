@@ -178,3 +178,17 @@ def test_bad_tokenizer_and_template_are_clear_errors(tmp_path: Path) -> None:
     bad.write_text("{% for %}")
     with pytest.raises(TokenizerError, match="does not compile"):
         Encoder(None, str(bad), EncodeOptions())
+
+
+def test_fast_loading_path_equals_autotokenizer(base_tokenizer: Any, llama3_tokenizer_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from packcli.tokenize import load_tokenizer
+
+    for source, reference in ((None, base_tokenizer), (str(llama3_tokenizer_dir), None)):
+        reference = reference or AutoTokenizer.from_pretrained(source)
+        loaded = load_tokenizer(source)
+        assert type(loaded) is type(reference)
+        assert loaded.backend_tokenizer.to_str() == reference.backend_tokenizer.to_str()
+        assert loaded.special_tokens_map == reference.special_tokens_map
+        assert loaded.chat_template == reference.chat_template
