@@ -75,6 +75,8 @@ def default_chat_template() -> str:
 
 def load_tokenizer(name: str | None) -> Any:
     """Load a fast Hugging Face tokenizer by Hub name or local directory (None: the default one)."""
+    # packcli needs no PyTorch: keep transformers' import-time advice about it off stderr.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
