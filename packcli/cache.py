@@ -1,7 +1,7 @@
-"""The on-disk store of tokenized samples, memory-mapped when shards are written.
+"""The on-disk store of tokenized samples, read by offset when shards are written.
 
 A finished store is a directory holding ``input_ids.bin`` and ``labels.bin`` (every kept sample's
-tokens, concatenated, little-endian int32: the layout of a token file plus a boundary index),
+tokens, concatenated, little-endian int32: a token file plus a boundary index),
 ``samples.npz`` (per sample: sample_index, length, trainable count, first trained position and record
 position, so the plan never reads token data) and ``meta.json`` (counts, dropped records by reason,
 sources). Rows are gathered from the token files by index, touching only the pages they need.
@@ -12,10 +12,8 @@ never leaves an entry that looks complete.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import mmap
 import os
 import shutil
 import tempfile
@@ -63,42 +61,40 @@ class TokenStore:
         return starts
 
     def open_tokens(self) -> TokenReader:
-        """Memory-map the token files."""
+        """Open the token files for reading samples by offset."""
         return TokenReader(self.path)
 
 
 class TokenReader:
-    """The token files, memory-mapped; ``release`` drops the pages read so far from this process.
+    """Reads samples' tokens from the token files by offset.
 
-    Pages of a mapped file count in the resident set while mapped; releasing them after each row group
-    keeps peak memory at one row group's worth whatever the size of the data (they stay in the page
-    cache, so reading them again costs no disk I/O).
+    Explicit reads rather than a memory map: rows gather samples from all over the files, and mapped
+    pages (with the pages the kernel maps around each fault) would count in the resident set, growing
+    with the data. Read pages stay in the page cache, which is not the process's memory.
     """
 
     def __init__(self, path: Path) -> None:
-        self._maps: list[mmap.mmap] = []
-        self.input_ids = self._map(path / "input_ids.bin")
-        self.labels = self._map(path / "labels.bin")
+        self._ids = open(path / "input_ids.bin", "rb")  # noqa: SIM115 - closed in close()
+        self._labels = open(path / "labels.bin", "rb")  # noqa: SIM115
 
-    def _map(self, path: Path) -> np.ndarray:
-        if path.stat().st_size == 0:
-            return np.zeros(0, dtype=TOKEN_DTYPE)
-        with open(path, "rb") as fh:
-            mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        self._maps.append(mapped)
-        return np.frombuffer(mapped, dtype=TOKEN_DTYPE)
-
-    def release(self) -> None:
-        for mapped in self._maps:
-            if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
-                mapped.madvise(mmap.MADV_DONTNEED)
+    def gather(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Return the input_ids and labels of the samples at token offsets ``starts``, concatenated."""
+        total = int(lengths.sum())
+        ids = np.empty(total, dtype=TOKEN_DTYPE)
+        labels = np.empty(total, dtype=TOKEN_DTYPE)
+        size = TOKEN_DTYPE.itemsize
+        pos = 0
+        for start, n in zip(starts.tolist(), lengths.tolist(), strict=True):
+            for fh, out in ((self._ids, ids), (self._labels, labels)):
+                view = memoryview(out[pos : pos + n]).cast("B")
+                if os.preadv(fh.fileno(), [view], start * size) != n * size:
+                    raise OSError(f"{fh.name}: the token file is shorter than its index; delete the cache entry")
+            pos += n
+        return ids, labels
 
     def close(self) -> None:
-        del self.input_ids, self.labels
-        for mapped in self._maps:
-            with contextlib.suppress(BufferError):  # an array still points into the map: unmapped when freed
-                mapped.close()
-        self._maps.clear()
+        self._ids.close()
+        self._labels.close()
 
     def __enter__(self) -> TokenReader:
         return self

@@ -410,11 +410,10 @@ def _trainable_after_truncation(store: TokenStore, kept: np.ndarray, eff: np.nda
     total = int(store.trainable[kept].astype(np.int64).sum())
     cut = kept[eff[kept] < store.lengths[kept]]
     if len(cut):
-        starts = store.starts
         with store.open_tokens() as reader:
-            for k in cut.tolist():
-                tail = reader.labels[starts[k] + eff[k] : starts[k] + store.lengths[k]]
-                total -= int(np.count_nonzero(tail != -100))
+            cut_off = store.lengths[cut] - eff[cut]
+            _, tails = reader.gather(store.starts[cut] + eff[cut], cut_off)
+        total -= int(np.count_nonzero(tails != -100))
     return total
 
 
@@ -429,12 +428,18 @@ def _source_of(store: TokenStore, sample_index: int) -> tuple[str, str]:
 _WRITE: dict[str, Any] = {}
 
 
-def _shard_row_groups(reader: TokenReader, rows: np.ndarray, progress: Progress) -> Iterator[Any]:
-    """Yield the rows ``rows`` (plan row ids, in write order) as tables of at most ROW_GROUP_ROWS rows."""
-    config: PackConfig = _WRITE["config"]
-    store: TokenStore = _WRITE["store"]
-    plan: Plan = _WRITE["plan"]
+def row_group_tables(
+    reader: TokenReader,
+    store: TokenStore,
+    plan: Plan,
+    rows: np.ndarray,
+    config: PackConfig,
+    pad_id: int,
+    progress: Progress = _no_progress,
+) -> Iterator[Any]:
+    """Yield the planned rows ``rows`` (row ids, in write order) as tables of at most ROW_GROUP_ROWS rows."""
     counts = np.diff(plan.row_start)
+    starts = store.starts
     for start in range(0, len(rows), ROW_GROUP_ROWS):
         group = rows[start : start + ROW_GROUP_ROWS]
         samples_per_row = counts[group]
@@ -443,17 +448,16 @@ def _shard_row_groups(reader: TokenReader, rows: np.ndarray, progress: Progress)
             np.arange(int(samples_per_row.sum()), dtype=np.int64) - np.repeat(first, samples_per_row)
         )
         store_rows = plan.store_rows[pick]
+        ids, labels = reader.gather(starts[store_rows], plan.lengths[pick])
         yield build_rows(
-            reader.input_ids,
-            reader.labels,
-            _WRITE["starts"][store_rows],
+            ids,
+            labels,
             plan.lengths[pick],
             samples_per_row,
             store.sample_index[store_rows],
             pad_to=config.max_len if config.pad_to_max else None,
-            pad_id=_WRITE["pad_id"],
+            pad_id=pad_id,
         )
-        reader.release()
         progress("write", len(group), len(plan.order.order))
         raise_if_stopped()
 
@@ -462,9 +466,11 @@ def _write_one_shard(s: int, progress: Progress = _no_progress) -> dict[str, Any
     config: PackConfig = _WRITE["config"]
     per = config.rows_per_shard
     path = _WRITE["staged"] / shard_name(s, _WRITE["n_shards"], config.output_format)
-    with _WRITE["store"].open_tokens() as reader:
-        rows = _WRITE["plan"].order.order[s * per : (s + 1) * per]
-        return write_shard(_shard_row_groups(reader, rows, progress), path, config.output_format)
+    store, plan = _WRITE["store"], _WRITE["plan"]
+    with store.open_tokens() as reader:
+        rows = plan.order.order[s * per : (s + 1) * per]
+        tables = row_group_tables(reader, store, plan, rows, config, _WRITE["pad_id"], progress)
+        return write_shard(tables, path, config.output_format)
 
 
 def write_output(
@@ -478,9 +484,7 @@ def write_output(
     n_rows = len(plan.order.order)
     n_shards = max(1, -(-n_rows // config.rows_per_shard))
     workers = min(config.num_proc, n_shards)
-    _WRITE.update(
-        config=config, store=store, plan=plan, staged=staged, pad_id=pad_id, n_shards=n_shards, starts=store.starts
-    )
+    _WRITE.update(config=config, store=store, plan=plan, staged=staged, pad_id=pad_id, n_shards=n_shards)
     entries = []
     try:
         if workers <= 1:

@@ -1,6 +1,6 @@
 """Packed rows to shard files and a manifest, atomically; and the read side for stats and verify.
 
-A row is built from its samples' token data, gathered by index from the memory-mapped token store,
+A row is built from its samples' token data, read by offset from the token store,
 so only one shard's worth of tokens is in memory at a time.
 """
 
@@ -35,32 +35,28 @@ EXTENSIONS = {"parquet": ".parquet", "arrow": ".arrow"}
 
 
 def build_rows(
-    input_ids: np.ndarray,
+    ids: np.ndarray,
     labels: np.ndarray,
-    starts: np.ndarray,
     sample_lengths: np.ndarray,
     samples_per_row: np.ndarray,
     sample_index: np.ndarray,
     pad_to: int | None = None,
     pad_id: int = 0,
 ) -> pa.Table:
-    """Return a table of packed rows gathered from flat token arrays.
+    """Return a table of packed rows from the samples' tokens, concatenated in row order.
 
-    ``starts`` holds the offset of each sample's first token in ``input_ids``/``labels``, row after
-    row; ``sample_lengths`` how many of its tokens the row takes (fewer than stored when truncated);
-    ``samples_per_row`` how many samples each row holds. With ``pad_to``, each row is padded with one
-    extra segment (sample_index -1, labels -100, positions from 0) to that length.
+    ``sample_lengths`` are the samples' lengths in ``ids``/``labels``; ``samples_per_row`` how many
+    samples each row holds. With ``pad_to``, each row is padded with one extra segment
+    (sample_index -1, labels -100, positions from 0) to that length.
     """
     lengths = sample_lengths.astype(np.int64)
     total = int(lengths.sum())
     dst_starts = np.zeros(len(lengths), dtype=np.int64)
     np.cumsum(lengths[:-1], out=dst_starts[1:])
     within = np.arange(total, dtype=np.int64) - np.repeat(dst_starts, lengths)
-    gather = np.repeat(starts.astype(np.int64), lengths) + within
-    ids = input_ids[gather]
-    row_labels = labels[gather]
+    row_labels = labels
     positions = within.astype(np.int32)
-    del gather, within
+    del within
     row_sample_offsets = np.zeros(len(samples_per_row) + 1, dtype=np.int64)
     np.cumsum(samples_per_row, out=row_sample_offsets[1:])
     row_tokens = np.zeros(len(samples_per_row), dtype=np.int64)
