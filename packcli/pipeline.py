@@ -253,8 +253,14 @@ def tokenize_to_store(
     encoder: Encoder,
     store_path: Path,
     progress: Progress,
+    map_ordered: Callable[..., Iterator[Any]] | None = None,
 ) -> TokenStore:
-    """Tokenize every record of the sources into a token store at ``store_path``."""
+    """Tokenize every record of the sources into a token store at ``store_path``.
+
+    ``map_ordered(fn, jobs, num_proc)`` runs the batches and yields their results in order: worker
+    processes here by default; another engine passes its own (the Ray engine runs them on a cluster).
+    """
+    map_ordered = map_ordered or _map_ordered
     _STATE.update(encoder=encoder, fields=config.fields)
     writer = TokenStoreWriter(store_path)
     counts: Counter[str] = Counter()
@@ -267,7 +273,7 @@ def tokenize_to_store(
     try:
         with open(rejects_path, "w", encoding="utf-8") as rejects_file:
             jobs = ((batch, formats[batch.source]) for batch in read_batches(sources, BATCH_SIZE))
-            for result in _map_ordered(_tokenize_batch, jobs, config.num_proc):
+            for result in map_ordered(_tokenize_batch, jobs, config.num_proc):
                 records += result.n_records
                 starts.setdefault(result.source, result.first_index)
                 units.setdefault(result.source, result.unit)
@@ -596,11 +602,18 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
     """Run ``packcli pack`` and return its summary (also written into the manifest)."""
     progress = progress or _no_progress
     started = time.perf_counter()
-    output = Path(config.output)
-    if not config.dry_run:
-        check_output_dir(output, config.overwrite)
     engine = load_engine(config)
-    staged = None if config.dry_run else StagedOutput(output, config.overwrite)
+    # A filesystem URI (s3://, gs://, file://) has no rename: shards are written in place and the
+    # manifest last, as the marker that the output is complete. Only the Ray engine writes there.
+    to_uri = "://" in config.output
+    if to_uri and config.engine != "ray":
+        raise UsageError(f"-o {config.output}: a filesystem URI output needs --engine ray; or pass a local path")
+    if not config.dry_run:
+        if to_uri:
+            engine.check_uri_output(config.output, config.overwrite)
+        else:
+            check_output_dir(Path(config.output), config.overwrite)
+    staged = None if config.dry_run or to_uri else StagedOutput(Path(config.output), config.overwrite)
     try:
         with tokenized_inputs(config, progress, scratch=staged.tmp if staged else None) as inputs:
             t1 = time.perf_counter()
@@ -608,14 +621,19 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
             plan = make_plan(config, store)
             t2 = time.perf_counter()
             summary = _summary(config, store, plan, inputs.cache)
-            if staged is not None:
-                shards = engine.write_output(config, store, plan, staged.tmp, progress, inputs.pad_id)
+            if not config.dry_run:
+                shards = engine.write_output(
+                    config, store, plan, staged.tmp if staged else None, progress, inputs.pad_id
+                )
                 if config.rejects:
                     _write_rejects(Path(config.rejects), store, plan)
                 manifest = _manifest(config, inputs, summary, shards)
         if staged is not None:
             write_manifest(staged.tmp, manifest)
             staged.commit()
+        elif to_uri and not config.dry_run:
+            engine.write_manifest_uri(config.output, manifest)
+        if not config.dry_run:
             summary["shards"] = len(shards)
         t3 = time.perf_counter()
     except BaseException:
