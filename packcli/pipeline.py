@@ -553,7 +553,9 @@ def tokenized_inputs(
                 "pass --format, or --field to name the fields"
             )
         formats[source.display] = fmt
-    fingerprints = [fingerprint(s) for s in sources]
+    cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
+    memo = cache_root / "input-hashes.json" if config.cache else None
+    fingerprints = [fingerprint(s, memo) for s in sources]
     raise_if_stopped()
     encoder = None
     tokenizer_key = tokenizer_fingerprint(config.tokenizer, config.chat_template)
@@ -572,7 +574,6 @@ def tokenized_inputs(
             "version": __version__,
         }
     )
-    cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     store = find_store(cache_root / key) if config.cache else None
     with contextlib.ExitStack() as stack:
         if store is None:

@@ -110,8 +110,12 @@ def _file_source(path: Path) -> InputSource:
     return InputSource(str(path), kind)
 
 
-def fingerprint(source: InputSource) -> str:
-    """Return a content hash of a source, for the tokenization cache and the manifest."""
+def fingerprint(source: InputSource, memo_path: Path | None = None) -> str:
+    """Return a content hash of a source, for the tokenization cache and the manifest.
+
+    With ``memo_path``, a file's hash is remembered with its size, modification time and inode, and
+    not computed again while those stay the same (as git's index does).
+    """
     h = hashlib.blake2b(digest_size=16)
     if source.kind == "hub":
         h.update(f"hub:{source.path}:{source.split}".encode())
@@ -119,12 +123,43 @@ def fingerprint(source: InputSource) -> str:
     files = [Path(source.path)]
     if source.kind == "saved_dataset":
         files = sorted(p for p in Path(source.path).iterdir() if p.is_file())
+    memo = _read_memo(memo_path)
+    changed = False
     for f in files:
-        h.update(f.name.encode())
-        with open(f, "rb") as fh:
-            while chunk := fh.read(1 << 22):
-                h.update(chunk)
+        st = f.stat()
+        key = str(f.resolve())
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+        if memo.get(key, {}).get("stat") != stamp:
+            file_hash = hashlib.blake2b(digest_size=16)
+            with open(f, "rb") as fh:
+                while chunk := fh.read(1 << 22):
+                    file_hash.update(chunk)
+            memo[key] = {"stat": stamp, "blake2b": file_hash.hexdigest()}
+            changed = True
+        h.update(f.name.encode() + b"\0" + memo[key]["blake2b"].encode())
+    if changed and memo_path is not None:
+        _write_memo(memo_path, memo)
     return h.hexdigest()
+
+
+def _read_memo(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        memo = json.loads(path.read_text())
+        return memo if isinstance(memo, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_memo(path: Path, memo: dict[str, Any]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(memo))
+        os.replace(tmp, path)
+    except OSError:  # the memo only saves time; without it, files are hashed again
+        pass
 
 
 def count_records(source: InputSource) -> int | None:

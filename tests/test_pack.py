@@ -393,3 +393,27 @@ def test_cli_help_lists_every_pack_flag_in_readme() -> None:
         for opt in param.opts:
             if opt.startswith("--") and opt != "--help":
                 assert opt in readme, f"{opt} is not documented in README.md"
+
+
+def test_input_hash_memo_follows_the_file(tmp_path: Path) -> None:
+    import os
+
+    from packcli.sources import InputSource, fingerprint
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "a"}\n')
+    memo = tmp_path / "memo.json"
+    source = InputSource(str(data), "jsonl")
+    first = fingerprint(source, memo)
+    assert first == fingerprint(source) and memo.exists()
+    # A remembered hash is used while size, mtime and inode stay: prove it by planting a fake one.
+    entry = json.loads(memo.read_text())
+    key = str(data.resolve())
+    entry[key]["blake2b"] = "0" * 32
+    memo.write_text(json.dumps(entry))
+    assert fingerprint(source, memo) != first
+    # Same size, new content and mtime: hashed again.
+    data.write_text('{"text": "b"}\n')
+    os.utime(data, ns=(1, 1))
+    second = fingerprint(source, memo)
+    assert second == fingerprint(source) != first
