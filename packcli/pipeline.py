@@ -51,7 +51,7 @@ POLICY_DROPS = frozenset(
         "world_size_remainder",
     }
 )
-BATCH_SIZE = 1000
+BATCH_SIZE = 256
 REJECT_RECORD_CHARS = 100_000
 
 
