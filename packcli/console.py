@@ -77,7 +77,10 @@ def print_pack_summary(summary: dict[str, Any]) -> None:
     table.add_row("trainable tokens", _fmt(summary["trainable_tokens"]))
     table.add_row("rows", _fmt(summary["rows"]))
     table.add_row("fill", f"{summary['fill']:.2%}")
-    table.add_row("rows over L2 bound", f"{summary['rows_over_l2']:.3%} (L2 = {summary['lower_bound_l2']:,})")
+    table.add_row(
+        "rows over L2 bound",
+        f"{summary['rows_over_l2']:,} ({summary['rows_over_l2_fraction']:.3%}; L2 = {summary['lower_bound_l2']:,})",
+    )
     without = summary["padding_tokens_without_packing"]
     table.add_row(
         "padding saved",
