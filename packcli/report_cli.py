@@ -100,6 +100,7 @@ def stats(
     Examples: packcli stats out/ ; packcli stats data.jsonl --max-len 2048,4096,8192
     """
     from packcli import console
+    from packcli.config import PackConfig
     from packcli.errors import UsageError
     from packcli.stats import is_packed_output, output_stats, parse_max_lens, raw_stats
 
@@ -130,10 +131,9 @@ def stats(
         result = output_stats(Path(paths[0]), batch_size)
     else:
         with console.progress_bars(enabled=not json_out) as progress:
-            result = raw_stats(
-                paths,
-                lens,
-                batch_size=batch_size,
+            config = PackConfig(
+                inputs=tuple(paths),
+                max_len=max(lens),
                 tokenizer=tokenizer,
                 chat_template=chat_template,
                 format=format,
@@ -143,8 +143,9 @@ def stats(
                 num_proc=num_proc if num_proc is not None else _available_cores(),
                 cache=not no_cache,
                 cache_dir=cache_dir,
-                progress=progress,
+                dry_run=True,
             )
+            result = raw_stats(config, lens, batch_size=batch_size, progress=progress)
     if plot is not None:
         from packcli.stats import plot_histograms, write_plot
 
@@ -375,7 +376,7 @@ def _print_row(result: Any) -> None:
 def _bracketed(text: str) -> str:
     # The closing mark goes before trailing newlines, so it stays on the line of the text it closes.
     core = text.rstrip("\n")
-    return f"{TRAINED_OPEN}{core}{TRAINED_CLOSE}{text[len(core):]}"
+    return f"{TRAINED_OPEN}{core}{TRAINED_CLOSE}{text[len(core) :]}"
 
 
 # -- verify ----------------------------------------------------------------------------------------

@@ -278,47 +278,18 @@ def parse_max_lens(value: str) -> list[int]:
     return out
 
 
-def raw_stats(
-    inputs: Sequence[str],
-    max_lens: Sequence[int],
-    *,
-    batch_size: int = 8,
-    tokenizer: str | None = None,
-    chat_template: str | None = None,
-    format: str = "auto",
-    train_on: str = "auto",
-    add_eos: bool = True,
-    on_error: str = "fail",
-    num_proc: int = 1,
-    cache: bool = True,
-    cache_dir: str | None = None,
-    progress: Any = None,
-) -> dict[str, Any]:
+def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progress: Any = None) -> dict[str, Any]:
     """Tokenize raw input as ``packcli pack`` would and return, per max length, packed versus unpacked.
 
+    ``config`` is a PackConfig (inputs, tokenizer, template, format, label and cache options).
     Samples longer than a max length are counted as not fitting and left out of that line (what
     ``--overflow drop`` does).
     """
-    from packcli.config import PackConfig
-
     if batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, not {batch_size}")
     if not max_lens:
         raise UsageError("a raw input needs --max-len (e.g. --max-len 2048,4096,8192)")
-    config = PackConfig(
-        inputs=tuple(inputs),
-        max_len=max(max_lens),
-        tokenizer=tokenizer,
-        chat_template=chat_template,
-        format=format,
-        train_on=train_on,
-        add_eos=add_eos,
-        on_error=on_error,
-        num_proc=num_proc,
-        cache=cache,
-        cache_dir=cache_dir,
-        dry_run=True,
-    )
+    inputs = config.inputs
     from packcli.pipeline import tokenized_inputs
 
     with tokenized_inputs(config, progress) as tokenized:
