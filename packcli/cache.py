@@ -12,6 +12,7 @@ never leaves an entry that looks complete.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -53,7 +54,7 @@ class TokenStore:
     positions: np.ndarray  # int32: line or record number in its source
     meta: dict[str, Any]
 
-    @property
+    @functools.cached_property
     def starts(self) -> np.ndarray:
         """Offset of each sample's first token in the token files (int64)."""
         starts = np.zeros(len(self.lengths), dtype=np.int64)

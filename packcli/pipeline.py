@@ -390,12 +390,8 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
     if len(order.dropped_rows):
         dropped_samples = np.concatenate([store_rows[row_start[r] : row_start[r + 1]] for r in order.dropped_rows])
         drop_rows["world_size_remainder"] = dropped_samples
-    trainable_full = store.trainable.astype(np.int64)
-    trainable = int(trainable_full[kept].sum())
-    if truncated:
-        trainable = _trainable_after_truncation(store, kept, eff)
-    if len(dropped_samples):
-        trainable -= int(trainable_full[dropped_samples].sum())  # not truncated: rows dropped are the smallest
+    trainable_per_sample = _trainable_in_rows(store, kept, eff)
+    trainable = int(trainable_per_sample[kept].sum() - trainable_per_sample[dropped_samples].sum())
     return Plan(
         store_rows=store_rows,
         lengths=row_lengths,
@@ -411,16 +407,17 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
     )
 
 
-def _trainable_after_truncation(store: TokenStore, kept: np.ndarray, eff: np.ndarray) -> int:
-    """Count labelled tokens when some samples are cut at max_len (reads only the cut samples' labels)."""
-    total = int(store.trainable[kept].astype(np.int64).sum())
+def _trainable_in_rows(store: TokenStore, kept: np.ndarray, eff: np.ndarray) -> np.ndarray:
+    """Return each sample's labelled tokens as written (reads only the labels cut off by truncation)."""
+    trainable = store.trainable.astype(np.int64)
     cut = kept[eff[kept] < store.lengths[kept]]
     if len(cut):
+        cut_off = store.lengths[cut] - eff[cut]
         with store.open_tokens() as reader:
-            cut_off = store.lengths[cut] - eff[cut]
             _, tails = reader.gather(store.starts[cut] + eff[cut], cut_off)
-        total -= int(np.count_nonzero(tails != -100))
-    return total
+        owner = np.repeat(np.arange(len(cut)), cut_off)
+        trainable[cut] -= np.bincount(owner, weights=tails != -100, minlength=len(cut)).astype(np.int64)
+    return trainable
 
 
 def _source_of(store: TokenStore, sample_index: int) -> tuple[str, str]:

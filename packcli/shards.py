@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -256,10 +256,3 @@ def read_shard(path: Path) -> pa.Table:
         return pq.read_table(str(path))
     with pa.memory_map(str(path)) as source:
         return pa.ipc.open_stream(source).read_all()
-
-
-def iter_shards(directory: Path) -> Iterator[tuple[str, pa.Table]]:
-    """Yield (file name, table) for each shard listed in the manifest, in order."""
-    manifest = read_manifest(directory)
-    for entry in manifest.get("shards", []):
-        yield entry["file"], read_shard(directory / entry["file"])

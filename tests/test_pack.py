@@ -423,3 +423,13 @@ def test_input_hash_memo_follows_the_file(tmp_path: Path) -> None:
     os.utime(data, ns=(1, 1))
     second = fingerprint(source, memo)
     assert second == fingerprint(source) != first
+
+
+def test_trainable_tokens_count_what_is_written(pack: Any, chat_jsonl: Path, tmp_path: Path) -> None:
+    # Truncation and rank remainders both change what is written; the count must follow the rows.
+    for extra in (["--overflow", "truncate"], ["--overflow", "truncate", "--world-size", "3"]):
+        out = tmp_path / "-".join(extra)
+        summary = json.loads(pack(chat_jsonl, "--max-len", "64", "-o", out, "--json", "-q", *extra).stdout)
+        rows = read_rows(out)
+        assert summary["truncated"] > 0
+        assert summary["trainable_tokens"] == sum(sum(x != -100 for x in r["labels"]) for r in rows)
