@@ -100,6 +100,13 @@ def pack(
     train_on: Annotated[
         str, typer.Option("--train-on", help="auto, all, assistant, last_assistant or completion.")
     ] = "auto",
+    template_kwarg: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--template-kwarg",
+            help="Chat template keyword argument KEY=VALUE (JSON value), e.g. enable_thinking=false; repeatable.",
+        ),
+    ] = None,
     add_eos: Annotated[bool, typer.Option("--add-eos/--no-add-eos", help="Append EOS to text and completions.")] = True,
     overflow: Annotated[str, typer.Option(help="Samples longer than --max-len: drop, truncate or error.")] = "drop",
     on_error: Annotated[
@@ -176,6 +183,10 @@ def pack(
         from packcli.formats import DEFAULT_FIELDS
 
         options["fields"] = {**DEFAULT_FIELDS, **options["fields"]}
+    if template_kwarg:
+        from packcli.config import parse_template_kwargs
+
+        options["template_kwargs"] = {**options.get("template_kwargs", {}), **parse_template_kwargs(template_kwarg)}
     options["num_proc"] = num_proc if num_proc is not None else options.get("num_proc", _available_cores())
     options["cache"] = not no_cache and options.get("cache", True)
     if options.get("chat_template") and config and not _given(ctx, "chat_template"):
@@ -188,6 +199,8 @@ def pack(
 
     with console.progress_bars(enabled=not quiet) as progress:
         summary = run_pack(cfg, progress)
+    for warning in summary["warnings"]:
+        console.warning(warning)
     if json_out:
         typer.echo(json.dumps(summary, indent=2))
     if not quiet:

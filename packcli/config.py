@@ -59,6 +59,7 @@ class PackConfig:
     dry_run: bool = False
     engine: str = "local"
     ray_address: str | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name, allowed in CHOICES.items():
@@ -98,7 +99,23 @@ def load_config_file(path: str) -> dict[str, Any]:
         if not isinstance(data["fields"], dict):
             raise UsageError(f"{path}: 'fields' must be a table of name = field")
         data["fields"] = {**DEFAULT_FIELDS, **data["fields"]}
+    if "template_kwargs" in data and not isinstance(data["template_kwargs"], dict):
+        raise UsageError(f"{path}: 'template_kwargs' must be a table of name = value")
     return data
+
+
+def parse_template_kwargs(values: list[str]) -> dict[str, Any]:
+    """Parse ``--template-kwarg KEY=VALUE`` flags; VALUE is JSON (``false``, ``"high"``) or else a string."""
+    out: dict[str, Any] = {}
+    for value in values:
+        name, sep, raw = value.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"--template-kwarg takes KEY=VALUE (e.g. enable_thinking=false), not '{value}'")
+        try:
+            out[name.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[name.strip()] = raw
+    return out
 
 
 def parse_field_flags(values: list[str]) -> dict[str, str]:

@@ -31,6 +31,8 @@ DEFAULT_FIELDS: dict[str, str] = {
     "text": "text",
     "input_ids": "input_ids",
     "labels": "labels",
+    "tools": "tools",
+    "chat_template_kwargs": "chat_template_kwargs",
 }
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -74,6 +76,8 @@ class Sample:
     text: str | None = None
     input_ids: list[int] | None = None
     labels: list[int] | None = None
+    tools: list[Any] | None = None  # function schemas, passed to the template as ``tools``
+    template_kwargs: dict[str, Any] | None = None  # the record's own ``chat_template_kwargs``
 
 
 def detect_format(record: Any, fields: dict[str, str]) -> str | None:
@@ -100,9 +104,11 @@ def normalize(record: Any, fmt: str, fields: dict[str, str]) -> Sample:
     if not isinstance(record, dict):
         raise RecordError("not_an_object", f"the record is a {type(record).__name__}, not a JSON object")
     if fmt == "messages":
-        return Sample("chat", messages=_messages(_require(record, fields["messages"]), fields, sharegpt=False))
+        messages = _messages(_require(record, fields["messages"]), fields, sharegpt=False)
+        return Sample("chat", messages=messages, **_template_extras(record, fields))
     if fmt == "conversations":
-        return Sample("chat", messages=_messages(_require(record, fields["conversations"]), fields, sharegpt=True))
+        messages = _messages(_require(record, fields["conversations"]), fields, sharegpt=True)
+        return Sample("chat", messages=messages, **_template_extras(record, fields))
     if fmt == "prompt_completion":
         prompt = _require(record, fields["prompt"])
         completion = _require(record, fields["completion"])
@@ -114,7 +120,8 @@ def normalize(record: Any, fmt: str, fields: dict[str, str]) -> Sample:
             completion = [{"role": "assistant", "content": completion}]
         prompt_msgs = _messages(prompt, fields, sharegpt=False, field=fields["prompt"], allow_empty=True)
         completion_msgs = _messages(completion, fields, sharegpt=False, field=fields["completion"])
-        return Sample("chat", messages=prompt_msgs + completion_msgs, prompt_len=len(prompt_msgs))
+        extras = _template_extras(record, fields)
+        return Sample("chat", messages=prompt_msgs + completion_msgs, prompt_len=len(prompt_msgs), **extras)
     if fmt == "alpaca":
         instruction = _string(record, fields["instruction"])
         extra = record.get(fields["input"])
@@ -141,6 +148,26 @@ def normalize(record: Any, fmt: str, fields: dict[str, str]) -> Sample:
                 )
         return Sample("tokenized", input_ids=ids, labels=labels)
     raise ValueError(f"unknown format {fmt!r}")
+
+
+def _template_extras(record: dict[str, Any], fields: dict[str, str]) -> dict[str, Any]:
+    """Return the record's ``tools`` (function schemas) and ``chat_template_kwargs``, checked."""
+    extras: dict[str, Any] = {}
+    tools = record.get(fields["tools"])
+    if isinstance(tools, str):
+        tools = _json_cell(tools, fields["tools"], "a list of function schemas")
+    if tools is not None:
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise RecordError("wrong_type", f"field '{fields['tools']}' must be a list of objects (function schemas)")
+        extras["tools"] = tools or None
+    kwargs = record.get(fields["chat_template_kwargs"])
+    if isinstance(kwargs, str):
+        kwargs = _json_cell(kwargs, fields["chat_template_kwargs"], "an object")
+    if kwargs is not None:
+        if not isinstance(kwargs, dict):
+            raise RecordError("wrong_type", f"field '{fields['chat_template_kwargs']}' must be an object")
+        extras["template_kwargs"] = kwargs
+    return extras
 
 
 def _tname(value: Any) -> str:

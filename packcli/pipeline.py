@@ -52,7 +52,14 @@ POLICY_DROPS = frozenset(
     }
 )
 BATCH_SIZE = 256
+# Bumped whenever the same inputs and options would give other tokens or labels, so the cache misses.
+ENCODING_RULES = 2
 REJECT_RECORD_CHARS = 100_000
+
+
+def encode_options(config: PackConfig) -> EncodeOptions:
+    """Return the options that decide a sample's tokens and labels."""
+    return EncodeOptions(config.train_on, config.add_eos, EncodeOptions.kwargs_items(config.template_kwargs))
 
 
 def _no_progress(stage: str, advance: int, total: int | None) -> None:
@@ -557,7 +564,7 @@ def tokenized_inputs(
     encoder = None
     tokenizer_key = tokenizer_fingerprint(config.tokenizer, config.chat_template)
     if tokenizer_key is None:
-        encoder = Encoder(config.tokenizer, config.chat_template, EncodeOptions(config.train_on, config.add_eos))
+        encoder = Encoder(config.tokenizer, config.chat_template, encode_options(config))
         tokenizer_key = encoder.identity()["sha256"] + encoder.identity()["chat_template_sha256"]
     key = cache_key(
         {
@@ -567,6 +574,8 @@ def tokenized_inputs(
             "tokenizer": tokenizer_key,
             "train_on": config.train_on,
             "add_eos": config.add_eos,
+            "template_kwargs": config.template_kwargs,
+            "encoding_rules": ENCODING_RULES,
             "on_error": config.on_error,
             "version": __version__,
         }
@@ -575,9 +584,7 @@ def tokenized_inputs(
     with contextlib.ExitStack() as stack:
         if store is None:
             if encoder is None:
-                encoder = Encoder(
-                    config.tokenizer, config.chat_template, EncodeOptions(config.train_on, config.add_eos)
-                )
+                encoder = Encoder(config.tokenizer, config.chat_template, encode_options(config))
             if config.cache:
                 store_path = cache_root / key
             else:
@@ -685,6 +692,7 @@ def _summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str
         "rank_token_spread": round(float(packing.rank_token_spread(plan.order.rank_tokens)), 6),
         "cache": cache_state,
         "output": None if config.dry_run else str(config.output),
+        "warnings": list(store.meta["tokenizer"].get("warnings", [])),
     }
 
 

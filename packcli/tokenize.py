@@ -5,8 +5,9 @@ This is the only module that imports transformers. The token ids of a conversati
 renderer and keyword arguments, and the text is encoded by the same fast tokenizer with
 ``add_special_tokens=False``. Label masks follow ``return_assistant_tokens_mask=True``: a token is
 trained when its character span overlaps a trained character span. The spans come from the template's
-``{% generation %}`` blocks when it has them, and otherwise from rendering each conversation prefix
-(see ``_prefix_spans``).
+``{% generation %}`` blocks when it has them, and otherwise from the rendering of the whole conversation
+(see ``packcli.spans``). Truncation and padding settings in ``tokenizer.json`` are turned off, as
+``apply_chat_template`` turns them off.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 from packcli.errors import RecordError, TokenizerError
 from packcli.formats import Sample
 from packcli.sources import hub_reachable
+from packcli.spans import TemplateShape, assistant_spans, learn_shape
 
 IGNORE_INDEX = -100
 TRAIN_ON = ("auto", "all", "assistant", "last_assistant", "completion")
@@ -127,10 +129,29 @@ def _looks_like_path(name: str) -> bool:
 
 @dataclass(frozen=True)
 class EncodeOptions:
-    """What decides the tokens and labels of a sample (all of it goes into the cache key)."""
+    """What decides the tokens and labels of a sample (all of it goes into the cache key).
+
+    ``template_kwargs`` are the chat template's keyword arguments (``enable_thinking``,
+    ``reasoning_effort``...) as sorted (name, JSON value) pairs, so that the options stay hashable.
+    """
 
     train_on: str = "auto"
     add_eos: bool = True
+    template_kwargs: tuple[tuple[str, str], ...] = ()
+
+    @staticmethod
+    def kwargs_items(kwargs: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+        """Return template keyword arguments in the form ``template_kwargs`` holds them."""
+        return tuple(sorted((str(k), json.dumps(v, sort_keys=True)) for k, v in kwargs.items()))
+
+    def kwargs(self) -> dict[str, Any]:
+        """Return the template keyword arguments as a dict of JSON values."""
+        return {k: json.loads(v) for k, v in self.template_kwargs}
+
+
+# Marker-looking substrings, for tokenizers that do not have a template's markers as added tokens.
+_MARKER_RE = re.compile(r"<\|[^<>|\s]{1,40}\|>|<｜[^<>\s]{1,40}｜>|</?[A-Za-z_][\w.-]{0,40}>|\[/?[A-Z_]{2,20}\]")
+_NON_TEXT_PARTS = ("image", "image_url", "input_image", "audio", "input_audio", "video", "video_url", "file")
 
 
 class Encoder:
@@ -139,8 +160,9 @@ class Encoder:
     def __init__(self, tokenizer_name: str | None, chat_template_file: str | None, options: EncodeOptions) -> None:
         self.tokenizer_name = tokenizer_name or DEFAULT_TOKENIZER
         self.tokenizer = load_tokenizer(tokenizer_name)
-        self.backend = self.tokenizer.backend_tokenizer
+        self.backend, self.overrides = _plain_backend(self.tokenizer.backend_tokenizer)
         self.options = options
+        self.is_default_template = False
         if chat_template_file is not None:
             try:
                 self.template = Path(chat_template_file).read_text(encoding="utf-8")
@@ -153,19 +175,22 @@ class Encoder:
                 own = own.get("default")
             self.template = own or default_chat_template()
             self.template_source = "tokenizer" if own else "packcli default (ChatML)"
+            self.is_default_template = not own
         self.has_generation_blocks = bool(_GENERATION_RE.search(self.template))
-        self.template_kwargs = dict(self.tokenizer.special_tokens_map)
+        self.template_kwargs = dict(self.tokenizer.special_tokens_map) | options.kwargs()
         self.eos_id = self.tokenizer.eos_token_id
         self.vocab_size = len(self.tokenizer)
-        self._compiled = False
+        self._added = {t.content for t in self.tokenizer.added_tokens_decoder.values() if t.content}
+        self._shapes: dict[str, TemplateShape | RecordError] = {}
+        self._parts: bool | None = None
         try:
             from transformers.utils.chat_template_utils import _compile_jinja_template
 
             _compile_jinja_template(self.template)
-            self._compiled = True
         except Exception as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise TokenizerError(f"the chat template does not compile ({first}); fix the template") from exc
+        self.warnings = self._marker_warnings()
 
     def identity(self) -> dict[str, Any]:
         """Return what identifies the tokenizer and template, for the manifest and the cache key."""
@@ -179,12 +204,21 @@ class Encoder:
             "chat_template_source": self.template_source,
             "chat_template_sha256": hashlib.sha256(self.template.encode()).hexdigest(),
             "chat_template_generation_blocks": self.has_generation_blocks,
+            "chat_template_kwargs": self.options.kwargs(),
+            "overridden": list(self.overrides),
+            "warnings": list(self.warnings),
         }
 
     # -- rendering ---------------------------------------------------------------------------------
 
     def render(
-        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False, spans: bool = False
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = False,
+        spans: bool = False,
+        tools: list[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
     ) -> tuple[str, list[tuple[int, int]]]:
         """Return the rendered conversation and, with ``spans``, its generation-block character spans."""
         from transformers.utils.chat_template_utils import render_jinja_template
@@ -192,10 +226,11 @@ class Encoder:
         try:
             rendered, indices = render_jinja_template(
                 conversations=[messages],
+                tools=tools,
                 chat_template=self.template,
                 return_assistant_tokens_mask=spans,
                 add_generation_prompt=add_generation_prompt,
-                **self.template_kwargs,
+                **(self.template_kwargs if kwargs is None else kwargs),
             )
         except RecordError:
             raise
@@ -204,8 +239,110 @@ class Encoder:
             raise RecordError("template_error", f"the chat template raised: {first}") from exc
         return rendered[0], (indices[0] if spans else [])
 
+    def _renderer(self, tools: list[Any] | None, kwargs: dict[str, Any]) -> Any:
+        def render(messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+            return self.render(messages, add_generation_prompt=add_generation_prompt, tools=tools, kwargs=kwargs)[0]
+
+        return render
+
+    def shape(self, kwargs: dict[str, Any] | None = None) -> TemplateShape:
+        """Return the template's assistant header and end markers (learned once per keyword arguments)."""
+        kwargs = self.template_kwargs if kwargs is None else kwargs
+        key = json.dumps(kwargs, sort_keys=True, default=str)
+        if key not in self._shapes:
+            try:
+                self._shapes[key] = learn_shape(self._renderer(None, kwargs), self._marker_spans, self._message)
+            except (RecordError, ValueError) as exc:
+                detail = exc.detail if isinstance(exc, RecordError) else str(exc)
+                self._shapes[key] = RecordError(
+                    "template_spans_not_found",
+                    f"cannot learn where the template puts assistant answers ({detail}); "
+                    "use a chat template with {% generation %} blocks",
+                )
+        shape = self._shapes[key]
+        if isinstance(shape, RecordError):
+            raise shape
+        return shape
+
+    def _marker_spans(self, text: str) -> list[tuple[int, int]]:
+        """Return where the tokenizer's added tokens (or, failing those, marker-looking text) are in ``text``."""
+        found = []
+        for token in self._added:
+            at = text.find(token)
+            while at >= 0:
+                found.append((at, at + len(token)))
+                at = text.find(token, at + 1)
+        return found or [m.span() for m in _MARKER_RE.finditer(text)]
+
+    def _marker_warnings(self) -> list[str]:
+        if self.is_default_template and self.tokenizer_name == DEFAULT_TOKENIZER:
+            return []  # the documented default pairing: ChatML markers encoded as text
+        try:
+            shape = self.shape()
+        except RecordError:
+            return []
+        markers = [m for text in (*shape.end_markers, shape.header) for m in _MARKER_RE.findall(text)]
+        split = [m for m in dict.fromkeys(markers) if len(self.backend.encode(m, add_special_tokens=False).ids) > 1]
+        if not split:
+            return []
+        return [
+            f"the chat template's role markers ({', '.join(split)}) are not single tokens of tokenizer "
+            f"'{self.tokenizer_name}': the template is probably not this tokenizer's model's; check "
+            "--tokenizer and --chat-template"
+        ]
+
+    def _content_mode(self) -> tuple[bool, bool]:
+        """Return whether the template renders string content, and whether it renders text parts itself."""
+        if self._parts is None:
+
+            def renders(content: Any) -> bool:
+                probe = [
+                    {"role": "user", "content": content("qzxpartprobezq")},
+                    {"role": "assistant", "content": content("qzxanswerzq")},
+                ]
+                try:
+                    text = self.render(probe)[0]
+                except RecordError:
+                    return False
+                return text.count("qzxpartprobezq") == 1 and "'type'" not in text and '"type"' not in text
+
+            self._parts = (renders(lambda t: t), renders(lambda t: [{"type": "text", "text": t}]))
+        return self._parts
+
+    def _message(self, role: str, text: str) -> dict[str, Any]:
+        strings, parts = self._content_mode()
+        return {"role": role, "content": text if strings or not parts else [{"type": "text", "text": text}]}
+
+    def _prepare(self, sample: Sample) -> list[dict[str, Any]]:
+        strings, parts = self._content_mode()
+        messages = []
+        for i, m in enumerate(sample.messages or []):
+            # Arrow sources give every message every key, null where absent: drop those, keep content.
+            message = {k: v for k, v in m.items() if v is not None or k == "content"}
+            content = message.get("content")
+            if isinstance(content, list):
+                kinds = [p.get("type") for p in content]
+                bad = next((k for k in kinds if k != "text"), None)
+                if bad is not None:
+                    why = "is not supported yet" if bad in _NON_TEXT_PARTS else "is unknown"
+                    raise RecordError(
+                        "unsupported_content_part",
+                        f"message {i} has a content part of type '{bad}', which {why}; only text parts are packed",
+                    )
+                if any(not isinstance(p.get("text"), str) for p in content):
+                    raise RecordError("wrong_type", f"message {i}: every text part needs a string 'text'")
+                if not parts:
+                    message["content"] = "\n".join(p["text"] for p in content)
+            elif isinstance(content, str) and parts and not strings:
+                # A template that only iterates parts (vision-language models): a string is one text part.
+                message["content"] = [{"type": "text", "text": content}]
+            messages.append(message)
+        return messages
+
     def _chat_spans(self, sample: Sample) -> tuple[str, list[tuple[int, int]]]:
-        messages = [{k: v for k, v in m.items() if v is not None} for m in sample.messages or []]
+        messages = self._prepare(sample)
+        kwargs = self.template_kwargs | (sample.template_kwargs or {})
+        tools = sample.tools
         assistant_at = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         train_on = self.options.train_on
         if train_on == "auto":
@@ -213,47 +350,34 @@ class Encoder:
         if train_on != "all" and not assistant_at:
             raise RecordError("no_assistant_turn", "the conversation has no assistant message to train on")
         if self.has_generation_blocks:
-            text, spans = self.render(messages, spans=True)
+            text, spans = self.render(messages, spans=True, tools=tools, kwargs=kwargs)
             if train_on != "all" and len(spans) != len(assistant_at):
                 raise RecordError(
                     "template_spans_mismatch",
                     f"the template marked {len(spans)} generation blocks for {len(assistant_at)} assistant "
                     "messages; put exactly one {% generation %} block around each assistant message",
                 )
+            trained = list(zip(assistant_at, spans, strict=False))
         else:
-            text, _ = self.render(messages)
-            spans = [] if train_on == "all" else self._prefix_spans(messages, assistant_at, text)
+            text, _ = self.render(messages, tools=tools, kwargs=kwargs)
+            if train_on == "all":
+                return text, [(0, len(text))]
+            which = self._trained_turns(assistant_at, train_on, sample.prompt_len)
+            found = assistant_spans(self._renderer(tools, kwargs), messages, text, which, self.shape(kwargs))
+            trained = list(zip(which, found, strict=True))
         if train_on == "all":
             return text, [(0, len(text))]
+        which = set(self._trained_turns(assistant_at, train_on, sample.prompt_len))
+        return text, [span for i, span in trained if i in which]
+
+    @staticmethod
+    def _trained_turns(assistant_at: list[int], train_on: str, prompt_len: int | None) -> list[int]:
         if train_on == "last_assistant":
-            return text, spans[-1:]
+            return assistant_at[-1:]
         if train_on == "completion":
-            first = sample.prompt_len if sample.prompt_len is not None else assistant_at[-1]
-            return text, [s for s, i in zip(spans, assistant_at, strict=True) if i >= first]
-        return text, spans
-
-    def _prefix_spans(
-        self, messages: list[dict[str, Any]], assistant_at: list[int], full: str
-    ) -> list[tuple[int, int]]:
-        """Character spans of assistant turns for a template without generation blocks.
-
-        The span of assistant message i is the text that rendering messages[:i+1] adds to rendering
-        messages[:i] with the generation prompt: the answer and the template's end-of-turn marker.
-        This needs the template to be prefix-stable (each rendering a prefix of the next).
-        """
-        spans = []
-        for i in assistant_at:
-            before = self.render(messages[:i], add_generation_prompt=True)[0] if i else ""
-            upto = self.render(messages[: i + 1])[0]
-            if not (upto.startswith(before) and full.startswith(upto)):
-                raise RecordError(
-                    "template_not_prefix_stable",
-                    "the template renders a conversation prefix differently from the whole conversation, "
-                    "so assistant turns cannot be located; use a template with {% generation %} blocks",
-                )
-            if len(upto) > len(before):
-                spans.append((len(before), len(upto)))
-        return spans
+            first = prompt_len if prompt_len is not None else assistant_at[-1]
+            return [i for i in assistant_at if i >= first]
+        return assistant_at
 
     # -- encoding ----------------------------------------------------------------------------------
 
@@ -318,6 +442,25 @@ class Encoder:
         if np.any(labels[trained] != ids[trained]):
             raise RecordError("bad_labels", "labels must equal input_ids where they are not -100 (unshifted labels)")
         return _finish(ids, trained)
+
+
+def _plain_backend(backend: Any) -> tuple[Any, tuple[str, ...]]:
+    """Return the backend tokenizer with truncation and padding off, and which of them were on.
+
+    ``apply_chat_template`` turns both off for its own call, whatever ``tokenizer.json`` says; packcli
+    encodes with the backend, so it turns them off on a copy (the loaded tokenizer stays as it was).
+    """
+    overrides = tuple(
+        name for name, on in (("truncation", backend.truncation), ("padding", backend.padding)) if on is not None
+    )
+    if not overrides:
+        return backend, ()
+    from tokenizers import Tokenizer
+
+    plain = Tokenizer.from_str(backend.to_str())
+    plain.no_truncation()
+    plain.no_padding()
+    return plain, overrides
 
 
 def _finish(ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

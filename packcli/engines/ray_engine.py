@@ -48,7 +48,7 @@ from packcli.config import PackConfig
 from packcli.errors import OutputError, PackcliError, UsageError, raise_if_stopped
 from packcli.shards import shard_name, write_shard
 from packcli.sources import InputSource, RawBatch
-from packcli.tokenize import EncodeOptions, Encoder
+from packcli.tokenize import Encoder
 
 Progress = Callable[[str, int, int | None], None]
 
@@ -183,7 +183,7 @@ def _actor_class(fn: Callable[..., Any], config: PackConfig, encoder: Encoder) -
         "fn": fn,
         "tokenizer": _absolute_if_local(config.tokenizer),
         "chat_template": _absolute_if_local(config.chat_template),
-        "options": EncodeOptions(config.train_on, config.add_eos),
+        "options": pipeline.encode_options(config),
         "fields": dict(config.fields),
         "identity": encoder.identity(),
     }

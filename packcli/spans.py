@@ -1,0 +1,307 @@
+"""Where a chat template puts each assistant answer, for templates without ``{% generation %}`` blocks.
+
+The rule (the README states it too): assistant message i is trained from the end of its role header
+(what the template's generation prompt puts before an answer) through the template's end-of-turn
+marker, as the template renders message i **in the whole conversation**. Everything the model would
+generate after the generation prompt is trained: reasoning where the template shows it, the answer,
+tool calls, any channel or think tags around them. Whitespace after the marker, the next role's
+header, and all system, user and tool text are not.
+
+The spans are found in three steps, none of which needs the template to render a conversation prefix
+the way it renders the whole (real templates do not: Qwen3 and DeepSeek drop earlier reasoning,
+gpt-oss ends the last answer with ``<|return|>`` and earlier ones with ``<|end|>``):
+
+1. **The body**, by difference: the conversation is rendered again with message i's text fields
+   perturbed (a private-use character between every two characters). The first and last characters
+   where the two renderings differ bound what the template made of message i, whatever it does to the
+   text on the way (trimming, splitting reasoning off, dropping it).
+2. **The start**: the nearest occurrence before the body of the template's assistant header (the
+   generation prompt, or the longest part of it that the template also renders in history).
+3. **The end**: the first end-of-turn marker after the body. The markers are learned once per template
+   from probe conversations (what follows an answer in history and at the end of the conversation).
+
+A span that cannot be found this way is a RecordError with a reason, never a guess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from packcli.errors import RecordError
+
+# Inserted between characters to perturb a message: a private-use code point, which no tokenizer
+# vocabulary or template literal contains in practice.
+_MARK = "\ue0c7"
+# Text fields of a message that are not what the model generates (perturbing them could change the
+# template's branches for a reason that has nothing to do with the answer).
+# A tool call's function name stays too: templates repeat it in the tool's answer (gpt-oss).
+_KEEP_KEYS = frozenset({"role", "type", "name"})
+# Probe texts: plain ASCII words that no template trims, splits or escapes.
+_PROBE = {
+    "u1": "qzxuserprobeonezq",
+    "a1": "qzxassistantprobeonezq",
+    "u2": "qzxuserprobetwozq",
+    "a2": "qzxassistantprobetwozq",
+    "arg": "qzxargumentprobezq",
+    "tool": "qzxtoolprobezq",
+}
+
+Render = Callable[[list[dict[str, Any]], bool], str]
+# Returns the (start, end) character spans of the special tokens (and marker-looking text) in a string.
+MarkerSpans = Callable[[str], list[tuple[int, int]]]
+# Builds a probe message from a role and its text (as a string, or as text parts for templates that need them).
+MakeMessage = Callable[[str, str], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class TemplateShape:
+    """What a template puts around assistant answers, learned from probe conversations."""
+
+    header: str  # the text before an answer: the generation prompt (or the user closing + it)
+    header_min: int  # the shortest prefix of ``header`` that history turns are sure to show
+    end_markers: tuple[str, ...]  # what ends an answer: ``<|im_end|>``, ``<|eot_id|>``, ``<|return|>``...
+    max_gap: int  # the most template text seen between an answer and its marker, with slack
+    generation_prompt: str
+
+
+def learn_shape(render: Render, marker_spans: MarkerSpans, message: MakeMessage | None = None) -> TemplateShape:
+    """Return the template's assistant header and end-of-turn markers, from probe renderings.
+
+    ``render(messages, add_generation_prompt)`` renders with the template; ``message(role, text)`` builds
+    a probe message; ``marker_spans(text)`` gives
+    where the special tokens are in a text, so that a common prefix never ends inside a marker and a
+    closing such as ``"}\\n</tool_call><|im_end|>"`` is cut down to its markers. Raises ValueError when
+    the template cannot render a plain user/assistant conversation.
+    """
+    message = message or _msg
+    u1, a1, u2, a2 = (_PROBE[k] for k in ("u1", "a1", "u2", "a2"))
+    probe = [message("user", u1), message("assistant", a1), message("user", u2), message("assistant", a2)]
+    full = render(probe, False)
+    with_prompt = render(probe[:1], True)
+    without = render(probe[:1], False)
+    positions = [full.find(t) for t in (u1, a1, u2, a2)]
+    if min(positions) < 0 or positions != sorted(positions) or with_prompt.find(u1) < 0:
+        raise ValueError("the template does not render the text of a plain user/assistant conversation")
+    end = [p + len(t) for p, t in zip(positions, (u1, a1, u2, a2), strict=True)]
+    user_to_answer = full[end[0] : positions[1]]
+    answer_to_user = full[end[1] : positions[2]]
+    after_last = full[end[3] :]
+    generation_prompt = with_prompt[_cut(with_prompt, _common_prefix(with_prompt, without), marker_spans) :]
+    header = generation_prompt if generation_prompt.strip() else with_prompt[with_prompt.find(u1) + len(u1) :]
+    header_min = next((k for k in range(len(header), 0, -1) if header[:k] in user_to_answer), 0)
+
+    markers: list[str] = []
+    shared = answer_to_user[: _cut(answer_to_user, _common_prefix(answer_to_user, after_last), marker_spans)].rstrip()
+    rest = after_last[len(shared) :]
+    if shared and (not rest or rest[0].isspace() or not rest.strip()):
+        markers.append(shared)  # history and the last answer end alike: <|im_end|>, <|eot_id|>, </s>
+    else:
+        if after_last.strip():
+            markers.append(after_last.strip())  # the last answer's own marker: <|return|>
+        cut = user_to_answer.find(header[: max(header_min, 1)]) if header.strip() else -1
+        closing = user_to_answer[:cut].strip() if cut > 0 else ""
+        if closing and answer_to_user.startswith(closing):
+            markers.append(closing)  # history answers close like user turns: <|end|>
+        elif not markers:
+            # No closing at all (GLM): the next role's marker is what the model emits to stop.
+            found = marker_spans(answer_to_user)
+            first = min(found) if found else None
+            if first is not None and not answer_to_user[: first[0]].strip():
+                markers.append(answer_to_user[first[0] : first[1]])
+    gaps = [len(answer_to_user), len(after_last)]
+    tool_marker = _tool_call_marker(render, marker_spans, message)
+    if tool_marker:
+        markers.append(tool_marker[0])
+        gaps.append(tool_marker[1])
+    markers = [_from_first_marker(m, marker_spans) or m for m in markers]
+    return TemplateShape(
+        header=header,
+        header_min=header_min,
+        end_markers=tuple(dict.fromkeys(m for m in markers if m)),
+        max_gap=2 * max(gaps) + 64,
+        generation_prompt=generation_prompt,
+    )
+
+
+def _tool_call_marker(render: Render, marker_spans: MarkerSpans, message: MakeMessage) -> tuple[str, int] | None:
+    """Return what ends an answer that calls a tool (``<|call|>`` in gpt-oss), when the template has tools."""
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "probe_tool", "arguments": {"query": _PROBE["arg"]}}}],
+    }
+    probe = [message("user", _PROBE["u1"]), call, message("tool", _PROBE["tool"])]
+    try:
+        full = render(probe, False)
+        last = render(probe[:2], False)
+    except Exception:  # a template without tool support may raise anything
+        return None
+    at, tool_at, last_at = full.find(_PROBE["arg"]), full.find(_PROBE["tool"]), last.find(_PROBE["arg"])
+    if at < 0 or tool_at < at or last_at < 0:
+        return None
+    after = full[at + len(_PROBE["arg"]) : tool_at]
+    after_last = last[last_at + len(_PROBE["arg"]) :]
+    shared = after[: _cut(after, _common_prefix(after, after_last), marker_spans)].rstrip()
+    marker = _from_first_marker(shared, marker_spans)
+    return (marker, len(after)) if marker else None
+
+
+def assistant_spans(
+    render: Render,
+    messages: list[dict[str, Any]],
+    full: str,
+    which: Sequence[int],
+    shape: TemplateShape,
+) -> list[tuple[int, int]]:
+    """Return the character span in ``full`` of each assistant message listed in ``which``.
+
+    ``full`` is ``render(messages, False)``. Raises RecordError ``template_spans_not_found`` when a
+    span cannot be located with certainty.
+    """
+    spans: list[tuple[int, int]] = []
+    previous_end = 0
+    bodies = [_body(render, messages, full, i) for i in which]
+    for n, (i, (body_start, body_end)) in enumerate(zip(which, bodies, strict=True)):
+        limit = bodies[n + 1][0] if n + 1 < len(bodies) else len(full)
+        start = _header_end(full, previous_end, body_start, shape)
+        if start is None:
+            start = _prompt_end(render, messages, full, i, previous_end, body_start)
+        if start is None:
+            raise _not_found(i, "its role header is not where the template's generation prompt says")
+        end = _marker_end(full, body_end, limit, shape)
+        if end is None:
+            raise _not_found(i, "no end-of-turn marker follows it")
+        if start < previous_end or end > limit:
+            raise _not_found(i, "it overlaps another assistant message")
+        spans.append((start, end))
+        previous_end = end
+    return spans
+
+
+def _body(render: Render, messages: list[dict[str, Any]], full: str, i: int) -> tuple[int, int]:
+    """Return the span of ``full`` that depends on message i's own text (it may be empty)."""
+    for perturb_empty in (False, True):
+        changed = list(messages)
+        changed[i] = _perturb(messages[i], perturb_empty)
+        try:
+            other = render(changed, False)
+        except Exception as exc:  # the template may reject the perturbed text (raise_exception)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+            raise _not_found(i, f"the template rejects it with other text ({first})") from exc
+        if other != full:
+            head = _common_prefix(full, other)
+            tail = _common_suffix(full, other, limit=min(len(full), len(other)) - head)
+            return head, max(head, len(full) - tail)
+    raise _not_found(i, "the template does not render it")
+
+
+def _header_end(full: str, low: int, body_start: int, shape: TemplateShape) -> int | None:
+    """Return where the assistant header before ``body_start`` ends (None when there is none)."""
+    header = shape.header
+    if not header:
+        return body_start
+    for k in range(len(header), max(shape.header_min, 1) - 1, -1):
+        at = full.rfind(header[:k], low, body_start)
+        if at >= 0:
+            return at + k
+    return None
+
+
+def _prompt_end(
+    render: Render, messages: list[dict[str, Any]], full: str, i: int, low: int, body_start: int
+) -> int | None:
+    """Return where the prompt for message i ends, when the template renders that prompt as a prefix.
+
+    For turns whose header is not the generation prompt (DeepSeek answers after tool output have none).
+    """
+    try:
+        prompt = render(messages[:i], True)
+    except Exception:
+        return None
+    for candidate in (prompt, prompt.rstrip()):
+        if low <= len(candidate) <= body_start and full.startswith(candidate):
+            return len(candidate)
+    return None
+
+
+def _marker_end(full: str, body_end: int, limit: int, shape: TemplateShape) -> int | None:
+    """Return the end of the first end-of-turn marker after the body, if one follows closely."""
+    if not shape.end_markers:
+        return body_end
+    window = min(limit, body_end + shape.max_gap)
+    ends = [at + len(m) for m in shape.end_markers if (at := full.find(m, body_end, window)) >= 0]
+    if ends:
+        return min(ends)
+    if limit == len(full) and not any(full.find(m, body_end) >= 0 for m in shape.end_markers):
+        return body_end  # the last answer of a template that closes answers with the next role (GLM)
+    return None
+
+
+def _perturb(message: dict[str, Any], perturb_empty: bool) -> dict[str, Any]:
+    return {k: (v if k in _KEEP_KEYS else _perturb_value(v, perturb_empty)) for k, v in message.items()}
+
+
+def _perturb_value(value: Any, perturb_empty: bool) -> Any:
+    if isinstance(value, str):
+        return _MARK + _MARK.join(value) + _MARK if (value or perturb_empty) else value
+    if isinstance(value, list):
+        return [_perturb_value(v, perturb_empty) for v in value]
+    if isinstance(value, dict):
+        return {k: (v if k in _KEEP_KEYS else _perturb_value(v, perturb_empty)) for k, v in value.items()}
+    return value
+
+
+def _cut(text: str, n: int, marker_spans: MarkerSpans) -> int:
+    """Return ``n``, moved back to the start of the marker it falls inside (if any)."""
+    for start, end in marker_spans(text):
+        if start < n < end:
+            return start
+    return n
+
+
+def _from_first_marker(text: str, marker_spans: MarkerSpans) -> str:
+    """Return ``text`` from its first marker on ('' when it holds none)."""
+    found = marker_spans(text)
+    return text[min(s for s, _ in found) :] if found else ""
+
+
+def _msg(role: str, content: str) -> dict[str, Any]:
+    return {"role": role, "content": content}
+
+
+def _not_found(i: int, why: str) -> RecordError:
+    return RecordError(
+        "template_spans_not_found",
+        f"cannot locate assistant message {i} in the rendered conversation ({why}); "
+        "use a chat template with {% generation %} blocks",
+    )
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """Return the length of the longest common prefix (binary search over C-level comparisons)."""
+    low, high = 0, min(len(a), len(b))
+    if a[:high] == b[:high]:
+        return high
+    while low < high:  # invariant: a[:low] == b[:low] and a[:high] != b[:high]
+        mid = (low + high + 1) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def _common_suffix(a: str, b: str, limit: int) -> int:
+    """Return the length of the longest common suffix, at most ``limit``."""
+    low, high = 0, max(0, limit)
+    if high == 0 or a[len(a) - high :] == b[len(b) - high :]:
+        return high
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[len(a) - mid :] == b[len(b) - mid :]:
+            low = mid
+        else:
+            high = mid - 1
+    return low

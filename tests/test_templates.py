@@ -1,0 +1,315 @@
+"""Exact labels with the official chat templates of real model families, as the ``trl`` package ships them.
+
+Every template in ``trl/chat_templates`` is read as test data (nothing is copied into the repository).
+For each one, on a few hundred multi-turn conversations:
+
+- token ids equal ``tokenizer.apply_chat_template(messages, chat_template=T)``;
+- no conversation that the template renders is dropped;
+- every assistant answer is trained and no system or user text is;
+- where the template has a ``*_training.jinja`` twin with ``{% generation %}`` blocks that renders the
+  same tokens, the labels equal the twin's assistant mask, except for two differences that packcli's
+  rule explains and that the test names: the twin also trains (a) whitespace and the tokenizer's EOS
+  after the end-of-turn marker, or (b) the generation prompt (the role header, and what the prompt adds
+  after it, such as ``<think>\\n``), which is the prompt at inference and so not trained here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+trl = pytest.importorskip("trl")  # a test dependency (pyproject's test extra): never skipped in CI
+
+from packcli.errors import RecordError  # noqa: E402
+from packcli.formats import Sample  # noqa: E402
+from packcli.tokenize import IGNORE_INDEX, EncodeOptions, Encoder, default_tokenizer_dir  # noqa: E402
+
+TRL_TEMPLATES = Path(trl.__file__).parent / "chat_templates"
+ORIGINALS = sorted(p.stem for p in TRL_TEMPLATES.glob("*.jinja") if not p.stem.endswith("_training"))
+# Vision-language templates that only render content parts: a string content is passed as one text part.
+PARTS_ONLY = {"idefics3", "smolvlm", "llava_next"}
+# Twins that render other tokens than the original, so their masks cannot be compared token by token.
+EMPTY_THINK = "<think>\n\n</think>\n\n"
+# The twin always shows an (empty) think block; the original drops it from earlier answers.
+TWIN_RENDERS_OTHERWISE = {"qwen3", "qwen3_5_think", "qwen3_5_nothink", "qwen3_6"}
+# The twin moves the next role's marker into the answer, so its tokens differ from the original's.
+TWIN_NOT_COMPARABLE = {"glm4moe"}
+N_CONVERSATIONS = 200
+_MARKER_RE = re.compile(
+    r"<\|[^<>|\s]{1,40}\|>|<｜[^<>\s]{1,40}｜>|<[a-z_]+\|>|<\|[a-z_\"]+>|\[/?[A-Z_]{2,20}\]|</?[a-z_]{3,20}>"
+)
+
+
+def _corpus_module() -> Any:
+    path = Path(__file__).parents[1] / "benchmarks" / "make_chat_corpus.py"
+    spec = importlib.util.spec_from_file_location("make_chat_corpus", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def conversations() -> list[list[dict[str, str]]]:
+    """Multi-turn chat (system turns, markdown, code, non-ASCII) from the benchmark corpus generator."""
+    corpus = _corpus_module()
+    return [corpus.make_conversation(7, i, 140, 0.6)["messages"] for i in range(N_CONVERSATIONS)]
+
+
+@pytest.fixture(scope="module")
+def model_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any]:
+    """The 128k tokenizer with every marker of the templates as an added token, as models' tokenizers have."""
+    from transformers import AutoTokenizer
+
+    markers: set[str] = {"<think>", "</think>", "<tool_call>", "</tool_call>"}
+    for path in TRL_TEMPLATES.glob("*.jinja"):
+        markers |= set(_MARKER_RE.findall(path.read_text(encoding="utf-8")))
+    tok = AutoTokenizer.from_pretrained(default_tokenizer_dir())
+    tok.add_special_tokens({"additional_special_tokens": sorted(markers)})
+    out = tmp_path_factory.mktemp("model-tokenizer")
+    tok.save_pretrained(out)
+    return str(out), AutoTokenizer.from_pretrained(out)
+
+
+def _as_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**m, "content": [{"type": "text", "text": m["content"]}]} for m in messages]
+
+
+def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """Return the [start, end) runs of True in a boolean array."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
+    return list(zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True))
+
+
+def _check_against_twin(
+    name: str, ids: list[int], ours: np.ndarray, twin: np.ndarray, tokenizer: Any, generation_prompt: str
+) -> None:
+    """Labels equal the twin's mask but for the two differences the module docstring names."""
+    eos = tokenizer.eos_token or "\0"
+    for start, end in _runs(ours != twin):
+        text = tokenizer.decode(ids[start:end])
+        assert twin[start:end].all() and not ours[start:end].any(), (
+            f"{name}: packcli trains {text!r}, which the twin does not"
+        )
+        after_ours = start > 0 and ours[start - 1]
+        before_ours = end < len(ours) and ours[end]
+        if after_ours and text.replace(eos, "").strip() == "":
+            continue  # (a) whitespace and EOS after the end-of-turn marker
+        if before_ours and text in generation_prompt:
+            continue  # (b) the generation prompt: the role header and what the prompt adds after it
+        pytest.fail(f"{name}: the twin also trains {text!r} at token {start}, which no rule of packcli explains")
+
+
+def _no_empty_think(run: str) -> str:
+    return re.sub(r"^(?:<think>)?\n*</think>\n\n", "", run).rstrip()
+
+
+def _trained_runs(ids: list[int], labels: np.ndarray, tokenizer: Any) -> list[str]:
+    return [tokenizer.decode(ids[a:b]) for a, b in _runs(labels != IGNORE_INDEX)]
+
+
+@pytest.mark.parametrize("name", ORIGINALS)
+def test_official_template(name: str, conversations: list[Any], model_tokenizer: tuple[str, Any]) -> None:
+    tok_dir, tokenizer = model_tokenizer
+    template = (TRL_TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
+    twin_path = TRL_TEMPLATES / f"{name}_training.jinja"
+    twin = twin_path.read_text(encoding="utf-8") if twin_path.exists() else None
+    encoder = Encoder(tok_dir, str(TRL_TEMPLATES / f"{name}.jinja"), EncodeOptions())
+    results = encoder.encode_batch([Sample("chat", messages=m) for m in conversations])
+    compared = 0
+    for messages, result in zip(conversations, results, strict=True):
+        given = _as_parts(messages) if name in PARTS_ONLY else messages
+        try:
+            ref = tokenizer.apply_chat_template(given, chat_template=template, tokenize=True, return_dict=True)
+        except Exception:
+            # The template itself refuses the conversation (gemma has no system role): so must packcli.
+            assert isinstance(result, RecordError) and result.reason == "template_error", (name, result)
+            continue
+        assert not isinstance(result, RecordError), f"{name}: {result.reason}: {result.detail}"
+        ids, labels = result
+        assert ids.tolist() == list(ref["input_ids"]), f"{name}: token ids differ from apply_chat_template"
+        runs = _trained_runs(ids.tolist(), labels, tokenizer)
+        trained = "\x00".join(runs)
+        for m in messages:
+            text = m["content"].strip()
+            if m["role"] == "assistant":
+                assert any(text in run for run in runs), f"{name}: an assistant answer is not trained"
+            elif len(text) > 12:
+                assert text not in trained, f"{name}: {m['role']} text is trained"
+        if twin is None or name in TWIN_NOT_COMPARABLE:
+            continue
+        out = tokenizer.apply_chat_template(
+            given, chat_template=twin, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
+        mask = np.array(out["assistant_masks"], dtype=bool)
+        if list(out["input_ids"]) == ids.tolist():
+            mask[0] = False  # packcli never trains a sample's first token
+            _check_against_twin(
+                name, ids.tolist(), labels != IGNORE_INDEX, mask, tokenizer, encoder.shape().generation_prompt
+            )
+        else:
+            # Compare answer by answer, without the empty think block that the twin adds to earlier answers
+            # (and that both show on the last one, where packcli leaves the generation prompt's part).
+            assert name in TWIN_RENDERS_OTHERWISE, f"{name}: the twin renders other tokens"
+            twin_ids = list(out["input_ids"])
+            twin_runs = [tokenizer.decode(twin_ids[a:b]) for a, b in _runs(mask)]
+            assert [_no_empty_think(r) for r in runs] == [_no_empty_think(r) for r in twin_runs], name
+        compared += 1
+    if twin is not None and name not in TWIN_NOT_COMPARABLE:
+        assert compared >= N_CONVERSATIONS // 3, f"{name}: only {compared} conversations compared with the twin"
+
+
+# -- reasoning, tools, content parts, template keyword arguments ---------------------------------------
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def _tool_conversation(reasoning_key: str = "reasoning_content") -> list[dict[str, Any]]:
+    return [
+        {"role": "system", "content": "You are a weather assistant."},
+        {"role": "user", "content": "What is the weather in Paris right now?"},
+        {
+            "role": "assistant",
+            "content": None,
+            reasoning_key: "The user wants current weather, so I call the tool.",
+            "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+        },
+        {"role": "tool", "content": '{"temperature_c": 18, "sky": "cloudy"}'},
+        {"role": "assistant", "content": "It is 18 °C and cloudy in Paris.", reasoning_key: "Report the tool result."},
+        {"role": "user", "content": "Thanks! And should I take an umbrella?"},
+        {"role": "assistant", "content": "<think>\nCloudy, no rain mentioned.\n</think>\n\nNo umbrella needed today."},
+    ]
+
+
+def _encode_one(encoder: Encoder, sample: Sample) -> tuple[np.ndarray, np.ndarray]:
+    result = encoder.encode_batch([sample])[0]
+    assert not isinstance(result, RecordError), result
+    return result
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_6", "gptoss", "nemotron_3_nano", "deepseekv3"])
+def test_reasoning_and_tool_calls(name: str, model_tokenizer: tuple[str, Any]) -> None:
+    tok_dir, tokenizer = model_tokenizer
+    template_file = str(TRL_TEMPLATES / f"{name}.jinja")
+    template = Path(template_file).read_text(encoding="utf-8")
+    reasoning_key = "thinking" if name == "gptoss" else "reasoning_content"
+    messages = _tool_conversation(reasoning_key)
+    if name == "gptoss":  # its template wants no think tags in content, and the thinking field instead
+        messages[-1] = {"role": "assistant", "content": "No umbrella needed today.", "thinking": "No rain."}
+        messages[2]["content"] = ""
+    if name == "deepseekv3":  # its template concatenates arguments as a string
+        messages[2]["tool_calls"][0]["function"]["arguments"] = json.dumps({"city": "Paris"})
+        messages[2]["content"] = ""
+    encoder = Encoder(tok_dir, template_file, EncodeOptions())
+    ids, labels = _encode_one(encoder, Sample("chat", messages=messages, tools=[WEATHER_TOOL]))
+    ref = tokenizer.apply_chat_template(
+        messages, tools=[WEATHER_TOOL], chat_template=template, tokenize=True, return_dict=True
+    )
+    assert ids.tolist() == list(ref["input_ids"])
+    runs = _trained_runs(ids.tolist(), labels, tokenizer)
+    trained = "\x00".join(runs)
+    assert len(runs) == 3  # three answers: the tool call, the report, the last answer
+    assert "Paris" in runs[0] and "get_weather" in runs[0]  # the tool call is trained
+    assert "18 °C and cloudy" in runs[1]
+    assert "No umbrella needed today." in runs[2]
+    if name != "deepseekv3":  # DeepSeek-V3's template drops reasoning; the others show the last one
+        assert "No rain" in runs[2] or "Cloudy, no rain" in runs[2]
+    for text in ("temperature_c", "weather assistant", "What is the weather", "umbrella?", "Get the current"):
+        assert text not in trained, f"{name}: {text!r} is trained"
+    for run, end in zip(runs, encoder.shape().end_markers * 3, strict=False):
+        assert any(run.endswith(m) for m in encoder.shape().end_markers), (name, run[-30:], end)
+
+
+def test_enable_thinking_kwarg_and_record_override(model_tokenizer: tuple[str, Any]) -> None:
+    tok_dir, tokenizer = model_tokenizer
+    template_file = str(TRL_TEMPLATES / "qwen3.jinja")
+    template = Path(template_file).read_text(encoding="utf-8")
+    messages = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello! How can I help?"}]
+    off = Encoder(
+        tok_dir, template_file, EncodeOptions(template_kwargs=EncodeOptions.kwargs_items({"enable_thinking": False}))
+    )
+    ids, labels = _encode_one(off, Sample("chat", messages=messages))
+    ref = tokenizer.apply_chat_template(
+        messages, chat_template=template, tokenize=True, return_dict=True, enable_thinking=False
+    )
+    assert ids.tolist() == list(ref["input_ids"])
+    # With thinking off, the empty think block is part of the generation prompt: not trained.
+    assert _trained_runs(ids.tolist(), labels, tokenizer) == ["Hello! How can I help?<|im_end|>"]
+    on = Encoder(tok_dir, template_file, EncodeOptions())
+    ids_on, labels_on = _encode_one(on, Sample("chat", messages=messages))
+    assert _trained_runs(ids_on.tolist(), labels_on, tokenizer) == [EMPTY_THINK + "Hello! How can I help?<|im_end|>"]
+    # A record's own chat_template_kwargs override the run's.
+    ids_rec, labels_rec = _encode_one(on, Sample("chat", messages=messages, template_kwargs={"enable_thinking": False}))
+    assert ids_rec.tolist() == ids.tolist() and labels_rec.tolist() == labels.tolist()
+
+
+def test_content_parts(model_tokenizer: tuple[str, Any]) -> None:
+    tok_dir, tokenizer = model_tokenizer
+    parts = [{"type": "text", "text": "Describe packing"}, {"type": "text", "text": "in one line."}]
+    messages = [
+        {"role": "user", "content": parts},
+        {"role": "assistant", "content": [{"type": "text", "text": "Rows."}]},
+    ]
+    # Qwen3 renders only string content: text parts are joined with newlines.
+    qwen = Encoder(tok_dir, str(TRL_TEMPLATES / "qwen3.jinja"), EncodeOptions())
+    ids, _ = _encode_one(qwen, Sample("chat", messages=messages))
+    joined = [{"role": "user", "content": "Describe packing\nin one line."}, {"role": "assistant", "content": "Rows."}]
+    template = (TRL_TEMPLATES / "qwen3.jinja").read_text(encoding="utf-8")
+    assert ids.tolist() == tokenizer.apply_chat_template(joined, chat_template=template, tokenize=True)["input_ids"]
+    # Gemma 3 iterates parts itself: they are passed as they are.
+    gemma = Encoder(tok_dir, str(TRL_TEMPLATES / "gemma3.jinja"), EncodeOptions())
+    ids, labels = _encode_one(gemma, Sample("chat", messages=messages))
+    template = (TRL_TEMPLATES / "gemma3.jinja").read_text(encoding="utf-8")
+    assert ids.tolist() == tokenizer.apply_chat_template(messages, chat_template=template, tokenize=True)["input_ids"]
+    assert _trained_runs(ids.tolist(), labels, tokenizer) == ["Rows.<end_of_turn>"]
+    image = [
+        {"role": "user", "content": [{"type": "image", "url": "x.png"}]},
+        {"role": "assistant", "content": "A cat."},
+    ]
+    result = gemma.encode_batch([Sample("chat", messages=image)])[0]
+    assert isinstance(result, RecordError) and result.reason == "unsupported_content_part"
+    assert "'image'" in result.detail
+
+
+def test_tokenizer_json_truncation_and_padding_are_off(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(default_tokenizer_dir())
+    tok.backend_tokenizer.enable_truncation(max_length=16)
+    tok.backend_tokenizer.enable_padding(length=64, pad_id=0, pad_token="<pad>")
+    tok.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "tokenizer.json").read_text())
+    assert saved["truncation"] and saved["padding"]  # the file really carries both settings
+    encoder = Encoder(str(tmp_path), None, EncodeOptions())
+    messages = [
+        {"role": "user", "content": "Explain why packing several samples into one row saves compute " * 3},
+        {"role": "assistant", "content": "Because padding tokens cost as much as real ones. " * 3},
+    ]
+    ids, _ = _encode_one(encoder, Sample("chat", messages=messages))
+    reference = AutoTokenizer.from_pretrained(tmp_path)
+    expected = reference.apply_chat_template(messages, chat_template=encoder.template, tokenize=True)["input_ids"]
+    assert ids.tolist() == list(expected) and len(ids) > 64
+    assert 0 not in ids.tolist()[-5:]  # not padded
+    assert encoder.identity()["overridden"] == ["truncation", "padding"]
+    assert encoder.tokenizer.backend_tokenizer.truncation is not None  # a copy was changed, not the loaded one
+
+
+def test_markers_that_are_not_tokens_warn(model_tokenizer: tuple[str, Any]) -> None:
+    tok_dir, _ = model_tokenizer
+    plain = Encoder(None, str(TRL_TEMPLATES / "qwen3.jinja"), EncodeOptions())
+    assert plain.warnings and "<|im_end|>" in plain.warnings[0] and "not single tokens" in plain.warnings[0]
+    assert Encoder(tok_dir, str(TRL_TEMPLATES / "qwen3.jinja"), EncodeOptions()).warnings == []
+    assert Encoder(None, None, EncodeOptions()).warnings == []  # the documented default pairing
