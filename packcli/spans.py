@@ -34,6 +34,10 @@ from packcli.errors import RecordError
 # Inserted between characters to perturb a message: a private-use code point, which no tokenizer
 # vocabulary or template literal contains in practice.
 _MARK = "\ue0c7"
+# The first of the marks that tell several perturbed messages apart in one rendering (private use too).
+_MULTI_MARK = 0xE100
+# Separators shorter than this between two answers are too likely to occur inside an answer.
+_MIN_SEPARATOR = 24
 # Text fields of a message that are not what the model generates (perturbing them could change the
 # template's branches for a reason that has nothing to do with the answer).
 # A tool call's function name stays too: templates repeat it in the tool's answer (gpt-oss).
@@ -162,7 +166,7 @@ def assistant_spans(
     """
     spans: list[tuple[int, int]] = []
     previous_end = 0
-    bodies = [_body(render, messages, full, i) for i in which]
+    bodies = _bodies_at_once(render, messages, full, which) or [_body(render, messages, full, i) for i in which]
     for n, (i, (body_start, body_end)) in enumerate(zip(which, bodies, strict=True)):
         limit = bodies[n + 1][0] if n + 1 < len(bodies) else len(full)
         start = _header_end(full, previous_end, body_start, shape)
@@ -178,6 +182,52 @@ def assistant_spans(
         spans.append((start, end))
         previous_end = end
     return spans
+
+
+def _bodies_at_once(
+    render: Render, messages: list[dict[str, Any]], full: str, which: Sequence[int]
+) -> list[tuple[int, int]] | None:
+    """Return the bodies of all messages in ``which`` from one rendering, or None when unsure.
+
+    Every listed message is perturbed with its own mark. Between the marks of two messages, the other
+    rendering has the template text (and the unperturbed messages) that separate them; that text must
+    appear exactly once in ``full`` after the previous body, and its position there ends the body.
+    When it does not (the template branched on the perturbed text, or the separator is short or
+    repeated), the caller falls back to one rendering per message.
+    """
+    if len(which) < 2:
+        return None
+    changed = list(messages)
+    marks = [chr(_MULTI_MARK + k) for k in range(len(which))]
+    for mark, i in zip(marks, which, strict=True):
+        changed[i] = _perturb(messages[i], False, mark)
+    try:
+        other = render(changed, False)
+    except Exception:
+        return None
+    firsts = [other.find(m) for m in marks]
+    lasts = [other.rfind(m) for m in marks]
+    if min(firsts) < 0 or any(lasts[k] >= firsts[k + 1] for k in range(len(marks) - 1)):
+        return None
+    start = _common_prefix(full, other)
+    if start > firsts[0]:
+        return None
+    bodies = []
+    for k in range(len(marks)):
+        if k + 1 < len(marks):
+            separator = other[lasts[k] + 1 : firsts[k + 1]]
+            end = full.find(separator, start)
+            if len(separator) < _MIN_SEPARATOR or end < 0 or full.find(separator, end + 1) >= 0:
+                return None
+            bodies.append((start, end))
+            start = end + len(separator)
+        else:
+            tail = other[lasts[k] + 1 :]
+            end = len(full) - len(tail)
+            if end < start or not full.endswith(tail):
+                return None
+            bodies.append((start, end))
+    return bodies
 
 
 def _body(render: Render, messages: list[dict[str, Any]], full: str, i: int) -> tuple[int, int]:
@@ -239,17 +289,17 @@ def _marker_end(full: str, body_end: int, limit: int, shape: TemplateShape) -> i
     return None
 
 
-def _perturb(message: dict[str, Any], perturb_empty: bool) -> dict[str, Any]:
-    return {k: (v if k in _KEEP_KEYS else _perturb_value(v, perturb_empty)) for k, v in message.items()}
+def _perturb(message: dict[str, Any], perturb_empty: bool, mark: str = _MARK) -> dict[str, Any]:
+    return {k: (v if k in _KEEP_KEYS else _perturb_value(v, perturb_empty, mark)) for k, v in message.items()}
 
 
-def _perturb_value(value: Any, perturb_empty: bool) -> Any:
+def _perturb_value(value: Any, perturb_empty: bool, mark: str) -> Any:
     if isinstance(value, str):
-        return _MARK + _MARK.join(value) + _MARK if (value or perturb_empty) else value
+        return mark + mark.join(value) + mark if (value or perturb_empty) else value
     if isinstance(value, list):
-        return [_perturb_value(v, perturb_empty) for v in value]
+        return [_perturb_value(v, perturb_empty, mark) for v in value]
     if isinstance(value, dict):
-        return {k: (v if k in _KEEP_KEYS else _perturb_value(v, perturb_empty)) for k, v in value.items()}
+        return {k: (v if k in _KEEP_KEYS else _perturb_value(v, perturb_empty, mark)) for k, v in value.items()}
     return value
 
 

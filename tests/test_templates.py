@@ -313,3 +313,37 @@ def test_markers_that_are_not_tokens_warn(model_tokenizer: tuple[str, Any]) -> N
     assert plain.warnings and "<|im_end|>" in plain.warnings[0] and "not single tokens" in plain.warnings[0]
     assert Encoder(tok_dir, str(TRL_TEMPLATES / "qwen3.jinja"), EncodeOptions()).warnings == []
     assert Encoder(None, None, EncodeOptions()).warnings == []  # the documented default pairing
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gptoss", "llama3", "deepseek_r1_distill", "phi3", "glm4moe"])
+def test_one_rendering_for_all_answers_equals_one_per_answer(
+    name: str, conversations: list[Any], model_tokenizer: tuple[str, Any]
+) -> None:
+    """The fast path (every answer perturbed in one rendering) finds the bodies one rendering each finds."""
+    from packcli import spans
+
+    encoder = Encoder(model_tokenizer[0], str(TRL_TEMPLATES / f"{name}.jinja"), EncodeOptions())
+    render = encoder._renderer(None, encoder.template_kwargs)
+    fast = 0
+    for messages in conversations[:80]:
+        full = render(messages, False)
+        which = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        at_once = spans._bodies_at_once(render, messages, full, which)
+        if at_once is None:
+            continue
+        fast += 1
+        assert at_once == [spans._body(render, messages, full, i) for i in which], name
+    assert fast >= 20  # the fast path is taken on most multi-turn conversations
+
+
+def test_a_template_that_hides_answers_is_reported(tmp_path: Path) -> None:
+    template = tmp_path / "hides.jinja"
+    template.write_text(
+        "{% for m in messages %}<|{{ m.role }}|>{% if m.role != 'assistant' %}{{ m.content }}{% endif %}\n"
+        "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    encoder = Encoder(None, str(template), EncodeOptions())
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    result = encoder.encode_batch([Sample("chat", messages=messages)])[0]
+    assert isinstance(result, RecordError) and result.reason == "template_spans_not_found"
+    assert "use a chat template with {% generation %} blocks" in result.detail
