@@ -347,3 +347,54 @@ def test_a_template_that_hides_answers_is_reported(tmp_path: Path) -> None:
     result = encoder.encode_batch([Sample("chat", messages=messages)])[0]
     assert isinstance(result, RecordError) and result.reason == "template_spans_not_found"
     assert "use a chat template with {% generation %} blocks" in result.detail
+
+
+def test_pack_cli_with_template_kwargs_tools_and_warning(tmp_path: Path, pack: Any) -> None:
+    """End to end: --template-kwarg and a record's tools reach the template, key the cache, and the warning shows."""
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    from .conftest import write_jsonl
+
+    qwen3 = str(TRL_TEMPLATES / "qwen3.jinja")
+    records = [{"messages": _tool_conversation(), "tools": [WEATHER_TOOL]}]
+    records += [
+        {"messages": [{"role": "user", "content": f"Question {i}?"}, {"role": "assistant", "content": "Yes."}]}
+        for i in range(5)
+    ]
+    data = write_jsonl(tmp_path / "chat.jsonl", records)
+    first = pack(data, "--max-len", 2048, "-o", tmp_path / "a", "--chat-template", qwen3, "--json")
+    summary = json.loads(first.stdout)
+    assert summary["packed"] == 6 and summary["cache"] == "miss"
+    assert summary["warnings"] and "not single tokens" in summary["warnings"][0]
+    assert "Warning: the chat template's role markers" in first.stderr
+    off = pack(
+        data, "--max-len", 2048, "-o", tmp_path / "b", "--chat-template", qwen3, "--json",
+        "--template-kwarg", "enable_thinking=false",
+    )  # fmt: skip
+    assert json.loads(off.stdout)["cache"] == "miss"  # the keyword arguments are part of the cache key
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert manifest["tokenizer"]["chat_template_kwargs"] == {"enable_thinking": False}
+    assert manifest["options"]["template_kwargs"] == {"enable_thinking": False}
+    tokenizer = AutoTokenizer.from_pretrained(default_tokenizer_dir())
+    template = Path(qwen3).read_text(encoding="utf-8")
+    rows = pq.read_table(next((tmp_path / "b").glob("shard-*.parquet"))).to_pylist()
+    by_index = {}
+    for row in rows:
+        at = 0
+        for n, k in zip(row["seq_lengths"], row["sample_index"], strict=True):
+            by_index[k] = row["input_ids"][at : at + n]
+            at += n
+    for k, record in enumerate(records):
+        expected = tokenizer.apply_chat_template(
+            record["messages"], tools=record.get("tools"), chat_template=template, tokenize=True,
+            return_dict=True, enable_thinking=False,
+        )["input_ids"]  # fmt: skip
+        assert by_index[k] == list(expected)
+    again = pack(
+        data, "--max-len", 2048, "-o", tmp_path / "c", "--chat-template", qwen3, "--json",
+        "--template-kwarg", "enable_thinking=false",
+    )  # fmt: skip
+    assert json.loads(again.stdout)["cache"] == "hit"
+    bad = pack(data, "-o", tmp_path / "d", "--template-kwarg", "enable_thinking", expect=2)
+    assert "--template-kwarg takes KEY=VALUE" in bad.stderr
