@@ -1,3 +1,41 @@
-"""packcli: turn raw fine-tuning data into packed, trainer-ready shards."""
+"""packcli: turn raw fine-tuning data into packed, trainer-ready shards.
+
+The library: :func:`pack`, :func:`stats`, :func:`verify` and :func:`inspect_row` (see docs/api.md);
+``packcli`` on the command line is one client of it. Names load on first use, so that importing
+packcli (and ``packcli --help``) stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "InputError",
+    "OutputError",
+    "PackResult",
+    "PackcliError",
+    "TokenizerError",
+    "UsageError",
+    "__version__",
+    "inspect_row",
+    "pack",
+    "stats",
+    "verify",
+]
+
+_API = {"pack", "stats", "verify", "inspect_row", "PackResult"}
+_ERRORS = {"PackcliError", "UsageError", "InputError", "OutputError", "TokenizerError"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        from packcli import api
+
+        return getattr(api, name)
+    if name in _ERRORS:
+        from packcli import errors
+
+        return getattr(errors, name)
+    raise AttributeError(f"module 'packcli' has no attribute {name!r}")

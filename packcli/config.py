@@ -71,6 +71,8 @@ class PackConfig:
             value = getattr(self, name)
             if not low <= value <= 1 << 30:
                 raise UsageError(f"--{name.replace('_', '-')} must be between {low} and {1 << 30}, not {value}")
+        # Fields not named keep their default names, for callers that rename only some (the library).
+        object.__setattr__(self, "fields", {**DEFAULT_FIELDS, **self.fields})
         unknown = set(self.fields) - set(DEFAULT_FIELDS)
         if unknown:
             raise UsageError(f"unknown field name(s) {', '.join(sorted(unknown))}; known: {', '.join(DEFAULT_FIELDS)}")

@@ -51,6 +51,11 @@ def request_stop() -> None:
     _STOP.set()
 
 
+def reset_stop() -> None:
+    """Forget an earlier stop request, so that a new run in the same process (a library call) runs."""
+    _STOP.clear()
+
+
 def raise_if_stopped() -> None:
     """Raise KeyboardInterrupt if a stop was requested: long loops call this between steps.
 

@@ -102,7 +102,7 @@ def stats(
     from packcli import console
     from packcli.config import PackConfig
     from packcli.errors import UsageError
-    from packcli.stats import is_packed_output, output_stats, parse_max_lens, raw_stats
+    from packcli.report.stats import is_packed_output, output_stats, parse_max_lens, raw_stats
 
     packed = [p for p in paths if is_packed_output(Path(p))]
     if packed and len(paths) > 1:
@@ -124,7 +124,7 @@ def stats(
     if batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, not {batch_size}")
     if plot is not None:
-        from packcli.stats import check_plot_path
+        from packcli.report.stats import check_plot_path
 
         check_plot_path(plot)
     if packed:
@@ -147,7 +147,7 @@ def stats(
             )
             result = raw_stats(config, lens, batch_size=batch_size, progress=progress)
     if plot is not None:
-        from packcli.stats import plot_histograms, write_plot
+        from packcli.report.stats import plot_histograms, write_plot
 
         title = f"packcli stats: {result['directory'] if packed else ', '.join(result['inputs'])}"
         write_plot(plot, title, _plot_summary(result), plot_histograms(result))
@@ -328,7 +328,7 @@ def inspect(
 
     Examples: packcli inspect out/ --row 3 ; packcli inspect out/ --sample-index 120 --json
     """
-    from packcli.inspect_rows import inspect_row
+    from packcli.report.inspect import inspect_row
 
     result = inspect_row(out_dir, row=row, sample_index=sample_index, tokenizer=tokenizer)
     if not result.tokenizer_matches:
@@ -392,7 +392,7 @@ def verify(
     Exit code 0 when the output is whole, 1 with one line per problem on stderr.
     """
     from packcli import console
-    from packcli.verify import verify_output
+    from packcli.report.verify import verify_output
 
     with console.progress_bars(enabled=not (quiet or json_out)) as progress:
         report = verify_output(out_dir, progress)

@@ -479,7 +479,7 @@ def test_verify_catches_a_sample_in_two_shards(workdir: Path, tmp_path: Path) ->
 
 def test_row_checks_pass_a_large_well_formed_batch() -> None:
     """Two million tokens in one batch of the row checks: no failure found, every token counted."""
-    from packcli.verify import _check_batch, _Expect, _ShardTotals
+    from packcli.report.verify import _check_batch, _Expect, _ShardTotals
 
     rng = np.random.default_rng(0)
     n_rows, per_row, seg = 4000, 512, 64

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from packcli.report.stats import list_parts, shard_batches
 from packcli.shards import IGNORE_INDEX, MANIFEST, SHARD_SCHEMA, file_sha256, read_manifest
-from packcli.stats import list_parts, shard_batches
 
 Progress = Callable[[str, int, int | None], None]
 SHARD_FILE = re.compile(r"^shard-\d+-of-\d+\.(parquet|arrow)$")

@@ -1,0 +1,72 @@
+"""The library under the CLI: packcli.pack / stats / verify / inspect_row, and the example in docs/api.md."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import packcli
+from packcli.errors import request_stop
+
+from .conftest import make_conversations, read_rows
+
+ROOT = Path(__file__).parents[1]
+
+
+def test_the_docs_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks, "docs/api.md has no python example"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PACKCLI_CACHE", str(tmp_path / "cache"))
+    exec(compile(blocks[0], "docs/api.md", "exec"), {})
+    assert (tmp_path / "packed-api" / "manifest.json").exists()
+
+
+def test_pack_a_dataset_in_memory_and_records_twice(tmp_path: Path) -> None:
+    from datasets import Dataset
+
+    records = [{"messages": m} for m in make_conversations(40, seed=8)]
+    from_list = packcli.pack(records, max_len=1024, output=tmp_path / "a", cache_dir=tmp_path / "c", num_proc=1)
+    assert isinstance(from_list, packcli.PackResult)
+    assert from_list.packed == 40 and from_list.summary["cache"] == "miss"
+    again = packcli.pack(records, max_len=1024, output=tmp_path / "b", cache_dir=tmp_path / "c", num_proc=1)
+    assert again.summary["cache"] == "hit"  # in-memory inputs are content-addressed
+    from_dataset = packcli.pack(
+        Dataset.from_list(records), max_len=1024, output=tmp_path / "d", cache_dir=tmp_path / "c", num_proc=1
+    )
+    assert from_dataset.packed == 40 and from_dataset.tokens == from_list.tokens
+    assert read_rows(tmp_path / "d") == read_rows(tmp_path / "a")  # the same shards either way
+    assert len(from_list.dataset()) == from_list.rows
+    assert packcli.verify(from_list.output).ok
+    stats = packcli.stats(records, max_len=[512, 1024], cache_dir=tmp_path / "c", num_proc=1)
+    assert [x["max_len"] for x in stats["max_lens"]] == [512, 1024] and stats["cache"] == "hit"
+    assert packcli.stats(from_list.output)["rows"] == from_list.rows
+
+
+def test_partial_field_renames_and_errors_in_api_terms(tmp_path: Path) -> None:
+    records = [{"dialog": m} for m in make_conversations(10, seed=9)]
+    result = packcli.pack(records, max_len=1024, output=tmp_path / "a", fields={"messages": "dialog"}, cache=False)
+    assert result.packed == 10
+    with pytest.raises(packcli.UsageError, match=r"^max_len must be between 2 and"):
+        packcli.pack(records, max_len=1, output=tmp_path / "b", cache=False)
+    with pytest.raises(packcli.UsageError, match="list of records"):
+        packcli.pack([1, 2, 3], output=tmp_path / "c", cache=False)
+
+
+
+def test_a_run_after_a_stop_runs(tmp_path: Path) -> None:
+    request_stop()  # as a signal handler would, in an earlier run of this process
+    records: list[dict[str, Any]] = [{"text": "packing saves compute " * 5} for _ in range(4)]
+    assert packcli.pack(records, max_len=256, output=tmp_path / "a", cache=False).packed == 4
+
+
+def test_public_names() -> None:
+    assert set(packcli.__all__) >= {"pack", "stats", "verify", "inspect_row", "PackResult", "PackcliError"}
+    for name in packcli.__all__:
+        assert getattr(packcli, name) is not None
+    with pytest.raises(AttributeError):
+        packcli.no_such_name  # noqa: B018
