@@ -1,0 +1,168 @@
+"""The stages under the pipeline, tested directly: sources, formats, the token store and shards."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from packcli.cache import TokenStoreWriter, find_store
+from packcli.errors import InputError, RecordError
+from packcli.formats import DEFAULT_FIELDS, detect_format, normalize
+from packcli.shards import SHARD_SCHEMA, build_rows, read_shard, write_shard
+from packcli.sources import read_batches, resolve_inputs
+
+from .conftest import write_jsonl
+
+# -- sources -----------------------------------------------------------------------------------------
+
+
+def test_sources_sorted_deduplicated_and_numbered(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "b.jsonl", [{"text": "b1"}, {"text": "b2"}])
+    write_jsonl(tmp_path / "a.jsonl", [{"text": "a1"}])
+    (tmp_path / "notes.txt").write_text("not an input")
+    sources = resolve_inputs([str(tmp_path / "b.jsonl"), str(tmp_path)])
+    assert [Path(s.path).name for s in sources] == ["a.jsonl", "b.jsonl"]  # sorted, named twice: read once
+    batches = list(read_batches(sources, batch_size=1))
+    assert [(Path(b.source).name, b.first_index, b.positions) for b in batches] == [
+        ("a.jsonl", 0, [1]),
+        ("b.jsonl", 1, [1]),
+        ("b.jsonl", 2, [2]),
+    ]
+    assert all(b.raw_lines and isinstance(b.items[0], bytes) for b in batches)  # decoded in the workers
+
+
+def test_sources_refuse_what_is_not_there(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="no such file or directory"):
+        resolve_inputs([str(tmp_path / "missing.jsonl")])
+    with pytest.raises(InputError, match="the pattern matches no file"):
+        resolve_inputs([str(tmp_path / "*.parquet")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="holds no"):
+        resolve_inputs([str(tmp_path / "empty")])
+
+
+def test_blank_lines_keep_line_numbers(tmp_path: Path) -> None:
+    path = tmp_path / "gaps.jsonl"
+    path.write_text('{"text": "one"}\n\n\n{"text": "four"}\n')
+    (batch,) = read_batches(resolve_inputs([str(path)]))
+    assert batch.positions == [1, 4] and len(batch.items) == 2
+
+
+# -- formats -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        ({"messages": []}, "messages"),
+        ({"conversations": []}, "conversations"),
+        ({"prompt": "p", "completion": "c"}, "prompt_completion"),
+        ({"instruction": "i", "output": "o"}, "alpaca"),
+        ({"input_ids": [1]}, "tokenized"),
+        ({"text": "t"}, "text"),
+        ({"other": 1}, None),
+        ([1, 2], None),
+    ],
+)
+def test_detect_format(record: object, expected: str | None) -> None:
+    assert detect_format(record, DEFAULT_FIELDS) == expected
+
+
+def test_normalize_maps_sharegpt_and_keeps_template_extras() -> None:
+    record = {
+        "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello", "weight": 1}],
+        "tools": [{"type": "function", "function": {"name": "f"}}],
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    sample = normalize(record, "conversations", DEFAULT_FIELDS)
+    assert sample.messages == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello", "weight": 1},
+    ]
+    assert sample.tools == record["tools"] and sample.template_kwargs == {"enable_thinking": False}
+    alpaca = normalize({"instruction": "Add", "input": "1 and 2", "output": "3"}, "alpaca", DEFAULT_FIELDS)
+    assert alpaca.messages == [
+        {"role": "user", "content": "Add\n\n1 and 2"},
+        {"role": "assistant", "content": "3"},
+    ]
+    assert alpaca.prompt_len == 1
+
+
+@pytest.mark.parametrize(
+    ("record", "fmt", "reason"),
+    [
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages", "unknown_role"),
+        ({"messages": "not json"}, "messages", "wrong_type"),
+        ({"text": 5}, "text", "wrong_type"),
+        ({"input_ids": [1, 2], "labels": [1]}, "tokenized", "length_mismatch"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": {"a": 1}}, "messages", "wrong_type"),
+        ({"prompt": "p"}, "prompt_completion", "missing_field"),
+    ],
+)
+def test_normalize_names_what_is_wrong(record: dict, fmt: str, reason: str) -> None:
+    with pytest.raises(RecordError) as info:
+        normalize(record, fmt, DEFAULT_FIELDS)
+    assert info.value.reason == reason
+
+
+# -- the token store ---------------------------------------------------------------------------------
+
+
+def test_token_store_round_trip(tmp_path: Path) -> None:
+    writer = TokenStoreWriter(tmp_path / "store")
+    rng = np.random.default_rng(0)
+    lengths = np.array([3, 5, 2], dtype=np.int32)
+    ids = rng.integers(0, 1000, int(lengths.sum())).astype(np.int32)
+    labels = np.where(rng.random(len(ids)) < 0.5, ids, -100).astype(np.int32)
+    writer.add(
+        np.array([0, 2, 3], dtype=np.int64), lengths, ids, labels, np.array([1, 2, 1], np.int32),
+        np.array([1, 0, 1], np.int32), np.array([1, 3, 4], np.int32),
+    )  # fmt: skip
+    store = writer.finish({"records_read": 4, "dropped": {"empty": 1}})
+    again = find_store(tmp_path / "store")
+    assert again is not None and again.meta["records_read"] == 4
+    assert again.sample_index.tolist() == [0, 2, 3] and again.lengths.tolist() == [3, 5, 2]
+    with store.open_tokens() as reader:
+        got_ids, got_labels = reader.gather(store.starts[[2, 0]], store.lengths[[2, 0]])
+    assert got_ids.tolist() == ids[8:10].tolist() + ids[0:3].tolist()
+    assert got_labels.tolist() == labels[8:10].tolist() + labels[0:3].tolist()
+    assert not list(tmp_path.glob(".tmp-*"))  # the staging directory became the store
+
+
+def test_an_unfinished_store_is_not_found(tmp_path: Path) -> None:
+    writer = TokenStoreWriter(tmp_path / "store")
+    writer.add(np.array([0]), np.array([2], np.int32), np.array([1, 2], np.int32), np.array([-100, 2], np.int32),
+               np.array([1], np.int32), np.array([1], np.int32), np.array([1], np.int32))  # fmt: skip
+    writer.abort()
+    assert find_store(tmp_path / "store") is None and not any(tmp_path.iterdir())
+
+
+# -- shards ------------------------------------------------------------------------------------------
+
+
+def test_build_rows_positions_restart_and_padding_is_its_own_segment() -> None:
+    ids = np.arange(10, 17, dtype=np.int32)
+    labels = ids.copy()
+    table = build_rows(ids, labels, np.array([3, 2, 2]), np.array([2, 1]), np.array([5, 7, 9]), pad_to=6, pad_id=0)
+    rows = table.to_pylist()
+    assert rows[0]["input_ids"] == [10, 11, 12, 13, 14, 0] and rows[0]["position_ids"] == [0, 1, 2, 0, 1, 0]
+    assert rows[0]["seq_lengths"] == [3, 2, 1] and rows[0]["sample_index"] == [5, 7, -1]
+    assert rows[1]["labels"] == [15, 16, -100, -100, -100, -100] and rows[1]["position_ids"] == [0, 1, 0, 1, 2, 3]
+    assert table.schema == SHARD_SCHEMA
+
+
+@pytest.mark.parametrize("output_format", ["parquet", "arrow"])
+def test_write_and_read_a_shard(tmp_path: Path, output_format: str) -> None:
+    table = build_rows(np.arange(6, dtype=np.int32), np.arange(6, dtype=np.int32), np.array([2, 4]), np.array([1, 1]),
+                       np.array([0, 1]))  # fmt: skip
+    path = tmp_path / f"shard{'.parquet' if output_format == 'parquet' else '.arrow'}"
+    entry = write_shard([table.slice(0, 1), table.slice(1, 1)], path, output_format)
+    assert entry["rows"] == 2 and entry["tokens"] == 6 and len(entry["sha256"]) == 64
+    back = read_shard(path)
+    assert back.to_pylist() == table.to_pylist() and back.schema == SHARD_SCHEMA
+    assert json.dumps(entry)  # manifest entries are plain JSON
+    assert isinstance(back, pa.Table)
