@@ -40,7 +40,7 @@ EMPTY_THINK = "<think>\n\n</think>\n\n"
 TWIN_RENDERS_OTHERWISE = {"qwen3", "qwen3_5_think", "qwen3_5_nothink", "qwen3_6"}
 # The twin moves the next role's marker into the answer, so its tokens differ from the original's.
 TWIN_NOT_COMPARABLE = {"glm4moe"}
-N_CONVERSATIONS = 200
+N_CONVERSATIONS = 300
 _MARKER_RE = re.compile(
     r"<\|[^<>|\s]{1,40}\|>|<｜[^<>\s]{1,40}｜>|<[a-z_]+\|>|<\|[a-z_\"]+>|\[/?[A-Z_]{2,20}\]|</?[a-z_]{3,20}>"
 )
@@ -57,9 +57,11 @@ def _corpus_module() -> Any:
 
 @pytest.fixture(scope="module")
 def conversations() -> list[list[dict[str, str]]]:
-    """Multi-turn chat (system turns, markdown, code, non-ASCII) from the benchmark corpus generator."""
+    """Multi-turn chat (2 to 12 answers; system turns, markdown, code, non-ASCII) from the corpus generator."""
     corpus = _corpus_module()
-    return [corpus.make_conversation(7, i, 140, 0.6)["messages"] for i in range(N_CONVERSATIONS)]
+    pool = (corpus.make_conversation(7, i, 150, 0.6)["messages"] for i in range(10 * N_CONVERSATIONS))
+    multi_turn = (m for m in pool if sum(x["role"] == "assistant" for x in m) >= 2)
+    return [m for m, _ in zip(multi_turn, range(N_CONVERSATIONS), strict=False)]
 
 
 @pytest.fixture(scope="module")
