@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from packcli.errors import OutputError
+from packcli.shard_formats import FORMATS, shard_format
 
 IGNORE_INDEX = -100
 MANIFEST = "manifest.json"
@@ -31,7 +32,7 @@ SHARD_SCHEMA = pa.schema(
         ("sample_index", pa.list_(pa.int64())),
     ]
 )
-EXTENSIONS = {"parquet": ".parquet", "arrow": ".arrow"}
+EXTENSIONS = {name: f.extension for name, f in FORMATS.items()}
 
 
 def build_rows(
@@ -151,25 +152,14 @@ def write_shard(tables: Iterable[pa.Table], path: Path, output_format: str) -> d
     Row groups are written as they come, so memory holds one row group whatever the shard size.
     """
     rows = tokens = 0
-    if output_format == "parquet":
-        import pyarrow.parquet as pq
-
-        writer: Any = pq.ParquetWriter(str(path), SHARD_SCHEMA, compression="zstd", use_dictionary=False)
-    else:
-        sink = pa.OSFile(str(path), "wb")
-        writer = pa.ipc.new_stream(sink, SHARD_SCHEMA)
+    writer = shard_format(output_format).writer(path, SHARD_SCHEMA)
     try:
         for table in tables:
             rows += table.num_rows
             tokens += len(table.column("input_ids").combine_chunks().flatten())
-            if output_format == "parquet":
-                writer.write_table(table, row_group_size=max(table.num_rows, 1))
-            else:
-                writer.write_table(table)
+            writer.write(table)
     finally:
         writer.close()
-        if output_format != "parquet":
-            sink.close()
     return {"file": path.name, "rows": rows, "tokens": tokens, "sha256": file_sha256(path)}
 
 
@@ -249,10 +239,7 @@ def read_manifest(directory: Path) -> dict[str, Any]:
 
 
 def read_shard(path: Path) -> pa.Table:
-    """Read one shard, Parquet or Arrow stream, as a table."""
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
+    """Read one shard, in whatever registered format it is, as a table."""
+    from packcli.shard_formats import read_shard as read
 
-        return pq.read_table(str(path))
-    with pa.memory_map(str(path)) as source:
-        return pa.ipc.open_stream(source).read_all()
+    return read(path)

@@ -166,3 +166,44 @@ def test_write_and_read_a_shard(tmp_path: Path, output_format: str) -> None:
     assert back.to_pylist() == table.to_pylist() and back.schema == SHARD_SCHEMA
     assert json.dumps(entry)  # manifest entries are plain JSON
     assert isinstance(back, pa.Table)
+
+
+def test_a_new_shard_format_is_one_class(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registry is the only place that knows formats: a registered format is written and read back."""
+    import pyarrow.feather as feather
+
+    from packcli import shard_formats
+
+    class Feather(shard_formats.ArrowStreamFormat):
+        name = "feather"
+        extension = ".feather"
+
+        def writer(self, path: Path, schema: pa.Schema) -> shard_formats.ShardWriter:
+            tables: list[pa.Table] = []
+
+            class _Writer:
+                def write(self, table: pa.Table) -> None:
+                    tables.append(table)
+
+                def close(self) -> None:
+                    feather.write_feather(pa.concat_tables(tables) if tables else schema.empty_table(), str(path))
+
+            return _Writer()
+
+        def batches(self, path: Path, columns: object, batch_rows: int):  # type: ignore[override]
+            yield from feather.read_table(str(path)).to_batches(batch_rows)
+
+        def schema(self, path: Path) -> pa.Schema:
+            return feather.read_table(str(path)).schema
+
+        def read(self, path: Path) -> pa.Table:
+            return feather.read_table(str(path))
+
+    fmt = Feather()
+    monkeypatch.setitem(shard_formats.FORMATS, fmt.name, fmt)
+    monkeypatch.setitem(shard_formats._BY_EXTENSION, fmt.extension, fmt)
+    table = build_rows(np.arange(4, dtype=np.int32), np.arange(4, dtype=np.int32), np.array([4]), np.array([1]),
+                       np.array([0]))  # fmt: skip
+    entry = write_shard([table], tmp_path / "s.feather", "feather")
+    assert entry["rows"] == 1 and read_shard(tmp_path / "s.feather").to_pylist() == table.to_pylist()
+    assert [b.num_rows for b in shard_formats.shard_batches(tmp_path / "s.feather")] == [1]

@@ -16,7 +16,8 @@ import numpy as np
 import pyarrow as pa
 
 from packcli.errors import InputError, OutputError, TokenizerError, UsageError
-from packcli.report.stats import list_parts, shard_batches
+from packcli.report.stats import list_parts
+from packcli.shard_formats import shard_batches
 from packcli.shards import IGNORE_INDEX, read_manifest
 
 

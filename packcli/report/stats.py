@@ -13,7 +13,7 @@ import importlib.util
 import math
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from packcli import packing
 from packcli.errors import OutputError, UsageError
+from packcli.shard_formats import shard_batches
 from packcli.shards import IGNORE_INDEX, MANIFEST, read_manifest
 from packcli.tokenize import DEFAULT_TOKENIZER
 
@@ -31,33 +32,10 @@ from packcli.tokenize import DEFAULT_TOKENIZER
 # packed rows are; a uniform 10% grid would put nearly every row in one bin.
 FILL_EDGES_PERCENT = (0, 50, 75, 90, 95, 98, 99, 100)
 LENGTH_BINS_TARGET = 24
-READ_BATCH_ROWS = 1024
 PLOT_SUFFIXES = (".html", ".htm", ".png")
 
 
 # -- reading shards --------------------------------------------------------------------------------
-
-
-def shard_batches(
-    path: Path, columns: Sequence[str] | None = None, batch_rows: int = READ_BATCH_ROWS
-) -> Iterator[pa.RecordBatch]:
-    """Yield the rows of one shard (Parquet or Arrow stream) as record batches of at most ``batch_rows``.
-
-    Only one batch is decoded at a time, so memory does not grow with the shard. Raises OSError or
-    pyarrow.ArrowException for a file that cannot be read.
-    """
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        with pq.ParquetFile(str(path)) as parquet:
-            yield from parquet.iter_batches(batch_size=batch_rows, columns=list(columns) if columns else None)
-        return
-    with pa.memory_map(str(path)) as source:
-        for batch in pa.ipc.open_stream(source):
-            if columns:
-                batch = batch.select(list(columns))
-            for start in range(0, batch.num_rows, batch_rows):
-                yield batch.slice(start, batch_rows)
 
 
 def list_parts(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:

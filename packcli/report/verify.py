@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packcli.report.stats import list_parts, shard_batches
+from packcli.report.stats import list_parts
+from packcli.shard_formats import shard_batches, shard_schema
 from packcli.shards import IGNORE_INDEX, MANIFEST, SHARD_SCHEMA, file_sha256, read_manifest
 
 Progress = Callable[[str, int, int | None], None]
@@ -172,7 +173,7 @@ def _check_shard(
         problems.append(Problem(name, "sha256 differs from manifest.json: the file was changed or is damaged"))
     totals = _ShardTotals()
     try:
-        schema = _schema(path)
+        schema = shard_schema(path)
         missing = [f.name for f in SHARD_SCHEMA if f.name not in schema.names]
         if missing:
             problems.append(Problem(name, f"lacks the column(s) {', '.join(missing)}"))
@@ -208,15 +209,6 @@ def _singular(message: str) -> str:
         if message.startswith(plural):
             return singular + message[len(plural) :]
     return message
-
-
-def _schema(path: Path) -> pa.Schema:
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_schema(str(path))
-    with pa.memory_map(str(path)) as source:
-        return pa.ipc.open_stream(source).schema
 
 
 def _check_batch(batch: pa.RecordBatch, first_row: int, expect: _Expect, totals: _ShardTotals) -> None:
