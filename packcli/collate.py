@@ -33,7 +33,8 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 
-IGNORE_INDEX = -100
+from packcli.contract import IGNORE_INDEX
+
 Mode = Literal["flatten", "padded"]
 MODES: tuple[str, ...] = ("flatten", "padded")
 

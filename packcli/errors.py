@@ -46,6 +46,14 @@ class RecordError(Exception):
         self.detail = detail
 
 
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """Return the first line of an exception's message (its type name when it has none), at most ``limit`` long.
+
+    Third-party errors (transformers, Jinja, Arrow) can be many lines long; packcli's messages are one.
+    """
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]
+
+
 def request_stop() -> None:
     """Ask the running pack to stop at its next safe point (called from a signal handler)."""
     _STOP.set()

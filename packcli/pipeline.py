@@ -22,6 +22,7 @@ import numpy as np
 from packcli import __version__, packing
 from packcli.cache import TokenReader, TokenStore, TokenStoreWriter, cache_key, default_cache_dir, find_store
 from packcli.config import PackConfig
+from packcli.contract import Progress, no_progress
 from packcli.errors import InputError, OutputError, RecordError, UsageError, raise_if_stopped
 from packcli.formats import detect_format, normalize
 from packcli.shards import (
@@ -35,8 +36,6 @@ from packcli.shards import (
 )
 from packcli.sources import InputSource, RawBatch, count_records, fingerprint, read_batches, resolve_inputs
 from packcli.tokenize import EncodeOptions, Encoder, tokenizer_fingerprint
-
-Progress = Callable[[str, int, int | None], None]
 
 # Reasons a record is left out by policy: always counted, never an error. Every other reason is bad
 # data, which stops the run unless --on-error skip.
@@ -60,10 +59,6 @@ REJECT_RECORD_CHARS = 100_000
 def encode_options(config: PackConfig) -> EncodeOptions:
     """Return the options that decide a sample's tokens and labels."""
     return EncodeOptions(config.train_on, config.add_eos, EncodeOptions.kwargs_items(config.template_kwargs))
-
-
-def _no_progress(stage: str, advance: int, total: int | None) -> None:
-    return None
 
 
 @dataclass
@@ -445,7 +440,7 @@ def row_group_tables(
     rows: np.ndarray,
     config: PackConfig,
     pad_id: int,
-    progress: Progress = _no_progress,
+    progress: Progress = no_progress,
 ) -> Iterator[Any]:
     """Yield the planned rows ``rows`` (row ids, in write order) as tables of at most ROW_GROUP_ROWS rows."""
     counts = np.diff(plan.row_start)
@@ -472,7 +467,7 @@ def row_group_tables(
         raise_if_stopped()
 
 
-def _write_one_shard(s: int, progress: Progress = _no_progress) -> dict[str, Any]:
+def _write_one_shard(s: int, progress: Progress = no_progress) -> dict[str, Any]:
     config: PackConfig = _WRITE["config"]
     per = config.rows_per_shard
     path = _WRITE["staged"] / shard_name(s, _WRITE["n_shards"], config.output_format)
@@ -546,7 +541,7 @@ def tokenized_inputs(
     under ``scratch`` (a temporary directory when None) and removed afterwards. A cache hit loads no
     tokenizer: the key hashes the tokenizer's files and the template when they are local.
     """
-    progress = progress or _no_progress
+    progress = progress or no_progress
     sources = resolve_inputs(list(config.inputs), config.split)
     formats: dict[str, str | None] = {}
     for source in sources:
@@ -605,7 +600,7 @@ def tokenized_inputs(
 
 def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, Any]:
     """Run ``packcli pack`` and return its summary (also written into the manifest)."""
-    progress = progress or _no_progress
+    progress = progress or no_progress
     started = time.perf_counter()
     engine = load_engine(config)
     # A filesystem URI (s3://, gs://, file://) has no rename: shards are written in place and the

@@ -18,20 +18,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from packcli.contract import IGNORE_INDEX, MANIFEST, SHARD_SCHEMA
 from packcli.errors import OutputError
 from packcli.shard_formats import FORMATS, shard_format
 
-IGNORE_INDEX = -100
-MANIFEST = "manifest.json"
-SHARD_SCHEMA = pa.schema(
-    [
-        ("input_ids", pa.list_(pa.int32())),
-        ("labels", pa.list_(pa.int32())),
-        ("position_ids", pa.list_(pa.int32())),
-        ("seq_lengths", pa.list_(pa.int32())),
-        ("sample_index", pa.list_(pa.int64())),
-    ]
-)
 EXTENSIONS = {name: f.extension for name, f in FORMATS.items()}
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from packcli.errors import RecordError
+from packcli.errors import RecordError, first_line
 
 # Inserted between characters to perturb a message: a private-use code point, which no tokenizer
 # vocabulary or template literal contains in practice.
@@ -238,7 +238,7 @@ def _body(render: Render, messages: list[dict[str, Any]], full: str, i: int) -> 
         try:
             other = render(changed, False)
         except Exception as exc:  # the template may reject the perturbed text (raise_exception)
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+            first = first_line(exc, limit=160)
             raise _not_found(i, f"the template rejects it with other text ({first})") from exc
         if other != full:
             head = _common_prefix(full, other)

