@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packcli.contract import Progress
 from packcli.errors import PackcliError, UsageError, reset_stop
 
 
@@ -82,7 +83,6 @@ def pack(
     """
     from packcli.config import PackConfig
     from packcli.formats import DEFAULT_FIELDS
-    from packcli.pipeline import run_pack
 
     reset_stop()
     with _as_paths(inputs, _memory_root(options, cache_dir)) as paths, _api_terms():
@@ -96,7 +96,17 @@ def pack(
             cache_dir=str(cache_dir) if cache_dir is not None else None,
             **options,
         )
-        summary = run_pack(config)
+        return run(config)
+
+
+def run(config: Any, progress: Progress | None = None) -> PackResult:
+    """Run a pack from a complete ``PackConfig`` (what the command line builds); return what was done.
+
+    Errors keep the core's wording (flags), for clients that speak flags; :func:`pack` renames them.
+    """
+    from packcli.pipeline import run_pack
+
+    summary = run_pack(config, progress)
     return PackResult(
         output=None if config.dry_run else Path(config.output),
         records_read=summary["records_read"],

