@@ -20,7 +20,15 @@ from typing import Any
 import numpy as np
 
 from packcli import __version__, packing
-from packcli.cache import TokenReader, TokenStore, TokenStoreWriter, cache_key, default_cache_dir, find_store
+from packcli.cache import (
+    DamagedStore,
+    TokenReader,
+    TokenStore,
+    TokenStoreWriter,
+    cache_key,
+    default_cache_dir,
+    find_store,
+)
 from packcli.config import PackConfig
 from packcli.errors import InputError, OutputError, RecordError, UsageError, raise_if_stopped
 from packcli.formats import detect_format, normalize
@@ -269,7 +277,8 @@ def tokenize_to_store(
     """
     map_ordered = map_ordered or _map_ordered
     _STATE.update(encoder=encoder, fields=config.fields)
-    writer = TokenStoreWriter(store_path)
+    fix = _store_fix(config)
+    writer = TokenStoreWriter(store_path, fix)
     counts: Counter[str] = Counter()
     records = 0
     rejects_path = writer.tmp / "rejects.jsonl"
@@ -278,7 +287,7 @@ def tokenize_to_store(
     counted = [count_records(s) for s in sources]
     total = None if None in counted else sum(counted)  # type: ignore[arg-type]
     try:
-        with open(rejects_path, "w", encoding="utf-8") as rejects_file:
+        with _open_for_writing(rejects_path, store_path, fix) as rejects_file:
             jobs = ((batch, formats[batch.source]) for batch in read_batches(sources, BATCH_SIZE))
             for result in map_ordered(_tokenize_batch, jobs, config.num_proc):
                 records += result.n_records
@@ -291,7 +300,7 @@ def tokenize_to_store(
                             f"{where}: {reject['detail']}; fix the record, or pass --on-error skip to skip bad records"
                         )
                     counts[reject["reason"]] += 1
-                    rejects_file.write(json.dumps(reject, ensure_ascii=False) + "\n")
+                    _write_line(rejects_file, json.dumps(reject, ensure_ascii=False), store_path, fix)
                 writer.add(
                     result.sample_index,
                     result.lengths,
@@ -325,6 +334,33 @@ def tokenize_to_store(
         raise
     finally:
         _STATE.clear()
+
+
+def _store_fix(config: PackConfig) -> str:
+    """What to do when the token store cannot be written: it is the cache, or scratch space."""
+    if config.cache:
+        return "choose a writable --cache-dir with free space, or pass --no-cache"
+    return "free disk space or choose another -o"
+
+
+@contextlib.contextmanager
+def _open_for_writing(path: Path, store_path: Path, fix: str) -> Iterator[Any]:
+    try:
+        fh = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise OutputError(f"{store_path.parent}: cannot write the token store ({exc.strerror or exc}); {fix}") from exc
+    try:
+        yield fh
+    finally:
+        with contextlib.suppress(OSError):  # a failed flush was reported by the write that failed
+            fh.close()
+
+
+def _write_line(fh: Any, line: str, store_path: Path, fix: str) -> None:
+    try:
+        fh.write(line + "\n")
+    except OSError as exc:
+        raise OutputError(f"{store_path.parent}: cannot write the token store ({exc.strerror or exc}); {fix}") from exc
 
 
 # -- stage 2 and 3: plan and write ----------------------------------------------------------------
@@ -528,12 +564,13 @@ class TokenizedInputs:
     """The inputs, tokenized: the token store and what the manifest says about how it was made."""
 
     store: TokenStore
-    cache: str  # hit | miss | off
+    cache: str  # hit | miss | off | rebuilt (the entry found was damaged)
     sources: list[InputSource]
     fingerprints: list[str]
     formats: dict[str, str | None]
     tokenizer: dict[str, Any]  # the tokenizer's identity
     pad_id: int
+    warnings: list[str] = field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -580,7 +617,7 @@ def tokenized_inputs(
             "version": __version__,
         }
     )
-    store = find_store(cache_root / key) if config.cache else None
+    store, state, warnings = _cached_store(cache_root / key) if config.cache else (None, "off", [])
     with contextlib.ExitStack() as stack:
         if store is None:
             if encoder is None:
@@ -594,13 +631,26 @@ def tokenized_inputs(
             store = load_engine(config).tokenize_to_store(config, sources, formats, encoder, store_path, progress)
         yield TokenizedInputs(
             store=store,
-            cache="off" if not config.cache else ("miss" if encoder is not None else "hit"),
+            cache=state,
             sources=sources,
             fingerprints=fingerprints,
             formats=formats,
             tokenizer=store.meta["tokenizer"],
             pad_id=store.meta["pad_id"],
+            warnings=warnings,
         )
+
+
+def _cached_store(path: Path) -> tuple[TokenStore | None, str, list[str]]:
+    """Return the checked cache entry at ``path`` (or None), the cache state, and warnings.
+
+    A damaged entry is never used: it is reported in one warning and made again (state "rebuilt").
+    """
+    try:
+        store = find_store(path)
+    except DamagedStore as exc:
+        return None, "rebuilt", [f"the cache entry is damaged ({exc}); it is rebuilt"]
+    return store, ("miss" if store is None else "hit"), []
 
 
 def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, Any]:
@@ -626,6 +676,7 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
             plan = make_plan(config, store)
             t2 = time.perf_counter()
             summary = _summary(config, store, plan, inputs.cache)
+            summary["warnings"] = [*inputs.warnings, *summary["warnings"]]
             if not config.dry_run:
                 shards = engine.write_output(
                     config, store, plan, staged.tmp if staged else None, progress, inputs.pad_id
@@ -634,7 +685,7 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
                     _write_rejects(Path(config.rejects), store, plan)
                 manifest = _manifest(config, inputs, summary, shards)
         if staged is not None:
-            write_manifest(staged.tmp, manifest)
+            write_manifest(staged.tmp, manifest, Path(config.output))
             staged.commit()
         elif to_uri and not config.dry_run:
             engine.write_manifest_uri(config.output, manifest)

@@ -146,6 +146,8 @@ def stats(
                 dry_run=True,
             )
             result = raw_stats(config, lens, batch_size=batch_size, progress=progress)
+        for message in result.get("warnings", []):
+            console.warning(message)
     if plot is not None:
         from packcli.stats import plot_histograms, write_plot
 

@@ -227,11 +227,19 @@ def check_output_dir(output: Path, overwrite: bool) -> None:
         raise UsageError(f"{output}: the output directory is not empty; pass --overwrite or choose another -o")
 
 
-def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
+def write_manifest(directory: Path, manifest: dict[str, Any], output: Path | None = None) -> None:
+    """Write manifest.json into ``directory`` atomically; ``output`` is the path errors name."""
     path = directory / MANIFEST
     tmp = directory / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise OutputError(
+            f"{output or directory}: cannot write {MANIFEST} ({exc.strerror or exc}); "
+            "free disk space or choose another -o"
+        ) from exc
 
 
 # -- read side -------------------------------------------------------------------------------------

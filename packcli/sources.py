@@ -113,8 +113,10 @@ def _file_source(path: Path) -> InputSource:
 def fingerprint(source: InputSource, memo_path: Path | None = None) -> str:
     """Return a content hash of a source, for the tokenization cache and the manifest.
 
-    With ``memo_path``, a file's hash is remembered with its size, modification time and inode, and
-    not computed again while those stay the same (as git's index does).
+    With ``memo_path``, a file's hash is remembered with its size, modification time, inode and status
+    change time (ctime), and not computed again while all four stay the same (as git's index does).
+    ctime cannot be set back by a program (utime restores mtime only), so an edit in place that
+    restores size, mtime and inode still changes the stamp.
     """
     h = hashlib.blake2b(digest_size=16)
     if source.kind == "hub":
@@ -128,7 +130,7 @@ def fingerprint(source: InputSource, memo_path: Path | None = None) -> str:
     for f in files:
         st = f.stat()
         key = str(f.resolve())
-        stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
         if memo.get(key, {}).get("stat") != stamp:
             file_hash = hashlib.blake2b(digest_size=16)
             with open(f, "rb") as fh:

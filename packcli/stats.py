@@ -293,7 +293,7 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
     from packcli.pipeline import tokenized_inputs
 
     with tokenized_inputs(config, progress) as tokenized:
-        store, cache_state = tokenized.store, tokenized.cache
+        store, cache_state, warnings = tokenized.store, tokenized.cache, tokenized.warnings
         lengths = store.lengths.astype(np.int64)  # ascending sample_index: input order
         trainable = int(store.trainable.astype(np.int64).sum())
         meta = store.meta
@@ -314,6 +314,7 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
         "length_histogram": length_histogram(lengths, upper).to_dict(),
         "batch_size": batch_size,
         "max_lens": lines,
+        **({"warnings": warnings} if warnings else {}),
     }
 
 

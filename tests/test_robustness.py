@@ -1,0 +1,266 @@
+"""Issue 12, second half: the cache never lies, no record or option ends in a traceback, smaller gaps.
+
+Each test asserts the exit code, the exact one-line message, and that the user's files are untouched.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from packcli import cache as cache_mod
+
+from .conftest import make_conversations, write_jsonl
+
+GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}
+GOOD_LINE = json.dumps(GOOD)
+
+
+def digest(*paths: Path) -> dict[str, str]:
+    """sha256 of every file under the paths (files or directories), to prove nothing was touched."""
+    out = {}
+    for root in paths:
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        for f in files:
+            out[str(f)] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+def error_line(result: Any) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def shard_bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("shard-*"))}
+
+
+def entry_of(cache_dir: Path) -> Path:
+    [entry] = [p for p in cache_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    return entry
+
+
+def enospc(*args: Any, **kwargs: Any) -> Any:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+class FullFile:
+    """A file whose writes fail as on a full disk."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def write(self, data: Any) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def __enter__(self) -> FullFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._real.close()
+
+
+def full_open(name_suffix: str) -> Any:
+    """An ``open`` that returns a full-disk file for paths ending in ``name_suffix``."""
+
+    def fake(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        real = open(path, mode, *args, **kwargs)  # noqa: SIM115 - FullFile closes it
+        return FullFile(real) if "w" in mode and str(path).endswith(name_suffix) else real
+
+    return fake
+
+
+@pytest.fixture
+def chat(tmp_path: Path) -> Path:
+    return write_jsonl(
+        tmp_path / "chat.jsonl", [{"messages": m} for m in make_conversations(40, seed=3, max_turns=2, max_words=20)]
+    )
+
+
+# -- the cache never lies --------------------------------------------------------------------------
+
+
+def _flip_token(entry: Path) -> None:
+    with open(entry / "input_ids.bin", "r+b") as fh:
+        fh.seek(40)
+        byte = fh.read(1)
+        fh.seek(40)
+        fh.write(bytes([byte[0] ^ 0x01]))
+
+
+def _truncate(entry: Path) -> None:
+    os.truncate(entry / "labels.bin", 1000)
+
+
+def _drop_samples(entry: Path) -> None:
+    (entry / "samples.npz").unlink()
+
+
+def _meta_not_json(entry: Path) -> None:
+    (entry / "meta.json").write_text("{not json")
+
+
+def _meta_lacks_key(entry: Path) -> None:
+    meta = json.loads((entry / "meta.json").read_text())
+    del meta["pad_id"]
+    (entry / "meta.json").write_text(json.dumps(meta))
+
+
+def _meta_changed(entry: Path) -> None:
+    meta = json.loads((entry / "meta.json").read_text())
+    meta["records_read"] += 1
+    (entry / "meta.json").write_text(json.dumps(meta))
+
+
+DAMAGE = [
+    (_flip_token, "{entry}/input_ids.bin: sha256 differs from meta.json (changed bytes)"),
+    (_truncate, "{entry}/labels.bin: has 1000 bytes, meta.json says {labels_bytes}"),
+    (_drop_samples, "{entry}/samples.npz: is missing"),
+    (
+        _meta_not_json,
+        "{entry}: meta.json cannot be read (Expecting property name enclosed in double quotes: "
+        "line 1 column 2 (char 1))",
+    ),
+    (_meta_lacks_key, "{entry}: meta.json lacks pad_id"),
+    (_meta_changed, "{entry}: meta.json does not match its checksum"),
+]
+
+
+@pytest.mark.parametrize(("damage", "why"), DAMAGE, ids=[d[0].__name__.strip("_") for d in DAMAGE])
+def test_damaged_cache_entry_is_rebuilt_with_one_warning(
+    damage: Any, why: str, chat: Path, pack: Any, tmp_path: Path, cache_dir: Path
+) -> None:
+    first = json.loads(pack(chat, "--max-len", "96", "-o", tmp_path / "a", "--json", "-q").stdout)
+    assert first["cache"] == "miss"
+    expected = shard_bytes(tmp_path / "a")
+    entry = entry_of(cache_dir)
+    labels_bytes = (entry / "labels.bin").stat().st_size
+    damage(entry)
+    before = digest(chat)
+
+    result = pack(chat, "--max-len", "96", "-o", tmp_path / "b", "--json", "-q")
+    line = error_line(result)
+    assert (
+        line
+        == "Warning: the cache entry is damaged ("
+        + why.format(entry=entry, labels_bytes=labels_bytes)
+        + "); it is rebuilt"
+    )
+    summary = json.loads(result.stdout)
+    assert summary["cache"] == "rebuilt" and summary["warnings"] == [line.removeprefix("Warning: ")]
+    assert shard_bytes(tmp_path / "b") == expected
+    # The rebuilt entry is whole again: the next run is a plain hit with the same shards.
+    again = pack(chat, "--max-len", "96", "-o", tmp_path / "c", "--json", "-q")
+    assert json.loads(again.stdout)["cache"] == "hit" and again.stderr == ""
+    assert shard_bytes(tmp_path / "c") == expected
+    assert digest(chat) == before
+
+
+def test_truncated_entry_is_not_a_dead_end_on_disk_space(
+    chat: Path, pack: Any, tmp_path: Path, cache_dir: Path
+) -> None:
+    # Once, a truncated token file passed the lookup and every later run failed with "free disk space".
+    pack(chat, "--max-len", "96", "-o", tmp_path / "a", "-q")
+    entry = entry_of(cache_dir)
+    os.truncate(entry / "input_ids.bin", 8)
+    for out in ("b", "c"):
+        result = pack(chat, "--max-len", "96", "-o", tmp_path / out, "-q")
+        assert "disk space" not in result.stderr
+    assert shard_bytes(tmp_path / "b") == shard_bytes(tmp_path / "a") == shard_bytes(tmp_path / "c")
+
+
+def test_store_checks_every_file_it_lists(tmp_path: Path) -> None:
+    writer = cache_mod.TokenStoreWriter(tmp_path / "s")
+    ids = np.arange(10, dtype=np.int32)
+    writer.add(
+        np.array([0]),
+        np.array([10], np.int32),
+        ids,
+        ids,
+        np.array([9], np.int32),
+        np.array([1], np.int32),
+        np.array([1], np.int32),
+    )
+    store = writer.finish(
+        {k: 0 for k in ("tokenizer", "pad_id", "records_read", "dropped", "sources", "source_starts")}
+    )
+    assert set(store.meta["files"]) == {"input_ids.bin", "labels.bin", "samples.npz"}
+    assert store.meta["files"]["input_ids.bin"]["bytes"] == 40
+    (tmp_path / "s" / "extra").write_text("x")  # a file the meta does not list is not read
+    assert cache_mod.find_store(tmp_path / "s") is not None
+    (tmp_path / "s" / "meta.json").unlink()
+    with pytest.raises(cache_mod.DamagedStore, match=r"meta\.json is missing"):
+        cache_mod.find_store(tmp_path / "s")
+    assert cache_mod.find_store(tmp_path / "none") is None
+
+
+def test_input_edited_in_place_with_stamp_restored_is_not_a_stale_hit(
+    pack: Any, tmp_path: Path, cache_dir: Path
+) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "alpha beta gamma"}\n')
+    pack(data, "--max-len", "64", "-o", tmp_path / "a", "-q")
+    st = data.stat()
+    with open(data, "r+b") as fh:  # same size, same inode
+        fh.write(b'{"text": "gamma beta alpha"}\n')
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
+    now = data.stat()
+    assert (now.st_size, now.st_mtime_ns, now.st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+    result = pack(data, "--max-len", "64", "-o", tmp_path / "b", "--json", "-q")
+    assert json.loads(result.stdout)["cache"] == "miss"
+    pack(data, "--max-len", "64", "-o", tmp_path / "c", "--no-cache", "-q")
+    assert shard_bytes(tmp_path / "b") == shard_bytes(tmp_path / "c") != shard_bytes(tmp_path / "a")
+
+
+CACHE_FIX = "choose a writable --cache-dir with free space, or pass --no-cache"
+
+
+def test_cache_dir_that_is_a_file(chat: Path, pack: Any, tmp_path: Path) -> None:
+    bad = tmp_path / "cachefile"
+    bad.write_text("mine")
+    before = digest(chat, bad)
+    result = pack(chat, "--max-len", "96", "-o", tmp_path / "out", "--cache-dir", bad, expect=1)
+    assert error_line(result) == f"Error: {bad}: cannot write the token store (Not a directory); {CACHE_FIX}"
+    assert digest(chat, bad) == before and not (tmp_path / "out").exists()
+    pack(chat, "--max-len", "96", "-o", tmp_path / "out", "--cache-dir", bad, "--no-cache", "-q")
+
+
+def test_cache_dir_read_only(chat: Path, pack: Any, tmp_path: Path, cache_dir: Path, monkeypatch: Any) -> None:
+    real = cache_mod.tempfile.mkdtemp
+
+    def read_only(*args: Any, dir: Any = None, **kwargs: Any) -> Any:
+        # Root ignores file modes, so the read-only file system is simulated where the cache writes.
+        if dir is not None and Path(dir) == cache_dir:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(cache_mod.tempfile, "mkdtemp", read_only)
+    before = digest(chat)
+    result = pack(chat, "--max-len", "96", "-o", tmp_path / "out", expect=1)
+    assert (
+        error_line(result) == f"Error: {cache_dir}: cannot write the token store (Read-only file system); {CACHE_FIX}"
+    )
+    assert digest(chat) == before and not (tmp_path / "out").exists()
+
+
+def test_cache_dir_full(chat: Path, pack: Any, tmp_path: Path, cache_dir: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(cache_mod, "open", full_open("input_ids.bin"), raising=False)
+    before = digest(chat)
+    result = pack(chat, "--max-len", "96", "-o", tmp_path / "out", expect=1)
+    assert error_line(result) == (
+        f"Error: {cache_dir}: cannot write the token store (No space left on device); {CACHE_FIX}"
+    )
+    assert digest(chat) == before and not (tmp_path / "out").exists()
+    assert [p.name for p in cache_dir.iterdir() if p.is_dir()] == []  # no half-written entry left
