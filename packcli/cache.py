@@ -155,13 +155,15 @@ class TokenReader:
 class TokenStoreWriter:
     """Streams tokenized batches into a temporary directory; ``finish`` moves it to its final path.
 
-    Every failure to write (a read-only or full disk, a path that is a file) is an OutputError whose
-    message ends with ``fix``: the caller knows whether the store is the cache or scratch space.
+    Every failure to write (a read-only or full disk, a path that is a file) is an OutputError that
+    names ``where`` and ends with ``fix``: the caller knows whether the store is the cache or scratch
+    space, and which path the user gave for it.
     """
 
-    def __init__(self, final_path: Path, fix: str = "free disk space") -> None:
+    def __init__(self, final_path: Path, fix: str = "free disk space", where: Path | None = None) -> None:
         self.final_path = final_path
         self.fix = fix
+        self.where = where or final_path.parent
         self._ids: Any = None
         self._labels: Any = None
         self.tmp: Path | None = None
@@ -174,7 +176,7 @@ class TokenStoreWriter:
             self._labels = open(self.tmp / "labels.bin", "wb")  # noqa: SIM115
         except OSError as exc:
             self.abort()
-            raise _write_error(final_path.parent, exc, fix) from exc
+            raise _write_error(self.where, exc, fix) from exc
         self._arrays: dict[str, list[np.ndarray]] = {k: [] for k in ARRAYS}
 
     def add(
@@ -193,7 +195,7 @@ class TokenStoreWriter:
             self._ids.write(np.ascontiguousarray(ids, dtype=TOKEN_DTYPE).tobytes())
             self._labels.write(np.ascontiguousarray(labels, dtype=TOKEN_DTYPE).tobytes())
         except OSError as exc:
-            raise _write_error(self.final_path.parent, exc, self.fix) from exc
+            raise _write_error(self.where, exc, self.fix) from exc
         for key, value in (
             ("sample_index", sample_index),
             ("lengths", lengths),
@@ -231,7 +233,7 @@ class TokenStoreWriter:
                 self.final_path.unlink()
             os.replace(self.tmp, self.final_path)
         except OSError as exc:
-            raise _write_error(self.final_path.parent, exc, self.fix) from exc
+            raise _write_error(self.where, exc, self.fix) from exc
         return load_store(self.final_path)
 
     def abort(self) -> None:

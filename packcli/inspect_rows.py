@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from packcli.errors import InputError, OutputError, TokenizerError, UsageError
-from packcli.shards import IGNORE_INDEX, read_manifest
+from packcli.shards import IGNORE_INDEX, read_checked_manifest
 from packcli.stats import list_parts, shard_batches
 
 
@@ -121,7 +121,7 @@ def inspect_row(
     """
     if row is not None and sample_index is not None:
         raise UsageError("--row cannot be used with --sample-index; pass one of them")
-    manifest = read_manifest(directory)
+    manifest = read_checked_manifest(directory)
     if sample_index is not None:
         row = find_sample(directory, manifest, sample_index)
     row = 0 if row is None else row

@@ -32,6 +32,7 @@ from packcli.cache import (
 from packcli.config import PackConfig
 from packcli.errors import InputError, OutputError, RecordError, UsageError, raise_if_stopped
 from packcli.formats import detect_format, normalize
+from packcli.records import check_sample, too_deep
 from packcli.shards import (
     ROW_GROUP_ROWS,
     StagedOutput,
@@ -112,7 +113,9 @@ def _tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
             if record_format is None:
                 keys = ", ".join(map(str, record)) if isinstance(record, dict) else type(record).__name__
                 raise RecordError("unknown_format", f"no known record format fits the fields ({keys})")
-            samples.append(normalize(record, record_format, fields))
+            sample = normalize(record, record_format, fields)
+            check_sample(sample)
+            samples.append(sample)
         except RecordError as err:
             samples.append(err)
     results = encoder.encode_batch(samples)
@@ -172,6 +175,8 @@ def _parse_line(line: bytes) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise RecordError("invalid_json", f"invalid JSON ({exc.msg} at column {exc.colno})") from exc
+    except RecursionError as exc:  # the decoder recurses per nesting level
+        raise too_deep() from exc
 
 
 def _reject(index: int, source: str, position: int, err: RecordError, raw: Any, raw_lines: bool) -> dict[str, Any]:
@@ -179,7 +184,7 @@ def _reject(index: int, source: str, position: int, err: RecordError, raw: Any, 
         record: Any = raw.decode("utf-8", errors="replace").rstrip("\n")
     else:
         record = raw
-    text = record if isinstance(record, str) else json.dumps(record, ensure_ascii=False, default=str)
+    text = record if isinstance(record, str) else _record_text(record)
     return {
         "sample_index": index,
         "source": source,
@@ -189,6 +194,18 @@ def _reject(index: int, source: str, position: int, err: RecordError, raw: Any, 
         "detail": err.detail,
         "record": text[:REJECT_RECORD_CHARS],
     }
+
+
+def _record_text(record: Any) -> str:
+    """The record as JSON text for the rejects file, even when it cannot be written as UTF-8 as is."""
+    try:
+        text = json.dumps(record, ensure_ascii=False, default=str)
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: keep it escaped, as it was in the input
+        text = json.dumps(record, default=str)
+    except RecursionError:
+        text = "(nested too deep to show)"
+    return text
 
 
 def _where(source: str, unit: str, position: int) -> str:
@@ -277,8 +294,8 @@ def tokenize_to_store(
     """
     map_ordered = map_ordered or _map_ordered
     _STATE.update(encoder=encoder, fields=config.fields)
-    fix = _store_fix(config)
-    writer = TokenStoreWriter(store_path, fix)
+    where, fix = _store_where_fix(config, store_path)
+    writer = TokenStoreWriter(store_path, fix, where)
     counts: Counter[str] = Counter()
     records = 0
     rejects_path = writer.tmp / "rejects.jsonl"
@@ -287,7 +304,7 @@ def tokenize_to_store(
     counted = [count_records(s) for s in sources]
     total = None if None in counted else sum(counted)  # type: ignore[arg-type]
     try:
-        with _open_for_writing(rejects_path, store_path, fix) as rejects_file:
+        with _open_for_writing(rejects_path, where, fix) as rejects_file:
             jobs = ((batch, formats[batch.source]) for batch in read_batches(sources, BATCH_SIZE))
             for result in map_ordered(_tokenize_batch, jobs, config.num_proc):
                 records += result.n_records
@@ -300,7 +317,7 @@ def tokenize_to_store(
                             f"{where}: {reject['detail']}; fix the record, or pass --on-error skip to skip bad records"
                         )
                     counts[reject["reason"]] += 1
-                    _write_line(rejects_file, json.dumps(reject, ensure_ascii=False), store_path, fix)
+                    _write_line(rejects_file, json.dumps(reject, ensure_ascii=False), where, fix)
                 writer.add(
                     result.sample_index,
                     result.lengths,
@@ -336,19 +353,25 @@ def tokenize_to_store(
         _STATE.clear()
 
 
-def _store_fix(config: PackConfig) -> str:
-    """What to do when the token store cannot be written: it is the cache, or scratch space."""
+def _store_where_fix(config: PackConfig, store_path: Path) -> tuple[Path, str]:
+    """Which path to name, and what to do, when the token store cannot be written.
+
+    The store is the cache entry, or scratch space inside the output's staging directory (a
+    temporary directory for a dry run): the message names the path the user chose.
+    """
     if config.cache:
-        return "choose a writable --cache-dir with free space, or pass --no-cache"
-    return "free disk space or choose another -o"
+        return store_path.parent, "choose a writable --cache-dir with free space, or pass --no-cache"
+    if config.dry_run:
+        return Path(tempfile.gettempdir()), "free disk space there or set TMPDIR"
+    return Path(config.output), "free disk space or choose another -o"
 
 
 @contextlib.contextmanager
-def _open_for_writing(path: Path, store_path: Path, fix: str) -> Iterator[Any]:
+def _open_for_writing(path: Path, where: Path, fix: str) -> Iterator[Any]:
     try:
         fh = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed below
     except OSError as exc:
-        raise OutputError(f"{store_path.parent}: cannot write the token store ({exc.strerror or exc}); {fix}") from exc
+        raise OutputError(f"{where}: cannot write the token store ({exc.strerror or exc}); {fix}") from exc
     try:
         yield fh
     finally:
@@ -356,11 +379,11 @@ def _open_for_writing(path: Path, store_path: Path, fix: str) -> Iterator[Any]:
             fh.close()
 
 
-def _write_line(fh: Any, line: str, store_path: Path, fix: str) -> None:
+def _write_line(fh: Any, line: str, where: Path, fix: str) -> None:
     try:
         fh.write(line + "\n")
     except OSError as exc:
-        raise OutputError(f"{store_path.parent}: cannot write the token store ({exc.strerror or exc}); {fix}") from exc
+        raise OutputError(f"{where}: cannot write the token store ({exc.strerror or exc}); {fix}") from exc
 
 
 # -- stage 2 and 3: plan and write ----------------------------------------------------------------

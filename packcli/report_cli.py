@@ -101,9 +101,13 @@ def stats(
     """
     from packcli import console
     from packcli.config import PackConfig
-    from packcli.errors import UsageError
+    from packcli.errors import InputError, UsageError
+    from packcli.sources import missing_input
     from packcli.stats import is_packed_output, output_stats, parse_max_lens, raw_stats
 
+    for p in paths:
+        if missing_input(p):
+            raise InputError(f"{p}: no such file or directory; check the path")
     packed = [p for p in paths if is_packed_output(Path(p))]
     if packed and len(paths) > 1:
         raise UsageError(f"{packed[0]} is a packed output; pass it alone (raw inputs are compared separately)")

@@ -93,6 +93,11 @@ def resolve_inputs(paths: list[str], split: str | None = None) -> list[InputSour
     return [unique[k] for k in sorted(unique)]
 
 
+def missing_input(raw: str) -> bool:
+    """Return whether an input argument names nothing: no path, no glob, and not a Hub dataset name."""
+    return not (Path(raw).exists() or glob.has_magic(raw) or _looks_like_hub_name(raw))
+
+
 def _looks_like_hub_name(raw: str) -> bool:
     # "owner/name": one slash, no file extension, not a relative or absolute path.
     return (
@@ -267,6 +272,14 @@ def _read_json(path: str, batch_size: int) -> Iterator[RawBatch]:
             batch.items.append(None)
             batch.positions.append(record_no)
             break
+        except RecursionError:
+            # The decoder recurses per nesting level: this element is one bad record, and the
+            # elements after it are still read.
+            from packcli.records import too_deep
+
+            err = too_deep()
+            batch.errors.append((record_no, err.reason, err.detail))
+            value, pos = None, _skip_value(text, pos)
         batch.items.append(value)
         batch.positions.append(record_no)
         while pos < end and text[pos] in " \t\r\n":
@@ -280,6 +293,31 @@ def _read_json(path: str, batch_size: int) -> Iterator[RawBatch]:
         yield batch
     elif record_no == 0 and not batch.errors:
         raise InputError(f"{path}: the JSON array is empty; remove it from the inputs")
+
+
+def _skip_value(text: str, pos: int) -> int:
+    """Return the position just after the JSON array or object that starts at ``pos`` (no recursion)."""
+    depth = 0
+    in_string = False
+    i = pos
+    end = len(text)
+    while i < end:
+        c = text[i]
+        if in_string:
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return end
 
 
 def _read_tabular(source: InputSource, batch_size: int) -> Iterator[RawBatch]:

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from packcli import packing
 from packcli.errors import OutputError, UsageError
-from packcli.shards import IGNORE_INDEX, MANIFEST, read_manifest
+from packcli.shards import IGNORE_INDEX, MANIFEST, read_checked_manifest
 from packcli.tokenize import DEFAULT_TOKENIZER
 
 # Row fill bins in percent, right-closed: (0, 50], (50, 75], ... (99, 100]. Fine at the top, where
@@ -165,7 +165,7 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     """
     if batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, not {batch_size}")
-    manifest = read_manifest(directory)
+    manifest = read_checked_manifest(directory)
     max_len = int(manifest.get("max_len") or manifest.get("options", {}).get("max_len", 0))
     if max_len < 1:
         raise OutputError(f"{directory / MANIFEST}: no max_len; the manifest is damaged, pack again")

@@ -9,6 +9,7 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 from packcli import cache as cache_mod
+from packcli import pipeline, shards
 
 from .conftest import make_conversations, write_jsonl
 
@@ -264,3 +266,226 @@ def test_cache_dir_full(chat: Path, pack: Any, tmp_path: Path, cache_dir: Path, 
     )
     assert digest(chat) == before and not (tmp_path / "out").exists()
     assert [p.name for p in cache_dir.iterdir() if p.is_dir()] == []  # no half-written entry left
+
+
+# -- records and options that used to end in a traceback -------------------------------------------
+
+SKIP_HINT = "; fix the record, or pass --on-error skip to skip bad records"
+DEEP = "[" * 5000 + "]" * 5000
+
+
+def _record_cases() -> list[tuple[str, str, str, str, str]]:
+    """(id, file name, file text, reason, detail) with the bad record second of three."""
+    text = json.dumps({"text": "a fine text record"})
+    chat_bad = '{"messages": [{"role": "user", "content": "hi \\ud800"}, {"role": "assistant", "content": "x"}]}'
+    return [
+        (
+            "surrogate_text",
+            "t.jsonl",
+            f'{text}\n{{"text": "\\ud800"}}\n{text}\n',
+            "lone_surrogate",
+            "the text holds a lone surrogate \\ud800 (half of a UTF-16 pair, not text)",
+        ),
+        (
+            "surrogate_messages",
+            "m.jsonl",
+            f"{GOOD_LINE}\n{chat_bad}\n{GOOD_LINE}\n",
+            "lone_surrogate",
+            "a message holds a lone surrogate \\ud800 (half of a UTF-16 pair, not text)",
+        ),
+        (
+            "surrogate_json_file",
+            "m.json",
+            f"[{GOOD_LINE}, {chat_bad}, {GOOD_LINE}]",
+            "lone_surrogate",
+            "a message holds a lone surrogate \\ud800 (half of a UTF-16 pair, not text)",
+        ),
+        (
+            "deep_json_line",
+            "d.jsonl",
+            f'{text}\n{{"text": {DEEP}}}\n{text}\n',
+            "too_deep",
+            "the record nests more than 100 levels deep",
+        ),
+        (
+            "deep_json_file",
+            "d.json",
+            f'[{text}, {{"text": {DEEP}, "s": "]"}}, {text}]',
+            "too_deep",
+            "the record nests more than 100 levels deep",
+        ),
+        (
+            "deep_in_messages",
+            "dm.jsonl",
+            GOOD_LINE
+            + "\n"
+            + json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": "q", "x": json.loads("[" * 150 + "]" * 150)},
+                        {"role": "assistant", "content": "a"},
+                    ]
+                }
+            )
+            + "\n"
+            + GOOD_LINE
+            + "\n",
+            "too_deep",
+            "the record nests more than 100 levels deep",
+        ),
+        (
+            "int_beyond_int64",
+            "i.jsonl",
+            '{"input_ids": [5, 6, 7]}\n{"input_ids": [5, 99999999999999999999999]}\n{"input_ids": [8, 9]}\n',
+            "integer_out_of_range",
+            "field 'input_ids' holds 99999999999999999999999, beyond the 64-bit integer range",
+        ),
+    ]
+
+
+RECORD_CASES = _record_cases()
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "reason", "detail"), [c[1:] for c in RECORD_CASES], ids=[c[0] for c in RECORD_CASES]
+)
+def test_bad_value_is_one_record_reason_not_a_traceback(
+    name: str, text: str, reason: str, detail: str, pack: Any, tmp_path: Path
+) -> None:
+    data = tmp_path / name
+    data.write_text(text)
+    before = digest(data)
+    unit = "record" if name.endswith(".json") else "line"
+    result = pack(data, "--max-len", "64", "-o", tmp_path / "out", expect=1)
+    assert error_line(result) == f"Error: {data} {unit} 2: {detail}{SKIP_HINT}"
+    assert not (tmp_path / "out").exists()
+
+    rejects = tmp_path / "rejects.jsonl"
+    result = pack(
+        data, "--max-len", "64", "-o", tmp_path / "out", "--on-error", "skip", "--rejects", rejects, "--json", "-q"
+    )
+    summary = json.loads(result.stdout)
+    # Exactly that record is skipped, not its batch.
+    assert summary["dropped"] == {reason: 1} and summary["packed"] == 2 and summary["records_read"] == 3
+    [reject] = [json.loads(x) for x in rejects.read_text().splitlines()]
+    assert (reject["sample_index"], reject["position"], reject["reason"], reject["detail"]) == (1, 2, reason, detail)
+    assert digest(data) == before
+
+
+def test_negative_seed_is_a_usage_error(chat: Path, pack: Any, tmp_path: Path) -> None:
+    before = digest(chat)
+    result = pack(chat, "--max-len", "96", "-o", tmp_path / "out", "--seed", "-1", expect=2)
+    assert error_line(result) == "Error: --seed must be 0 or more, not -1"
+    assert digest(chat) == before and not (tmp_path / "out").exists()
+
+
+def test_pad_to_max_beyond_what_a_row_can_hold(chat: Path, pack: Any, tmp_path: Path) -> None:
+    result = pack(chat, "--max-len", "200000000", "--pad-to-max", "-o", tmp_path / "out", expect=2)
+    assert error_line(result) == (
+        "Error: --max-len 200000000 with --pad-to-max: every row would be 200000000 tokens, about 10 GiB of "
+        "memory to build; with --pad-to-max, --max-len must be at most 16777216"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("stage", ["tokenizing", "rejects", "finishing_store"])
+def test_disk_full_while_tokenizing_or_writing_the_store(
+    stage: str, chat: Path, pack: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    out = tmp_path / "out"
+    data = chat
+    if stage == "rejects":
+        data = tmp_path / "bad.jsonl"
+        data.write_text(GOOD_LINE + "\n{broken\n")
+        monkeypatch.setattr(pipeline, "open", full_open("rejects.jsonl"), raising=False)
+    elif stage == "tokenizing":
+        monkeypatch.setattr(cache_mod, "open", full_open("labels.bin"), raising=False)
+    else:
+        monkeypatch.setattr(cache_mod.np, "savez", enospc)
+    before = digest(data)
+    result = pack(data, "--max-len", "96", "-o", out, "--no-cache", "--on-error", "skip", expect=1)
+    assert error_line(result) == (
+        f"Error: {out}: cannot write the token store (No space left on device); free disk space or choose another -o"
+    )
+    assert digest(data) == before and not out.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []  # no staging left behind
+
+
+def test_disk_full_while_writing_the_manifest(chat: Path, pack: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    out = tmp_path / "out"
+    pack(chat, "--max-len", "96", "-o", out, "-q")
+    previous = digest(out)
+    monkeypatch.setattr(shards, "open", full_open("manifest.json.tmp"), raising=False)
+    result = pack(chat, "--max-len", "64", "-o", out, "--overwrite", expect=1)
+    assert error_line(result) == (
+        f"Error: {out}: cannot write manifest.json (No space left on device); free disk space or choose another -o"
+    )
+    assert digest(out) == previous  # the previous output is whole
+
+
+def _manifest_list(m: dict[str, Any]) -> Any:
+    return []
+
+
+def _no_shards(m: dict[str, Any]) -> Any:
+    return {k: v for k, v in m.items() if k != "shards"}
+
+
+def _no_max_len(m: dict[str, Any]) -> Any:
+    return {k: v for k, v in m.items() if k != "max_len"}
+
+
+def _entry_lacks_rows(m: dict[str, Any]) -> Any:
+    m["shards"][0].pop("rows")
+    return m
+
+
+MANIFESTS = [
+    (_manifest_list, "is not a JSON object"),
+    (_no_shards, "lacks shards"),
+    (_no_max_len, "lacks max_len"),
+    (_entry_lacks_rows, "shard entry 0 lacks rows"),
+]
+
+
+@pytest.mark.parametrize(("change", "problem"), MANIFESTS, ids=[m[0].__name__.strip("_") for m in MANIFESTS])
+@pytest.mark.parametrize("command", ["verify", "stats", "inspect"])
+def test_damaged_manifest_is_one_line_for_every_command(
+    command: str, change: Any, problem: str, packed_out: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from packcli.cli import app
+
+    manifest = packed_out / "manifest.json"
+    manifest.write_text(json.dumps(change(json.loads(manifest.read_text()))))
+    before = digest(packed_out)
+    result = CliRunner().invoke(app, [command, str(packed_out)])
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    if command == "verify" and problem != "is not a JSON object":
+        # verify reports problems as its result: one line each, then the count.
+        assert result.stderr.splitlines() == [
+            f"manifest.json: {problem}; the manifest is damaged",
+            f"1 problem in {packed_out}",
+        ]
+    else:
+        assert error_line(result) == f"Error: {manifest}: {problem}; the manifest is damaged, pack again"
+    assert digest(packed_out) == before
+
+
+@pytest.fixture(scope="module")
+def packed_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from typer.testing import CliRunner
+
+    from packcli.cli import app
+
+    root = tmp_path_factory.mktemp("packed-once")
+    data = write_jsonl(root / "chat.jsonl", [{"messages": m} for m in make_conversations(20, seed=4, max_turns=2)])
+    argv = ["pack", str(data), "--max-len", "96", "-o", str(root / "packed"), "--no-cache", "--num-proc", "1", "-q"]
+    assert CliRunner().invoke(app, argv).exit_code == 0
+    return root / "packed"
+
+
+@pytest.fixture
+def packed_out(packed_once: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(packed_once, tmp_path / "packed"))
