@@ -263,7 +263,9 @@ def _messages(
             raise RecordError("wrong_type", f"message {i} of '{field}': content parts must be objects")
         if sharegpt or role_key != "role" or content_key != "content":
             # Keep every other key (tool_calls, reasoning, names): templates may read them.
-            rest = {k: v for k, v in message.items() if k not in (role_key, content_key)}
+            # A stray "role" or "content" key never replaces the mapped ones (a human turn with
+            # "role": "assistant" would otherwise be trained on).
+            rest = {k: v for k, v in message.items() if k not in (role_key, content_key, "role", "content")}
             message = {"role": role, "content": content, **rest}
         out.append(message)
     return out

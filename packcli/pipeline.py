@@ -215,19 +215,31 @@ def _where(source: str, unit: str, position: int) -> str:
 # -- stage 1: tokenize into the token store ---------------------------------------------------------
 
 
-def _sniff_format(source: InputSource, fields: dict[str, str]) -> str | None:
-    """Return the record format of a source, from the fields of its first readable record."""
+def _sniff_format(source: InputSource, fields: dict[str, str]) -> tuple[str | None, str | None]:
+    """Return the record format of a source, from the fields of its first readable records.
+
+    When none of them could be parsed at all, also return why the first one could not (where and
+    what), since that, not the format, is the problem to report.
+    """
+    first_error = None
+    parsed = False
     for batch in read_batches([source], batch_size=50):
-        for item in batch.items:
+        errors = {pos: detail for pos, _, detail in batch.errors}
+        for item, pos in zip(batch.items, batch.positions, strict=True):
             try:
+                if pos in errors:
+                    raise RecordError("", errors[pos])
                 record = _parse_line(item) if batch.raw_lines else item
-            except RecordError:
+            except RecordError as err:
+                unit = "line" if batch.raw_lines else "record"
+                first_error = first_error or f"{_where(source.display, unit, pos)}: {err.detail}"
                 continue
+            parsed = True
             fmt = detect_format(record, fields)
             if fmt is not None:
-                return fmt
+                return fmt, None
         break
-    return None
+    return None, None if parsed else first_error
 
 
 def _init_worker() -> None:
@@ -452,6 +464,12 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
     np.cumsum(counts, out=row_start[1:])
     row_tokens = np.bincount(bins, weights=kept_len).astype(np.int64)
     order = packing.order_rows(row_tokens, config.seed, config.world_size, config.rank_remainder)
+    if len(order.order) == 0:
+        raise InputError(
+            f"no sample left to pack: the {len(counts)} packed rows are fewer than --world-size "
+            f"{config.world_size}, and --rank-remainder drop leaves none; lower --world-size or pass "
+            "--rank-remainder pad"
+        )
     dropped_samples = np.zeros(0, dtype=np.int64)
     if len(order.dropped_rows):
         dropped_samples = np.concatenate([store_rows[row_start[r] : row_start[r + 1]] for r in order.dropped_rows])
@@ -610,7 +628,9 @@ def tokenized_inputs(
     sources = resolve_inputs(list(config.inputs), config.split)
     formats: dict[str, str | None] = {}
     for source in sources:
-        fmt = config.format if config.format != "auto" else _sniff_format(source, config.fields)
+        fmt, unparsed = (config.format, None) if config.format != "auto" else _sniff_format(source, config.fields)
+        if fmt is None and unparsed is not None and config.on_error == "fail":
+            raise InputError(f"{unparsed}; fix the record, or pass --on-error skip to skip bad records")
         if fmt is None and config.on_error == "fail":
             raise InputError(
                 f"{source.display}: cannot tell the record format from the fields of its first records; "

@@ -7,6 +7,7 @@ record its global ``sample_index``: files in sorted order, records in file order
 
 from __future__ import annotations
 
+import codecs
 import glob
 import hashlib
 import json
@@ -89,7 +90,13 @@ def resolve_inputs(paths: list[str], split: str | None = None) -> list[InputSour
     if not sources:
         raise UsageError("no input given; pass one or more files, directories or globs")
     # Sorted, with duplicates removed, so that sample_index does not depend on the argument order.
-    unique = {(s.kind != "hub", s.path): s for s in sources}
+    # A file named twice (d, d/m.jsonl, $PWD/d/m.jsonl, d/../d/m.jsonl) is one input: duplicates are
+    # found by resolved path, and the shortest spelling is kept, whichever came first.
+    by_target: dict[tuple[str, str], InputSource] = {}
+    for s in sorted(sources, key=lambda s: (len(s.path), s.path)):
+        target = s.path if s.kind == "hub" else str(Path(s.path).resolve())
+        by_target.setdefault((s.kind, target), s)
+    unique = {(s.kind != "hub", s.path): s for s in by_target.values()}
     return [unique[k] for k in sorted(unique)]
 
 
@@ -212,6 +219,8 @@ def _read_json_lines(path: str, batch_size: int) -> Iterator[RawBatch]:
     empty = True
     with open(path, "rb") as fh:
         for line_no, line in enumerate(fh, start=1):
+            if line_no == 1 and line.startswith(codecs.BOM_UTF8):
+                line = line[len(codecs.BOM_UTF8) :]  # Windows exports start with one
             if not line.strip():
                 continue
             empty = False
@@ -234,6 +243,8 @@ def _read_json(path: str, batch_size: int) -> Iterator[RawBatch]:
     """
     with open(path, "rb") as fh:
         data = fh.read()
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8) :]  # Windows exports start with one
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -346,7 +357,8 @@ def _arrow_batches(source: InputSource, batch_size: int) -> Iterator[Any]:
 
             # Every column as text: a CSV cell's type is what the record format says, not a guess.
             with open(source.path, "rb") as fh:
-                header = fh.readline().decode("utf-8", errors="replace").strip()
+                # utf-8-sig: a byte order mark is not part of the first column's name.
+                header = fh.readline().decode("utf-8-sig", errors="replace").strip()
             if not header:
                 raise InputError(f"{source.path}: the file is empty; remove it from the inputs")
             names = next(iter(__import__("csv").reader([header])))

@@ -480,8 +480,10 @@ def packed_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from packcli.cli import app
 
     root = tmp_path_factory.mktemp("packed-once")
-    data = write_jsonl(root / "chat.jsonl", [{"messages": m} for m in make_conversations(20, seed=4, max_turns=2)])
-    argv = ["pack", str(data), "--max-len", "96", "-o", str(root / "packed"), "--no-cache", "--num-proc", "1", "-q"]
+    data = write_jsonl(
+        root / "chat.jsonl", [{"messages": m} for m in make_conversations(20, seed=4, max_turns=1, max_words=10)]
+    )
+    argv = ["pack", str(data), "--max-len", "128", "-o", str(root / "packed"), "--no-cache", "--num-proc", "1", "-q"]
     assert CliRunner().invoke(app, argv).exit_code == 0
     return root / "packed"
 
@@ -489,3 +491,164 @@ def packed_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def packed_out(packed_once: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(packed_once, tmp_path / "packed"))
+
+
+# -- smaller ---------------------------------------------------------------------------------------
+
+BOM = b"\xef\xbb\xbf"
+
+
+@pytest.mark.parametrize(
+    ("name", "body"),
+    [
+        ("d.jsonl", (GOOD_LINE + "\n" + GOOD_LINE + "\n").encode()),
+        ("d.json", f"[{GOOD_LINE}, {GOOD_LINE}]".encode()),
+        ("d.csv", b"prompt,completion\n12,34\nhello,there\n"),
+    ],
+)
+def test_utf8_bom_at_the_start_is_accepted(name: str, body: bytes, pack: Any, tmp_path: Path) -> None:
+    plain, marked = tmp_path / "plain" / name, tmp_path / "bom" / name
+    for path, data in ((plain, body), (marked, BOM + body)):
+        path.parent.mkdir()
+        path.write_bytes(data)
+    before = digest(marked)
+    pack(plain, "--max-len", "64", "-o", tmp_path / "a", "-q", "--no-cache")
+    result = pack(marked, "--max-len", "64", "-o", tmp_path / "b", "-q", "--no-cache", "--json")
+    assert json.loads(result.stdout)["packed"] == 2  # the CSV's numbers stay text: "prompt" is its first column
+    assert shard_bytes(tmp_path / "a") == shard_bytes(tmp_path / "b")
+    assert digest(marked) == before
+
+
+def test_when_no_sniffed_record_parses_the_json_error_is_said(pack: Any, tmp_path: Path) -> None:
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"messages": [1,}\n{"text": \n')
+    before = digest(data)
+    result = pack(data, "--max-len", "64", "-o", tmp_path / "out", expect=1)
+    assert error_line(result) == f"Error: {data} line 1: invalid JSON (Expecting value at column 17){SKIP_HINT}"
+    assert digest(data) == before and not (tmp_path / "out").exists()
+
+
+def test_input_named_four_ways_is_read_once(pack: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d").mkdir()
+    write_jsonl(tmp_path / "d" / "m.jsonl", [GOOD, GOOD, GOOD])
+    before = digest(tmp_path / "d")
+    result = pack(
+        "d", "d/m.jsonl", tmp_path / "d" / "m.jsonl", "d/../d/m.jsonl", "--max-len", "64", "-o", "out", "--json", "-q"
+    )
+    summary = json.loads(result.stdout)
+    assert summary["records_read"] == 3 and summary["packed"] == 3
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert [i["path"] for i in manifest["inputs"]] == ["d/m.jsonl"]
+    assert digest(tmp_path / "d") == before
+
+
+def test_sharegpt_from_decides_the_role_not_a_stray_key(pack: Any, tmp_path: Path) -> None:
+    turns = [{"from": "human", "value": "my secret question"}, {"from": "gpt", "value": "an answer"}]
+    clean, stray = tmp_path / "clean.jsonl", tmp_path / "stray.jsonl"
+    write_jsonl(clean, [{"conversations": turns}])
+    write_jsonl(stray, [{"conversations": [{**turns[0], "role": "assistant", "content": "other"}, turns[1]]}])
+    before = digest(stray)
+    a = json.loads(pack(clean, "--max-len", "64", "-o", tmp_path / "a", "--json", "-q").stdout)
+    b = json.loads(pack(stray, "--max-len", "64", "-o", tmp_path / "b", "--json", "-q").stdout)
+    # The human turn is not trained and its text is its "value", exactly as without the stray keys.
+    assert b["trainable_tokens"] == a["trainable_tokens"] and b["tokens"] == a["tokens"]
+    assert shard_bytes(tmp_path / "a") == shard_bytes(tmp_path / "b")
+    assert digest(stray) == before
+
+
+def test_world_size_larger_than_the_rows_is_a_clear_error(pack: Any, tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", [GOOD, GOOD])
+    before = digest(data)
+    result = pack(data, "--max-len", "64", "-o", tmp_path / "out", "--world-size", "4", expect=1)
+    assert error_line(result) == (
+        "Error: no sample left to pack: the 1 packed rows are fewer than --world-size 4, and --rank-remainder "
+        "drop leaves none; lower --world-size or pass --rank-remainder pad"
+    )
+    assert digest(data) == before and not (tmp_path / "out").exists()
+    pack(data, "--max-len", "64", "-o", tmp_path / "out", "--world-size", "4", "--rank-remainder", "pad", "-q")
+
+
+def _rewrite_first_shard(out: Path, change: Any) -> None:
+    """Rewrite shard 0 with ``change(rows)`` and update its sha256 in the manifest, so only the change is wrong."""
+    import pyarrow.parquet as pq
+
+    path = sorted(out.glob("shard-*.parquet"))[0]
+    table = pq.read_table(path)
+    pq.write_table(pa_table(change(table.to_pylist()), table.schema), path)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["shards"][0]["sha256"] = shards.file_sha256(path)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+
+def pa_table(rows: list[dict[str, Any]], schema: Any) -> Any:
+    import pyarrow as pa
+
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def test_verify_checks_sample_index_ascends_within_a_row(packed_out: Path) -> None:
+    from typer.testing import CliRunner
+
+    from packcli.cli import app
+
+    def swap(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        row = next(r for r in rows if len(r["sample_index"]) >= 2)
+        # Swap the first two samples of the row: tokens, labels and lengths move with their index.
+        a, b = row["seq_lengths"][:2]
+        for col in ("input_ids", "labels"):
+            row[col] = row[col][a : a + b] + row[col][:a] + row[col][a + b :]
+        row["position_ids"] = list(range(b)) + list(range(a)) + row["position_ids"][a + b :]
+        row["seq_lengths"][:2] = [b, a]
+        row["sample_index"][:2] = row["sample_index"][1::-1]
+        return rows
+
+    first_row = next(
+        i
+        for i, r in enumerate(shards.read_shard(sorted(packed_out.glob("shard-*"))[0]).to_pylist())
+        if len(r["sample_index"]) >= 2
+    )
+    _rewrite_first_shard(packed_out, swap)
+    result = CliRunner().invoke(app, ["verify", str(packed_out)])
+    name = sorted(packed_out.glob("shard-*"))[0].name
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        f"{name}: 1 row has sample_index values that do not ascend within the row (first: row {first_row})",
+        f"1 problem in {packed_out}",
+    ]
+
+
+@pytest.mark.parametrize("bad_name", ["../outside.parquet", "/etc/hostname", "sub/../../x.parquet"])
+def test_verify_refuses_shard_paths_outside_the_output(bad_name: str, packed_out: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from packcli.cli import app
+
+    manifest = json.loads((packed_out / "manifest.json").read_text())
+    manifest["shards"][0]["file"] = bad_name
+    (packed_out / "manifest.json").write_text(json.dumps(manifest))
+    result = CliRunner().invoke(app, ["verify", str(packed_out)])
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        f"manifest.json: shard entry 0 names '{bad_name}', outside the output directory; the manifest is damaged",
+        f"1 problem in {packed_out}",
+    ]
+    for command in ("stats", "inspect"):
+        result = CliRunner().invoke(app, [command, str(packed_out)])
+        assert result.exit_code == 1
+        assert error_line(result) == (
+            f"Error: {packed_out / 'manifest.json'}: shard entry 0 names '{bad_name}', outside the output "
+            "directory; the manifest is damaged, pack again"
+        )
+
+
+def test_stats_of_a_path_that_does_not_exist(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from packcli.cli import app
+
+    missing = tmp_path / "nonexistent"
+    for args in ([str(missing)], [str(missing), "--max-len", "64"]):
+        result = CliRunner().invoke(app, ["stats", *args])
+        assert result.exit_code == 1
+        assert error_line(result) == f"Error: {missing}: no such file or directory; check the path"
