@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from packcli import __version__, packing
+from packcli.bounds import max_token_bytes, rule_out_too_long
 from packcli.cache import (
     DamagedStore,
     TokenReader,
@@ -115,6 +116,8 @@ def _tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
                 raise RecordError("unknown_format", f"no known record format fits the fields ({keys})")
             sample = normalize(record, record_format, fields)
             check_sample(sample)
+            if "rule_out" in _STATE:
+                rule_out_too_long(sample, *_STATE["rule_out"], render=_STATE["render"])
             samples.append(sample)
         except RecordError as err:
             samples.append(err)
@@ -298,14 +301,18 @@ def tokenize_to_store(
     store_path: Path,
     progress: Progress,
     map_ordered: Callable[..., Iterator[Any]] | None = None,
+    rule_out_long: bool = False,
 ) -> TokenStore:
     """Tokenize every record of the sources into a token store at ``store_path``.
 
     ``map_ordered(fn, jobs, num_proc)`` runs the batches and yields their results in order: worker
     processes here by default; another engine passes its own (the Ray engine runs them on a cluster).
+    With ``rule_out_long``, records that certainly have more than --max-len tokens are dropped as
+    too_long before tokenizing (see packcli.bounds); the store then lacks them, which its meta records.
     """
     map_ordered = map_ordered or _map_ordered
     _STATE.update(encoder=encoder, fields=config.fields)
+    ruled_out_bytes = _arm_rule_out(config, encoder) if rule_out_long else None
     where, fix = _store_where_fix(config, store_path)
     writer = TokenStoreWriter(store_path, fix, where)
     counts: Counter[str] = Counter()
@@ -323,6 +330,11 @@ def tokenize_to_store(
                 starts.setdefault(result.source, result.first_index)
                 units.setdefault(result.source, result.unit)
                 for reject in result.rejects:
+                    if reject["reason"] == "too_long" and config.overflow == "error":
+                        where_record = _where(reject["source"], reject["unit"], reject["position"])
+                        raise InputError(
+                            f"{where_record}: {reject['detail']}; raise --max-len or pass --overflow drop or truncate"
+                        )
                     if reject["reason"] not in POLICY_DROPS and config.on_error == "fail":
                         where = _where(reject["source"], reject["unit"], reject["position"])
                         raise InputError(
@@ -357,12 +369,31 @@ def tokenize_to_store(
             ],
             "source_starts": [starts.get(s.display, records) for s in sources],
         }
+        if ruled_out_bytes is not None and counts["too_long"]:
+            # Records over this many bytes were left out untokenized: only runs whose limit is no
+            # higher may use this store (see _cached_store).
+            meta["ruled_out_over_bytes"] = ruled_out_bytes
+            meta["ruled_out_max_len"] = config.max_len
         return writer.finish(meta)
     except BaseException:
         writer.abort()
         raise
     finally:
         _STATE.clear()
+
+
+def _arm_rule_out(config: PackConfig, encoder: Encoder) -> int | None:
+    """Set up the workers' early too-long rule; return its byte limit (None: this tokenizer has no bound)."""
+    token_bytes = max_token_bytes(encoder.backend.to_str())
+    if token_bytes is None:
+        return None
+
+    def render(messages: list[dict[str, Any]]) -> str:
+        # As the encoder renders a conversation: keys whose value is None are left out.
+        return encoder.render([{k: v for k, v in m.items() if v is not None} for m in messages])[0]
+
+    _STATE.update(rule_out=(config.max_len, token_bytes), render=render)
+    return config.max_len * token_bytes
 
 
 def _store_where_fix(config: PackConfig, store_path: Path) -> tuple[Path, str]:
@@ -616,13 +647,16 @@ class TokenizedInputs:
 
 @contextlib.contextmanager
 def tokenized_inputs(
-    config: PackConfig, progress: Progress | None = None, scratch: Path | None = None
+    config: PackConfig, progress: Progress | None = None, scratch: Path | None = None, rule_out_long: bool = False
 ) -> Iterator[TokenizedInputs]:
     """Yield the inputs of ``config`` tokenized into a token store: from the cache, or made now.
 
     With the cache on, the store is the cache entry (found, or made and kept); with it off, it is made
     under ``scratch`` (a temporary directory when None) and removed afterwards. A cache hit loads no
     tokenizer: the key hashes the tokenizer's files and the template when they are local.
+
+    ``rule_out_long`` (pack with --overflow drop or error, local engine) drops records that certainly
+    exceed --max-len before tokenizing them (see packcli.bounds).
     """
     progress = progress or _no_progress
     sources = resolve_inputs(list(config.inputs), config.split)
@@ -660,7 +694,9 @@ def tokenized_inputs(
             "version": __version__,
         }
     )
-    store, state, warnings = _cached_store(cache_root / key) if config.cache else (None, "off", [])
+    rule_out_long = rule_out_long and config.engine == "local" and config.overflow in ("drop", "error")
+    limit = config.max_len if rule_out_long else None
+    store, state, warnings = _cached_store(cache_root / key, limit) if config.cache else (None, "off", [])
     with contextlib.ExitStack() as stack:
         if store is None:
             if encoder is None:
@@ -671,7 +707,13 @@ def tokenized_inputs(
                 tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=".packcli-tokens-", dir=scratch))
                 store_path = Path(tmp) / "tokens"
             raise_if_stopped()
-            store = load_engine(config).tokenize_to_store(config, sources, formats, encoder, store_path, progress)
+            engine = load_engine(config)
+            if rule_out_long:
+                store = engine.tokenize_to_store(
+                    config, sources, formats, encoder, store_path, progress, rule_out_long=True
+                )
+            else:
+                store = engine.tokenize_to_store(config, sources, formats, encoder, store_path, progress)
         yield TokenizedInputs(
             store=store,
             cache=state,
@@ -684,15 +726,22 @@ def tokenized_inputs(
         )
 
 
-def _cached_store(path: Path) -> tuple[TokenStore | None, str, list[str]]:
+def _cached_store(path: Path, rule_out_max_len: int | None) -> tuple[TokenStore | None, str, list[str]]:
     """Return the checked cache entry at ``path`` (or None), the cache state, and warnings.
 
     A damaged entry is never used: it is reported in one warning and made again (state "rebuilt").
+    An entry that left out long records untokenized serves only runs that would drop them too: a run
+    that truncates, or allows longer samples, makes the entry again (a miss).
     """
     try:
         store = find_store(path)
     except DamagedStore as exc:
         return None, "rebuilt", [f"the cache entry is damaged ({exc}); it is rebuilt"]
+    # The byte limit is max_len * L, and L is the same (the tokenizer is in the key): comparing max
+    # lengths compares limits.
+    ruled_out = store.meta.get("ruled_out_max_len") if store is not None else None
+    if ruled_out is not None and (rule_out_max_len is None or rule_out_max_len > ruled_out):
+        return None, "miss", []
     return store, ("miss" if store is None else "hit"), []
 
 
@@ -713,7 +762,8 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
             check_output_dir(Path(config.output), config.overwrite)
     staged = None if config.dry_run or to_uri else StagedOutput(Path(config.output), config.overwrite)
     try:
-        with tokenized_inputs(config, progress, scratch=staged.tmp if staged else None) as inputs:
+        scratch = staged.tmp if staged else None
+        with tokenized_inputs(config, progress, scratch=scratch, rule_out_long=True) as inputs:
             t1 = time.perf_counter()
             store = inputs.store
             plan = make_plan(config, store)

@@ -19,7 +19,7 @@ import pytest
 from packcli import cache as cache_mod
 from packcli import pipeline, shards
 
-from .conftest import make_conversations, write_jsonl
+from .conftest import make_conversations, read_rows, write_jsonl
 
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}
 GOOD_LINE = json.dumps(GOOD)
@@ -505,6 +505,7 @@ BOM = b"\xef\xbb\xbf"
         ("d.json", f"[{GOOD_LINE}, {GOOD_LINE}]".encode()),
         ("d.csv", b"prompt,completion\n12,34\nhello,there\n"),
     ],
+    ids=["jsonl", "json", "csv"],
 )
 def test_utf8_bom_at_the_start_is_accepted(name: str, body: bytes, pack: Any, tmp_path: Path) -> None:
     plain, marked = tmp_path / "plain" / name, tmp_path / "bom" / name
@@ -652,3 +653,112 @@ def test_stats_of_a_path_that_does_not_exist(tmp_path: Path) -> None:
         result = CliRunner().invoke(app, ["stats", *args])
         assert result.exit_code == 1
         assert error_line(result) == f"Error: {missing}: no such file or directory; check the path"
+
+
+# -- a record that cannot fit is ruled out before tokenizing ---------------------------------------
+
+
+@pytest.fixture
+def encoded_sizes(monkeypatch: Any) -> list[int]:
+    """Record the size of every sample that reaches the encoder (characters of text or messages)."""
+    from packcli.tokenize import Encoder
+
+    seen: list[int] = []
+    real = Encoder.encode_batch
+
+    def spy(self: Any, samples: list[Any]) -> Any:
+        for s in samples:
+            if not isinstance(s, Exception):
+                seen.append(len(s.text or "") + sum(len(str(m.get("content"))) for m in s.messages or []))
+        return real(self, samples)
+
+    monkeypatch.setattr(Encoder, "encode_batch", spy)
+    return seen
+
+
+def _token_bytes(base_tokenizer: Any) -> int:
+    from packcli.bounds import max_token_bytes
+
+    token_bytes = max_token_bytes(base_tokenizer.backend_tokenizer.to_str())
+    assert token_bytes is not None  # the default tokenizer is byte-level BPE
+    return token_bytes
+
+
+LONG_TEXT = "packing rows of tokens " * 5000  # 115,000 bytes: far over 64 tokens * L bytes
+
+
+@pytest.mark.parametrize("kind", ["text", "messages"])
+def test_record_that_cannot_fit_is_dropped_without_tokenizing(
+    kind: str, pack: Any, tmp_path: Path, encoded_sizes: list[int], base_tokenizer: Any
+) -> None:
+    big: dict[str, Any] = {"text": LONG_TEXT}
+    small: dict[str, Any] = {"text": "a short record"}
+    if kind == "messages":
+        big = {"messages": [{"role": "user", "content": LONG_TEXT}, {"role": "assistant", "content": "ok"}]}
+        small = GOOD
+    data = write_jsonl(tmp_path / "d.jsonl", [small, big, small])
+    before = digest(data)
+    rejects = tmp_path / "rejects.jsonl"
+    result = pack(data, "--max-len", "64", "-o", tmp_path / "out", "--rejects", rejects, "--json", "-q")
+    summary = json.loads(result.stdout)
+    assert summary["dropped"] == {"too_long": 1} and summary["packed"] == 2
+    assert max(encoded_sizes) < 1000  # the long record never reached the tokenizer
+    [reject] = [json.loads(x) for x in rejects.read_text().splitlines()]
+    assert (reject["sample_index"], reject["reason"]) == (1, "too_long")
+    assert digest(data) == before
+
+
+def test_record_that_cannot_fit_is_an_error_with_overflow_error(
+    pack: Any, tmp_path: Path, encoded_sizes: list[int], base_tokenizer: Any
+) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", [{"text": "short"}, {"text": LONG_TEXT}])
+    token_bytes = _token_bytes(base_tokenizer)
+    n = len(LONG_TEXT.encode())
+    result = pack(data, "--max-len", "64", "-o", tmp_path / "out", "--overflow", "error", expect=1)
+    assert error_line(result) == (
+        f"Error: {data} line 2: the sample has at least {-(-n // token_bytes)} tokens, more than --max-len 64 "
+        f"({n} bytes of text, at most {token_bytes} bytes a token); raise --max-len or pass --overflow drop or truncate"
+    )
+    assert max(encoded_sizes) < 1000 and not (tmp_path / "out").exists()
+
+
+def test_truncate_still_tokenizes_and_truncates_the_long_record(pack: Any, tmp_path: Path, base_tokenizer: Any) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", [{"text": "short"}, {"text": LONG_TEXT}])
+    # A drop run first leaves a cache entry without the long record; truncate must not use it.
+    pack(data, "--max-len", "64", "-o", tmp_path / "drop", "-q")
+    result = pack(data, "--max-len", "64", "-o", tmp_path / "out", "--overflow", "truncate", "--json", "-q")
+    summary = json.loads(result.stdout)
+    assert summary["truncated"] == 1 and summary["packed"] == 2 and summary["cache"] == "miss"
+    rows = read_rows(tmp_path / "out")
+    [row] = [r for r in rows if 1 in r["sample_index"]]
+    k = row["sample_index"].index(1)
+    start = sum(row["seq_lengths"][:k])
+    expected = base_tokenizer.backend_tokenizer.encode(LONG_TEXT, add_special_tokens=True).ids[:64]
+    assert row["input_ids"][start : start + 64] == expected
+    # ...and a later drop run with a limit no higher uses the full entry.
+    again = pack(data, "--max-len", "32", "-o", tmp_path / "drop2", "--json", "-q")
+    assert json.loads(again.stdout)["cache"] == "hit"
+
+
+def test_rule_never_drops_a_record_that_fits(base_tokenizer: Any) -> None:
+    from packcli.bounds import rule_out_too_long
+    from packcli.errors import RecordError
+    from packcli.formats import Sample
+
+    token_bytes = _token_bytes(base_tokenizer)
+    backend = base_tokenizer.backend_tokenizer
+    vocab = backend.get_vocab()
+    # The worst case for the bound: text made of the longest vocabulary entry, repeated.
+    longest = max(vocab, key=len)
+    piece = backend.decode([vocab[longest]])
+    max_len = 8
+    texts = [piece * k for k in range(1, 12)] + ["x" * n for n in (1000, 1024, 1025, 5000)] + [LONG_TEXT[:3000]]
+    ruled_out = 0
+    for text in texts:
+        n_tokens = len(backend.encode(text, add_special_tokens=True).ids)
+        try:
+            rule_out_too_long(Sample("text", text=text), max_len, token_bytes)
+        except RecordError:
+            ruled_out += 1
+            assert n_tokens > max_len, (len(text), n_tokens)
+    assert ruled_out >= 3  # the rule did fire on some of them
