@@ -99,15 +99,15 @@ def rule_out_too_long(sample: Sample, max_len: int, token_bytes: int, render: An
 
     Text and prompt/completion samples are encoded as they are, so their bytes are known. A chat is
     encoded as its rendered template, which may leave content out: only when its strings alone exceed
-    the limit is it rendered once (``render(messages)``) and the rendered text measured.
+    the limit is it rendered once (``render(sample)``, the encoder's own rendering) and measured.
     """
     limit = max_len * token_bytes
     if sample.kind == "text":
         n = utf8_length(sample.text or "")
     elif sample.kind == "prompt_completion":
         n = utf8_length(sample.prompt or "") + utf8_length(sample.completion or "")
-    elif sample.kind == "chat" and render is not None and _string_bytes(sample.messages) > limit:
-        n = utf8_length(render(sample.messages))
+    elif sample.kind == "chat" and render is not None and _string_bytes([sample.messages, sample.tools]) > limit:
+        n = utf8_length(render(sample))
     else:
         return
     if n > limit:

@@ -32,7 +32,7 @@ from packcli.cache import (
 )
 from packcli.config import PackConfig
 from packcli.errors import InputError, OutputError, RecordError, UsageError, raise_if_stopped
-from packcli.formats import detect_format, normalize
+from packcli.formats import Sample, detect_format, normalize
 from packcli.records import check_sample, too_deep
 from packcli.shards import (
     ROW_GROUP_ROWS,
@@ -388,9 +388,11 @@ def _arm_rule_out(config: PackConfig, encoder: Encoder) -> int | None:
     if token_bytes is None:
         return None
 
-    def render(messages: list[dict[str, Any]]) -> str:
-        # As the encoder renders a conversation: keys whose value is None are left out.
-        return encoder.render([{k: v for k, v in m.items() if v is not None} for m in messages])[0]
+    def render(sample: Sample) -> str:
+        # Exactly the text the encoder renders for a conversation (as in Encoder._chat_spans): the
+        # bound holds for the text that is encoded, so it must be that text.
+        kwargs = encoder.template_kwargs | (sample.template_kwargs or {})
+        return encoder.render(encoder._prepare(sample), tools=sample.tools, kwargs=kwargs)[0]
 
     _STATE.update(rule_out=(config.max_len, token_bytes), render=render)
     return config.max_len * token_bytes

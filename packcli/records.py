@@ -60,6 +60,10 @@ def check_sample(sample: Sample) -> None:
     """Check every value of a normalised sample that reaches the template or the tokenizer."""
     if sample.messages is not None:
         check_value(sample.messages, "a message")
+    if sample.tools is not None:
+        check_value(sample.tools, "a tool")
+    if sample.template_kwargs is not None:
+        check_value(sample.template_kwargs, "chat_template_kwargs")
     for name in ("text", "prompt", "completion"):
         value = getattr(sample, name)
         if value is not None:

@@ -762,3 +762,20 @@ def test_rule_never_drops_a_record_that_fits(base_tokenizer: Any) -> None:
             ruled_out += 1
             assert n_tokens > max_len, (len(text), n_tokens)
     assert ruled_out >= 3  # the rule did fire on some of them
+
+
+def test_chat_rule_measures_the_very_text_the_encoder_encodes(base_tokenizer: Any) -> None:
+    from packcli.config import PackConfig
+    from packcli.formats import DEFAULT_FIELDS, normalize
+    from packcli.tokenize import EncodeOptions, Encoder
+
+    encoder = Encoder(None, None, EncodeOptions())
+    record = {"messages": [{"role": "system", "content": "be brief"}, *GOOD["messages"]]}
+    sample = normalize(record, "messages", DEFAULT_FIELDS)
+    try:
+        assert pipeline._arm_rule_out(PackConfig(inputs=("x",), max_len=64), encoder) is not None
+        text = pipeline._STATE["render"](sample)
+    finally:
+        pipeline._STATE.clear()
+    [(ids, _)] = encoder.encode_batch([sample])
+    assert base_tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids == ids.tolist()
