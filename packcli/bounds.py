@@ -80,13 +80,13 @@ def utf8_length(text: str) -> int:
     return sum(len(text[i : i + CHUNK_CHARS].encode("utf-8")) for i in range(0, len(text), CHUNK_CHARS))
 
 
-def _string_bytes(value: Any) -> int:
+def _string_size(value: Any, measure: Any) -> int:
     total = 0
     stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            total += utf8_length(item)
+            total += measure(item)
         elif isinstance(item, dict):
             stack.extend(item.values())
         elif isinstance(item, (list, tuple)):
@@ -106,7 +106,11 @@ def rule_out_too_long(sample: Sample, max_len: int, token_bytes: int, render: An
         n = utf8_length(sample.text or "")
     elif sample.kind == "prompt_completion":
         n = utf8_length(sample.prompt or "") + utf8_length(sample.completion or "")
-    elif sample.kind == "chat" and render is not None and _string_bytes([sample.messages, sample.tools]) > limit:
+    elif sample.kind == "chat" and render is not None:
+        strings = [sample.messages, sample.tools]
+        # A character is at most 4 UTF-8 bytes: most conversations are ruled in by counting characters.
+        if 4 * _string_size(strings, len) <= limit or _string_size(strings, utf8_length) <= limit:
+            return
         n = utf8_length(render(sample))
     else:
         return
