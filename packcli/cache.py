@@ -231,7 +231,14 @@ class TokenStoreWriter:
                 shutil.rmtree(self.final_path, ignore_errors=True)
             elif self.final_path.exists() or self.final_path.is_symlink():
                 self.final_path.unlink()
-            os.replace(self.tmp, self.final_path)
+            try:
+                os.replace(self.tmp, self.final_path)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not self.final_path.is_dir():
+                    raise
+                # Another run finished the same entry in between: the same key, the same content.
+                # Theirs is used, and checked like any entry.
+                shutil.rmtree(self.tmp, ignore_errors=True)
         except OSError as exc:
             raise _write_error(self.where, exc, self.fix) from exc
         return load_store(self.final_path)

@@ -208,6 +208,28 @@ def test_store_checks_every_file_it_lists(tmp_path: Path) -> None:
     assert cache_mod.find_store(tmp_path / "none") is None
 
 
+def test_two_runs_finishing_the_same_entry_both_succeed(tmp_path: Path, monkeypatch: Any) -> None:
+    meta = {k: 0 for k in ("tokenizer", "pad_id", "records_read", "dropped", "sources", "source_starts")}
+    ids = np.arange(6, dtype=np.int32)
+    one = np.array([1], np.int32)
+    writers = [cache_mod.TokenStoreWriter(tmp_path / "entry") for _ in range(2)]
+    for writer in writers:
+        writer.add(np.array([0]), np.array([6], np.int32), ids, ids, np.array([5], np.int32), one, one)
+    real_replace = os.replace
+    raced = []
+
+    def replace_after_the_other_run(src: Any, dst: Any) -> None:
+        if not raced:  # the other run renames its entry into place first
+            raced.append(True)
+            writers[1].finish(meta)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(cache_mod.os, "replace", replace_after_the_other_run)
+    first = writers[0].finish(meta)  # the entry is already there: it is used, not an error
+    assert raced and first.meta["files"] == cache_mod.find_store(tmp_path / "entry").meta["files"]
+    assert [p.name for p in tmp_path.iterdir()] == ["entry"]  # no temporary directory left
+
+
 def test_input_edited_in_place_with_stamp_restored_is_not_a_stale_hit(
     pack: Any, tmp_path: Path, cache_dir: Path
 ) -> None:
