@@ -408,6 +408,9 @@ def test_pad_to_max_beyond_what_a_row_can_hold(chat: Path, pack: Any, tmp_path: 
         "memory to build; with --pad-to-max, --max-len must be at most 16777216"
     )
     assert not (tmp_path / "out").exists()
+    # Without padding a row is only as long as its samples, and planning does not grow with --max-len.
+    summary = json.loads(pack(chat, "--max-len", "1073741824", "-o", tmp_path / "out", "--json", "-q").stdout)
+    assert summary["rows"] == summary["lower_bound_l2"] == 1
 
 
 @pytest.mark.parametrize("stage", ["tokenizing", "rejects", "finishing_store"])
