@@ -6,6 +6,7 @@ Each test asserts the exit code, the exact one-line message, and that the user's
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from packcli import cache as cache_mod
-from packcli import pipeline, shards
+from packcli import pipeline, shards, tokenize
 
 from .conftest import make_conversations, read_rows, write_jsonl
 
@@ -82,6 +83,15 @@ def full_open(name_suffix: str) -> Any:
         return FullFile(real) if "w" in mode and str(path).endswith(name_suffix) else real
 
     return fake
+
+
+_load_tokenizer_once = functools.lru_cache(maxsize=None)(tokenize.load_tokenizer)
+
+
+@pytest.fixture(autouse=True)
+def _tokenizer_loaded_once(monkeypatch: Any) -> None:
+    # Every test here packs with the default tokenizer: load it once, not once per run (test speed only).
+    monkeypatch.setattr(tokenize, "load_tokenizer", _load_tokenizer_once)
 
 
 @pytest.fixture
