@@ -8,10 +8,17 @@ sources). Rows are gathered from the token files by index, touching only the pag
 The same layout serves as the tokenization cache, keyed by everything that
 changes tokens; entries are written to a temporary directory and renamed into place, so a killed run
 never leaves an entry that looks complete.
+
+``meta.json`` also records the size and sha256 of every other file of the store and a sha256 of its
+own content, written at ``finish``. ``load_store`` checks all of them before a store is used, so a
+damaged entry (changed bytes, a truncated or missing file, a meta.json that is not JSON or lacks a
+key) is reported as ``DamagedStore`` and never read: the caller rebuilds it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import hashlib
 import json
@@ -24,8 +31,45 @@ from typing import Any
 
 import numpy as np
 
-CACHE_FORMAT = 3
+from packcli.errors import OutputError, PackcliError, first_line
+
+CACHE_FORMAT = 4
 TOKEN_DTYPE = np.dtype("<i4")
+HASH_CHUNK = 1 << 20
+# Every key a finished store's meta.json has; one missing means the entry is damaged.
+META_KEYS = (
+    "tokenizer",
+    "pad_id",
+    "records_read",
+    "dropped",
+    "sources",
+    "source_starts",
+    "files",
+    "meta_sha256",
+)
+ARRAYS = ("sample_index", "lengths", "trainable", "first_trained", "positions")
+
+
+class DamagedStore(PackcliError):
+    """A store exists at the path but fails its checks; the message says which file and how."""
+
+
+def file_digest(path: Path) -> str:
+    """Return the sha256 of a file, read in 1 MiB chunks (memory does not grow with the file)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _meta_digest(meta: dict[str, Any]) -> str:
+    body = {k: v for k, v in meta.items() if k != "meta_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _write_error(path: Path, exc: OSError, fix: str) -> OutputError:
+    return OutputError(f"{path}: cannot write the token store ({exc.strerror or exc}); {fix}")
 
 
 def default_cache_dir() -> Path:
@@ -89,7 +133,11 @@ class TokenReader:
             for fh, out in ((self._ids, ids), (self._labels, labels)):
                 view = memoryview(out[pos : pos + n]).cast("B")
                 if os.preadv(fh.fileno(), [view], start * size) != n * size:
-                    raise OSError(f"{fh.name}: the token file is shorter than its index; delete the cache entry")
+                    # Not an OSError: that would read as a disk problem, and no disk fix helps.
+                    raise DamagedStore(
+                        f"{fh.name}: the token file became shorter than its index while in use; run again "
+                        "(a checked store is rebuilt)"
+                    )
             pos += n
         return ids, labels
 
@@ -105,17 +153,31 @@ class TokenReader:
 
 
 class TokenStoreWriter:
-    """Streams tokenized batches into a temporary directory; ``finish`` moves it to its final path."""
+    """Streams tokenized batches into a temporary directory; ``finish`` moves it to its final path.
 
-    def __init__(self, final_path: Path) -> None:
+    Every failure to write (a read-only or full disk, a path that is a file) is an OutputError that
+    names ``where`` and ends with ``fix``: the caller knows whether the store is the cache or scratch
+    space, and which path the user gave for it.
+    """
+
+    def __init__(self, final_path: Path, fix: str = "free disk space", where: Path | None = None) -> None:
         self.final_path = final_path
-        final_path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final_path.parent))
-        self._ids = open(self.tmp / "input_ids.bin", "wb")  # noqa: SIM115 - closed in finish/abort
-        self._labels = open(self.tmp / "labels.bin", "wb")  # noqa: SIM115
-        self._arrays: dict[str, list[np.ndarray]] = {
-            k: [] for k in ("sample_index", "lengths", "trainable", "first_trained", "positions")
-        }
+        self.fix = fix
+        self.where = where or final_path.parent
+        self._ids: Any = None
+        self._labels: Any = None
+        self.tmp: Path | None = None
+        try:
+            if final_path.parent.exists() and not final_path.parent.is_dir():
+                raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+            final_path.parent.mkdir(parents=True, exist_ok=True)
+            self.tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final_path.parent))
+            self._ids = open(self.tmp / "input_ids.bin", "wb")  # noqa: SIM115 - closed in finish/abort
+            self._labels = open(self.tmp / "labels.bin", "wb")  # noqa: SIM115
+        except OSError as exc:
+            self.abort()
+            raise _write_error(self.where, exc, fix) from exc
+        self._arrays: dict[str, list[np.ndarray]] = {k: [] for k in ARRAYS}
 
     def add(
         self,
@@ -129,8 +191,11 @@ class TokenStoreWriter:
     ) -> None:
         if len(lengths) == 0:
             return
-        self._ids.write(np.ascontiguousarray(ids, dtype=TOKEN_DTYPE).tobytes())
-        self._labels.write(np.ascontiguousarray(labels, dtype=TOKEN_DTYPE).tobytes())
+        try:
+            self._ids.write(np.ascontiguousarray(ids, dtype=TOKEN_DTYPE).tobytes())
+            self._labels.write(np.ascontiguousarray(labels, dtype=TOKEN_DTYPE).tobytes())
+        except OSError as exc:
+            raise _write_error(self.where, exc, self.fix) from exc
         for key, value in (
             ("sample_index", sample_index),
             ("lengths", lengths),
@@ -141,39 +206,106 @@ class TokenStoreWriter:
             self._arrays[key].append(value)
 
     def finish(self, meta: dict[str, Any]) -> TokenStore:
-        """Close the files, move the store into place and return it."""
-        self._ids.close()
-        self._labels.close()
-        arrays = {
-            k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64 if k == "sample_index" else np.int32))
-            for k, v in self._arrays.items()
-        }
-        np.savez(self.tmp / "samples.npz", **arrays)
-        (self.tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
-        if self.final_path.exists():
-            shutil.rmtree(self.final_path, ignore_errors=True)
-        os.replace(self.tmp, self.final_path)
+        """Close the files, record their checksums, move the store into place and return it."""
+        assert self.tmp is not None
+        try:
+            self._ids.close()
+            self._labels.close()
+            arrays = {
+                k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64 if k == "sample_index" else np.int32))
+                for k, v in self._arrays.items()
+            }
+            np.savez(self.tmp / "samples.npz", **arrays)
+            files = sorted(p.name for p in self.tmp.iterdir() if p.is_file())
+            meta = {
+                **meta,
+                "files": {
+                    name: {"bytes": (self.tmp / name).stat().st_size, "sha256": file_digest(self.tmp / name)}
+                    for name in files
+                },
+            }
+            meta["meta_sha256"] = _meta_digest(meta)
+            # Written last: a store without a whole meta.json fails its check and is rebuilt.
+            (self.tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+            if self.final_path.is_dir() and not self.final_path.is_symlink():
+                shutil.rmtree(self.final_path, ignore_errors=True)
+            elif self.final_path.exists() or self.final_path.is_symlink():
+                self.final_path.unlink()
+            try:
+                os.replace(self.tmp, self.final_path)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not self.final_path.is_dir():
+                    raise
+                # Another run finished the same entry in between: the same key, the same content.
+                # Theirs is used, and checked like any entry.
+                shutil.rmtree(self.tmp, ignore_errors=True)
+        except OSError as exc:
+            raise _write_error(self.where, exc, self.fix) from exc
         return load_store(self.final_path)
 
     def abort(self) -> None:
-        self._ids.close()
-        self._labels.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        for fh in (self._ids, self._labels):
+            if fh is not None:
+                with contextlib.suppress(OSError):
+                    fh.close()
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def load_store(path: Path) -> TokenStore:
-    """Load a finished store's per-sample arrays and metadata."""
-    with np.load(path / "samples.npz") as data:
-        arrays = {k: data[k] for k in data.files}
-    meta = json.loads((path / "meta.json").read_text())
+def check_store(path: Path) -> dict[str, Any]:
+    """Check a store's meta.json and the size and sha256 of each of its files; return the meta.
+
+    Raise DamagedStore naming the first problem. The cost is one sequential read of the store.
+    """
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except FileNotFoundError:
+        raise DamagedStore(f"{path}: meta.json is missing") from None
+    except (OSError, ValueError) as exc:
+        raise DamagedStore(f"{path}: meta.json cannot be read ({first_line(exc)})") from exc
+    if not isinstance(meta, dict):
+        raise DamagedStore(f"{path}: meta.json is not a JSON object")
+    missing = [k for k in META_KEYS if k not in meta]
+    if missing:
+        raise DamagedStore(f"{path}: meta.json lacks {', '.join(missing)}")
+    if meta["meta_sha256"] != _meta_digest(meta):
+        raise DamagedStore(f"{path}: meta.json does not match its checksum")
+    files = meta["files"]
+    if not isinstance(files, dict) or not {"input_ids.bin", "labels.bin", "samples.npz"} <= set(files):
+        raise DamagedStore(f"{path}: meta.json does not list the store's files")
+    for name, expect in sorted(files.items()):
+        file = path / name
+        try:
+            size = file.stat().st_size
+            if size != expect["bytes"]:
+                raise DamagedStore(f"{file}: has {size} bytes, meta.json says {expect['bytes']}")
+            if file_digest(file) != expect["sha256"]:
+                raise DamagedStore(f"{file}: sha256 differs from meta.json (changed bytes)")
+        except FileNotFoundError:
+            raise DamagedStore(f"{file}: is missing") from None
+        except OSError as exc:
+            raise DamagedStore(f"{file}: cannot be read ({exc.strerror or exc})") from exc
+    return meta
+
+
+def load_store(path: Path, verify: bool = True) -> TokenStore:
+    """Load a finished store's per-sample arrays and metadata, checked first unless ``verify`` is False."""
+    meta = check_store(path) if verify else json.loads((path / "meta.json").read_text())
+    try:
+        with np.load(path / "samples.npz") as data:
+            arrays = {k: data[k] for k in ARRAYS}
+    except (OSError, ValueError, KeyError) as exc:
+        raise DamagedStore(f"{path / 'samples.npz'}: cannot be read ({first_line(exc)})") from exc
     return TokenStore(path=path, meta=meta, **arrays)
 
 
 def find_store(path: Path) -> TokenStore | None:
-    """Return the finished store at ``path``, or None when there is none (or it is unreadable)."""
-    if not (path / "meta.json").is_file():
+    """Return the checked store at ``path``, or None when there is none.
+
+    Raise DamagedStore when something is there but fails the checks: it must be rebuilt, not used.
+    """
+    if not path.exists() and not path.is_symlink():
         return None
-    try:
-        return load_store(path)
-    except (OSError, ValueError, KeyError):
-        return None
+    if not path.is_dir():
+        raise DamagedStore(f"{path}: is not a directory")
+    return load_store(path)

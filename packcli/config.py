@@ -27,6 +27,11 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "engine": ("local", "ray"),
 }
 
+# --pad-to-max builds every row at full length; measured peak memory is about 56 bytes a token (ids,
+# labels and positions, their arrow copies and the padding arrays), so 2**24 tokens is about 0.9 GiB.
+PAD_TO_MAX_LIMIT = 1 << 24
+PADDED_ROW_BYTES_PER_TOKEN = 56
+
 
 @dataclass(frozen=True)
 class PackConfig:
@@ -73,6 +78,14 @@ class PackConfig:
                 raise UsageError(f"--{name.replace('_', '-')} must be between {low} and {1 << 30}, not {value}")
         # Fields not named keep their default names, for callers that rename only some (the library).
         object.__setattr__(self, "fields", {**DEFAULT_FIELDS, **self.fields})
+        if self.seed < 0:
+            raise UsageError(f"--seed must be 0 or more, not {self.seed}")
+        if self.pad_to_max and self.max_len > PAD_TO_MAX_LIMIT:
+            gib = self.max_len * PADDED_ROW_BYTES_PER_TOKEN / (1 << 30)
+            raise UsageError(
+                f"--max-len {self.max_len} with --pad-to-max: every row would be {self.max_len} tokens, about "
+                f"{gib:.0f} GiB of memory to build; with --pad-to-max, --max-len must be at most {PAD_TO_MAX_LIMIT}"
+            )
         unknown = set(self.fields) - set(DEFAULT_FIELDS)
         if unknown:
             raise UsageError(f"unknown field name(s) {', '.join(sorted(unknown))}; known: {', '.join(DEFAULT_FIELDS)}")

@@ -36,6 +36,7 @@ DEFAULT_FIELDS: dict[str, str] = {
 }
 
 ROLES = ("system", "user", "assistant", "tool")
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 # ShareGPT speaker names seen in real exports, mapped to chat roles.
 SHAREGPT_ROLES: dict[str, str] = {
@@ -195,6 +196,11 @@ def _int_list(value: Any, key: str) -> list[int]:
         value = _json_cell(value, key, "a list of integers")
     if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         raise RecordError("wrong_type", f"field '{key}' must be a list of integers")
+    if value and not INT64_MIN <= min(value) <= max(value) <= INT64_MAX:
+        # JSON integers have no size limit; token ids and labels are machine integers.
+        big = next(v for v in value if not INT64_MIN <= v <= INT64_MAX)
+        shown = str(big) if len(str(big)) <= 30 else str(big)[:27] + "..."
+        raise RecordError("integer_out_of_range", f"field '{key}' holds {shown}, beyond the 64-bit integer range")
     return value
 
 
@@ -204,6 +210,8 @@ def _json_cell(value: str, key: str, expected: str) -> Any:
         return json.loads(value)
     except json.JSONDecodeError as exc:
         raise RecordError("wrong_type", f"field '{key}' must be {expected}, not a string") from exc
+    except RecursionError as exc:  # the decoder recurses per nesting level
+        raise RecordError("too_deep", f"field '{key}' nests too deep to decode") from exc
 
 
 def _messages(
@@ -255,7 +263,9 @@ def _messages(
             raise RecordError("wrong_type", f"message {i} of '{field}': content parts must be objects")
         if sharegpt or role_key != "role" or content_key != "content":
             # Keep every other key (tool_calls, reasoning, names): templates may read them.
-            rest = {k: v for k, v in message.items() if k not in (role_key, content_key)}
+            # A stray "role" or "content" key never replaces the mapped ones (a human turn with
+            # "role": "assistant" would otherwise be trained on).
+            rest = {k: v for k, v in message.items() if k not in (role_key, content_key, "role", "content")}
             message = {"role": role, "content": content, **rest}
         out.append(message)
     return out

@@ -485,26 +485,36 @@ def lower_bound_l2(lengths: np.ndarray, capacity: int) -> int:
 
     For every threshold ``k`` in ``[0, capacity // 2]``: J1 holds items larger than ``C - k``, J2
     items in ``(C / 2, C - k]`` and J3 items in ``[k, C / 2]``; the bound for ``k`` is
-    ``|J1| + |J2| + max(0, ceil((sum(J3) - (|J2| * C - sum(J2))) / C))``. All thresholds are
-    evaluated at once from cumulative sums of the size histogram, in O(n + C).
+    ``|J1| + |J2| + max(0, ceil((sum(J3) - (|J2| * C - sum(J2))) / C))``.
+
+    Only thresholds equal to an item size (and 0) need evaluating: between two consecutive small
+    sizes J3 stays the same while raising k only moves items from J2 to J1, which lowers
+    ``|J2| * C - sum(J2)``, so the bound is largest at the upper end, a size; above the largest
+    small size J3 is empty. That is O(n log n) in the items and independent of the capacity, so a
+    huge --max-len costs nothing here.
     """
     x, cap = _check_lengths(lengths, capacity)
     if x.size == 0:
         return 0
-    hist = np.bincount(x, minlength=cap + 1)
-    weight = hist * np.arange(cap + 1, dtype=np.int64)
-    # count_ge[v] / sum_ge[v]: number / total size of items with size >= v, for v in [0, cap + 1].
-    count_ge = np.zeros(cap + 2, dtype=np.int64)
-    sum_ge = np.zeros(cap + 2, dtype=np.int64)
-    count_ge[:-1] = np.cumsum(hist[::-1])[::-1]
-    sum_ge[:-1] = np.cumsum(weight[::-1])[::-1]
+    x = np.sort(x)
+    prefix = np.zeros(x.size + 1, dtype=np.int64)
+    np.cumsum(x, out=prefix[1:])
+    total = int(prefix[-1])
+
+    def count_ge(v: np.ndarray) -> np.ndarray:
+        return x.size - np.searchsorted(x, v, side="left")
+
+    def sum_ge(v: np.ndarray) -> np.ndarray:
+        return total - prefix[np.searchsorted(x, v, side="left")]
+
     half = cap // 2  # an integer size w is "> C / 2" exactly when w > half
-    k = np.arange(half + 1, dtype=np.int64)
+    k = np.unique(np.concatenate([[0], x[x <= half]])).astype(np.int64)
     big = cap - k + 1  # J1: sizes >= big
-    n_big_and_mid = count_ge[half + 1]  # |J1| + |J2|
-    n_mid = n_big_and_mid - count_ge[big]
-    sum_mid = sum_ge[half + 1] - sum_ge[big]
-    sum_small = sum_ge[k] - sum_ge[half + 1]
+    above_half = np.array([half + 1], dtype=np.int64)
+    n_big_and_mid = int(count_ge(above_half)[0])  # |J1| + |J2|
+    n_mid = n_big_and_mid - count_ge(big)
+    sum_mid = int(sum_ge(above_half)[0]) - sum_ge(big)
+    sum_small = sum_ge(k) - int(sum_ge(above_half)[0])
     excess = np.maximum(sum_small - (n_mid * cap - sum_mid), 0)
     bound = n_big_and_mid + (-(-excess // cap))
     return int(bound.max())

@@ -20,11 +20,21 @@ from typing import Any
 import numpy as np
 
 from packcli import __version__, packing
-from packcli.cache import TokenReader, TokenStore, TokenStoreWriter, cache_key, default_cache_dir, find_store
+from packcli.bounds import max_token_bytes, rule_out_too_long
+from packcli.cache import (
+    DamagedStore,
+    TokenReader,
+    TokenStore,
+    TokenStoreWriter,
+    cache_key,
+    default_cache_dir,
+    find_store,
+)
 from packcli.config import PackConfig
 from packcli.contract import Progress, no_progress
 from packcli.errors import InputError, OutputError, RecordError, UsageError, raise_if_stopped
-from packcli.formats import detect_format, normalize
+from packcli.formats import Sample, detect_format, normalize
+from packcli.records import check_sample, too_deep
 from packcli.shards import (
     ROW_GROUP_ROWS,
     StagedOutput,
@@ -99,7 +109,11 @@ def _tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
             if record_format is None:
                 keys = ", ".join(map(str, record)) if isinstance(record, dict) else type(record).__name__
                 raise RecordError("unknown_format", f"no known record format fits the fields ({keys})")
-            samples.append(normalize(record, record_format, fields))
+            sample = normalize(record, record_format, fields)
+            check_sample(sample)
+            if "rule_out" in _STATE:
+                rule_out_too_long(sample, *_STATE["rule_out"], render=_STATE["render"])
+            samples.append(sample)
         except RecordError as err:
             samples.append(err)
     results = encoder.encode_batch(samples)
@@ -159,6 +173,8 @@ def _parse_line(line: bytes) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise RecordError("invalid_json", f"invalid JSON ({exc.msg} at column {exc.colno})") from exc
+    except RecursionError as exc:  # the decoder recurses per nesting level
+        raise too_deep() from exc
 
 
 def _reject(index: int, source: str, position: int, err: RecordError, raw: Any, raw_lines: bool) -> dict[str, Any]:
@@ -166,7 +182,7 @@ def _reject(index: int, source: str, position: int, err: RecordError, raw: Any, 
         record: Any = raw.decode("utf-8", errors="replace").rstrip("\n")
     else:
         record = raw
-    text = record if isinstance(record, str) else json.dumps(record, ensure_ascii=False, default=str)
+    text = record if isinstance(record, str) else _record_text(record)
     return {
         "sample_index": index,
         "source": source,
@@ -178,6 +194,18 @@ def _reject(index: int, source: str, position: int, err: RecordError, raw: Any, 
     }
 
 
+def _record_text(record: Any) -> str:
+    """The record as JSON text for the rejects file, even when it cannot be written as UTF-8 as is."""
+    try:
+        text = json.dumps(record, ensure_ascii=False, default=str)
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: keep it escaped, as it was in the input
+        text = json.dumps(record, default=str)
+    except RecursionError:
+        text = "(nested too deep to show)"
+    return text
+
+
 def _where(source: str, unit: str, position: int) -> str:
     return f"{source} {unit} {position}"
 
@@ -185,19 +213,31 @@ def _where(source: str, unit: str, position: int) -> str:
 # -- stage 1: tokenize into the token store ---------------------------------------------------------
 
 
-def _sniff_format(source: InputSource, fields: dict[str, str]) -> str | None:
-    """Return the record format of a source, from the fields of its first readable record."""
+def _sniff_format(source: InputSource, fields: dict[str, str]) -> tuple[str | None, str | None]:
+    """Return the record format of a source, from the fields of its first readable records.
+
+    When none of them could be parsed at all, also return why the first one could not (where and
+    what), since that, not the format, is the problem to report.
+    """
+    first_error = None
+    parsed = False
     for batch in read_batches([source], batch_size=50):
-        for item in batch.items:
+        errors = {pos: detail for pos, _, detail in batch.errors}
+        for item, pos in zip(batch.items, batch.positions, strict=True):
             try:
+                if pos in errors:
+                    raise RecordError("", errors[pos])
                 record = _parse_line(item) if batch.raw_lines else item
-            except RecordError:
+            except RecordError as err:
+                unit = "line" if batch.raw_lines else "record"
+                first_error = first_error or f"{_where(source.display, unit, pos)}: {err.detail}"
                 continue
+            parsed = True
             fmt = detect_format(record, fields)
             if fmt is not None:
-                return fmt
+                return fmt, None
         break
-    return None
+    return None, None if parsed else first_error
 
 
 def _init_worker() -> None:
@@ -256,15 +296,20 @@ def tokenize_to_store(
     store_path: Path,
     progress: Progress,
     map_ordered: Callable[..., Iterator[Any]] | None = None,
+    rule_out_long: bool = False,
 ) -> TokenStore:
     """Tokenize every record of the sources into a token store at ``store_path``.
 
     ``map_ordered(fn, jobs, num_proc)`` runs the batches and yields their results in order: worker
     processes here by default; another engine passes its own (the Ray engine runs them on a cluster).
+    With ``rule_out_long``, records that certainly have more than --max-len tokens are dropped as
+    too_long before tokenizing (see packcli.bounds); the store then lacks them, which its meta records.
     """
     map_ordered = map_ordered or _map_ordered
     _STATE.update(encoder=encoder, fields=config.fields)
-    writer = TokenStoreWriter(store_path)
+    ruled_out_bytes = _arm_rule_out(config, encoder) if rule_out_long else None
+    where, fix = _store_where_fix(config, store_path)
+    writer = TokenStoreWriter(store_path, fix, where)
     counts: Counter[str] = Counter()
     records = 0
     rejects_path = writer.tmp / "rejects.jsonl"
@@ -273,20 +318,25 @@ def tokenize_to_store(
     counted = [count_records(s) for s in sources]
     total = None if None in counted else sum(counted)  # type: ignore[arg-type]
     try:
-        with open(rejects_path, "w", encoding="utf-8") as rejects_file:
+        with _open_for_writing(rejects_path, where, fix) as rejects_file:
             jobs = ((batch, formats[batch.source]) for batch in read_batches(sources, BATCH_SIZE))
             for result in map_ordered(_tokenize_batch, jobs, config.num_proc):
                 records += result.n_records
                 starts.setdefault(result.source, result.first_index)
                 units.setdefault(result.source, result.unit)
                 for reject in result.rejects:
+                    if reject["reason"] == "too_long" and config.overflow == "error":
+                        where_record = _where(reject["source"], reject["unit"], reject["position"])
+                        raise InputError(
+                            f"{where_record}: {reject['detail']}; raise --max-len or pass --overflow drop or truncate"
+                        )
                     if reject["reason"] not in POLICY_DROPS and config.on_error == "fail":
                         where = _where(reject["source"], reject["unit"], reject["position"])
                         raise InputError(
                             f"{where}: {reject['detail']}; fix the record, or pass --on-error skip to skip bad records"
                         )
                     counts[reject["reason"]] += 1
-                    rejects_file.write(json.dumps(reject, ensure_ascii=False) + "\n")
+                    _write_line(rejects_file, json.dumps(reject, ensure_ascii=False), where, fix)
                 writer.add(
                     result.sample_index,
                     result.lengths,
@@ -314,12 +364,66 @@ def tokenize_to_store(
             ],
             "source_starts": [starts.get(s.display, records) for s in sources],
         }
+        if ruled_out_bytes is not None and counts["too_long"]:
+            # Records over this many bytes were left out untokenized: only runs whose limit is no
+            # higher may use this store (see _cached_store).
+            meta["ruled_out_over_bytes"] = ruled_out_bytes
+            meta["ruled_out_max_len"] = config.max_len
         return writer.finish(meta)
     except BaseException:
         writer.abort()
         raise
     finally:
         _STATE.clear()
+
+
+def _arm_rule_out(config: PackConfig, encoder: Encoder) -> int | None:
+    """Set up the workers' early too-long rule; return its byte limit (None: this tokenizer has no bound)."""
+    token_bytes = max_token_bytes(encoder.backend.to_str())
+    if token_bytes is None:
+        return None
+
+    def render(sample: Sample) -> str:
+        # Exactly the text the encoder renders for a conversation (as in Encoder._chat_spans): the
+        # bound holds for the text that is encoded, so it must be that text.
+        kwargs = encoder.template_kwargs | (sample.template_kwargs or {})
+        return encoder.render(encoder._prepare(sample), tools=sample.tools, kwargs=kwargs)[0]
+
+    _STATE.update(rule_out=(config.max_len, token_bytes), render=render)
+    return config.max_len * token_bytes
+
+
+def _store_where_fix(config: PackConfig, store_path: Path) -> tuple[Path, str]:
+    """Which path to name, and what to do, when the token store cannot be written.
+
+    The store is the cache entry, or scratch space inside the output's staging directory (a
+    temporary directory for a dry run): the message names the path the user chose.
+    """
+    if config.cache:
+        return store_path.parent, "choose a writable --cache-dir with free space, or pass --no-cache"
+    if config.dry_run:
+        return Path(tempfile.gettempdir()), "free disk space there or set TMPDIR"
+    return Path(config.output), "free disk space or choose another -o"
+
+
+@contextlib.contextmanager
+def _open_for_writing(path: Path, where: Path, fix: str) -> Iterator[Any]:
+    try:
+        fh = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise OutputError(f"{where}: cannot write the token store ({exc.strerror or exc}); {fix}") from exc
+    try:
+        yield fh
+    finally:
+        with contextlib.suppress(OSError):  # a failed flush was reported by the write that failed
+            fh.close()
+
+
+def _write_line(fh: Any, line: str, where: Path, fix: str) -> None:
+    try:
+        fh.write(line + "\n")
+    except OSError as exc:
+        raise OutputError(f"{where}: cannot write the token store ({exc.strerror or exc}); {fix}") from exc
 
 
 # -- stage 2 and 3: plan and write ----------------------------------------------------------------
@@ -388,6 +492,12 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
     np.cumsum(counts, out=row_start[1:])
     row_tokens = np.bincount(bins, weights=kept_len).astype(np.int64)
     order = packing.order_rows(row_tokens, config.seed, config.world_size, config.rank_remainder)
+    if len(order.order) == 0:
+        raise InputError(
+            f"no sample left to pack: the {len(counts)} packed rows are fewer than --world-size "
+            f"{config.world_size}, and --rank-remainder drop leaves none; lower --world-size or pass "
+            "--rank-remainder pad"
+        )
     dropped_samples = np.zeros(0, dtype=np.int64)
     if len(order.dropped_rows):
         dropped_samples = np.concatenate([store_rows[row_start[r] : row_start[r + 1]] for r in order.dropped_rows])
@@ -523,29 +633,35 @@ class TokenizedInputs:
     """The inputs, tokenized: the token store and what the manifest says about how it was made."""
 
     store: TokenStore
-    cache: str  # hit | miss | off
+    cache: str  # hit | miss | off | rebuilt (the entry found was damaged)
     sources: list[InputSource]
     fingerprints: list[str]
     formats: dict[str, str | None]
     tokenizer: dict[str, Any]  # the tokenizer's identity
     pad_id: int
+    warnings: list[str] = field(default_factory=list)
 
 
 @contextlib.contextmanager
 def tokenized_inputs(
-    config: PackConfig, progress: Progress | None = None, scratch: Path | None = None
+    config: PackConfig, progress: Progress | None = None, scratch: Path | None = None, rule_out_long: bool = False
 ) -> Iterator[TokenizedInputs]:
     """Yield the inputs of ``config`` tokenized into a token store: from the cache, or made now.
 
     With the cache on, the store is the cache entry (found, or made and kept); with it off, it is made
     under ``scratch`` (a temporary directory when None) and removed afterwards. A cache hit loads no
     tokenizer: the key hashes the tokenizer's files and the template when they are local.
+
+    ``rule_out_long`` (pack with --overflow drop or error, local engine) drops records that certainly
+    exceed --max-len before tokenizing them (see packcli.bounds).
     """
     progress = progress or no_progress
     sources = resolve_inputs(list(config.inputs), config.split)
     formats: dict[str, str | None] = {}
     for source in sources:
-        fmt = config.format if config.format != "auto" else _sniff_format(source, config.fields)
+        fmt, unparsed = (config.format, None) if config.format != "auto" else _sniff_format(source, config.fields)
+        if fmt is None and unparsed is not None and config.on_error == "fail":
+            raise InputError(f"{unparsed}; fix the record, or pass --on-error skip to skip bad records")
         if fmt is None and config.on_error == "fail":
             raise InputError(
                 f"{source.display}: cannot tell the record format from the fields of its first records; "
@@ -575,7 +691,9 @@ def tokenized_inputs(
             "version": __version__,
         }
     )
-    store = find_store(cache_root / key) if config.cache else None
+    rule_out_long = rule_out_long and config.engine == "local" and config.overflow in ("drop", "error")
+    limit = config.max_len if rule_out_long else None
+    store, state, warnings = _cached_store(cache_root / key, limit) if config.cache else (None, "off", [])
     with contextlib.ExitStack() as stack:
         if store is None:
             if encoder is None:
@@ -586,16 +704,42 @@ def tokenized_inputs(
                 tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=".packcli-tokens-", dir=scratch))
                 store_path = Path(tmp) / "tokens"
             raise_if_stopped()
-            store = load_engine(config).tokenize_to_store(config, sources, formats, encoder, store_path, progress)
+            engine = load_engine(config)
+            if rule_out_long:
+                store = engine.tokenize_to_store(
+                    config, sources, formats, encoder, store_path, progress, rule_out_long=True
+                )
+            else:
+                store = engine.tokenize_to_store(config, sources, formats, encoder, store_path, progress)
         yield TokenizedInputs(
             store=store,
-            cache="off" if not config.cache else ("miss" if encoder is not None else "hit"),
+            cache=state,
             sources=sources,
             fingerprints=fingerprints,
             formats=formats,
             tokenizer=store.meta["tokenizer"],
             pad_id=store.meta["pad_id"],
+            warnings=warnings,
         )
+
+
+def _cached_store(path: Path, rule_out_max_len: int | None) -> tuple[TokenStore | None, str, list[str]]:
+    """Return the checked cache entry at ``path`` (or None), the cache state, and warnings.
+
+    A damaged entry is never used: it is reported in one warning and made again (state "rebuilt").
+    An entry that left out long records untokenized serves only runs that would drop them too: a run
+    that truncates, or allows longer samples, makes the entry again (a miss).
+    """
+    try:
+        store = find_store(path)
+    except DamagedStore as exc:
+        return None, "rebuilt", [f"the cache entry is damaged ({exc}); it is rebuilt"]
+    # The byte limit is max_len * L, and L is the same (the tokenizer is in the key): comparing max
+    # lengths compares limits.
+    ruled_out = store.meta.get("ruled_out_max_len") if store is not None else None
+    if ruled_out is not None and (rule_out_max_len is None or rule_out_max_len > ruled_out):
+        return None, "miss", []
+    return store, ("miss" if store is None else "hit"), []
 
 
 def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, Any]:
@@ -615,12 +759,14 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
             check_output_dir(Path(config.output), config.overwrite)
     staged = None if config.dry_run or to_uri else StagedOutput(Path(config.output), config.overwrite)
     try:
-        with tokenized_inputs(config, progress, scratch=staged.tmp if staged else None) as inputs:
+        scratch = staged.tmp if staged else None
+        with tokenized_inputs(config, progress, scratch=scratch, rule_out_long=True) as inputs:
             t1 = time.perf_counter()
             store = inputs.store
             plan = make_plan(config, store)
             t2 = time.perf_counter()
             summary = _summary(config, store, plan, inputs.cache)
+            summary["warnings"] = [*inputs.warnings, *summary["warnings"]]
             if not config.dry_run:
                 shards = engine.write_output(
                     config, store, plan, staged.tmp if staged else None, progress, inputs.pad_id
@@ -629,7 +775,7 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
                     _write_rejects(Path(config.rejects), store, plan)
                 manifest = _manifest(config, inputs, summary, shards)
         if staged is not None:
-            write_manifest(staged.tmp, manifest)
+            write_manifest(staged.tmp, manifest, Path(config.output))
             staged.commit()
         elif to_uri and not config.dry_run:
             engine.write_manifest_uri(config.output, manifest)

@@ -7,6 +7,7 @@ record its global ``sample_index``: files in sorted order, records in file order
 
 from __future__ import annotations
 
+import codecs
 import glob
 import hashlib
 import json
@@ -89,8 +90,19 @@ def resolve_inputs(paths: list[str], split: str | None = None) -> list[InputSour
     if not sources:
         raise UsageError("no input given; pass one or more files, directories or globs")
     # Sorted, with duplicates removed, so that sample_index does not depend on the argument order.
-    unique = {(s.kind != "hub", s.path): s for s in sources}
+    # A file named twice (d, d/m.jsonl, $PWD/d/m.jsonl, d/../d/m.jsonl) is one input: duplicates are
+    # found by resolved path, and the shortest spelling is kept, whichever came first.
+    by_target: dict[tuple[str, str], InputSource] = {}
+    for s in sorted(sources, key=lambda s: (len(s.path), s.path)):
+        target = s.path if s.kind == "hub" else str(Path(s.path).resolve())
+        by_target.setdefault((s.kind, target), s)
+    unique = {(s.kind != "hub", s.path): s for s in by_target.values()}
     return [unique[k] for k in sorted(unique)]
+
+
+def missing_input(raw: str) -> bool:
+    """Return whether an input argument names nothing: no path, no glob, and not a Hub dataset name."""
+    return not (Path(raw).exists() or glob.has_magic(raw) or _looks_like_hub_name(raw))
 
 
 def _looks_like_hub_name(raw: str) -> bool:
@@ -113,8 +125,10 @@ def _file_source(path: Path) -> InputSource:
 def fingerprint(source: InputSource, memo_path: Path | None = None) -> str:
     """Return a content hash of a source, for the tokenization cache and the manifest.
 
-    With ``memo_path``, a file's hash is remembered with its size, modification time and inode, and
-    not computed again while those stay the same (as git's index does).
+    With ``memo_path``, a file's hash is remembered with its size, modification time, inode and status
+    change time (ctime), and not computed again while all four stay the same (as git's index does).
+    ctime cannot be set back by a program (utime restores mtime only), so an edit in place that
+    restores size, mtime and inode still changes the stamp.
     """
     h = hashlib.blake2b(digest_size=16)
     if source.kind == "hub":
@@ -128,7 +142,7 @@ def fingerprint(source: InputSource, memo_path: Path | None = None) -> str:
     for f in files:
         st = f.stat()
         key = str(f.resolve())
-        stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
         if memo.get(key, {}).get("stat") != stamp:
             file_hash = hashlib.blake2b(digest_size=16)
             with open(f, "rb") as fh:
@@ -205,6 +219,8 @@ def _read_json_lines(path: str, batch_size: int) -> Iterator[RawBatch]:
     empty = True
     with open(path, "rb") as fh:
         for line_no, line in enumerate(fh, start=1):
+            if line_no == 1 and line.startswith(codecs.BOM_UTF8):
+                line = line[len(codecs.BOM_UTF8) :]  # Windows exports start with one
             if not line.strip():
                 continue
             empty = False
@@ -227,6 +243,8 @@ def _read_json(path: str, batch_size: int) -> Iterator[RawBatch]:
     """
     with open(path, "rb") as fh:
         data = fh.read()
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8) :]  # Windows exports start with one
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -265,6 +283,14 @@ def _read_json(path: str, batch_size: int) -> Iterator[RawBatch]:
             batch.items.append(None)
             batch.positions.append(record_no)
             break
+        except RecursionError:
+            # The decoder recurses per nesting level: this element is one bad record, and the
+            # elements after it are still read.
+            from packcli.records import too_deep
+
+            err = too_deep()
+            batch.errors.append((record_no, err.reason, err.detail))
+            value, pos = None, _skip_value(text, pos)
         batch.items.append(value)
         batch.positions.append(record_no)
         while pos < end and text[pos] in " \t\r\n":
@@ -278,6 +304,31 @@ def _read_json(path: str, batch_size: int) -> Iterator[RawBatch]:
         yield batch
     elif record_no == 0 and not batch.errors:
         raise InputError(f"{path}: the JSON array is empty; remove it from the inputs")
+
+
+def _skip_value(text: str, pos: int) -> int:
+    """Return the position just after the JSON array or object that starts at ``pos`` (no recursion)."""
+    depth = 0
+    in_string = False
+    i = pos
+    end = len(text)
+    while i < end:
+        c = text[i]
+        if in_string:
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return end
 
 
 def _read_tabular(source: InputSource, batch_size: int) -> Iterator[RawBatch]:
@@ -306,7 +357,8 @@ def _arrow_batches(source: InputSource, batch_size: int) -> Iterator[Any]:
 
             # Every column as text: a CSV cell's type is what the record format says, not a guess.
             with open(source.path, "rb") as fh:
-                header = fh.readline().decode("utf-8", errors="replace").strip()
+                # utf-8-sig: a byte order mark is not part of the first column's name.
+                header = fh.readline().decode("utf-8-sig", errors="replace").strip()
             if not header:
                 raise InputError(f"{source.path}: the file is empty; remove it from the inputs")
             names = next(iter(__import__("csv").reader([header])))

@@ -122,7 +122,15 @@ def test_token_store_round_trip(tmp_path: Path) -> None:
         np.array([0, 2, 3], dtype=np.int64), lengths, ids, labels, np.array([1, 2, 1], np.int32),
         np.array([1, 0, 1], np.int32), np.array([1, 3, 4], np.int32),
     )  # fmt: skip
-    store = writer.finish({"records_read": 4, "dropped": {"empty": 1}})
+    meta = {
+        "records_read": 4,
+        "dropped": {"empty": 1},
+        "tokenizer": {},
+        "pad_id": 0,
+        "sources": [],
+        "source_starts": [],
+    }
+    store = writer.finish(meta)
     again = find_store(tmp_path / "store")
     assert again is not None and again.meta["records_read"] == 4
     assert again.sample_index.tolist() == [0, 2, 3] and again.lengths.tolist() == [3, 5, 2]

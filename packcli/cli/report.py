@@ -75,8 +75,13 @@ def stats(
     Examples: packcli stats out/ ; packcli stats data.jsonl --max-len 2048,4096,8192
     """
     from packcli.config import PackConfig
-    from packcli.errors import UsageError
+    from packcli.errors import InputError, UsageError
     from packcli.report.stats import is_packed_output, output_stats, parse_max_lens, raw_stats
+    from packcli.sources import missing_input
+
+    for p in paths:
+        if missing_input(p):
+            raise InputError(f"{p}: no such file or directory; check the path")
 
     packed = [p for p in paths if is_packed_output(Path(p))]
     if packed and len(paths) > 1:
@@ -120,6 +125,8 @@ def stats(
                 dry_run=True,
             )
             result = raw_stats(config, lens, batch_size=batch_size, progress=progress)
+        for message in result.get("warnings", []):
+            console.warning(message)
     if plot is not None:
         from packcli.report.stats import plot_histograms, write_plot
 

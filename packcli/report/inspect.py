@@ -19,7 +19,7 @@ from packcli.contract import IGNORE_INDEX
 from packcli.errors import InputError, OutputError, TokenizerError, UsageError, first_line
 from packcli.report.stats import list_parts
 from packcli.shard_formats import shard_batches
-from packcli.shards import read_manifest
+from packcli.shards import read_checked_manifest
 
 
 @dataclass
@@ -123,7 +123,7 @@ def inspect_row(
     """
     if row is not None and sample_index is not None:
         raise UsageError("--row cannot be used with --sample-index; pass one of them")
-    manifest = read_manifest(directory)
+    manifest = read_checked_manifest(directory)
     if sample_index is not None:
         row = find_sample(directory, manifest, sample_index)
     row = 0 if row is None else row

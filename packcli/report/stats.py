@@ -26,7 +26,7 @@ from packcli import packing
 from packcli.contract import IGNORE_INDEX, MANIFEST
 from packcli.errors import OutputError, UsageError, first_line
 from packcli.shard_formats import shard_batches
-from packcli.shards import read_manifest
+from packcli.shards import read_checked_manifest
 from packcli.tokenize import DEFAULT_TOKENIZER
 
 # Row fill bins in percent, right-closed: (0, 50], (50, 75], ... (99, 100]. Fine at the top, where
@@ -144,7 +144,7 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     """
     if batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, not {batch_size}")
-    manifest = read_manifest(directory)
+    manifest = read_checked_manifest(directory)
     max_len = int(manifest.get("max_len") or manifest.get("options", {}).get("max_len", 0))
     if max_len < 1:
         raise OutputError(f"{directory / MANIFEST}: no max_len; the manifest is damaged, pack again")
@@ -268,7 +268,7 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
     from packcli.pipeline import tokenized_inputs
 
     with tokenized_inputs(config, progress) as tokenized:
-        store, cache_state = tokenized.store, tokenized.cache
+        store, cache_state, warnings = tokenized.store, tokenized.cache, tokenized.warnings
         lengths = store.lengths.astype(np.int64)  # ascending sample_index: input order
         trainable = int(store.trainable.astype(np.int64).sum())
         meta = store.meta
@@ -289,6 +289,7 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
         "length_histogram": length_histogram(lengths, upper).to_dict(),
         "batch_size": batch_size,
         "max_lens": lines,
+        **({"warnings": warnings} if warnings else {}),
     }
 
 

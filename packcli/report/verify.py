@@ -20,9 +20,9 @@ from packcli.contract import IGNORE_INDEX, MANIFEST, SHARD_SCHEMA, Progress
 from packcli.errors import first_line
 from packcli.report.stats import list_parts
 from packcli.shard_formats import shard_batches, shard_schema
-from packcli.shards import file_sha256, read_manifest
+from packcli.shards import EXTENSIONS, file_sha256, manifest_problems, read_manifest
 
-SHARD_FILE = re.compile(r"^shard-\d+-of-\d+\.(parquet|arrow)$")
+SHARD_FILE = re.compile(r"^shard-\d+-of-\d+(" + "|".join(re.escape(e) for e in EXTENSIONS.values()) + ")$")
 MAX_EXAMPLES = 5
 
 # Each row check: a key, and the message for the rows that fail it.
@@ -43,6 +43,7 @@ CHECKS = {
     "padding_unexpected": "have a padding segment (sample_index -1) but the output was packed without --pad-to-max",
     "padding_labels": "have a padding segment with labels other than -100",
     "padding_not_last": "have a padding segment that is not the row's last segment",
+    "sample_index_order": "have sample_index values that do not ascend within the row",
 }
 
 
@@ -117,6 +118,10 @@ def verify_output(directory: Path, progress: Progress | None = None) -> VerifyRe
     """
     manifest = read_manifest(directory)
     report = VerifyReport(directory=str(directory))
+    damaged = manifest_problems(manifest)
+    if damaged:
+        report.problems.extend(Problem(MANIFEST, f"{p}; the manifest is damaged") for p in damaged)
+        return report
     options = manifest.get("options", {})
     expect = _Expect(
         max_len=int(manifest.get("max_len") or options.get("max_len") or 0),
@@ -268,6 +273,12 @@ def _check_batch(batch: pa.RecordBatch, first_row: int, expect: _Expect, totals:
     row_sums = np.bincount(seg_row, weights=seq_lengths, minlength=n).astype(np.int64)
     totals.fail("seq_lengths_sum", rows[row_sums != row_len], first_row)
     pad = index == -1
+    # The contract: a row's samples are in ascending sample_index order (padding segments aside).
+    same_row = seg_row[1:] == seg_row[:-1]
+    real_pair = ~pad[1:] & ~pad[:-1]
+    unordered = np.zeros(len(index), dtype=bool)
+    unordered[1:] = same_row & real_pair & (index[1:] <= index[:-1])
+    totals.fail("sample_index_order", seg_row[unordered], first_row)
     if pad.any():
         if not expect.pad_to_max:
             totals.fail("padding_unexpected", seg_row[pad], first_row)

@@ -1,0 +1,70 @@
+"""Checks of decoded record values that JSON allows but that cannot be tokenized or written back.
+
+JSON may escape half of a UTF-16 surrogate pair (``"\\ud800"``): Python decodes it to a string that
+has no UTF-8 form, which the tokenizer rejects for the whole batch. JSON may also nest arbitrarily
+deep, while Python's decoder (and every recursive walk after it) stops near its recursion limit.
+Both are found here, per record, so that they are one counted reason instead of a traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from packcli.errors import RecordError
+from packcli.formats import Sample
+
+# Far deeper than any real record (chat messages with tool calls nest under 10 levels), and far below
+# the recursion limit of the decoder and of the template renderer.
+MAX_DEPTH = 100
+
+
+def too_deep() -> RecordError:
+    return RecordError("too_deep", f"the record nests more than {MAX_DEPTH} levels deep")
+
+
+def check_value(value: Any, what: str = "the record") -> None:
+    """Raise RecordError if any string in ``value`` has a lone surrogate, or it nests too deep.
+
+    Iterative, so that the walk itself has no depth limit. ASCII strings cost nothing (``isascii`` is
+    a flag lookup); others are encoded once.
+    """
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                _check_text(item, what)
+        elif isinstance(item, dict):
+            if depth >= MAX_DEPTH:
+                raise too_deep()
+            stack.extend((k, depth + 1) for k in item)
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, (list, tuple)):
+            if depth >= MAX_DEPTH:
+                raise too_deep()
+            stack.extend((v, depth + 1) for v in item)
+
+
+def _check_text(text: str, what: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        raise RecordError(
+            "lone_surrogate",
+            f"{what} holds a lone surrogate \\u{code:04x} (half of a UTF-16 pair, not text)",
+        ) from exc
+
+
+def check_sample(sample: Sample) -> None:
+    """Check every value of a normalised sample that reaches the template or the tokenizer."""
+    if sample.messages is not None:
+        check_value(sample.messages, "a message")
+    if sample.tools is not None:
+        check_value(sample.tools, "a tool")
+    if sample.template_kwargs is not None:
+        check_value(sample.template_kwargs, "chat_template_kwargs")
+    for name in ("text", "prompt", "completion"):
+        value = getattr(sample, name)
+        if value is not None:
+            check_value(value, f"the {name}")
