@@ -400,3 +400,22 @@ def test_pack_cli_with_template_kwargs_tools_and_warning(tmp_path: Path, pack: A
     assert json.loads(again.stdout)["cache"] == "hit"
     bad = pack(data, "-o", tmp_path / "d", "--template-kwarg", "enable_thinking", expect=2)
     assert "--template-kwarg takes KEY=VALUE" in bad.stderr
+
+
+def test_template_kwargs_in_a_preset(tmp_path: Path, pack: Any) -> None:
+    from .conftest import write_jsonl
+
+    preset = tmp_path / "qwen3.toml"
+    preset.write_text(
+        f'chat_template = "{TRL_TEMPLATES / "qwen3.jinja"}"\n[template_kwargs]\nenable_thinking = false\n'
+    )
+    data = write_jsonl(
+        tmp_path / "chat.jsonl",
+        [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}],
+    )
+    pack(data, "--config", preset, "-o", tmp_path / "a", "--max-len", 256)
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["options"]["template_kwargs"] == {"enable_thinking": False}
+    pack(data, "--config", preset, "-o", tmp_path / "b", "--max-len", 256, "--template-kwarg", "enable_thinking=true")
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert manifest["options"]["template_kwargs"] == {"enable_thinking": True}  # the flag overrides the preset
