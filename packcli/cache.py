@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from packcli.safety import owner_tag
+
 CACHE_FORMAT = 3
 TOKEN_DTYPE = np.dtype("<i4")
 
@@ -110,7 +112,8 @@ class TokenStoreWriter:
     def __init__(self, final_path: Path) -> None:
         self.final_path = final_path
         final_path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final_path.parent))
+        # The host and PID in the name let a later run remove it once this process is gone.
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{owner_tag()}-", dir=final_path.parent))
         self._ids = open(self.tmp / "input_ids.bin", "wb")  # noqa: SIM115 - closed in finish/abort
         self._labels = open(self.tmp / "labels.bin", "wb")  # noqa: SIM115
         self._arrays: dict[str, list[np.ndarray]] = {

@@ -188,6 +188,8 @@ def pack(
 
     with console.progress_bars(enabled=not quiet) as progress:
         summary = run_pack(cfg, progress)
+    for skipped in summary.get("skipped_dirs", []):
+        console.warning(f"{skipped}: skipped; a packcli output or staging directory is never read as input")
     if json_out:
         typer.echo(json.dumps(summary, indent=2))
     if not quiet:

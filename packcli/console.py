@@ -22,6 +22,11 @@ def error(message: str) -> None:
     stderr.print(f"[bold red]Error:[/] {escape(message)}", soft_wrap=True, markup=True, highlight=False, emoji=False)
 
 
+def warning(message: str) -> None:
+    """Print one warning line on stderr."""
+    stderr.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True, markup=True, highlight=False, emoji=False)
+
+
 @contextmanager
 def progress_bars(enabled: bool) -> Iterator[Any]:
     """Yield a progress callback (stage, advance, total); bars only on a terminal and when enabled."""

@@ -19,16 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from packcli import __version__, packing
+from packcli import __version__, packing, safety
 from packcli.cache import TokenReader, TokenStore, TokenStoreWriter, cache_key, default_cache_dir, find_store
 from packcli.config import PackConfig
 from packcli.errors import InputError, OutputError, RecordError, UsageError, raise_if_stopped
 from packcli.formats import detect_format, normalize
 from packcli.shards import (
     ROW_GROUP_ROWS,
-    StagedOutput,
     build_rows,
-    check_output_dir,
     shard_name,
     write_manifest,
     write_shard,
@@ -606,12 +604,14 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
     to_uri = "://" in config.output
     if to_uri and config.engine != "ray":
         raise UsageError(f"-o {config.output}: a filesystem URI output needs --engine ray; or pass a local path")
+    skipped: list[str] = []
+    prepared = None
     if not config.dry_run:
         if to_uri:
             engine.check_uri_output(config.output, config.overwrite)
         else:
-            check_output_dir(Path(config.output), config.overwrite)
-    staged = None if config.dry_run or to_uri else StagedOutput(Path(config.output), config.overwrite)
+            prepared = _prepare_output(config, skipped)
+    staged = prepared.staged if prepared else None
     try:
         with tokenized_inputs(config, progress, scratch=staged.tmp if staged else None) as inputs:
             t1 = time.perf_counter()
@@ -624,8 +624,11 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
                     config, store, plan, staged.tmp if staged else None, progress, inputs.pad_id
                 )
                 if config.rejects:
-                    _write_rejects(Path(config.rejects), store, plan)
+                    rejects = prepared.rejects_path(config.rejects) if prepared else Path(config.rejects)
+                    _write_rejects(rejects, store, plan)
                 manifest = _manifest(config, inputs, summary, shards)
+                if prepared and prepared.rejects_relative:
+                    manifest["rejects_file"] = prepared.rejects_relative.as_posix()
         if staged is not None:
             write_manifest(staged.tmp, manifest)
             staged.commit()
@@ -638,6 +641,11 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
         if staged is not None:
             staged.abort()
         raise
+    finally:
+        if prepared is not None:
+            prepared.release()
+    if skipped:
+        summary["skipped_dirs"] = sorted(set(skipped))
     summary["seconds"] = {
         "tokenize": round(t1 - started, 3),
         "plan": round(t2 - t1, 3),
@@ -646,6 +654,14 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
     }
     summary["tokens_per_second"] = round(summary["tokens"] / max(t3 - started, 1e-9))
     return summary
+
+
+def _prepare_output(config: PackConfig, skipped: list[str]) -> safety.PreparedOutput:
+    """Lock and check the local output against the inputs, the cache and the rejects file."""
+    sources = resolve_inputs(list(config.inputs), config.split, skipped)
+    paths = [Path(s.path).resolve() for s in sources if s.kind != "hub"]
+    cache_root = (Path(config.cache_dir) if config.cache_dir else default_cache_dir()) if config.cache else None
+    return safety.prepare_output(config.output, config.overwrite, paths, cache_root, config.rejects)
 
 
 def _summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str) -> dict[str, Any]:
