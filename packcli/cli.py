@@ -205,10 +205,13 @@ def _available_cores() -> int:
 
 def _on_signal(signum: int, frame: Any) -> None:
     # The first SIGINT/SIGTERM asks the run to stop at its next safe point (within a batch); a second
-    # one stops it at once.
+    # one stops it at once: the workers are killed, not waited for.
     from packcli.errors import _STOP, request_stop
 
     if _STOP.is_set():
+        procs = sys.modules.get("packcli.procs")  # loaded whenever a pool was started; no import here
+        if procs is not None:
+            procs.kill_all()
         raise KeyboardInterrupt
     request_stop()
 

@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import multiprocessing
 import os
-import signal
 import sys
 import tempfile
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from packcli import __version__, packing, safety
+from packcli import __version__, packing, procs, safety
 from packcli.cache import TokenReader, TokenStore, TokenStoreWriter, cache_key, default_cache_dir, find_store
 from packcli.config import PackConfig
 from packcli.errors import InputError, OutputError, RecordError, UsageError, raise_if_stopped
@@ -196,12 +196,12 @@ def _sniff_format(source: InputSource, fields: dict[str, str]) -> str | None:
     return None
 
 
-def _init_worker() -> None:
+def _init_worker(parent_pid: int) -> None:
     # One tokenizer thread per worker process: the processes are the parallelism. This also keeps the
     # Rust thread pool from being used across fork, which can deadlock when the parent already used it.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    # Ctrl-C reaches the whole process group: the parent handles it and stops the workers.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Die with the parent, take SIGTERM by default, ignore Ctrl-C (the parent stops the workers).
+    procs.init_worker(parent_pid)
 
 
 def _result(future: Future[Any]) -> Any:
@@ -219,13 +219,16 @@ def _map_ordered(fn: Callable[..., Any], jobs: Iterator[tuple[Any, ...]], num_pr
 
     At most a few batches per worker are in flight, so memory does not grow with the input.
     """
+    # Never more workers than jobs: the first num_proc jobs are read before any process starts.
+    first = list(itertools.islice(jobs, num_proc)) if num_proc > 1 else []
+    num_proc = min(num_proc, len(first)) if num_proc > 1 else 1
+    jobs = itertools.chain(first, jobs)
     if num_proc <= 1:
         for job in jobs:
             raise_if_stopped()
             yield fn(*job)
         return
-    context = multiprocessing.get_context("fork")
-    executor = ProcessPoolExecutor(max_workers=num_proc, mp_context=context, initializer=_init_worker)
+    executor = procs.start_pool(num_proc, multiprocessing.get_context("fork"), _init_worker)
     pending: deque[Future[Any]] = deque()
     try:
         for job in jobs:
@@ -237,11 +240,9 @@ def _map_ordered(fn: Callable[..., Any], jobs: Iterator[tuple[Any, ...]], num_pr
             yield _result(pending.popleft())
     except BaseException:
         # Stopping (an error, a signal, or the consumer giving up): do not wait for work in flight.
-        for process in list(getattr(executor, "_processes", {}).values()):
-            process.terminate()
-        executor.shutdown(wait=True, cancel_futures=True)
+        procs.stop_pool(executor)
         raise
-    executor.shutdown(wait=True)
+    procs.close_pool(executor)
 
 
 def tokenize_to_store(
