@@ -13,6 +13,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import numpy as np
 from packcli import __version__, packing, procs, safety
 from packcli.cache import TokenReader, TokenStore, TokenStoreWriter, cache_key, default_cache_dir, find_store
 from packcli.config import PackConfig
-from packcli.errors import InputError, OutputError, RecordError, UsageError, raise_if_stopped
+from packcli.errors import InputError, OutputError, PackcliError, RecordError, UsageError, raise_if_stopped
 from packcli.formats import detect_format, normalize
 from packcli.shards import (
     ROW_GROUP_ROWS,
@@ -212,6 +213,11 @@ def _result(future: Future[Any]) -> Any:
             return future.result(timeout=0.2)
         except TimeoutError:
             continue
+        except BrokenProcessPool as exc:
+            raise PackcliError(
+                "a worker process died (killed by a signal or out of memory); "
+                "run again, with a lower --num-proc if memory is short"
+            ) from exc
 
 
 def _map_ordered(fn: Callable[..., Any], jobs: Iterator[tuple[Any, ...]], num_proc: int) -> Iterator[Any]:
@@ -233,7 +239,7 @@ def _map_ordered(fn: Callable[..., Any], jobs: Iterator[tuple[Any, ...]], num_pr
     try:
         for job in jobs:
             raise_if_stopped()
-            pending.append(executor.submit(fn, *job))
+            pending.append(procs.submit(executor, fn, *job))
             if len(pending) >= 2 * num_proc + 1:
                 yield _result(pending.popleft())
         while pending:

@@ -25,11 +25,19 @@ WATCH_SECONDS = 1.0
 _POOLS: list[ProcessPoolExecutor] = []
 
 
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
 def init_worker(parent_pid: int) -> None:
-    """Run first in every worker process (the pool's initializer)."""
+    """Run first in every worker process (the pool's initializer).
+
+    The worker was forked with SIGINT and SIGTERM blocked (see ``submit``), so the parent's handlers
+    it inherited never run; they are replaced before the signals are let in.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with_parent(parent_pid)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -57,6 +65,17 @@ def start_pool(workers: int, context: Any, initializer: Any) -> ProcessPoolExecu
     )
     _POOLS.append(pool)
     return pool
+
+
+def submit(pool: ProcessPoolExecutor, fn: Any, *args: Any) -> Any:
+    """Submit a job with SIGINT and SIGTERM held back: a pool forks its workers on the first submit, and
+    an interrupt between a fork and the pool's record of the new process would leave a worker that
+    nothing stops. A signal that comes meanwhile is handled right after."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return pool.submit(fn, *args)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _processes(pool: ProcessPoolExecutor) -> list[Any]:
