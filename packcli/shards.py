@@ -251,14 +251,6 @@ class StagedOutput:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def check_output_dir(output: Path, overwrite: bool) -> None:
-    """Refuse a path that is a file, a non-empty directory unless overwriting, and anything that is not
-    packcli's own output when overwriting."""
-    from packcli.safety import replaceable
-
-    replaceable(output, str(output), overwrite)
-
-
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
     path = directory / MANIFEST
     tmp = directory / (MANIFEST + ".tmp")

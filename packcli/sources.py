@@ -74,7 +74,13 @@ def resolve_inputs(paths: list[str], split: str | None = None, skipped: list[str
         path = Path(raw)
         if glob.has_magic(raw):
             matches = sorted(glob.glob(raw, recursive=True))
-            files = _not_packcli([Path(m) for m in matches if Path(m).is_file()], skipped)
+            matched = [Path(m) for m in matches if Path(m).is_file()]
+            files = _not_packcli(matched, skipped)
+            if matched and not files:
+                raise InputError(
+                    f"{raw}: the pattern matches only files in packcli outputs, which are never inputs; "
+                    "check the pattern"
+                )
             if not files:
                 raise InputError(f"{raw}: the pattern matches no file; check the pattern")
             sources.extend(_file_source(f) for f in files)
