@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from packcli.errors import OutputError, PackcliError, first_line
+from packcli.safety import owner_tag
 
 CACHE_FORMAT = 4
 TOKEN_DTYPE = np.dtype("<i4")
@@ -171,7 +172,8 @@ class TokenStoreWriter:
             if final_path.parent.exists() and not final_path.parent.is_dir():
                 raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
             final_path.parent.mkdir(parents=True, exist_ok=True)
-            self.tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final_path.parent))
+            # The host and PID in the name let a later run remove it once this process is gone.
+            self.tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{owner_tag()}-", dir=final_path.parent))
             self._ids = open(self.tmp / "input_ids.bin", "wb")  # noqa: SIM115 - closed in finish/abort
             self._labels = open(self.tmp / "labels.bin", "wb")  # noqa: SIM115
         except OSError as exc:

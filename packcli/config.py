@@ -105,17 +105,17 @@ def load_config_file(path: str) -> dict[str, Any]:
         raise UsageError(f"{path}: no such config file; check the --config path") from exc
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
         raise UsageError(f"{path}: not a valid config file ({exc}); fix it") from exc
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: a preset must be an object of option = value, not {_kind(data)}; fix the file")
     known = {f.name for f in fields(PackConfig)} - {"inputs"}
     data = {k.replace("-", "_"): v for k, v in data.items() if k != "description"}
     unknown = set(data) - known
     if unknown:
         raise UsageError(f"{path}: unknown option(s) {', '.join(sorted(unknown))}; see packcli pack --help")
+    for key, value in data.items():
+        _check_type(path, key, value)
     if "fields" in data:
-        if not isinstance(data["fields"], dict):
-            raise UsageError(f"{path}: 'fields' must be a table of name = field")
         data["fields"] = {**DEFAULT_FIELDS, **data["fields"]}
-    if "template_kwargs" in data and not isinstance(data["template_kwargs"], dict):
-        raise UsageError(f"{path}: 'template_kwargs' must be a table of name = value")
     return data
 
 
@@ -131,6 +131,55 @@ def parse_template_kwargs(values: list[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[name.strip()] = raw
     return out
+
+
+# The lowest value of each integer option ("seed" included: a negative seed is refused, not wrapped).
+_INT_LOW = {"max_len": 2, "rows_per_shard": 1, "world_size": 1, "num_proc": 1, "seed": 0}
+_EXPECTED = {
+    "bool": "true or false (a boolean)",
+    "int": "an integer",
+    "str": "a string",
+    "str | None": "a string",
+    "dict[str, str]": "a table of name = field strings",
+    "dict[str, Any]": "a table of name = value",
+}
+
+
+def _kind(value: Any) -> str:
+    """How a preset value reads, for error messages: 'the string "false"', 'the number 2048.5'..."""
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, str):
+        return f"the string {json.dumps(value)}"
+    if isinstance(value, int | float):
+        return f"the number {value}"
+    return {dict: "a table", list: "a list", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _check_type(path: str, key: str, value: Any) -> None:
+    """Refuse a preset value of the wrong type: a string "false" is not false, 2048.5 is not a length.
+
+    Flags are typed by their parser; preset values are checked here with the same strictness, so a
+    preset cannot turn on --overwrite or the cache by spelling false as a string.
+    """
+    declared = str(next(f.type for f in fields(PackConfig) if f.name == key))
+    expected = _EXPECTED[declared]
+    if declared == "bool":
+        ok = isinstance(value, bool)
+    elif declared == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif declared == "str":
+        ok = isinstance(value, str)
+    elif declared == "str | None":
+        ok = value is None or isinstance(value, str)
+    elif declared == "dict[str, Any]":
+        ok = isinstance(value, dict)
+    else:
+        ok = isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+    if not ok:
+        raise UsageError(f"{path}: '{key}' must be {expected}, not {_kind(value)}; fix the preset")
+    if declared == "int" and key in _INT_LOW and value < _INT_LOW[key]:
+        raise UsageError(f"{path}: '{key}' must be an integer of at least {_INT_LOW[key]}, not {value}; fix the preset")
 
 
 def parse_field_flags(values: list[str]) -> dict[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 _STOP = threading.Event()
+_STOPPING = threading.Event()
 
 
 class PackcliError(Exception):
@@ -71,4 +72,16 @@ def raise_if_stopped() -> None:
     interrupted clean up every time.
     """
     if _STOP.is_set():
+        begin_stopping()
         raise KeyboardInterrupt
+
+
+def begin_stopping() -> bool:
+    """Mark the run as stopping; return True the first time only.
+
+    A signal that arrives while the run is already cleaning up must not interrupt the cleanup (the
+    staging directory would be left behind): only the first stop raises.
+    """
+    first = not _STOPPING.is_set()
+    _STOPPING.set()
+    return first

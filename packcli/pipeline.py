@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import multiprocessing
 import os
-import signal
 import sys
 import tempfile
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from packcli import __version__, packing
+from packcli import __version__, packing, procs, safety
 from packcli.bounds import max_token_bytes, rule_out_too_long
 from packcli.cache import (
     DamagedStore,
@@ -32,14 +33,12 @@ from packcli.cache import (
 )
 from packcli.config import PackConfig
 from packcli.contract import Progress, no_progress
-from packcli.errors import InputError, OutputError, RecordError, UsageError, raise_if_stopped
+from packcli.errors import InputError, OutputError, PackcliError, RecordError, UsageError, raise_if_stopped
 from packcli.formats import Sample, detect_format, normalize
 from packcli.records import check_sample, too_deep
 from packcli.shards import (
     ROW_GROUP_ROWS,
-    StagedOutput,
     build_rows,
-    check_output_dir,
     shard_name,
     write_manifest,
     write_shard,
@@ -240,12 +239,12 @@ def _sniff_format(source: InputSource, fields: dict[str, str]) -> tuple[str | No
     return None, None if parsed else first_error
 
 
-def _init_worker() -> None:
+def _init_worker(parent_pid: int) -> None:
     # One tokenizer thread per worker process: the processes are the parallelism. This also keeps the
     # Rust thread pool from being used across fork, which can deadlock when the parent already used it.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    # Ctrl-C reaches the whole process group: the parent handles it and stops the workers.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Die with the parent, take SIGTERM by default, ignore Ctrl-C (the parent stops the workers).
+    procs.init_worker(parent_pid)
 
 
 def _result(future: Future[Any]) -> Any:
@@ -256,6 +255,11 @@ def _result(future: Future[Any]) -> Any:
             return future.result(timeout=0.2)
         except TimeoutError:
             continue
+        except BrokenProcessPool as exc:
+            raise PackcliError(
+                "a worker process died (killed by a signal or out of memory); "
+                "run again, with a lower --num-proc if memory is short"
+            ) from exc
 
 
 def _map_ordered(fn: Callable[..., Any], jobs: Iterator[tuple[Any, ...]], num_proc: int) -> Iterator[Any]:
@@ -263,29 +267,30 @@ def _map_ordered(fn: Callable[..., Any], jobs: Iterator[tuple[Any, ...]], num_pr
 
     At most a few batches per worker are in flight, so memory does not grow with the input.
     """
+    # Never more workers than jobs: the first num_proc jobs are read before any process starts.
+    first = list(itertools.islice(jobs, num_proc)) if num_proc > 1 else []
+    num_proc = min(num_proc, len(first)) if num_proc > 1 else 1
+    jobs = itertools.chain(first, jobs)
     if num_proc <= 1:
         for job in jobs:
             raise_if_stopped()
             yield fn(*job)
         return
-    context = multiprocessing.get_context("fork")
-    executor = ProcessPoolExecutor(max_workers=num_proc, mp_context=context, initializer=_init_worker)
+    executor = procs.start_pool(num_proc, multiprocessing.get_context("fork"), _init_worker)
     pending: deque[Future[Any]] = deque()
     try:
         for job in jobs:
             raise_if_stopped()
-            pending.append(executor.submit(fn, *job))
+            pending.append(procs.submit(executor, fn, *job))
             if len(pending) >= 2 * num_proc + 1:
                 yield _result(pending.popleft())
         while pending:
             yield _result(pending.popleft())
     except BaseException:
         # Stopping (an error, a signal, or the consumer giving up): do not wait for work in flight.
-        for process in list(getattr(executor, "_processes", {}).values()):
-            process.terminate()
-        executor.shutdown(wait=True, cancel_futures=True)
+        procs.stop_pool(executor)
         raise
-    executor.shutdown(wait=True)
+    procs.close_pool(executor)
 
 
 def tokenize_to_store(
@@ -752,12 +757,14 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
     to_uri = "://" in config.output
     if to_uri and config.engine != "ray":
         raise UsageError(f"-o {config.output}: a filesystem URI output needs --engine ray; or pass a local path")
+    skipped: list[str] = []
+    prepared = None
     if not config.dry_run:
         if to_uri:
             engine.check_uri_output(config.output, config.overwrite)
         else:
-            check_output_dir(Path(config.output), config.overwrite)
-    staged = None if config.dry_run or to_uri else StagedOutput(Path(config.output), config.overwrite)
+            prepared = _prepare_output(config, skipped)
+    staged = prepared.staged if prepared else None
     try:
         scratch = staged.tmp if staged else None
         with tokenized_inputs(config, progress, scratch=scratch, rule_out_long=True) as inputs:
@@ -772,8 +779,11 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
                     config, store, plan, staged.tmp if staged else None, progress, inputs.pad_id
                 )
                 if config.rejects:
-                    _write_rejects(Path(config.rejects), store, plan)
+                    rejects = prepared.rejects_path(config.rejects) if prepared else Path(config.rejects)
+                    _write_rejects(rejects, store, plan)
                 manifest = _manifest(config, inputs, summary, shards)
+                if prepared and prepared.rejects_relative:
+                    manifest["rejects_file"] = prepared.rejects_relative.as_posix()
         if staged is not None:
             write_manifest(staged.tmp, manifest, Path(config.output))
             staged.commit()
@@ -786,6 +796,11 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
         if staged is not None:
             staged.abort()
         raise
+    finally:
+        if prepared is not None:
+            prepared.release()
+    if skipped:
+        summary["skipped_dirs"] = sorted(set(skipped))
     summary["seconds"] = {
         "tokenize": round(t1 - started, 3),
         "plan": round(t2 - t1, 3),
@@ -794,6 +809,14 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
     }
     summary["tokens_per_second"] = round(summary["tokens"] / max(t3 - started, 1e-9))
     return summary
+
+
+def _prepare_output(config: PackConfig, skipped: list[str]) -> safety.PreparedOutput:
+    """Lock and check the local output against the inputs, the cache and the rejects file."""
+    sources = resolve_inputs(list(config.inputs), config.split, skipped)
+    paths = [Path(s.path).resolve() for s in sources if s.kind != "hub"]
+    cache_root = (Path(config.cache_dir) if config.cache_dir else default_cache_dir()) if config.cache else None
+    return safety.prepare_output(config.output, config.overwrite, paths, cache_root, config.rejects)
 
 
 def _summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str) -> dict[str, Any]:

@@ -6,6 +6,7 @@ so only one shard's worth of tokens is in memory at a time.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -162,49 +163,72 @@ def file_sha256(path: Path) -> str:
 
 
 class StagedOutput:
-    """A temporary directory beside the output; ``commit`` swaps it in, ``abort`` removes it.
+    """A staging directory for the new output; ``commit`` swaps it in, ``abort`` removes it.
 
     A run that fails or is interrupted leaves the previous output untouched and no directory that
-    looks complete: the manifest is the last file written, and the swap is two renames.
+    looks complete: the manifest is the last file written, and the swap is one atomic exchange of the
+    two directories where the system has it (else two renames; a run killed between them leaves the
+    old output beside, which the next run moves back). An output that cannot be renamed (a mount
+    point) is staged inside itself and its contents replaced, manifest last.
+
+    ``output`` is the resolved path; ``display`` the path as the user gave it; ``old`` the names in
+    the existing output that the new one replaces (see ``safety.replaceable``).
     """
 
-    def __init__(self, output: Path, overwrite: bool) -> None:
+    def __init__(self, output: Path, display: str, old: set[str] | None = None, in_place: bool = False) -> None:
+        from packcli import safety
+
         self.output = output
-        self.overwrite = overwrite
-        parent = output.resolve().parent
+        self.display = display
+        self.old = old or set()
+        self.in_place = in_place
+        parent = output if in_place else output.parent
+        prefix = f"{safety.IN_PLACE_PREFIX}{safety.owner_tag()}-" if in_place else safety.staging_prefix(output.name)
         try:
             parent.mkdir(parents=True, exist_ok=True)
-            self.tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=parent))
+            self.tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
             # mkdtemp makes the directory private; the output is an ordinary directory.
             umask = os.umask(0)
             os.umask(umask)
             os.chmod(self.tmp, 0o777 & ~umask)
         except OSError as exc:
             raise OutputError(
-                f"{output}: cannot create the output directory ({exc.strerror or exc}); choose a writable path with -o"
+                f"{display}: cannot create the output directory ({exc.strerror or exc}); choose a writable path with -o"
             ) from exc
 
     def commit(self) -> None:
-        old = None
-        if self.output.exists():
-            old = self.output.resolve().parent / f".{self.output.name}.old-{os.getpid()}"
+        from packcli import safety
+
+        if self.in_place:
+            safety.replace_contents(self.tmp, self.output, self.old)
+            return
+        if not os.path.lexists(self.output):
+            os.replace(self.tmp, self.output)
+            return
+        try:
+            swapped = safety.exchange(self.tmp, self.output)
+        except OSError as exc:
+            if exc.errno not in (errno.EBUSY, errno.EXDEV):
+                raise
+            # Not renameable after all (a bind mount, which ismount does not see): replace in place.
+            safety.replace_contents(self.tmp, self.output, self.old)
+            return
+        if swapped:  # the staging directory now holds the previous output
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return
+        old = self.output.parent / f".{self.output.name}.old-{safety.owner_tag()}"
+        try:
             os.replace(self.output, old)
+        except OSError as exc:
+            if exc.errno not in (errno.EBUSY, errno.EXDEV):
+                raise
+            safety.replace_contents(self.tmp, self.output, self.old)
+            return
         os.replace(self.tmp, self.output)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
 
     def abort(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-def check_output_dir(output: Path, overwrite: bool) -> None:
-    """Refuse a non-empty output directory unless overwriting; refuse a path that is a file."""
-    from packcli.errors import UsageError
-
-    if output.exists() and not output.is_dir():
-        raise UsageError(f"{output}: exists and is not a directory; choose another -o")
-    if output.is_dir() and any(output.iterdir()) and not overwrite:
-        raise UsageError(f"{output}: the output directory is not empty; pass --overwrite or choose another -o")
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any], output: Path | None = None) -> None:

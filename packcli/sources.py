@@ -63,21 +63,33 @@ def _is_saved_dataset(path: Path) -> bool:
     return path.is_dir() and (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
 
 
-def resolve_inputs(paths: list[str], split: str | None = None) -> list[InputSource]:
-    """Expand paths, globs and directories into a sorted list of sources; raise on anything unusable."""
+def resolve_inputs(paths: list[str], split: str | None = None, skipped: list[str] | None = None) -> list[InputSource]:
+    """Expand paths, globs and directories into a sorted list of sources; raise on anything unusable.
+
+    packcli's own outputs and staging directories found by a directory walk or a glob are never
+    inputs; they are left out and appended to ``skipped``.
+    """
     sources: list[InputSource] = []
+    skipped = [] if skipped is None else skipped
     for raw in paths:
         path = Path(raw)
         if glob.has_magic(raw):
             matches = sorted(glob.glob(raw, recursive=True))
-            files = [Path(m) for m in matches if Path(m).is_file()]
+            matched = [Path(m) for m in matches if Path(m).is_file()]
+            files = _not_packcli(matched, skipped)
+            if matched and not files:
+                raise InputError(
+                    f"{raw}: the pattern matches only files in packcli outputs, which are never inputs; "
+                    "check the pattern"
+                )
             if not files:
                 raise InputError(f"{raw}: the pattern matches no file; check the pattern")
             sources.extend(_file_source(f) for f in files)
         elif _is_saved_dataset(path):
             sources.append(InputSource(str(path), "saved_dataset"))
         elif path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in FILE_TYPES)
+            _refuse_packcli_dir(path, raw)
+            files = sorted(p for p in _files_below(path, skipped) if p.suffix.lower() in FILE_TYPES)
             if not files:
                 raise InputError(f"{raw}: the directory holds no {SUPPORTED} file")
             sources.extend(_file_source(f) for f in files)
@@ -103,6 +115,47 @@ def resolve_inputs(paths: list[str], split: str | None = None) -> list[InputSour
 def missing_input(raw: str) -> bool:
     """Return whether an input argument names nothing: no path, no glob, and not a Hub dataset name."""
     return not (Path(raw).exists() or glob.has_magic(raw) or _looks_like_hub_name(raw))
+
+
+def _refuse_packcli_dir(path: Path, raw: str) -> None:
+    from packcli.safety import is_packcli_dir
+
+    if is_packcli_dir(path):
+        raise InputError(
+            f"{raw}: is a packcli output or staging directory, which packcli never reads as input; "
+            "pass the original data"
+        )
+
+
+def _files_below(root: Path, skipped: list[str]) -> list[Path]:
+    """Every file below ``root``, leaving out packcli's outputs and staging directories."""
+    from packcli.safety import is_packcli_dir
+
+    files = []
+    for directory, dirnames, filenames in os.walk(root):
+        here = Path(directory)
+        for name in sorted(dirnames):
+            if is_packcli_dir(here / name):
+                skipped.append(str(here / name))
+                dirnames.remove(name)
+        files.extend(p for p in (here / f for f in filenames) if p.is_file())
+    return files
+
+
+def _not_packcli(files: list[Path], skipped: list[str]) -> list[Path]:
+    """The files not inside one of packcli's outputs or staging directories."""
+    from packcli.safety import is_packcli_dir
+
+    verdict: dict[Path, bool] = {}
+
+    def own(directory: Path) -> bool:
+        if directory not in verdict:
+            verdict[directory] = is_packcli_dir(directory)
+            if verdict[directory]:
+                skipped.append(str(directory))
+        return verdict[directory]
+
+    return [f for f in files if not any(own(d) for d in f.parents if d != Path("."))]
 
 
 def _looks_like_hub_name(raw: str) -> bool:

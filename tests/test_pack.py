@@ -377,8 +377,13 @@ def test_output_directory_rules(pack: Any, chat_jsonl: Path, tmp_path: Path) -> 
         == f"Error: {out}: the output directory is not empty; pass --overwrite or choose another -o"
     )
     assert (out / "keep.txt").exists()
-    pack(chat_jsonl, "--max-len", "300", "-o", out, "--overwrite", "-q")
-    assert not (out / "keep.txt").exists() and (out / "manifest.json").exists()
+    # --overwrite replaces only packcli's own output (tests/test_safety.py has the details).
+    pack(chat_jsonl, "--max-len", "300", "-o", out, "--overwrite", "-q", expect=2)
+    assert (out / "keep.txt").read_text() == "x"
+    (out / "keep.txt").unlink()
+    pack(chat_jsonl, "--max-len", "300", "-o", out, "-q")
+    pack(chat_jsonl, "--max-len", "200", "-o", out, "--overwrite", "-q")
+    assert json.loads((out / "manifest.json").read_text())["options"]["max_len"] == 200
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging left behind
 
 

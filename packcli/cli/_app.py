@@ -65,11 +65,17 @@ def handle_errors(command: Callable[..., None]) -> Callable[..., None]:
 
 def _on_signal(signum: int, frame: Any) -> None:
     # The first SIGINT/SIGTERM asks the run to stop at its next safe point (within a batch); a second
-    # one stops it at once.
-    from packcli.errors import _STOP, request_stop
+    # one stops it at once: the workers are killed, not waited for. A signal that comes when the run is
+    # already stopping only kills the workers, so that the cleanup itself is never cut short.
+    from packcli.errors import _STOP, begin_stopping, request_stop
 
     if _STOP.is_set():
-        raise KeyboardInterrupt
+        procs = sys.modules.get("packcli.procs")  # loaded whenever a pool was started; no import here
+        if procs is not None:
+            procs.kill_all()
+        if begin_stopping():
+            raise KeyboardInterrupt
+        return
     request_stop()
 
 
@@ -100,8 +106,12 @@ def main(argv: list[str] | None = None) -> None:
         console.error(usage)
         sys.exit(UsageError.exit_code)
     finally:
+        from packcli.errors import _STOP
+
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            # After an interrupt the process only exits (its workers are gone): a further Ctrl-C must
+            # not turn the exit code 130 into death by SIGINT, which Python's shutdown would allow.
+            signal.signal(sig, signal.SIG_IGN if _STOP.is_set() else handler)
 
 
 def _usage_error(exc: Exception) -> str | None:

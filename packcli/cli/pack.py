@@ -65,7 +65,7 @@ def pack(
     rows_per_shard: Annotated[int, typer.Option("--rows-per-shard", help="Rows per shard file.")] = 2048,
     output_format: Annotated[str, typer.Option("--output-format", help="parquet or arrow.")] = "parquet",
     pad_to_max: Annotated[bool, typer.Option("--pad-to-max", help="Pad every row to --max-len.")] = False,
-    overwrite: Annotated[bool, typer.Option(help="Replace a non-empty output directory.")] = False,
+    overwrite: Annotated[bool, typer.Option(help="Replace a previous packcli output in -o (nothing else).")] = False,
     num_proc: Annotated[
         int | None, typer.Option("--num-proc", help="Tokenizer processes [default: available cores].")
     ] = None,
@@ -139,6 +139,8 @@ def pack(
         summary = api.run(cfg, progress).summary
     for warning in summary["warnings"]:
         console.warning(warning)
+    for skipped in summary.get("skipped_dirs", []):
+        console.warning(f"{skipped}: skipped; a packcli output or staging directory is never read as input")
     if json_out:
         typer.echo(json.dumps(summary, indent=2))
     if not quiet:

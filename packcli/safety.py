@@ -1,0 +1,421 @@
+"""What keeps a pack run from destroying anything it did not write.
+
+- The output path is checked against the inputs, the cache and the rejects file before anything is
+  written (resolved paths, so ``d/../d`` and symlinks cannot hide an overlap).
+- ``--overwrite`` replaces only an empty directory or a previous packcli output, and of that only the
+  files its manifest names.
+- A lock file beside the output (inside it, when the output is a mount point) makes a second run
+  writing the same output fail at once, naming the process that holds it.
+- Staging and temporary directories carry the host and PID of the run that made them, so the next
+  run removes those whose process is gone, and only those.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import re
+import shutil
+import socket
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from packcli.errors import OutputError, UsageError
+
+MANIFEST = "manifest.json"
+LOCK_IN_OUTPUT = ".packcli.lock"
+IN_PLACE_PREFIX = ".packcli-partial-"
+# Keys every manifest packcli writes has; a manifest.json without them is someone else's file.
+MANIFEST_KEYS = ("packcli_version", "options", "shards", "columns")
+
+
+def owner_tag() -> str:
+    """Return ``host-pid`` of this process, put into the names of the directories it makes."""
+    host = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:40] or "host"
+    return f"{host}-{os.getpid()}"
+
+
+def staging_prefix(name: str) -> str:
+    """The name prefix of this run's staging directory beside an output called ``name``."""
+    return f".{name}.partial-{owner_tag()}-"
+
+
+# A staging or temporary directory: ...partial-HOST-PID-RANDOM, .NAME.old-HOST-PID, .tmp-HOST-PID-RANDOM.
+_OWNED = re.compile(r"(?:\.partial-|\.old-|^\.tmp-|^\.packcli-partial-)(?P<host>[A-Za-z0-9._]+)-(?P<pid>\d+)(?:-|$)")
+
+
+def _owner(name: str) -> tuple[str, int] | None:
+    match = _OWNED.search(name)
+    return (match["host"], int(match["pid"])) if match else None
+
+
+def _process_gone(host: str, pid: int) -> bool:
+    """Whether the process that made a directory is gone. Another host's process is never judged gone."""
+    if host != owner_tag().rsplit("-", 1)[0]:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, someone else's
+        return False
+    return False
+
+
+def is_staging_name(name: str) -> bool:
+    """Whether a file name is one of packcli's staging or temporary directories."""
+    return name.startswith(".") and _owner(name) is not None
+
+
+def remove_stale(directory: Path, names: Iterable[str], output: Path | None = None) -> list[Path]:
+    """Remove the directories among ``names`` in ``directory`` whose process is gone; return them.
+
+    An ``.old-`` directory is a previous output moved aside by a run killed between its two renames:
+    when the output itself is missing it is moved back rather than removed.
+    """
+    removed = []
+    for name in names:
+        owner = _owner(name)
+        path = directory / name
+        if owner is None or not _process_gone(*owner) or not path.is_dir() or path.is_symlink():
+            continue
+        if ".old-" in name and output is not None and not os.path.lexists(output):
+            with contextlib.suppress(OSError):
+                os.replace(path, output)
+                continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def clean_stale_output_dirs(output: Path) -> None:
+    """Remove the staging directories a killed run left beside (or, for a mount point, in) ``output``."""
+    parent = output.parent
+    with contextlib.suppress(OSError):
+        prefix = f".{output.name}."
+        remove_stale(parent, [p.name for p in parent.iterdir() if p.name.startswith(prefix)], output)
+    if output.is_dir() and not output.is_symlink():
+        with contextlib.suppress(OSError):
+            remove_stale(output, [p.name for p in output.iterdir() if p.name.startswith(IN_PLACE_PREFIX)])
+
+
+def clean_stale_cache_dirs(cache_root: Path) -> None:
+    """Remove the temporary entries a killed run left in the cache."""
+    with contextlib.suppress(OSError):
+        remove_stale(cache_root, [p.name for p in cache_root.iterdir() if p.name.startswith(".tmp-")])
+
+
+# -- what is ours -----------------------------------------------------------------------------------
+
+
+def read_own_manifest(directory: Path) -> dict[str, Any] | None:
+    """Return the manifest of ``directory`` when packcli wrote it, else None."""
+    path = directory / MANIFEST
+    try:
+        if not path.is_file() or path.stat().st_size > 64 << 20:
+            return None
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or not all(k in manifest for k in MANIFEST_KEYS):
+        return None
+    shards = manifest["shards"]
+    if not isinstance(shards, list) or not all(isinstance(s, dict) and isinstance(s.get("file"), str) for s in shards):
+        return None
+    return manifest
+
+
+def own_files(directory: Path, manifest: dict[str, Any]) -> set[str]:
+    """The names in a previous output that packcli wrote: the manifest, its shards, its rejects file."""
+    names = {MANIFEST} | {s["file"] for s in manifest["shards"] if "/" not in s["file"]}
+    rejects = manifest.get("rejects_file")
+    if isinstance(rejects, str) and rejects and not Path(rejects).is_absolute() and ".." not in Path(rejects).parts:
+        names.add(Path(rejects).parts[0])
+    return names
+
+
+def is_packcli_dir(path: Path) -> bool:
+    """Whether a directory is packcli's: an output it wrote, or a staging or temporary directory."""
+    return is_staging_name(path.name) or read_own_manifest(path) is not None
+
+
+def replaceable(output: Path, display: str, overwrite: bool) -> set[str]:
+    """Check that packcli may write ``output``; return the names in it that the new output replaces.
+
+    A missing or empty directory is always fine. A non-empty one needs ``--overwrite`` and must be a
+    previous packcli output holding nothing but what packcli wrote.
+    """
+    if not os.path.lexists(output):
+        return set()
+    if not output.is_dir():
+        raise UsageError(f"{display}: exists and is not a directory; choose another -o")
+    entries = {p.name for p in output.iterdir() if p.name != LOCK_IN_OUTPUT and not is_staging_name(p.name)}
+    if not entries:
+        return set()
+    if not overwrite:
+        raise UsageError(f"{display}: the output directory is not empty; pass --overwrite or choose another -o")
+    manifest = read_own_manifest(output)
+    if manifest is None:
+        raise UsageError(
+            f"{display}: --overwrite replaces only an empty directory or a previous packcli output, and this "
+            f"one has no manifest.json written by packcli (it holds {_some(entries)}); choose another -o"
+        )
+    foreign = entries - own_files(output, manifest)
+    if foreign:
+        raise UsageError(
+            f"{display}: holds files packcli did not write ({_some(foreign)}); move them out or choose another -o"
+        )
+    return entries
+
+
+def _some(names: set[str], limit: int = 3) -> str:
+    shown = sorted(names)[:limit]
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(shown) + more
+
+
+# -- paths that must not meet -----------------------------------------------------------------------
+
+
+def _relation(output: Path, other: Path) -> str | None:
+    if output == other:
+        return "is"
+    if output in other.parents:
+        return "contains"
+    if other in output.parents:
+        return "lies inside"
+    return None
+
+
+def check_paths(
+    output: Path, display: str, inputs: Iterable[Path], cache_root: Path | None, rejects: str | None
+) -> Path | None:
+    """Refuse an output that is, contains or lies inside an input, the cache or the rejects file.
+
+    ``output`` and ``inputs`` are resolved paths. Returns the rejects file's path relative to the
+    output when it lies inside it (it is then written with the output, so the swap keeps it).
+    """
+    inputs = list(inputs)
+    for path in inputs:
+        relation = _relation(output, path)
+        if relation:
+            raise UsageError(
+                f"{display}: the output {relation} the input {path}; writing it would replace the input; "
+                "choose an -o outside the inputs"
+            )
+    if cache_root is not None:
+        cache = cache_root.resolve()
+        relation = _relation(output, cache)
+        if relation:
+            raise UsageError(
+                f"{display}: the output {relation} the tokenization cache {cache}; choose another -o or --cache-dir"
+            )
+    if rejects is None:
+        return None
+    target = Path(rejects).resolve()
+    for path in inputs:
+        if target == path or path in target.parents:
+            raise UsageError(
+                f"--rejects {rejects}: is the input {path}; writing it would replace the input; name a new file"
+            )
+    if cache_root is not None and (target == cache_root.resolve() or cache_root.resolve() in target.parents):
+        raise UsageError(f"--rejects {rejects}: lies inside the tokenization cache; name a file elsewhere")
+    if target == output or target in output.parents:
+        raise UsageError(f"--rejects {rejects}: is or contains the output {display}; name another file")
+    if output in target.parents:
+        relative = target.relative_to(output)
+        first = relative.parts[0]
+        if first == MANIFEST or first.startswith(("shard-", ".")):
+            raise UsageError(f"--rejects {rejects}: collides with a file packcli writes in the output; rename it")
+        return relative
+    return None
+
+
+# -- the lock ---------------------------------------------------------------------------------------
+
+
+class OutputLock:
+    """An advisory lock (flock) on a file beside the output, holding the PID of the run that took it.
+
+    The lock file is removed on release; a run that opened it just before cannot then believe it holds
+    the lock, because after locking it checks that the path still names the file it locked.
+    """
+
+    def __init__(self, path: Path, display: str) -> None:
+        self.path = path
+        self.display = display
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        while True:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise OutputError(
+                    f"{self.display}: cannot create the output directory ({exc.strerror or exc}); "
+                    "choose a writable path with -o"
+                ) from exc
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                holder = _read_pid(fd)
+                os.close(fd)
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise OutputError(
+                        f"{self.display}: cannot lock {self.path} ({exc.strerror or exc}); choose another -o"
+                    ) from exc
+                who = f"another packcli run (PID {holder})" if holder else "another packcli run"
+                raise OutputError(
+                    f"{self.display}: {who} is writing this output; wait for it to finish or choose another -o"
+                ) from None
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:  # released and removed by its holder between our open and our lock
+                os.close(fd)
+                continue
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            self._fd = fd
+            return
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        os.close(self._fd)
+        self._fd = None
+
+
+def _read_pid(fd: int) -> str:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", errors="replace").strip()
+    except OSError:
+        return ""
+    return text if text.isdigit() else ""
+
+
+def lock_path(output: Path, in_place: bool) -> Path:
+    return output / LOCK_IN_OUTPUT if in_place else output.parent / f".{output.name}.lock"
+
+
+# -- replacing an output ----------------------------------------------------------------------------
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (renameat2 RENAME_EXCHANGE); False where the system cannot."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def replace_contents(staged: Path, output: Path, old: Iterable[str]) -> None:
+    """Move the staged files into ``output`` in place (for an output that cannot be renamed).
+
+    The old manifest goes first and the new one last, so at no point does the directory hold a
+    manifest that does not describe it. Only the names in ``old`` (what the overwrite check found to
+    be packcli's) are removed.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        (output / MANIFEST).unlink()
+    for name in old:
+        path = output / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+    new = sorted(p.name for p in staged.iterdir() if p.name != MANIFEST)
+    for name in [*new, MANIFEST]:
+        source = staged / name
+        if not os.path.lexists(source):
+            continue
+        try:
+            os.replace(source, output / name)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            shutil.move(str(source), str(output / name))
+    shutil.rmtree(staged, ignore_errors=True)
+
+
+def is_mount(path: Path) -> bool:
+    return path.is_dir() and os.path.ismount(path)
+
+
+# -- putting it together ----------------------------------------------------------------------------
+
+
+class PreparedOutput:
+    """The locked, checked output of one run: where to stage, and where the rejects file goes."""
+
+    def __init__(self, staged: Any, lock: OutputLock, rejects_relative: Path | None) -> None:
+        self.staged = staged
+        self.lock = lock
+        self.rejects_relative = rejects_relative
+
+    def rejects_path(self, rejects: str) -> Path:
+        """Where to write the rejects file: inside the staging directory when it lies in the output, so
+        the swap keeps it (an old one inside the output would go with the old output)."""
+        if self.rejects_relative is not None:
+            return self.staged.tmp / self.rejects_relative
+        return Path(rejects)
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+def real_output(output: str) -> Path:
+    """The resolved output path. A symlink to a directory stands for its target, whose contents are
+    replaced; the link itself is never replaced."""
+    path = Path(output)
+    if path.is_symlink() and not path.exists():
+        raise UsageError(
+            f"{output}: is a symlink to {os.readlink(path)}, which does not exist; create it or choose another -o"
+        )
+    return path.resolve()
+
+
+def prepare_output(
+    output: str, overwrite: bool, inputs: Iterable[Path], cache_root: Path | None, rejects: str | None
+) -> PreparedOutput:
+    """Check the output against everything that must not be touched, lock it, clear what killed runs
+    left, and create the staging directory. The caller releases the lock when the run ends."""
+    from packcli.shards import StagedOutput
+
+    real = real_output(output)
+    relative = check_paths(real, output, inputs, cache_root, rejects)
+    in_place = is_mount(real)
+    lock = OutputLock(lock_path(real, in_place), output)
+    lock.acquire()
+    try:
+        clean_stale_output_dirs(real)
+        if cache_root is not None:
+            clean_stale_cache_dirs(cache_root)
+        old = replaceable(real, output, overwrite)
+        staged = StagedOutput(real, output, old, in_place)
+    except BaseException:
+        lock.release()
+        raise
+    return PreparedOutput(staged, lock, relative)

@@ -1,0 +1,611 @@
+"""Nothing the user owns is destroyed, and no process outlives packcli (issue 12, first half).
+
+Every test hashes the user's files (inputs and bystanders) before and after, and checks the exit code
+and the exact one-line message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from packcli import procs, safety
+
+from .conftest import write_jsonl
+
+GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}
+# A chat template that takes hours on a record whose first message is "slow", and is ChatML otherwise.
+SLOW_TEMPLATE = (
+    "{%- if messages[0]['content'] == 'slow' %}{% for i in range(100000) %}{% for j in range(100000) %}"
+    "{% endfor %}{% endfor %}{% endif -%}"
+    "{%- for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor -%}"
+)
+
+
+def chat(n: int, first: str = "hi") -> list[dict[str, Any]]:
+    return [
+        {
+            "messages": [
+                {"role": "user", "content": first if i == 0 else f"question {i}"},
+                {"role": "assistant", "content": f"answer {i} " * (1 + i % 7)},
+            ]
+        }
+        for i in range(n)
+    ]
+
+
+def snapshot(root: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
+    """Every path under ``root`` with the sha256 of its bytes (links by target, directories by name).
+
+    ``skip`` names top-level entries to leave out; a name ending in ``*`` is a prefix.
+    """
+    out: dict[str, str] = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        top = rel.parts[0]
+        if top in skip or any(top.startswith(s[:-1]) for s in skip if s.endswith("*")):
+            continue
+        if path.is_symlink():
+            out[str(rel)] = "link:" + os.readlink(path)
+        elif path.is_file():
+            out[str(rel)] = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            out[str(rel) + "/"] = "dir"
+    return out
+
+
+def one_error_line(result: Any) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def dead_pid() -> int:
+    """The PID of a process that has exited."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def host() -> str:
+    return safety.owner_tag().rsplit("-", 1)[0]
+
+
+# -- the user's files -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["the-input-dir", "an-ancestor", "the-input-file"])
+def test_output_that_is_or_contains_an_input_is_refused(where: str, pack: Any, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    source = write_jsonl(data / "a.jsonl", chat(5))
+    out = {"the-input-dir": data, "an-ancestor": tmp_path, "the-input-file": source}[where]
+    before = snapshot(tmp_path)
+    result = pack(data, "--max-len", "64", "-o", out, "--overwrite", expect=2)
+    relation = "is" if where == "the-input-file" else "contains"
+    assert one_error_line(result) == (
+        f"Error: {out}: the output {relation} the input {source.resolve()}; writing it would replace the input; "
+        "choose an -o outside the inputs"
+    )
+    assert snapshot(tmp_path) == before
+
+
+def test_output_inside_a_saved_dataset_input_is_refused(pack: Any, tmp_path: Path) -> None:
+    import datasets
+
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_list(chat(5)).save_to_disk(str(saved))
+    out = saved / "packed"
+    before = snapshot(tmp_path)
+    result = pack(saved, "--max-len", "64", "-o", out, expect=2)
+    assert one_error_line(result) == (
+        f"Error: {out}: the output lies inside the input {saved}; writing it would replace the input; "
+        "choose an -o outside the inputs"
+    )
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("where", ["inside", "is", "contains"])
+def test_output_and_the_cache_never_meet(where: str, pack: Any, tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "a.jsonl", chat(5))
+    cache = tmp_path / "top" / "cache"
+    pack(data, "--max-len", "64", "-o", tmp_path / "first", "--cache-dir", cache, "-q")  # fills the cache
+    out = {"inside": cache / "out", "is": cache, "contains": cache.parent}[where]
+    relation = {"inside": "lies inside", "is": "is", "contains": "contains"}[where]
+    before = snapshot(tmp_path)
+    result = pack(data, "--max-len", "64", "-o", out, "--cache-dir", cache, "--overwrite", expect=2)
+    assert one_error_line(result) == (
+        f"Error: {out}: the output {relation} the tokenization cache {cache}; choose another -o or --cache-dir"
+    )
+    assert snapshot(tmp_path) == before
+
+
+def test_rejects_naming_an_input_is_refused(pack: Any, tmp_path: Path) -> None:
+    data = tmp_path / "a.jsonl"
+    data.write_text(json.dumps(GOOD) + "\n{broken\n")
+    before = snapshot(tmp_path)
+    result = pack(data, "--max-len", "64", "-o", tmp_path / "out", "--on-error", "skip", "--rejects", data, expect=2)
+    assert one_error_line(result) == (
+        f"Error: --rejects {data}: is the input {data}; writing it would replace the input; name a new file"
+    )
+    assert snapshot(tmp_path) == before
+
+
+def test_rejects_inside_the_output_survives_the_swap(pack: Any, tmp_path: Path) -> None:
+    data = tmp_path / "a.jsonl"
+    data.write_text(json.dumps(GOOD) + "\n{broken\n" + json.dumps(GOOD) + "\n")
+    (tmp_path / "bystander.txt").write_text("mine")
+    out = tmp_path / "out"
+    user = snapshot(tmp_path)
+    args = [data, "--max-len", "64", "-o", out, "--on-error", "skip", "--rejects", out / "rejects.jsonl", "-q"]
+    pack(*args)
+    pack(*args, "--overwrite")  # the old output goes, the new rejects file stays with the new output
+    [reject] = [json.loads(x) for x in (out / "rejects.jsonl").read_text().splitlines()]
+    assert (reject["position"], reject["reason"]) == (2, "invalid_json")
+    assert json.loads((out / "manifest.json").read_text())["rejects_file"] == "rejects.jsonl"
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "rejects.jsonl", "shard-00000-of-00001.parquet"]
+    assert snapshot(tmp_path, skip=("out", "cache")) == user
+    # A rejects path that is a file packcli writes in the output is refused.
+    before = snapshot(tmp_path)
+    result = pack(data, "-o", out, "--overwrite", "--on-error", "skip", "--rejects", out / "manifest.json", expect=2)
+    assert one_error_line(result) == (
+        f"Error: --rejects {out / 'manifest.json'}: collides with a file packcli writes in the output; rename it"
+    )
+    assert snapshot(tmp_path) == before
+
+
+def test_overwrite_replaces_only_packcli_output(pack: Any, tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "a.jsonl", chat(8))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("do not delete")
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "manifest.json").write_text(json.dumps({"name": "my project", "shards": []}))
+    (fake / "model.bin").write_bytes(b"\0" * 10)
+    before = snapshot(tmp_path)
+    for out, held in ((mine, "notes.txt"), (fake, "manifest.json, model.bin")):
+        result = pack(data, "--max-len", "64", "-o", out, "--overwrite", expect=2)
+        assert one_error_line(result) == (
+            f"Error: {out}: --overwrite replaces only an empty directory or a previous packcli output, and this "
+            f"one has no manifest.json written by packcli (it holds {held}); choose another -o"
+        )
+    assert snapshot(tmp_path) == before
+
+    # A previous packcli output with a file the user added: refused, naming the file.
+    out = tmp_path / "out"
+    pack(data, "--max-len", "64", "-o", out, "-q")
+    (out / "eval.txt").write_text("results")
+    before = snapshot(tmp_path)
+    result = pack(data, "--max-len", "80", "-o", out, "--overwrite", expect=2)
+    assert one_error_line(result) == (
+        f"Error: {out}: holds files packcli did not write (eval.txt); move them out or choose another -o"
+    )
+    assert snapshot(tmp_path) == before
+    # Only packcli's own output (or an empty directory) is replaced.
+    (out / "eval.txt").unlink()
+    pack(data, "--max-len", "80", "-o", out, "--overwrite", "-q")
+    assert json.loads((out / "manifest.json").read_text())["options"]["max_len"] == 80
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    pack(data, "--max-len", "80", "-o", empty, "-q")
+    assert (empty / "manifest.json").is_file()
+    assert (mine / "notes.txt").read_text() == "do not delete" and (fake / "model.bin").read_bytes() == b"\0" * 10
+
+
+PRESETS = [
+    ("p.toml", 'overwrite = "false"', "'overwrite' must be true or false (a boolean), not the string \"false\""),
+    ("p.toml", 'cache = "false"', "'cache' must be true or false (a boolean), not the string \"false\""),
+    ("p.toml", 'max_len = "big"', "'max_len' must be an integer, not the string \"big\""),
+    ("p.toml", "max_len = 2048.5", "'max_len' must be an integer, not the number 2048.5"),
+    ("p.toml", "seed = -1", "'seed' must be an integer of at least 0, not -1"),
+    ("p.json", '{"num_proc": true}', "'num_proc' must be an integer, not the boolean true"),
+    ("p.json", '{"fields": {"messages": 3}}', "'fields' must be a table of name = field strings, not a table"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "words"),
+    PRESETS,
+    ids=["overwrite-string", "cache-string", "max-len-string", "max-len-float", "negative-seed", "bool-int", "fields"],
+)
+def test_presets_are_type_checked(name: str, text: str, words: str, pack: Any, tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "a.jsonl", chat(5))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("the file a string 'false' once deleted")
+    preset = tmp_path / name
+    preset.write_text(text + "\n")
+    before = snapshot(tmp_path)
+    result = pack(data, "-o", out, "--config", preset, expect=2)
+    assert one_error_line(result) == f"Error: {preset}: {words}; fix the preset"
+    assert snapshot(tmp_path) == before
+
+
+def test_json_preset_that_is_not_an_object(pack: Any, tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "a.jsonl", chat(5))
+    preset = tmp_path / "p.json"
+    preset.write_text('["overwrite", true]')
+    before = snapshot(tmp_path)
+    result = pack(data, "-o", tmp_path / "out", "--config", preset, expect=2)
+    assert one_error_line(result) == (
+        f"Error: {preset}: a preset must be an object of option = value, not a list; fix the file"
+    )
+    assert snapshot(tmp_path) == before
+
+
+def test_packcli_outputs_are_never_inputs(pack: Any, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    write_jsonl(data / "a.jsonl", chat(30))
+    out = data / "packed"
+    first = json.loads(pack(data, "--max-len", "64", "-o", out, "--json", "-q").stdout)
+    stale = data / f".packed.partial-{host()}-{os.getpid()}-live"  # a live run's staging directory
+    stale.mkdir()
+    (stale / "shard-00000-of-00001.parquet").write_bytes((out / "shard-00000-of-00001.parquet").read_bytes())
+    user = snapshot(data, skip=("packed", stale.name))
+    # A directory walk skips the output and the staging directory; a glob (which skips hidden
+    # directories itself) skips the output.
+    for inputs, skipped in (([data], [out, stale]), ([str(data) + "/**/*"], [out])):
+        result = pack(*inputs, "--max-len", "64", "-o", out, "--overwrite", "--json", "-q", "--on-error", "skip")
+        summary = json.loads(result.stdout)
+        assert summary["records_read"] == first["records_read"] == 30 and summary["dropped"] == {}
+        assert summary["skipped_dirs"] == sorted(map(str, skipped))
+        assert result.stderr.strip().splitlines() == [
+            f"Warning: {d}: skipped; a packcli output or staging directory is never read as input"
+            for d in summary["skipped_dirs"]
+        ]
+    assert snapshot(data, skip=("packed", stale.name)) == user
+    # Naming the output itself as the input, or a glob of its shards, is refused.
+    before = snapshot(tmp_path)
+    result = pack(out, "-o", tmp_path / "again", expect=1)
+    assert one_error_line(result) == (
+        f"Error: {out}: is a packcli output or staging directory, which packcli never reads as input; "
+        "pass the original data"
+    )
+    pattern = f"{data}/**/*.parquet"
+    result = pack(pattern, "-o", tmp_path / "again", expect=1)
+    assert one_error_line(result) == (
+        f"Error: {pattern}: the pattern matches only files in packcli outputs, which are never inputs; "
+        "check the pattern"
+    )
+    assert snapshot(tmp_path) == before
+
+
+_SPAWNED: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_run_outlives_its_test() -> Any:
+    """Whatever a test asserts, the runs it started (and their workers, in their session) end with it."""
+    yield
+    while _SPAWNED:
+        proc = _SPAWNED.pop()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=10)
+
+
+def _spawn(tmp_path: Path, *args: Any) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "packcli", "pack", *map(str, args), "-q"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=tmp_path,
+    )
+    _SPAWNED.append(proc)
+    return proc
+
+
+def _wait_for(condition: Callable[[], Any], seconds: float = 60) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError("timed out")
+
+
+def _slow_run(tmp_path: Path, out: Path, *extra: Any) -> subprocess.Popen[str]:
+    """A pack run stuck in its first batch (its first record renders for hours)."""
+    data = write_jsonl(tmp_path / "slow.jsonl", chat(600, first="slow"))
+    template = tmp_path / "slow.jinja"
+    template.write_text(SLOW_TEMPLATE)
+    return _spawn(
+        tmp_path,
+        data,
+        "--max-len",
+        "128",
+        "-o",
+        out,
+        "--chat-template",
+        template,
+        "--cache-dir",
+        tmp_path / "cache",
+        *extra,
+    )
+
+
+def test_second_run_on_the_same_output_is_refused_naming_the_holder(pack: Any, tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "a.jsonl", chat(5))
+    out = tmp_path / "out"
+    pack(data, "--max-len", "64", "-o", out, "-q")
+    first = _slow_run(tmp_path, out, "--overwrite", "--num-proc", "2")
+    lock = tmp_path / ".out.lock"
+    _wait_for(lambda: lock.is_file() and lock.read_text().strip() == str(first.pid))
+    user = snapshot(tmp_path, skip=("cache", ".out.*"))  # the inputs and the previous output
+    result = pack(data, "--max-len", "64", "-o", out, "--overwrite", expect=1)
+    assert one_error_line(result) == (
+        f"Error: {out}: another packcli run (PID {first.pid}) is writing this output; "
+        "wait for it to finish or choose another -o"
+    )
+    first.send_signal(signal.SIGTERM)
+    _, err = first.communicate(timeout=30)
+    assert first.returncode == 130, err
+    assert snapshot(tmp_path, skip=("cache",)) == user  # and no lock or staging left
+    pack(data, "--max-len", "64", "-o", out, "--overwrite", "-q")  # the lock was released
+
+
+@pytest.mark.parametrize("detected", [True, False], ids=["ismount", "ebusy"])
+def test_mount_point_output_is_written_in_place(detected: bool, pack: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    data = write_jsonl(tmp_path / "a.jsonl", chat(20))
+    out = tmp_path / "volume"
+    pack(data, "--max-len", "64", "-o", out, "-q")
+    inode = out.stat().st_ino
+    user = snapshot(tmp_path, skip=("volume", "cache"))
+
+    # A mount point cannot be renamed: every rename of it fails with EBUSY, as the kernel does.
+    real_replace, real_exchange = os.replace, safety.exchange
+
+    def replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        if Path(src) == out or Path(dst) == out:
+            raise OSError(errno.EBUSY, "Device or resource busy", str(out))
+        real_replace(src, dst, *args, **kwargs)
+
+    def exchange(a: Path, b: Path) -> bool:
+        if out in (Path(a), Path(b)):
+            raise OSError(errno.EBUSY, "Device or resource busy", str(out))
+        return real_exchange(a, b)
+
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(safety, "exchange", exchange)
+    if detected:
+        monkeypatch.setattr(safety, "is_mount", lambda p: Path(p) == out)
+    pack(data, "--max-len", "96", "-o", out, "--overwrite", "-q")
+    assert out.stat().st_ino == inode
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["options"]["max_len"] == 96
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json"] + [s["file"] for s in manifest["shards"]]
+    assert snapshot(tmp_path, skip=("volume", "cache")) == user  # no lock or staging left, inputs untouched
+
+
+def test_symlinked_output_replaces_the_target_never_the_link(pack: Any, tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "a.jsonl", chat(20))
+    target = tmp_path / "disk" / "packed"
+    pack(data, "--max-len", "64", "-o", target, "-q")
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    user = snapshot(tmp_path, skip=("disk", "cache"))
+    pack(data, "--max-len", "96", "-o", link, "--overwrite", "-q")
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert json.loads((target / "manifest.json").read_text())["options"]["max_len"] == 96
+    assert snapshot(tmp_path, skip=("disk", "cache")) == user
+    assert sorted(p.name for p in target.parent.iterdir()) == ["packed"]  # no staging or lock left
+
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    before = snapshot(tmp_path)
+    result = pack(data, "-o", dangling, expect=2)
+    assert one_error_line(result) == (
+        f"Error: {dangling}: is a symlink to {tmp_path / 'nowhere'}, which does not exist; "
+        "create it or choose another -o"
+    )
+    assert snapshot(tmp_path) == before
+
+
+def test_what_killed_runs_left_is_removed_only_when_their_process_is_gone(pack: Any, tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "a.jsonl", chat(20))
+    cache = tmp_path / "cache"
+    out = tmp_path / "out"
+    pack(data, "--max-len", "64", "-o", out, "-q")
+    gone, alive = dead_pid(), os.getpid()
+    left = {
+        tmp_path / f".out.partial-{host()}-{gone}-a1": False,  # (path, kept)
+        tmp_path / f".out.partial-{host()}-{alive}-b2": True,
+        tmp_path / f".out.partial-otherhost-{gone}-c3": True,  # another machine's: cannot tell
+        tmp_path / ".out.partial-x": True,  # not a name packcli makes
+        cache / f".tmp-{host()}-{gone}-d4": False,
+        cache / f".tmp-{host()}-{alive}-e5": True,
+    }
+    for path in left:
+        path.mkdir()
+        (path / "input_ids.bin").write_bytes(b"\1\2")
+    (tmp_path / ".out.lock").write_text(f"{gone}\n")  # a killed run's lock file: not held
+    user = snapshot(tmp_path, skip=("out", "cache"))
+    pack(data, "--max-len", "96", "-o", out, "--overwrite", "-q")
+    assert {p: p.exists() for p in left} == left
+    expected = {k: v for k, v in user.items() if not k.startswith((f".out.partial-{host()}-{gone}", ".out.lock"))}
+    assert snapshot(tmp_path, skip=("out", "cache")) == expected
+
+
+def test_previous_output_moved_aside_by_a_killed_run_is_put_back(pack: Any, tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "a.jsonl", chat(20))
+    out = tmp_path / "out"
+    pack(data, "--max-len", "64", "-o", out, "-q")
+    previous = snapshot(out)
+    aside = tmp_path / f".out.old-{host()}-{dead_pid()}"  # killed between the two renames of a swap
+    out.rename(aside)
+    result = pack(data, "--max-len", "96", "-o", out, expect=2)
+    assert one_error_line(result) == (
+        f"Error: {out}: the output directory is not empty; pass --overwrite or choose another -o"
+    )
+    assert snapshot(out) == previous and not aside.exists()
+
+
+# -- processes --------------------------------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(entry.name))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _running_with(marker: str) -> list[int]:
+    """Live processes whose command line holds ``marker`` (workers are forks: same command line)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker.encode() in cmdline and _alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+def test_workers_die_with_packcli_after_sigkill(tmp_path: Path) -> None:
+    run = _slow_run(tmp_path, tmp_path / "out", "--num-proc", "2")
+    workers = _wait_for(lambda: len(_children(run.pid)) == 2 and _children(run.pid))
+    user = snapshot(tmp_path, skip=("cache", ".out.*"))
+    run.kill()  # as the OOM killer or a CI timeout does
+    run.communicate(timeout=30)
+    _wait_for(lambda: not any(_alive(w) for w in workers), seconds=10)
+    assert snapshot(tmp_path, skip=("cache", ".out.*")) == user and not (tmp_path / "out").exists()
+
+
+def test_worker_takes_sigterm_and_the_run_says_so(tmp_path: Path) -> None:
+    run = _slow_run(tmp_path, tmp_path / "out", "--num-proc", "2")
+    workers = _wait_for(lambda: len(_children(run.pid)) == 2 and _children(run.pid))
+    os.kill(workers[0], signal.SIGTERM)  # as the OOM killer or a container runtime might
+    _, err = run.communicate(timeout=30)
+    assert run.returncode == 1, err
+    assert err.strip().splitlines() == [
+        "Error: a worker process died (killed by a signal or out of memory); "
+        "run again, with a lower --num-proc if memory is short"
+    ]
+    _wait_for(lambda: not any(_alive(w) for w in workers), seconds=10)
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("num_proc", [1, 2])
+def test_two_interrupts_end_a_slow_batch_at_once(num_proc: int, tmp_path: Path) -> None:
+    run = _slow_run(tmp_path, tmp_path / "out", "--num-proc", str(num_proc))
+    if num_proc > 1:
+        workers = _wait_for(lambda: len(_children(run.pid)) == 2 and _children(run.pid))
+    else:
+        workers = []
+        _wait_for(lambda: any((tmp_path / "cache").glob(".tmp-*/*")))  # tokenizing has begun
+        time.sleep(0.5)  # into the slow first record
+    user = snapshot(tmp_path, skip=("cache", ".out.*"))
+    os.killpg(run.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
+    time.sleep(0.3)  # two presses, not one signal delivered twice (the kernel would merge them)
+    os.killpg(run.pid, signal.SIGINT)
+    _, err = run.communicate(timeout=20)  # the slow record alone would take hours
+    assert run.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "Error: interrupted; the previous output, if any, was left as it was"
+    assert "Traceback" not in err
+    _wait_for(lambda: not any(_alive(w) for w in workers), seconds=10)
+    assert snapshot(tmp_path, skip=("cache",)) == user
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_num_proc_never_starts_more_workers_than_batches(pack: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    started: list[int] = []
+    real_start = procs.start_pool
+
+    def start_pool(workers: int, *args: Any) -> Any:
+        started.append(workers)
+        return real_start(workers, *args)
+
+    monkeypatch.setattr(procs, "start_pool", start_pool)
+    for n_records, pools in ((20, []), (600, [3])):  # batches of 256 records: 1 and 3 batches
+        data = write_jsonl(tmp_path / f"d{n_records}.jsonl", chat(n_records))
+        before = snapshot(tmp_path, skip=("cache", "many", "one"))
+        started.clear()
+        pack(data, "--max-len", "256", "-o", tmp_path / "many", "--num-proc", "400", "--overwrite", "-q")
+        assert started == pools
+        pack(data, "--max-len", "256", "-o", tmp_path / "one", "--num-proc", "1", "--overwrite", "-q", "--no-cache")
+        shards = sorted(p.name for p in (tmp_path / "one").glob("shard-*"))
+        assert shards and all(
+            (tmp_path / "many" / s).read_bytes() == (tmp_path / "one" / s).read_bytes() for s in shards
+        )
+        assert snapshot(tmp_path, skip=("cache", "many", "one")) == before
+
+
+# -- fault injection --------------------------------------------------------------------------------
+
+
+def test_sigkill_at_random_points_loses_nothing(tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "data.jsonl", chat(700))
+    out = tmp_path / "out"
+    base = [data, "--max-len", "256", "-o", out, "--num-proc", "2", "--cache-dir", tmp_path / "cache", "--overwrite"]
+
+    def run(seed: int) -> subprocess.Popen[str]:
+        return _spawn(tmp_path, *base, "--seed", str(seed))
+
+    states = {}
+    for seed in (1, 0):  # leaves the output of seed 0 in place
+        proc = run(seed)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        states[seed] = snapshot(out)
+    assert states[0] != states[1]
+    user = snapshot(tmp_path, skip=("out", "cache"))
+    current = 0
+    for kill_seed in range(4):
+        rng = random.Random(kill_seed)
+        other = 1 - current
+        if rng.random() < 0.5:  # kill it while it tokenizes, not only when it reads the cache
+            shutil.rmtree(tmp_path / "cache")
+        proc = run(other)
+        time.sleep(rng.uniform(0.05, 2.0))
+        proc.kill()
+        proc.communicate(timeout=30)
+        # No worker outlives the killed run.
+        _wait_for(lambda: not _running_with(str(out)), seconds=10)
+        # The output is the previous one, or the complete new one if the kill came after the swap.
+        assert snapshot(out) in (states[current], states[other])
+        # The next run succeeds and gives the same bytes, whatever the killed run left behind.
+        proc = run(other)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert snapshot(out) == states[other]
+        current = other
+        assert snapshot(tmp_path, skip=("out", "cache")) == user  # no staging, lock or temp left beside
+        assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".tmp-")]
