@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import socket
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -402,7 +403,6 @@ def prepare_output(
 ) -> PreparedOutput:
     """Check the output against everything that must not be touched, lock it, clear what killed runs
     left, and create the staging directory. The caller releases the lock when the run ends."""
-    from packcli.shards import StagedOutput
 
     real = real_output(output)
     relative = check_paths(real, output, inputs, cache_root, rejects)
@@ -419,3 +419,68 @@ def prepare_output(
         lock.release()
         raise
     return PreparedOutput(staged, lock, relative)
+
+
+class StagedOutput:
+    """A staging directory for the new output; ``commit`` swaps it in, ``abort`` removes it.
+
+    A run that fails or is interrupted leaves the previous output untouched and no directory that
+    looks complete: the manifest is the last file written, and the swap is one atomic exchange of the
+    two directories where the system has it (else two renames; a run killed between them leaves the
+    old output beside, which the next run moves back). An output that cannot be renamed (a mount
+    point) is staged inside itself and its contents replaced, manifest last.
+
+    ``output`` is the resolved path; ``display`` the path as the user gave it; ``old`` the names in
+    the existing output that the new one replaces (see ``replaceable``).
+    """
+
+    def __init__(self, output: Path, display: str, old: set[str] | None = None, in_place: bool = False) -> None:
+        self.output = output
+        self.display = display
+        self.old = old or set()
+        self.in_place = in_place
+        parent = output if in_place else output.parent
+        prefix = f"{IN_PLACE_PREFIX}{owner_tag()}-" if in_place else staging_prefix(output.name)
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            self.tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+            # mkdtemp makes the directory private; the output is an ordinary directory.
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(self.tmp, 0o777 & ~umask)
+        except OSError as exc:
+            raise OutputError(
+                f"{display}: cannot create the output directory ({exc.strerror or exc}); choose a writable path with -o"
+            ) from exc
+
+    def commit(self) -> None:
+        if self.in_place:
+            replace_contents(self.tmp, self.output, self.old)
+            return
+        if not os.path.lexists(self.output):
+            os.replace(self.tmp, self.output)
+            return
+        try:
+            swapped = exchange(self.tmp, self.output)
+        except OSError as exc:
+            if exc.errno not in (errno.EBUSY, errno.EXDEV):
+                raise
+            # Not renameable after all (a bind mount, which ismount does not see): replace in place.
+            replace_contents(self.tmp, self.output, self.old)
+            return
+        if swapped:  # the staging directory now holds the previous output
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return
+        old = self.output.parent / f".{self.output.name}.old-{owner_tag()}"
+        try:
+            os.replace(self.output, old)
+        except OSError as exc:
+            if exc.errno not in (errno.EBUSY, errno.EXDEV):
+                raise
+            replace_contents(self.tmp, self.output, self.old)
+            return
+        os.replace(self.tmp, self.output)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def abort(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
