@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packcli import pipeline
+from packcli import worker, write
 from packcli.errors import RecordError
 from packcli.formats import DEFAULT_FIELDS
 from packcli.sources import RawBatch
@@ -234,14 +234,14 @@ def test_disk_full_and_interrupt_leave_previous_output(
     def disk_full(*args: Any, **kwargs: Any) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(pipeline, "write_shard", disk_full)
+    monkeypatch.setattr(write, "write_shard", disk_full)
     line = one_error_line(pack(chat_jsonl, "--max-len", "300", "-o", out, "--overwrite", expect=1))
     assert line == f"Error: {out}: cannot write a shard (No space left on device); free disk space or choose another -o"
 
     def interrupt(*args: Any, **kwargs: Any) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline, "write_shard", interrupt)
+    monkeypatch.setattr(write, "write_shard", interrupt)
     line = one_error_line(pack(chat_jsonl, "--max-len", "300", "-o", out, "--overwrite", expect=130))
     assert "interrupted" in line
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
@@ -320,10 +320,10 @@ record_like = st.fixed_dictionaries(
 def test_fuzz_no_record_raises(lines: list[bytes], fmt: str | None) -> None:
     if not _ENCODER:
         _ENCODER.append(Encoder(None, None, EncodeOptions()))
-    pipeline._STATE.update(encoder=_ENCODER[0], fields=dict(DEFAULT_FIELDS))
+    worker.use(_ENCODER[0], dict(DEFAULT_FIELDS))
     lines = [line.replace(b"\n", b" ") for line in lines]
     batch = RawBatch("fuzz.jsonl", 0, lines, list(range(1, len(lines) + 1)), raw_lines=True)
-    result = pipeline._tokenize_batch(batch, fmt)
+    result = worker.tokenize_batch(batch, fmt)
     assert len(result.sample_index) + len(result.rejects) == len(lines)
     assert sum(result.lengths) == len(result.ids) == len(result.labels)
     for reject in result.rejects:

@@ -16,10 +16,12 @@ import pytest
 import ray
 from typer.testing import CliRunner
 
-from packcli import pipeline
+from packcli import ingest, write
+from packcli import plan as plan_stage
 from packcli.cache import load_store
 from packcli.cli import app
 from packcli.config import PackConfig
+from packcli.errors import OutputError, UsageError
 from packcli.shards import file_sha256
 
 from .conftest import make_conversations, write_jsonl
@@ -41,7 +43,7 @@ def local_ray() -> Any:
 def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     from packcli.engines import ray_engine
 
-    monkeypatch.setattr(pipeline, "BATCH_SIZE", BATCH)
+    monkeypatch.setattr(ingest, "BATCH_SIZE", BATCH)
     monkeypatch.setattr(ray_engine, "RAY_BATCH_RECORDS", RAY_BATCH)
 
 
@@ -172,7 +174,7 @@ def test_shards_to_a_filesystem_uri(local_ray: Any, corpus: Path, tmp_path: Path
     store = load_store(store_in(cache))
     uri = (tmp_path / "remote").as_uri()  # file://...: the pyarrow filesystem path, as for s3:// or gs://
     config = PackConfig(inputs=(str(corpus),), output=uri, max_len=512, rows_per_shard=9, on_error="skip", engine="ray")
-    plan = pipeline.make_plan(config, store)
+    plan = plan_stage.make_plan(config, store)
     ray_engine.check_uri_output(uri, overwrite=False)
     entries = ray_engine.write_output(config, store, plan, tmp_path / "unused", lambda *a: None, 0)
     local_manifest = json.loads((tmp_path / "local" / "manifest.json").read_text())
@@ -181,7 +183,7 @@ def test_shards_to_a_filesystem_uri(local_ray: Any, corpus: Path, tmp_path: Path
     ray_engine.write_manifest_uri(uri, {"shards": entries})
     assert_same_shards(tmp_path / "local", tmp_path / "remote")
     assert json.loads((tmp_path / "remote" / "manifest.json").read_text()) == {"shards": entries}
-    with pytest.raises(pipeline.UsageError, match="not empty"):
+    with pytest.raises(UsageError, match="not empty"):
         ray_engine.check_uri_output(uri, overwrite=False)
     ray_engine.check_uri_output(uri, overwrite=True)  # an overwrite first removes the completeness marker
     assert not (tmp_path / "remote" / "manifest.json").exists()
@@ -189,8 +191,8 @@ def test_shards_to_a_filesystem_uri(local_ray: Any, corpus: Path, tmp_path: Path
     # A shard that cannot be written: the default engine's error message.
     config = PackConfig(inputs=(str(corpus),), output=str(tmp_path / "out"), max_len=512, on_error="skip")
     errors = []
-    for engine in (pipeline, ray_engine):
-        with pytest.raises(pipeline.OutputError) as caught:
+    for engine in (write, ray_engine):
+        with pytest.raises(OutputError) as caught:
             engine.write_output(config, store, plan, tmp_path / "missing", lambda *a: None, 0)
         errors.append(str(caught.value))
     assert errors[0] == errors[1] and "cannot write a shard" in errors[0]

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from packcli import cache as cache_mod
-from packcli import pipeline, shards, tokenize
+from packcli import ingest, shards, tokenize, worker
 
 from .conftest import make_conversations, read_rows, write_jsonl
 
@@ -432,7 +432,7 @@ def test_disk_full_while_tokenizing_or_writing_the_store(
     if stage == "rejects":
         data = tmp_path / "bad.jsonl"
         data.write_text(GOOD_LINE + "\n{broken\n")
-        monkeypatch.setattr(pipeline, "open", full_open("rejects.jsonl"), raising=False)
+        monkeypatch.setattr(ingest, "open", full_open("rejects.jsonl"), raising=False)
     elif stage == "tokenizing":
         monkeypatch.setattr(cache_mod, "open", full_open("labels.bin"), raising=False)
     else:
@@ -808,9 +808,10 @@ def test_chat_rule_measures_the_very_text_the_encoder_encodes(base_tokenizer: An
     record = {"messages": [{"role": "system", "content": "be brief"}, *GOOD["messages"]]}
     sample = normalize(record, "messages", DEFAULT_FIELDS)
     try:
-        assert pipeline._arm_rule_out(PackConfig(inputs=("x",), max_len=64), encoder) is not None
-        text = pipeline._STATE["render"](sample)
+        rule = ingest._rule_out(PackConfig(inputs=("x",), max_len=64), encoder)
+        assert rule is not None
+        text = rule[1](sample)
     finally:
-        pipeline._STATE.clear()
+        worker.release()
     [(ids, _)] = encoder.encode_batch([sample])
     assert base_tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids == ids.tolist()

@@ -1,6 +1,7 @@
 """The Ray engine (``--engine ray``): tokenizing and writing on a Ray cluster, planning on the driver.
 
-``pipeline.run_pack`` calls the two functions of this module in place of its local ones, with the same
+``pipeline.run_pack`` calls the two functions of this module (through ``RayEngine``) in place of the
+local engine's, with the same
 signatures and results:
 
 - ``tokenize_to_store``: the driver reads the inputs into raw batches (the same reader as the local
@@ -9,7 +10,7 @@ signatures and results:
   actor loads the tokenizer once and runs the local engine's per-batch function). The results stream
   back to the driver in input order and go through the local engine's own accounting loop into the
   token store, so the store (arrays, token files, counts, rejects, errors) is the local one.
-- ``write_output``: the plan is made on the driver from the lengths alone (``pipeline.make_plan``, as on
+- ``write_output``: the plan is made on the driver from the lengths alone (``plan.make_plan``, as on
   one machine); each shard is then one Ray task that reads the plan and the store's per-sample arrays
   from the object store, reads its rows' tokens from the store's files by path, builds the rows with
   the default engine's row builder and writes the shard with ``shards.write_shard``, to a local
@@ -42,11 +43,12 @@ from typing import Any, ClassVar
 import pyarrow as pa
 import ray
 
-from packcli import pipeline
+from packcli import ingest, worker, write
 from packcli.cache import TokenStore
 from packcli.config import PackConfig
 from packcli.contract import Progress
 from packcli.errors import OutputError, PackcliError, UsageError, first_line, raise_if_stopped
+from packcli.plan import Plan
 from packcli.shards import shard_name, write_shard
 from packcli.sources import InputSource, RawBatch
 from packcli.tokenize import Encoder
@@ -165,7 +167,7 @@ class TokenizeActor:
                 "driver's; install the same tokenizer files on every node (or pass a Hub name)"
             )
         self.fn = settings["fn"]
-        pipeline._STATE.update(encoder=encoder, fields=settings["fields"])
+        worker.use(encoder, settings["fields"])
 
     def __call__(self, table: pa.Table) -> pa.Table:
         ids = table.column("batch_id").to_pylist()
@@ -182,7 +184,7 @@ def _actor_class(fn: Callable[..., Any], config: PackConfig, encoder: Encoder) -
         "fn": fn,
         "tokenizer": _absolute_if_local(config.tokenizer),
         "chat_template": _absolute_if_local(config.chat_template),
-        "options": pipeline.encode_options(config),
+        "options": ingest.encode_options(config),
         "fields": dict(config.fields),
         "identity": encoder.identity(),
     }
@@ -197,7 +199,7 @@ def _absolute_if_local(path: str | None) -> str | None:
 
 
 def _ray_map_ordered(config: PackConfig, encoder: Encoder) -> Callable[..., Iterator[Any]]:
-    """Return the ``map_ordered`` for ``pipeline.tokenize_to_store`` that runs the jobs on Ray, in job order."""
+    """Return the ``map_ordered`` for ``ingest.tokenize_to_store`` that runs the jobs on Ray, in job order."""
 
     def map_ordered(fn: Callable[..., Any], jobs: Iterator[tuple[Any, ...]], num_proc: int) -> Iterator[Any]:
         # The driver reads the inputs (fast, sequential, and what numbers the records), putting each raw
@@ -336,7 +338,7 @@ def tokenize_to_store(
     _ensure_ray(config)
     mapper = _ray_map_ordered(config, encoder)
     try:
-        return pipeline.tokenize_to_store(config, sources, formats, encoder, store_path, progress, mapper)
+        return ingest.tokenize_to_store(config, sources, formats, encoder, store_path, progress, mapper)
     except BaseException:
         _shutdown_if_started_here()
         raise
@@ -347,7 +349,7 @@ def tokenize_to_store(
 
 def _shard_job(
     store: TokenStore,
-    plan: pipeline.Plan,
+    plan: Plan,
     config: PackConfig,
     shard: int,
     name: str,
@@ -356,7 +358,7 @@ def _shard_job(
 ) -> dict[str, Any]:
     """Build one shard's rows from the token store and write the shard; return its manifest entry.
 
-    The rows come from the default engine's own row builder (``pipeline.row_group_tables``), in the
+    The rows come from the default engine's own row builder (``write.row_group_tables``), in the
     same row groups, so the shard's bytes are the same. On an I/O error, returns ``{"error": message}``
     (the default engine's message) instead of raising; the driver raises it.
     """
@@ -364,7 +366,7 @@ def _shard_job(
     rows = plan.order.order[shard * per : (shard + 1) * per]
     try:
         with store.open_tokens() as reader:
-            tables = pipeline.row_group_tables(reader, store, plan, rows, config, pad_id)
+            tables = write.row_group_tables(reader, store, plan, rows, config, pad_id)
             if not is_uri(destination):
                 return write_shard(tables, Path(destination) / name, config.output_format)
             from pyarrow import fs as pafs
@@ -385,7 +387,7 @@ _write_shard_task = ray.remote(num_cpus=1, max_retries=0)(_shard_job)
 
 
 def write_output(
-    config: PackConfig, store: TokenStore, plan: pipeline.Plan, staged: Path, progress: Progress, pad_id: int
+    config: PackConfig, store: TokenStore, plan: Plan, staged: Path, progress: Progress, pad_id: int
 ) -> list[dict[str, Any]]:
     """Write the planned rows as shards, one Ray task per shard; return the manifest's shard entries.
 
@@ -495,3 +497,31 @@ def write_manifest_uri(output: str, manifest: dict[str, Any], keep: Iterable[str
                 filesystem.delete_file(info.path)
     except (OSError, pa.ArrowInvalid) as exc:
         raise OutputError(f"{output}: cannot write the manifest ({exc}); check the URI and credentials") from exc
+
+
+class RayEngine:
+    """Ray Data actors tokenize, the driver plans from lengths, Ray tasks write the shards (``--engine ray``)."""
+
+    def tokenize_to_store(
+        self,
+        config: PackConfig,
+        sources: list[Any],
+        formats: dict[str, str | None],
+        encoder: Encoder,
+        store_path: Path,
+        progress: Progress,
+        rule_out_long: bool = False,
+    ) -> TokenStore:
+        # The early too-long rule needs the driver's renderer in every actor; the Ray engine tokenizes all.
+        return tokenize_to_store(config, sources, formats, encoder, store_path, progress)
+
+    def write_output(
+        self, config: PackConfig, store: TokenStore, plan: Plan, staged: Path | None, progress: Progress, pad_id: int
+    ) -> list[dict[str, Any]]:
+        return write_output(config, store, plan, staged, progress, pad_id)  # type: ignore[arg-type]
+
+    def check_uri_output(self, output: str, overwrite: bool) -> None:
+        check_uri_output(output, overwrite)
+
+    def write_manifest_uri(self, output: str, manifest: dict[str, Any]) -> None:
+        write_manifest_uri(output, manifest)

@@ -1,0 +1,182 @@
+"""Stage 1: every record of the inputs tokenized (by the workers) and accounted for, into a token store."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from packcli import pool, worker
+from packcli.bounds import max_token_bytes
+from packcli.cache import (
+    TokenStore,
+    TokenStoreWriter,
+)
+from packcli.config import PackConfig
+from packcli.contract import Progress
+from packcli.errors import InputError, OutputError
+from packcli.formats import Sample
+from packcli.sources import InputSource, count_records, read_batches
+from packcli.tokenize import EncodeOptions, Encoder
+
+# Reasons a record is left out by policy: always counted, never an error. Every other reason is bad
+# data, which stops the run unless --on-error skip.
+POLICY_DROPS = frozenset(
+    {
+        "empty",
+        "empty_conversation",
+        "no_assistant_turn",
+        "nothing_to_train",
+        "too_long",
+        "nothing_to_train_after_truncation",
+        "world_size_remainder",
+    }
+)
+BATCH_SIZE = 256
+
+
+def encode_options(config: PackConfig) -> EncodeOptions:
+    """Return the options that decide a sample's tokens and labels."""
+    return EncodeOptions(config.train_on, config.add_eos, EncodeOptions.kwargs_items(config.template_kwargs))
+
+
+def tokenize_to_store(
+    config: PackConfig,
+    sources: list[InputSource],
+    formats: dict[str, str | None],
+    encoder: Encoder,
+    store_path: Path,
+    progress: Progress,
+    map_ordered: Callable[..., Iterator[Any]] | None = None,
+    rule_out_long: bool = False,
+) -> TokenStore:
+    """Tokenize every record of the sources into a token store at ``store_path``.
+
+    ``map_ordered(fn, jobs, num_proc)`` runs the batches and yields their results in order: worker
+    processes here by default; another engine passes its own (the Ray engine runs them on a cluster).
+    With ``rule_out_long``, records that certainly have more than --max-len tokens are dropped as
+    too_long before tokenizing (see packcli.bounds); the store then lacks them, which its meta records.
+    """
+    map_ordered = map_ordered or pool.map_ordered
+    rule_out = _rule_out(config, encoder) if rule_out_long else None
+    worker.use(encoder, config.fields, *(rule_out or (None, None)))
+    ruled_out_bytes = rule_out[0][0] * rule_out[0][1] if rule_out else None
+    where, fix = _store_where_fix(config, store_path)
+    writer = TokenStoreWriter(store_path, fix, where)
+    counts: Counter[str] = Counter()
+    records = 0
+    rejects_path = writer.tmp / "rejects.jsonl"
+    starts: dict[str, int] = {}
+    units: dict[str, str] = {}
+    counted = [count_records(s) for s in sources]
+    total = None if None in counted else sum(counted)  # type: ignore[arg-type]
+    try:
+        with _open_for_writing(rejects_path, where, fix) as rejects_file:
+            jobs = ((batch, formats[batch.source]) for batch in read_batches(sources, BATCH_SIZE))
+            for result in map_ordered(worker.tokenize_batch, jobs, config.num_proc):
+                records += result.n_records
+                starts.setdefault(result.source, result.first_index)
+                units.setdefault(result.source, result.unit)
+                for reject in result.rejects:
+                    if reject["reason"] == "too_long" and config.overflow == "error":
+                        where_record = worker.where(reject["source"], reject["unit"], reject["position"])
+                        raise InputError(
+                            f"{where_record}: {reject['detail']}; raise --max-len or pass --overflow drop or truncate"
+                        )
+                    if reject["reason"] not in POLICY_DROPS and config.on_error == "fail":
+                        where = worker.where(reject["source"], reject["unit"], reject["position"])
+                        raise InputError(
+                            f"{where}: {reject['detail']}; fix the record, or pass --on-error skip to skip bad records"
+                        )
+                    counts[reject["reason"]] += 1
+                    _write_line(rejects_file, json.dumps(reject, ensure_ascii=False), where, fix)
+                writer.add(
+                    result.sample_index,
+                    result.lengths,
+                    result.ids,
+                    result.labels,
+                    result.trainable,
+                    result.first_trained,
+                    result.positions,
+                )
+                progress("tokenize", result.n_records, total)
+        pad_id = encoder.tokenizer.pad_token_id
+        meta = {
+            "tokenizer": encoder.identity(),
+            "pad_id": pad_id if pad_id is not None else (encoder.eos_id or 0),
+            "records_read": records,
+            "dropped": dict(sorted(counts.items())),
+            "sources": [
+                {
+                    "path": s.display,
+                    "kind": s.kind,
+                    "format": formats[s.display],
+                    "unit": units.get(s.display, "record"),
+                }
+                for s in sources
+            ],
+            "source_starts": [starts.get(s.display, records) for s in sources],
+        }
+        if ruled_out_bytes is not None and counts["too_long"]:
+            # Records over this many bytes were left out untokenized: only runs whose limit is no
+            # higher may use this store (see _cached_store).
+            meta["ruled_out_over_bytes"] = ruled_out_bytes
+            meta["ruled_out_max_len"] = config.max_len
+        return writer.finish(meta)
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        worker.release()
+
+
+def _rule_out(config: PackConfig, encoder: Encoder) -> tuple[tuple[int, int], Any] | None:
+    """Return the workers' early too-long rule, (max_len, token bytes) and a renderer (None: no bound)."""
+    token_bytes = max_token_bytes(encoder.backend.to_str())
+    if token_bytes is None:
+        return None
+
+    def render(sample: Sample) -> str:
+        # Exactly the text the encoder renders for a conversation (as in Encoder._chat_spans): the
+        # bound holds for the text that is encoded, so it must be that text.
+        kwargs = encoder.template_kwargs | (sample.template_kwargs or {})
+        return encoder.render(encoder._prepare(sample), tools=sample.tools, kwargs=kwargs)[0]
+
+    return (config.max_len, token_bytes), render
+
+
+def _store_where_fix(config: PackConfig, store_path: Path) -> tuple[Path, str]:
+    """Which path to name, and what to do, when the token store cannot be written.
+
+    The store is the cache entry, or scratch space inside the output's staging directory (a
+    temporary directory for a dry run): the message names the path the user chose.
+    """
+    if config.cache:
+        return store_path.parent, "choose a writable --cache-dir with free space, or pass --no-cache"
+    if config.dry_run:
+        return Path(tempfile.gettempdir()), "free disk space there or set TMPDIR"
+    return Path(config.output), "free disk space or choose another -o"
+
+
+@contextlib.contextmanager
+def _open_for_writing(path: Path, where: Path, fix: str) -> Iterator[Any]:
+    try:
+        fh = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise OutputError(f"{where}: cannot write the token store ({exc.strerror or exc}); {fix}") from exc
+    try:
+        yield fh
+    finally:
+        with contextlib.suppress(OSError):  # a failed flush was reported by the write that failed
+            fh.close()
+
+
+def _write_line(fh: Any, line: str, where: Path, fix: str) -> None:
+    try:
+        fh.write(line + "\n")
+    except OSError as exc:
+        raise OutputError(f"{where}: cannot write the token store ({exc.strerror or exc}); {fix}") from exc

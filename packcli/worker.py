@@ -1,0 +1,171 @@
+"""The worker side of tokenizing: one RawBatch of records in, one TokenizedBatch (flat arrays) out."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from packcli.bounds import rule_out_too_long
+from packcli.errors import RecordError
+from packcli.formats import detect_format, normalize
+from packcli.records import check_sample, too_deep
+from packcli.sources import RawBatch
+from packcli.tokenize import Encoder
+
+REJECT_RECORD_CHARS = 100_000
+
+
+@dataclass
+class TokenizedBatch:
+    """A worker's output for one RawBatch: kept samples as flat arrays, and the rejected records."""
+
+    source: str
+    unit: str  # what positions count: line or record
+    first_index: int
+    n_records: int
+    sample_index: np.ndarray
+    lengths: np.ndarray
+    trainable: np.ndarray
+    first_trained: np.ndarray
+    positions: np.ndarray
+    ids: np.ndarray
+    labels: np.ndarray
+    rejects: list[dict[str, Any]] = field(default_factory=list)
+
+
+# What the workers tokenize with: set by use() in the parent before the pool forks (so workers start
+# without loading anything), or in each Ray actor; released when the run is done.
+_CONTEXT: dict[str, Any] = {}
+
+
+def use(encoder: Encoder, fields: dict[str, str], rule_out: tuple[int, int] | None = None, render: Any = None) -> None:
+    """Set what ``tokenize_batch`` works with in this process (and in the workers forked from it)."""
+    _CONTEXT.clear()
+    _CONTEXT.update(encoder=encoder, fields=fields)
+    if rule_out is not None:
+        _CONTEXT.update(rule_out=rule_out, render=render)
+
+
+def release() -> None:
+    """Forget the encoder and fields set by ``use``."""
+    _CONTEXT.clear()
+
+
+def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
+    encoder: Encoder = _CONTEXT["encoder"]
+    fields: dict[str, str] = _CONTEXT["fields"]
+    errors = {pos: (reason, detail) for pos, reason, detail in batch.errors}
+    samples: list[Any] = []
+    raws: list[Any] = []
+    for item, pos in zip(batch.items, batch.positions, strict=True):
+        raws.append(item)
+        try:
+            if pos in errors:
+                raise RecordError(*errors[pos])
+            record = parse_line(item) if batch.raw_lines else item
+            record_format = fmt or detect_format(record, fields)
+            if record_format is None:
+                keys = ", ".join(map(str, record)) if isinstance(record, dict) else type(record).__name__
+                raise RecordError("unknown_format", f"no known record format fits the fields ({keys})")
+            sample = normalize(record, record_format, fields)
+            check_sample(sample)
+            if "rule_out" in _CONTEXT:
+                rule_out_too_long(sample, *_CONTEXT["rule_out"], render=_CONTEXT["render"])
+            samples.append(sample)
+        except RecordError as err:
+            samples.append(err)
+    results = encoder.encode_batch(samples)
+    kept_index, kept_pos, ids, labels, rejects = [], [], [], [], []
+    for k, result in enumerate(results):
+        index = batch.first_index + k
+        if isinstance(result, RecordError):
+            rejects.append(reject(index, batch.source, batch.positions[k], result, raws[k], batch.raw_lines))
+            continue
+        kept_index.append(index)
+        kept_pos.append(batch.positions[k])
+        ids.append(result[0])
+        labels.append(result[1])
+    lengths = np.fromiter((len(x) for x in ids), dtype=np.int32, count=len(ids))
+    flat_ids = np.concatenate(ids) if ids else np.zeros(0, np.int32)
+    flat_labels = np.concatenate(labels) if labels else np.zeros(0, np.int32)
+    trainable, first_trained = label_stats(flat_labels, lengths)
+    return TokenizedBatch(
+        source=batch.source,
+        unit="line" if batch.raw_lines else "record",
+        first_index=batch.first_index,
+        n_records=len(batch.items),
+        sample_index=np.array(kept_index, dtype=np.int64),
+        lengths=lengths,
+        trainable=trainable,
+        first_trained=first_trained,
+        positions=np.array(kept_pos, dtype=np.int32),
+        ids=flat_ids,
+        labels=flat_labels,
+        rejects=rejects,
+    )
+
+
+def label_stats(labels: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return each sample's count of trained tokens and the position of its first trained token.
+
+    Every sample has at least one trained token (samples without are rejected before).
+    """
+    if not len(lengths):
+        return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    starts = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    trained = labels != -100
+    counts = np.add.reduceat(trained.astype(np.int64), starts).astype(np.int32)
+    hits = np.flatnonzero(trained)
+    owner = np.searchsorted(starts, hits, side="right") - 1
+    _, first_hit = np.unique(owner, return_index=True)
+    return counts, (hits[first_hit] - starts).astype(np.int32)
+
+
+def parse_line(line: bytes) -> Any:
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecordError("invalid_utf8", f"byte {exc.start} of the line is not UTF-8; re-encode the file") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecordError("invalid_json", f"invalid JSON ({exc.msg} at column {exc.colno})") from exc
+    except RecursionError as exc:  # the decoder recurses per nesting level
+        raise too_deep() from exc
+
+
+def reject(index: int, source: str, position: int, err: RecordError, raw: Any, raw_lines: bool) -> dict[str, Any]:
+    if raw_lines and isinstance(raw, bytes):
+        record: Any = raw.decode("utf-8", errors="replace").rstrip("\n")
+    else:
+        record = raw
+    text = record if isinstance(record, str) else _record_text(record)
+    return {
+        "sample_index": index,
+        "source": source,
+        "position": position,
+        "unit": "line" if raw_lines else "record",
+        "reason": err.reason,
+        "detail": err.detail,
+        "record": text[:REJECT_RECORD_CHARS],
+    }
+
+
+def _record_text(record: Any) -> str:
+    """The record as JSON text for the rejects file, even when it cannot be written as UTF-8 as is."""
+    try:
+        text = json.dumps(record, ensure_ascii=False, default=str)
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: keep it escaped, as it was in the input
+        text = json.dumps(record, default=str)
+    except RecursionError:
+        text = "(nested too deep to show)"
+    return text
+
+
+def where(source: str, unit: str, position: int) -> str:
+    return f"{source} {unit} {position}"
