@@ -89,7 +89,7 @@ def cache_key(parts: dict[str, Any]) -> str:
 
 @dataclass
 class TokenStore:
-    """A finished store: per-sample arrays in memory, token data memory-mapped on demand."""
+    """A finished store: per-sample arrays in memory, token data read by offset on demand (TokenReader)."""
 
     path: Path
     sample_index: np.ndarray  # int64, one per kept sample, ascending

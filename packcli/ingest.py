@@ -20,7 +20,8 @@ from packcli.config import PackConfig
 from packcli.contract import Progress
 from packcli.errors import InputError, OutputError
 from packcli.formats import Sample
-from packcli.sources import InputSource, count_records, read_batches
+from packcli.readers import count_records, read_batches
+from packcli.sources import InputSource
 from packcli.tokenize import EncodeOptions, Encoder
 
 # Reasons a record is left out by policy: always counted, never an error. Every other reason is bad

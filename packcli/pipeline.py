@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from packcli import __version__, ingest, packing, safety, worker
+from packcli import __version__, ingest, packing, staging, worker
 from packcli import plan as plan_module
 from packcli.cache import (
     DamagedStore,
@@ -30,10 +30,11 @@ from packcli.engines import load_engine
 from packcli.errors import InputError, OutputError, RecordError, UsageError, raise_if_stopped
 from packcli.formats import detect_format
 from packcli.plan import Plan, make_plan
+from packcli.readers import read_batches
 from packcli.shards import (
     write_manifest,
 )
-from packcli.sources import InputSource, fingerprint, read_batches, resolve_inputs
+from packcli.sources import InputSource, fingerprint, resolve_inputs
 from packcli.tokenize import Encoder, tokenizer_fingerprint
 
 # Bumped whenever the same inputs and options would give other tokens or labels, so the cache misses.
@@ -248,12 +249,12 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
     return summary
 
 
-def _prepare_output(config: PackConfig, skipped: list[str]) -> safety.PreparedOutput:
+def _prepare_output(config: PackConfig, skipped: list[str]) -> staging.PreparedOutput:
     """Lock and check the local output against the inputs, the cache and the rejects file."""
     sources = resolve_inputs(list(config.inputs), config.split, skipped)
     paths = [Path(s.path).resolve() for s in sources if s.kind != "hub"]
     cache_root = (Path(config.cache_dir) if config.cache_dir else default_cache_dir()) if config.cache else None
-    return safety.prepare_output(config.output, config.overwrite, paths, cache_root, config.rejects)
+    return staging.prepare_output(config.output, config.overwrite, paths, cache_root, config.rejects)
 
 
 def _summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str) -> dict[str, Any]:

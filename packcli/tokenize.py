@@ -26,7 +26,7 @@ from packcli.chat_template import ChatTemplate
 from packcli.contract import IGNORE_INDEX
 from packcli.errors import RecordError, TokenizerError, first_line
 from packcli.formats import Sample
-from packcli.sources import hub_reachable
+from packcli.readers import hub_reachable
 from packcli.spans import Render, TemplateShape
 
 TRAIN_ON = ("auto", "all", "assistant", "last_assistant", "completion")

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from packcli import procs, safety
+from packcli import procs, safety, staging
 
 from .conftest import write_jsonl
 
@@ -374,7 +374,7 @@ def test_mount_point_output_is_written_in_place(detected: bool, pack: Any, tmp_p
     user = snapshot(tmp_path, skip=("volume", "cache"))
 
     # A mount point cannot be renamed: every rename of it fails with EBUSY, as the kernel does.
-    real_replace, real_exchange = os.replace, safety.exchange
+    real_replace, real_exchange = os.replace, staging.exchange
 
     def replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
         if Path(src) == out or Path(dst) == out:
@@ -387,9 +387,9 @@ def test_mount_point_output_is_written_in_place(detected: bool, pack: Any, tmp_p
         return real_exchange(a, b)
 
     monkeypatch.setattr(os, "replace", replace)
-    monkeypatch.setattr(safety, "exchange", exchange)
+    monkeypatch.setattr(staging, "exchange", exchange)
     if detected:
-        monkeypatch.setattr(safety, "is_mount", lambda p: Path(p) == out)
+        monkeypatch.setattr(staging, "is_mount", lambda p: Path(p) == out)
     pack(data, "--max-len", "96", "-o", out, "--overwrite", "-q")
     assert out.stat().st_ino == inode
     manifest = json.loads((out / "manifest.json").read_text())

@@ -12,8 +12,9 @@ import pytest
 from packcli.cache import TokenStoreWriter, find_store
 from packcli.errors import InputError, RecordError
 from packcli.formats import DEFAULT_FIELDS, detect_format, normalize
+from packcli.readers import read_batches
 from packcli.shards import SHARD_SCHEMA, build_rows, read_shard, write_shard
-from packcli.sources import read_batches, resolve_inputs
+from packcli.sources import resolve_inputs
 
 from .conftest import write_jsonl
 

@@ -103,7 +103,7 @@ def stats(
     if batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, not {batch_size}")
     if plot is not None:
-        from packcli.report.stats import check_plot_path
+        from packcli.report.plot import check_plot_path
 
         check_plot_path(plot)
     if packed:
@@ -128,7 +128,7 @@ def stats(
         for message in result.get("warnings", []):
             console.warning(message)
     if plot is not None:
-        from packcli.report.stats import plot_histograms, write_plot
+        from packcli.report.plot import plot_histograms, write_plot
 
         title = f"packcli stats: {result['directory'] if packed else ', '.join(result['inputs'])}"
         write_plot(plot, title, _plot_summary(result), plot_histograms(result))

@@ -47,7 +47,8 @@ from packcli import ingest, worker, write
 from packcli.cache import TokenStore
 from packcli.config import PackConfig
 from packcli.contract import Progress
-from packcli.errors import OutputError, PackcliError, UsageError, first_line, raise_if_stopped
+from packcli.engines.uri import check_uri_output, is_uri, make_dirs, write_manifest_uri
+from packcli.errors import OutputError, PackcliError, first_line, raise_if_stopped
 from packcli.plan import Plan
 from packcli.shards import shard_name, write_shard
 from packcli.sources import InputSource, RawBatch
@@ -56,7 +57,6 @@ from packcli.tokenize import Encoder
 # Records per batch sent to a tokenizer actor (the reader's batches are cut to this size).
 RAY_BATCH_RECORDS = 100
 _PAYLOAD_SCHEMA = pa.schema([("batch_id", pa.int64()), ("payload", pa.large_binary())])
-_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 # Whether this process started the Ray instance it uses (then it also shuts it down).
 _STARTED_HERE = {"value": False}
@@ -64,14 +64,6 @@ _STARTED_HERE = {"value": False}
 
 class RayEngineError(PackcliError):
     """Ray could not be reached, or a worker failed outside of packcli's own error handling."""
-
-
-def is_uri(output: str) -> bool:
-    """Return whether an output is a filesystem URI (``s3://...``) rather than a local path."""
-    return bool(_URI.match(output))
-
-
-# -- the Ray instance ------------------------------------------------------------------------------
 
 
 def _ensure_ray(config: PackConfig) -> None:
@@ -399,7 +391,7 @@ def write_output(
         _ensure_ray(config)
         if is_uri(config.output):
             destination = config.output
-            _make_dirs(destination)
+            make_dirs(destination)
         else:
             destination = str(Path(staged).resolve())
         n_rows = len(plan.order.order)
@@ -429,17 +421,6 @@ def write_output(
         _shutdown_if_started_here()
 
 
-def _make_dirs(uri: str) -> None:
-    """Create the URI's directory where the filesystem has directories (object stores need none)."""
-    from pyarrow import fs as pafs
-
-    try:
-        filesystem, base = pafs.FileSystem.from_uri(uri)
-        filesystem.create_dir(base, recursive=True)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise OutputError(f"{uri}: cannot create the output ({exc}); check the URI and credentials") from exc
-
-
 def _collect(
     pending: dict[Any, int], entries: list[dict[str, Any] | None], progress: Progress, n_rows: int, num_returns: int
 ) -> None:
@@ -460,43 +441,6 @@ def _collect(
 
 
 # -- outputs on object stores ----------------------------------------------------------------------
-
-
-def check_uri_output(output: str, overwrite: bool) -> None:
-    """Refuse a URI prefix that already holds files unless overwriting; with overwrite, remove its
-    manifest first, so that the old output stops looking complete before any shard is replaced."""
-    from pyarrow import fs as pafs
-
-    try:
-        filesystem, base = pafs.FileSystem.from_uri(output)
-        infos = filesystem.get_file_info(pafs.FileSelector(base, allow_not_found=True))
-        if infos and not overwrite:
-            raise UsageError(f"{output}: the output is not empty; pass --overwrite or choose another -o")
-        manifest = f"{base.rstrip('/')}/manifest.json"
-        if overwrite and filesystem.get_file_info(manifest).type != pafs.FileType.NotFound:
-            filesystem.delete_file(manifest)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise OutputError(f"{output}: cannot use the output ({exc}); check the URI and credentials") from exc
-
-
-def write_manifest_uri(output: str, manifest: dict[str, Any], keep: Iterable[str] = ()) -> None:
-    """Write ``manifest.json`` under a URI prefix, after the shards (object stores have no rename, so the
-    manifest is the completeness marker), then delete shard files of an earlier run not in ``keep``."""
-    import json
-
-    from pyarrow import fs as pafs
-
-    try:
-        filesystem, base = pafs.FileSystem.from_uri(output)
-        base = base.rstrip("/")
-        with filesystem.open_output_stream(f"{base}/manifest.json") as out:
-            out.write((json.dumps(manifest, indent=2, sort_keys=False) + "\n").encode())
-        wanted = set(keep) | {e["file"] for e in manifest.get("shards", [])} | {"manifest.json"}
-        for info in filesystem.get_file_info(pafs.FileSelector(base, allow_not_found=True)):
-            if info.type == pafs.FileType.File and info.base_name.startswith("shard-") and info.base_name not in wanted:
-                filesystem.delete_file(info.path)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise OutputError(f"{output}: cannot write the manifest ({exc}); check the URI and credentials") from exc
 
 
 class RayEngine:
