@@ -124,3 +124,18 @@ def read_rows(out: Path) -> list[dict[str, Any]]:
     for shard in sorted(out.glob("shard-*.parquet")):
         rows.extend(pq.read_table(shard).to_pylist())
     return rows
+
+
+def one_stderr_line(result: Any) -> str:
+    """Return the one line a command printed on stderr (an error or a warning), and no traceback."""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def one_error_line(result: Any) -> str:
+    """Return the one line a failed command printed on stderr: ``Error: ...``, and no traceback."""
+    line = one_stderr_line(result)
+    assert line.startswith("Error: "), line
+    return line

@@ -57,7 +57,6 @@ def test_partial_field_renames_and_errors_in_api_terms(tmp_path: Path) -> None:
         packcli.pack([1, 2, 3], output=tmp_path / "c", cache=False)
 
 
-
 def test_a_run_after_a_stop_runs(tmp_path: Path) -> None:
     request_stop()  # as a signal handler would, in an earlier run of this process
     records: list[dict[str, Any]] = [{"text": "packing saves compute " * 5} for _ in range(4)]

@@ -21,17 +21,9 @@ from packcli.formats import DEFAULT_FIELDS
 from packcli.sources import RawBatch
 from packcli.tokenize import EncodeOptions, Encoder
 
-from .conftest import make_conversations, read_rows, write_jsonl
+from .conftest import make_conversations, one_error_line, read_rows, write_jsonl
 
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}
-
-
-def one_error_line(result: Any) -> str:
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("Error: ")
-    assert "Traceback" not in result.stderr
-    return lines[0]
 
 
 def accounted(summary: dict[str, Any]) -> None:

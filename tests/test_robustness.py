@@ -20,7 +20,7 @@ import pytest
 from packcli import cache as cache_mod
 from packcli import ingest, shards, tokenize, worker
 
-from .conftest import make_conversations, read_rows, write_jsonl
+from .conftest import make_conversations, one_stderr_line, read_rows, write_jsonl
 
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}
 GOOD_LINE = json.dumps(GOOD)
@@ -34,13 +34,6 @@ def digest(*paths: Path) -> dict[str, str]:
         for f in files:
             out[str(f)] = hashlib.sha256(f.read_bytes()).hexdigest()
     return out
-
-
-def error_line(result: Any) -> str:
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    return lines[0]
 
 
 def shard_bytes(out: Path) -> dict[str, bytes]:
@@ -163,7 +156,7 @@ def test_damaged_cache_entry_is_rebuilt_with_one_warning(
     before = digest(chat)
 
     result = pack(chat, "--max-len", "96", "-o", tmp_path / "b", "--json", "-q")
-    line = error_line(result)
+    line = one_stderr_line(result)
     assert (
         line
         == "Warning: the cache entry is damaged ("
@@ -266,7 +259,7 @@ def test_cache_dir_that_is_a_file(chat: Path, pack: Any, tmp_path: Path) -> None
     bad.write_text("mine")
     before = digest(chat, bad)
     result = pack(chat, "--max-len", "96", "-o", tmp_path / "out", "--cache-dir", bad, expect=1)
-    assert error_line(result) == f"Error: {bad}: cannot write the token store (Not a directory); {CACHE_FIX}"
+    assert one_stderr_line(result) == f"Error: {bad}: cannot write the token store (Not a directory); {CACHE_FIX}"
     assert digest(chat, bad) == before and not (tmp_path / "out").exists()
     pack(chat, "--max-len", "96", "-o", tmp_path / "out", "--cache-dir", bad, "--no-cache", "-q")
 
@@ -284,7 +277,8 @@ def test_cache_dir_read_only(chat: Path, pack: Any, tmp_path: Path, cache_dir: P
     before = digest(chat)
     result = pack(chat, "--max-len", "96", "-o", tmp_path / "out", expect=1)
     assert (
-        error_line(result) == f"Error: {cache_dir}: cannot write the token store (Read-only file system); {CACHE_FIX}"
+        one_stderr_line(result)
+        == f"Error: {cache_dir}: cannot write the token store (Read-only file system); {CACHE_FIX}"
     )
     assert digest(chat) == before and not (tmp_path / "out").exists()
 
@@ -293,7 +287,7 @@ def test_cache_dir_full(chat: Path, pack: Any, tmp_path: Path, cache_dir: Path, 
     monkeypatch.setattr(cache_mod, "open", full_open("input_ids.bin"), raising=False)
     before = digest(chat)
     result = pack(chat, "--max-len", "96", "-o", tmp_path / "out", expect=1)
-    assert error_line(result) == (
+    assert one_stderr_line(result) == (
         f"Error: {cache_dir}: cannot write the token store (No space left on device); {CACHE_FIX}"
     )
     assert digest(chat) == before and not (tmp_path / "out").exists()
@@ -389,7 +383,7 @@ def test_bad_value_is_one_record_reason_not_a_traceback(
     before = digest(data)
     unit = "record" if name.endswith(".json") else "line"
     result = pack(data, "--max-len", "64", "-o", tmp_path / "out", expect=1)
-    assert error_line(result) == f"Error: {data} {unit} 2: {detail}{SKIP_HINT}"
+    assert one_stderr_line(result) == f"Error: {data} {unit} 2: {detail}{SKIP_HINT}"
     assert not (tmp_path / "out").exists()
 
     rejects = tmp_path / "rejects.jsonl"
@@ -407,13 +401,13 @@ def test_bad_value_is_one_record_reason_not_a_traceback(
 def test_negative_seed_is_a_usage_error(chat: Path, pack: Any, tmp_path: Path) -> None:
     before = digest(chat)
     result = pack(chat, "--max-len", "96", "-o", tmp_path / "out", "--seed", "-1", expect=2)
-    assert error_line(result) == "Error: --seed must be 0 or more, not -1"
+    assert one_stderr_line(result) == "Error: --seed must be 0 or more, not -1"
     assert digest(chat) == before and not (tmp_path / "out").exists()
 
 
 def test_pad_to_max_beyond_what_a_row_can_hold(chat: Path, pack: Any, tmp_path: Path) -> None:
     result = pack(chat, "--max-len", "200000000", "--pad-to-max", "-o", tmp_path / "out", expect=2)
-    assert error_line(result) == (
+    assert one_stderr_line(result) == (
         "Error: --max-len 200000000 with --pad-to-max: every row would be 200000000 tokens, about 10 GiB of "
         "memory to build; with --pad-to-max, --max-len must be at most 16777216"
     )
@@ -439,7 +433,7 @@ def test_disk_full_while_tokenizing_or_writing_the_store(
         monkeypatch.setattr(cache_mod.np, "savez", enospc)
     before = digest(data)
     result = pack(data, "--max-len", "96", "-o", out, "--no-cache", "--on-error", "skip", expect=1)
-    assert error_line(result) == (
+    assert one_stderr_line(result) == (
         f"Error: {out}: cannot write the token store (No space left on device); free disk space or choose another -o"
     )
     assert digest(data) == before and not out.exists()
@@ -452,7 +446,7 @@ def test_disk_full_while_writing_the_manifest(chat: Path, pack: Any, tmp_path: P
     previous = digest(out)
     monkeypatch.setattr(shards, "open", full_open("manifest.json.tmp"), raising=False)
     result = pack(chat, "--max-len", "64", "-o", out, "--overwrite", expect=1)
-    assert error_line(result) == (
+    assert one_stderr_line(result) == (
         f"Error: {out}: cannot write manifest.json (No space left on device); free disk space or choose another -o"
     )
     assert digest(out) == previous  # the previous output is whole
@@ -504,7 +498,7 @@ def test_damaged_manifest_is_one_line_for_every_command(
             f"1 problem in {packed_out}",
         ]
     else:
-        assert error_line(result) == f"Error: {manifest}: {problem}; the manifest is damaged, pack again"
+        assert one_stderr_line(result) == f"Error: {manifest}: {problem}; the manifest is damaged, pack again"
     assert digest(packed_out) == before
 
 
@@ -560,7 +554,7 @@ def test_when_no_sniffed_record_parses_the_json_error_is_said(pack: Any, tmp_pat
     data.write_text('{"messages": [1,}\n{"text": \n')
     before = digest(data)
     result = pack(data, "--max-len", "64", "-o", tmp_path / "out", expect=1)
-    assert error_line(result) == f"Error: {data} line 1: invalid JSON (Expecting value at column 17){SKIP_HINT}"
+    assert one_stderr_line(result) == f"Error: {data} line 1: invalid JSON (Expecting value at column 17){SKIP_HINT}"
     assert digest(data) == before and not (tmp_path / "out").exists()
 
 
@@ -597,7 +591,7 @@ def test_world_size_larger_than_the_rows_is_a_clear_error(pack: Any, tmp_path: P
     data = write_jsonl(tmp_path / "d.jsonl", [GOOD, GOOD])
     before = digest(data)
     result = pack(data, "--max-len", "64", "-o", tmp_path / "out", "--world-size", "4", expect=1)
-    assert error_line(result) == (
+    assert one_stderr_line(result) == (
         "Error: no sample left to pack: the 1 packed rows are fewer than --world-size 4, and --rank-remainder "
         "drop leaves none; lower --world-size or pass --rank-remainder pad"
     )
@@ -672,7 +666,7 @@ def test_verify_refuses_shard_paths_outside_the_output(bad_name: str, packed_out
     for command in ("stats", "inspect"):
         result = CliRunner().invoke(app, [command, str(packed_out)])
         assert result.exit_code == 1
-        assert error_line(result) == (
+        assert one_stderr_line(result) == (
             f"Error: {packed_out / 'manifest.json'}: shard entry 0 names '{bad_name}', outside the output "
             "directory; the manifest is damaged, pack again"
         )
@@ -687,7 +681,7 @@ def test_stats_of_a_path_that_does_not_exist(tmp_path: Path) -> None:
     for args in ([str(missing)], [str(missing), "--max-len", "64"]):
         result = CliRunner().invoke(app, ["stats", *args])
         assert result.exit_code == 1
-        assert error_line(result) == f"Error: {missing}: no such file or directory; check the path"
+        assert one_stderr_line(result) == f"Error: {missing}: no such file or directory; check the path"
 
 
 # -- a record that cannot fit is ruled out before tokenizing ---------------------------------------
@@ -750,7 +744,7 @@ def test_record_that_cannot_fit_is_an_error_with_overflow_error(
     token_bytes = _token_bytes(base_tokenizer)
     n = len(LONG_TEXT.encode())
     result = pack(data, "--max-len", "64", "-o", tmp_path / "out", "--overflow", "error", expect=1)
-    assert error_line(result) == (
+    assert one_stderr_line(result) == (
         f"Error: {data} line 2: the sample has at least {-(-n // token_bytes)} tokens, more than --max-len 64 "
         f"({n} bytes of text, at most {token_bytes} bytes a token); raise --max-len or pass --overflow drop or truncate"
     )

@@ -25,7 +25,7 @@ import pytest
 
 from packcli import procs, safety, staging
 
-from .conftest import write_jsonl
+from .conftest import one_error_line, write_jsonl
 
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}
 # A chat template that takes hours on a record whose first message is "slow", and is ChatML otherwise.
@@ -66,13 +66,6 @@ def snapshot(root: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
         else:
             out[str(rel) + "/"] = "dir"
     return out
-
-
-def one_error_line(result: Any) -> str:
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    return lines[0]
 
 
 def dead_pid() -> int:
