@@ -94,6 +94,21 @@ class PackConfig:
         """Return the options as plain JSON values, for the manifest."""
         return {f.name: getattr(self, f.name) for f in fields(self)} | {"inputs": list(self.inputs)}
 
+    def group(self, concern: str) -> dict[str, Any]:
+        """Return the options of one concern (see ``OPTION_GROUPS``) by name."""
+        return {name: getattr(self, name) for name in OPTION_GROUPS[concern]}
+
+
+# Every option of PackConfig belongs to exactly one concern. Only "tokenization" decides a sample's
+# tokens and labels, so only it (with the inputs' contents) keys the tokenization cache.
+OPTION_GROUPS: dict[str, tuple[str, ...]] = {
+    "input": ("inputs", "split", "format", "fields"),
+    "tokenization": ("tokenizer", "chat_template", "template_kwargs", "train_on", "add_eos", "on_error"),
+    "packing": ("max_len", "overflow", "algorithm", "seed", "world_size", "rank_remainder", "pad_to_max"),
+    "output": ("output", "output_format", "rows_per_shard", "overwrite", "rejects", "dry_run"),
+    "run": ("num_proc", "cache", "cache_dir", "engine", "ray_address"),
+}
+
 
 def load_config_file(path: str) -> dict[str, Any]:
     """Read a preset; return its options with field renames merged over the defaults."""

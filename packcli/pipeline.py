@@ -125,12 +125,12 @@ def tokenized_inputs(
             "sources": [[s.display, s.kind, f] for s, f in zip(sources, fingerprints, strict=True)],
             "formats": formats,
             "fields": config.fields,
-            "tokenizer": tokenizer_key,
-            "train_on": config.train_on,
-            "add_eos": config.add_eos,
-            "template_kwargs": config.template_kwargs,
+            "tokenizer": tokenizer_key,  # the files of the tokenizer and template, hashed
+            # The rest of the tokenization options: they decide tokens and labels; no other option does.
+            "tokenization": {
+                k: v for k, v in config.group("tokenization").items() if k not in ("tokenizer", "chat_template")
+            },
             "encoding_rules": ENCODING_RULES,
-            "on_error": config.on_error,
             "version": __version__,
         }
     )

@@ -216,3 +216,22 @@ def test_a_new_shard_format_is_one_class(tmp_path: Path, monkeypatch: pytest.Mon
     entry = write_shard([table], tmp_path / "s.feather", "feather")
     assert entry["rows"] == 1 and read_shard(tmp_path / "s.feather").to_pylist() == table.to_pylist()
     assert [b.num_rows for b in shard_formats.shard_batches(tmp_path / "s.feather")] == [1]
+
+
+def test_every_option_has_one_concern_and_only_tokenization_keys_the_cache(tmp_path: Path) -> None:
+    from dataclasses import fields
+
+    from packcli.config import OPTION_GROUPS, PackConfig
+    from packcli.pipeline import tokenized_inputs
+
+    grouped = [name for names in OPTION_GROUPS.values() for name in names]
+    assert sorted(grouped) == sorted(f.name for f in fields(PackConfig)) and len(grouped) == len(set(grouped))
+    data = write_jsonl(tmp_path / "d.jsonl", [{"text": "packing saves compute"}] * 3)
+    base = {"inputs": (str(data),), "cache_dir": str(tmp_path / "cache"), "num_proc": 1}
+    with tokenized_inputs(PackConfig(**base)) as first:
+        assert first.cache == "miss"
+    other_concerns = {"max_len": 64, "seed": 5, "algorithm": "bfd", "output": str(tmp_path / "o"), "rows_per_shard": 7}
+    with tokenized_inputs(PackConfig(**base, **other_concerns)) as again:
+        assert again.cache == "hit"  # packing, output and run options never re-tokenize
+    with tokenized_inputs(PackConfig(**base, add_eos=False)) as changed:
+        assert changed.cache == "miss"  # a tokenization option does
