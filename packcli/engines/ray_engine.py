@@ -28,12 +28,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import logging
 import os
 import pickle
 import re
 import shutil
-import socket
 import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -47,8 +45,15 @@ from packcli import ingest, worker, write
 from packcli.cache import TokenStore
 from packcli.config import PackConfig
 from packcli.contract import Progress
+from packcli.engines.ray_session import (
+    RayEngineError,
+    cluster_cpus,
+    ensure_ray,
+    quiet_ray_data,
+    shutdown_if_started_here,
+)
 from packcli.engines.uri import check_uri_output, is_uri, make_dirs, write_manifest_uri
-from packcli.errors import OutputError, PackcliError, first_line, raise_if_stopped
+from packcli.errors import OutputError, PackcliError, raise_if_stopped
 from packcli.plan import Plan
 from packcli.shards import shard_name, write_shard
 from packcli.sources import InputSource, RawBatch
@@ -57,84 +62,6 @@ from packcli.tokenize import Encoder
 # Records per batch sent to a tokenizer actor (the reader's batches are cut to this size).
 RAY_BATCH_RECORDS = 100
 _PAYLOAD_SCHEMA = pa.schema([("batch_id", pa.int64()), ("payload", pa.large_binary())])
-
-# Whether this process started the Ray instance it uses (then it also shuts it down).
-_STARTED_HERE = {"value": False}
-
-
-class RayEngineError(PackcliError):
-    """Ray could not be reached, or a worker failed outside of packcli's own error handling."""
-
-
-def _ensure_ray(config: PackConfig) -> None:
-    """Connect to ``--ray-address``, or use the instance already running in this process, or start one.
-
-    A local instance started here gets ``--num-proc`` CPUs. Tokenizer actors and writer tasks take one
-    CPU each, and there are as many actors as the instance or cluster has CPUs.
-    """
-    if ray.is_initialized():
-        return
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
-    address = config.ray_address
-    if address is None and not os.environ.get("RAY_ADDRESS"):
-        # "local": a new instance, even where `ray start` left a cluster running on this machine
-        # (pass --ray-address auto to use that one).
-        address = "local"
-        kwargs["num_cpus"] = config.num_proc
-    elif address is not None:
-        _check_reachable(address)
-    try:
-        ray.init(address=address, **kwargs)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        first = first_line(exc)
-        where = "a local Ray instance" if address == "local" else f"the Ray cluster at {address or 'RAY_ADDRESS'}"
-        raise RayEngineError(f"cannot start or reach {where} ({first}); check --ray-address") from exc
-    _STARTED_HERE["value"] = True
-
-
-def _check_reachable(address: str) -> None:
-    """Fail at once on a ``host:port`` that nothing listens on (Ray itself retries for minutes)."""
-    match = re.fullmatch(r"(?:ray://)?\[?([^\]/]+?)\]?:(\d+)", address)
-    if match is None:
-        return  # "auto", "local", or a form Ray resolves itself
-    host, port = match.group(1), int(match.group(2))
-    hosts, error = [host], OSError("no address")
-    if host in ("localhost", "::1") or host.startswith("127."):
-        hosts.append(ray.util.get_node_ip_address())  # a local head listens on this machine's address
-    for candidate in hosts:
-        try:
-            socket.create_connection((candidate, port), timeout=10).close()
-            return
-        except OSError as exc:
-            error = exc
-    raise RayEngineError(
-        f"--ray-address {address}: nothing answers there ({error.strerror or error}); check the address "
-        "(the head node's host:port, e.g. head-node:6379) and that the cluster is up"
-    ) from error
-
-
-def _shutdown_if_started_here() -> None:
-    if _STARTED_HERE["value"] and ray.is_initialized():
-        ray.shutdown()
-    _STARTED_HERE["value"] = False
-
-
-def _cluster_cpus() -> int:
-    return max(1, int(ray.cluster_resources().get("CPU", 1)))
-
-
-def _quiet_ray_data(context: Any) -> None:
-    context.execution_options.preserve_order = True
-    context.enable_progress_bars = False
-    for name in ("enable_operator_progress_bars", "enable_auto_log_stats"):
-        if hasattr(context, name):
-            setattr(context, name, False)
-    # Ray Data says at INFO/WARNING level that it shows no progress bars: packcli shows its own.
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
-    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
-
-
-# -- stage 1: tokenize on the cluster --------------------------------------------------------------
 
 
 class TokenizeActor:
@@ -245,9 +172,9 @@ def _split_jobs(jobs: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
 def _tokenize_on_ray(refs: list[Any], fn: Callable[..., Any], config: PackConfig, encoder: Encoder) -> Iterator[Any]:
     import ray.data  # here, not at the top: writer tasks import this module and need none of it
 
-    actors = max(1, min(_cluster_cpus(), len(refs)))
+    actors = max(1, min(cluster_cpus(), len(refs)))
     context = copy.deepcopy(ray.data.DataContext.get_current())
-    _quiet_ray_data(context)
+    quiet_ray_data(context)
     with ray.data.DataContext.current(context):
         ds = _map_batches(ray.data.from_arrow_refs(refs), _actor_class(fn, config, encoder), actors)
         batches = iter(ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2))
@@ -327,12 +254,12 @@ def tokenize_to_store(
     The accounting (counts, rejects, ``--on-error fail``, the store's metadata) is the local engine's
     own loop; only the mapping of raw batches to tokenized batches runs on the cluster.
     """
-    _ensure_ray(config)
+    ensure_ray(config)
     mapper = _ray_map_ordered(config, encoder)
     try:
         return ingest.tokenize_to_store(config, sources, formats, encoder, store_path, progress, mapper)
     except BaseException:
-        _shutdown_if_started_here()
+        shutdown_if_started_here()
         raise
 
 
@@ -388,7 +315,7 @@ def write_output(
     ``write_manifest_uri``, as the marker that the output is complete.
     """
     try:
-        _ensure_ray(config)
+        ensure_ray(config)
         if is_uri(config.output):
             destination = config.output
             make_dirs(destination)
@@ -401,7 +328,7 @@ def write_output(
         # absolute: tasks may run in another directory.
         store_ref = ray.put(dataclasses.replace(store, path=Path(store.path).resolve()))
         plan_ref = ray.put(plan)
-        window = 2 * _cluster_cpus()
+        window = 2 * cluster_cpus()
         entries: list[dict[str, Any] | None] = [None] * n_shards
         pending: dict[Any, int] = {}
         try:
@@ -418,7 +345,7 @@ def write_output(
                 ray.cancel(ref, force=True)
         return [e for e in entries if e is not None]
     finally:
-        _shutdown_if_started_here()
+        shutdown_if_started_here()
 
 
 def _collect(
