@@ -199,6 +199,8 @@ def _bodies_at_once(
         return None
     changed = list(messages)
     marks = [chr(_MULTI_MARK + k) for k in range(len(which))]
+    if any(mark in full for mark in marks):
+        return None  # the text itself holds one of the marks: they could not be told apart
     for mark, i in zip(marks, which, strict=True):
         changed[i] = _perturb(messages[i], False, mark)
     try:
@@ -252,7 +254,10 @@ def _header_end(full: str, low: int, body_start: int, shape: TemplateShape) -> i
     header = shape.header
     if not header:
         return body_start
-    for k in range(len(header), max(shape.header_min, 1) - 1, -1):
+    # Never a prefix shorter than what the probes showed in history (the whole header when they showed
+    # none): a one-character prefix would match anywhere.
+    shortest = shape.header_min or len(header)
+    for k in range(len(header), shortest - 1, -1):
         at = full.rfind(header[:k], low, body_start)
         if at >= 0:
             return at + k

@@ -419,3 +419,22 @@ def test_template_kwargs_in_a_preset(tmp_path: Path, pack: Any) -> None:
     pack(data, "--config", preset, "-o", tmp_path / "b", "--max-len", 256, "--template-kwarg", "enable_thinking=true")
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert manifest["options"]["template_kwargs"] == {"enable_thinking": True}  # the flag overrides the preset
+
+
+def test_text_holding_a_perturbation_mark_falls_back_safely(model_tokenizer: tuple[str, Any]) -> None:
+    from packcli import spans
+
+    tok_dir, tokenizer = model_tokenizer
+    encoder = Encoder(tok_dir, str(TRL_TEMPLATES / "qwen3.jinja"), EncodeOptions())
+    messages = [
+        {"role": "user", "content": "Which private-use characters are there?"},
+        {"role": "assistant", "content": "This one: \ue100 and this one: \ue0c7."},
+        {"role": "user", "content": "Thanks, and in short?"},
+        {"role": "assistant", "content": "Two of them."},
+    ]
+    render = encoder._renderer(None, encoder.template_kwargs)
+    full = render(messages, False)
+    assert spans._bodies_at_once(render, messages, full, [1, 3]) is None
+    ids, labels = _encode_one(encoder, Sample("chat", messages=messages))
+    runs = _trained_runs(ids.tolist(), labels, tokenizer)
+    assert runs == ["This one: \ue100 and this one: \ue0c7.<|im_end|>", EMPTY_THINK + "Two of them.<|im_end|>"]
