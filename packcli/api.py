@@ -84,6 +84,7 @@ def pack(
     from packcli.config import PackConfig
     from packcli.formats import DEFAULT_FIELDS
 
+    _check_options(options)
     reset_stop()
     with _as_paths(inputs, _memory_root(options, cache_dir)) as paths, _api_terms():
         config = PackConfig(
@@ -144,6 +145,7 @@ def stats(
     if max_len is None:
         raise UsageError("stats of raw inputs needs max_len (one length or several)")
     lens = [max_len] if isinstance(max_len, int) else list(max_len)
+    _check_options(options)
     reset_stop()
     with _as_paths(inputs, _memory_root(options, cache_dir)) as paths, _api_terms():
         config = PackConfig(
@@ -180,6 +182,17 @@ def inspect_row(
 
     with _api_terms():
         return _inspect_row(Path(directory), row=row, sample_index=sample_index, tokenizer=tokenizer)
+
+
+def _check_options(options: Mapping[str, Any]) -> None:
+    from dataclasses import fields
+
+    from packcli.config import PackConfig
+
+    known = {f.name for f in fields(PackConfig)} - {"inputs"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise UsageError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
 
 
 def available_cores() -> int:
