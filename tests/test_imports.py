@@ -51,7 +51,7 @@ def test_no_import_circle() -> None:
         path.append(node)
         for dep in sorted(graph[node]):
             if state.get(dep) == 1:
-                cycle = path[path.index(dep) :] + [dep]
+                cycle = [*path[path.index(dep) :], dep]
                 raise AssertionError("import circle: " + " -> ".join(cycle))
             if dep not in state:
                 visit(dep)
