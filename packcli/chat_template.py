@@ -169,16 +169,25 @@ class ChatTemplate:
             messages.append(message)
         return messages
 
+    def text(self, sample: Sample) -> str:
+        """Return the text of a conversation exactly as ``spans`` renders it for encoding."""
+        return self.render(self.prepare(sample), tools=sample.tools, kwargs=self._kwargs(sample))[0]
+
+    def _kwargs(self, sample: Sample) -> dict[str, Any]:
+        # A record's own chat_template_kwargs override the run's.
+        return self.template_kwargs | (sample.template_kwargs or {})
+
     def spans(self, sample: Sample, train_on: str) -> tuple[str, list[tuple[int, int]]]:
         """Return the rendered conversation and the character spans to train on (``--train-on``)."""
         messages = self.prepare(sample)
-        kwargs = self.template_kwargs | (sample.template_kwargs or {})
+        kwargs = self._kwargs(sample)
         tools = sample.tools
         assistant_at = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         if train_on == "auto":
             train_on = "completion" if sample.prompt_len is not None else "assistant"
         if train_on != "all" and not assistant_at:
             raise RecordError("no_assistant_turn", "the conversation has no assistant message to train on")
+        which = self._trained_turns(assistant_at, train_on, sample.prompt_len)
         if self.has_generation_blocks:
             text, spans = self.render(messages, spans=True, tools=tools, kwargs=kwargs)
             if train_on != "all" and len(spans) != len(assistant_at):
@@ -187,18 +196,14 @@ class ChatTemplate:
                     f"the template marked {len(spans)} generation blocks for {len(assistant_at)} assistant "
                     "messages; put exactly one {% generation %} block around each assistant message",
                 )
-            trained = list(zip(assistant_at, spans, strict=False))
-        else:
-            text, _ = self.render(messages, tools=tools, kwargs=kwargs)
             if train_on == "all":
                 return text, [(0, len(text))]
-            which = self._trained_turns(assistant_at, train_on, sample.prompt_len)
-            found = assistant_spans(self.renderer(tools, kwargs), messages, text, which, self.shape(kwargs))
-            trained = list(zip(which, found, strict=True))
+            by_turn = dict(zip(assistant_at, spans, strict=True))
+            return text, [by_turn[i] for i in which]
+        text, _ = self.render(messages, tools=tools, kwargs=kwargs)
         if train_on == "all":
             return text, [(0, len(text))]
-        which = set(self._trained_turns(assistant_at, train_on, sample.prompt_len))
-        return text, [span for i, span in trained if i in which]
+        return text, assistant_spans(self.renderer(tools, kwargs), messages, text, which, self.shape(kwargs))
 
     @staticmethod
     def _trained_turns(assistant_at: list[int], train_on: str, prompt_len: int | None) -> list[int]:

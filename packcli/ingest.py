@@ -19,7 +19,6 @@ from packcli.cache import (
 from packcli.config import PackConfig
 from packcli.contract import Progress
 from packcli.errors import InputError, OutputError
-from packcli.formats import Sample
 from packcli.readers import count_records, read_batches
 from packcli.sources import InputSource
 from packcli.tokenize import EncodeOptions, Encoder
@@ -63,9 +62,9 @@ def tokenize_to_store(
     too_long before tokenizing (see packcli.bounds); the store then lacks them, which its meta records.
     """
     map_ordered = map_ordered or pool.map_ordered
-    rule_out = _rule_out(config, encoder) if rule_out_long else None
-    worker.use(encoder, config.fields, *(rule_out or (None, None)))
-    ruled_out_bytes = rule_out[0][0] * rule_out[0][1] if rule_out else None
+    token_bytes = max_token_bytes(encoder.backend.to_str()) if rule_out_long else None
+    worker.use(encoder, config.fields, (config.max_len, token_bytes) if token_bytes else None)
+    ruled_out_bytes = config.max_len * token_bytes if token_bytes else None
     where, fix = _store_where_fix(config, store_path)
     writer = TokenStoreWriter(store_path, fix, where)
     counts: Counter[str] = Counter()
@@ -133,21 +132,6 @@ def tokenize_to_store(
         raise
     finally:
         worker.release()
-
-
-def _rule_out(config: PackConfig, encoder: Encoder) -> tuple[tuple[int, int], Any] | None:
-    """Return the workers' early too-long rule, (max_len, token bytes) and a renderer (None: no bound)."""
-    token_bytes = max_token_bytes(encoder.backend.to_str())
-    if token_bytes is None:
-        return None
-
-    def render(sample: Sample) -> str:
-        # Exactly the text the encoder renders for a conversation (as in Encoder._chat_spans): the
-        # bound holds for the text that is encoded, so it must be that text.
-        kwargs = encoder.template_kwargs | (sample.template_kwargs or {})
-        return encoder.render(encoder._prepare(sample), tools=sample.tools, kwargs=kwargs)[0]
-
-    return (config.max_len, token_bytes), render
 
 
 def _store_where_fix(config: PackConfig, store_path: Path) -> tuple[Path, str]:

@@ -215,19 +215,12 @@ class Encoder:
     def template_kwargs(self) -> dict[str, Any]:
         return self.chat.template_kwargs
 
-    def render(self, messages: list[dict[str, Any]], **kwargs: Any) -> tuple[str, list[tuple[int, int]]]:
-        """Render as ``ChatTemplate.render``."""
-        return self.chat.render(messages, **kwargs)
-
     def _renderer(self, tools: list[Any] | None, kwargs: dict[str, Any]) -> Render:
         return self.chat.renderer(tools, kwargs)
 
     def shape(self, kwargs: dict[str, Any] | None = None) -> TemplateShape:
         """Return the template's assistant header and end markers."""
         return self.chat.shape(kwargs)
-
-    def _prepare(self, sample: Sample) -> list[dict[str, Any]]:
-        return self.chat.prepare(sample)
 
     # -- encoding ----------------------------------------------------------------------------------
 

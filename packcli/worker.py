@@ -41,12 +41,16 @@ class TokenizedBatch:
 _CONTEXT: dict[str, Any] = {}
 
 
-def use(encoder: Encoder, fields: dict[str, str], rule_out: tuple[int, int] | None = None, render: Any = None) -> None:
-    """Set what ``tokenize_batch`` works with in this process (and in the workers forked from it)."""
+def use(encoder: Encoder, fields: dict[str, str], rule_out: tuple[int, int] | None = None) -> None:
+    """Set what ``tokenize_batch`` works with in this process (and in the workers forked from it).
+
+    ``rule_out`` is (max_len, the most bytes one token covers): the early too-long rule, measured on
+    the very text the encoder encodes (``ChatTemplate.text``).
+    """
     _CONTEXT.clear()
     _CONTEXT.update(encoder=encoder, fields=fields)
     if rule_out is not None:
-        _CONTEXT.update(rule_out=rule_out, render=render)
+        _CONTEXT["rule_out"] = rule_out
 
 
 def release() -> None:
@@ -73,7 +77,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
             sample = normalize(record, record_format, fields)
             check_sample(sample)
             if "rule_out" in _CONTEXT:
-                rule_out_too_long(sample, *_CONTEXT["rule_out"], render=_CONTEXT["render"])
+                rule_out_too_long(sample, *_CONTEXT["rule_out"], render=encoder.chat.text)
             samples.append(sample)
         except RecordError as err:
             samples.append(err)

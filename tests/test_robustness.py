@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from packcli import bounds, ingest, shards, tokenize
 from packcli import cache as cache_mod
-from packcli import ingest, shards, tokenize, worker
 
 from .conftest import make_conversations, one_stderr_line, read_rows, write_jsonl
 
@@ -794,18 +794,13 @@ def test_rule_never_drops_a_record_that_fits(base_tokenizer: Any) -> None:
 
 
 def test_chat_rule_measures_the_very_text_the_encoder_encodes(base_tokenizer: Any) -> None:
-    from packcli.config import PackConfig
     from packcli.formats import DEFAULT_FIELDS, normalize
     from packcli.tokenize import EncodeOptions, Encoder
 
     encoder = Encoder(None, None, EncodeOptions())
     record = {"messages": [{"role": "system", "content": "be brief"}, *GOOD["messages"]]}
     sample = normalize(record, "messages", DEFAULT_FIELDS)
-    try:
-        rule = ingest._rule_out(PackConfig(inputs=("x",), max_len=64), encoder)
-        assert rule is not None
-        text = rule[1](sample)
-    finally:
-        worker.release()
+    assert bounds.max_token_bytes(encoder.backend.to_str()) is not None  # the rule applies to this tokenizer
+    text = encoder.chat.text(sample)  # what the rule measures
     [(ids, _)] = encoder.encode_batch([sample])
     assert base_tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids == ids.tolist()
