@@ -30,11 +30,11 @@ from packcli.engines import load_engine
 from packcli.errors import InputError, OutputError, RecordError, UsageError, raise_if_stopped
 from packcli.formats import detect_format
 from packcli.plan import Plan, make_plan
-from packcli.readers import read_batches
+from packcli.readers import hub_reachable, read_batches
 from packcli.shards import (
     write_manifest,
 )
-from packcli.sources import InputSource, fingerprint, resolve_inputs
+from packcli.sources import InputSource, fingerprint, forget_streams, resolve_inputs
 from packcli.tokenize import Encoder, tokenizer_fingerprint
 
 # Bumped whenever the same inputs and options would give other tokens or labels, so the cache misses.
@@ -125,6 +125,8 @@ def tokenized_inputs(
             "sources": [[s.display, s.kind, f] for s, f in zip(sources, fingerprints, strict=True)],
             "formats": formats,
             "fields": config.fields,
+            # --limit N reads the first N records only (absent without it: earlier keys stay valid).
+            **({"limit": config.limit} if config.limit is not None else {}),
             "tokenizer": tokenizer_key,  # the files of the tokenizer and template, hashed
             # The rest of the tokenization options: they decide tokens and labels; no other option does.
             "tokenization": {
@@ -137,6 +139,12 @@ def tokenized_inputs(
     rule_out_long = rule_out_long and config.engine == "local" and config.overflow in ("drop", "error")
     limit = config.max_len if rule_out_long else None
     store, state, warnings = _cached_store(cache_root / key, limit) if config.cache else (None, "off", [])
+    if store is None and any(s.kind == "hub" for s in sources) and not hub_reachable():
+        warnings.extend(
+            f"{s.display}: the Hugging Face Hub cannot be reached; read from the local Hugging Face cache"
+            for s in sources
+            if s.kind == "hub"
+        )
     with contextlib.ExitStack() as stack:
         if store is None:
             if encoder is None:
@@ -189,6 +197,7 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
     """Run ``packcli pack`` and return its summary (also written into the manifest)."""
     progress = progress or no_progress
     started = time.perf_counter()
+    forget_streams()  # stdin and FIFOs named by this run are read by this run
     engine = load_engine(config)
     # A filesystem URI (s3://, gs://, file://) has no rename: shards are written in place and the
     # manifest last, as the marker that the output is complete. Only the Ray engine writes there.
@@ -272,6 +281,7 @@ def _summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str
     capacity = rows * config.max_len
     return {
         "records_read": records,
+        "limit": config.limit,
         "packed": packed,
         "dropped": dict(sorted(dropped.items())),
         "truncated": plan.truncated,
@@ -309,7 +319,8 @@ def _manifest(
             {"path": s.display, "kind": s.kind, "format": inputs.formats[s.display], "blake2b": f}
             for s, f in zip(inputs.sources, inputs.fingerprints, strict=True)
         ],
-        "counts": {k: summary[k] for k in ("records_read", "packed", "dropped", "truncated", "duplicated")},
+        "counts": {k: summary[k] for k in ("records_read", "packed", "dropped", "truncated", "duplicated")}
+        | ({"limit": config.limit} if config.limit is not None else {}),
         **{
             k: summary[k]
             for k in (

@@ -261,6 +261,9 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
         raise UsageError("a raw input needs --max-len (e.g. --max-len 2048,4096,8192)")
     inputs = config.inputs
     from packcli.pipeline import tokenized_inputs
+    from packcli.sources import forget_streams
+
+    forget_streams()  # stdin and FIFOs named by this run are read by this run
 
     with tokenized_inputs(config, progress) as tokenized:
         store, cache_state, warnings = tokenized.store, tokenized.cache, tokenized.warnings
