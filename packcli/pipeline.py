@@ -227,7 +227,7 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
                 )
                 if config.rejects:
                     rejects = prepared.rejects_path(config.rejects) if prepared else Path(config.rejects)
-                    _write_rejects(rejects, store, plan)
+                    _write_rejects(rejects, store, plan, inputs.sources, config.limit)
                 manifest = _manifest(config, inputs, summary, shards)
                 if prepared and prepared.rejects_relative:
                     manifest["rejects_file"] = prepared.rejects_relative.as_posix()
@@ -345,26 +345,54 @@ def _manifest(
     }
 
 
-def _write_rejects(path: Path, store: TokenStore, plan: Plan) -> None:
-    """Write every dropped record (with reason and input position) to a JSON lines file, atomically."""
+def _write_rejects(
+    path: Path, store: TokenStore, plan: Plan, sources: list[InputSource], limit: int | None = None
+) -> None:
+    """Write every dropped record (with reason and input position) to a JSON lines file, atomically.
+
+    Records dropped before packing were written by the workers, with the record. Those the plan drops
+    (too long, the world-size remainder) are in the token store as tokens only: their records are read
+    again from the inputs, so that every entry has the same keys (see ``worker.reject``).
+    """
     tmp = path.with_name(path.name + ".tmp")
+    planned = sorted(
+        (int(store.sample_index[r]), reason, int(r)) for reason, rows in plan.drop_rows.items() for r in rows.tolist()
+    )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "w", encoding="utf-8") as out:
             with open(store.path / "rejects.jsonl", encoding="utf-8") as early:
                 for line in early:
                     out.write(line)
-            for reason, rows in plan.drop_rows.items():
-                for r in rows.tolist():
-                    source, _ = plan_module.source_of(store, int(store.sample_index[r]))
-                    reject = {
-                        "sample_index": int(store.sample_index[r]),
-                        "source": source,
-                        "position": int(store.positions[r]),
-                        "reason": reason,
-                        "detail": f"{int(store.lengths[r])} tokens",
-                    }
-                    out.write(json.dumps(reject) + "\n")
+            raws = _records_at(sources, [p[0] for p in planned], limit)
+            for index, reason, r in planned:
+                source, _ = plan_module.source_of(store, index)
+                err = RecordError(reason, f"{int(store.lengths[r])} tokens")
+                raw, raw_lines = raws[index]
+                entry = worker.reject(index, source, int(store.positions[r]), err, raw, raw_lines)
+                out.write(json.dumps(entry, ensure_ascii=False) + "\n")
         os.replace(tmp, path)
     except OSError as exc:
         raise OutputError(f"{path}: cannot write the rejects file ({exc.strerror or exc})") from exc
+
+
+def _records_at(sources: list[InputSource], wanted: list[int], limit: int | None) -> dict[int, tuple[Any, bool]]:
+    """Read the inputs again up to the last wanted record; return (raw record, raw_lines) by sample_index."""
+    found: dict[int, tuple[Any, bool]] = {}
+    if not wanted:
+        return found
+    todo = set(wanted)
+    last = max(wanted)
+    for batch in read_batches(sources, batch_size=1000, limit=limit):
+        end = batch.first_index + len(batch.items)
+        for index in todo.intersection(range(batch.first_index, end)):
+            found[index] = (batch.items[index - batch.first_index], batch.raw_lines)
+        if end > last:
+            break
+    missing = todo - set(found)
+    if missing:
+        raise InputError(
+            f"the inputs changed during the run: record {min(missing)} is no longer there to write to the rejects "
+            "file; run again"
+        )
+    return found
