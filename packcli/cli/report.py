@@ -190,16 +190,31 @@ def _plot_summary(result: dict[str, Any]) -> list[tuple[str, str]]:
             ("trainable tokens", f"{result['trainable_tokens']:,}"),
             ("fill", f"{result['fill']:.2%}"),
             ("max_len", f"{result['max_len']:,}"),
+            ("records read", f"{result['records_read']:,}"),
+            *_dropped_rows(result["dropped"]),
         ]
-    out = [("samples", f"{result['samples']:,}"), ("tokens", f"{result['tokens']:,}")]
+    out = [
+        ("records read", f"{result['records_read']:,}"),
+        ("samples", f"{result['samples']:,}"),
+        ("tokens", f"{result['tokens']:,}"),
+        *_dropped_rows(result["dropped"]),
+    ]
     for line in result["max_lens"]:
         out.append(
             (
                 f"max_len {line['max_len']:,}",
-                f"{line['rows']:,} rows packed vs {line['rows_without_packing']:,} unpacked, fill {line['fill']:.2%}",
+                f"{line['rows']:,} rows packed vs {line['rows_without_packing']:,} unpacked, fill {line['fill']:.2%}, "
+                f"too long (dropped) {line['samples_too_long']:,}",
             )
         )
     return out
+
+
+def _dropped_rows(dropped: dict[str, int]) -> list[tuple[str, str]]:
+    """One summary row per reason records were left out, or one row saying none were."""
+    if not dropped:
+        return [("dropped", "0")]
+    return [(f"dropped: {reason}", f"{count:,}") for reason, count in sorted(dropped.items())]
 
 
 # -- inspect ---------------------------------------------------------------------------------------
