@@ -25,7 +25,7 @@ from packcli.cache import (
     find_store,
 )
 from packcli.config import PackConfig
-from packcli.contract import Progress, no_progress
+from packcli.contract import SHARD_SCHEMA, Progress, no_progress
 from packcli.engines import load_engine
 from packcli.errors import InputError, OutputError, RecordError, UsageError, raise_if_stopped
 from packcli.formats import detect_format
@@ -283,6 +283,7 @@ def _summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str
         "records_read": records,
         "limit": config.limit,
         "packed": packed,
+        "samples": len(plan.store_rows) - len(remainder),
         "dropped": dict(sorted(dropped.items())),
         "truncated": plan.truncated,
         "duplicated": padded,
@@ -319,7 +320,7 @@ def _manifest(
             {"path": s.display, "kind": s.kind, "format": inputs.formats[s.display], "blake2b": f}
             for s, f in zip(inputs.sources, inputs.fingerprints, strict=True)
         ],
-        "counts": {k: summary[k] for k in ("records_read", "packed", "dropped", "truncated", "duplicated")}
+        "counts": {k: summary[k] for k in ("records_read", "packed", "samples", "dropped", "truncated", "duplicated")}
         | ({"limit": config.limit} if config.limit is not None else {}),
         **{
             k: summary[k]
@@ -340,7 +341,7 @@ def _manifest(
                 "rank_token_spread",
             )
         },
-        "columns": ["input_ids", "labels", "position_ids", "seq_lengths", "sample_index"],
+        "columns": list(SHARD_SCHEMA.names),
         "shards": shards,
     }
 

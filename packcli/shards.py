@@ -31,12 +31,14 @@ def build_rows(
     sample_index: np.ndarray,
     pad_to: int | None = None,
     pad_id: int = 0,
+    piece_index: np.ndarray | None = None,
 ) -> pa.Table:
     """Return a table of packed rows from the samples' tokens, concatenated in row order.
 
     ``sample_lengths`` are the samples' lengths in ``ids``/``labels``; ``samples_per_row`` how many
     samples each row holds. With ``pad_to``, each row is padded with one extra segment
-    (sample_index -1, labels -100, positions from 0) to that length.
+    (sample_index -1, piece_index 0, labels -100, positions from 0) to that length. ``piece_index``
+    numbers the pieces of a record split by ``--overflow split`` (None: every sample is piece 0).
     """
     lengths = sample_lengths.astype(np.int64)
     total = int(lengths.sum())
@@ -54,9 +56,10 @@ def build_rows(
         row_tokens[samples_per_row == 0] = 0
     seq_lengths = lengths.astype(np.int32)
     index = sample_index.astype(np.int64)
+    pieces = np.zeros(len(index), np.int32) if piece_index is None else piece_index.astype(np.int32)
     if pad_to is not None:
-        ids, row_labels, positions, seq_lengths, index, row_tokens, samples_per_row = _pad_rows(
-            ids, row_labels, positions, seq_lengths, index, row_tokens, samples_per_row, pad_to, pad_id
+        ids, row_labels, positions, seq_lengths, index, pieces, row_tokens, samples_per_row = _pad_rows(
+            ids, row_labels, positions, seq_lengths, index, pieces, row_tokens, samples_per_row, pad_to, pad_id
         )
     token_offsets = np.zeros(len(row_tokens) + 1, dtype=np.int64)
     np.cumsum(row_tokens, out=token_offsets[1:])
@@ -71,6 +74,7 @@ def build_rows(
             pa.ListArray.from_arrays(tok_off, _arrow(positions, np.int32)),
             pa.ListArray.from_arrays(seq_off, _arrow(seq_lengths, np.int32)),
             pa.ListArray.from_arrays(seq_off, _arrow(index, np.int64)),
+            pa.ListArray.from_arrays(seq_off, _arrow(pieces, np.int32)),
         ],
         schema=SHARD_SCHEMA,
     )
@@ -94,6 +98,7 @@ def _pad_rows(
     positions: np.ndarray,
     seq_lengths: np.ndarray,
     index: np.ndarray,
+    pieces: np.ndarray,
     row_tokens: np.ndarray,
     samples_per_row: np.ndarray,
     pad_to: int,
@@ -122,9 +127,11 @@ def _pad_rows(
     out_index = np.full(n_seg, -1, dtype=np.int64)
     out_seq[seg_dst] = seq_lengths
     out_index[seg_dst] = index
+    out_pieces = np.zeros(n_seg, dtype=np.int32)
+    out_pieces[seg_dst] = pieces
     pad_seg = (np.cumsum(new_counts) - 1)[pad > 0]
     out_seq[pad_seg] = pad[pad > 0]
-    return out_ids, out_labels, out_pos, out_seq, out_index, np.full(n_rows, pad_to, np.int64), new_counts
+    return out_ids, out_labels, out_pos, out_seq, out_index, out_pieces, np.full(n_rows, pad_to, np.int64), new_counts
 
 
 def shard_name(i: int, n: int, output_format: str) -> str:

@@ -57,6 +57,7 @@ def row_group_tables(
             store.sample_index[store_rows],
             pad_to=config.max_len if config.pad_to_max else None,
             pad_id=pad_id,
+            piece_index=store.piece_index[store_rows],
         )
         progress("write", len(group), len(plan.order.order))
         raise_if_stopped()
