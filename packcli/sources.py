@@ -245,7 +245,9 @@ def _stream_source(raw: str) -> InputSource:
         suffix, label = ".jsonl", "stdin"
     else:
         suffix, label = "".join(Path(raw).suffixes[-2:]), raw
-        if _kind_of(Path("x" + suffix))[0] is None:
+        if not suffix:
+            suffix = ".jsonl"  # a pipe without a type in its name (/dev/fd/63 of <(...)): JSON lines, as stdin
+        elif _kind_of(Path("x" + suffix))[0] is None:
             _file_source(Path(raw))  # the error for this file type, naming it
     fd, spool = tempfile.mkstemp(prefix=".packcli-stream-", suffix=suffix)
     atexit.register(_remove, spool)

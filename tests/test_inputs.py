@@ -181,6 +181,17 @@ def test_a_fifo_is_read_as_a_stream(tmp_path: Path, cache_dir: Path) -> None:
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["records_read"] == 12
 
+    # A pipe whose name has no type (what bash's <(...) passes, /dev/fd/63) is JSON lines, as stdin.
+    bare = tmp_path / "63"
+    os.mkfifo(bare)
+    lines = _texts(_records(5))["jsonl"]
+    writer = threading.Thread(target=lambda: bare.write_bytes(lines))
+    writer.start()
+    result = _invoke(["pack", str(bare), "--max-len", "256", "--dry-run", "--json", "-q"], cache_dir)
+    writer.join(timeout=30)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["records_read"] == 5
+
 
 def _cached_hub_dataset(home: Path, repo: str, records: list[dict[str, Any]]) -> None:
     """Lay out ``repo`` in a datasets cache as a dataset loaded once from the Hub leaves it."""
