@@ -276,6 +276,22 @@ def _read_json(source: InputSource, batch_size: int) -> Iterator[RawBatch]:
         yield from _read_json_lines(source, batch_size)
 
 
+_DECODER = json.JSONDecoder()
+
+
+def _decode_whole(stream: _TextStream, pos: int) -> tuple[Any, int] | None:
+    """Decode the element at ``pos`` when it ends inside the window (not at its edge); else None.
+
+    None (cut by the window's edge, broken, or nested too deep) sends the element to the scan of
+    brackets and strings, which reads on as far as it goes and reports what is wrong.
+    """
+    try:
+        value, end = _DECODER.raw_decode(stream.buf, pos)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    return (value, end) if end < len(stream.buf) or stream.eof else None
+
+
 def _read_json_array(stream: _TextStream, pos: int, path: str, batch_size: int) -> Iterator[RawBatch]:
     record_no = 0
     batch = RawBatch(path, 0, [], [])
@@ -291,6 +307,18 @@ def _read_json_array(stream: _TextStream, pos: int, path: str, batch_size: int) 
             batch.positions.append(record_no + 1)
             break
         record_no += 1
+        fast = _decode_whole(stream, pos)
+        if fast is not None:  # the common case: the element is whole in the window
+            value, end = fast
+            pos = _skip_space(stream, end)
+            batch.items.append(value)
+            batch.positions.append(record_no)
+            if pos < len(stream.buf) and stream.buf[pos] == ",":
+                pos += 1
+            if len(batch.items) >= batch_size:
+                yield batch
+                batch = RawBatch(path, 0, [], [])
+            continue
         end = _value_end(stream, pos)
         if end is None:
             batch.errors.append((record_no, "truncated_file", "the JSON array is cut off in this record"))
