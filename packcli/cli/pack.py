@@ -34,7 +34,7 @@ def pack(
     inputs: Annotated[
         list[str] | None,
         typer.Argument(
-            metavar="INPUTS...",
+            metavar="INPUTS",
             help="Files (.jsonl .json .csv, also .gz .zst .bz2 .xz; .parquet .arrow), directories, globs, "
             "saved datasets, Hub names, or - for JSON lines on stdin.",
             show_default=False,

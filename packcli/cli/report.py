@@ -70,7 +70,7 @@ def stats(
     paths: Annotated[
         list[str] | None,
         typer.Argument(
-            metavar="PATHS...",
+            metavar="PATHS",
             help="A packed output directory (it has manifest.json), or raw inputs, as for pack.",
             show_default=False,
         ),
