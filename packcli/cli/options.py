@@ -200,6 +200,11 @@ PACK_PANELS: dict[str, tuple[str, str | None]] = {
     "world_size": (PACKING, "N"),
     "rank_remainder": (PACKING, choices("rank_remainder")),
     "pad_to_max": (PACKING, None),
+    # Options being added on main (--overflow split and its neighbours): their panel is ready.
+    "truncate_side": (PACKING, None),
+    "split_system": (PACKING, None),
+    "min_piece": (PACKING, "N"),
+    "max_drop_fraction": (PACKING, "FRACTION"),
     "output": (OUTPUT, "DIR"),
     "output_format": (OUTPUT, choices("output_format")),
     "rows_per_shard": (OUTPUT, "N"),
