@@ -200,7 +200,7 @@ PACK_PANELS: dict[str, tuple[str, str | None]] = {
     "world_size": (PACKING, "N"),
     "rank_remainder": (PACKING, choices("rank_remainder")),
     "pad_to_max": (PACKING, None),
-    # Options being added on main (--overflow split and its neighbours): their panel is ready.
+    # The options of --overflow split and its neighbours.
     "truncate_side": (PACKING, None),
     "split_system": (PACKING, None),
     "min_piece": (PACKING, "N"),
