@@ -21,7 +21,9 @@ from packcli.formats import DEFAULT_FIELDS, FORMATS
 CHOICES: dict[str, tuple[str, ...]] = {
     "format": ("auto", *FORMATS),
     "train_on": ("auto", "all", "assistant", "last_assistant", "completion"),
-    "overflow": ("drop", "truncate", "error"),
+    "overflow": ("drop", "truncate", "split", "error"),
+    "truncate_side": ("right", "left"),
+    "split_system": ("all", "first"),
     "on_error": ("fail", "skip"),
     "output_format": ("parquet", "arrow"),
     "algorithm": ("ffd", "bfd"),
@@ -51,6 +53,10 @@ class PackConfig:
     train_on: str = "auto"
     add_eos: bool = True
     overflow: str = "drop"
+    truncate_side: str = "right"
+    split_system: str = "all"
+    min_piece: int = 0
+    max_drop_fraction: float | None = None
     on_error: str = "fail"
     algorithm: str = "ffd"
     seed: int = 0
@@ -85,6 +91,10 @@ class PackConfig:
             raise UsageError(f"--seed must be 0 or more, not {self.seed}")
         if self.limit is not None and not 1 <= self.limit <= 1 << 62:
             raise UsageError(f"--limit must be at least 1, not {self.limit}")
+        if not 0 <= self.min_piece <= self.max_len:
+            raise UsageError(f"--min-piece must be between 0 and --max-len {self.max_len}, not {self.min_piece}")
+        if self.max_drop_fraction is not None and not 0 <= self.max_drop_fraction <= 1:
+            raise UsageError(f"--max-drop-fraction must be between 0 and 1, not {self.max_drop_fraction}")
         if self.pad_to_max and self.max_len > PAD_TO_MAX_LIMIT:
             gib = self.max_len * PADDED_ROW_BYTES_PER_TOKEN / (1 << 30)
             raise UsageError(
@@ -109,7 +119,19 @@ class PackConfig:
 OPTION_GROUPS: dict[str, tuple[str, ...]] = {
     "input": ("inputs", "split", "limit", "format", "fields"),
     "tokenization": ("tokenizer", "chat_template", "template_kwargs", "train_on", "add_eos", "on_error"),
-    "packing": ("max_len", "overflow", "algorithm", "seed", "world_size", "rank_remainder", "pad_to_max"),
+    "packing": (
+        "max_len",
+        "overflow",
+        "truncate_side",
+        "split_system",
+        "min_piece",
+        "max_drop_fraction",
+        "algorithm",
+        "seed",
+        "world_size",
+        "rank_remainder",
+        "pad_to_max",
+    ),
     "output": ("output", "output_format", "rows_per_shard", "overwrite", "rejects", "dry_run"),
     "run": ("num_proc", "cache", "cache_dir", "engine", "ray_address"),
 }
@@ -186,13 +208,14 @@ def parse_template_kwargs(values: list[str]) -> dict[str, Any]:
 
 
 # The lowest value of each integer option ("seed" included: a negative seed is refused, not wrapped).
-_INT_LOW = {"max_len": 2, "rows_per_shard": 1, "world_size": 1, "num_proc": 1, "seed": 0, "limit": 1}
+_INT_LOW = {"max_len": 2, "rows_per_shard": 1, "world_size": 1, "num_proc": 1, "seed": 0, "min_piece": 0, "limit": 1}
 _EXPECTED = {
     "bool": "true or false (a boolean)",
     "int": "an integer",
     "str": "a string",
     "str | None": "a string",
     "int | None": "an integer",
+    "float | None": "a number",
     "dict[str, str]": "a table of name = field strings",
     "dict[str, Any]": "a table of name = value",
 }
@@ -225,6 +248,8 @@ def _check_type(path: str, key: str, value: Any) -> None:
         ok = isinstance(value, str)
     elif declared == "str | None":
         ok = value is None or isinstance(value, str)
+    elif declared == "float | None":
+        ok = value is None or (isinstance(value, int | float) and not isinstance(value, bool))
     elif declared == "dict[str, Any]":
         ok = isinstance(value, dict)
     else:

@@ -132,9 +132,7 @@ def verify_output(directory: Path, progress: Progress | None = None) -> VerifyRe
         pad_to_max=bool(options.get("pad_to_max", False)),
         vocab_size=manifest.get("tokenizer", {}).get("vocab_size"),
         # Outputs of releases before piece_index have no such column: they are checked without it.
-        columns=tuple(
-            f.name for f in SHARD_SCHEMA if not isinstance(listed_columns, list) or f.name in listed_columns
-        ),
+        columns=tuple(f.name for f in SHARD_SCHEMA if not isinstance(listed_columns, list) or f.name in listed_columns),
     )
     entries = manifest.get("shards")
     if not isinstance(entries, list) or expect.max_len < 1:
