@@ -118,7 +118,7 @@ def test_pack_help_is_in_panels_with_metavars_and_choices() -> None:
         ("--limit", "N"),
     ):
         assert re.search(rf"{option}\s.*?\s{re.escape(metavar)}\s", text), option
-    for name in ("overflow", "on_error", "algorithm", "rank_remainder", "output_format", "engine"):
+    for name in ("overflow", "on_error", "algorithm", "rank_remainder", "output_format", "engine", "truncate_side"):
         assert "[" + "|".join(CHOICES[name]) + "]" in text, name
     assert "[default: 4096]" in text and "[default: (available cores)]" in text
 

@@ -201,8 +201,8 @@ PACK_PANELS: dict[str, tuple[str, str | None]] = {
     "rank_remainder": (PACKING, choices("rank_remainder")),
     "pad_to_max": (PACKING, None),
     # The options of --overflow split and its neighbours.
-    "truncate_side": (PACKING, None),
-    "split_system": (PACKING, None),
+    "truncate_side": (PACKING, choices("truncate_side")),
+    "split_system": (PACKING, choices("split_system")),
     "min_piece": (PACKING, "N"),
     "max_drop_fraction": (PACKING, "FRACTION"),
     "output": (OUTPUT, "DIR"),
