@@ -84,6 +84,7 @@ RAW_LINE_KEYS = {
     "rows_over_l2",
     "rows_over_l2_fraction",
     "row_fill_histogram",
+    "policies",
 }
 VERIFY_KEYS = {"ok", "directory", "shards", "rows", "tokens", "sequences", "samples", "problems"}
 SEGMENT_KEYS = {
@@ -93,6 +94,7 @@ SEGMENT_KEYS = {
     "padding",
     "trained_tokens",
     "shown_tokens",
+    "piece_index",
     "text",
     "trained_text",
     "pieces",
