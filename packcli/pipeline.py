@@ -315,8 +315,9 @@ def _write_rejects(
     """Write every dropped record (with reason and input position) to a JSON lines file, atomically.
 
     Records dropped before packing were written by the workers, with the record. Those the plan drops
-    (too long, the world-size remainder) are in the token store as tokens only: their records are read
-    again from the inputs, so that every entry has the same keys (see ``worker.reject``).
+    (too long, the world-size remainder, a piece of a split record) are in the token store as tokens
+    only: their records are read again from the inputs, so that every entry has the same keys (see
+    ``worker.reject``); a dropped piece is named by its ``piece_index`` beside its whole record.
     """
     tmp = path.with_name(path.name + ".tmp")
     planned = sorted(
@@ -333,7 +334,8 @@ def _write_rejects(
                 source, _ = plan_module.source_of(store, index)
                 err = RecordError(reason, f"{int(store.lengths[r])} tokens")
                 raw, raw_lines = raws[index]
-                entry = worker.reject(index, source, int(store.positions[r]), err, raw, raw_lines)
+                position, piece = int(store.positions[r]), int(store.piece_index[r])
+                entry = worker.reject(index, source, position, err, raw, raw_lines, piece_index=piece)
                 out.write(json.dumps(entry, ensure_ascii=False) + "\n")
         os.replace(tmp, path)
     except OSError as exc:

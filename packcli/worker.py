@@ -154,7 +154,8 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
 
 def _pieces(sample: Any, whole: tuple[np.ndarray, np.ndarray], split: SplitRule, encoder: Encoder) -> Pieces:
     if sample.kind == "chat":
-        return split_chat(sample, encoder.options.train_on, split, lambda piece: encoder.encode_batch([piece])[0])
+        encode = lambda piece: encoder.encode_batch([piece])[0]  # noqa: E731
+        return split_chat(sample, encoder.options.train_on, split, encode, len(whole[0]))
     return chunk_tokens(whole[0], whole[1], split)
 
 
@@ -188,15 +189,19 @@ def parse_line(line: bytes) -> Any:
         raise too_deep() from exc
 
 
-def reject(index: int, source: str, position: int, err: RecordError, raw: Any, raw_lines: bool) -> dict[str, Any]:
+def reject(
+    index: int, source: str, position: int, err: RecordError, raw: Any, raw_lines: bool, piece_index: int = 0
+) -> dict[str, Any]:
     """One entry of the rejects file: where the record is, why it was left out, and the record itself.
 
     Every entry has the same keys. A record longer than REJECT_RECORD_CHARS characters is given as its
     prefix (``record_truncated`` true, ``record_chars`` its full length); its position finds it whole.
+    ``piece_index`` is 0 but for a piece of a record split by ``--overflow split``.
     """
     text = record_text(raw, raw_lines)
     return {
         "sample_index": index,
+        "piece_index": piece_index,
         "source": source,
         "position": position,
         "unit": "line" if raw_lines else "record",

@@ -10,6 +10,7 @@ from tests.conftest import write_jsonl
 
 KEYS = {
     "sample_index",
+    "piece_index",
     "source",
     "position",
     "unit",
@@ -43,6 +44,7 @@ def test_every_reject_has_the_same_keys_and_its_record(tmp_path: Path, pack: Any
     assert {e["reason"] for e in entries} == {"invalid_json", "too_long", "world_size_remainder"}
     for entry in entries:
         assert set(entry) == KEYS, entry["reason"]
+        assert entry["piece_index"] == 0  # no record was split
     by_index = {e["sample_index"]: e for e in entries}
     # JSON lines: the line as it was; a JSON array: the element as JSON text.
     line_records = lines.read_text().splitlines()
