@@ -31,11 +31,13 @@ from packcli.errors import InputError, OutputError, RecordError, UsageError, rai
 from packcli.formats import detect_format
 from packcli.plan import Plan, make_plan
 from packcli.readers import read_batches
+from packcli.shard_formats import shard_format
 from packcli.shards import (
     write_manifest,
 )
 from packcli.sources import InputSource, fingerprint, resolve_inputs
 from packcli.tokenize import Encoder, tokenizer_fingerprint
+from packcli.write import output_schema
 
 # Bumped whenever the same inputs and options would give other tokens or labels, so the cache misses.
 ENCODING_RULES = 2
@@ -195,6 +197,12 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
     to_uri = "://" in config.output
     if to_uri and config.engine != "ray":
         raise UsageError(f"-o {config.output}: a filesystem URI output needs --engine ray; or pass a local path")
+    if to_uri and shard_format(config.output_format).index_files:
+        raise UsageError(
+            f"-o {config.output}: --output-format {config.output_format} writes "
+            f"{', '.join(shard_format(config.output_format).index_files)} beside the shards, which a URI output "
+            "does not support yet; write to a local path, or use parquet or arrow"
+        )
     skipped: list[str] = []
     prepared = None
     if not config.dry_run:
@@ -216,10 +224,13 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
                 shards = engine.write_output(
                     config, store, plan, staged.tmp if staged else None, progress, inputs.pad_id
                 )
+                index_files = _write_index_files(config, staged.tmp if staged else None, shards)
                 if config.rejects:
                     rejects = prepared.rejects_path(config.rejects) if prepared else Path(config.rejects)
                     _write_rejects(rejects, store, plan)
                 manifest = _manifest(config, inputs, summary, shards)
+                if index_files:
+                    manifest["index_files"] = index_files
                 if prepared and prepared.rejects_relative:
                     manifest["rejects_file"] = prepared.rejects_relative.as_posix()
         if staged is not None:
@@ -269,6 +280,7 @@ def _summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str
         int(plan.lengths[plan.row_start[r] : plan.row_start[r + 1]].sum()) for r in plan.order.padded_rows
     )
     written_tokens = tokens + row_tokens_padded
+    alignment = _alignment_padding(config, plan)
     capacity = rows * config.max_len
     return {
         "records_read": records,
@@ -286,6 +298,7 @@ def _summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str
         "rows_over_l2": plan.n_rows - plan.bound_l2,
         "rows_over_l2_fraction": round(plan.n_rows / plan.bound_l2 - 1, 6) if plan.bound_l2 else 0.0,
         "padding_tokens": capacity - written_tokens,
+        "alignment_padding_tokens": alignment,
         "rows_without_packing": packed,
         "padding_tokens_without_packing": packed * config.max_len - tokens,
         "algorithm": config.algorithm,
@@ -323,15 +336,40 @@ def _manifest(
                 "rows_over_l2",
                 "rows_over_l2_fraction",
                 "padding_tokens",
+                "alignment_padding_tokens",
                 "algorithm",
                 "world_size",
                 "rank_tokens",
                 "rank_token_spread",
             )
         },
-        "columns": ["input_ids", "labels", "position_ids", "seq_lengths", "sample_index"],
+        "columns": shard_format(config.output_format).columns(output_schema(config)),
         "shards": shards,
     }
+
+
+def _alignment_padding(config: PackConfig, plan: Plan) -> int:
+    """Return the padding tokens --pad-to-multiple-of adds to the samples of the rows written."""
+    if config.pad_multiple <= 1:
+        return 0
+    extra = packing.pad_lengths(plan.lengths, config.pad_multiple, config.pad_offset) - plan.lengths
+    per_row = np.add.reduceat(extra, plan.row_start[:-1]) if len(extra) else np.zeros(0, np.int64)
+    per_row[np.diff(plan.row_start) == 0] = 0
+    return int(per_row[plan.order.order].sum())
+
+
+def _write_index_files(config: PackConfig, directory: Path | None, shards: list[dict[str, Any]]) -> list[str]:
+    """Write the files the output format keeps beside its shards (MDS's index.json...); return their names."""
+    fmt = shard_format(config.output_format)
+    if directory is None or not fmt.index_files:
+        return []
+    try:
+        return fmt.write_index(directory, shards, config.max_len)
+    except OSError as exc:
+        raise OutputError(
+            f"{config.output}: cannot write {', '.join(fmt.index_files)} ({exc.strerror or exc}); "
+            "free disk space or choose another -o"
+        ) from exc
 
 
 def _write_rejects(path: Path, store: TokenStore, plan: Plan) -> None:

@@ -130,8 +130,11 @@ def read_own_manifest(directory: Path) -> dict[str, Any] | None:
 
 
 def own_files(directory: Path, manifest: dict[str, Any]) -> set[str]:
-    """The names in a previous output that packcli wrote: the manifest, its shards, its rejects file."""
+    """The names in a previous output that packcli wrote: the manifest, its shards and index files, its rejects."""
     names = {MANIFEST} | {s["file"] for s in manifest["shards"] if "/" not in s["file"]}
+    index_files = manifest.get("index_files")
+    if isinstance(index_files, list):  # an output format's files beside the shards (MDS's index.json...)
+        names |= {f for f in index_files if isinstance(f, str) and f and "/" not in f and f not in (".", "..")}
     rejects = manifest.get("rejects_file")
     if isinstance(rejects, str) and rejects and not Path(rejects).is_absolute() and ".." not in Path(rejects).parts:
         names.add(Path(rejects).parts[0])

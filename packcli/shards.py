@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packcli.contract import IGNORE_INDEX, MANIFEST, SHARD_SCHEMA
+from packcli import packing
+from packcli.contract import IGNORE_INDEX, MANIFEST, SHARD_SCHEMA, shard_schema
 from packcli.errors import OutputError
 from packcli.shard_formats import FORMATS, shard_format
 
@@ -31,14 +32,30 @@ def build_rows(
     sample_index: np.ndarray,
     pad_to: int | None = None,
     pad_id: int = 0,
+    pad_multiple: int = 1,
+    pad_offset: int = 0,
+    loss_weighting: str = "token",
 ) -> pa.Table:
     """Return a table of packed rows from the samples' tokens, concatenated in row order.
 
     ``sample_lengths`` are the samples' lengths in ``ids``/``labels``; ``samples_per_row`` how many
     samples each row holds. With ``pad_to``, each row is padded with one extra segment
     (sample_index -1, labels -100, positions from 0) to that length.
+
+    With ``pad_multiple`` above 1, every sample is first padded inside its own segment to a multiple
+    of it (``packing.pad_lengths``): pad tokens, labels -100, positions going on counting; its
+    ``seq_lengths`` entry is then the padded length and ``seq_lengths_unpadded`` holds the real one.
+    With ``loss_weighting`` sample or sqrt, ``loss_weights`` holds 1/n or 1/sqrt(n) on each of a
+    sample's n trained tokens and 0 elsewhere.
     """
     lengths = sample_lengths.astype(np.int64)
+    unpadded = None
+    if pad_multiple > 1:
+        padded = packing.pad_lengths(lengths, pad_multiple, pad_offset)
+        ids, labels = _pad_samples(ids, labels, lengths, padded, pad_id)
+        unpadded = lengths.astype(np.int32)
+        lengths = padded
+    weights = None if loss_weighting == "token" else _loss_weights(labels, lengths, loss_weighting)
     total = int(lengths.sum())
     dst_starts = np.zeros(len(lengths), dtype=np.int64)
     np.cumsum(lengths[:-1], out=dst_starts[1:])
@@ -55,8 +72,18 @@ def build_rows(
     seq_lengths = lengths.astype(np.int32)
     index = sample_index.astype(np.int64)
     if pad_to is not None:
-        ids, row_labels, positions, seq_lengths, index, row_tokens, samples_per_row = _pad_rows(
-            ids, row_labels, positions, seq_lengths, index, row_tokens, samples_per_row, pad_to, pad_id
+        ids, row_labels, positions, seq_lengths, index, row_tokens, samples_per_row, weights, unpadded = _pad_rows(
+            ids,
+            row_labels,
+            positions,
+            seq_lengths,
+            index,
+            row_tokens,
+            samples_per_row,
+            pad_to,
+            pad_id,
+            weights,
+            unpadded,
         )
     token_offsets = np.zeros(len(row_tokens) + 1, dtype=np.int64)
     np.cumsum(row_tokens, out=token_offsets[1:])
@@ -64,19 +91,49 @@ def build_rows(
     np.cumsum(samples_per_row, out=seq_offsets[1:])
     tok_off = _arrow(token_offsets, np.int32)
     seq_off = _arrow(seq_offsets, np.int32)
-    return pa.Table.from_arrays(
-        [
-            pa.ListArray.from_arrays(tok_off, _arrow(ids, np.int32)),
-            pa.ListArray.from_arrays(tok_off, _arrow(row_labels, np.int32)),
-            pa.ListArray.from_arrays(tok_off, _arrow(positions, np.int32)),
-            pa.ListArray.from_arrays(seq_off, _arrow(seq_lengths, np.int32)),
-            pa.ListArray.from_arrays(seq_off, _arrow(index, np.int64)),
-        ],
-        schema=SHARD_SCHEMA,
+    columns = [
+        pa.ListArray.from_arrays(tok_off, _arrow(ids, np.int32)),
+        pa.ListArray.from_arrays(tok_off, _arrow(row_labels, np.int32)),
+        pa.ListArray.from_arrays(tok_off, _arrow(positions, np.int32)),
+        pa.ListArray.from_arrays(seq_off, _arrow(seq_lengths, np.int32)),
+        pa.ListArray.from_arrays(seq_off, _arrow(index, np.int64)),
+    ]
+    optional = []
+    if unpadded is not None:
+        columns.append(pa.ListArray.from_arrays(seq_off, _arrow(unpadded, np.int32)))
+        optional.append("seq_lengths_unpadded")
+    if weights is not None:
+        columns.append(pa.ListArray.from_arrays(tok_off, _arrow(weights, np.float32)))
+        optional.append("loss_weights")
+    return pa.Table.from_arrays(columns, schema=shard_schema(optional) if optional else SHARD_SCHEMA)
+
+
+def _pad_samples(
+    ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray, padded: np.ndarray, pad_id: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return the samples' tokens and labels with each sample followed by its padding (labels -100)."""
+    total = int(padded.sum())
+    out_ids = np.full(total, pad_id, dtype=np.int32)
+    out_labels = np.full(total, IGNORE_INDEX, dtype=np.int32)
+    dst = np.arange(len(ids), dtype=np.int64) + np.repeat(
+        np.cumsum(padded) - padded - (np.cumsum(lengths) - lengths), lengths
     )
+    out_ids[dst] = ids
+    out_labels[dst] = labels
+    return out_ids, out_labels
 
 
-_ARROW_TYPES = {np.dtype(np.int32): pa.int32(), np.dtype(np.int64): pa.int64()}
+def _loss_weights(labels: np.ndarray, lengths: np.ndarray, loss_weighting: str) -> np.ndarray:
+    """Return each token's loss weight: 1/n (sample) or 1/sqrt(n) (sqrt) on a sample's n trained tokens, else 0."""
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    trained = labels != IGNORE_INDEX
+    counts = np.bincount(owner, weights=trained, minlength=len(lengths))
+    scale = np.sqrt(counts) if loss_weighting == "sqrt" else counts
+    per_sample = np.divide(1.0, scale, out=np.zeros(len(lengths)), where=counts > 0)
+    return np.where(trained, per_sample[owner], 0.0).astype(np.float32)
+
+
+_ARROW_TYPES = {np.dtype(np.int32): pa.int32(), np.dtype(np.int64): pa.int64(), np.dtype(np.float32): pa.float32()}
 
 
 def _arrow(values: np.ndarray, dtype: type) -> pa.Array:
@@ -98,7 +155,9 @@ def _pad_rows(
     samples_per_row: np.ndarray,
     pad_to: int,
     pad_id: int,
-) -> tuple[np.ndarray, ...]:
+    weights: np.ndarray | None = None,
+    unpadded: np.ndarray | None = None,
+) -> tuple[Any, ...]:
     pad = (pad_to - row_tokens).astype(np.int64)
     n_rows = len(row_tokens)
     # Tokens: each row's tokens followed by its padding.
@@ -113,6 +172,10 @@ def _pad_rows(
     pad_start = np.arange(n_rows, dtype=np.int64) * pad_to + row_tokens
     pad_within = np.arange(int(pad.sum()), dtype=np.int64) - np.repeat(np.cumsum(pad) - pad, pad)
     out_pos[np.repeat(pad_start, pad) + pad_within] = pad_within.astype(np.int32)
+    out_weights = None
+    if weights is not None:
+        out_weights = np.zeros(size, dtype=np.float32)
+        out_weights[dst] = weights
     # Segments: each row's samples followed by one padding segment where there is padding.
     has_pad = (pad > 0).astype(np.int64)
     new_counts = samples_per_row + has_pad
@@ -124,7 +187,12 @@ def _pad_rows(
     out_index[seg_dst] = index
     pad_seg = (np.cumsum(new_counts) - 1)[pad > 0]
     out_seq[pad_seg] = pad[pad > 0]
-    return out_ids, out_labels, out_pos, out_seq, out_index, np.full(n_rows, pad_to, np.int64), new_counts
+    out_unpadded = None
+    if unpadded is not None:  # the row's padding segment holds no real token: its real length is 0
+        out_unpadded = np.zeros(n_seg, dtype=np.int32)
+        out_unpadded[seg_dst] = unpadded
+    rows = np.full(n_rows, pad_to, np.int64)
+    return out_ids, out_labels, out_pos, out_seq, out_index, rows, new_counts, out_weights, out_unpadded
 
 
 def shard_name(i: int, n: int, output_format: str) -> str:
@@ -134,13 +202,15 @@ def shard_name(i: int, n: int, output_format: str) -> str:
 ROW_GROUP_ROWS = 256
 
 
-def write_shard(tables: Iterable[pa.Table], path: Path, output_format: str) -> dict[str, Any]:
+def write_shard(
+    tables: Iterable[pa.Table], path: Path, output_format: str, schema: pa.Schema = SHARD_SCHEMA
+) -> dict[str, Any]:
     """Write one shard from consecutive row groups and return its manifest entry.
 
     Row groups are written as they come, so memory holds one row group whatever the shard size.
     """
     rows = tokens = 0
-    writer = shard_format(output_format).writer(path, SHARD_SCHEMA)
+    writer = shard_format(output_format).writer(path, schema)
     try:
         for table in tables:
             rows += table.num_rows
