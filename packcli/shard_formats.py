@@ -291,7 +291,10 @@ class MegatronFormat(ShardFormat):
 
         with pq.ParquetFile(str(path)) as parquet:
             for batch in parquet.iter_batches(batch_size=batch_rows):
-                out = _packcli_batch(batch)
+                try:
+                    out = _packcli_batch(batch)
+                except _MALFORMED as exc:
+                    raise _damaged("Megatron packed", path, exc) from exc
                 yield out.select(list(columns)) if columns else out
 
     def read(self, path: Path) -> pa.Table:
@@ -422,12 +425,26 @@ class _MDSWriter:
             self._body_path.unlink(missing_ok=True)
 
 
+def _damaged(kind: str, path: Path, exc: Exception) -> pa.ArrowInvalid:
+    """The error a malformed shard raises: an ArrowException, as the read side expects of any format."""
+    return pa.ArrowInvalid(f"{path.name}: not a valid {kind} shard ({type(exc).__name__}: {exc})")
+
+
+_MALFORMED = (ValueError, IndexError, KeyError, TypeError, AttributeError)
+
+
 def _read_mds(path: Path) -> tuple[dict[str, Any], np.ndarray, bytes]:
     """Return an MDS shard's config, sample offsets and bytes."""
     data = path.read_bytes()
-    n = int(np.frombuffer(data, "<u4", 1)[0])
-    offsets = np.frombuffer(data, "<u4", n + 1, 4).astype(np.int64)
-    config = json.loads(data[4 + 4 * (n + 1) : offsets[0]])
+    try:
+        n = int(np.frombuffer(data, "<u4", 1)[0])
+        offsets = np.frombuffer(data, "<u4", n + 1, 4).astype(np.int64)
+        config = json.loads(data[4 + 4 * (n + 1) : offsets[0]])
+        if not isinstance(config, dict) or offsets[-1] != len(data) or (np.diff(offsets) < 0).any():
+            raise ValueError("its header does not match its size")
+        _mds_schema(config)
+    except _MALFORMED as exc:
+        raise _damaged("MDS", path, exc) from exc
     return config, offsets, data
 
 
@@ -451,6 +468,14 @@ class MDSFormat(ShardFormat):
 
     def batches(self, path: Path, columns: Sequence[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
         config, offsets, data = _read_mds(path)
+        try:
+            yield from self._batches(config, offsets, data, columns, batch_rows)
+        except _MALFORMED as exc:
+            raise _damaged("MDS", path, exc) from exc
+
+    def _batches(
+        self, config: dict[str, Any], offsets: np.ndarray, data: bytes, columns: Sequence[str] | None, batch_rows: int
+    ) -> Iterator[pa.RecordBatch]:
         schema = _mds_schema(config)
         wanted = list(columns) if columns else schema.names
         names = config["column_names"]
