@@ -248,3 +248,12 @@ def test_default_output_has_no_new_columns(pack: Any, chat_jsonl: Path, tmp_path
     assert "index_files" not in manifest and manifest["alignment_padding_tokens"] == 0
     other = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert [s["sha256"] for s in manifest["shards"]] == [s["sha256"] for s in other["shards"]]
+
+
+def test_library_dataset_of_the_new_formats(chat_jsonl: Path, tmp_path: Path, cache_dir: Path) -> None:
+    import packcli
+
+    common = {"num_proc": 1, "cache_dir": cache_dir, "loss_weighting": "sample", "pad_to_multiple_of": 4}
+    expected = packcli.pack(chat_jsonl, 256, tmp_path / "p", **common).dataset().to_list()
+    got = packcli.pack(chat_jsonl, 256, tmp_path / "m", output_format="mds", **common).dataset().to_list()
+    assert got == expected and "loss_weights" in got[0]
