@@ -103,6 +103,11 @@ class PackConfig:
                 f"--max-len {self.max_len} is too short for samples padded to a multiple of {self.pad_multiple}; "
                 "raise --max-len"
             )
+        if self.pad_to_max and self.max_len % self.pad_multiple:
+            raise UsageError(
+                f"--pad-to-max with samples padded to a multiple of {self.pad_multiple}: the row's padding would "
+                f"not be a multiple of it; make --max-len ({self.max_len}) a multiple of {self.pad_multiple}"
+            )
         if self.output_format == "megatron" and self.pad_to_max:
             raise UsageError(
                 "--pad-to-max does not apply to --output-format megatron: its collate function pads rows itself "

@@ -229,6 +229,7 @@ def test_megatron_drops_a_sample_that_fits_only_unpadded(pack: Any, tmp_path: Pa
             "--max-len 4 is too short for samples padded to a multiple of 8",
         ),
         (["--output-format", "megatron", "--pad-to-max"], "--pad-to-max does not apply to --output-format megatron"),
+        (["--max-len", "100", "--context-parallel", "4", "--pad-to-max"], "make --max-len (100) a multiple of 8"),
         (["--output-format", "megatron", "--loss-weighting", "sample"], "does not apply to --output-format megatron"),
     ],
 )
@@ -257,3 +258,30 @@ def test_library_dataset_of_the_new_formats(chat_jsonl: Path, tmp_path: Path, ca
     expected = packcli.pack(chat_jsonl, 256, tmp_path / "p", **common).dataset().to_list()
     got = packcli.pack(chat_jsonl, 256, tmp_path / "m", output_format="mds", **common).dataset().to_list()
     assert got == expected and "loss_weights" in got[0]
+
+
+def test_verify_finds_broken_padding_and_weights(pack: Any, chat_jsonl: Path, tmp_path: Path) -> None:
+    import pyarrow as pa
+    from typer.testing import CliRunner
+
+    from packcli.cli import app
+
+    out = tmp_path / "out"
+    pack(
+        chat_jsonl, "--max-len", "256", "--pad-to-multiple-of", "8", "--loss-weighting", "sample", "-o", out, "--quiet"
+    )
+    result = CliRunner().invoke(app, ["verify", str(out)])
+    assert result.exit_code == 0, result.output
+    shard = next(out.glob("shard-*.parquet"))
+    rows = pq.read_table(shard).to_pylist()
+    row = rows[0]
+    real, n = row["seq_lengths_unpadded"][0], row["seq_lengths"][0]
+    assert n > real, "the test needs a first sample with padding"
+    row["loss_weights"][0] = 0.5  # the first label is -100: no weight may sit there
+    row["seq_lengths_unpadded"][0] = n + 1  # longer than its segment
+    schema = pq.read_schema(shard)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), shard)
+    result = CliRunner().invoke(app, ["verify", str(out)])
+    assert result.exit_code == 1
+    assert "1 row has loss_weights that are negative" in result.stderr
+    assert "1 row has seq_lengths_unpadded values that are not the real length" in result.stderr
