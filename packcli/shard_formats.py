@@ -10,6 +10,7 @@ packed SFT dataset reads (``MegatronFormat``). Every format reads back as the pa
 from __future__ import annotations
 
 import json
+import mmap
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -433,9 +434,13 @@ def _damaged(kind: str, path: Path, exc: Exception) -> pa.ArrowInvalid:
 _MALFORMED = (ValueError, IndexError, KeyError, TypeError, AttributeError)
 
 
-def _read_mds(path: Path) -> tuple[dict[str, Any], np.ndarray, bytes]:
-    """Return an MDS shard's config, sample offsets and bytes."""
-    data = path.read_bytes()
+def _read_mds(path: Path) -> tuple[dict[str, Any], np.ndarray, Any]:
+    """Return an MDS shard's config, sample offsets and bytes (memory-mapped: read as they are used)."""
+    try:
+        with open(path, "rb") as fh:
+            data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    except ValueError as exc:  # an empty file cannot be mapped
+        raise _damaged("MDS", path, exc) from exc
     try:
         n = int(np.frombuffer(data, "<u4", 1)[0])
         offsets = np.frombuffer(data, "<u4", n + 1, 4).astype(np.int64)
@@ -474,7 +479,7 @@ class MDSFormat(ShardFormat):
             raise _damaged("MDS", path, exc) from exc
 
     def _batches(
-        self, config: dict[str, Any], offsets: np.ndarray, data: bytes, columns: Sequence[str] | None, batch_rows: int
+        self, config: dict[str, Any], offsets: np.ndarray, data: Any, columns: Sequence[str] | None, batch_rows: int
     ) -> Iterator[pa.RecordBatch]:
         schema = _mds_schema(config)
         wanted = list(columns) if columns else schema.names
@@ -535,7 +540,7 @@ def _mds_schema(config: dict[str, Any]) -> pa.Schema:
     return pa.schema([*fields, *extra])
 
 
-def _mds_values(data: bytes, at: int, size: int, dtype: np.dtype) -> np.ndarray:
+def _mds_values(data: Any, at: int, size: int, dtype: np.dtype) -> np.ndarray:
     """Decode one ndarray column value of ``size`` bytes at ``at``."""
     head = data[at]
     ndim, code = head >> 2, head & 3
