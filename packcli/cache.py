@@ -2,7 +2,7 @@
 
 A finished store is a directory holding ``input_ids.bin`` and ``labels.bin`` (every kept sample's
 tokens, concatenated, little-endian int32: a token file plus a boundary index),
-``samples.npz`` (per sample: sample_index, length, trainable count, first trained position and record
+``samples.npz`` (per sample: sample_index, piece_index, length, trainable count, first trained position and record
 position, so the plan never reads token data) and ``meta.json`` (counts, dropped records by reason,
 sources). Rows are gathered from the token files by index, touching only the pages they need.
 The same layout serves as the tokenization cache, keyed by everything that
@@ -34,7 +34,7 @@ import numpy as np
 from packcli.errors import OutputError, PackcliError, first_line
 from packcli.safety import owner_tag
 
-CACHE_FORMAT = 4
+CACHE_FORMAT = 5
 TOKEN_DTYPE = np.dtype("<i4")
 HASH_CHUNK = 1 << 20
 # Every key a finished store's meta.json has; one missing means the entry is damaged.
@@ -48,7 +48,7 @@ META_KEYS = (
     "files",
     "meta_sha256",
 )
-ARRAYS = ("sample_index", "lengths", "trainable", "first_trained", "positions")
+ARRAYS = ("sample_index", "piece_index", "lengths", "trainable", "first_trained", "positions")
 
 
 class DamagedStore(PackcliError):
@@ -92,7 +92,8 @@ class TokenStore:
     """A finished store: per-sample arrays in memory, token data read by offset on demand (TokenReader)."""
 
     path: Path
-    sample_index: np.ndarray  # int64, one per kept sample, ascending
+    sample_index: np.ndarray  # int64, one per kept sample, ascending (a split record's pieces share it)
+    piece_index: np.ndarray  # int32: the piece of a split record (0 for a record kept whole)
     lengths: np.ndarray  # int32
     trainable: np.ndarray  # int32: tokens with a label
     first_trained: np.ndarray  # int32: position of the first token with a label
@@ -190,6 +191,7 @@ class TokenStoreWriter:
         trainable: np.ndarray,
         first_trained: np.ndarray,
         positions: np.ndarray,
+        piece_index: np.ndarray | None = None,
     ) -> None:
         if len(lengths) == 0:
             return
@@ -200,6 +202,7 @@ class TokenStoreWriter:
             raise _write_error(self.where, exc, self.fix) from exc
         for key, value in (
             ("sample_index", sample_index),
+            ("piece_index", np.zeros(len(lengths), np.int32) if piece_index is None else piece_index),
             ("lengths", lengths),
             ("trainable", trainable),
             ("first_trained", first_trained),

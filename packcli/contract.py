@@ -19,6 +19,7 @@ SHARD_SCHEMA = pa.schema(
         ("position_ids", pa.list_(pa.int32())),
         ("seq_lengths", pa.list_(pa.int32())),
         ("sample_index", pa.list_(pa.int64())),
+        ("piece_index", pa.list_(pa.int32())),
     ]
 )
 # Columns written only when asked for, after SHARD_SCHEMA's, in this order:

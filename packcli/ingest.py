@@ -102,6 +102,7 @@ def tokenize_to_store(
                     result.trainable,
                     result.first_trained,
                     result.positions,
+                    result.piece_index,
                 )
                 progress("tokenize", result.n_records, total)
         pad_id = encoder.tokenizer.pad_token_id

@@ -285,6 +285,7 @@ def _summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str
     return {
         "records_read": records,
         "packed": packed,
+        "samples": len(plan.store_rows) - len(remainder),
         "dropped": dict(sorted(dropped.items())),
         "truncated": plan.truncated,
         "duplicated": padded,
@@ -322,7 +323,7 @@ def _manifest(
             {"path": s.display, "kind": s.kind, "format": inputs.formats[s.display], "blake2b": f}
             for s, f in zip(inputs.sources, inputs.fingerprints, strict=True)
         ],
-        "counts": {k: summary[k] for k in ("records_read", "packed", "dropped", "truncated", "duplicated")},
+        "counts": {k: summary[k] for k in ("records_read", "packed", "samples", "dropped", "truncated", "duplicated")},
         **{
             k: summary[k]
             for k in (
@@ -343,7 +344,7 @@ def _manifest(
                 "rank_token_spread",
             )
         },
-        "columns": shard_format(config.output_format).columns(output_schema(config)),
+        "columns": list(output_schema(config).names),  # as the shards read back (shard_formats)
         "shards": shards,
     }
 

@@ -37,10 +37,6 @@ class ShardFormat:
     # Files the format keeps beside its shards (written once every shard is), e.g. MDS's index.json.
     index_files: ClassVar[tuple[str, ...]] = ()
 
-    def columns(self, schema: pa.Schema) -> list[str]:
-        """Return the column names a shard of rows with ``schema`` holds in this format."""
-        return list(schema.names)
-
     def write_index(self, directory: Path, entries: list[dict[str, Any]], max_len: int) -> list[str]:
         """Write the format's index files for the shards ``entries`` in ``directory``; return their names."""
         return []
@@ -154,7 +150,7 @@ class ArrowStreamFormat(ShardFormat):
 # collate function turns a stored sample of n tokens into n - 1 inputs (tokens 0..n-2) and n - 1
 # labels (tokens 1..n-1), and takes loss_mask[t] as "the label at t, token t + 1, is trained": the
 # mask is packcli's labels shifted left by one within the sample, and a sample's last entry is 0.
-# The other columns written here (seq_lengths, sample_index, seq_lengths_unpadded) are packcli's;
+# The other columns written here (seq_lengths, sample_index, piece_index, seq_lengths_unpadded) are packcli's;
 # Megatron reads only the three it names.
 
 MEGATRON_METADATA = "packing_metadata.json"
@@ -198,6 +194,7 @@ def _megatron_table(table: pa.Table) -> pa.Table:
         "seq_start_id": pa.ListArray.from_arrays(seg_offsets, pa.array(in_row.astype(np.int32), type=pa.int32())),
         "seq_lengths": seq_lengths,
         "sample_index": table.column("sample_index").combine_chunks(),
+        "piece_index": table.column("piece_index").combine_chunks(),
     }
     if "seq_lengths_unpadded" in table.column_names:
         columns["seq_lengths_unpadded"] = table.column("seq_lengths_unpadded").combine_chunks()
@@ -225,6 +222,7 @@ def _megatron_schema(schema: pa.Schema) -> pa.Schema:
         pa.field("seq_start_id", pa.list_(pa.int32())),
         pa.field("seq_lengths", pa.list_(pa.int32())),
         pa.field("sample_index", pa.list_(pa.int64())),
+        pa.field("piece_index", pa.list_(pa.int32())),
     ]
     if "seq_lengths_unpadded" in schema.names:
         fields.append(pa.field("seq_lengths_unpadded", pa.list_(pa.int32())))
@@ -254,6 +252,7 @@ def _packcli_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
         pa.ListArray.from_arrays(offsets, pa.array(positions, type=pa.int32())),
         seq_lengths,
         batch.column("sample_index"),
+        batch.column("piece_index"),
     ]
     optional = []
     if "seq_lengths_unpadded" in batch.schema.names:
@@ -272,9 +271,6 @@ class MegatronFormat(ShardFormat):
     name = "megatron"
     extension = ".idx.parquet"
     index_files = (MEGATRON_METADATA,)
-
-    def columns(self, schema: pa.Schema) -> list[str]:
-        return list(_megatron_schema(schema).names)
 
     def writer(self, path: Path, schema: pa.Schema) -> ShardWriter:
         return _MegatronWriter(path, schema)

@@ -32,6 +32,7 @@ def build_rows(
     sample_index: np.ndarray,
     pad_to: int | None = None,
     pad_id: int = 0,
+    piece_index: np.ndarray | None = None,
     pad_multiple: int = 1,
     pad_offset: int = 0,
     loss_weighting: str = "token",
@@ -40,7 +41,8 @@ def build_rows(
 
     ``sample_lengths`` are the samples' lengths in ``ids``/``labels``; ``samples_per_row`` how many
     samples each row holds. With ``pad_to``, each row is padded with one extra segment
-    (sample_index -1, labels -100, positions from 0) to that length.
+    (sample_index -1, piece_index 0, labels -100, positions from 0) to that length. ``piece_index``
+    numbers the pieces of a record split by ``--overflow split`` (None: every sample is piece 0).
 
     With ``pad_multiple`` above 1, every sample is first padded inside its own segment to a multiple
     of it (``packing.pad_lengths``): pad tokens, labels -100, positions going on counting; its
@@ -71,20 +73,13 @@ def build_rows(
         row_tokens[samples_per_row == 0] = 0
     seq_lengths = lengths.astype(np.int32)
     index = sample_index.astype(np.int64)
+    pieces = np.zeros(len(index), np.int32) if piece_index is None else piece_index.astype(np.int32)
+    row_tokens_before, samples_before = row_tokens, samples_per_row
     if pad_to is not None:
-        ids, row_labels, positions, seq_lengths, index, row_tokens, samples_per_row, weights, unpadded = _pad_rows(
-            ids,
-            row_labels,
-            positions,
-            seq_lengths,
-            index,
-            row_tokens,
-            samples_per_row,
-            pad_to,
-            pad_id,
-            weights,
-            unpadded,
+        ids, row_labels, positions, seq_lengths, index, pieces, row_tokens, samples_per_row = _pad_rows(
+            ids, row_labels, positions, seq_lengths, index, pieces, row_tokens, samples_per_row, pad_to, pad_id
         )
+        weights, unpadded = _pad_optional(row_tokens_before, samples_before, pad_to, weights, unpadded)
     token_offsets = np.zeros(len(row_tokens) + 1, dtype=np.int64)
     np.cumsum(row_tokens, out=token_offsets[1:])
     seq_offsets = np.zeros(len(samples_per_row) + 1, dtype=np.int64)
@@ -97,6 +92,7 @@ def build_rows(
         pa.ListArray.from_arrays(tok_off, _arrow(positions, np.int32)),
         pa.ListArray.from_arrays(seq_off, _arrow(seq_lengths, np.int32)),
         pa.ListArray.from_arrays(seq_off, _arrow(index, np.int64)),
+        pa.ListArray.from_arrays(seq_off, _arrow(pieces, np.int32)),
     ]
     optional = []
     if unpadded is not None:
@@ -133,6 +129,30 @@ def _loss_weights(labels: np.ndarray, lengths: np.ndarray, loss_weighting: str) 
     return np.where(trained, per_sample[owner], 0.0).astype(np.float32)
 
 
+def _pad_optional(
+    row_tokens: np.ndarray,
+    samples_per_row: np.ndarray,
+    pad_to: int,
+    weights: np.ndarray | None,
+    unpadded: np.ndarray | None,
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Place the optional columns as ``_pad_rows`` places the others: weight 0 on the row's padding,
+    real length 0 for its padding segment (it holds no real token)."""
+    pad = (pad_to - row_tokens).astype(np.int64)
+    if weights is not None:
+        dst = np.arange(len(weights), dtype=np.int64) + np.repeat(np.cumsum(pad) - pad, row_tokens)
+        out = np.zeros(len(row_tokens) * pad_to, dtype=np.float32)
+        out[dst] = weights
+        weights = out
+    if unpadded is not None:
+        has_pad = (pad > 0).astype(np.int64)
+        seg_dst = np.arange(len(unpadded), dtype=np.int64) + np.repeat(np.cumsum(has_pad) - has_pad, samples_per_row)
+        out_unpadded = np.zeros(int((samples_per_row + has_pad).sum()), dtype=np.int32)
+        out_unpadded[seg_dst] = unpadded
+        unpadded = out_unpadded
+    return weights, unpadded
+
+
 _ARROW_TYPES = {np.dtype(np.int32): pa.int32(), np.dtype(np.int64): pa.int64(), np.dtype(np.float32): pa.float32()}
 
 
@@ -151,13 +171,12 @@ def _pad_rows(
     positions: np.ndarray,
     seq_lengths: np.ndarray,
     index: np.ndarray,
+    pieces: np.ndarray,
     row_tokens: np.ndarray,
     samples_per_row: np.ndarray,
     pad_to: int,
     pad_id: int,
-    weights: np.ndarray | None = None,
-    unpadded: np.ndarray | None = None,
-) -> tuple[Any, ...]:
+) -> tuple[np.ndarray, ...]:
     pad = (pad_to - row_tokens).astype(np.int64)
     n_rows = len(row_tokens)
     # Tokens: each row's tokens followed by its padding.
@@ -172,10 +191,6 @@ def _pad_rows(
     pad_start = np.arange(n_rows, dtype=np.int64) * pad_to + row_tokens
     pad_within = np.arange(int(pad.sum()), dtype=np.int64) - np.repeat(np.cumsum(pad) - pad, pad)
     out_pos[np.repeat(pad_start, pad) + pad_within] = pad_within.astype(np.int32)
-    out_weights = None
-    if weights is not None:
-        out_weights = np.zeros(size, dtype=np.float32)
-        out_weights[dst] = weights
     # Segments: each row's samples followed by one padding segment where there is padding.
     has_pad = (pad > 0).astype(np.int64)
     new_counts = samples_per_row + has_pad
@@ -185,14 +200,11 @@ def _pad_rows(
     out_index = np.full(n_seg, -1, dtype=np.int64)
     out_seq[seg_dst] = seq_lengths
     out_index[seg_dst] = index
+    out_pieces = np.zeros(n_seg, dtype=np.int32)
+    out_pieces[seg_dst] = pieces
     pad_seg = (np.cumsum(new_counts) - 1)[pad > 0]
     out_seq[pad_seg] = pad[pad > 0]
-    out_unpadded = None
-    if unpadded is not None:  # the row's padding segment holds no real token: its real length is 0
-        out_unpadded = np.zeros(n_seg, dtype=np.int32)
-        out_unpadded[seg_dst] = unpadded
-    rows = np.full(n_rows, pad_to, np.int64)
-    return out_ids, out_labels, out_pos, out_seq, out_index, rows, new_counts, out_weights, out_unpadded
+    return out_ids, out_labels, out_pos, out_seq, out_index, out_pieces, np.full(n_rows, pad_to, np.int64), new_counts
 
 
 def shard_name(i: int, n: int, output_format: str) -> str:

@@ -34,6 +34,7 @@ class TokenizedBatch:
     ids: np.ndarray
     labels: np.ndarray
     rejects: list[dict[str, Any]] = field(default_factory=list)
+    piece_index: np.ndarray | None = None  # per kept sample, when records were split (None: all 0)
 
 
 # What the workers tokenize with: set by use() in the parent before the pool forks (so workers start

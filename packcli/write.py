@@ -68,6 +68,7 @@ def row_group_tables(
             store.sample_index[store_rows],
             pad_to=config.max_len if config.pad_to_max else None,
             pad_id=pad_id,
+            piece_index=store.piece_index[store_rows],
             pad_multiple=config.pad_multiple,
             pad_offset=config.pad_offset,
             loss_weighting=config.loss_weighting,

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from packcli.contract import IGNORE_INDEX
+from packcli.contract import IGNORE_INDEX, SHARD_SCHEMA
 from packcli.shard_formats import format_of, read_shard
 
 from .conftest import one_error_line, read_rows
@@ -245,7 +245,7 @@ def test_default_output_has_no_new_columns(pack: Any, chat_jsonl: Path, tmp_path
     pack(chat_jsonl, "--max-len", "256", "-o", tmp_path / "a", "--quiet")
     pack(chat_jsonl, "--max-len", "256", "-o", tmp_path / "b", "--quiet", "--pad-to-multiple-of", "1")
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
-    assert manifest["columns"] == ["input_ids", "labels", "position_ids", "seq_lengths", "sample_index"]
+    assert manifest["columns"] == list(SHARD_SCHEMA.names)
     assert "index_files" not in manifest and manifest["alignment_padding_tokens"] == 0
     other = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert [s["sha256"] for s in manifest["shards"]] == [s["sha256"] for s in other["shards"]]

@@ -22,6 +22,7 @@ CONTRACT = {
     "position_ids": pa.list_(pa.int32()),
     "seq_lengths": pa.list_(pa.int32()),
     "sample_index": pa.list_(pa.int64()),
+    "piece_index": pa.list_(pa.int32()),
 }
 
 
@@ -77,6 +78,7 @@ def test_round_trip_contract_and_manifest(pack: Any, chat_jsonl: Path, tmp_path:
     assert manifest["counts"] == {
         "records_read": 60,
         "packed": 60,
+        "samples": 60,
         "dropped": {},
         "truncated": 0,
         "duplicated": 0,

@@ -474,7 +474,7 @@ def test_verify_catches_a_sample_in_two_shards(workdir: Path, tmp_path: Path) ->
     name = rewrite_shard(out, 2, reuse_index)
     stderr = invoke("verify", out, expect=1).stderr
     assert f"{name}: sample_index {taken} appears also in {first}" in stderr
-    assert "manifest.json: 1 repeated sample_index values; each must appear once" in stderr
+    assert "manifest.json: 1 repeated (sample_index, piece_index) pair; each must appear once" in stderr
 
 
 def test_row_checks_pass_a_large_well_formed_batch() -> None:
@@ -496,6 +496,7 @@ def test_row_checks_pass_a_large_well_formed_batch() -> None:
             pa.ListArray.from_arrays(tok, pa.array(positions)),
             pa.ListArray.from_arrays(segs, pa.array(np.full(n_rows * per_row // seg, seg, np.int32))),
             pa.ListArray.from_arrays(segs, pa.array(np.arange(n_rows * per_row // seg, dtype=np.int64))),
+            pa.ListArray.from_arrays(segs, pa.array(np.zeros(n_rows * per_row // seg, dtype=np.int32))),
         ],
         schema=SHARD_SCHEMA,
     )

@@ -643,7 +643,8 @@ def test_verify_checks_sample_index_ascends_within_a_row(packed_out: Path) -> No
     name = sorted(packed_out.glob("shard-*"))[0].name
     assert result.exit_code == 1
     assert result.stderr.splitlines() == [
-        f"{name}: 1 row has sample_index values that do not ascend within the row (first: row {first_row})",
+        f"{name}: 1 row has (sample_index, piece_index) pairs that do not ascend within the row "
+        f"(first: row {first_row})",
         f"1 problem in {packed_out}",
     ]
 

@@ -31,7 +31,7 @@ MAX_EXAMPLES = 5
 CHECKS = {
     "nulls": "hold null values",
     "token_columns": "have input_ids, labels and position_ids of different lengths",
-    "segment_columns": "have seq_lengths and sample_index of different lengths",
+    "segment_columns": "have seq_lengths, sample_index and piece_index of different lengths",
     "empty": "are empty",
     "too_long": "are longer than max_len {max_len}",
     "not_padded": "are not padded to max_len {max_len} (the output was packed with --pad-to-max)",
@@ -45,7 +45,8 @@ CHECKS = {
     "padding_unexpected": "have a padding segment (sample_index -1) but the output was packed without --pad-to-max",
     "padding_labels": "have a padding segment with labels other than -100",
     "padding_not_last": "have a padding segment that is not the row's last segment",
-    "sample_index_order": "have sample_index values that do not ascend within the row",
+    "sample_index_order": "have (sample_index, piece_index) pairs that do not ascend within the row",
+    "piece_index": "have a piece_index below 0 (or other than 0 on a padding segment)",
     "unpadded": "have seq_lengths_unpadded values that are not the real length of their segment",
     "alignment": "have samples not padded to the multiple the output was packed with (--pad-to-multiple-of)",
     "alignment_labels": "have labels other than -100 in a sample's alignment padding",
@@ -98,6 +99,7 @@ class _Expect:
     max_len: int
     pad_to_max: bool
     vocab_size: int | None
+    columns: tuple[str, ...] = tuple(SHARD_SCHEMA.names)
     pad_multiple: int = 1
     pad_offset: int = 0
 
@@ -110,6 +112,7 @@ class _ShardTotals:
     trainable: int = 0
     failures: dict[str, list[int]] = field(default_factory=dict)  # check -> [count, first row]
     index: list[np.ndarray] = field(default_factory=list)
+    pieces: list[np.ndarray] = field(default_factory=list)
 
     def fail(self, check: str, bad_rows: np.ndarray, first_row: int) -> None:
         rows = np.unique(bad_rows)
@@ -131,10 +134,13 @@ def verify_output(directory: Path, progress: Progress | None = None) -> VerifyRe
         report.problems.extend(Problem(MANIFEST, f"{p}; the manifest is damaged") for p in damaged)
         return report
     options = manifest.get("options", {})
+    listed_columns = manifest.get("columns")
     expect = _Expect(
         max_len=int(manifest.get("max_len") or options.get("max_len") or 0),
         pad_to_max=bool(options.get("pad_to_max", False)),
         vocab_size=manifest.get("tokenizer", {}).get("vocab_size"),
+        # Outputs of releases before piece_index have no such column: they are checked without it.
+        columns=tuple(f.name for f in SHARD_SCHEMA if not isinstance(listed_columns, list) or f.name in listed_columns),
         pad_multiple=_pad_multiple(options),
         pad_offset=1 if options.get("output_format") == "megatron" else 0,
     )
@@ -144,6 +150,7 @@ def verify_output(directory: Path, progress: Progress | None = None) -> VerifyRe
         return report
     listed = set()
     index_parts: list[np.ndarray] = []
+    piece_parts: list[np.ndarray] = []
     shard_ids: list[np.ndarray] = []
     sample_tokens = trainable = 0
     for k, entry in enumerate(entries):
@@ -162,15 +169,17 @@ def verify_output(directory: Path, progress: Progress | None = None) -> VerifyRe
         if totals.index:
             part = np.concatenate(totals.index)
             index_parts.append(part)
+            piece_parts.append(np.concatenate(totals.pieces))
             shard_ids.append(np.full(len(part), k, dtype=np.int32))
     for path in sorted(directory.iterdir()):
         if SHARD_FILE.match(path.name) and path.name not in listed:
             report.problems.append(Problem(path.name, "is not listed in manifest.json (a leftover from another run?)"))
     index = np.concatenate(index_parts) if index_parts else np.zeros(0, np.int64)
+    pieces = np.concatenate(piece_parts) if piece_parts else np.zeros(0, np.int64)
     owner = np.concatenate(shard_ids) if shard_ids else np.zeros(0, np.int32)
     report.sequences = len(index)
     complete = report.shards == len(entries)
-    report.samples = _check_samples(index, owner, entries, manifest, report.problems, complete)
+    report.samples = _check_samples(index, pieces, owner, entries, manifest, report.problems, complete)
     if complete:
         _check_totals(manifest, report, sample_tokens, trainable)
     return report
@@ -198,13 +207,14 @@ def _check_shard(
     totals = _ShardTotals()
     try:
         schema = shard_schema(path)
-        missing = [f.name for f in SHARD_SCHEMA if f.name not in schema.names]
+        required = [f for f in SHARD_SCHEMA if f.name in expect.columns]
+        missing = [f.name for f in required if f.name not in schema.names]
         if missing:
             problems.append(Problem(name, f"lacks the column(s) {', '.join(missing)}"))
             return None
         wrong = [
             f"{f.name} is {schema.field(f.name).type}, not {f.type}"
-            for f in SHARD_SCHEMA
+            for f in required
             if schema.field(f.name).type != f.type
         ]
         if wrong:
@@ -212,7 +222,7 @@ def _check_shard(
         if expect.pad_multiple > 1 and "seq_lengths_unpadded" not in schema.names:
             problems.append(Problem(name, "lacks the column seq_lengths_unpadded (the output was padded per sample)"))
         optional = [f.name for f in OPTIONAL_COLUMNS if f.name in schema.names and schema.field(f.name).type == f.type]
-        for batch in shard_batches(path, [*SHARD_SCHEMA.names, *optional]):
+        for batch in shard_batches(path, [*[f.name for f in required], *optional]):
             _check_batch(batch, totals.rows, expect, totals)
             totals.rows += batch.num_rows
     except (OSError, pa.ArrowException) as exc:
@@ -245,7 +255,7 @@ def _check_batch(batch: pa.RecordBatch, first_row: int, expect: _Expect, totals:
     are mapped back to their rows only when there are any.
     """
     n = batch.num_rows
-    cols = {name: batch.column(name) for name in SHARD_SCHEMA.names}
+    cols = {name: batch.column(name) for name in expect.columns}
     null_rows = np.zeros(n, dtype=bool)
     for col in cols.values():
         null_rows |= col.is_null().to_numpy(zero_copy_only=False)
@@ -261,6 +271,11 @@ def _check_batch(batch: pa.RecordBatch, first_row: int, expect: _Expect, totals:
     pos_len, positions = list_parts(cols["position_ids"])
     segs, seq_lengths = list_parts(cols["seq_lengths"])
     idx_len, index = list_parts(cols["sample_index"])
+    if "piece_index" in cols:
+        piece_len, piece = list_parts(cols["piece_index"])
+    else:
+        piece_len, piece = idx_len, np.zeros(len(index), np.int32)
+    piece = piece.astype(np.int64)
     seq_lengths = seq_lengths.astype(np.int64)
     index = index.astype(np.int64)
     totals.tokens += int(row_len.sum())
@@ -275,7 +290,7 @@ def _check_batch(batch: pa.RecordBatch, first_row: int, expect: _Expect, totals:
         return np.searchsorted(seg_end, np.flatnonzero(mask), side="right")
 
     token_ok = (lab_len == row_len) & (pos_len == row_len)
-    segment_ok = idx_len == segs
+    segment_ok = (idx_len == segs) & (piece_len == segs)
     totals.fail("token_columns", rows[~token_ok], first_row)
     totals.fail("segment_columns", rows[~segment_ok], first_row)
     totals.fail("empty", rows[row_len == 0], first_row)
@@ -290,16 +305,18 @@ def _check_batch(batch: pa.RecordBatch, first_row: int, expect: _Expect, totals:
     totals.trainable += int(np.count_nonzero(labelled))
     totals.fail("labels", token_rows(labelled & (labels != ids)), first_row)
     totals.fail("sample_index", segment_rows(index < -1), first_row)
+    totals.fail("piece_index", segment_rows((piece < 0) | ((index == -1) & (piece != 0))), first_row)
     totals.fail("seq_lengths_positive", segment_rows(seq_lengths < 1), first_row)
     seg_row = np.repeat(rows, segs)
     row_sums = np.bincount(seg_row, weights=seq_lengths, minlength=n).astype(np.int64)
     totals.fail("seq_lengths_sum", rows[row_sums != row_len], first_row)
     pad = index == -1
-    # The contract: a row's samples are in ascending sample_index order (padding segments aside).
+    # The contract: a row's samples are in ascending (sample_index, piece_index) order (padding aside).
     same_row = seg_row[1:] == seg_row[:-1]
     real_pair = ~pad[1:] & ~pad[:-1]
     unordered = np.zeros(len(index), dtype=bool)
-    unordered[1:] = same_row & real_pair & (index[1:] <= index[:-1])
+    before = (index[1:] < index[:-1]) | ((index[1:] == index[:-1]) & (piece[1:] <= piece[:-1]))
+    unordered[1:] = same_row & real_pair & before
     totals.fail("sample_index_order", seg_row[unordered], first_row)
     if pad.any():
         if not expect.pad_to_max:
@@ -320,6 +337,7 @@ def _check_batch(batch: pa.RecordBatch, first_row: int, expect: _Expect, totals:
             bad = ~np.isfinite(weights) | (weights < 0) | ((weights != 0) & ~labelled)
             totals.fail("loss_weights", token_rows(bad), first_row)
     totals.index.append(index[~pad])
+    totals.pieces.append(piece[~pad])
     tiled = (row_sums == row_len) & (np.bincount(seg_row[seq_lengths < 1], minlength=n) == 0)
     if not tiled.all():
         # Positions and first labels can be placed only in rows whose segments tile the row.
@@ -380,30 +398,34 @@ def _check_unpadded(
 
 def _check_samples(
     index: np.ndarray,
+    pieces: np.ndarray,
     owner: np.ndarray,
     entries: list[dict[str, Any]],
     manifest: dict[str, Any],
     problems: list[Problem],
     complete: bool,
 ) -> int:
-    """Check sample_index uniqueness across shards and the distinct count; return the distinct count.
+    """Check that each (sample_index, piece_index) appears once across shards, and the counts.
 
-    When some shards could not be read (``complete`` false) only what the others prove is reported.
+    Return the number of distinct records (sample_index values). When some shards could not be read
+    (``complete`` false) only what the others prove is reported.
     """
     counts = manifest.get("counts", {})
-    order = np.argsort(index, kind="stable")
-    sorted_index = index[order]
-    repeat = np.flatnonzero(sorted_index[1:] == sorted_index[:-1]) + 1
-    distinct = len(index) - len(repeat)
+    order = np.lexsort((pieces, index))
+    sorted_index, sorted_pieces = index[order], pieces[order]
+    same_index = sorted_index[1:] == sorted_index[:-1]
+    repeat = np.flatnonzero(same_index & (sorted_pieces[1:] == sorted_pieces[:-1])) + 1
+    distinct = len(index) - int(np.count_nonzero(same_index))
     allowed = int(counts.get("duplicated", 0))
     if len(repeat) > allowed or (complete and len(repeat) != allowed):
         for r in repeat[:MAX_EXAMPLES]:
-            value = int(sorted_index[r])
+            value, piece = int(sorted_index[r]), int(sorted_pieces[r])
             first = entries[int(owner[order[r - 1]])]["file"]
             again = entries[int(owner[order[r]])]["file"]
             where = "again in the same shard" if first == again else f"also in {first}"
-            problems.append(Problem(again, f"sample_index {value} appears {where}"))
-        what = f"{len(repeat)} repeated sample_index values"
+            name = f"sample_index {value}" + (f" piece {piece}" if piece else "")
+            problems.append(Problem(again, f"{name} appears {where}"))
+        what = f"{len(repeat)} repeated (sample_index, piece_index) pair" + ("s" if len(repeat) != 1 else "")
         expected = f"manifest.json counts {allowed} duplicated by rank padding" if allowed else "each must appear once"
         problems.append(Problem(MANIFEST, f"{what}; {expected}"))
     packed = counts.get("packed")
@@ -412,6 +434,11 @@ def _check_samples(
         if not complete:
             message += " (the missing or unreadable shards hold the rest)"
         problems.append(Problem(MANIFEST, message))
+    samples = counts.get("samples")  # pieces of split records are samples of their own
+    if samples is not None and complete and len(index) - len(repeat) != samples:
+        problems.append(
+            Problem(MANIFEST, f"the shards hold {len(index) - len(repeat)} samples, manifest.json counts {samples}")
+        )
     return distinct
 
 
