@@ -183,11 +183,10 @@ class ChatTemplate:
         kwargs = self._kwargs(sample)
         tools = sample.tools
         assistant_at = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-        if train_on == "auto":
-            train_on = "completion" if sample.prompt_len is not None else "assistant"
+        train_on = resolve_train_on(sample, train_on)
         if train_on != "all" and not assistant_at:
             raise RecordError("no_assistant_turn", "the conversation has no assistant message to train on")
-        which = self._trained_turns(assistant_at, train_on, sample.prompt_len)
+        which = trained_turns(sample, train_on)
         if self.has_generation_blocks:
             text, spans = self.render(messages, spans=True, tools=tools, kwargs=kwargs)
             if train_on != "all" and len(spans) != len(assistant_at):
@@ -205,11 +204,24 @@ class ChatTemplate:
             return text, [(0, len(text))]
         return text, assistant_spans(self.renderer(tools, kwargs), messages, text, which, self.shape(kwargs))
 
-    @staticmethod
-    def _trained_turns(assistant_at: list[int], train_on: str, prompt_len: int | None) -> list[int]:
-        if train_on == "last_assistant":
-            return assistant_at[-1:]
-        if train_on == "completion":
-            first = prompt_len if prompt_len is not None else assistant_at[-1]
-            return [i for i in assistant_at if i >= first]
-        return assistant_at
+
+def resolve_train_on(sample: Sample, train_on: str) -> str:
+    """Return what ``--train-on auto`` means for this sample (completion for prompt/completion records)."""
+    if train_on == "auto":
+        return "completion" if sample.prompt_len is not None else "assistant"
+    return train_on
+
+
+def trained_turns(sample: Sample, train_on: str) -> list[int]:
+    """Return the indices of the assistant messages that ``--train-on`` trains (a piece says its own)."""
+    messages = sample.messages or []
+    assistant_at = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    if sample.trained_turns is not None:
+        return [i for i in sample.trained_turns if i in set(assistant_at)]
+    train_on = resolve_train_on(sample, train_on)
+    if train_on == "last_assistant":
+        return assistant_at[-1:]
+    if train_on == "completion":
+        first = sample.prompt_len if sample.prompt_len is not None else (assistant_at[-1] if assistant_at else 0)
+        return [i for i in assistant_at if i >= first]
+    return assistant_at

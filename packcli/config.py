@@ -20,7 +20,9 @@ from packcli.formats import DEFAULT_FIELDS, FORMATS
 CHOICES: dict[str, tuple[str, ...]] = {
     "format": ("auto", *FORMATS),
     "train_on": ("auto", "all", "assistant", "last_assistant", "completion"),
-    "overflow": ("drop", "truncate", "error"),
+    "overflow": ("drop", "truncate", "split", "error"),
+    "truncate_side": ("right", "left"),
+    "split_system": ("all", "first"),
     "on_error": ("fail", "skip"),
     "output_format": ("parquet", "arrow", "mds", "megatron"),
     "algorithm": ("ffd", "bfd"),
@@ -50,6 +52,10 @@ class PackConfig:
     train_on: str = "auto"
     add_eos: bool = True
     overflow: str = "drop"
+    truncate_side: str = "right"
+    split_system: str = "all"
+    min_piece: int = 0
+    max_drop_fraction: float | None = None
     on_error: str = "fail"
     algorithm: str = "ffd"
     seed: int = 0
@@ -86,6 +92,10 @@ class PackConfig:
         object.__setattr__(self, "fields", {**DEFAULT_FIELDS, **self.fields})
         if self.seed < 0:
             raise UsageError(f"--seed must be 0 or more, not {self.seed}")
+        if not 0 <= self.min_piece <= self.max_len:
+            raise UsageError(f"--min-piece must be between 0 and --max-len {self.max_len}, not {self.min_piece}")
+        if self.max_drop_fraction is not None and not 0 <= self.max_drop_fraction <= 1:
+            raise UsageError(f"--max-drop-fraction must be between 0 and 1, not {self.max_drop_fraction}")
         if self.pad_to_max and self.max_len > PAD_TO_MAX_LIMIT:
             gib = self.max_len * PADDED_ROW_BYTES_PER_TOKEN / (1 << 30)
             raise UsageError(
@@ -159,6 +169,10 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
     "packing": (
         "max_len",
         "overflow",
+        "truncate_side",
+        "split_system",
+        "min_piece",
+        "max_drop_fraction",
         "algorithm",
         "seed",
         "world_size",
@@ -213,12 +227,14 @@ def parse_template_kwargs(values: list[str]) -> dict[str, Any]:
 
 # The lowest value of each integer option ("seed" included: a negative seed is refused, not wrapped).
 _PARALLEL = (("pad_to_multiple_of", 1), ("context_parallel", 1), ("tensor_parallel", 1))
-_INT_LOW = {"max_len": 2, "rows_per_shard": 1, "world_size": 1, "num_proc": 1, "seed": 0, **dict(_PARALLEL)}
+_INT_LOW = {"max_len": 2, "rows_per_shard": 1, "world_size": 1, "num_proc": 1, "seed": 0, "min_piece": 0}
+_INT_LOW |= dict(_PARALLEL)
 _EXPECTED = {
     "bool": "true or false (a boolean)",
     "int": "an integer",
     "str": "a string",
     "str | None": "a string",
+    "float | None": "a number",
     "dict[str, str]": "a table of name = field strings",
     "dict[str, Any]": "a table of name = value",
 }
@@ -251,6 +267,8 @@ def _check_type(path: str, key: str, value: Any) -> None:
         ok = isinstance(value, str)
     elif declared == "str | None":
         ok = value is None or isinstance(value, str)
+    elif declared == "float | None":
+        ok = value is None or (isinstance(value, int | float) and not isinstance(value, bool))
     elif declared == "dict[str, Any]":
         ok = isinstance(value, dict)
     else:

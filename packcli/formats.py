@@ -79,6 +79,9 @@ class Sample:
     labels: list[int] | None = None
     tools: list[Any] | None = None  # function schemas, passed to the template as ``tools``
     template_kwargs: dict[str, Any] | None = None  # the record's own ``chat_template_kwargs``
+    # A piece of a split conversation: which of its messages are trained, as the whole record's rule
+    # decided (None: decided by --train-on on these messages).
+    trained_turns: tuple[int, ...] | None = None
 
 
 def detect_format(record: Any, fields: dict[str, str]) -> str | None:

@@ -21,6 +21,7 @@ from packcli.contract import Progress
 from packcli.errors import InputError, OutputError
 from packcli.readers import count_records, read_batches
 from packcli.sources import InputSource
+from packcli.split import SplitRule
 from packcli.tokenize import EncodeOptions, Encoder
 
 # Reasons a record is left out by policy: always counted, never an error. Every other reason is bad
@@ -33,6 +34,7 @@ POLICY_DROPS = frozenset(
         "nothing_to_train",
         "too_long",
         "nothing_to_train_after_truncation",
+        "no_piece_left",
         "world_size_remainder",
     }
 )
@@ -42,6 +44,14 @@ BATCH_SIZE = 256
 def encode_options(config: PackConfig) -> EncodeOptions:
     """Return the options that decide a sample's tokens and labels."""
     return EncodeOptions(config.train_on, config.add_eos, EncodeOptions.kwargs_items(config.template_kwargs))
+
+
+def split_rule(config: PackConfig) -> SplitRule | None:
+    """Return how long records are cut into pieces (``--overflow split``), or None."""
+    if config.overflow != "split":
+        return None
+    # Pieces are cut to the most a sample may hold once padded (--pad-to-multiple-of): --max-len without it.
+    return SplitRule(config.sample_limit, config.split_system, config.min_piece)
 
 
 def tokenize_to_store(
@@ -63,12 +73,14 @@ def tokenize_to_store(
     """
     map_ordered = map_ordered or pool.map_ordered
     token_bytes = max_token_bytes(encoder.backend.to_str()) if rule_out_long else None
-    worker.use(encoder, config.fields, (config.max_len, token_bytes) if token_bytes else None)
+    worker.use(encoder, config.fields, (config.max_len, token_bytes) if token_bytes else None, split_rule(config))
     ruled_out_bytes = config.max_len * token_bytes if token_bytes else None
     where, fix = _store_where_fix(config, store_path)
     writer = TokenStoreWriter(store_path, fix, where)
     counts: Counter[str] = Counter()
+    left_out: Counter[str] = Counter()
     records = 0
+    records_split = pieces = 0
     rejects_path = writer.tmp / "rejects.jsonl"
     starts: dict[str, int] = {}
     units: dict[str, str] = {}
@@ -79,13 +91,17 @@ def tokenize_to_store(
             jobs = ((batch, formats[batch.source]) for batch in read_batches(sources, BATCH_SIZE))
             for result in map_ordered(worker.tokenize_batch, jobs, config.num_proc):
                 records += result.n_records
+                records_split += result.records_split
+                left_out.update(result.pieces_left_out)
+                pieces += result.pieces_made
                 starts.setdefault(result.source, result.first_index)
                 units.setdefault(result.source, result.unit)
                 for reject in result.rejects:
                     if reject["reason"] == "too_long" and config.overflow == "error":
                         where_record = worker.where(reject["source"], reject["unit"], reject["position"])
                         raise InputError(
-                            f"{where_record}: {reject['detail']}; raise --max-len or pass --overflow drop or truncate"
+                            f"{where_record}: {reject['detail']}; "
+                            "raise --max-len or pass --overflow split, truncate or drop"
                         )
                     if reject["reason"] not in POLICY_DROPS and config.on_error == "fail":
                         where = worker.where(reject["source"], reject["unit"], reject["position"])
@@ -122,6 +138,12 @@ def tokenize_to_store(
             ],
             "source_starts": [starts.get(s.display, records) for s in sources],
         }
+        if config.overflow == "split":
+            meta["split"] = {
+                "records_split": records_split,
+                "pieces": pieces,
+                "pieces_left_out": dict(sorted(left_out.items())),
+            }
         if ruled_out_bytes is not None and counts["too_long"]:
             # Records over this many bytes were left out untokenized: only runs whose limit is no
             # higher may use this store (see _cached_store).

@@ -7,15 +7,12 @@ import json
 import os
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from packcli import __version__, ingest, packing, staging, worker
+from packcli import __version__, accounting, ingest, staging, worker
 from packcli import plan as plan_module
 from packcli.cache import (
     DamagedStore,
@@ -132,6 +129,8 @@ def tokenized_inputs(
             "tokenization": {
                 k: v for k, v in config.group("tokenization").items() if k not in ("tokenizer", "chat_template")
             },
+            # Split records are cut by the tokenizer's workers, so how they are cut is in the key too.
+            "split": ingest.split_rule(config).__dict__ if config.overflow == "split" else None,
             "encoding_rules": ENCODING_RULES,
             "version": __version__,
         }
@@ -218,7 +217,8 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
             store = inputs.store
             plan = make_plan(config, store)
             t2 = time.perf_counter()
-            summary = _summary(config, store, plan, inputs.cache)
+            summary = accounting.summary(config, store, plan, inputs.cache)
+            accounting.check_loss(config, summary)
             summary["warnings"] = [*inputs.warnings, *summary["warnings"]]
             if not config.dry_run:
                 shards = engine.write_output(
@@ -268,50 +268,6 @@ def _prepare_output(config: PackConfig, skipped: list[str]) -> staging.PreparedO
     return staging.prepare_output(config.output, config.overwrite, paths, cache_root, config.rejects)
 
 
-def _summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str) -> dict[str, Any]:
-    dropped = Counter(store.meta["dropped"]) + Counter({k: len(v) for k, v in plan.drop_rows.items()})
-    records = int(store.meta["records_read"])
-    rows = len(plan.order.order)
-    packed = records - sum(dropped.values())
-    padded = int(sum(np.diff(plan.row_start)[plan.order.padded_rows])) if len(plan.order.padded_rows) else 0
-    remainder = plan.drop_rows.get("world_size_remainder", np.zeros(0, np.int64))
-    tokens = plan.tokens - int(store.lengths[remainder].sum())
-    row_tokens_padded = sum(
-        int(plan.lengths[plan.row_start[r] : plan.row_start[r + 1]].sum()) for r in plan.order.padded_rows
-    )
-    written_tokens = tokens + row_tokens_padded
-    alignment = _alignment_padding(config, plan)
-    capacity = rows * config.max_len
-    return {
-        "records_read": records,
-        "packed": packed,
-        "samples": len(plan.store_rows) - len(remainder),
-        "dropped": dict(sorted(dropped.items())),
-        "truncated": plan.truncated,
-        "duplicated": padded,
-        "tokens": written_tokens,
-        "trainable_tokens": plan.trainable,
-        "rows": rows,
-        "max_len": config.max_len,
-        "fill": round(written_tokens / capacity, 6) if capacity else 0.0,
-        "lower_bound_l1": plan.bound_l1,
-        "lower_bound_l2": plan.bound_l2,
-        "rows_over_l2": plan.n_rows - plan.bound_l2,
-        "rows_over_l2_fraction": round(plan.n_rows / plan.bound_l2 - 1, 6) if plan.bound_l2 else 0.0,
-        "padding_tokens": capacity - written_tokens,
-        "alignment_padding_tokens": alignment,
-        "rows_without_packing": packed,
-        "padding_tokens_without_packing": packed * config.max_len - tokens,
-        "algorithm": config.algorithm,
-        "world_size": config.world_size,
-        "rank_tokens": [int(x) for x in plan.order.rank_tokens],
-        "rank_token_spread": round(float(packing.rank_token_spread(plan.order.rank_tokens)), 6),
-        "cache": cache_state,
-        "output": None if config.dry_run else str(config.output),
-        "warnings": list(store.meta["tokenizer"].get("warnings", [])),
-    }
-
-
 def _manifest(
     config: PackConfig, inputs: TokenizedInputs, summary: dict[str, Any], shards: list[dict[str, Any]]
 ) -> dict[str, Any]:
@@ -323,7 +279,13 @@ def _manifest(
             {"path": s.display, "kind": s.kind, "format": inputs.formats[s.display], "blake2b": f}
             for s, f in zip(inputs.sources, inputs.fingerprints, strict=True)
         ],
-        "counts": {k: summary[k] for k in ("records_read", "packed", "samples", "dropped", "truncated", "duplicated")},
+        "counts": {
+            k: summary[k]
+            for k in ("records_read", "packed", "samples", "dropped", "truncated", "duplicated", "split")
+            if k in summary
+        },
+        "lost": summary["lost"],
+        "warnings": summary["warnings"],
         **{
             k: summary[k]
             for k in (
@@ -347,16 +309,6 @@ def _manifest(
         "columns": list(output_schema(config).names),  # as the shards read back (shard_formats)
         "shards": shards,
     }
-
-
-def _alignment_padding(config: PackConfig, plan: Plan) -> int:
-    """Return the padding tokens --pad-to-multiple-of adds to the samples of the rows written."""
-    if config.pad_multiple <= 1:
-        return 0
-    extra = packing.pad_lengths(plan.lengths, config.pad_multiple, config.pad_offset) - plan.lengths
-    per_row = np.add.reduceat(extra, plan.row_start[:-1]) if len(extra) else np.zeros(0, np.int64)
-    per_row[np.diff(plan.row_start) == 0] = 0
-    return int(per_row[plan.order.order].sum())
 
 
 def _write_index_files(config: PackConfig, directory: Path | None, shards: list[dict[str, Any]]) -> list[str]:

@@ -11,6 +11,7 @@ from packcli.cache import (
     TokenStore,
 )
 from packcli.config import PackConfig
+from packcli.contract import IGNORE_INDEX
 from packcli.errors import InputError
 from packcli.worker import where
 
@@ -21,6 +22,7 @@ class Plan:
 
     store_rows: np.ndarray  # kept samples' store rows, grouped by row, ascending sample_index in a row
     lengths: np.ndarray  # their lengths in the row (truncated where needed)
+    skips: np.ndarray  # tokens left out at their start (--truncate-side left), 0 for the others
     row_start: np.ndarray  # start of each row in store_rows (len rows + 1)
     order: packing.RowOrder
     drop_rows: dict[str, np.ndarray]  # store rows of the samples the plan leaves out, by reason
@@ -48,22 +50,32 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
         source, unit = source_of(store, int(store.sample_index[k]))
         raise InputError(
             f"{where(source, unit, int(store.positions[k]))}: the sample has {lengths[k]} tokens, "
-            f"more than {_limit_text(config)}; raise --max-len or pass --overflow drop or truncate"
+            f"more than {_limit_text(config)}; raise --max-len or pass --overflow split, truncate or drop"
         )
-    if config.overflow == "truncate":
-        nothing = too_long & (store.first_trained >= max_len)
+    cut_rows = np.zeros(0, dtype=np.int64)
+    trained_in_window = np.zeros(0, dtype=np.int64)
+    if config.overflow in ("truncate", "split"):
+        # --overflow split leaves only exchanges that fit in no row on their own too long: they are
+        # truncated as --overflow truncate does.
+        cut_rows = np.flatnonzero(too_long)
+        trained_in_window = _trained_in_windows(store, cut_rows, max_len, config.truncate_side)
+        nothing = np.zeros(len(lengths), dtype=bool)
+        nothing[cut_rows[trained_in_window == 0]] = True
         keep = ~nothing
-        truncated = int((too_long & ~nothing).sum())
+        truncated = int(len(cut_rows) - nothing.sum())
         if nothing.any():
             drop_rows["nothing_to_train_after_truncation"] = np.flatnonzero(nothing)
     elif too_long.any():
         drop_rows["too_long"] = np.flatnonzero(too_long)
+    skip = np.zeros(len(lengths), dtype=np.int64)
+    if config.truncate_side == "left":
+        skip[too_long] = lengths[too_long] - max_len
     kept = np.flatnonzero(keep)
     if len(kept) == 0:
         if len(lengths):
             raise InputError(
                 f"no sample left to pack: all {len(lengths)} tokenized samples are longer than "
-                f"{_limit_text(config)} or have nothing to train on; raise --max-len"
+                f"{_limit_text(config)} or have nothing to train on; raise --max-len, or pass --overflow split"
             )
         reasons = ", ".join(f"{k}: {v}" for k, v in store.meta["dropped"].items())
         raise InputError(
@@ -77,6 +89,7 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
     by_row = np.argsort(bins, kind="stable")
     store_rows = kept[by_row]
     row_lengths = kept_len[by_row]
+    row_skips = skip[store_rows]
     counts = np.bincount(bins)
     row_start = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=row_start[1:])
@@ -92,11 +105,13 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
     if len(order.dropped_rows):
         dropped_samples = np.concatenate([store_rows[row_start[r] : row_start[r + 1]] for r in order.dropped_rows])
         drop_rows["world_size_remainder"] = dropped_samples
-    trainable_per_sample = _trainable_in_rows(store, kept, eff)
+    trainable_per_sample = store.trainable.astype(np.int64)
+    trainable_per_sample[cut_rows] = trained_in_window
     trainable = int(trainable_per_sample[kept].sum() - trainable_per_sample[dropped_samples].sum())
     return Plan(
         store_rows=store_rows,
         lengths=row_lengths,
+        skips=row_skips,
         row_start=row_start,
         order=order,
         drop_rows=drop_rows,
@@ -119,17 +134,27 @@ def _limit_text(config: PackConfig) -> str:
     )
 
 
-def _trainable_in_rows(store: TokenStore, kept: np.ndarray, eff: np.ndarray) -> np.ndarray:
-    """Return each sample's labelled tokens as written (reads only the labels cut off by truncation)."""
-    trainable = store.trainable.astype(np.int64)
-    cut = kept[eff[kept] < store.lengths[kept]]
-    if len(cut):
-        cut_off = store.lengths[cut] - eff[cut]
-        with store.open_tokens() as reader:
-            _, tails = reader.gather(store.starts[cut] + eff[cut], cut_off)
-        owner = np.repeat(np.arange(len(cut)), cut_off)
-        trainable[cut] -= np.bincount(owner, weights=tails != -100, minlength=len(cut)).astype(np.int64)
-    return trainable
+WINDOW_TOKENS = 1 << 24  # tokens of cut samples' windows read at once
+
+
+def _trained_in_windows(store: TokenStore, rows: np.ndarray, max_len: int, side: str) -> np.ndarray:
+    """Return the trained tokens each cut sample keeps in its ``max_len`` window (``side`` right: its head).
+
+    The window's first token takes no loss (it is a sample's first token), so it is not counted. Only
+    the windows are read, a batch of samples at a time.
+    """
+    out = np.zeros(len(rows), dtype=np.int64)
+    if not len(rows):
+        return out
+    with store.open_tokens() as reader:
+        per = max(1, WINDOW_TOKENS // max_len)
+        for b in range(0, len(rows), per):
+            part = rows[b : b + per]
+            skip = store.lengths[part].astype(np.int64) - max_len if side == "left" else np.zeros(len(part), np.int64)
+            _, labels = reader.gather(store.starts[part] + skip, np.full(len(part), max_len, dtype=np.int64))
+            trained = (labels != IGNORE_INDEX).reshape(len(part), max_len)[:, 1:]
+            out[b : b + len(part)] = trained.sum(axis=1)
+    return out
 
 
 def source_of(store: TokenStore, sample_index: int) -> tuple[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,7 @@ from packcli.errors import RecordError
 from packcli.formats import detect_format, normalize
 from packcli.records import check_sample, too_deep
 from packcli.sources import RawBatch
+from packcli.split import Pieces, SplitRule, chunk_tokens, split_chat
 from packcli.tokenize import Encoder
 
 REJECT_RECORD_CHARS = 100_000
@@ -35,6 +37,9 @@ class TokenizedBatch:
     labels: np.ndarray
     rejects: list[dict[str, Any]] = field(default_factory=list)
     piece_index: np.ndarray | None = None  # per kept sample, when records were split (None: all 0)
+    records_split: int = 0
+    pieces_made: int = 0  # samples made from split records (pieces kept)
+    pieces_left_out: dict[str, int] = field(default_factory=dict)  # reason -> pieces
 
 
 # What the workers tokenize with: set by use() in the parent before the pool forks (so workers start
@@ -42,16 +47,24 @@ class TokenizedBatch:
 _CONTEXT: dict[str, Any] = {}
 
 
-def use(encoder: Encoder, fields: dict[str, str], rule_out: tuple[int, int] | None = None) -> None:
+def use(
+    encoder: Encoder,
+    fields: dict[str, str],
+    rule_out: tuple[int, int] | None = None,
+    split: SplitRule | None = None,
+) -> None:
     """Set what ``tokenize_batch`` works with in this process (and in the workers forked from it).
 
     ``rule_out`` is (max_len, the most bytes one token covers): the early too-long rule, measured on
-    the very text the encoder encodes (``ChatTemplate.text``).
+    the very text the encoder encodes (``ChatTemplate.text``). ``split`` cuts records longer than its
+    max_len into pieces (``--overflow split``, see packcli.split).
     """
     _CONTEXT.clear()
     _CONTEXT.update(encoder=encoder, fields=fields)
     if rule_out is not None:
         _CONTEXT["rule_out"] = rule_out
+    if split is not None:
+        _CONTEXT["split"] = split
 
 
 def release() -> None:
@@ -83,16 +96,38 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         except RecordError as err:
             samples.append(err)
     results = encoder.encode_batch(samples)
-    kept_index, kept_pos, ids, labels, rejects = [], [], [], [], []
+    split: SplitRule | None = _CONTEXT.get("split")
+    kept_index, kept_pos, kept_piece, ids, labels, rejects = [], [], [], [], [], []
+    left_out: Counter[str] = Counter()
+    records_split = pieces_made = 0
     for k, result in enumerate(results):
         index = batch.first_index + k
         if isinstance(result, RecordError):
             rejects.append(reject(index, batch.source, batch.positions[k], result, raws[k], batch.raw_lines))
             continue
-        kept_index.append(index)
-        kept_pos.append(batch.positions[k])
-        ids.append(result[0])
-        labels.append(result[1])
+        if split is None or len(result[0]) <= split.max_len:
+            kept_index.append(index)
+            kept_pos.append(batch.positions[k])
+            kept_piece.append(0)
+            ids.append(result[0])
+            labels.append(result[1])
+            continue
+        records_split += 1
+        pieces = _pieces(samples[k], result, split, encoder)
+        left_out.update(pieces.left_out)
+        if not pieces.pieces:
+            why = ", ".join(f"{n} {r}" for r, n in sorted(pieces.left_out.items()))
+            detail = f"the sample has {len(result[0])} tokens; no piece of it is kept ({why})"
+            err = RecordError("no_piece_left", detail)
+            rejects.append(reject(index, batch.source, batch.positions[k], err, raws[k], batch.raw_lines))
+            continue
+        pieces_made += len(pieces.pieces)
+        for p, (piece_ids, piece_labels) in enumerate(pieces.pieces):
+            kept_index.append(index)
+            kept_pos.append(batch.positions[k])
+            kept_piece.append(p)
+            ids.append(piece_ids)
+            labels.append(piece_labels)
     lengths = np.fromiter((len(x) for x in ids), dtype=np.int32, count=len(ids))
     flat_ids = np.concatenate(ids) if ids else np.zeros(0, np.int32)
     flat_labels = np.concatenate(labels) if labels else np.zeros(0, np.int32)
@@ -110,7 +145,17 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         ids=flat_ids,
         labels=flat_labels,
         rejects=rejects,
+        piece_index=np.array(kept_piece, dtype=np.int32) if records_split else None,
+        records_split=records_split,
+        pieces_made=pieces_made,
+        pieces_left_out=dict(left_out),
     )
+
+
+def _pieces(sample: Any, whole: tuple[np.ndarray, np.ndarray], split: SplitRule, encoder: Encoder) -> Pieces:
+    if sample.kind == "chat":
+        return split_chat(sample, encoder.options.train_on, split, lambda piece: encoder.encode_batch([piece])[0])
+    return chunk_tokens(whole[0], whole[1], split)
 
 
 def label_stats(labels: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -14,7 +14,7 @@ from packcli.cache import (
     TokenStore,
 )
 from packcli.config import PackConfig
-from packcli.contract import Progress, no_progress, shard_schema
+from packcli.contract import IGNORE_INDEX, Progress, no_progress, shard_schema
 from packcli.errors import OutputError, raise_if_stopped
 from packcli.plan import Plan
 from packcli.shards import (
@@ -59,7 +59,11 @@ def row_group_tables(
             np.arange(int(samples_per_row.sum()), dtype=np.int64) - np.repeat(first, samples_per_row)
         )
         store_rows = plan.store_rows[pick]
-        ids, labels = reader.gather(starts[store_rows], plan.lengths[pick])
+        ids, labels = reader.gather(starts[store_rows] + plan.skips[pick], plan.lengths[pick])
+        if plan.skips[pick].any():
+            # A sample cut on the left starts inside the record: its first token takes no loss either.
+            firsts = np.cumsum(plan.lengths[pick]) - plan.lengths[pick]
+            labels[firsts[plan.skips[pick] > 0]] = IGNORE_INDEX
         yield build_rows(
             ids,
             labels,

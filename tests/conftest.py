@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,16 @@ from packcli.cli import app
 from packcli.tokenize import default_tokenizer_dir
 
 TEMPLATES = Path(__file__).parent / "templates"
+TEMPLATE_MARKER_RE = re.compile(
+    r"<\|[^<>|\s]{1,40}\|>|<｜[^<>\s]{1,40}｜>|<[a-z_]+\|>|<\|[a-z_\"]+>|\[/?[A-Z_]{2,20}\]|</?[a-z_]{3,20}>"
+)
+
+
+def trl_templates() -> Path:
+    """The official chat templates the trl package ships (test data; trl is in the test extra)."""
+    import trl
+
+    return Path(trl.__file__).parent / "chat_templates"
 
 
 @pytest.fixture(scope="session")
@@ -139,3 +150,18 @@ def one_error_line(result: Any) -> str:
     line = one_stderr_line(result)
     assert line.startswith("Error: "), line
     return line
+
+
+@pytest.fixture(scope="session")
+def model_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any]:
+    """The 128k tokenizer with every marker of the templates as an added token, as models' tokenizers have."""
+    from transformers import AutoTokenizer
+
+    markers: set[str] = {"<think>", "</think>", "<tool_call>", "</tool_call>"}
+    for path in trl_templates().glob("*.jinja"):
+        markers |= set(TEMPLATE_MARKER_RE.findall(path.read_text(encoding="utf-8")))
+    tok = AutoTokenizer.from_pretrained(default_tokenizer_dir())
+    tok.add_special_tokens({"additional_special_tokens": sorted(markers)})
+    out = tmp_path_factory.mktemp("model-tokenizer")
+    tok.save_pretrained(out)
+    return str(out), AutoTokenizer.from_pretrained(out)

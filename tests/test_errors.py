@@ -160,7 +160,10 @@ def test_bad_flags_exit_2_with_one_line(pack: Any, chat_jsonl: Path, tmp_path: P
     from packcli.cli import main
 
     for argv, words in [
-        (["pack", str(chat_jsonl), "--overflow", "cut"], "--overflow must be one of drop, truncate, error, not 'cut'"),
+        (
+            ["pack", str(chat_jsonl), "--overflow", "cut"],
+            "--overflow must be one of drop, truncate, split, error, not 'cut'",
+        ),
         (["pack", str(chat_jsonl), "--max-len", "1"], "--max-len must be between 2 and"),
         (["pack", str(chat_jsonl), "--bogus"], "No such option: --bogus"),
         (["pack", str(chat_jsonl), "--field", "nonsense"], "--field takes NAME=FIELD"),

@@ -285,3 +285,25 @@ def test_verify_finds_broken_padding_and_weights(pack: Any, chat_jsonl: Path, tm
     assert result.exit_code == 1
     assert "1 row has loss_weights that are negative" in result.stderr
     assert "1 row has seq_lengths_unpadded values that are not the real length" in result.stderr
+
+
+def test_split_cuts_pieces_that_fit_once_padded(pack: Any, chat_jsonl: Path, tmp_path: Path) -> None:
+    # --max-len 100 with a multiple of 32: a piece may hold 96 tokens (padded to 96), not 100.
+    pack(
+        chat_jsonl,
+        "--max-len",
+        "100",
+        "--pad-to-multiple-of",
+        "32",
+        "--overflow",
+        "split",
+        "-o",
+        tmp_path / "o",
+        "--quiet",
+    )
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert manifest["counts"]["dropped"] == {} and manifest["counts"]["split"]["records_split"] > 0
+    rows = read_rows(tmp_path / "o")
+    assert max(n for r in rows for n in r["seq_lengths_unpadded"]) <= 96
+    assert all(len(r["input_ids"]) <= 100 and all(n % 32 == 0 for n in r["seq_lengths"]) for r in rows)
+    assert any(p > 0 for r in rows for p in r["piece_index"])

@@ -147,7 +147,7 @@ DAMAGE = [
 def test_damaged_cache_entry_is_rebuilt_with_one_warning(
     damage: Any, why: str, chat: Path, pack: Any, tmp_path: Path, cache_dir: Path
 ) -> None:
-    first = json.loads(pack(chat, "--max-len", "96", "-o", tmp_path / "a", "--json", "-q").stdout)
+    first = json.loads(pack(chat, "--max-len", "512", "-o", tmp_path / "a", "--json", "-q").stdout)
     assert first["cache"] == "miss"
     expected = shard_bytes(tmp_path / "a")
     entry = entry_of(cache_dir)
@@ -155,7 +155,7 @@ def test_damaged_cache_entry_is_rebuilt_with_one_warning(
     damage(entry)
     before = digest(chat)
 
-    result = pack(chat, "--max-len", "96", "-o", tmp_path / "b", "--json", "-q")
+    result = pack(chat, "--max-len", "512", "-o", tmp_path / "b", "--json", "-q")
     line = one_stderr_line(result)
     assert (
         line
@@ -167,7 +167,7 @@ def test_damaged_cache_entry_is_rebuilt_with_one_warning(
     assert summary["cache"] == "rebuilt" and summary["warnings"] == [line.removeprefix("Warning: ")]
     assert shard_bytes(tmp_path / "b") == expected
     # The rebuilt entry is whole again: the next run is a plain hit with the same shards.
-    again = pack(chat, "--max-len", "96", "-o", tmp_path / "c", "--json", "-q")
+    again = pack(chat, "--max-len", "512", "-o", tmp_path / "c", "--json", "-q")
     assert json.loads(again.stdout)["cache"] == "hit" and again.stderr == ""
     assert shard_bytes(tmp_path / "c") == expected
     assert digest(chat) == before
@@ -747,7 +747,8 @@ def test_record_that_cannot_fit_is_an_error_with_overflow_error(
     result = pack(data, "--max-len", "64", "-o", tmp_path / "out", "--overflow", "error", expect=1)
     assert one_stderr_line(result) == (
         f"Error: {data} line 2: the sample has at least {-(-n // token_bytes)} tokens, more than --max-len 64 "
-        f"({n} bytes of text, at most {token_bytes} bytes a token); raise --max-len or pass --overflow drop or truncate"
+        f"({n} bytes of text, at most {token_bytes} bytes a token); "
+        "raise --max-len or pass --overflow split, truncate or drop"
     )
     assert max(encoded_sizes) < 1000 and not (tmp_path / "out").exists()
 

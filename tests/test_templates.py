@@ -41,11 +41,6 @@ TWIN_RENDERS_OTHERWISE = {"qwen3", "qwen3_5_think", "qwen3_5_nothink", "qwen3_6"
 # The twin moves the next role's marker into the answer, so its tokens differ from the original's.
 TWIN_NOT_COMPARABLE = {"glm4moe"}
 N_CONVERSATIONS = 300
-_MARKER_RE = re.compile(
-    r"<\|[^<>|\s]{1,40}\|>|<｜[^<>\s]{1,40}｜>|<[a-z_]+\|>|<\|[a-z_\"]+>|\[/?[A-Z_]{2,20}\]|</?[a-z_]{3,20}>"
-)
-
-
 def _corpus_module() -> Any:
     path = Path(__file__).parents[1] / "benchmarks" / "make_chat_corpus.py"
     spec = importlib.util.spec_from_file_location("make_chat_corpus", path)
@@ -62,21 +57,6 @@ def conversations() -> list[list[dict[str, str]]]:
     pool = (corpus.make_conversation(7, i, 150, 0.6)["messages"] for i in range(10 * N_CONVERSATIONS))
     multi_turn = (m for m in pool if sum(x["role"] == "assistant" for x in m) >= 2)
     return [m for m, _ in zip(multi_turn, range(N_CONVERSATIONS), strict=False)]
-
-
-@pytest.fixture(scope="module")
-def model_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any]:
-    """The 128k tokenizer with every marker of the templates as an added token, as models' tokenizers have."""
-    from transformers import AutoTokenizer
-
-    markers: set[str] = {"<think>", "</think>", "<tool_call>", "</tool_call>"}
-    for path in TRL_TEMPLATES.glob("*.jinja"):
-        markers |= set(_MARKER_RE.findall(path.read_text(encoding="utf-8")))
-    tok = AutoTokenizer.from_pretrained(default_tokenizer_dir())
-    tok.add_special_tokens({"additional_special_tokens": sorted(markers)})
-    out = tmp_path_factory.mktemp("model-tokenizer")
-    tok.save_pretrained(out)
-    return str(out), AutoTokenizer.from_pretrained(out)
 
 
 def _as_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

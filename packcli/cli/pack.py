@@ -47,7 +47,34 @@ def pack(
         ),
     ] = None,
     add_eos: Annotated[bool, typer.Option("--add-eos/--no-add-eos", help="Append EOS to text and completions.")] = True,
-    overflow: Annotated[str, typer.Option(help="Samples longer than --max-len: drop, truncate or error.")] = "drop",
+    overflow: Annotated[
+        str,
+        typer.Option(
+            help="Samples longer than --max-len: drop, truncate, split (into whole pieces: turns, chunks) or error."
+        ),
+    ] = "drop",
+    truncate_side: Annotated[
+        str,
+        typer.Option(
+            "--truncate-side", help="What --overflow truncate cuts: right (keep the head) or left (keep the end)."
+        ),
+    ] = "right",
+    split_system: Annotated[
+        str,
+        typer.Option(
+            "--split-system", help="With --overflow split: the system message heads all pieces or the first only."
+        ),
+    ] = "all",
+    min_piece: Annotated[
+        int, typer.Option("--min-piece", help="With --overflow split: leave out last text chunks under N tokens.")
+    ] = 0,
+    max_drop_fraction: Annotated[
+        float | None,
+        typer.Option(
+            "--max-drop-fraction",
+            help="Fail (exit 1, nothing written) when more than this fraction of records or tokens is lost.",
+        ),
+    ] = None,
     on_error: Annotated[
         str, typer.Option("--on-error", help="Bad records: fail (default) or skip and count them.")
     ] = "fail",
@@ -124,6 +151,10 @@ def pack(
         "train_on": train_on,
         "add_eos": add_eos,
         "overflow": overflow,
+        "truncate_side": truncate_side,
+        "split_system": split_system,
+        "min_piece": min_piece,
+        "max_drop_fraction": max_drop_fraction,
         "on_error": on_error,
         "rejects": rejects,
         "algorithm": algorithm,

@@ -78,8 +78,15 @@ def print_pack_summary(summary: dict[str, Any]) -> None:
     table.add_row("packed", _fmt(summary["packed"]))
     for reason, count in summary["dropped"].items():
         table.add_row(f"dropped: {reason}", _fmt(count))
+    split = summary.get("split")
+    if split:
+        table.add_row("samples", _fmt(summary["samples"]))
+        table.add_row("split", f"{split['records_split']:,} records into {split['pieces']:,} pieces")
+        for reason, count in split["pieces_left_out"].items():
+            table.add_row(f"pieces left out: {reason}", _fmt(count))
     if summary.get("truncated"):
-        table.add_row("truncated", _fmt(summary["truncated"]))
+        label = "truncated (one exchange over --max-len)" if split is not None else "truncated"
+        table.add_row(label, _fmt(summary["truncated"]))
     if summary.get("duplicated"):
         table.add_row("duplicated (rank padding)", _fmt(summary["duplicated"]))
     table.add_row("tokens", _fmt(summary["tokens"]))

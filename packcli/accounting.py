@@ -1,0 +1,215 @@
+"""What a run keeps and what it loses: the summary's counts, and the rule that makes loss loud.
+
+Every record read is packed (at least one of its samples is in a row) or dropped with a reason:
+``records_read == packed + sum(dropped)``. With ``--overflow split`` a record may become several
+samples (pieces); ``split`` counts the records split, the pieces made, and the pieces left out by
+reason, and ``samples`` counts every sample written. ``lost`` measures what did not reach the rows:
+records dropped, and tokens (of tokenized samples) dropped or cut off by truncation.
+
+When more than ``LOUD_FRACTION`` of the records or of the tokens is lost, the summary carries one
+warning naming the top reason and the option that would keep them; ``--max-drop-fraction F`` makes
+losing more than F an error instead (nothing is written).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from packcli import packing
+from packcli.cache import TokenStore
+from packcli.config import PackConfig
+from packcli.errors import InputError
+from packcli.plan import Plan
+
+LOUD_FRACTION = 0.05
+
+# What keeps the records or tokens that a reason loses.
+KEEP_THEM = {
+    "too_long": "pass --overflow split to keep them as whole pieces (or --overflow truncate), or raise --max-len",
+    "truncated": "pass --overflow split to keep the cut tokens as pieces, or raise --max-len",
+    "nothing_to_train_after_truncation": "pass --overflow split or --truncate-side left, or raise --max-len",
+    "world_size_remainder": "pass --rank-remainder pad",
+    "no_piece_left": "lower --min-piece, or check --train-on",
+    "no_assistant_turn": "pass --train-on all to train on them, or fix the records",
+    "nothing_to_train": "check --train-on and the records' roles",
+}
+BAD_DATA = "fix the records (list them with --rejects FILE)"
+# Under --overflow split, what is still cut or dropped is an exchange that fits in no row on its own.
+KEEP_THEM_SPLIT = {
+    "truncated": "raise --max-len: these exchanges do not fit in one row on their own",
+    "nothing_to_train_after_truncation": "raise --max-len, or pass --truncate-side left",
+}
+
+
+def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str) -> dict[str, Any]:
+    """Return the summary of a run from its token store and plan (counts, fill, bounds, loss)."""
+    dropped_samples = {k: len(v) for k, v in plan.drop_rows.items()}
+    dropped = Counter(store.meta["dropped"]) + Counter(_records_lost(store, plan))
+    records = int(store.meta["records_read"])
+    rows = len(plan.order.order)
+    packed = records - sum(dropped.values())
+    padded = int(sum(np.diff(plan.row_start)[plan.order.padded_rows])) if len(plan.order.padded_rows) else 0
+    remainder = plan.drop_rows.get("world_size_remainder", np.zeros(0, np.int64))
+    tokens = plan.tokens - int(_lengths_in_rows(store, plan)[remainder].sum())
+    row_tokens_padded = sum(
+        int(plan.lengths[plan.row_start[r] : plan.row_start[r + 1]].sum()) for r in plan.order.padded_rows
+    )
+    written_tokens = tokens + row_tokens_padded
+    capacity = rows * config.max_len
+    samples = len(plan.store_rows) - len(remainder)
+    out: dict[str, Any] = {
+        "records_read": records,
+        "packed": packed,
+        "samples": samples,
+        "dropped": dict(sorted(dropped.items())),
+        "truncated": plan.truncated,
+        "duplicated": padded,
+    }
+    if "split" in store.meta:
+        split = dict(store.meta["split"])
+        if dropped_samples:
+            split["pieces_dropped_by_plan"] = _pieces_dropped(store, plan)
+        out["split"] = split
+    out |= {
+        "tokens": written_tokens,
+        "trainable_tokens": plan.trainable,
+        "rows": rows,
+        "max_len": config.max_len,
+        "fill": round(written_tokens / capacity, 6) if capacity else 0.0,
+        "lower_bound_l1": plan.bound_l1,
+        "lower_bound_l2": plan.bound_l2,
+        "rows_over_l2": plan.n_rows - plan.bound_l2,
+        "rows_over_l2_fraction": round(plan.n_rows / plan.bound_l2 - 1, 6) if plan.bound_l2 else 0.0,
+        "padding_tokens": capacity - written_tokens,
+        "alignment_padding_tokens": _alignment_padding(config, plan),
+        "rows_without_packing": samples,
+        "padding_tokens_without_packing": samples * config.max_len - tokens,
+        "algorithm": config.algorithm,
+        "world_size": config.world_size,
+        "rank_tokens": [int(x) for x in plan.order.rank_tokens],
+        "rank_token_spread": round(float(packing.rank_token_spread(plan.order.rank_tokens)), 6),
+        "cache": cache_state,
+        "output": None if config.dry_run else str(config.output),
+        "warnings": list(store.meta["tokenizer"].get("warnings", [])),
+    }
+    out["lost"] = lost = _lost(store, plan, dropped, records)
+    warning = loss_warning(lost, config)
+    if warning:
+        out["warnings"].append(warning)
+    return out
+
+
+def _alignment_padding(config: PackConfig, plan: Plan) -> int:
+    """Return the padding tokens --pad-to-multiple-of adds to the samples of the rows written."""
+    if config.pad_multiple <= 1:
+        return 0
+    extra = packing.pad_lengths(plan.lengths, config.pad_multiple, config.pad_offset) - plan.lengths
+    per_row = np.add.reduceat(extra, plan.row_start[:-1]) if len(extra) else np.zeros(0, np.int64)
+    per_row[np.diff(plan.row_start) == 0] = 0
+    return int(per_row[plan.order.order].sum())
+
+
+def _lengths_in_rows(store: TokenStore, plan: Plan) -> np.ndarray:
+    """Return each store row's length as planned in its row (0 for samples in no row)."""
+    eff = np.zeros(len(store.lengths), dtype=np.int64)
+    eff[plan.store_rows] = plan.lengths
+    return eff
+
+
+def _records_lost(store: TokenStore, plan: Plan) -> dict[str, int]:
+    """Return, by reason, the records whose every sample the plan leaves out."""
+    if not plan.drop_rows:
+        return {}
+    kept = np.ones(len(store.lengths), dtype=bool)
+    for rows in plan.drop_rows.values():
+        kept[rows] = False
+    index = store.sample_index
+    still_there = np.unique(index[kept])
+    out: dict[str, int] = {}
+    for reason, rows in plan.drop_rows.items():
+        gone = np.setdiff1d(np.unique(index[rows]), still_there)
+        # A record with samples dropped for two reasons counts under the first (in plan order).
+        still_there = np.union1d(still_there, gone)
+        if len(gone):
+            out[reason] = len(gone)
+    return out
+
+
+def _pieces_dropped(store: TokenStore, plan: Plan) -> dict[str, int]:
+    """Return, by reason, the samples of split records the plan leaves out."""
+    split_records = np.unique(store.sample_index[store.piece_index > 0])
+    out = {}
+    for reason, rows in plan.drop_rows.items():
+        n = int(np.isin(store.sample_index[rows], split_records).sum())
+        if n:
+            out[reason] = n
+    return out
+
+
+def _lost(store: TokenStore, plan: Plan, dropped: Counter[str], records: int) -> dict[str, Any]:
+    """Return what did not reach the rows: records by reason, tokens by reason, and both fractions."""
+    tokens_by_reason: Counter[str] = Counter()
+    eff = _lengths_in_rows(store, plan)
+    for reason, rows in plan.drop_rows.items():
+        # Samples in rows left out by --world-size lose what the rows held; the others all they had.
+        lengths = eff if reason == "world_size_remainder" else store.lengths
+        tokens_by_reason[reason] += int(lengths[rows].sum())
+    cut = int(store.lengths[plan.store_rows].sum()) - int(plan.lengths.sum())
+    if cut > 0:
+        tokens_by_reason["truncated"] += cut
+    total_tokens = int(store.lengths.sum())
+    records_lost = sum(dropped.values())
+    tokens_lost = sum(tokens_by_reason.values())
+    return {
+        "records": records_lost,
+        "records_fraction": round(records_lost / records, 6) if records else 0.0,
+        "tokens": tokens_lost,
+        "tokens_fraction": round(tokens_lost / total_tokens, 6) if total_tokens else 0.0,
+        "records_by_reason": dict(sorted(dropped.items())),
+        "tokens_by_reason": dict(sorted(tokens_by_reason.items())),
+    }
+
+
+def _worst(lost: dict[str, Any]) -> tuple[str, str]:
+    """Return the measure (records or tokens) with the larger loss, and its top reason."""
+    by_records, by_tokens = lost["records_by_reason"], lost["tokens_by_reason"]
+    if lost["records_fraction"] >= lost["tokens_fraction"] and by_records:
+        return "records", max(by_records, key=lambda r: (by_records[r], r))
+    if by_tokens:
+        return "tokens", max(by_tokens, key=lambda r: (by_tokens[r], r))
+    return "records", max(by_records, key=lambda r: (by_records[r], r)) if by_records else ""
+
+
+def loss_words(lost: dict[str, Any], config: PackConfig) -> str:
+    """Describe the loss in one clause: how much, the top reason, and what keeps it."""
+    measure, reason = _worst(lost)
+    fraction = lost[f"{measure}_fraction"]
+    count = lost[f"{measure}_by_reason"].get(reason, 0)
+    what = "records" if measure == "records" else "tokens"
+    hints = KEEP_THEM | (KEEP_THEM_SPLIT if config.overflow == "split" else {})
+    fix = hints.get(reason, BAD_DATA)
+    if reason == "too_long":
+        reason = f"too_long, over --max-len {config.max_len}"
+    return (
+        f"{fraction:.1%} of the {what} were lost ({lost['records']:,} records dropped, {lost['tokens']:,} tokens); "
+        f"top reason {reason} ({count:,} {what}): {fix}"
+    )
+
+
+def loss_warning(lost: dict[str, Any], config: PackConfig) -> str | None:
+    """Return the warning for a loss above LOUD_FRACTION of records or tokens, else None."""
+    if max(lost["records_fraction"], lost["tokens_fraction"]) <= LOUD_FRACTION:
+        return None
+    return loss_words(lost, config)
+
+
+def check_loss(config: PackConfig, summary: dict[str, Any]) -> None:
+    """Raise InputError when the run loses more than --max-drop-fraction of its records or tokens."""
+    limit = config.max_drop_fraction
+    lost = summary["lost"]
+    if limit is None or max(lost["records_fraction"], lost["tokens_fraction"]) <= limit:
+        return
+    raise InputError(f"{loss_words(lost, config)}; that is more than --max-drop-fraction {limit}")
