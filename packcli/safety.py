@@ -31,6 +31,8 @@ LOCK_IN_OUTPUT = ".packcli.lock"
 IN_PLACE_PREFIX = ".packcli-partial-"
 # Keys every manifest packcli writes has; a manifest.json without them is someone else's file.
 MANIFEST_KEYS = ("packcli_version", "options", "shards", "columns")
+# The files output formats keep beside their shards (shard_formats: MDS's index, Megatron's metadata).
+INDEX_FILES = ("index.json", "packing_metadata.json")
 
 
 def owner_tag() -> str:
@@ -232,7 +234,7 @@ def check_paths(
     if output in target.parents:
         relative = target.relative_to(output)
         first = relative.parts[0]
-        if first == MANIFEST or first.startswith(("shard-", ".")):
+        if first == MANIFEST or first in INDEX_FILES or first.startswith(("shard-", ".")):
             raise UsageError(f"--rejects {rejects}: collides with a file packcli writes in the output; rename it")
         return relative
     return None

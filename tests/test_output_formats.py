@@ -307,3 +307,13 @@ def test_split_cuts_pieces_that_fit_once_padded(pack: Any, chat_jsonl: Path, tmp
     assert max(n for r in rows for n in r["seq_lengths_unpadded"]) <= 96
     assert all(len(r["input_ids"]) <= 100 and all(n % 32 == 0 for n in r["seq_lengths"]) for r in rows)
     assert any(p > 0 for r in rows for p in r["piece_index"])
+
+
+def test_rejects_cannot_take_the_name_of_an_index_file(pack: Any, chat_jsonl: Path, tmp_path: Path) -> None:
+    from packcli import safety
+    from packcli.shard_formats import FORMATS
+
+    assert set(safety.INDEX_FILES) == {name for f in FORMATS.values() for name in f.index_files}
+    out = tmp_path / "out"
+    result = pack(chat_jsonl, "--output-format", "mds", "-o", out, "--rejects", out / "index.json", expect=2)
+    assert "collides with a file packcli writes in the output" in one_error_line(result)
