@@ -125,6 +125,15 @@ def test_ray_engine_writes_what_the_local_engine_writes(local_ray: Any, corpus: 
         assert (stores["local"] / name).read_bytes() == (stores["ray"] / name).read_bytes(), name
 
 
+def test_split_pieces_are_cut_on_ray_as_locally(local_ray: Any, corpus: Path, tmp_path: Path) -> None:
+    """--overflow split: the tokenizer actors cut the same pieces as the local workers."""
+    flags = ["--max-len", "128", "--overflow", "split", "--on-error", "skip", "--json", "-q"]
+    local = json.loads(run_pack(corpus, "-o", tmp_path / "local", *flags).stdout)
+    remote = json.loads(run_pack(corpus, "-o", tmp_path / "ray", *flags, "--engine", "ray").stdout)
+    assert local["split"]["records_split"] > 10 and local["split"] == remote["split"]
+    assert_same_shards(tmp_path / "local", tmp_path / "ray")
+
+
 def test_ray_writer_tasks_on_a_cached_store(local_ray: Any, corpus: Path, tmp_path: Path) -> None:
     """Arrow shards, padding, truncation and rank padding: only the writing runs on Ray (cache hit)."""
     cache = tmp_path / "cache"

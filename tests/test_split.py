@@ -289,3 +289,34 @@ def test_loss_is_loud_and_max_drop_fraction_fails(tmp_path: Path, pack: Any) -> 
     assert kept["warnings"] == [] and kept["dropped"] == {}
     assert 0 < kept["lost"]["tokens_fraction"] <= 0.05  # one exchange longer than a row, truncated
     assert kept["lost"]["tokens_by_reason"].keys() == {"truncated"} and kept["truncated"] >= 1
+
+
+def test_stats_shows_what_each_policy_keeps_as_pack_would(tmp_path: Path, pack: Any, cache_dir: Path) -> None:
+    conversations = _conversations() + make_conversations(20, seed=3, max_turns=1, max_words=10)
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in conversations])
+    result = CliRunner().invoke(
+        app, ["stats", str(data), "--max-len", f"{MAX_LEN},100000", "--json", "--cache-dir", str(cache_dir)]
+    )
+    assert result.exit_code == 0, result.stderr
+    short, long = json.loads(result.stdout)["max_lens"]
+    policies = short["policies"]
+    assert list(policies) == ["drop", "truncate", "truncate-left", "split"]
+    trained = [policies[p]["trainable_tokens"] for p in ("drop", "truncate", "split")]
+    assert trained[0] < trained[1] < trained[2]
+    assert len({tuple(p.values()) for p in long["policies"].values()}) == 1  # nothing too long: all the same
+    assert long["policies"]["drop"]["trainable_fraction"] == 1.0
+    for policy, flags in (
+        ("split", ["--overflow", "split"]),
+        ("truncate-left", ["--overflow", "truncate", "--truncate-side", "left"]),
+        ("drop", []),
+    ):
+        out = tmp_path / policy
+        summary = json.loads(pack(data, "--max-len", MAX_LEN, *flags, "-o", out, "--json", "-q").stdout)
+        expect = policies[policy]
+        assert (summary["packed"], summary["samples"], summary["trainable_tokens"]) == (
+            expect["records"],
+            expect["samples"],
+            expect["trainable_tokens"],
+        ), policy
+        if policy == "split":
+            assert summary["cache"] == "hit"  # stats tokenized the pieces into the cache

@@ -213,6 +213,17 @@ def print_raw_stats(r: dict[str, Any]) -> None:
             f"{line['rows_over_l2']:,}",
         )
     out.print(table)
+    kept = Table(title="what each --overflow policy keeps (records / trainable tokens)", title_justify="left")
+    kept.add_column("max-len", justify="right")
+    for policy in ("drop", "truncate", "truncate-left", "split"):
+        kept.add_column(policy, justify="right")
+    for line in r["max_lens"]:
+        cells = [
+            f"{p['records']:,} / {p['trainable_tokens']:,} ({p['trainable_fraction']:.1%})"
+            for p in (line["policies"][name] for name in ("drop", "truncate", "truncate-left", "split"))
+        ]
+        kept.add_row(f"{line['max_len']:,}", *cells)
+    out.print(kept)
     out.print(_histogram_table("sample length (tokens)", "tokens", "samples", r["length_histogram"]))
 
 
@@ -257,7 +268,8 @@ def print_row(result: Any) -> None:
         if seg.padding:
             out.rule(Text(f"padding: {seg.length:,} tokens (sample_index -1)", style=MASKED_STYLE), align="left")
             continue
-        title = f"sample_index {seg.sample_index}: {seg.length:,} tokens, {seg.trained_tokens:,} trained"
+        name = f"sample_index {seg.sample_index}" + (f" piece {seg.piece_index}" if seg.piece_index else "")
+        title = f"{name}: {seg.length:,} tokens, {seg.trained_tokens:,} trained"
         style = "bold yellow" if seg.sample_index == result.requested_sample_index else "bold"
         out.rule(Text(title, style=style), align="left")
         body = Text()

@@ -86,7 +86,7 @@ class TokenizeActor:
                 "driver's; install the same tokenizer files on every node (or pass a Hub name)"
             )
         self.fn = settings["fn"]
-        worker.use(encoder, settings["fields"])
+        worker.use(encoder, settings["fields"], split=settings["split"])
 
     def __call__(self, table: pa.Table) -> pa.Table:
         ids = table.column("batch_id").to_pylist()
@@ -105,6 +105,7 @@ def _actor_class(fn: Callable[..., Any], config: PackConfig, encoder: Encoder) -
         "chat_template": _absolute_if_local(config.chat_template),
         "options": ingest.encode_options(config),
         "fields": dict(config.fields),
+        "split": ingest.split_rule(config),
         "identity": encoder.identity(),
     }
     return type("TokenizeActor", (TokenizeActor,), {"settings": settings})

@@ -45,6 +45,7 @@ class Segment:
     pieces: list[Piece]
     input_ids: list[int]
     trained: list[bool]
+    piece_index: int = 0  # the piece of a record split by --overflow split
 
 
 @dataclass
@@ -140,10 +141,13 @@ def inspect_row(
     segments = []
     start = 0
     # Not strict: a damaged row still decodes as far as its columns agree (verify says what is wrong).
-    for index, length in zip(data["sample_index"], data["seq_lengths"], strict=False):
+    piece_of = data.get("piece_index") or [0] * len(data["sample_index"])  # none before piece_index existed
+    for index, piece, length in zip(data["sample_index"], piece_of, data["seq_lengths"], strict=False):
         seg_ids = ids[start : start + length]
         seg_trained = trained[start : start + length]
-        segments.append(_segment(decoder, int(index), start, seg_ids, seg_trained))
+        segment = _segment(decoder, int(index), start, seg_ids, seg_trained)
+        segment.piece_index = int(piece)
+        segments.append(segment)
         start += length
     return InspectedRow(
         directory=str(directory),

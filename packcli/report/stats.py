@@ -268,7 +268,9 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
         trainable = int(store.trainable.astype(np.int64).sum())
         meta = store.meta
         tokenizer_name = config.tokenizer or DEFAULT_TOKENIZER
-    lines = [_what_if(lengths, m, batch_size) for m in max_lens]
+        lines = [_what_if(lengths, m, batch_size) for m in max_lens]
+        for line in lines:
+            line["policies"] = _kept_by_policy(config, store, line["max_len"], trainable, progress)
     upper = max(int(lengths.max()) if len(lengths) else 0, max(max_lens))
     return {
         "mode": "raw",
@@ -286,6 +288,55 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
         "max_lens": lines,
         **({"warnings": warnings} if warnings else {}),
     }
+
+
+# What each --overflow policy keeps; truncate-left is --overflow truncate --truncate-side left.
+POLICIES = ("drop", "truncate", "truncate-left", "split")
+
+
+def _kept_by_policy(
+    config: Any, store: Any, max_len: int, trainable_total: int, progress: Any
+) -> dict[str, dict[str, Any]]:
+    """Return, per overflow policy, the records, samples, tokens and trainable tokens a pack would keep.
+
+    drop and truncate are planned from the store at hand; split cuts the records longer than
+    ``max_len`` as ``pack --overflow split`` does, which tokenizes the inputs again (into the cache,
+    so a ``pack --overflow split`` at that length afterwards is a cache hit). Where nothing is too long
+    all policies keep everything, and nothing is tokenized again.
+    """
+    from dataclasses import replace
+
+    from packcli import accounting
+    from packcli.errors import InputError
+    from packcli.pipeline import tokenized_inputs
+    from packcli.plan import make_plan
+
+    def kept(cfg: Any, tokens: Any) -> dict[str, Any]:
+        try:
+            summary = accounting.summary(cfg, tokens, make_plan(cfg, tokens), "")
+        except InputError:  # nothing left to pack
+            summary = {"packed": 0, "samples": 0, "tokens": 0, "trainable_tokens": 0}
+        return {
+            "records": summary["packed"],
+            "samples": summary["samples"],
+            "tokens": summary["tokens"],
+            "trainable_tokens": summary["trainable_tokens"],
+            "trainable_fraction": round(summary["trainable_tokens"] / trainable_total, 6) if trainable_total else 0.0,
+        }
+
+    base = replace(config, max_len=max_len, world_size=1, pad_to_max=False)
+    out = {
+        "drop": kept(replace(base, overflow="drop"), store),
+        "truncate": kept(replace(base, overflow="truncate"), store),
+        "truncate-left": kept(replace(base, overflow="truncate", truncate_side="left"), store),
+    }
+    if int(store.lengths.max(initial=0)) <= max_len:
+        out["split"] = dict(out["drop"])
+    else:
+        split = replace(base, overflow="split")
+        with tokenized_inputs(split, progress) as pieces:
+            out["split"] = kept(split, pieces.store)
+    return out
 
 
 def _what_if(lengths: np.ndarray, max_len: int, batch_size: int) -> dict[str, Any]:
