@@ -20,6 +20,7 @@ chunk shorter than ``--min-piece`` is left out (counted), as is a chunk with not
 from __future__ import annotations
 
 import itertools
+import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -69,9 +70,17 @@ def exchanges(messages: list[dict[str, Any]]) -> tuple[int, list[tuple[int, int]
 
 
 def split_chat(
-    sample: Sample, train_on: str, rule: SplitRule, encode: Callable[[Sample], Encoded | RecordError]
+    sample: Sample,
+    train_on: str,
+    rule: SplitRule,
+    encode: Callable[[Sample], Encoded | RecordError],
+    whole_tokens: int | None = None,
 ) -> Pieces:
-    """Cut a conversation into pieces of whole exchanges that fit in ``rule.max_len`` tokens."""
+    """Cut a conversation into pieces of whole exchanges that fit in ``rule.max_len`` tokens.
+
+    ``whole_tokens`` (the record's own token count; encoded here when not given) only guides where
+    the search starts.
+    """
     messages = sample.messages or []
     head, spans = exchanges(messages)
     resolved = resolve_train_on(sample, train_on)
@@ -92,12 +101,36 @@ def split_chat(
         lo, hi = spans[a][0], spans[b - 1][1]
         return any(lo <= i < hi for i in trained)
 
+    # Where to start looking: each exchange's share of tokens by its characters, at the tokens per
+    # character of the whole record, then of the last piece encoded (pieces of one conversation are
+    # alike). Real encodes then move the cut to where it fits (usually two: the piece, one exchange more).
+    chars = [sum(len(json.dumps(m, ensure_ascii=False, default=str)) for m in messages[lo:hi]) for lo, hi in spans]
+    head_chars = sum(len(json.dumps(m, ensure_ascii=False, default=str)) for m in messages[:head])
+    prefix = [0, *itertools.accumulate(chars)]
+
+    def chars_of(a: int, b: int) -> int:
+        with_head = rule.system == "all" or a == 0
+        return (head_chars if with_head else 0) + prefix[b] - prefix[a]
+
+    if whole_tokens is None:
+        whole = encode(sample)
+        whole_tokens = rule.max_len + 1 if isinstance(whole, RecordError) else len(whole[0])
+    per_char = [whole_tokens / max(1, head_chars + prefix[-1])]
+
+    def estimate(a: int, b: int) -> float:
+        return per_char[0] * chars_of(a, b)
+
     def length(a: int, b: int) -> int:
         """Tokens of the piece of exchanges [a, b); a piece the template cannot render counts as too long."""
         if (a, b) not in cache:
-            cache[(a, b)] = encode(piece(a, b))
+            cache[(a, b)] = got = encode(piece(a, b))
+            if not isinstance(got, RecordError):
+                per_char[0] = len(got[0]) / max(1, chars_of(a, b))
         got = cache[(a, b)]
         return rule.max_len + 1 if isinstance(got, RecordError) else len(got[0])
+
+    def fits(a: int, b: int) -> bool:
+        return length(a, b) <= rule.max_len
 
     backward = resolved in ("last_assistant", "completion")
     ranges: list[tuple[int, int]] = []
@@ -105,7 +138,11 @@ def split_chat(
         b = len(spans)
         while b > 0:
             a = b - 1
-            while a > 0 and length(a - 1, b) <= rule.max_len:
+            while a > 0 and estimate(a - 1, b) <= rule.max_len:
+                a -= 1
+            while a < b - 1 and not fits(a, b):
+                a += 1
+            while a > 0 and fits(a - 1, b):
                 a -= 1
             ranges.append((a, b))
             b = a
@@ -114,7 +151,11 @@ def split_chat(
         a = 0
         while a < len(spans):
             b = a + 1
-            while b < len(spans) and length(a, b + 1) <= rule.max_len:
+            while b < len(spans) and estimate(a, b + 1) <= rule.max_len:
+                b += 1
+            while b > a + 1 and not fits(a, b):
+                b -= 1
+            while b < len(spans) and fits(a, b + 1):
                 b += 1
             ranges.append((a, b))
             a = b

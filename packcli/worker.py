@@ -154,7 +154,8 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
 
 def _pieces(sample: Any, whole: tuple[np.ndarray, np.ndarray], split: SplitRule, encoder: Encoder) -> Pieces:
     if sample.kind == "chat":
-        return split_chat(sample, encoder.options.train_on, split, lambda piece: encoder.encode_batch([piece])[0])
+        encode = lambda piece: encoder.encode_batch([piece])[0]  # noqa: E731
+        return split_chat(sample, encoder.options.train_on, split, encode, len(whole[0]))
     return chunk_tokens(whole[0], whole[1], split)
 
 

@@ -320,3 +320,41 @@ def test_stats_shows_what_each_policy_keeps_as_pack_would(tmp_path: Path, pack: 
         ), policy
         if policy == "split":
             assert summary["cache"] == "hit"  # stats tokenized the pieces into the cache
+
+
+def test_the_cut_is_found_with_few_encodes(model_tokenizer: tuple[str, Any]) -> None:
+    """Many short exchanges: the search starts from the record's own tokens per character, so each piece
+    costs about two encodes (itself and one exchange more), not one per exchange."""
+    tok_dir, _ = model_tokenizer
+    encoder = Encoder(tok_dir, None, EncodeOptions())
+    messages = [{"role": "system", "content": "Be brief."}]
+    for k in range(60):
+        messages += [
+            {"role": "user", "content": f"q{k} " * (3 + k % 5)},
+            {"role": "assistant", "content": f"a{k} " * 6},
+        ]
+    sample = Sample("chat", messages=messages)
+    whole = encoder.encode_batch([sample])[0]
+    calls = []
+
+    def encode(piece: Sample) -> Any:
+        calls.append(len(piece.messages or []))
+        return encoder.encode_batch([piece])[0]
+
+    pieces = split_chat(sample, "auto", SplitRule(512), encode, len(whole[0]))
+    assert len(pieces.pieces) >= 4
+    assert len(calls) <= 4 * len(pieces.pieces), (len(calls), len(pieces.pieces))
+    # and the pieces are still as long as fit: the cuts a plain search, one exchange at a time, finds
+    head, runs = _exchanges(messages)
+
+    def tokens(a: int, b: int) -> np.ndarray:
+        return encoder.encode_batch([Sample("chat", messages=head + [m for r in runs[a:b] for m in r])])[0][0]
+
+    expected, a = [], 0
+    while a < len(runs):
+        b = a + 1
+        while b < len(runs) and len(tokens(a, b + 1)) <= 512:
+            b += 1
+        expected.append(tokens(a, b).tolist())
+        a = b
+    assert [p[0].tolist() for p in pieces.pieces] == expected
