@@ -344,6 +344,8 @@ def _write_rejects(path: Path, store: TokenStore, plan: Plan) -> None:
                         "reason": reason,
                         "detail": f"{int(store.lengths[r])} tokens",
                     }
+                    if store.piece_index[r]:
+                        reject["piece_index"] = int(store.piece_index[r])
                     out.write(json.dumps(reject) + "\n")
         os.replace(tmp, path)
     except OSError as exc:

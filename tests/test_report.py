@@ -29,6 +29,7 @@ STATS_KEYS = {
     "rows",
     "sequences",
     "samples",
+    "records",
     "tokens",
     "trainable_tokens",
     "padding_tokens",
@@ -70,6 +71,7 @@ RAW_KEYS = {
 }
 RAW_LINE_KEYS = {
     "max_len",
+    "policies",
     "samples_fit",
     "samples_too_long",
     "tokens",
@@ -88,6 +90,7 @@ RAW_LINE_KEYS = {
 VERIFY_KEYS = {"ok", "directory", "shards", "rows", "tokens", "sequences", "samples", "problems"}
 SEGMENT_KEYS = {
     "sample_index",
+    "piece_index",
     "start",
     "length",
     "padding",

@@ -199,6 +199,9 @@ def test_split_end_to_end_keeps_every_answer_and_counts(tmp_path: Path, pack: An
                 assert m["content"].strip()[:20] in trained[i]
     verify = CliRunner().invoke(app, ["verify", str(out)])
     assert verify.exit_code == 0, verify.stderr
+    stats = json.loads(CliRunner().invoke(app, ["stats", str(out), "--json"]).stdout)
+    assert (stats["samples"], stats["records"]) == (summary["samples"], summary["packed"])
+    assert stats["lower_bound_l2"] == summary["lower_bound_l2"]  # pieces are separate samples in the bounds
 
 
 def test_text_chunks_concatenate_back_and_min_piece(tmp_path: Path, pack: Any, base_tokenizer: Any) -> None:

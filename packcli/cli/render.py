@@ -125,7 +125,8 @@ def print_packed_stats(r: dict[str, Any]) -> None:
     table.add_column("what", style="bold")
     table.add_column("value", justify="right")
     table.add_row("rows", f"{r['rows']:,} in {r['shards']} shard{'s' if r['shards'] != 1 else ''}")
-    table.add_row("sequences", f"{r['sequences']:,} ({r['samples']:,} distinct samples)")
+    of_records = f" of {r['records']:,} records" if r.get("records", r["samples"]) != r["samples"] else ""
+    table.add_row("sequences", f"{r['sequences']:,} ({r['samples']:,} distinct samples{of_records})")
     table.add_row("tokens", f"{r['tokens']:,}")
     table.add_row("trainable tokens", f"{r['trainable_tokens']:,} ({_ratio(r['trainable_tokens'], r['tokens'])})")
     table.add_row("padding tokens", f"{r['padding_tokens']:,} (to max_len {r['max_len']:,})")

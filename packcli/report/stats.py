@@ -147,13 +147,16 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     row_samples: list[np.ndarray] = []
     seq_index: list[np.ndarray] = []
     seq_length: list[np.ndarray] = []
+    seq_piece: list[np.ndarray] = []
     trainable = 0
     segment_padding = 0
     shards = manifest.get("shards", [])
     for entry in shards:
         path = directory / entry["file"]
         try:
-            for batch in shard_batches(path, ["labels", "seq_lengths", "sample_index"]):
+            columns = ["labels", "seq_lengths", "sample_index"]
+            columns += ["piece_index"] if "piece_index" in (manifest.get("columns") or []) else []
+            for batch in shard_batches(path, columns):
                 row_len, labels = list_parts(batch.column("labels"))
                 segs, lengths = list_parts(batch.column("seq_lengths"))
                 _, index = list_parts(batch.column("sample_index"))
@@ -165,6 +168,9 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
                 row_tokens.append(row_len - pad_per_row)
                 row_samples.append(segs - np.bincount(seg_row[pad], minlength=len(segs)))
                 seq_index.append(index[~pad].astype(np.int64))
+                if "piece_index" in columns:
+                    _, piece = list_parts(batch.column("piece_index"))
+                    seq_piece.append(piece[~pad].astype(np.int64))
                 seq_length.append(lengths[~pad].astype(np.int64))
         except (OSError, pa.ArrowException, KeyError) as exc:
             raise OutputError(
@@ -174,10 +180,12 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     samples_per_row = _concat(row_samples)
     index = _concat(seq_index)
     lengths = _concat(seq_length)
+    pieces = _concat(seq_piece) if seq_piece else np.zeros(len(index), np.int64)
     rows = len(per_row)
     tokens = int(lengths.sum())
-    # Rank padding (--rank-remainder pad) repeats whole rows; bounds and what-ifs count a sample once.
-    distinct, first = np.unique(index, return_index=True)
+    # Rank padding (--rank-remainder pad) repeats whole rows; bounds and what-ifs count a sample (one
+    # (sample_index, piece_index) pair) once. Sorted by the pair: input order.
+    distinct, first = np.unique(np.stack([index, pieces], axis=1), axis=0, return_index=True)
     distinct_lengths = lengths[first]
     if len(distinct_lengths) and not 1 <= int(distinct_lengths.min()) <= int(distinct_lengths.max()) <= max_len:
         raise OutputError(
@@ -197,6 +205,7 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
         "rows": rows,
         "sequences": len(lengths),
         "samples": len(distinct),
+        "records": len(np.unique(index)),
         "tokens": tokens,
         "trainable_tokens": trainable,
         "padding_tokens": padding_tokens,
