@@ -85,6 +85,7 @@ def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str)
         "rows_over_l2": plan.n_rows - plan.bound_l2,
         "rows_over_l2_fraction": round(plan.n_rows / plan.bound_l2 - 1, 6) if plan.bound_l2 else 0.0,
         "padding_tokens": capacity - written_tokens,
+        "alignment_padding_tokens": _alignment_padding(config, plan),
         "rows_without_packing": samples,
         "padding_tokens_without_packing": samples * config.max_len - tokens,
         "algorithm": config.algorithm,
@@ -100,6 +101,16 @@ def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str)
     if warning:
         out["warnings"].append(warning)
     return out
+
+
+def _alignment_padding(config: PackConfig, plan: Plan) -> int:
+    """Return the padding tokens --pad-to-multiple-of adds to the samples of the rows written."""
+    if config.pad_multiple <= 1:
+        return 0
+    extra = packing.pad_lengths(plan.lengths, config.pad_multiple, config.pad_offset) - plan.lengths
+    per_row = np.add.reduceat(extra, plan.row_start[:-1]) if len(extra) else np.zeros(0, np.int64)
+    per_row[np.diff(plan.row_start) == 0] = 0
+    return int(per_row[plan.order.order].sum())
 
 
 def _lengths_in_rows(store: TokenStore, plan: Plan) -> np.ndarray:

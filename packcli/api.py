@@ -28,6 +28,7 @@ from typing import Any
 
 from packcli.contract import Progress
 from packcli.errors import PackcliError, UsageError, reset_stop
+from packcli.shard_formats import format_of, read_shard
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,12 @@ class PackResult:
         """Return the shards as a ``datasets.Dataset`` (rows in order), ready for a Trainer."""
         from datasets import Dataset, concatenate_datasets
 
+        if self.shards and format_of(self.shards[0]).name in ("mds", "megatron"):
+            # Read back as packcli rows (in memory): the layouts of other trainers are not datasets' own.
+            import pyarrow as pa
+            from datasets.table import InMemoryTable
+
+            return Dataset(InMemoryTable(pa.concat_tables([read_shard(p) for p in self.shards])))
         parts = [Dataset.from_parquet(str(p)) for p in self.shards if p.suffix == ".parquet"]
         if not parts:
             parts = [Dataset.from_file(str(p)) for p in self.shards]

@@ -20,6 +20,14 @@ sample, and ``seq_lengths``. Two batch layouts keep the samples independent in a
     not grow by exactly one starts a new sequence, so the padding's restart at 0 makes it a sequence of
     its own, never attended to by a real token and never trained on.
 
+Rows packed with ``--pad-to-multiple-of`` (or ``--context-parallel``) carry ``seq_lengths_unpadded``:
+each sample is padded inside its own segment, so ``seq_lengths``, ``position_ids`` and
+``cu_seq_lens_q``/``_k`` describe the padded samples (what attention runs on), and flatten mode adds
+``cu_seq_lens_unpadded``, the real boundaries (Transformer Engine's ``cu_seqlens`` beside
+``cu_seqlens_padded``; padding segments count 0 real tokens). Rows packed with ``--loss-weighting``
+carry ``loss_weights``: both layouts pass them on as a float32 ``loss_weights`` tensor (0 in the
+padding) for ``weighted_loss``; take it out of the batch before calling the model.
+
 Neither layout returns an ``attention_mask``: transformers only looks for packed sequences in
 ``position_ids`` when the attention mask is None, so even an all-ones mask would make every sample
 attend to the samples before it in the row. The model must also run with ``use_cache=False``: with a
@@ -50,8 +58,9 @@ class PackedCollator:
             above; in flatten mode it is also its own entry in ``cu_seq_lens``.
 
     Each row needs ``input_ids``, ``labels`` and ``position_ids``; ``seq_lengths`` is used for the
-    sample boundaries when present, otherwise they are read from where ``position_ids`` is 0. Other
-    columns (``sample_index``) are ignored. Values may be lists, numpy arrays or tensors.
+    sample boundaries when present, otherwise they are read from where ``position_ids`` is 0.
+    ``seq_lengths_unpadded`` and ``loss_weights`` are passed on when every row of the batch has them.
+    Other columns (``sample_index``) are ignored. Values may be lists, numpy arrays or tensors.
     """
 
     def __init__(self, mode: Mode = "flatten", pad_token_id: int = 0, pad_to_multiple_of: int | None = None) -> None:
@@ -74,6 +83,13 @@ class PackedCollator:
         if len(rows) == 0:
             raise ValueError("cannot collate an empty batch")
         parsed = [_parse_row(row, k) for k, row in enumerate(rows)]
+        for name in ("unpadded", "weights"):
+            having = [getattr(r, name) is not None for r in parsed]
+            if any(having) and not all(having):
+                column = "seq_lengths_unpadded" if name == "unpadded" else "loss_weights"
+                raise ValueError(
+                    f"some rows of the batch have a '{column}' column and some do not; batch rows of one output"
+                )
         if self.mode == "flatten":
             return self._flatten(parsed)
         return self._padded(parsed)
@@ -87,15 +103,25 @@ class PackedCollator:
         labels = torch.cat([r.labels for r in parsed])
         positions = torch.cat([r.position_ids for r in parsed])
         lengths = torch.cat([r.seq_lengths for r in parsed])
+        unpadded = torch.cat([r.unpadded for r in parsed]) if parsed[0].unpadded is not None else None
+        weights = torch.cat([r.weights for r in parsed]) if parsed[0].weights is not None else None
         pad = self._round(len(ids)) - len(ids)
         if pad:
             ids = torch.cat([ids, torch.full((pad,), self.pad_token_id, dtype=torch.long)])
             labels = torch.cat([labels, torch.full((pad,), IGNORE_INDEX, dtype=torch.long)])
             positions = torch.cat([positions, torch.arange(pad, dtype=torch.long)])
             lengths = torch.cat([lengths, torch.tensor([pad], dtype=torch.long)])
-        cu_seq_lens = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-        cu_seq_lens[1:] = torch.cumsum(lengths, dim=0)
+            if unpadded is not None:
+                unpadded = torch.cat([unpadded, torch.zeros(1, dtype=torch.long)])
+            if weights is not None:
+                weights = torch.cat([weights, torch.zeros(pad, dtype=torch.float32)])
+        cu_seq_lens = _cumulative(lengths)
         max_length = int(lengths.max())
+        extra: dict[str, Any] = {}
+        if unpadded is not None:
+            extra["cu_seq_lens_unpadded"] = _cumulative(unpadded)
+        if weights is not None:
+            extra["loss_weights"] = weights.unsqueeze(0)
         return {
             "input_ids": ids.unsqueeze(0),
             "labels": labels.unsqueeze(0),
@@ -104,6 +130,7 @@ class PackedCollator:
             "cu_seq_lens_k": cu_seq_lens.clone(),
             "max_length_q": max_length,
             "max_length_k": max_length,
+            **extra,
         }
 
     def _padded(self, parsed: list[_Row]) -> dict[str, Any]:
@@ -112,13 +139,53 @@ class PackedCollator:
         ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
         labels = torch.full((batch, width), IGNORE_INDEX, dtype=torch.long)
         positions = torch.arange(width, dtype=torch.long).repeat(batch, 1)
+        weights = torch.zeros((batch, width), dtype=torch.float32) if parsed[0].weights is not None else None
         for k, r in enumerate(parsed):
             n = len(r.input_ids)
             ids[k, :n] = r.input_ids
             labels[k, :n] = r.labels
             positions[k, :n] = r.position_ids
             positions[k, n:] -= n  # the padding counts from 0 again: a segment of its own
-        return {"input_ids": ids, "labels": labels, "position_ids": positions}
+            if weights is not None:
+                weights[k, :n] = r.weights
+        out = {"input_ids": ids, "labels": labels, "position_ids": positions}
+        if weights is not None:
+            out["loss_weights"] = weights
+        return out
+
+
+def weighted_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    loss_weights: torch.Tensor,
+    num_items_in_batch: float | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Return the weighted causal-LM loss: sum over trained tokens of w_t * CE_t, over the weight total.
+
+    ``logits`` [B, T, V] (or [T, V]), ``labels`` and ``loss_weights`` [B, T] (or [T]) as the collator
+    returns them: labels unshifted, so the logit at t is scored on the label (and weight) at t + 1.
+    The denominator is ``num_items_in_batch`` when given, else the batch's weight total. Under
+    gradient accumulation (and data parallelism), pass the weight total of every micro-batch of the
+    optimizer step (on every rank): the sum of their ``loss_weights``, as the Trainer's
+    ``num_items_in_batch`` counts trained tokens for the unweighted loss. With ``--loss-weighting
+    sample`` that total is the number of samples trained in the step, and the loss is the mean of
+    the samples' mean token losses.
+    """
+    logits = logits[..., :-1, :].float()
+    target = labels[..., 1:].reshape(-1).to(logits.device)
+    weights = loss_weights[..., 1:].reshape(-1).to(logits.device, torch.float32)
+    token_loss = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), target, ignore_index=IGNORE_INDEX, reduction="none"
+    )
+    total = (token_loss * weights).sum()
+    denominator = weights.sum() if num_items_in_batch is None else num_items_in_batch
+    return total / denominator
+
+
+def _cumulative(lengths: torch.Tensor) -> torch.Tensor:
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(lengths, dim=0)
+    return cu
 
 
 class _Row(NamedTuple):
@@ -128,6 +195,8 @@ class _Row(NamedTuple):
     labels: torch.Tensor
     position_ids: torch.Tensor
     seq_lengths: torch.Tensor
+    unpadded: torch.Tensor | None = None  # seq_lengths_unpadded
+    weights: torch.Tensor | None = None  # loss_weights, float32
 
 
 def _column(row: Mapping[str, Any], name: str, k: int) -> torch.Tensor:
@@ -162,4 +231,13 @@ def _parse_row(row: Mapping[str, Any], k: int) -> _Row:
         if len(starts) == 0 or int(starts[0]) != 0:
             raise ValueError(f"row {k} of the batch: position_ids must start at 0")
         lengths = torch.diff(starts, append=torch.tensor([n]))
-    return _Row(ids, labels, positions, lengths)
+    unpadded = weights = None
+    if row.get("seq_lengths_unpadded") is not None:
+        unpadded = _column(row, "seq_lengths_unpadded", k)
+        if len(unpadded) != len(lengths) or bool((unpadded > lengths).any()) or bool((unpadded < 0).any()):
+            raise ValueError(f"row {k} of the batch: seq_lengths_unpadded must be 0..seq_lengths, one per sample")
+    if row.get("loss_weights") is not None:
+        weights = torch.as_tensor(row["loss_weights"], dtype=torch.float32).reshape(-1)
+        if len(weights) != n:
+            raise ValueError(f"row {k} of the batch has {len(weights)} loss_weights for {n} input_ids")
+    return _Row(ids, labels, positions, lengths, unpadded, weights)

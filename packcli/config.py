@@ -9,6 +9,7 @@ the preset's.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,11 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "truncate_side": ("right", "left"),
     "split_system": ("all", "first"),
     "on_error": ("fail", "skip"),
-    "output_format": ("parquet", "arrow"),
+    "output_format": ("parquet", "arrow", "mds", "megatron"),
     "algorithm": ("ffd", "bfd"),
     "rank_remainder": ("drop", "pad"),
     "engine": ("local", "ray"),
+    "loss_weighting": ("token", "sample", "sqrt"),
 }
 
 # --pad-to-max builds every row at full length; measured peak memory is about 56 bytes a token (ids,
@@ -65,6 +67,10 @@ class PackConfig:
     rows_per_shard: int = 2048
     output_format: str = "parquet"
     pad_to_max: bool = False
+    pad_to_multiple_of: int = 1
+    context_parallel: int = 1
+    tensor_parallel: int = 1
+    loss_weighting: str = "token"
     overwrite: bool = False
     num_proc: int = 1
     cache: bool = True
@@ -81,7 +87,7 @@ class PackConfig:
             if value not in allowed:
                 flag = "--" + name.replace("_", "-")
                 raise UsageError(f"{flag} must be one of {', '.join(allowed)}, not '{value}'")
-        for name, low in (("max_len", 2), ("rows_per_shard", 1), ("world_size", 1), ("num_proc", 1)):
+        for name, low in (("max_len", 2), ("rows_per_shard", 1), ("world_size", 1), ("num_proc", 1), *_PARALLEL):
             value = getattr(self, name)
             if not low <= value <= 1 << 30:
                 raise UsageError(f"--{name.replace('_', '-')} must be between {low} and {1 << 30}, not {value}")
@@ -101,9 +107,55 @@ class PackConfig:
                 f"--max-len {self.max_len} with --pad-to-max: every row would be {self.max_len} tokens, about "
                 f"{gib:.0f} GiB of memory to build; with --pad-to-max, --max-len must be at most {PAD_TO_MAX_LIMIT}"
             )
+        self._check_padding()
         unknown = set(self.fields) - set(DEFAULT_FIELDS)
         if unknown:
             raise UsageError(f"unknown field name(s) {', '.join(sorted(unknown))}; known: {', '.join(DEFAULT_FIELDS)}")
+
+    def _check_padding(self) -> None:
+        if self.pad_multiple > 1 and self.sample_limit < 1:
+            raise UsageError(
+                f"--max-len {self.max_len} is too short for samples padded to a multiple of {self.pad_multiple}; "
+                "raise --max-len"
+            )
+        if self.pad_to_max and self.max_len % self.pad_multiple:
+            raise UsageError(
+                f"--pad-to-max with samples padded to a multiple of {self.pad_multiple}: the row's padding would "
+                f"not be a multiple of it; make --max-len ({self.max_len}) a multiple of {self.pad_multiple}"
+            )
+        if self.output_format == "megatron" and self.pad_to_max:
+            raise UsageError(
+                "--pad-to-max does not apply to --output-format megatron: its collate function pads rows itself "
+                "(pad_to_max_length); drop --pad-to-max"
+            )
+        if self.output_format == "megatron" and self.loss_weighting != "token":
+            raise UsageError(
+                f"--loss-weighting {self.loss_weighting} does not apply to --output-format megatron: its dataset "
+                "reads only loss_mask; write parquet, arrow or mds for loss weights"
+            )
+
+    @property
+    def pad_multiple(self) -> int:
+        """Every sample is padded to a multiple of this: the lcm of --pad-to-multiple-of, 2 x CP and TP x CP.
+
+        2 x CP when --context-parallel is above 1 (each rank takes two chunks of every sample), and
+        TP x CP when --tensor-parallel is above 1 (sequence parallelism splits the sequence TP ways too).
+        """
+        cp, tp = self.context_parallel, self.tensor_parallel
+        return math.lcm(self.pad_to_multiple_of, 2 * cp if cp > 1 else 1, tp * cp if tp > 1 else 1)
+
+    @property
+    def pad_offset(self) -> int:
+        """1 for Megatron's layout, where a sample of n stored tokens runs as n - 1 (labels are shifted)."""
+        return 1 if self.output_format == "megatron" else 0
+
+    @property
+    def sample_limit(self) -> int:
+        """The most tokens a sample may have so that, padded, it fits in --max-len."""
+        m, offset = self.pad_multiple, self.pad_offset
+        if m <= 1:
+            return self.max_len
+        return (self.max_len - offset) // m * m + offset
 
     def options(self) -> dict[str, Any]:
         """Return the options as plain JSON values, for the manifest."""
@@ -131,8 +183,11 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
         "world_size",
         "rank_remainder",
         "pad_to_max",
+        "pad_to_multiple_of",
+        "context_parallel",
+        "tensor_parallel",
     ),
-    "output": ("output", "output_format", "rows_per_shard", "overwrite", "rejects", "dry_run"),
+    "output": ("output", "output_format", "rows_per_shard", "overwrite", "rejects", "dry_run", "loss_weighting"),
     "run": ("num_proc", "cache", "cache_dir", "engine", "ray_address"),
 }
 
@@ -208,7 +263,9 @@ def parse_template_kwargs(values: list[str]) -> dict[str, Any]:
 
 
 # The lowest value of each integer option ("seed" included: a negative seed is refused, not wrapped).
+_PARALLEL = (("pad_to_multiple_of", 1), ("context_parallel", 1), ("tensor_parallel", 1))
 _INT_LOW = {"max_len": 2, "rows_per_shard": 1, "world_size": 1, "num_proc": 1, "seed": 0, "min_piece": 0, "limit": 1}
+_INT_LOW |= dict(_PARALLEL)
 _EXPECTED = {
     "bool": "true or false (a boolean)",
     "int": "an integer",

@@ -22,6 +22,22 @@ SHARD_SCHEMA = pa.schema(
         ("piece_index", pa.list_(pa.int32())),
     ]
 )
+# Columns written only when asked for, after SHARD_SCHEMA's, in this order:
+# seq_lengths_unpadded with --pad-to-multiple-of (or --context-parallel) above 1, loss_weights with
+# --loss-weighting sample or sqrt. A shard without them is byte-identical to one written before them.
+OPTIONAL_COLUMNS = pa.schema(
+    [
+        ("seq_lengths_unpadded", pa.list_(pa.int32())),
+        ("loss_weights", pa.list_(pa.float32())),
+    ]
+)
+
+
+def shard_schema(optional: tuple[str, ...] | list[str] = ()) -> pa.Schema:
+    """Return SHARD_SCHEMA followed by the optional columns named in ``optional`` (in their fixed order)."""
+    extra = [f for f in OPTIONAL_COLUMNS if f.name in optional]
+    return pa.schema([*SHARD_SCHEMA, *extra])
+
 
 # Progress callback: (stage, units done since the last call, total units or None).
 Progress = Callable[[str, int, int | None], None]

@@ -50,7 +50,8 @@ def split_rule(config: PackConfig) -> SplitRule | None:
     """Return how long records are cut into pieces (``--overflow split``), or None."""
     if config.overflow != "split":
         return None
-    return SplitRule(config.max_len, config.split_system, config.min_piece)
+    # Pieces are cut to the most a sample may hold once padded (--pad-to-multiple-of): --max-len without it.
+    return SplitRule(config.sample_limit, config.split_system, config.min_piece)
 
 
 def tokenize_to_store(

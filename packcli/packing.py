@@ -30,6 +30,7 @@ __all__ = [
     "lower_bound_l1",
     "lower_bound_l2",
     "order_rows",
+    "pad_lengths",
     "plan_rows",
     "rank_token_spread",
 ]
@@ -460,6 +461,19 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> np.ndarray:
 
 
 _ALGORITHMS = {"ffd": first_fit_decreasing, "bfd": best_fit_decreasing}
+
+
+def pad_lengths(lengths: np.ndarray, multiple: int, offset: int = 0) -> np.ndarray:
+    """Return each length rounded up so that ``length - offset`` is a multiple of ``multiple``.
+
+    ``offset`` 0 pads a sample of n tokens to ceil(n / m) * m; ``offset`` 1 pads it to
+    ceil((n - 1) / m) * m + 1, for layouts that drop one token of every sample when shifting labels
+    (the padded sequence the model runs on is then a multiple of m). Lengths must be >= 1.
+    """
+    arr = np.asarray(lengths, dtype=np.int64)
+    if multiple <= 1:
+        return arr.copy()
+    return (arr - offset + multiple - 1) // multiple * multiple + offset
 
 
 def plan_rows(lengths: np.ndarray, capacity: int, algorithm: str = "ffd") -> np.ndarray:

@@ -22,17 +22,19 @@ from packcli.cache import (
     find_store,
 )
 from packcli.config import PackConfig
-from packcli.contract import SHARD_SCHEMA, Progress, no_progress
+from packcli.contract import Progress, no_progress
 from packcli.engines import load_engine
 from packcli.errors import InputError, OutputError, RecordError, UsageError, raise_if_stopped
 from packcli.formats import detect_format
 from packcli.plan import Plan, make_plan
 from packcli.readers import hub_reachable, read_batches
+from packcli.shard_formats import shard_format
 from packcli.shards import (
     write_manifest,
 )
 from packcli.sources import InputSource, fingerprint, forget_streams, resolve_inputs
 from packcli.tokenize import Encoder, tokenizer_fingerprint
+from packcli.write import output_schema
 
 # Bumped whenever the same inputs and options would give other tokens or labels, so the cache misses.
 ENCODING_RULES = 2
@@ -203,6 +205,12 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
     to_uri = "://" in config.output
     if to_uri and config.engine != "ray":
         raise UsageError(f"-o {config.output}: a filesystem URI output needs --engine ray; or pass a local path")
+    if to_uri and shard_format(config.output_format).index_files:
+        raise UsageError(
+            f"-o {config.output}: --output-format {config.output_format} writes "
+            f"{', '.join(shard_format(config.output_format).index_files)} beside the shards, which a URI output "
+            "does not support yet; write to a local path, or use parquet or arrow"
+        )
     skipped: list[str] = []
     prepared = None
     if not config.dry_run:
@@ -225,10 +233,13 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
                 shards = engine.write_output(
                     config, store, plan, staged.tmp if staged else None, progress, inputs.pad_id
                 )
+                index_files = _write_index_files(config, staged.tmp if staged else None, shards)
                 if config.rejects:
                     rejects = prepared.rejects_path(config.rejects) if prepared else Path(config.rejects)
                     _write_rejects(rejects, store, plan, inputs.sources, config.limit)
                 manifest = _manifest(config, inputs, summary, shards)
+                if index_files:
+                    manifest["index_files"] = index_files
                 if prepared and prepared.rejects_relative:
                     manifest["rejects_file"] = prepared.rejects_relative.as_posix()
         if staged is not None:
@@ -298,15 +309,30 @@ def _manifest(
                 "rows_over_l2",
                 "rows_over_l2_fraction",
                 "padding_tokens",
+                "alignment_padding_tokens",
                 "algorithm",
                 "world_size",
                 "rank_tokens",
                 "rank_token_spread",
             )
         },
-        "columns": list(SHARD_SCHEMA.names),
+        "columns": list(output_schema(config).names),  # as the shards read back (shard_formats)
         "shards": shards,
     }
+
+
+def _write_index_files(config: PackConfig, directory: Path | None, shards: list[dict[str, Any]]) -> list[str]:
+    """Write the files the output format keeps beside its shards (MDS's index.json...); return their names."""
+    fmt = shard_format(config.output_format)
+    if directory is None or not fmt.index_files:
+        return []
+    try:
+        return fmt.write_index(directory, shards, config.max_len)
+    except OSError as exc:
+        raise OutputError(
+            f"{config.output}: cannot write {', '.join(fmt.index_files)} ({exc.strerror or exc}); "
+            "free disk space or choose another -o"
+        ) from exc
 
 
 def _write_rejects(

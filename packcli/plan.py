@@ -32,12 +32,14 @@ class Plan:
     n_rows: int
     bound_l1: int
     bound_l2: int
+    alignment_padding: int = 0  # tokens added by --pad-to-multiple-of (all kept samples)
 
 
 def make_plan(config: PackConfig, store: TokenStore) -> Plan:
     """Apply the overflow policy and compute the bin plan from the sample lengths alone."""
     lengths = store.lengths.astype(np.int64)
-    max_len = config.max_len
+    # With --pad-to-multiple-of, a sample fits when its padded length does: at most sample_limit tokens.
+    max_len = config.sample_limit
     drop_rows: dict[str, np.ndarray] = {}
     too_long = lengths > max_len
     keep = ~too_long
@@ -48,7 +50,7 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
         source, unit = source_of(store, int(store.sample_index[k]))
         raise InputError(
             f"{where(source, unit, int(store.positions[k]))}: the sample has {lengths[k]} tokens, "
-            f"more than --max-len {max_len}; raise --max-len or pass --overflow split, truncate or drop"
+            f"more than {_limit_text(config)}; raise --max-len or pass --overflow split, truncate or drop"
         )
     cut_rows = np.zeros(0, dtype=np.int64)
     trained_in_window = np.zeros(0, dtype=np.int64)
@@ -72,8 +74,8 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
     if len(kept) == 0:
         if len(lengths):
             raise InputError(
-                f"no sample left to pack: all {len(lengths)} tokenized samples are longer than --max-len "
-                f"{max_len} or have nothing to train on; raise --max-len, or pass --overflow split"
+                f"no sample left to pack: all {len(lengths)} tokenized samples are longer than "
+                f"{_limit_text(config)} or have nothing to train on; raise --max-len, or pass --overflow split"
             )
         reasons = ", ".join(f"{k}: {v}" for k, v in store.meta["dropped"].items())
         raise InputError(
@@ -81,7 +83,9 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
             "list them with --on-error skip --rejects FILE"
         )
     kept_len = eff[kept]
-    bins = packing.plan_rows(kept_len, max_len, config.algorithm)
+    # Rows are planned on the lengths as written: each sample padded to a multiple of --pad-to-multiple-of.
+    padded_len = packing.pad_lengths(kept_len, config.pad_multiple, config.pad_offset)
+    bins = packing.plan_rows(padded_len, config.max_len, config.algorithm)
     by_row = np.argsort(bins, kind="stable")
     store_rows = kept[by_row]
     row_lengths = kept_len[by_row]
@@ -89,7 +93,7 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
     counts = np.bincount(bins)
     row_start = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=row_start[1:])
-    row_tokens = np.bincount(bins, weights=kept_len).astype(np.int64)
+    row_tokens = np.bincount(bins, weights=padded_len).astype(np.int64)
     order = packing.order_rows(row_tokens, config.seed, config.world_size, config.rank_remainder)
     if len(order.order) == 0:
         raise InputError(
@@ -115,8 +119,18 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
         tokens=int(kept_len.sum()),
         trainable=trainable,
         n_rows=len(counts),
-        bound_l1=packing.lower_bound_l1(kept_len, max_len),
-        bound_l2=packing.lower_bound_l2(kept_len, max_len),
+        bound_l1=packing.lower_bound_l1(padded_len, config.max_len),
+        bound_l2=packing.lower_bound_l2(padded_len, config.max_len),
+        alignment_padding=int(padded_len.sum() - kept_len.sum()),
+    )
+
+
+def _limit_text(config: PackConfig) -> str:
+    if config.sample_limit == config.max_len:
+        return f"--max-len {config.max_len}"
+    return (
+        f"{config.sample_limit}, the most that fits in --max-len {config.max_len} once padded to a multiple of "
+        f"{config.pad_multiple}"
     )
 
 

@@ -31,6 +31,8 @@ LOCK_IN_OUTPUT = ".packcli.lock"
 IN_PLACE_PREFIX = ".packcli-partial-"
 # Keys every manifest packcli writes has; a manifest.json without them is someone else's file.
 MANIFEST_KEYS = ("packcli_version", "options", "shards", "columns")
+# The files output formats keep beside their shards (shard_formats: MDS's index, Megatron's metadata).
+INDEX_FILES = ("index.json", "packing_metadata.json")
 
 
 def owner_tag() -> str:
@@ -130,8 +132,11 @@ def read_own_manifest(directory: Path) -> dict[str, Any] | None:
 
 
 def own_files(directory: Path, manifest: dict[str, Any]) -> set[str]:
-    """The names in a previous output that packcli wrote: the manifest, its shards, its rejects file."""
+    """The names in a previous output that packcli wrote: the manifest, its shards and index files, its rejects."""
     names = {MANIFEST} | {s["file"] for s in manifest["shards"] if "/" not in s["file"]}
+    index_files = manifest.get("index_files")
+    if isinstance(index_files, list):  # an output format's files beside the shards (MDS's index.json...)
+        names |= {f for f in index_files if isinstance(f, str) and f and "/" not in f and f not in (".", "..")}
     rejects = manifest.get("rejects_file")
     if isinstance(rejects, str) and rejects and not Path(rejects).is_absolute() and ".." not in Path(rejects).parts:
         names.add(Path(rejects).parts[0])
@@ -229,7 +234,7 @@ def check_paths(
     if output in target.parents:
         relative = target.relative_to(output)
         first = relative.parts[0]
-        if first == MANIFEST or first.startswith(("shard-", ".")):
+        if first == MANIFEST or first in INDEX_FILES or first.startswith(("shard-", ".")):
             raise UsageError(f"--rejects {rejects}: collides with a file packcli writes in the output; rename it")
         return relative
     return None

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packcli.contract import IGNORE_INDEX, MANIFEST, SHARD_SCHEMA
+from packcli import packing
+from packcli.contract import IGNORE_INDEX, MANIFEST, SHARD_SCHEMA, shard_schema
 from packcli.errors import OutputError
 from packcli.shard_formats import FORMATS, shard_format
 
@@ -32,6 +33,9 @@ def build_rows(
     pad_to: int | None = None,
     pad_id: int = 0,
     piece_index: np.ndarray | None = None,
+    pad_multiple: int = 1,
+    pad_offset: int = 0,
+    loss_weighting: str = "token",
 ) -> pa.Table:
     """Return a table of packed rows from the samples' tokens, concatenated in row order.
 
@@ -39,8 +43,21 @@ def build_rows(
     samples each row holds. With ``pad_to``, each row is padded with one extra segment
     (sample_index -1, piece_index 0, labels -100, positions from 0) to that length. ``piece_index``
     numbers the pieces of a record split by ``--overflow split`` (None: every sample is piece 0).
+
+    With ``pad_multiple`` above 1, every sample is first padded inside its own segment to a multiple
+    of it (``packing.pad_lengths``): pad tokens, labels -100, positions going on counting; its
+    ``seq_lengths`` entry is then the padded length and ``seq_lengths_unpadded`` holds the real one.
+    With ``loss_weighting`` sample or sqrt, ``loss_weights`` holds 1/n or 1/sqrt(n) on each of a
+    sample's n trained tokens and 0 elsewhere.
     """
     lengths = sample_lengths.astype(np.int64)
+    unpadded = None
+    if pad_multiple > 1:
+        padded = packing.pad_lengths(lengths, pad_multiple, pad_offset)
+        ids, labels = _pad_samples(ids, labels, lengths, padded, pad_id)
+        unpadded = lengths.astype(np.int32)
+        lengths = padded
+    weights = None if loss_weighting == "token" else _loss_weights(labels, lengths, loss_weighting)
     total = int(lengths.sum())
     dst_starts = np.zeros(len(lengths), dtype=np.int64)
     np.cumsum(lengths[:-1], out=dst_starts[1:])
@@ -57,30 +74,86 @@ def build_rows(
     seq_lengths = lengths.astype(np.int32)
     index = sample_index.astype(np.int64)
     pieces = np.zeros(len(index), np.int32) if piece_index is None else piece_index.astype(np.int32)
+    row_tokens_before, samples_before = row_tokens, samples_per_row
     if pad_to is not None:
         ids, row_labels, positions, seq_lengths, index, pieces, row_tokens, samples_per_row = _pad_rows(
             ids, row_labels, positions, seq_lengths, index, pieces, row_tokens, samples_per_row, pad_to, pad_id
         )
+        weights, unpadded = _pad_optional(row_tokens_before, samples_before, pad_to, weights, unpadded)
     token_offsets = np.zeros(len(row_tokens) + 1, dtype=np.int64)
     np.cumsum(row_tokens, out=token_offsets[1:])
     seq_offsets = np.zeros(len(samples_per_row) + 1, dtype=np.int64)
     np.cumsum(samples_per_row, out=seq_offsets[1:])
     tok_off = _arrow(token_offsets, np.int32)
     seq_off = _arrow(seq_offsets, np.int32)
-    return pa.Table.from_arrays(
-        [
-            pa.ListArray.from_arrays(tok_off, _arrow(ids, np.int32)),
-            pa.ListArray.from_arrays(tok_off, _arrow(row_labels, np.int32)),
-            pa.ListArray.from_arrays(tok_off, _arrow(positions, np.int32)),
-            pa.ListArray.from_arrays(seq_off, _arrow(seq_lengths, np.int32)),
-            pa.ListArray.from_arrays(seq_off, _arrow(index, np.int64)),
-            pa.ListArray.from_arrays(seq_off, _arrow(pieces, np.int32)),
-        ],
-        schema=SHARD_SCHEMA,
+    columns = [
+        pa.ListArray.from_arrays(tok_off, _arrow(ids, np.int32)),
+        pa.ListArray.from_arrays(tok_off, _arrow(row_labels, np.int32)),
+        pa.ListArray.from_arrays(tok_off, _arrow(positions, np.int32)),
+        pa.ListArray.from_arrays(seq_off, _arrow(seq_lengths, np.int32)),
+        pa.ListArray.from_arrays(seq_off, _arrow(index, np.int64)),
+        pa.ListArray.from_arrays(seq_off, _arrow(pieces, np.int32)),
+    ]
+    optional = []
+    if unpadded is not None:
+        columns.append(pa.ListArray.from_arrays(seq_off, _arrow(unpadded, np.int32)))
+        optional.append("seq_lengths_unpadded")
+    if weights is not None:
+        columns.append(pa.ListArray.from_arrays(tok_off, _arrow(weights, np.float32)))
+        optional.append("loss_weights")
+    return pa.Table.from_arrays(columns, schema=shard_schema(optional) if optional else SHARD_SCHEMA)
+
+
+def _pad_samples(
+    ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray, padded: np.ndarray, pad_id: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return the samples' tokens and labels with each sample followed by its padding (labels -100)."""
+    total = int(padded.sum())
+    out_ids = np.full(total, pad_id, dtype=np.int32)
+    out_labels = np.full(total, IGNORE_INDEX, dtype=np.int32)
+    dst = np.arange(len(ids), dtype=np.int64) + np.repeat(
+        np.cumsum(padded) - padded - (np.cumsum(lengths) - lengths), lengths
     )
+    out_ids[dst] = ids
+    out_labels[dst] = labels
+    return out_ids, out_labels
 
 
-_ARROW_TYPES = {np.dtype(np.int32): pa.int32(), np.dtype(np.int64): pa.int64()}
+def _loss_weights(labels: np.ndarray, lengths: np.ndarray, loss_weighting: str) -> np.ndarray:
+    """Return each token's loss weight: 1/n (sample) or 1/sqrt(n) (sqrt) on a sample's n trained tokens, else 0."""
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    trained = labels != IGNORE_INDEX
+    counts = np.bincount(owner, weights=trained, minlength=len(lengths))
+    scale = np.sqrt(counts) if loss_weighting == "sqrt" else counts
+    per_sample = np.divide(1.0, scale, out=np.zeros(len(lengths)), where=counts > 0)
+    return np.where(trained, per_sample[owner], 0.0).astype(np.float32)
+
+
+def _pad_optional(
+    row_tokens: np.ndarray,
+    samples_per_row: np.ndarray,
+    pad_to: int,
+    weights: np.ndarray | None,
+    unpadded: np.ndarray | None,
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Place the optional columns as ``_pad_rows`` places the others: weight 0 on the row's padding,
+    real length 0 for its padding segment (it holds no real token)."""
+    pad = (pad_to - row_tokens).astype(np.int64)
+    if weights is not None:
+        dst = np.arange(len(weights), dtype=np.int64) + np.repeat(np.cumsum(pad) - pad, row_tokens)
+        out = np.zeros(len(row_tokens) * pad_to, dtype=np.float32)
+        out[dst] = weights
+        weights = out
+    if unpadded is not None:
+        has_pad = (pad > 0).astype(np.int64)
+        seg_dst = np.arange(len(unpadded), dtype=np.int64) + np.repeat(np.cumsum(has_pad) - has_pad, samples_per_row)
+        out_unpadded = np.zeros(int((samples_per_row + has_pad).sum()), dtype=np.int32)
+        out_unpadded[seg_dst] = unpadded
+        unpadded = out_unpadded
+    return weights, unpadded
+
+
+_ARROW_TYPES = {np.dtype(np.int32): pa.int32(), np.dtype(np.int64): pa.int64(), np.dtype(np.float32): pa.float32()}
 
 
 def _arrow(values: np.ndarray, dtype: type) -> pa.Array:
@@ -141,13 +214,15 @@ def shard_name(i: int, n: int, output_format: str) -> str:
 ROW_GROUP_ROWS = 256
 
 
-def write_shard(tables: Iterable[pa.Table], path: Path, output_format: str) -> dict[str, Any]:
+def write_shard(
+    tables: Iterable[pa.Table], path: Path, output_format: str, schema: pa.Schema = SHARD_SCHEMA
+) -> dict[str, Any]:
     """Write one shard from consecutive row groups and return its manifest entry.
 
     Row groups are written as they come, so memory holds one row group whatever the shard size.
     """
     rows = tokens = 0
-    writer = shard_format(output_format).writer(path, SHARD_SCHEMA)
+    writer = shard_format(output_format).writer(path, schema)
     try:
         for table in tables:
             rows += table.num_rows

@@ -26,8 +26,9 @@ from packcli.errors import OutputError, UsageError
 def load_rows(directory: str | Path, cache_dir: str | None = None) -> Any:
     """Return the rows of a ``packcli pack`` output as a ``datasets.Dataset``, in the written order.
 
-    Reads the shards the manifest lists, whatever ``--output-format`` wrote them (Parquet, or Arrow,
-    which is memory-mapped as it is); ``cache_dir`` is where datasets converts Parquet.
+    Reads the shards the manifest lists, whatever ``--output-format`` wrote them (Parquet; Arrow,
+    memory-mapped as it is; MDS and Megatron, read back as packcli rows in memory); ``cache_dir`` is
+    where datasets converts Parquet.
     """
     from datasets import Dataset, concatenate_datasets
 
@@ -39,6 +40,14 @@ def load_rows(directory: str | Path, cache_dir: str | None = None) -> Any:
         raise OutputError(f"{root}: no readable {MANIFEST} ({exc}); pass a packcli pack output directory") from exc
     if not files:
         raise OutputError(f"{root}: the output holds no shard (a dry run?); pack it again")
+    from packcli.shard_formats import format_of, read_shard
+
+    if format_of(files[0]).name in ("mds", "megatron"):
+        # Read back as packcli rows (in memory): these layouts are other trainers', not datasets' own.
+        import pyarrow as pa
+        from datasets.table import InMemoryTable
+
+        return Dataset(InMemoryTable(pa.concat_tables([read_shard(f) for f in files])))
     parts = [
         Dataset.from_parquet(str(f), cache_dir=cache_dir) if f.suffix == ".parquet" else Dataset.from_file(str(f))
         for f in files

@@ -14,7 +14,7 @@ from packcli.cache import (
     TokenStore,
 )
 from packcli.config import PackConfig
-from packcli.contract import IGNORE_INDEX, Progress, no_progress
+from packcli.contract import IGNORE_INDEX, Progress, no_progress, shard_schema
 from packcli.errors import OutputError, raise_if_stopped
 from packcli.plan import Plan
 from packcli.shards import (
@@ -23,6 +23,17 @@ from packcli.shards import (
     shard_name,
     write_shard,
 )
+
+
+def output_schema(config: PackConfig) -> Any:
+    """The columns the rows of ``config`` have: SHARD_SCHEMA and the optional columns it asks for."""
+    optional = []
+    if config.pad_multiple > 1:
+        optional.append("seq_lengths_unpadded")
+    if config.loss_weighting != "token":
+        optional.append("loss_weights")
+    return shard_schema(optional)
+
 
 # Shard-writer state: set in the parent before the pool forks.
 _WRITE: dict[str, Any] = {}
@@ -62,6 +73,9 @@ def row_group_tables(
             pad_to=config.max_len if config.pad_to_max else None,
             pad_id=pad_id,
             piece_index=store.piece_index[store_rows],
+            pad_multiple=config.pad_multiple,
+            pad_offset=config.pad_offset,
+            loss_weighting=config.loss_weighting,
         )
         progress("write", len(group), len(plan.order.order))
         raise_if_stopped()
@@ -75,7 +89,7 @@ def _write_one_shard(s: int, progress: Progress = no_progress) -> dict[str, Any]
     with store.open_tokens() as reader:
         rows = plan.order.order[s * per : (s + 1) * per]
         tables = row_group_tables(reader, store, plan, rows, config, _WRITE["pad_id"], progress)
-        return write_shard(tables, path, config.output_format)
+        return write_shard(tables, path, config.output_format, output_schema(config))
 
 
 def write_output(

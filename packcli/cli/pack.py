@@ -93,8 +93,33 @@ def pack(
         str, typer.Option("--rank-remainder", help="Rows left over by --world-size: drop or pad (repeat rows).")
     ] = "drop",
     rows_per_shard: Annotated[int, typer.Option("--rows-per-shard", help="Rows per shard file.")] = 2048,
-    output_format: Annotated[str, typer.Option("--output-format", help="parquet or arrow.")] = "parquet",
+    output_format: Annotated[
+        str,
+        typer.Option(
+            "--output-format", help="parquet, arrow, mds (MosaicML streaming) or megatron (Megatron-Bridge packed SFT)."
+        ),
+    ] = "parquet",
     pad_to_max: Annotated[bool, typer.Option("--pad-to-max", help="Pad every row to --max-len.")] = False,
+    pad_to_multiple_of: Annotated[
+        int,
+        typer.Option("--pad-to-multiple-of", help="Pad every sample to a multiple of N tokens (context parallelism)."),
+    ] = 1,
+    context_parallel: Annotated[
+        int,
+        typer.Option("--context-parallel", help="Context-parallel size CP: pad every sample to a multiple of 2 x CP."),
+    ] = 1,
+    tensor_parallel: Annotated[
+        int,
+        typer.Option(
+            "--tensor-parallel", help="Tensor-parallel size TP with sequence parallelism: also a multiple of TP x CP."
+        ),
+    ] = 1,
+    loss_weighting: Annotated[
+        str,
+        typer.Option(
+            "--loss-weighting", help="token (every trained token alike), sample or sqrt: writes a loss_weights column."
+        ),
+    ] = "token",
     overwrite: Annotated[bool, typer.Option(help="Replace a previous packcli output in -o (nothing else).")] = False,
     num_proc: NumProcOption = None,
     cache_dir: CacheDirOption = None,
@@ -138,6 +163,10 @@ def pack(
         "rows_per_shard": rows_per_shard,
         "output_format": output_format,
         "pad_to_max": pad_to_max,
+        "pad_to_multiple_of": pad_to_multiple_of,
+        "context_parallel": context_parallel,
+        "tensor_parallel": tensor_parallel,
+        "loss_weighting": loss_weighting,
         "overwrite": overwrite,
         "cache_dir": cache_dir,
         "dry_run": dry_run,

@@ -288,13 +288,13 @@ def _shard_job(
         with store.open_tokens() as reader:
             tables = write.row_group_tables(reader, store, plan, rows, config, pad_id)
             if not is_uri(destination):
-                return write_shard(tables, Path(destination) / name, config.output_format)
+                return write_shard(tables, Path(destination) / name, config.output_format, write.output_schema(config))
             from pyarrow import fs as pafs
 
             filesystem, base = pafs.FileSystem.from_uri(destination)
             with tempfile.TemporaryDirectory(prefix=".packcli-shard-") as tmp:
                 local = Path(tmp) / name
-                entry = write_shard(tables, local, config.output_format)
+                entry = write_shard(tables, local, config.output_format, write.output_schema(config))
                 with open(local, "rb") as src, filesystem.open_output_stream(f"{base.rstrip('/')}/{name}") as dst:
                     shutil.copyfileobj(src, dst, 1 << 22)
                 return entry

@@ -8,6 +8,7 @@ the end. Problems are returned, not raised: a damaged output is a result, not an
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,8 +17,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packcli.contract import IGNORE_INDEX, MANIFEST, SHARD_SCHEMA, Progress
+from packcli.contract import IGNORE_INDEX, MANIFEST, OPTIONAL_COLUMNS, SHARD_SCHEMA, Progress
 from packcli.errors import first_line
+from packcli.packing import pad_lengths
 from packcli.report.stats import list_parts
 from packcli.shard_formats import shard_batches, shard_schema
 from packcli.shards import EXTENSIONS, file_sha256, manifest_problems, read_manifest
@@ -45,6 +47,10 @@ CHECKS = {
     "padding_not_last": "have a padding segment that is not the row's last segment",
     "sample_index_order": "have (sample_index, piece_index) pairs that do not ascend within the row",
     "piece_index": "have a piece_index below 0 (or other than 0 on a padding segment)",
+    "unpadded": "have seq_lengths_unpadded values that are not the real length of their segment",
+    "alignment": "have samples not padded to the multiple the output was packed with (--pad-to-multiple-of)",
+    "alignment_labels": "have labels other than -100 in a sample's alignment padding",
+    "loss_weights": "have loss_weights that are negative, not finite, of the wrong length or set where labels are -100",
 }
 
 
@@ -94,6 +100,8 @@ class _Expect:
     pad_to_max: bool
     vocab_size: int | None
     columns: tuple[str, ...] = tuple(SHARD_SCHEMA.names)
+    pad_multiple: int = 1
+    pad_offset: int = 0
 
 
 @dataclass
@@ -133,6 +141,8 @@ def verify_output(directory: Path, progress: Progress | None = None) -> VerifyRe
         vocab_size=manifest.get("tokenizer", {}).get("vocab_size"),
         # Outputs of releases before piece_index have no such column: they are checked without it.
         columns=tuple(f.name for f in SHARD_SCHEMA if not isinstance(listed_columns, list) or f.name in listed_columns),
+        pad_multiple=_pad_multiple(options),
+        pad_offset=1 if options.get("output_format") == "megatron" else 0,
     )
     entries = manifest.get("shards")
     if not isinstance(entries, list) or expect.max_len < 1:
@@ -175,6 +185,15 @@ def verify_output(directory: Path, progress: Progress | None = None) -> VerifyRe
     return report
 
 
+def _pad_multiple(options: dict[str, Any]) -> int:
+    """The multiple the output's samples were padded to (PackConfig.pad_multiple, from the manifest)."""
+    try:
+        n, cp, tp = (int(options.get(k, 1) or 1) for k in ("pad_to_multiple_of", "context_parallel", "tensor_parallel"))
+    except (TypeError, ValueError):
+        return 1
+    return math.lcm(max(n, 1), 2 * cp if cp > 1 else 1, tp * cp if tp > 1 else 1)
+
+
 def _check_shard(
     directory: Path, entry: dict[str, Any], expect: _Expect, problems: list[Problem]
 ) -> _ShardTotals | None:
@@ -200,7 +219,10 @@ def _check_shard(
         ]
         if wrong:
             problems.append(Problem(name, "has columns of the wrong type: " + "; ".join(wrong)))
-        for batch in shard_batches(path, [f.name for f in required]):
+        if expect.pad_multiple > 1 and "seq_lengths_unpadded" not in schema.names:
+            problems.append(Problem(name, "lacks the column seq_lengths_unpadded (the output was padded per sample)"))
+        optional = [f.name for f in OPTIONAL_COLUMNS if f.name in schema.names and schema.field(f.name).type == f.type]
+        for batch in shard_batches(path, [*[f.name for f in required], *optional]):
             _check_batch(batch, totals.rows, expect, totals)
             totals.rows += batch.num_rows
     except (OSError, pa.ArrowException) as exc:
@@ -303,6 +325,17 @@ def _check_batch(batch: pa.RecordBatch, first_row: int, expect: _Expect, totals:
         is_last[seg_end[segs > 0] - 1] = True
         totals.fail("padding_not_last", seg_row[pad & ~is_last], first_row)
     totals.sample_tokens += int(row_len.sum()) - int(seq_lengths[pad].sum())
+    if "seq_lengths_unpadded" in batch.schema.names:
+        totals.sample_tokens -= _check_unpadded(
+            batch, segs, seq_lengths, pad, row_sums == row_len, labelled, expect, totals, first_row
+        )
+    if "loss_weights" in batch.schema.names:
+        w_len, weights = list_parts(batch.column("loss_weights"))
+        bad_len = rows[w_len != row_len]
+        totals.fail("loss_weights", bad_len, first_row)
+        if len(bad_len) == 0:
+            bad = ~np.isfinite(weights) | (weights < 0) | ((weights != 0) & ~labelled)
+            totals.fail("loss_weights", token_rows(bad), first_row)
     totals.index.append(index[~pad])
     totals.pieces.append(piece[~pad])
     tiled = (row_sums == row_len) & (np.bincount(seg_row[seq_lengths < 1], minlength=n) == 0)
@@ -327,6 +360,40 @@ def _check_batch(batch: pa.RecordBatch, first_row: int, expect: _Expect, totals:
     totals.fail("first_label", seg_row[labelled[seg_start]], first_row)
     if pad.any():
         totals.fail("padding_labels", rows[token_rows(np.repeat(pad, seq_lengths) & labelled)], first_row)
+
+
+def _check_unpadded(
+    batch: pa.RecordBatch,
+    segs: np.ndarray,
+    seq_lengths: np.ndarray,
+    pad: np.ndarray,
+    tiled: np.ndarray,
+    labelled: np.ndarray,
+    expect: _Expect,
+    totals: _ShardTotals,
+    first_row: int,
+) -> int:
+    """Check seq_lengths_unpadded and the samples' alignment padding; return the padding tokens."""
+    rows = np.arange(batch.num_rows)
+    u_len, unpadded = list_parts(batch.column("seq_lengths_unpadded"))
+    if (u_len != segs).any():
+        totals.fail("segment_columns", rows[u_len != segs], first_row)
+        return 0
+    unpadded = unpadded.astype(np.int64)
+    seg_row = np.repeat(rows, segs)
+    wrong = (unpadded < 0) | (unpadded > seq_lengths) | ((unpadded == 0) != pad)
+    totals.fail("unpadded", seg_row[wrong], first_row)
+    if expect.pad_multiple > 1:
+        aligned = pad_lengths(np.maximum(unpadded, 1), expect.pad_multiple, expect.pad_offset) == seq_lengths
+        totals.fail("alignment", seg_row[~pad & ~aligned], first_row)
+    if tiled.all() and not wrong.any():
+        within = np.arange(int(seq_lengths.sum()), dtype=np.int64) - np.repeat(
+            np.cumsum(seq_lengths) - seq_lengths, seq_lengths
+        )
+        in_padding = within >= np.repeat(np.where(pad, seq_lengths, unpadded), seq_lengths)
+        token_row = np.repeat(seg_row, seq_lengths)
+        totals.fail("alignment_labels", token_row[in_padding & labelled], first_row)
+    return int((seq_lengths[~pad] - unpadded[~pad]).sum())
 
 
 def _check_samples(

@@ -1,0 +1,319 @@
+"""The mds and megatron output formats, per-sample padding and loss weights at the CLI.
+
+Each format is read here by a reader written from its consumer's documented layout (not packcli's own
+reader), and its samples, boundaries and masks are compared with the same run written as Parquet:
+MosaicML streaming's MDS (index.json + shard files) and Megatron-Bridge's packed SFT Parquet with
+its collate function's shift (loss_mask[t] trains the label at t, token t + 1).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from packcli.contract import IGNORE_INDEX, SHARD_SCHEMA
+from packcli.shard_formats import format_of, read_shard
+
+from .conftest import one_error_line, read_rows
+
+
+def _samples(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Each sample by sample_index: its real tokens and labels, its padded length, its loss weights."""
+    out = {}
+    for row in rows:
+        start = 0
+        real = row.get("seq_lengths_unpadded") or row["seq_lengths"]
+        for n, m, index in zip(row["seq_lengths"], real, row["sample_index"], strict=True):
+            if index >= 0:
+                sample = {"ids": row["input_ids"][start : start + m], "labels": row["labels"][start : start + m]}
+                if "loss_weights" in row:
+                    sample["weights"] = row["loss_weights"][start : start + m]
+                out[index] = {**sample, "padded": n}
+            start += n
+    return out
+
+
+# -- MDS, read as streaming's reader does ------------------------------------------------------------
+
+
+def _read_mds(out: Path) -> list[dict[str, Any]]:
+    """Read an MDS dataset from its index.json and shard files, following the MDS layout."""
+    index = json.loads((out / "index.json").read_text())
+    assert index["version"] == 2
+    rows = []
+    for shard in index["shards"]:
+        assert shard["format"] == "mds" and shard["version"] == 2 and shard["compression"] is None
+        assert shard["column_names"] == sorted(shard["column_names"])
+        data = (out / shard["raw_data"]["basename"]).read_bytes()
+        assert shard["raw_data"]["bytes"] == len(data) and shard["zip_data"] is None
+        n = int(np.frombuffer(data, "<u4", 1)[0])
+        assert n == shard["samples"]
+        offsets = np.frombuffer(data, "<u4", n + 1, 4)
+        assert offsets[-1] == len(data)
+        for r in range(n):
+            at = int(offsets[r])
+            # one uint32 size per variable-size column (every column here), then the columns' bytes
+            sizes = np.frombuffer(data, "<u4", len(shard["column_names"]), at)
+            at += 4 * len(sizes)
+            row = {}
+            for name, encoding, size in zip(shard["column_names"], shard["column_encodings"], sizes, strict=True):
+                kind, dtype = encoding.split(":")
+                assert kind == "ndarray"
+                head = data[at]  # ndim << 2 | shape dtype code (0 uint8, 1 uint16, 2 uint32)
+                assert head >> 2 == 1
+                shape_dtype = ("<u1", "<u2", "<u4")[head & 3]
+                count = int(np.frombuffer(data, shape_dtype, 1, at + 1)[0])
+                start = at + 1 + np.dtype(shape_dtype).itemsize
+                assert start + count * np.dtype(dtype).itemsize == at + size
+                row[name] = np.frombuffer(data, np.dtype(dtype).newbyteorder("<"), count, start).tolist()
+                at += int(size)
+            assert at == offsets[r + 1]
+            rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("extra", [[], ["--pad-to-multiple-of", "8", "--loss-weighting", "sample"]])
+def test_mds_rows_equal_the_parquet_rows(extra: list[str], pack: Any, chat_jsonl: Path, tmp_path: Path) -> None:
+    args = [chat_jsonl, "--max-len", "256", "--quiet", "--rows-per-shard", "7", *extra]
+    pack(*args, "-o", tmp_path / "parquet")
+    pack(*args, "-o", tmp_path / "mds", "--output-format", "mds")
+    parquet, mds = read_rows(tmp_path / "parquet"), _read_mds(tmp_path / "mds")
+    assert len(parquet) > 7  # several shards
+    assert [{k: r[k] for k in sorted(r)} for r in parquet] == mds
+    manifest = json.loads((tmp_path / "mds" / "manifest.json").read_text())
+    assert manifest["index_files"] == ["index.json"]
+    assert manifest["columns"] == list(parquet[0])
+    assert [s["file"] for s in manifest["shards"]] == sorted(p.name for p in (tmp_path / "mds").glob("*.mds"))
+    # packcli's own reader gives the same rows back (stats, inspect and verify read through it)
+    back = [r for s in manifest["shards"] for r in read_shard(tmp_path / "mds" / s["file"]).to_pylist()]
+    assert back == parquet
+    assert format_of(tmp_path / "mds" / manifest["shards"][0]["file"]).name == "mds"
+
+
+# -- Megatron-Bridge packed Parquet, read as its collate function does ------------------------------
+
+
+def _megatron_samples(out: Path) -> tuple[dict[int, dict[str, Any]], list[int]]:
+    """Per sample: the (input, label) pairs Megatron trains and its stored tokens; plus each row's runtime length."""
+    samples: dict[int, dict[str, Any]] = {}
+    runtime_rows = []
+    for path in sorted(out.glob("*.idx.parquet")):
+        table = pq.read_table(path, columns=["input_ids", "seq_start_id", "loss_mask", "sample_index"])
+        assert str(table.schema.field("loss_mask").type) == "list<element: int8>"
+        for row in table.to_pylist():
+            ids, mask = row["input_ids"], row["loss_mask"]
+            assert len(mask) == len(ids) and row["seq_start_id"][0] == 0
+            bounds = [*row["seq_start_id"], len(ids)]
+            runtime_rows.append(0)
+            for k, index in enumerate(row["sample_index"]):
+                s, e = bounds[k], bounds[k + 1]
+                tokens, labels, loss = ids[s : e - 1], ids[s + 1 : e], mask[s : e - 1]
+                trained = [(t, labels[t]) for t in range(len(tokens)) if loss[t]]
+                samples[index] = {"stored": ids[s:e], "trained": trained, "runtime": e - s - 1}
+                runtime_rows[-1] += e - s - 1
+    return samples, runtime_rows
+
+
+@pytest.mark.parametrize("cp", [1, 2])
+def test_megatron_samples_and_masks_round_trip(cp: int, pack: Any, chat_jsonl: Path, tmp_path: Path) -> None:
+    args = [chat_jsonl, "--max-len", "256", "--quiet", "--context-parallel", str(cp)]
+    pack(*args, "-o", tmp_path / "parquet")
+    pack(*args, "-o", tmp_path / "megatron", "--output-format", "megatron")
+    expected = _samples(read_rows(tmp_path / "parquet"))
+    got, runtime_rows = _megatron_samples(tmp_path / "megatron")
+    assert set(got) == set(expected)
+    for index, sample in expected.items():
+        stored, n = got[index]["stored"], len(sample["ids"])
+        assert stored[:n] == sample["ids"]
+        # packcli's unshifted label at t + 1 is what Megatron trains at input position t
+        trained = [(t - 1, label) for t, label in enumerate(sample["labels"]) if label != IGNORE_INDEX]
+        assert got[index]["trained"] == trained
+        if cp > 1:  # what Megatron runs on (stored - 1 tokens) is a multiple of 2 x CP
+            assert got[index]["runtime"] % (2 * cp) == 0 and got[index]["runtime"] - 2 * cp < n - 1
+        else:
+            assert len(stored) == n
+    assert max(len(v["stored"]) for v in got.values()) <= 256
+    metadata = json.loads((tmp_path / "megatron" / "packing_metadata.json").read_text())
+    assert isinstance(metadata, list) and len(metadata) == 1
+    meta = metadata[0]
+    assert meta["pack_size"] == 256
+    assert meta["dataset_max_seqlen"] == max(v["runtime"] for v in got.values())
+    assert meta["min_packed_seqlen"] == min(runtime_rows)
+    assert meta["max_samples_per_bin"] >= 2
+    assert meta["packing_factor"] == round(len(got) / len(runtime_rows), 2)
+    assert meta["packing_efficiency"] == round(sum(runtime_rows) / len(runtime_rows) / 256 * 100, 2)
+
+
+@pytest.mark.parametrize("fmt", ["mds", "megatron"])
+def test_new_formats_verify_and_overwrite(fmt: str, pack: Any, chat_jsonl: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from packcli.cli import app
+
+    out = tmp_path / "out"
+    args = [chat_jsonl, "--max-len", "256", "--quiet", "--output-format", fmt, "--context-parallel", "2", "-o", out]
+    pack(*args)
+    result = CliRunner().invoke(app, ["verify", str(out)])
+    assert result.exit_code == 0, result.output
+    pack(*args, "--overwrite")  # the index files are the output's own: --overwrite replaces them
+    index = {"mds": "index.json", "megatron": "packing_metadata.json"}[fmt]
+    assert (out / index).is_file()
+    # a damaged shard is reported by verify
+    shard = next(p for p in out.iterdir() if p.name.startswith("shard-"))
+    data = bytearray(shard.read_bytes())
+    data[-20] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    result = CliRunner().invoke(app, ["verify", str(out)])
+    assert result.exit_code != 0 and "sha256" in result.output
+
+
+# -- padding and weights at the CLI ----------------------------------------------------------------
+
+
+def test_rows_never_exceed_max_len_and_plan_on_padded_lengths(pack: Any, chat_jsonl: Path, tmp_path: Path) -> None:
+    pack(chat_jsonl, "--max-len", "96", "--pad-to-multiple-of", "32", "-o", tmp_path / "out", "--quiet")
+    rows = read_rows(tmp_path / "out")
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["columns"][-1] == "seq_lengths_unpadded"
+    for row in rows:
+        assert len(row["input_ids"]) <= 96
+        assert all(n % 32 == 0 for n in row["seq_lengths"])
+    real = sum(sum(r["seq_lengths_unpadded"]) for r in rows)
+    written = sum(len(r["input_ids"]) for r in rows)
+    assert manifest["tokens"] == real and manifest["alignment_padding_tokens"] == written - real > 0
+    assert manifest["padding_tokens"] == manifest["rows"] * 96 - real
+    # samples of 65..96 tokens would fit unpadded but not padded to 128: they are dropped, and counted
+    assert manifest["counts"]["dropped"].get("too_long", 0) > 0
+
+
+def test_megatron_drops_a_sample_that_fits_only_unpadded(pack: Any, tmp_path: Path) -> None:
+    from .conftest import write_jsonl
+
+    data = write_jsonl(tmp_path / "t.jsonl", [{"input_ids": list(range(1, 33))}, {"input_ids": list(range(1, 30))}])
+    pack(data, "--max-len", "32", "--context-parallel", "2", "--output-format", "megatron", "-o", tmp_path / "o")
+    # Megatron runs a 32-token sample as 31 tokens, padded to 32: stored as 33, more than --max-len.
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert manifest["counts"]["dropped"] == {"too_long": 1} and manifest["counts"]["packed"] == 1
+    failed = pack(
+        data,
+        "--max-len",
+        "32",
+        "--context-parallel",
+        "2",
+        "--output-format",
+        "megatron",
+        "--overflow",
+        "error",
+        "-o",
+        tmp_path / "e",
+        expect=1,
+    )
+    line = one_error_line(failed)
+    assert "33 tokens" not in line and "the most that fits in --max-len 32 once padded to a multiple of 4" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--pad-to-multiple-of", "0"], "--pad-to-multiple-of must be between 1"),
+        (["--context-parallel", "0"], "--context-parallel must be between 1"),
+        (["--loss-weighting", "mean"], "--loss-weighting must be one of token, sample, sqrt"),
+        (["--output-format", "npy"], "--output-format must be one of parquet, arrow, mds, megatron"),
+        (
+            ["--max-len", "4", "--pad-to-multiple-of", "8"],
+            "--max-len 4 is too short for samples padded to a multiple of 8",
+        ),
+        (["--output-format", "megatron", "--pad-to-max"], "--pad-to-max does not apply to --output-format megatron"),
+        (["--max-len", "100", "--context-parallel", "4", "--pad-to-max"], "make --max-len (100) a multiple of 8"),
+        (["--output-format", "megatron", "--loss-weighting", "sample"], "does not apply to --output-format megatron"),
+    ],
+)
+def test_bad_options_are_one_line_errors(
+    args: list[str], message: str, pack: Any, chat_jsonl: Path, tmp_path: Path
+) -> None:
+    result = pack(chat_jsonl, *args, "-o", tmp_path / "out", expect=2)
+    assert message in one_error_line(result)
+    assert not (tmp_path / "out").exists()
+
+
+def test_default_output_has_no_new_columns(pack: Any, chat_jsonl: Path, tmp_path: Path) -> None:
+    pack(chat_jsonl, "--max-len", "256", "-o", tmp_path / "a", "--quiet")
+    pack(chat_jsonl, "--max-len", "256", "-o", tmp_path / "b", "--quiet", "--pad-to-multiple-of", "1")
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["columns"] == list(SHARD_SCHEMA.names)
+    assert "index_files" not in manifest and manifest["alignment_padding_tokens"] == 0
+    other = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert [s["sha256"] for s in manifest["shards"]] == [s["sha256"] for s in other["shards"]]
+
+
+def test_library_dataset_of_the_new_formats(chat_jsonl: Path, tmp_path: Path, cache_dir: Path) -> None:
+    import packcli
+
+    common = {"num_proc": 1, "cache_dir": cache_dir, "loss_weighting": "sample", "pad_to_multiple_of": 4}
+    expected = packcli.pack(chat_jsonl, 256, tmp_path / "p", **common).dataset().to_list()
+    got = packcli.pack(chat_jsonl, 256, tmp_path / "m", output_format="mds", **common).dataset().to_list()
+    assert got == expected and "loss_weights" in got[0]
+
+
+def test_verify_finds_broken_padding_and_weights(pack: Any, chat_jsonl: Path, tmp_path: Path) -> None:
+    import pyarrow as pa
+    from typer.testing import CliRunner
+
+    from packcli.cli import app
+
+    out = tmp_path / "out"
+    pack(
+        chat_jsonl, "--max-len", "256", "--pad-to-multiple-of", "8", "--loss-weighting", "sample", "-o", out, "--quiet"
+    )
+    result = CliRunner().invoke(app, ["verify", str(out)])
+    assert result.exit_code == 0, result.output
+    shard = next(out.glob("shard-*.parquet"))
+    rows = pq.read_table(shard).to_pylist()
+    row = rows[0]
+    real, n = row["seq_lengths_unpadded"][0], row["seq_lengths"][0]
+    assert n > real, "the test needs a first sample with padding"
+    row["loss_weights"][0] = 0.5  # the first label is -100: no weight may sit there
+    row["seq_lengths_unpadded"][0] = n + 1  # longer than its segment
+    schema = pq.read_schema(shard)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), shard)
+    result = CliRunner().invoke(app, ["verify", str(out)])
+    assert result.exit_code == 1
+    assert "1 row has loss_weights that are negative" in result.stderr
+    assert "1 row has seq_lengths_unpadded values that are not the real length" in result.stderr
+
+
+def test_split_cuts_pieces_that_fit_once_padded(pack: Any, chat_jsonl: Path, tmp_path: Path) -> None:
+    # --max-len 100 with a multiple of 32: a piece may hold 96 tokens (padded to 96), not 100.
+    pack(
+        chat_jsonl,
+        "--max-len",
+        "100",
+        "--pad-to-multiple-of",
+        "32",
+        "--overflow",
+        "split",
+        "-o",
+        tmp_path / "o",
+        "--quiet",
+    )
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert manifest["counts"]["dropped"] == {} and manifest["counts"]["split"]["records_split"] > 0
+    rows = read_rows(tmp_path / "o")
+    assert max(n for r in rows for n in r["seq_lengths_unpadded"]) <= 96
+    assert all(len(r["input_ids"]) <= 100 and all(n % 32 == 0 for n in r["seq_lengths"]) for r in rows)
+    assert any(p > 0 for r in rows for p in r["piece_index"])
+
+
+def test_rejects_cannot_take_the_name_of_an_index_file(pack: Any, chat_jsonl: Path, tmp_path: Path) -> None:
+    from packcli import safety
+    from packcli.shard_formats import FORMATS
+
+    assert set(safety.INDEX_FILES) == {name for f in FORMATS.values() for name in f.index_files}
+    out = tmp_path / "out"
+    result = pack(chat_jsonl, "--output-format", "mds", "-o", out, "--rejects", out / "index.json", expect=2)
+    assert "collides with a file packcli writes in the output" in one_error_line(result)
