@@ -6,6 +6,11 @@ OUT is a ``packcli pack`` output directory and MODEL a Hugging Face model name o
 ``remove_unused_columns=False`` keeps the shard columns the collator needs (the Trainer would drop
 ``position_ids`` and ``seq_lengths`` otherwise). The Trainer runs the model with ``use_cache=False``
 (``TrainingArguments.use_cache`` defaults to False), which the packed-sequence path requires.
+
+On several GPUs (``torchrun --nproc-per-node N`` or ``accelerate launch``) of an output packed with
+``--world-size N``, :class:`PackedTrainer` shuffles whole steps of N rows instead of rows, so every
+rank still reads rows of the same size at the same step (the Trainer's own shuffle would undo that).
+Parquet and Arrow outputs are both read (``packcli.training.load_rows``).
 """
 
 from __future__ import annotations
@@ -15,15 +20,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from datasets import Dataset, load_dataset
+from datasets import Dataset
 from transformers import PreTrainedModel, Trainer, TrainingArguments
 
 from packcli.collate import PackedCollator
+from packcli.training import RankStepSampler
+from packcli.training import load_rows as _load_rows
 
 
 def load_rows(shard_dir: str | Path, cache_dir: str | None = None) -> Dataset:
-    """Return the packed rows of a ``packcli pack`` output directory as a Dataset."""
-    return load_dataset("parquet", data_files=str(Path(shard_dir) / "*.parquet"), split="train", cache_dir=cache_dir)
+    """Return the packed rows of a ``packcli pack`` output directory (Parquet or Arrow) as a Dataset."""
+    return _load_rows(shard_dir, cache_dir=cache_dir)
+
+
+class PackedTrainer(Trainer):
+    """A Trainer whose sampler keeps ``--world-size`` balancing: whole steps shuffled, one row per rank."""
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> RankStepSampler:
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        return RankStepSampler(len(dataset), self.args.world_size, self.args.per_device_train_batch_size, seed=seed)
 
 
 def build_trainer(
@@ -37,7 +53,7 @@ def build_trainer(
 ) -> Trainer:
     """Return a Trainer over the packed ``rows``; ``training_args`` go to TrainingArguments."""
     args = TrainingArguments(output_dir=str(output_dir), remove_unused_columns=False, **training_args)
-    return Trainer(
+    return PackedTrainer(
         model=model,
         args=args,
         train_dataset=rows,

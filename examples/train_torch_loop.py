@@ -5,31 +5,41 @@
 OUT is a ``packcli pack`` output directory and MODEL a Hugging Face model name or local directory.
 Each sample in a packed row sees only its own tokens: the batch carries per-sample ``position_ids``,
 no attention mask, and the model runs with ``use_cache=False``.
+
+Under ``torchrun --nproc-per-node N`` (an output packed with ``--world-size N``), each rank reads its
+own rows with ``RankStepSampler(rows, N, rank=RANK)``: whole steps shuffled each epoch, one row of
+each step per rank, as the packing balanced them. Parquet and Arrow outputs are both read.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from datasets import Dataset, load_dataset
+from datasets import Dataset
 from torch.utils.data import DataLoader
 
 from packcli.collate import PackedCollator
+from packcli.training import RankStepSampler
+from packcli.training import load_rows as _load_rows
 
 
 def load_rows(shard_dir: str | Path, cache_dir: str | None = None) -> Dataset:
-    """Return the packed rows of a ``packcli pack`` output directory as a Dataset."""
-    return load_dataset("parquet", data_files=str(Path(shard_dir) / "*.parquet"), split="train", cache_dir=cache_dir)
+    """Return the packed rows of a ``packcli pack`` output directory (Parquet or Arrow) as a Dataset."""
+    return _load_rows(shard_dir, cache_dir=cache_dir)
 
 
 def _cycle(loader: DataLoader) -> Iterator[dict[str, Any]]:
+    epoch = 0
     while True:
+        loader.sampler.set_epoch(epoch)  # a new order of steps each epoch
         yield from loader
+        epoch += 1
 
 
 def train(
@@ -48,13 +58,11 @@ def train(
     device = next(model.parameters()).device
     model.config.use_cache = False  # with a cache, transformers ignores the packed position_ids
     model.train()
-    generator = torch.Generator().manual_seed(seed)
+    # One process: a seeded shuffle of the rows. Under torchrun: this rank's rows, one of each step.
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    sampler = RankStepSampler(rows, world, rank=rank if world > 1 else None, seed=seed)
     loader = DataLoader(
-        rows,
-        batch_size=batch_size,
-        shuffle=True,
-        generator=generator,
-        collate_fn=PackedCollator(mode, pad_token_id=pad_token_id),
+        rows, batch_size=batch_size, sampler=sampler, collate_fn=PackedCollator(mode, pad_token_id=pad_token_id)
     )
     optimizer = torch.optim.AdamW((p for p in model.parameters() if p.requires_grad), lr=lr)
     losses: list[float] = []

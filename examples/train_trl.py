@@ -18,14 +18,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from datasets import Dataset, load_dataset
+from datasets import Dataset
+
+from packcli.training import load_rows as _load_rows
 
 COLUMNS = ["input_ids", "labels", "seq_lengths"]
 
 
 def load_rows(shard_dir: str | Path) -> Dataset:
     """Return the packed rows with the columns SFTTrainer's padding-free collator reads."""
-    rows = load_dataset("parquet", data_files=str(Path(shard_dir) / "*.parquet"), split="train")
+    rows = _load_rows(shard_dir)  # Parquet or Arrow output
     return rows.select_columns(COLUMNS)
 
 

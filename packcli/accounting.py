@@ -62,6 +62,7 @@ def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str)
     samples = len(plan.store_rows) - len(remainder)
     out: dict[str, Any] = {
         "records_read": records,
+        "limit": config.limit,
         "packed": packed,
         "samples": samples,
         "dropped": dict(sorted(dropped.items())),

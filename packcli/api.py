@@ -183,12 +183,18 @@ def inspect_row(
     *,
     sample_index: int | None = None,
     tokenizer: str | None = None,
+    max_tokens: int | None = None,
 ) -> Any:
-    """Decode one packed row (by row number, or the row that holds ``sample_index``) into its samples."""
+    """Decode one packed row (by row number, or the row that holds ``sample_index``) into its samples.
+
+    With ``max_tokens``, only the first ``max_tokens`` tokens of each sample are decoded into text.
+    """
     from packcli.report.inspect import inspect_row as _inspect_row
 
     with _api_terms():
-        return _inspect_row(Path(directory), row=row, sample_index=sample_index, tokenizer=tokenizer)
+        return _inspect_row(
+            Path(directory), row=row, sample_index=sample_index, tokenizer=tokenizer, max_tokens=max_tokens
+        )
 
 
 def _check_options(options: Mapping[str, Any]) -> None:

@@ -1,7 +1,9 @@
-"""The frozen options of a pack run, and presets loaded from config files (TOML or JSON).
+"""The frozen options of a pack run, and presets loaded from config files (TOML, YAML or JSON).
 
 A config file holds the same names as the ``pack`` flags (``max_len``, ``train_on``, ...) plus a
-``[fields]`` table that renames record fields. Flags given on the command line override the file.
+``[fields]`` table that renames record fields, and may name its ``inputs`` (paths relative to the
+file). Flags given on the command line override the file; inputs given on the command line replace
+the preset's.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class PackConfig:
     tokenizer: str | None = None
     chat_template: str | None = None
     split: str | None = None
+    limit: int | None = None
     format: str = "auto"
     fields: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_FIELDS))
     train_on: str = "auto"
@@ -92,6 +95,8 @@ class PackConfig:
         object.__setattr__(self, "fields", {**DEFAULT_FIELDS, **self.fields})
         if self.seed < 0:
             raise UsageError(f"--seed must be 0 or more, not {self.seed}")
+        if self.limit is not None and not 1 <= self.limit <= 1 << 62:
+            raise UsageError(f"--limit must be at least 1, not {self.limit}")
         if not 0 <= self.min_piece <= self.max_len:
             raise UsageError(f"--min-piece must be between 0 and --max-len {self.max_len}, not {self.min_piece}")
         if self.max_drop_fraction is not None and not 0 <= self.max_drop_fraction <= 1:
@@ -164,7 +169,7 @@ class PackConfig:
 # Every option of PackConfig belongs to exactly one concern. Only "tokenization" decides a sample's
 # tokens and labels, so only it (with the inputs' contents) keys the tokenization cache.
 OPTION_GROUPS: dict[str, tuple[str, ...]] = {
-    "input": ("inputs", "split", "format", "fields"),
+    "input": ("inputs", "split", "limit", "format", "fields"),
     "tokenization": ("tokenizer", "chat_template", "template_kwargs", "train_on", "add_eos", "on_error"),
     "packing": (
         "max_len",
@@ -188,27 +193,59 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
 
 
 def load_config_file(path: str) -> dict[str, Any]:
-    """Read a preset; return its options with field renames merged over the defaults."""
+    """Read a preset (.toml, .yaml/.yml or .json); return its options with field renames merged over the defaults.
+
+    ``inputs`` (a path or a list of them) are returned relative to the current directory: a preset's
+    paths are relative to the preset file.
+    """
+    import yaml
+
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
-        data = tomllib.loads(text) if p.suffix != ".json" else json.loads(text)
+        if p.suffix.lower() == ".json":
+            data = json.loads(text)
+        elif p.suffix.lower() in (".yaml", ".yml"):
+            data = yaml.safe_load(text)
+            data = {} if data is None else data
+        else:
+            data = tomllib.loads(text)
     except FileNotFoundError as exc:
         raise UsageError(f"{path}: no such config file; check the --config path") from exc
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{path}: not a valid YAML file ({' '.join(str(exc).split())}); fix it") from exc
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
         raise UsageError(f"{path}: not a valid config file ({exc}); fix it") from exc
     if not isinstance(data, dict):
         raise UsageError(f"{path}: a preset must be an object of option = value, not {_kind(data)}; fix the file")
-    known = {f.name for f in fields(PackConfig)} - {"inputs"}
-    data = {k.replace("-", "_"): v for k, v in data.items() if k != "description"}
+    known = {f.name for f in fields(PackConfig)}
+    data = {str(k).replace("-", "_"): v for k, v in data.items() if k != "description"}
     unknown = set(data) - known
     if unknown:
         raise UsageError(f"{path}: unknown option(s) {', '.join(sorted(unknown))}; see packcli pack --help")
+    if "inputs" in data:
+        data["inputs"] = _preset_inputs(path, data["inputs"])
     for key, value in data.items():
-        _check_type(path, key, value)
+        if key != "inputs":
+            _check_type(path, key, value)
     if "fields" in data:
         data["fields"] = {**DEFAULT_FIELDS, **data["fields"]}
     return data
+
+
+def _preset_inputs(path: str, value: Any) -> tuple[str, ...]:
+    """A preset's inputs (a string or a list of strings), each relative to the preset's directory."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or not all(isinstance(v, str) and v for v in items):
+        raise UsageError(f"{path}: 'inputs' must be a path or a list of paths, not {_kind(value)}; fix the preset")
+    base = Path(path).parent
+    out = []
+    for item in items:
+        # stdin, absolute paths and Hub names (owner/name, not a path beside the preset) stay as written.
+        hub = item.count("/") == 1 and not item.startswith((".", "~")) and not Path(item).suffix
+        hub = hub and not (base / item).exists()
+        out.append(item if item == "-" or Path(item).is_absolute() or hub else str(base / item))
+    return tuple(out)
 
 
 def parse_template_kwargs(values: list[str]) -> dict[str, Any]:
@@ -227,13 +264,14 @@ def parse_template_kwargs(values: list[str]) -> dict[str, Any]:
 
 # The lowest value of each integer option ("seed" included: a negative seed is refused, not wrapped).
 _PARALLEL = (("pad_to_multiple_of", 1), ("context_parallel", 1), ("tensor_parallel", 1))
-_INT_LOW = {"max_len": 2, "rows_per_shard": 1, "world_size": 1, "num_proc": 1, "seed": 0, "min_piece": 0}
+_INT_LOW = {"max_len": 2, "rows_per_shard": 1, "world_size": 1, "num_proc": 1, "seed": 0, "min_piece": 0, "limit": 1}
 _INT_LOW |= dict(_PARALLEL)
 _EXPECTED = {
     "bool": "true or false (a boolean)",
     "int": "an integer",
     "str": "a string",
     "str | None": "a string",
+    "int | None": "an integer",
     "float | None": "a number",
     "dict[str, str]": "a table of name = field strings",
     "dict[str, Any]": "a table of name = value",
@@ -261,8 +299,8 @@ def _check_type(path: str, key: str, value: Any) -> None:
     expected = _EXPECTED[declared]
     if declared == "bool":
         ok = isinstance(value, bool)
-    elif declared == "int":
-        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif declared in ("int", "int | None"):
+        ok = (value is None and declared != "int") or (isinstance(value, int) and not isinstance(value, bool))
     elif declared == "str":
         ok = isinstance(value, str)
     elif declared == "str | None":
@@ -275,7 +313,7 @@ def _check_type(path: str, key: str, value: Any) -> None:
         ok = isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
     if not ok:
         raise UsageError(f"{path}: '{key}' must be {expected}, not {_kind(value)}; fix the preset")
-    if declared == "int" and key in _INT_LOW and value < _INT_LOW[key]:
+    if declared.startswith("int") and key in _INT_LOW and value is not None and value < _INT_LOW[key]:
         raise UsageError(f"{path}: '{key}' must be an integer of at least {_INT_LOW[key]}, not {value}; fix the preset")
 
 

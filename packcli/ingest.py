@@ -86,9 +86,11 @@ def tokenize_to_store(
     units: dict[str, str] = {}
     counted = [count_records(s) for s in sources]
     total = None if None in counted else sum(counted)  # type: ignore[arg-type]
+    if config.limit is not None:
+        total = min(total, config.limit) if total is not None else None
     try:
         with _open_for_writing(rejects_path, where, fix) as rejects_file:
-            jobs = ((batch, formats[batch.source]) for batch in read_batches(sources, BATCH_SIZE))
+            jobs = ((batch, formats[batch.source]) for batch in read_batches(sources, BATCH_SIZE, config.limit))
             for result in map_ordered(worker.tokenize_batch, jobs, config.num_proc):
                 records += result.n_records
                 records_split += result.records_split

@@ -27,12 +27,12 @@ from packcli.engines import load_engine
 from packcli.errors import InputError, OutputError, RecordError, UsageError, raise_if_stopped
 from packcli.formats import detect_format
 from packcli.plan import Plan, make_plan
-from packcli.readers import read_batches
+from packcli.readers import hub_reachable, read_batches
 from packcli.shard_formats import shard_format
 from packcli.shards import (
     write_manifest,
 )
-from packcli.sources import InputSource, fingerprint, resolve_inputs
+from packcli.sources import InputSource, fingerprint, forget_streams, resolve_inputs
 from packcli.tokenize import Encoder, tokenizer_fingerprint
 from packcli.write import output_schema
 
@@ -124,6 +124,8 @@ def tokenized_inputs(
             "sources": [[s.display, s.kind, f] for s, f in zip(sources, fingerprints, strict=True)],
             "formats": formats,
             "fields": config.fields,
+            # --limit N reads the first N records only (absent without it: earlier keys stay valid).
+            **({"limit": config.limit} if config.limit is not None else {}),
             "tokenizer": tokenizer_key,  # the files of the tokenizer and template, hashed
             # The rest of the tokenization options: they decide tokens and labels; no other option does.
             "tokenization": {
@@ -138,6 +140,12 @@ def tokenized_inputs(
     rule_out_long = rule_out_long and config.engine == "local" and config.overflow in ("drop", "error")
     limit = config.max_len if rule_out_long else None
     store, state, warnings = _cached_store(cache_root / key, limit) if config.cache else (None, "off", [])
+    if store is None and any(s.kind == "hub" for s in sources) and not hub_reachable():
+        warnings.extend(
+            f"{s.display}: the Hugging Face Hub cannot be reached; read from the local Hugging Face cache"
+            for s in sources
+            if s.kind == "hub"
+        )
     with contextlib.ExitStack() as stack:
         if store is None:
             if encoder is None:
@@ -190,6 +198,7 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
     """Run ``packcli pack`` and return its summary (also written into the manifest)."""
     progress = progress or no_progress
     started = time.perf_counter()
+    forget_streams()  # stdin and FIFOs named by this run are read by this run
     engine = load_engine(config)
     # A filesystem URI (s3://, gs://, file://) has no rename: shards are written in place and the
     # manifest last, as the marker that the output is complete. Only the Ray engine writes there.
@@ -227,7 +236,7 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
                 index_files = _write_index_files(config, staged.tmp if staged else None, shards)
                 if config.rejects:
                     rejects = prepared.rejects_path(config.rejects) if prepared else Path(config.rejects)
-                    _write_rejects(rejects, store, plan)
+                    _write_rejects(rejects, store, plan, inputs.sources, config.limit)
                 manifest = _manifest(config, inputs, summary, shards)
                 if index_files:
                     manifest["index_files"] = index_files
@@ -283,7 +292,8 @@ def _manifest(
             k: summary[k]
             for k in ("records_read", "packed", "samples", "dropped", "truncated", "duplicated", "split")
             if k in summary
-        },
+        }
+        | ({"limit": config.limit} if config.limit is not None else {}),
         "lost": summary["lost"],
         "warnings": summary["warnings"],
         **{
@@ -325,28 +335,56 @@ def _write_index_files(config: PackConfig, directory: Path | None, shards: list[
         ) from exc
 
 
-def _write_rejects(path: Path, store: TokenStore, plan: Plan) -> None:
-    """Write every dropped record (with reason and input position) to a JSON lines file, atomically."""
+def _write_rejects(
+    path: Path, store: TokenStore, plan: Plan, sources: list[InputSource], limit: int | None = None
+) -> None:
+    """Write every dropped record (with reason and input position) to a JSON lines file, atomically.
+
+    Records dropped before packing were written by the workers, with the record. Those the plan drops
+    (too long, the world-size remainder, a piece of a split record) are in the token store as tokens
+    only: their records are read again from the inputs, so that every entry has the same keys (see
+    ``worker.reject``); a dropped piece is named by its ``piece_index`` beside its whole record.
+    """
     tmp = path.with_name(path.name + ".tmp")
+    planned = sorted(
+        (int(store.sample_index[r]), reason, int(r)) for reason, rows in plan.drop_rows.items() for r in rows.tolist()
+    )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "w", encoding="utf-8") as out:
             with open(store.path / "rejects.jsonl", encoding="utf-8") as early:
                 for line in early:
                     out.write(line)
-            for reason, rows in plan.drop_rows.items():
-                for r in rows.tolist():
-                    source, _ = plan_module.source_of(store, int(store.sample_index[r]))
-                    reject = {
-                        "sample_index": int(store.sample_index[r]),
-                        "source": source,
-                        "position": int(store.positions[r]),
-                        "reason": reason,
-                        "detail": f"{int(store.lengths[r])} tokens",
-                    }
-                    if store.piece_index[r]:
-                        reject["piece_index"] = int(store.piece_index[r])
-                    out.write(json.dumps(reject) + "\n")
+            raws = _records_at(sources, [p[0] for p in planned], limit)
+            for index, reason, r in planned:
+                source, _ = plan_module.source_of(store, index)
+                err = RecordError(reason, f"{int(store.lengths[r])} tokens")
+                raw, raw_lines = raws[index]
+                position, piece = int(store.positions[r]), int(store.piece_index[r])
+                entry = worker.reject(index, source, position, err, raw, raw_lines, piece_index=piece)
+                out.write(json.dumps(entry, ensure_ascii=False) + "\n")
         os.replace(tmp, path)
     except OSError as exc:
         raise OutputError(f"{path}: cannot write the rejects file ({exc.strerror or exc})") from exc
+
+
+def _records_at(sources: list[InputSource], wanted: list[int], limit: int | None) -> dict[int, tuple[Any, bool]]:
+    """Read the inputs again up to the last wanted record; return (raw record, raw_lines) by sample_index."""
+    found: dict[int, tuple[Any, bool]] = {}
+    if not wanted:
+        return found
+    todo = set(wanted)
+    last = max(wanted)
+    for batch in read_batches(sources, batch_size=1000, limit=limit):
+        end = batch.first_index + len(batch.items)
+        for index in todo.intersection(range(batch.first_index, end)):
+            found[index] = (batch.items[index - batch.first_index], batch.raw_lines)
+        if end > last:
+            break
+    missing = todo - set(found)
+    if missing:
+        raise InputError(
+            f"the inputs changed during the run: record {min(missing)} is no longer there to write to the rejects "
+            "file; run again"
+        )
+    return found

@@ -7,9 +7,16 @@ order, records in file order, every record counted.
 
 from __future__ import annotations
 
+import bz2
 import codecs
+import contextlib
+import gzip
+import io
 import json
+import lzma
 import os
+import re
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +28,7 @@ from packcli.sources import InputSource, RawBatch
 def count_records(source: InputSource) -> int | None:
     """Return the number of records of a source when it is cheap to know (for progress), else None."""
     try:
-        if source.kind == "jsonl":
+        if source.kind == "jsonl" and source.compression is None:
             with open(source.path, "rb") as fh:
                 return sum(1 for line in fh if line.strip())
         if source.kind == "parquet":
@@ -33,33 +40,96 @@ def count_records(source: InputSource) -> int | None:
     return None
 
 
-def read_batches(sources: list[InputSource], batch_size: int = 1000) -> Iterator[RawBatch]:
-    """Yield the records of all sources in order, in batches, numbering them from 0."""
+def read_batches(sources: list[InputSource], batch_size: int = 1000, limit: int | None = None) -> Iterator[RawBatch]:
+    """Yield the records of all sources in order, in batches, numbering them from 0.
+
+    With ``limit``, only the first ``limit`` records (over all sources, in that order) are read.
+    """
     index = 0
     for source in sources:
+        if limit is not None and index >= limit:
+            return
         for batch in _read_source(source, batch_size):
+            if limit is not None and index + len(batch.items) > limit:
+                keep = limit - index
+                batch.items, batch.positions = batch.items[:keep], batch.positions[:keep]
+                batch.errors = [e for e in batch.errors if e[0] in set(batch.positions)]
             batch.first_index = index
             index += len(batch.items)
-            yield batch
+            if batch.items:
+                yield batch
+            if limit is not None and index >= limit:
+                return
+
+
+def _open_zstd(path: str, mode: str) -> Any:
+    try:
+        import zstandard
+    except ImportError as exc:  # a dependency of packcli: missing only from a broken install
+        raise InputError(f"{path}: reading .zst needs the zstandard package; pip install zstandard") from exc
+
+    raw = open(path, "rb")  # noqa: SIM115 - closed with the reader (closefd)
+    return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True))
+
+
+# Readers of compressed files: each opens (path, "rb") for reading decompressed bytes, as a stream.
+_OPENERS: dict[str, Any] = {"gzip": gzip.GzipFile, "bz2": bz2.BZ2File, "xz": lzma.LZMAFile, "zstd": _open_zstd}
+
+
+@contextlib.contextmanager
+def open_input(source: InputSource) -> Iterator[Any]:
+    """Open a file source for reading bytes, decompressing it as a stream when it is compressed."""
+    opener = _OPENERS.get(source.compression or "", open)
+    fh = opener(source.path, "rb")
+    try:
+        yield fh
+    except DECOMPRESS_ERRORS as exc:
+        if isinstance(exc, OSError) and source.compression is None:
+            raise
+        raise InputError(
+            f"{source.display}: cannot decompress ({_first(exc)}); the {source.compression} data is damaged or "
+            "cut off: check the file"
+        ) from exc
+    finally:
+        fh.close()
+
+
+def _decompress_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [OSError, EOFError, lzma.LZMAError, zlib.error]
+    try:
+        import zstandard
+
+        errors.append(zstandard.ZstdError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+DECOMPRESS_ERRORS = _decompress_errors()
+
+
+def _first(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _read_source(source: InputSource, batch_size: int) -> Iterator[RawBatch]:
     try:
         if source.kind == "jsonl":
-            yield from _read_json_lines(source.path, batch_size)
+            yield from _read_json_lines(source, batch_size)
         elif source.kind == "json":
-            yield from _read_json(source.path, batch_size)
+            yield from _read_json(source, batch_size)
         else:
             yield from _read_tabular(source, batch_size)
     except OSError as exc:
         raise InputError(f"{source.display}: cannot read ({exc.strerror or exc}); check the file") from exc
 
 
-def _read_json_lines(path: str, batch_size: int) -> Iterator[RawBatch]:
+def _read_json_lines(source: InputSource, batch_size: int) -> Iterator[RawBatch]:
+    path = source.display
     items: list[bytes] = []
     positions: list[int] = []
     empty = True
-    with open(path, "rb") as fh:
+    with open_input(source) as fh:
         for line_no, line in enumerate(fh, start=1):
             if line_no == 1 and line.startswith(codecs.BOM_UTF8):
                 line = line[len(codecs.BOM_UTF8) :]  # Windows exports start with one
@@ -77,49 +147,186 @@ def _read_json_lines(path: str, batch_size: int) -> Iterator[RawBatch]:
         raise InputError(f"{path}: the file is empty; remove it from the inputs")
 
 
-def _read_json(path: str, batch_size: int) -> Iterator[RawBatch]:
-    """Read a JSON array of records element by element, or fall back to JSON lines.
+CHUNK = 1 << 20
+_STRUCTURE = re.compile(r'["\[\]{}]')
+_IN_STRING = re.compile(r'["\\]')
+_SCALAR_END = re.compile(r"[\s,\]]")
 
-    Elements are decoded one at a time, so a file cut off in the middle of a record (a broken download)
-    still gives every complete record before the cut; the cut itself is reported as one bad record.
+
+class _TextStream:
+    """A source's text, decoded from UTF-8 by chunks: a window ``buf`` that grows at its end on demand."""
+
+    def __init__(self, fh: Any, name: str) -> None:
+        self.fh = fh
+        self.name = name
+        self.decoder = codecs.getincrementaldecoder("utf-8")()
+        self.buf = ""
+        self.eof = False
+        self.bytes_read = 0
+        self.first = True
+
+    def more(self) -> bool:
+        """Append the next chunk to ``buf``; return False at the end of the stream."""
+        if self.eof:
+            return False
+        data = self.fh.read(CHUNK)
+        if self.first and data.startswith(codecs.BOM_UTF8):
+            data = data[len(codecs.BOM_UTF8) :]  # Windows exports start with one
+        self.first = False
+        try:
+            self.buf += self.decoder.decode(data, final=not data)
+        except UnicodeDecodeError as exc:
+            at = self.bytes_read + exc.start
+            raise InputError(f"{self.name}: byte {at} is not UTF-8; re-encode the file as UTF-8") from exc
+        self.bytes_read += len(data)
+        self.eof = not data
+        return True
+
+    def drop(self, pos: int) -> int:
+        """Forget the text before ``pos`` (already read); return where ``pos`` now is (0)."""
+        self.buf = self.buf[pos:]
+        return 0
+
+
+def _value_end(stream: _TextStream, pos: int) -> int | None:
+    """Return the end of the JSON value that starts at ``pos`` (reading on as needed), or None if cut off.
+
+    Only brackets and strings are followed, so a value nested deeper than the decoder can go is still
+    delimited, and the scan goes on across chunks without starting over.
     """
-    with open(path, "rb") as fh:
-        data = fh.read()
-    if data.startswith(codecs.BOM_UTF8):
-        data = data[len(codecs.BOM_UTF8) :]  # Windows exports start with one
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: byte {exc.start} is not UTF-8; re-encode the file as UTF-8") from exc
-    stripped = text.lstrip()
-    if not stripped:
-        raise InputError(f"{path}: the file is empty; remove it from the inputs")
-    if not stripped.startswith("["):
+    first = stream.buf[pos]
+    if first not in '[{"':
+        while True:
+            m = _SCALAR_END.search(stream.buf, pos)
+            if m:
+                return m.start()
+            if not stream.more():
+                return len(stream.buf)
+    depth = 0
+    in_string = False
+    i = pos
+    while True:
+        if in_string:
+            m = _IN_STRING.search(stream.buf, i)
+            if m is None:
+                i = len(stream.buf)
+            elif m.group() == "\\":
+                if m.end() >= len(stream.buf):  # the escaped character is in the next chunk
+                    i = m.start()
+                    if not stream.more():
+                        return None
+                    continue
+                i = m.end() + 1
+                continue
+            else:
+                in_string = False
+                i = m.end()
+                if depth == 0:
+                    return i
+                continue
+        else:
+            m = _STRUCTURE.search(stream.buf, i)
+            if m is None:
+                i = len(stream.buf)
+            else:
+                c = m.group()
+                i = m.end()
+                if c == '"':
+                    in_string = True
+                elif c in "[{":
+                    depth += 1
+                else:
+                    depth -= 1
+                    if depth == 0:
+                        return i
+                continue
+        if not stream.more():
+            return None
+
+
+def _skip_space(stream: _TextStream, pos: int) -> int:
+    while True:
+        while pos < len(stream.buf) and stream.buf[pos] in " \t\r\n":
+            pos += 1
+        if pos < len(stream.buf) or not stream.more():
+            return pos
+
+
+def _read_json(source: InputSource, batch_size: int) -> Iterator[RawBatch]:
+    """Read a JSON array of records element by element, as a stream, or fall back to JSON lines.
+
+    Elements are delimited by a scan of brackets and strings and decoded one at a time, so that memory
+    holds one record (and a chunk), never the whole file, and a file cut off in the middle of a record
+    (a broken download) still gives every complete record before the cut; the cut itself is reported
+    as one bad record.
+    """
+    path = source.display
+    with open_input(source) as fh:
+        stream = _TextStream(fh, path)
+        pos = _skip_space(stream, 0)
+        if pos >= len(stream.buf):
+            raise InputError(f"{path}: the file is empty; remove it from the inputs")
+        if stream.buf[pos] != "[":
+            lines_mode = True
+        else:
+            lines_mode = False
+            yield from _read_json_array(stream, pos + 1, path, batch_size)
+    if lines_mode:
         # A .json file holding JSON lines, as many exports do.
-        lines = data.splitlines(keepends=True)
-        items = [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
-        for start in range(0, len(items), batch_size):
-            chunk = items[start : start + batch_size]
-            yield RawBatch(path, 0, [c[1] for c in chunk], [c[0] for c in chunk], raw_lines=True)
-        return
-    decoder = json.JSONDecoder()
-    pos = text.index("[") + 1
-    end = len(text)
+        yield from _read_json_lines(source, batch_size)
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _decode_whole(stream: _TextStream, pos: int) -> tuple[Any, int] | None:
+    """Decode the element at ``pos`` when it ends inside the window (not at its edge); else None.
+
+    None (cut by the window's edge, broken, or nested too deep) sends the element to the scan of
+    brackets and strings, which reads on as far as it goes and reports what is wrong.
+    """
+    try:
+        value, end = _DECODER.raw_decode(stream.buf, pos)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    return (value, end) if end < len(stream.buf) or stream.eof else None
+
+
+def _read_json_array(stream: _TextStream, pos: int, path: str, batch_size: int) -> Iterator[RawBatch]:
     record_no = 0
     batch = RawBatch(path, 0, [], [])
     while True:
-        while pos < end and text[pos] in " \t\r\n":
-            pos += 1
-        if pos < end and text[pos] == "]":
+        if pos > CHUNK:
+            pos = stream.drop(pos)
+        pos = _skip_space(stream, pos)
+        if pos < len(stream.buf) and stream.buf[pos] == "]":
             break
-        if pos >= end:
+        if pos >= len(stream.buf):
             batch.errors.append((record_no + 1, "truncated_file", "the JSON array is cut off (missing ']')"))
             batch.items.append(None)
             batch.positions.append(record_no + 1)
             break
         record_no += 1
+        fast = _decode_whole(stream, pos)
+        if fast is not None:  # the common case: the element is whole in the window
+            value, end = fast
+            pos = _skip_space(stream, end)
+            batch.items.append(value)
+            batch.positions.append(record_no)
+            if pos < len(stream.buf) and stream.buf[pos] == ",":
+                pos += 1
+            if len(batch.items) >= batch_size:
+                yield batch
+                batch = RawBatch(path, 0, [], [])
+            continue
+        end = _value_end(stream, pos)
+        if end is None:
+            batch.errors.append((record_no, "truncated_file", "the JSON array is cut off in this record"))
+            batch.items.append(None)
+            batch.positions.append(record_no)
+            break
         try:
-            value, pos = decoder.raw_decode(text, pos)
+            value = json.loads(stream.buf[pos:end])
         except json.JSONDecodeError as exc:
             batch.errors.append((record_no, "truncated_file", f"the JSON array is cut off or broken ({exc.msg})"))
             batch.items.append(None)
@@ -132,12 +339,11 @@ def _read_json(path: str, batch_size: int) -> Iterator[RawBatch]:
 
             err = too_deep()
             batch.errors.append((record_no, err.reason, err.detail))
-            value, pos = None, _skip_value(text, pos)
+            value = None
+        pos = _skip_space(stream, end)
         batch.items.append(value)
         batch.positions.append(record_no)
-        while pos < end and text[pos] in " \t\r\n":
-            pos += 1
-        if pos < end and text[pos] == ",":
+        if pos < len(stream.buf) and stream.buf[pos] == ",":
             pos += 1
         if len(batch.items) >= batch_size:
             yield batch
@@ -146,31 +352,6 @@ def _read_json(path: str, batch_size: int) -> Iterator[RawBatch]:
         yield batch
     elif record_no == 0 and not batch.errors:
         raise InputError(f"{path}: the JSON array is empty; remove it from the inputs")
-
-
-def _skip_value(text: str, pos: int) -> int:
-    """Return the position just after the JSON array or object that starts at ``pos`` (no recursion)."""
-    depth = 0
-    in_string = False
-    i = pos
-    end = len(text)
-    while i < end:
-        c = text[i]
-        if in_string:
-            if c == "\\":
-                i += 1
-            elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-        elif c in "[{":
-            depth += 1
-        elif c in "]}":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
-    return end
 
 
 def _read_tabular(source: InputSource, batch_size: int) -> Iterator[RawBatch]:
@@ -195,23 +376,7 @@ def _arrow_batches(source: InputSource, batch_size: int) -> Iterator[Any]:
 
             yield from pq.ParquetFile(source.path).iter_batches(batch_size=batch_size)
         elif source.kind == "csv":
-            import pyarrow.csv as pacsv
-
-            # Every column as text: a CSV cell's type is what the record format says, not a guess.
-            with open(source.path, "rb") as fh:
-                # utf-8-sig: a byte order mark is not part of the first column's name.
-                header = fh.readline().decode("utf-8-sig", errors="replace").strip()
-            if not header:
-                raise InputError(f"{source.path}: the file is empty; remove it from the inputs")
-            names = next(iter(__import__("csv").reader([header])))
-            convert = pacsv.ConvertOptions(column_types={n: pa.string() for n in names})
-            reader = pacsv.open_csv(
-                source.path,
-                read_options=pacsv.ReadOptions(block_size=1 << 22),
-                convert_options=convert,
-            )
-            for batch in reader:
-                yield from _slices(batch, batch_size)
+            yield from _read_csv(source, batch_size)
         elif source.kind == "arrow":
             yield from _read_arrow_file(source.path, batch_size)
         elif source.kind == "saved_dataset":
@@ -223,6 +388,26 @@ def _arrow_batches(source: InputSource, batch_size: int) -> Iterator[Any]:
     except (pa.ArrowInvalid, pa.ArrowException) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(f"{source.display}: cannot be read as {source.kind} ({message}); check the file") from exc
+
+
+def _read_csv(source: InputSource, batch_size: int) -> Iterator[Any]:
+    import csv
+
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    # Every column as text: a CSV cell's type is what the record format says, not a guess.
+    with open_input(source) as fh:
+        # utf-8-sig: a byte order mark is not part of the first column's name.
+        header = fh.readline().decode("utf-8-sig", errors="replace").strip()
+    if not header:
+        raise InputError(f"{source.display}: the file is empty; remove it from the inputs")
+    names = next(iter(csv.reader([header])))
+    convert = pacsv.ConvertOptions(column_types={n: pa.string() for n in names})
+    with open_input(source) as fh:
+        reader = pacsv.open_csv(fh, read_options=pacsv.ReadOptions(block_size=1 << 22), convert_options=convert)
+        for batch in reader:
+            yield from _slices(batch, batch_size)
 
 
 def _slices(batch: Any, batch_size: int) -> Iterator[Any]:
@@ -244,35 +429,71 @@ def _read_arrow_file(path: str, batch_size: int) -> Iterator[Any]:
             yield from _slices(batch, batch_size)
 
 
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Return whether the Hub answers at all (offline mode and failed name lookups say no at once)."""
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
-        return False
-    import socket
-    from urllib.parse import urlparse
+_REACHABLE: dict[tuple[str, str], bool] = {}
 
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
-    try:
-        with socket.create_connection((host, 443), timeout=timeout):
-            return True
-    except OSError:
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Return whether the Hub answers at all (offline mode and failed name lookups say no at once).
+
+    Asked once per process (for each HF_HUB_OFFLINE and HF_ENDPOINT): a Hub that does not answer
+    costs up to ``timeout`` seconds.
+    """
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower()
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    if offline in ("1", "true", "yes", "on"):
         return False
+    if (offline, endpoint) not in _REACHABLE:
+        import socket
+        from urllib.parse import urlparse
+
+        host = urlparse(endpoint).hostname or "huggingface.co"
+        try:
+            with socket.create_connection((host, 443), timeout=timeout):
+                _REACHABLE[offline, endpoint] = True
+        except OSError:
+            _REACHABLE[offline, endpoint] = False
+    return _REACHABLE[offline, endpoint]
 
 
 def _read_hub(source: InputSource, batch_size: int) -> Iterator[Any]:
-    if not hub_reachable():
-        raise InputError(
-            f"{source.display}: the Hugging Face Hub cannot be reached; save the dataset with "
-            "datasets.save_to_disk where there is network and pass its directory"
-        )
+    """Load a Hub dataset with ``datasets``; without the Hub, from the local Hugging Face cache only."""
+    online = hub_reachable()
     try:
         import datasets
 
-        ds = datasets.load_dataset(source.path, split=source.split)
+        with _offline(not online):
+            ds = datasets.load_dataset(source.path, split=source.split)
     except Exception as exc:  # the Hub client raises many unrelated types for one failure
         first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        if not online:
+            raise InputError(
+                f"{source.display}: the Hugging Face Hub cannot be reached and the dataset is not in the local "
+                f"cache ({first}); load it once where there is network, or save it with datasets.save_to_disk "
+                "and pass the directory"
+            ) from exc
         raise InputError(
             f"{source.display}: cannot load the Hub dataset ({first}); check the name and split, "
             "the network, or save it locally with datasets.save_to_disk and pass the directory"
         ) from exc
     yield from ds.data.to_batches(max_chunksize=batch_size)
+
+
+@contextlib.contextmanager
+def _offline(offline: bool) -> Iterator[None]:
+    """Run ``datasets`` in offline mode (as HF_HUB_OFFLINE=1 does): cached datasets load, nothing waits on the net."""
+    if not offline:
+        yield
+        return
+    import datasets.config
+    import huggingface_hub.constants as hub_constants
+    from datasets.utils import logging as datasets_logging
+
+    saved = (datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE, datasets_logging.get_verbosity())
+    datasets.config.HF_HUB_OFFLINE = hub_constants.HF_HUB_OFFLINE = True
+    # datasets logs that it uses the cached version; packcli says so once, in its own warning.
+    datasets_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE = saved[:2]
+        datasets_logging.set_verbosity(saved[2])

@@ -6,10 +6,16 @@ Reading the sources is ``packcli.readers``.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import glob
 import hashlib
 import json
 import os
+import shutil
+import stat
+import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +30,16 @@ FILE_TYPES = {
     ".csv": "csv",
     ".arrow": "arrow",
 }
-SUPPORTED = ", ".join(sorted(FILE_TYPES))
+# Compressed text inputs: data.jsonl.gz, data.csv.zst, ... (read as a stream, never unpacked whole).
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
+COMPRESSIBLE = ("jsonl", "json", "csv")
+SUPPORTED = (
+    ", ".join(sorted(FILE_TYPES))
+    + " (JSON, JSON lines and CSV also as "
+    + ", ".join(sorted(set(COMPRESSIONS) - {".zstd"}))
+    + ")"
+)
+STDIN = "-"
 
 
 @dataclass(frozen=True)
@@ -34,9 +49,14 @@ class InputSource:
     path: str
     kind: str  # jsonl | json | parquet | csv | arrow | saved_dataset | hub
     split: str | None = None
+    compression: str | None = None  # gzip | zstd | bz2 | xz, for text kinds
+    # What the user named, when ``path`` is not it: "-" (stdin) or a FIFO, spooled to ``path``.
+    label: str | None = None
 
     @property
     def display(self) -> str:
+        if self.label is not None:
+            return self.label
         return self.path if self.kind != "hub" else f"hub:{self.path}[{self.split}]"
 
 
@@ -70,7 +90,9 @@ def resolve_inputs(paths: list[str], split: str | None = None, skipped: list[str
     skipped = [] if skipped is None else skipped
     for raw in paths:
         path = Path(raw)
-        if glob.has_magic(raw):
+        if raw == STDIN or _is_stream(path):
+            sources.append(_stream_source(raw))
+        elif glob.has_magic(raw):
             matches = sorted(glob.glob(raw, recursive=True))
             matched = [Path(m) for m in matches if Path(m).is_file()]
             files = _not_packcli(matched, skipped)
@@ -86,7 +108,7 @@ def resolve_inputs(paths: list[str], split: str | None = None, skipped: list[str
             sources.append(InputSource(str(path), "saved_dataset"))
         elif path.is_dir():
             _refuse_packcli_dir(path, raw)
-            files = sorted(p for p in _files_below(path, skipped) if p.suffix.lower() in FILE_TYPES)
+            files = sorted(p for p in _files_below(path, skipped) if _kind_of(p)[0] is not None)
             if not files:
                 raise InputError(f"{raw}: the directory holds no {SUPPORTED} file")
             sources.extend(_file_source(f) for f in files)
@@ -111,7 +133,7 @@ def resolve_inputs(paths: list[str], split: str | None = None, skipped: list[str
 
 def missing_input(raw: str) -> bool:
     """Return whether an input argument names nothing: no path, no glob, and not a Hub dataset name."""
-    return not (Path(raw).exists() or glob.has_magic(raw) or _looks_like_hub_name(raw))
+    return not (raw == STDIN or Path(raw).exists() or glob.has_magic(raw) or _looks_like_hub_name(raw))
 
 
 def _refuse_packcli_dir(path: Path, raw: str) -> None:
@@ -161,15 +183,94 @@ def _looks_like_hub_name(raw: str) -> bool:
         raw.count("/") == 1
         and not raw.startswith((".", "/", "~"))
         and Path(raw).suffix.lower() not in FILE_TYPES
+        and Path(raw).suffix.lower() not in COMPRESSIONS
         and not Path(raw).parent.exists()
     )
 
 
-def _file_source(path: Path) -> InputSource:
-    kind = FILE_TYPES.get(path.suffix.lower())
+def _kind_of(path: Path) -> tuple[str | None, str | None]:
+    """Return (kind, compression) of a file by its name: data.jsonl -> (jsonl, None), x.csv.gz -> (csv, gzip)."""
+    suffix = path.suffix.lower()
+    compression = COMPRESSIONS.get(suffix)
+    if compression is None:
+        return FILE_TYPES.get(suffix), None
+    kind = FILE_TYPES.get(Path(path.stem).suffix.lower())
+    return (kind, compression) if kind in COMPRESSIBLE else (None, compression)
+
+
+def _file_source(path: Path, label: str | None = None) -> InputSource:
+    kind, compression = _kind_of(path)
+    name = Path(label) if label is not None else path
+    if kind is None and compression is not None:
+        inner = Path(name.stem).suffix or "(none)"
+        raise InputError(
+            f"{name}: a compressed file of type '{inner}'; only JSON, JSON lines and CSV are read compressed "
+            "(Parquet and Arrow compress inside): decompress it, or name it .jsonl.gz, .json.gz or .csv.gz"
+        )
     if kind is None:
-        raise InputError(f"{path}: unsupported file type '{path.suffix}'; use one of {SUPPORTED}")
-    return InputSource(str(path), kind)
+        raise InputError(f"{name}: unsupported file type '{name.suffix}'; use one of {SUPPORTED}")
+    return InputSource(str(path), kind, compression=compression, label=label)
+
+
+def _is_stream(path: Path) -> bool:
+    """Return whether ``path`` is a named pipe (FIFO) or a shell's process substitution (/dev/fd/N)."""
+    try:
+        return stat.S_ISFIFO(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+# Streams read this run, by what the user named: a stream can be read once only, and the run reads
+# its inputs more than once (format detection, the content hash, the records), so it is copied to a
+# file first (on disk, by chunks; never held in memory).
+_SPOOLED: dict[str, InputSource] = {}
+
+
+def forget_streams() -> None:
+    """Start a new run: the streams it names are read anew (the copies of an earlier run are removed)."""
+    for source in _SPOOLED.values():
+        _remove(source.path)
+    _SPOOLED.clear()
+
+
+def _stream_source(raw: str) -> InputSource:
+    """Copy standard input ("-", JSON lines) or a FIFO (typed by its name) to a file; return it as a source."""
+    if raw in _SPOOLED and Path(_SPOOLED[raw].path).exists():
+        return _SPOOLED[raw]
+    if raw == STDIN:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise UsageError(
+                "-: standard input is a terminal; pipe JSON lines into it (zcat data.jsonl.gz | packcli ...)"
+            )
+        suffix, label = ".jsonl", "stdin"
+    else:
+        suffix, label = "".join(Path(raw).suffixes[-2:]), raw
+        if not suffix:
+            suffix = ".jsonl"  # a pipe without a type in its name (/dev/fd/63 of <(...)): JSON lines, as stdin
+        elif _kind_of(Path("x" + suffix))[0] is None:
+            _file_source(Path(raw))  # the error for this file type, naming it
+    fd, spool = tempfile.mkstemp(prefix=".packcli-stream-", suffix=suffix)
+    atexit.register(_remove, spool)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            if raw == STDIN:
+                shutil.copyfileobj(sys.stdin.buffer, out, 1 << 20)
+            else:
+                with open(raw, "rb") as stream:
+                    shutil.copyfileobj(stream, out, 1 << 20)
+    except OSError as exc:
+        _remove(spool)
+        raise InputError(
+            f"{label}: cannot copy the stream to {spool} ({exc.strerror or exc}); free disk space there or set TMPDIR"
+        ) from exc
+    source = _file_source(Path(spool), label)
+    _SPOOLED[raw] = source
+    return source
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def fingerprint(source: InputSource, memo_path: Path | None = None) -> str:
@@ -187,6 +288,10 @@ def fingerprint(source: InputSource, memo_path: Path | None = None) -> str:
     files = [Path(source.path)]
     if source.kind == "saved_dataset":
         files = sorted(p for p in Path(source.path).iterdir() if p.is_file())
+    if source.label is not None:
+        # A stream, copied to a file of a random name: hashed by content under what the user named,
+        # and not remembered (the copy is gone after the run).
+        memo_path = None
     memo = _read_memo(memo_path)
     changed = False
     for f in files:
@@ -200,7 +305,8 @@ def fingerprint(source: InputSource, memo_path: Path | None = None) -> str:
                     file_hash.update(chunk)
             memo[key] = {"stat": stamp, "blake2b": file_hash.hexdigest()}
             changed = True
-        h.update(f.name.encode() + b"\0" + memo[key]["blake2b"].encode())
+        name = Path(source.label).name if source.label is not None else f.name
+        h.update(name.encode() + b"\0" + memo[key]["blake2b"].encode())
     if changed and memo_path is not None:
         _write_memo(memo_path, memo)
     return h.hexdigest()

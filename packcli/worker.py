@@ -189,21 +189,35 @@ def parse_line(line: bytes) -> Any:
         raise too_deep() from exc
 
 
-def reject(index: int, source: str, position: int, err: RecordError, raw: Any, raw_lines: bool) -> dict[str, Any]:
-    if raw_lines and isinstance(raw, bytes):
-        record: Any = raw.decode("utf-8", errors="replace").rstrip("\n")
-    else:
-        record = raw
-    text = record if isinstance(record, str) else _record_text(record)
+def reject(
+    index: int, source: str, position: int, err: RecordError, raw: Any, raw_lines: bool, piece_index: int = 0
+) -> dict[str, Any]:
+    """One entry of the rejects file: where the record is, why it was left out, and the record itself.
+
+    Every entry has the same keys. A record longer than REJECT_RECORD_CHARS characters is given as its
+    prefix (``record_truncated`` true, ``record_chars`` its full length); its position finds it whole.
+    ``piece_index`` is 0 but for a piece of a record split by ``--overflow split``.
+    """
+    text = record_text(raw, raw_lines)
     return {
         "sample_index": index,
+        "piece_index": piece_index,
         "source": source,
         "position": position,
         "unit": "line" if raw_lines else "record",
         "reason": err.reason,
         "detail": err.detail,
         "record": text[:REJECT_RECORD_CHARS],
+        "record_truncated": len(text) > REJECT_RECORD_CHARS,
+        "record_chars": len(text),
     }
+
+
+def record_text(raw: Any, raw_lines: bool) -> str:
+    """A raw record as the rejects file shows it: a JSON line as it was, other records as JSON text."""
+    if raw_lines and isinstance(raw, bytes):
+        return raw.decode("utf-8", errors="replace").rstrip("\n")
+    return raw if isinstance(raw, str) else _record_text(raw)
 
 
 def _record_text(record: Any) -> str:

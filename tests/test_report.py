@@ -95,6 +95,7 @@ SEGMENT_KEYS = {
     "length",
     "padding",
     "trained_tokens",
+    "shown_tokens",
     "text",
     "trained_text",
     "pieces",
@@ -278,7 +279,7 @@ def test_plot_html_is_self_contained(workdir: Path, tmp_path: Path) -> None:
     result = invoke("stats", workdir / "out", "--plot", plot, "--json")
     json.loads(result.stdout)  # stdout stays parseable
     page = plot.read_text()
-    assert page.startswith("<!DOCTYPE html>") and page.count("<svg") == 2
+    assert page.startswith("<!DOCTYPE html>") and page.count("<svg") == 3
     assert "Sample length (tokens)" in page and "Row fill" in page
     assert "<script" not in page and "http" not in page.replace("http://www.w3.org/2000/svg", "")
 
@@ -290,7 +291,7 @@ def test_plot_of_raw_input(workdir: Path, tmp_path: Path) -> None:
         "--cache-dir", workdir / "cache", "--num-proc", 1, "--plot", plot,
     )
     assert plot.stat().st_size > 0
-    assert plot.read_text().count("<svg") == 3
+    assert plot.read_text().count("<svg") == 4
 
 
 def test_plot_png_needs_matplotlib(

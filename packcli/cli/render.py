@@ -9,7 +9,15 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -43,6 +51,8 @@ def progress_bars(enabled: bool) -> Iterator[Any]:
         MofNCompleteColumn(),
         TextColumn("{task.fields[rate]}"),
         TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
         console=stderr,
         transient=False,
     )
@@ -280,6 +290,9 @@ def print_row(result: Any) -> None:
             else:
                 body.append(piece.text, style=MASKED_STYLE)
         out.print(body, soft_wrap=True)
+        if seg.shown_tokens < seg.length:
+            more = seg.length - seg.shown_tokens
+            out.print(Text(f"... {more:,} more tokens (--max-tokens {seg.shown_tokens})", style=MASKED_STYLE))
 
 
 def _bracketed(text: str) -> str:

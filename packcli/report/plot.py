@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import importlib.util
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -27,19 +28,47 @@ def check_plot_path(path: str) -> None:
         )
 
 
+# What the x axis of each chart counts, by the start of its title.
+X_TITLES = {
+    "Sample length": "sample length (tokens)",
+    "Row fill": "row fill (tokens / max_len)",
+    "Samples per row": "samples in the row",
+    "Samples too long": "max_len",
+}
+
+
 def plot_histograms(result: dict[str, Any]) -> list[Histogram]:
-    """Return the histograms to draw for a stats result: lengths, then row fill (per max length)."""
+    """Return the charts of a stats result: lengths, row fill (per max length), samples per row or drops.
+
+    Sample lengths are binned up to the 99th percentile or the largest max length, whichever is
+    larger; longer samples share one last bin (see ``report.stats.length_histogram``), so that one
+    outlier does not squeeze every other sample into one bar.
+    """
     lh = result["length_histogram"]
     charts = [Histogram("Sample length (tokens)", "samples", lh["edges"], lh["labels"], lh["counts"])]
     if result["mode"] == "packed":
         fh = result["row_fill_histogram"]
         title = f"Row fill (max_len {result['max_len']})"
         charts.append(Histogram(title, "rows", fh["edges"], fh["labels"], fh["counts"]))
+        rows_by_k = {h["samples"]: h["rows"] for h in result["samples_per_row"]["histogram"]}
+        ks = list(range(min(rows_by_k, default=0), max(rows_by_k, default=0) + 1))
+        counts = [rows_by_k.get(k, 0) for k in ks]
+        charts.append(Histogram("Samples per row", "rows", [float(k) for k in ks], [str(k) for k in ks], counts))
     else:
         for line in result["max_lens"]:
             fh = line["row_fill_histogram"]
             title = f"Row fill if packed at max_len {line['max_len']}"
             charts.append(Histogram(title, "rows", fh["edges"], fh["labels"], fh["counts"]))
+        lines = result["max_lens"]
+        charts.append(
+            Histogram(
+                "Samples too long (dropped by --overflow drop) per max_len",
+                "samples",
+                [float(x["max_len"]) for x in lines],
+                [f"{x['max_len']:,}" for x in lines],
+                [x["samples_too_long"] for x in lines],
+            )
+        )
     return charts
 
 
@@ -78,6 +107,7 @@ def render_html(title: str, summary: list[tuple[str, str]], charts: list[Histogr
 body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
 table {{ border-collapse: collapse; margin-bottom: 1.5em; }}
 th, td {{ padding: 2px 12px; text-align: left; border-bottom: 1px solid #ddd; }}
+th {{ white-space: nowrap; }}
 td {{ text-align: right; font-variant-numeric: tabular-nums; }}
 figure {{ margin: 0 0 2em 0; }}
 figcaption {{ font-weight: 600; margin-bottom: 0.3em; }}
@@ -92,18 +122,36 @@ figcaption {{ font-weight: 600; margin-bottom: 0.3em; }}
 """
 
 
+def _nice_ticks(peak: int) -> list[int]:
+    """Return 0 and round tick values up to at least ``peak`` (steps of 1, 2 or 5 times a power of ten)."""
+    if peak <= 0:
+        return [0, 1]
+    raw = peak / 4
+    power = 10 ** math.floor(math.log10(raw)) if raw >= 1 else 1
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    step = max(int(step), 1)
+    return list(range(0, -(-peak // step) * step + 1, step))
+
+
+def _x_title(chart: Histogram) -> str:
+    return next((t for prefix, t in X_TITLES.items() if chart.title.startswith(prefix)), "")
+
+
 def _svg_bars(chart: Histogram) -> str:
-    width, height, left, bottom, top = 760, 280, 56, 70, 16
+    width, height, left, bottom, top = 780, 320, 76, 96, 16
     plot_w, plot_h = width - left - 10, height - bottom - top
     n = max(len(chart.counts), 1)
-    peak = max(chart.counts, default=0) or 1
+    ticks = _nice_ticks(max(chart.counts, default=0))
+    peak = ticks[-1]
     step = plot_w / n
     parts = [
         f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#444"/>',
         f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="#444"/>',
-        f'<text x="{left - 6}" y="{top + 4}" text-anchor="end" font-size="11">{peak:,}</text>',
-        f'<text x="{left - 6}" y="{top + plot_h}" text-anchor="end" font-size="11">0</text>',
     ]
+    for tick in ticks:
+        y = top + plot_h - plot_h * tick / peak
+        parts.append(f'<line x1="{left - 4}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#e4e4e4"/>')
+        parts.append(f'<text x="{left - 7}" y="{y + 4:.1f}" text-anchor="end" font-size="11">{tick:,}</text>')
     for i, (label, count) in enumerate(zip(chart.labels, chart.counts, strict=True)):
         h = plot_h * count / peak
         x = left + i * step
@@ -111,11 +159,25 @@ def _svg_bars(chart: Histogram) -> str:
             f'<rect x="{x + 1:.1f}" y="{top + plot_h - h:.1f}" width="{max(step - 2, 1):.1f}" height="{h:.1f}" '
             f'fill="#3b7dd8"><title>{html.escape(label)}: {count:,} {chart.unit}</title></rect>'
         )
+        if count and step >= 18:  # the count above its bar, where there is room
+            parts.append(
+                f'<text x="{x + step / 2:.1f}" y="{top + plot_h - h - 3:.1f}" font-size="9" text-anchor="middle" '
+                f'fill="#333">{count:,}</text>'
+            )
         cx, cy = x + step / 2, top + plot_h + 8
         parts.append(
             f'<text x="{cx:.1f}" y="{cy:.1f}" font-size="10" text-anchor="end" '
             f'transform="rotate(-45 {cx:.1f} {cy:.1f})">{html.escape(label)}</text>'
         )
+    mid_y = top + plot_h / 2
+    parts.append(
+        f'<text x="{left + plot_w / 2:.1f}" y="{height - 6}" font-size="12" text-anchor="middle">'
+        f"{html.escape(_x_title(chart))}</text>"
+    )
+    parts.append(
+        f'<text x="14" y="{mid_y:.1f}" font-size="12" text-anchor="middle" '
+        f'transform="rotate(-90 14 {mid_y:.1f})">{html.escape(chart.unit)}</text>'
+    )
     body = "\n".join(parts)
     return (
         f"<figure><figcaption>{html.escape(chart.title)} ({html.escape(chart.unit)} per bin)</figcaption>\n"
@@ -137,6 +199,7 @@ def _write_png(path: Path, title: str, charts: list[Histogram]) -> None:
         ax.set_xticklabels(chart.labels, rotation=45, ha="right", fontsize=8)
         ax.set_title(chart.title)
         ax.set_ylabel(chart.unit)
+        ax.set_xlabel(_x_title(chart))
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(str(path), format="png", dpi=100)

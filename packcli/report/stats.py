@@ -64,6 +64,9 @@ def length_histogram(lengths: np.ndarray, upper: int, title: str = "sample lengt
     width = 1 << max(0, math.ceil(math.log2(upper / LENGTH_BINS_TARGET))) if upper > LENGTH_BINS_TARGET else 1
     n_bins = -(-upper // width)
     edges = np.arange(n_bins + 1, dtype=np.int64) * width
+    longest = int(np.max(lengths)) if len(lengths) else 0
+    if longest > edges[-1]:  # longer samples share one last bin, labelled with their real range
+        edges = np.append(edges, longest)
     counts = _right_closed_counts(np.asarray(lengths, dtype=np.int64), edges)
     labels = [f"{int(a) + 1}-{int(b)}" if b - a > 1 else f"{int(b)}" for a, b in pairwise(edges)]
     return Histogram(title, "samples", [int(e) for e in edges], labels, counts)
@@ -270,6 +273,9 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
         raise UsageError("a raw input needs --max-len (e.g. --max-len 2048,4096,8192)")
     inputs = config.inputs
     from packcli.pipeline import tokenized_inputs
+    from packcli.sources import forget_streams
+
+    forget_streams()  # stdin and FIFOs named by this run are read by this run
 
     with tokenized_inputs(config, progress) as tokenized:
         store, cache_state, warnings = tokenized.store, tokenized.cache, tokenized.warnings
@@ -280,7 +286,8 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
         lines = [_what_if(lengths, m, batch_size) for m in max_lens]
         for line in lines:
             line["policies"] = _kept_by_policy(config, store, line["max_len"], trainable, progress)
-    upper = max(int(lengths.max()) if len(lengths) else 0, max(max_lens))
+    # Bins up to the 99th percentile (or the largest max length): one outlier does not widen them all.
+    upper = max(int(np.percentile(lengths, 99)) if len(lengths) else 0, max(max_lens))
     return {
         "mode": "raw",
         "inputs": list(inputs),

@@ -1,0 +1,145 @@
+"""The command line as a manual: stats takes what pack takes, help in panels, metavars, choices."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from typer.main import get_command
+from typer.testing import CliRunner
+
+from packcli.cli import app
+from packcli.config import CHOICES, OPTION_GROUPS
+from tests.conftest import make_conversations, write_jsonl
+
+# A parameter of the command line -> the option of PackConfig it sets, where the names differ.
+CONFIG_NAME = {"field": "fields", "template_kwarg": "template_kwargs"}
+
+
+def _params(command: str) -> dict[str, Any]:
+    return {p.name: p for p in get_command(app).commands[command].params}  # type: ignore[attr-defined]
+
+
+def test_every_pack_option_that_decides_tokens_is_on_stats() -> None:
+    """What decides a sample's tokens is the input and tokenization options (the cache key's), and the
+    preset that can set them: each has the same flags, default and help on stats as on pack."""
+    token_options = {*OPTION_GROUPS["input"], *OPTION_GROUPS["tokenization"]} - {"inputs"}
+    pack, stats = _params("pack"), _params("stats")
+    deciding = [n for n in pack if CONFIG_NAME.get(n, n) in token_options or n == "config"]
+    assert {CONFIG_NAME.get(n, n) for n in deciding} == token_options | {"config"}
+    for name in deciding:
+        assert name in stats, f"pack --{name} decides tokens but stats has no such option"
+        a, b = pack[name], stats[name]
+        assert (a.opts, a.secondary_opts, a.default, a.help, a.metavar) == (
+            b.opts,
+            b.secondary_opts,
+            b.default,
+            b.help,
+            b.metavar,
+        ), name
+
+
+def _chats(path: Path, n: int = 24, key: str = "messages") -> Path:
+    return write_jsonl(path, [{key: m} for m in make_conversations(n, seed=5, max_turns=2, max_words=20)])
+
+
+def _stats(*argv: str, cache_dir: Path) -> Any:
+    result = CliRunner().invoke(app, ["stats", *argv, "--cache-dir", str(cache_dir), "--num-proc", "1", "--json"])
+    return result
+
+
+def test_stats_takes_field_format_and_config(tmp_path: Path, cache_dir: Path) -> None:
+    plain = _chats(tmp_path / "plain.jsonl")
+    renamed = _chats(tmp_path / "renamed.jsonl", key="dialog")
+    reference = json.loads(_stats(str(plain), "--max-len", "512", cache_dir=cache_dir).stdout)
+
+    # Without the rename, the format cannot be told: one line that names the fix.
+    bare = _stats(str(renamed), "--max-len", "512", cache_dir=cache_dir)
+    assert bare.exit_code == 1 and "pass --format, or --field" in bare.stderr
+    for argv in (
+        ["--field", "messages=dialog"],
+        ["--field", "messages=dialog", "--format", "messages"],
+    ):
+        result = _stats(str(renamed), "--max-len", "512", *argv, cache_dir=cache_dir)
+        assert result.exit_code == 0, result.output
+        got = json.loads(result.stdout)
+        assert (got["samples"], got["tokens"], got["trainable_tokens"]) == (
+            reference["samples"],
+            reference["tokens"],
+            reference["trainable_tokens"],
+        )
+
+    # A preset names the inputs, the rename and the max length; a flag overrides its max length.
+    (tmp_path / "p.yaml").write_text("inputs: [renamed.jsonl]\nmax_len: 300\nfields: {messages: dialog}\n")
+    got = json.loads(_stats("--config", str(tmp_path / "p.yaml"), cache_dir=cache_dir).stdout)
+    assert [line["max_len"] for line in got["max_lens"]] == [300]
+    assert got["tokens"] == reference["tokens"]
+    got = json.loads(_stats("--config", str(tmp_path / "p.yaml"), "--max-len", "256,512", cache_dir=cache_dir).stdout)
+    assert [line["max_len"] for line in got["max_lens"]] == [256, 512]
+
+    # --train-on and --limit change what stats counts, as they change what pack writes.
+    got = json.loads(_stats(str(plain), "--max-len", "512", "--train-on", "all", cache_dir=cache_dir).stdout)
+    # Every token but each sample's first (whose label is -100 by the contract) is trained.
+    assert got["trainable_tokens"] == got["tokens"] - got["samples"] > reference["trainable_tokens"]
+    got = json.loads(_stats(str(plain), "--max-len", "512", "--limit", "5", cache_dir=cache_dir).stdout)
+    assert got["records_read"] == 5
+
+
+def test_stats_refuses_token_options_on_a_packed_output(tmp_path: Path, cache_dir: Path, pack: Any) -> None:
+    data = _chats(tmp_path / "d.jsonl", n=6)
+    pack(data, "--max-len", "512", "-o", tmp_path / "out")
+    for argv in (["--field", "messages=dialog"], ["--limit", "3"], ["--config", str(tmp_path / "x.toml")]):
+        result = CliRunner().invoke(app, ["stats", str(tmp_path / "out"), *argv])
+        assert result.exit_code == 2
+        assert f"{argv[0]} applies to raw input only" in result.stderr
+
+
+def _help(*argv: str) -> str:
+    return CliRunner().invoke(app, [*argv, "--help"], env={"COLUMNS": "200", "TERM": "dumb"}).stdout
+
+
+def test_pack_help_is_in_panels_with_metavars_and_choices() -> None:
+    text = _help("pack")
+    panels = re.findall(r"╭─ (.+?) ─", text)
+    assert panels == ["Arguments", "Options", "Input", "Tokenizer & template", "Packing", "Output", "Run"]
+    # Only --help is left in the generic panel: every option of pack is in a named one.
+    generic = text.split("╭─ Options ─")[1].split("╰")[0]
+    assert re.findall(r"--[a-z-]+", generic) == ["--help"]
+    for option, metavar in (
+        ("--max-len", "N"),
+        ("--output", "DIR"),
+        ("--config", "FILE"),
+        ("--chat-template", "FILE"),
+        ("--rejects", "FILE"),
+        ("--num-proc", "N"),
+        ("--cache-dir", "DIR"),
+        ("--limit", "N"),
+    ):
+        assert re.search(rf"{option}\s.*?\s{re.escape(metavar)}\s", text), option
+    for name in ("overflow", "on_error", "algorithm", "rank_remainder", "output_format", "engine", "truncate_side"):
+        assert "[" + "|".join(CHOICES[name]) + "]" in text, name
+    assert "[default: 4096]" in text and "[default: (available cores)]" in text
+
+
+def test_stats_help_is_in_panels_and_completion_installs() -> None:
+    panels = re.findall(r"╭─ (.+?) ─", _help("stats"))
+    assert panels[2:] == ["Input", "Tokenizer & template", "Packing", "Output", "Run"]
+    assert "--install-completion" in _help()
+
+
+def test_inspect_max_tokens_decodes_the_start_of_each_sample(tmp_path: Path, pack: Any) -> None:
+    data = _chats(tmp_path / "d.jsonl", n=8)
+    pack(data, "--max-len", "2048", "-o", tmp_path / "out")
+    whole = json.loads(CliRunner().invoke(app, ["inspect", str(tmp_path / "out"), "--json"]).stdout)
+    cut = json.loads(CliRunner().invoke(app, ["inspect", str(tmp_path / "out"), "--json", "--max-tokens", "5"]).stdout)
+    for a, b in zip(whole["segments"], cut["segments"], strict=True):
+        assert (b["length"], b["input_ids"], b["trained_tokens"]) == (a["length"], a["input_ids"], a["trained_tokens"])
+        assert b["shown_tokens"] == min(5, a["length"]) and a["shown_tokens"] == a["length"]
+        assert a["text"].startswith(b["text"]) and len(b["text"]) < len(a["text"])
+    printed = CliRunner().invoke(app, ["inspect", str(tmp_path / "out"), "--max-tokens", "5", "--no-pager"]).stdout
+    more = whole["segments"][0]["length"] - 5
+    assert f"... {more:,} more tokens (--max-tokens 5)" in printed
+    refused = CliRunner().invoke(app, ["inspect", str(tmp_path / "out"), "--max-tokens", "0"])
+    assert refused.exit_code == 2 and "--max-tokens must be at least 1" in refused.stderr

@@ -1,0 +1,298 @@
+"""The inputs users have: compressed files, stdin and FIFOs, cached Hub datasets offline, YAML presets, --limit."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import hashlib
+import json
+import lzma
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zstandard
+from typer.testing import CliRunner
+
+import packcli
+from packcli.cli import app
+from packcli.errors import InputError
+from tests.conftest import make_conversations, write_jsonl
+
+COMPRESS = {
+    "gz": gzip.compress,
+    "zst": lambda b: zstandard.ZstdCompressor().compress(b),
+    "bz2": bz2.compress,
+    "xz": lzma.compress,
+}
+
+
+def _records(n: int = 12) -> list[dict[str, Any]]:
+    return [{"messages": m} for m in make_conversations(n, seed=3, max_turns=2, max_words=12)]
+
+
+def _texts(records: list[dict[str, Any]]) -> dict[str, bytes]:
+    """The same records as JSON lines, a JSON array, and CSV (prompt, completion)."""
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    rows = ["prompt,completion"]
+    for r in records:
+        user, answer = r["messages"][-2]["content"], r["messages"][-1]["content"]
+        rows.append(",".join('"' + v.replace('"', '""') + '"' for v in (user, answer)))
+    return {
+        "jsonl": lines.encode(),
+        "json": json.dumps(records, ensure_ascii=False, indent=1).encode(),
+        "csv": ("\n".join(rows) + "\n").encode(),
+    }
+
+
+@pytest.mark.parametrize(("ext", "packed_kind"), [("gz", "jsonl"), ("zst", "csv"), ("bz2", "json"), ("xz", "jsonl")])
+def test_every_text_format_reads_compressed_as_plain(
+    tmp_path: Path, cache_dir: Path, ext: str, packed_kind: str
+) -> None:
+    """A .jsonl/.json/.csv compressed with gz, zst, bz2 or xz gives the very records of the plain file,
+    and packs to the same tokens."""
+    from packcli.readers import read_batches
+    from packcli.sources import resolve_inputs
+
+    for kind, data in _texts(_records()).items():
+        plain = tmp_path / f"plain-{kind}" / f"d.{kind}"
+        packed = tmp_path / f"packed-{kind}" / f"d.{kind}.{ext}"
+        plain.parent.mkdir()
+        packed.parent.mkdir()
+        plain.write_bytes(data)
+        packed.write_bytes(COMPRESS[ext](data))
+        [source] = resolve_inputs([str(packed)])
+        assert source.kind == kind
+        read = [(b.items, b.positions) for b in read_batches(resolve_inputs([str(packed)]), batch_size=5)]
+        assert read == [(b.items, b.positions) for b in read_batches(resolve_inputs([str(plain)]), batch_size=5)]
+        assert sum(len(items) for items, _ in read) == 12
+        if kind == packed_kind:
+            a = packcli.pack(plain, 256, dry_run=True, cache_dir=cache_dir, num_proc=1)
+            b = packcli.pack(packed, 256, dry_run=True, cache_dir=cache_dir, num_proc=1)
+            assert (b.records_read, b.tokens, b.rows) == (a.records_read, a.tokens, a.rows)
+            assert b.records_read == 12 and b.summary["cache"] == "miss"
+
+
+def test_the_content_hash_is_of_the_compressed_bytes(tmp_path: Path) -> None:
+    from packcli.sources import fingerprint, resolve_inputs
+
+    data = _texts(_records())["jsonl"]
+    fast, best = tmp_path / "a" / "d.jsonl.gz", tmp_path / "b" / "d.jsonl.gz"
+    fast.parent.mkdir()
+    best.parent.mkdir()
+    fast.write_bytes(gzip.compress(data, compresslevel=1, mtime=0))
+    best.write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
+    assert fast.read_bytes() != best.read_bytes()
+    [a], [b] = resolve_inputs([str(fast)]), resolve_inputs([str(best)])
+    assert (a.kind, a.compression) == ("jsonl", "gzip")
+    # Same records, other compressed bytes: another hash; the hash is BLAKE2b of the file's bytes.
+    assert fingerprint(a) != fingerprint(b)
+    expected = hashlib.blake2b(digest_size=16)
+    expected.update(b"d.jsonl.gz\0" + hashlib.blake2b(fast.read_bytes(), digest_size=16).hexdigest().encode())
+    assert fingerprint(a) == expected.hexdigest()
+
+
+def test_a_json_array_is_read_as_a_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 64-character chunks, records that span chunks (escapes, multi-byte UTF-8, nesting) are whole,
+    and the text held never grows with the file."""
+    from packcli import readers
+    from packcli.sources import InputSource
+
+    records = [{"text": f'é"\\{i}' + "数据😀" * (i % 7), "n": [[i], {"a": "]}"}]} for i in range(300)]
+    path = tmp_path / "d.json.xz"
+    path.write_bytes(lzma.compress(json.dumps(records, ensure_ascii=False).encode()))
+    monkeypatch.setattr(readers, "CHUNK", 64)
+    held: list[int] = []
+    more = readers._TextStream.more
+
+    def watch(self: Any) -> bool:
+        held.append(len(self.buf))
+        return more(self)
+
+    monkeypatch.setattr(readers._TextStream, "more", watch)
+    batches = list(readers.read_batches([InputSource(str(path), "json", compression="xz")], batch_size=50))
+    assert [r for b in batches for r in b.items] == records
+    assert len(held) > 100 and max(held) < 64 * 4  # one record and a chunk or two, never the file
+
+
+def test_a_damaged_compressed_file_is_one_line_naming_it(tmp_path: Path, pack: Any) -> None:
+    data = gzip.compress(_texts(_records())["jsonl"])
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(data[: len(data) // 2])
+    result = pack(cut, "--max-len", "256", "-o", tmp_path / "out", expect=1)
+    assert result.stderr.count("\n") == 1
+    assert "cut.jsonl.gz: cannot decompress" in result.stderr and "check the file" in result.stderr
+    zst = tmp_path / "bad.csv.zst"
+    zst.write_bytes(b"not zstd at all")
+    result = pack(zst, "--max-len", "256", "-o", tmp_path / "out", expect=1)
+    assert "bad.csv.zst: cannot decompress" in result.stderr
+
+
+def test_compressed_parquet_is_refused_with_the_fix(tmp_path: Path, pack: Any) -> None:
+    (tmp_path / "d.parquet.gz").write_bytes(gzip.compress(b"x"))
+    result = pack(tmp_path / "d.parquet.gz", "--max-len", "256", "-o", tmp_path / "out", expect=1)
+    assert "only JSON, JSON lines and CSV are read compressed" in result.stderr
+
+
+def test_a_directory_takes_its_compressed_files(tmp_path: Path, cache_dir: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.jsonl.zst").write_bytes(COMPRESS["zst"](_texts(_records(5))["jsonl"]))
+    (data / "b.json.bz2").write_bytes(bz2.compress(_texts(_records(7))["json"]))
+    (data / "notes.txt.gz").write_bytes(gzip.compress(b"not data"))
+    result = packcli.pack(data, 256, dry_run=True, cache_dir=cache_dir, num_proc=1)
+    assert result.records_read == 12
+
+
+def _invoke(argv: list[str], cache_dir: Path, **kwargs: Any) -> Any:
+    return CliRunner().invoke(app, [*argv, "--cache-dir", str(cache_dir), "--num-proc", "1"], **kwargs)
+
+
+def test_stdin_is_read_as_json_lines(tmp_path: Path, cache_dir: Path) -> None:
+    lines = _texts(_records())["jsonl"].decode()
+    out = tmp_path / "out"
+    result = _invoke(["pack", "-", "--max-len", "256", "-o", str(out), "--json", "-q"], cache_dir, input=lines)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["records_read"] == 12
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["inputs"][0]["path"] == "stdin"
+    # The same bytes again: a cache hit (the hash is of the content, not of the copy's name).
+    again = _invoke(["pack", "-", "--max-len", "256", "--dry-run", "--json", "-q"], cache_dir, input=lines)
+    assert json.loads(again.stdout)["cache"] == "hit"
+    other = _invoke(["pack", "-", "--max-len", "256", "--dry-run", "--json", "-q"], cache_dir, input=lines[:-1] + " ")
+    assert json.loads(other.stdout)["cache"] == "miss"
+
+
+def test_a_fifo_is_read_as_a_stream(tmp_path: Path, cache_dir: Path) -> None:
+    fifo = tmp_path / "live.jsonl.gz"
+    os.mkfifo(fifo)
+    data = gzip.compress(_texts(_records())["jsonl"])
+
+    def feed() -> None:
+        with open(fifo, "wb") as fh:
+            fh.write(data)
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    result = _invoke(["pack", str(fifo), "--max-len", "256", "--dry-run", "--json", "-q"], cache_dir)
+    writer.join(timeout=30)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["records_read"] == 12
+
+    # A pipe whose name has no type (what bash's <(...) passes, /dev/fd/63) is JSON lines, as stdin.
+    bare = tmp_path / "63"
+    os.mkfifo(bare)
+    lines = _texts(_records(5))["jsonl"]
+    writer = threading.Thread(target=lambda: bare.write_bytes(lines))
+    writer.start()
+    result = _invoke(["pack", str(bare), "--max-len", "256", "--dry-run", "--json", "-q"], cache_dir)
+    writer.join(timeout=30)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["records_read"] == 5
+
+
+def _cached_hub_dataset(home: Path, repo: str, records: list[dict[str, Any]]) -> None:
+    """Lay out ``repo`` in a datasets cache as a dataset loaded once from the Hub leaves it."""
+    import datasets
+
+    built = datasets.Dataset.from_list(records)
+    owner, name = repo.split("/")
+    target = home / f"{owner}___{name}" / "default" / "0.0.0" / "0123abcd"
+    target.mkdir(parents=True)
+    import pyarrow as pa
+
+    with (
+        pa.OSFile(str(target / f"{name}-train.arrow"), "wb") as sink,
+        pa.ipc.new_stream(sink, built.data.schema) as writer,
+    ):
+        writer.write_table(built.data.table)
+    info = datasets.DatasetInfo(features=built.features, dataset_name=name, config_name="default")
+    info.splits = datasets.SplitDict({"train": datasets.SplitInfo("train", num_examples=len(records))})
+    info.write_to_directory(str(target))
+
+
+def test_a_cached_hub_dataset_loads_offline(
+    tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import datasets.config
+
+    hf = tmp_path / "hf-datasets"
+    _cached_hub_dataset(hf, "acme/chats", _records())
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", hf)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    result = packcli.pack("acme/chats", 256, dry_run=True, cache_dir=cache_dir, num_proc=1)
+    assert result.records_read == 12
+    assert any("read from the local Hugging Face cache" in w for w in result.warnings)
+    with pytest.raises(packcli.PackcliError, match=r"hub:acme/nothing\[train\]: .*not in the local cache"):
+        packcli.pack("acme/nothing", 256, dry_run=True, cache_dir=cache_dir, num_proc=1, format="messages")
+
+
+def test_yaml_preset_names_inputs_and_fields(tmp_path: Path, cache_dir: Path) -> None:
+    presets = tmp_path / "presets"
+    presets.mkdir()
+    write_jsonl(presets / "renamed.jsonl", [{"dialog": r["messages"]} for r in _records()])
+    (presets / "sft.yaml").write_text(
+        "# the training config's neighbour\ninputs:\n  - renamed.jsonl\nmax_len: 300\nfields:\n  messages: dialog\n"
+    )
+    result = _invoke(["pack", "--config", str(presets / "sft.yaml"), "--dry-run", "--json", "-q"], cache_dir)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert (summary["records_read"], summary["max_len"]) == (12, 300)
+    # Inputs on the command line replace the preset's.
+    other = write_jsonl(tmp_path / "other.jsonl", [{"dialog": r["messages"]} for r in _records(4)])
+    result = _invoke(
+        ["pack", str(other), "--config", str(presets / "sft.yaml"), "--dry-run", "--json", "-q"], cache_dir
+    )
+    assert json.loads(result.stdout)["records_read"] == 4
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("max_len: [1, 2\n", "not a valid YAML file"),
+        ("inputs: 3\n", "'inputs' must be a path or a list of paths, not the number 3"),
+        ("limit: 0\n", "'limit' must be an integer of at least 1"),
+        ("- a\n- b\n", "a preset must be an object"),
+    ],
+)
+def test_bad_yaml_preset_is_one_line(tmp_path: Path, cache_dir: Path, text: str, message: str) -> None:
+    (tmp_path / "p.yml").write_text(text)
+    data = write_jsonl(tmp_path / "d.jsonl", _records(2))
+    result = _invoke(["pack", str(data), "--config", str(tmp_path / "p.yml"), "--dry-run"], cache_dir)
+    assert result.exit_code == 2
+    assert message in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_limit_reads_the_first_records_and_says_so(tmp_path: Path, cache_dir: Path) -> None:
+    a = write_jsonl(tmp_path / "a.jsonl", _records(5))
+    b = write_jsonl(tmp_path / "b.jsonl", _records(9))
+    out = tmp_path / "out"
+    result = packcli.pack([str(a), str(b)], 256, out, limit=7, cache_dir=cache_dir, num_proc=1)
+    assert result.records_read == 7
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"]["limit"] == 7 and manifest["counts"]["records_read"] == 7
+    assert manifest["options"]["limit"] == 7
+    assert sorted(i for row in result.dataset()["sample_index"] for i in row) == list(range(7))
+    # The limited store is not what a run without --limit reads.
+    full = packcli.pack([str(a), str(b)], 256, dry_run=True, cache_dir=cache_dir, num_proc=1)
+    assert full.records_read == 14 and full.summary["cache"] == "miss"
+    with pytest.raises(packcli.PackcliError, match="limit must be at least 1"):
+        packcli.pack(str(a), 256, dry_run=True, limit=0, cache_dir=cache_dir, num_proc=1)
+
+
+def test_stdin_from_a_terminal_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from packcli.sources import forget_streams, resolve_inputs
+
+    class Tty:
+        def isatty(self) -> bool:
+            return True
+
+    forget_streams()
+    monkeypatch.setattr(sys, "stdin", Tty())
+    with pytest.raises(packcli.PackcliError, match="standard input is a terminal"):
+        resolve_inputs(["-"])
+    assert InputError.exit_code == 1
