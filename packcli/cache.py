@@ -25,7 +25,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,9 @@ class TokenStore:
     first_trained: np.ndarray  # int32: position of the first token with a label
     positions: np.ndarray  # int32: line or record number in its source
     meta: dict[str, Any]
+    # Seconds by stage of the run that made the store (read, decode, tokenize, store, cpu, wall); empty
+    # for a store found in the cache. Not saved.
+    seconds: dict[str, float] = field(default_factory=dict)
 
     @functools.cached_property
     def starts(self) -> np.ndarray:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -79,6 +80,8 @@ def tokenize_to_store(
     writer = TokenStoreWriter(store_path, fix, where)
     counts: Counter[str] = Counter()
     left_out: Counter[str] = Counter()
+    clock: Counter[str] = Counter()  # seconds by stage (see TokenStore.seconds)
+    began = time.perf_counter()
     records = 0
     records_split = pieces = 0
     rejects_path = writer.tmp / "rejects.jsonl"
@@ -90,8 +93,12 @@ def tokenize_to_store(
         total = min(total, config.limit) if total is not None else None
     try:
         with _open_for_writing(rejects_path, where, fix) as rejects_file:
-            jobs = ((batch, formats[batch.source]) for batch in read_batches(sources, BATCH_SIZE, config.limit))
+            batches = _timed(read_batches(sources, BATCH_SIZE, config.limit), clock, "read")
+            jobs = ((batch, formats[batch.source]) for batch in batches)
             for result in map_ordered(worker.tokenize_batch, jobs, config.num_proc):
+                stored = time.perf_counter()
+                for key, value in result.seconds.items():
+                    clock[key] += value
                 records += result.n_records
                 records_split += result.records_split
                 left_out.update(result.pieces_left_out)
@@ -122,6 +129,7 @@ def tokenize_to_store(
                     result.positions,
                     result.piece_index,
                 )
+                clock["store"] += time.perf_counter() - stored
                 progress("tokenize", result.n_records, total)
         pad_id = encoder.tokenizer.pad_token_id
         meta = {
@@ -151,12 +159,30 @@ def tokenize_to_store(
             # higher may use this store (see _cached_store).
             meta["ruled_out_over_bytes"] = ruled_out_bytes
             meta["ruled_out_max_len"] = config.max_len
-        return writer.finish(meta)
+        finishing = time.perf_counter()
+        store = writer.finish(meta)
+        clock["store"] += time.perf_counter() - finishing
+        clock["wall"] = time.perf_counter() - began
+        store.seconds = dict(clock)
+        return store
     except BaseException:
         writer.abort()
         raise
     finally:
         worker.release()
+
+
+def _timed(items: Iterator[Any], clock: Counter[str], key: str) -> Iterator[Any]:
+    """Yield from ``items``, adding the seconds spent getting each one to ``clock[key]``."""
+    while True:
+        t = time.perf_counter()
+        try:
+            item = next(items)
+        except StopIteration:
+            clock[key] += time.perf_counter() - t
+            return
+        clock[key] += time.perf_counter() - t
+        yield item
 
 
 def _store_where_fix(config: PackConfig, store_path: Path) -> tuple[Path, str]:

@@ -223,6 +223,7 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
         scratch = staged.tmp if staged else None
         with tokenized_inputs(config, progress, scratch=scratch, rule_out_long=True) as inputs:
             t1 = time.perf_counter()
+            seconds = dict(inputs.store.seconds)
             store = inputs.store
             plan = make_plan(config, store)
             t2 = time.perf_counter()
@@ -238,6 +239,8 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
                     rejects = prepared.rejects_path(config.rejects) if prepared else Path(config.rejects)
                     _write_rejects(rejects, store, plan, inputs.sources, config.limit)
                 manifest = _manifest(config, inputs, summary, shards)
+                # Up to the manifest: what is left (writing it, the swap) is milliseconds.
+                manifest["stage_seconds"] = _stage_seconds(seconds, t1 - started, t2 - t1, time.perf_counter() - t2)
                 if index_files:
                     manifest["index_files"] = index_files
                 if prepared and prepared.rejects_relative:
@@ -265,8 +268,30 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
         "write": round(t3 - t2, 3),
         "total": round(t3 - started, 3),
     }
+    summary["stage_seconds"] = _stage_seconds(seconds, t1 - started, t2 - t1, t3 - t2)
     summary["tokens_per_second"] = round(summary["tokens"] / max(t3 - started, 1e-9))
     return summary
+
+
+def _stage_seconds(made: dict[str, float], until_plan: float, plan: float, write: float) -> dict[str, float]:
+    """Where a run's time went, by stage (see the README's "The summary").
+
+    ``made`` is what tokenize_to_store measured (empty on a cache hit): main-process seconds reading
+    input and writing the store, and the workers' seconds decoding and tokenizing and their CPU
+    seconds, summed over workers (so with N workers they may add up to N times the wall time).
+    """
+    stages = {
+        "prepare": until_plan - made.get("wall", 0.0),  # inputs, hashes, tokenizer, cache lookup
+        "read": made.get("read", 0.0),
+        "decode": made.get("decode", 0.0),
+        "tokenize": made.get("tokenize", 0.0),
+        "store": made.get("store", 0.0),
+        "plan": plan,
+        "write": write,
+        "workers_cpu": made.get("cpu", 0.0),
+        "total": until_plan + plan + write,
+    }
+    return {k: round(max(v, 0.0), 3) for k, v in stages.items()}
 
 
 def _prepare_output(config: PackConfig, skipped: list[str]) -> staging.PreparedOutput:

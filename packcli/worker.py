@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,9 @@ class TokenizedBatch:
     records_split: int = 0
     pieces_made: int = 0  # samples made from split records (pieces kept)
     pieces_left_out: dict[str, int] = field(default_factory=dict)  # reason -> pieces
+    # Seconds this batch took in the worker: decode (parse, detect, normalise, check), tokenize (render,
+    # spans, encode, split) and cpu (the worker's CPU seconds for the batch, all threads).
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 # What the workers tokenize with: set by use() in the parent before the pool forks (so workers start
@@ -73,6 +77,7 @@ def release() -> None:
 
 
 def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
+    started, cpu_started = time.perf_counter(), time.process_time()
     encoder: Encoder = _CONTEXT["encoder"]
     fields: dict[str, str] = _CONTEXT["fields"]
     errors = {pos: (reason, detail) for pos, reason, detail in batch.errors}
@@ -95,6 +100,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
             samples.append(sample)
         except RecordError as err:
             samples.append(err)
+    decoded = time.perf_counter()
     results = encoder.encode_batch(samples)
     split: SplitRule | None = _CONTEXT.get("split")
     kept_index, kept_pos, kept_piece, ids, labels, rejects = [], [], [], [], [], []
@@ -128,6 +134,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
             kept_piece.append(p)
             ids.append(piece_ids)
             labels.append(piece_labels)
+    encoded = time.perf_counter()
     lengths = np.fromiter((len(x) for x in ids), dtype=np.int32, count=len(ids))
     flat_ids = np.concatenate(ids) if ids else np.zeros(0, np.int32)
     flat_labels = np.concatenate(labels) if labels else np.zeros(0, np.int32)
@@ -149,6 +156,11 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         records_split=records_split,
         pieces_made=pieces_made,
         pieces_left_out=dict(left_out),
+        seconds={
+            "decode": decoded - started,
+            "tokenize": encoded - decoded,
+            "cpu": time.process_time() - cpu_started,
+        },
     )
 
 

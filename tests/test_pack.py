@@ -440,3 +440,18 @@ def test_trainable_tokens_count_what_is_written(pack: Any, chat_jsonl: Path, tmp
         rows = read_rows(out)
         assert summary["truncated"] > 0
         assert summary["trainable_tokens"] == sum(sum(x != -100 for x in r["labels"]) for r in rows)
+
+
+def test_stage_seconds_say_where_the_time_went(pack: Any, tmp_path: Path, chat_jsonl: Path) -> None:
+    stages = {"prepare", "read", "decode", "tokenize", "store", "plan", "write", "workers_cpu", "total"}
+    miss = json.loads(pack(chat_jsonl, "--max-len", 512, "-o", tmp_path / "a", "--json", "-q").stdout)
+    hit = json.loads(pack(chat_jsonl, "--max-len", 512, "-o", tmp_path / "b", "--json", "-q").stdout)
+    assert (miss["cache"], hit["cache"]) == ("miss", "hit")
+    for summary in (miss, hit):
+        seconds = summary["stage_seconds"]
+        assert set(seconds) == stages and min(seconds.values()) >= 0
+        assert seconds["total"] >= seconds["prepare"] + seconds["plan"] + seconds["write"] - 0.01
+    assert miss["stage_seconds"]["tokenize"] > 0 and miss["stage_seconds"]["workers_cpu"] > 0
+    assert all(hit["stage_seconds"][k] == 0 for k in ("read", "decode", "tokenize", "store", "workers_cpu"))
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert set(manifest["stage_seconds"]) == stages
