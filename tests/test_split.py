@@ -361,3 +361,30 @@ def test_the_cut_is_found_with_few_encodes(model_tokenizer: tuple[str, Any]) -> 
         expected.append(tokens(a, b).tolist())
         a = b
     assert [p[0].tolist() for p in pieces.pieces] == expected
+
+
+def test_truncate_left_keeps_the_last_answer_of_a_conversation(tmp_path: Path, pack: Any) -> None:
+    messages = [
+        {"role": "system", "content": "be kind " * 10},
+        {"role": "user", "content": "first question " * 30},
+        {"role": "assistant", "content": "first answer " * 40},
+        {"role": "user", "content": "second question"},
+        {"role": "assistant", "content": "the last answer is here"},
+    ]
+    data = write_jsonl(tmp_path / "c.jsonl", [{"messages": messages}])
+    flags = ["--max-len", 64, "--overflow", "truncate", "--json", "-q"]
+    left = json.loads(pack(data, *flags, "--truncate-side", "left", "-o", tmp_path / "left").stdout)
+    right = pack(data, *flags, "-o", tmp_path / "right", expect=1)  # the head holds no answer
+    assert "no sample left to pack" in right.stderr
+    from packcli.tokenize import load_tokenizer
+
+    tokenizer = load_tokenizer(None)
+
+    def trained(out: Path) -> str:
+        (row,) = read_rows(out)
+        ids, labels = np.asarray(row["input_ids"]), np.asarray(row["labels"])
+        assert labels[0] == IGNORE_INDEX and len(ids) == 64
+        return tokenizer.decode(ids[labels != IGNORE_INDEX])
+
+    assert "the last answer is here" in trained(tmp_path / "left")
+    assert left["truncated"] == 1 and left["dropped"] == {}
