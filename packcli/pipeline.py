@@ -239,8 +239,6 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
                     rejects = prepared.rejects_path(config.rejects) if prepared else Path(config.rejects)
                     _write_rejects(rejects, store, plan, inputs.sources, config.limit)
                 manifest = _manifest(config, inputs, summary, shards)
-                # Up to the manifest: what is left (writing it, the swap) is milliseconds.
-                manifest["stage_seconds"] = _stage_seconds(seconds, t1 - started, t2 - t1, time.perf_counter() - t2)
                 if index_files:
                     manifest["index_files"] = index_files
                 if prepared and prepared.rejects_relative:
