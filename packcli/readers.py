@@ -310,36 +310,29 @@ def _read_json_array(stream: _TextStream, pos: int, path: str, batch_size: int) 
         fast = _decode_whole(stream, pos)
         if fast is not None:  # the common case: the element is whole in the window
             value, end = fast
-            pos = _skip_space(stream, end)
-            batch.items.append(value)
-            batch.positions.append(record_no)
-            if pos < len(stream.buf) and stream.buf[pos] == ",":
-                pos += 1
-            if len(batch.items) >= batch_size:
-                yield batch
-                batch = RawBatch(path, 0, [], [])
-            continue
-        end = _value_end(stream, pos)
-        if end is None:
-            batch.errors.append((record_no, "truncated_file", "the JSON array is cut off in this record"))
-            batch.items.append(None)
-            batch.positions.append(record_no)
-            break
-        try:
-            value = json.loads(stream.buf[pos:end])
-        except json.JSONDecodeError as exc:
-            batch.errors.append((record_no, "truncated_file", f"the JSON array is cut off or broken ({exc.msg})"))
-            batch.items.append(None)
-            batch.positions.append(record_no)
-            break
-        except RecursionError:
-            # The decoder recurses per nesting level: this element is one bad record, and the
-            # elements after it are still read.
-            from packcli.records import too_deep
+        else:
+            end = _value_end(stream, pos)
+            if end is None:
+                batch.errors.append((record_no, "truncated_file", "the JSON array is cut off in this record"))
+                batch.items.append(None)
+                batch.positions.append(record_no)
+                break
+            try:
+                value = json.loads(stream.buf[pos:end])
+            except json.JSONDecodeError as exc:
+                detail = f"the JSON array is cut off or broken ({exc.msg})"
+                batch.errors.append((record_no, "truncated_file", detail))
+                batch.items.append(None)
+                batch.positions.append(record_no)
+                break
+            except RecursionError:
+                # The decoder recurses per nesting level: this element is one bad record, and the
+                # elements after it are still read.
+                from packcli.records import too_deep
 
-            err = too_deep()
-            batch.errors.append((record_no, err.reason, err.detail))
-            value = None
+                err = too_deep()
+                batch.errors.append((record_no, err.reason, err.detail))
+                value = None
         pos = _skip_space(stream, end)
         batch.items.append(value)
         batch.positions.append(record_no)
