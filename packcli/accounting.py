@@ -46,14 +46,14 @@ KEEP_THEM_SPLIT = {
 
 def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str) -> dict[str, Any]:
     """Return the summary of a run from its token store and plan (counts, fill, bounds, loss)."""
-    dropped_samples = {k: len(v) for k, v in plan.drop_rows.items()}
     dropped = Counter(store.meta["dropped"]) + Counter(_records_lost(store, plan))
     records = int(store.meta["records_read"])
     rows = len(plan.order.order)
     packed = records - sum(dropped.values())
     padded = int(sum(np.diff(plan.row_start)[plan.order.padded_rows])) if len(plan.order.padded_rows) else 0
     remainder = plan.drop_rows.get("world_size_remainder", np.zeros(0, np.int64))
-    tokens = plan.tokens - int(_lengths_in_rows(store, plan)[remainder].sum())
+    in_rows = _lengths_in_rows(store, plan)
+    tokens = plan.tokens - int(in_rows[remainder].sum())
     row_tokens_padded = sum(
         int(plan.lengths[plan.row_start[r] : plan.row_start[r + 1]].sum()) for r in plan.order.padded_rows
     )
@@ -71,7 +71,7 @@ def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str)
     }
     if "split" in store.meta:
         split = dict(store.meta["split"])
-        if dropped_samples:
+        if plan.drop_rows:
             split["pieces_dropped_by_plan"] = _pieces_dropped(store, plan)
         out["split"] = split
     out |= {
@@ -96,7 +96,7 @@ def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str)
         "output": None if config.dry_run else str(config.output),
         "warnings": list(store.meta["tokenizer"].get("warnings", [])),
     }
-    out["lost"] = lost = _lost(store, plan, dropped, records)
+    out["lost"] = lost = _lost(store, plan, in_rows, dropped, records)
     warning = loss_warning(lost, config)
     if warning:
         out["warnings"].append(warning)
@@ -150,13 +150,15 @@ def _pieces_dropped(store: TokenStore, plan: Plan) -> dict[str, int]:
     return out
 
 
-def _lost(store: TokenStore, plan: Plan, dropped: Counter[str], records: int) -> dict[str, Any]:
-    """Return what did not reach the rows: records by reason, tokens by reason, and both fractions."""
+def _lost(store: TokenStore, plan: Plan, in_rows: np.ndarray, dropped: Counter[str], records: int) -> dict[str, Any]:
+    """Return what did not reach the rows: records by reason, tokens by reason, and both fractions.
+
+    ``in_rows`` is each store row's length as planned (``_lengths_in_rows``).
+    """
     tokens_by_reason: Counter[str] = Counter()
-    eff = _lengths_in_rows(store, plan)
     for reason, rows in plan.drop_rows.items():
         # Samples in rows left out by --world-size lose what the rows held; the others all they had.
-        lengths = eff if reason == "world_size_remainder" else store.lengths
+        lengths = in_rows if reason == "world_size_remainder" else store.lengths
         tokens_by_reason[reason] += int(lengths[rows].sum())
     cut = int(store.lengths[plan.store_rows].sum()) - int(plan.lengths.sum())
     if cut > 0:

@@ -88,8 +88,7 @@ def split_chat(
     cache: dict[tuple[int, int], Encoded | RecordError] = {}
 
     def piece(a: int, b: int) -> Sample:
-        first = a == 0
-        keep_head = rule.system == "all" or first
+        keep_head = rule.system == "all" or a == 0
         lo, hi = spans[a][0], spans[b - 1][1]
         picked = (list(range(head)) if keep_head else []) + list(range(lo, hi))
         turns = None if trained is None else tuple(k for k, i in enumerate(picked) if i in trained)
@@ -165,7 +164,8 @@ def split_chat(
         if not has_training(a, b):
             left_out["untrained_piece"] += 1
             continue
-        got = cache.get((a, b)) or encode(piece(a, b))
+        length(a, b)  # encoded once, by the search or here
+        got = cache[(a, b)]
         if isinstance(got, RecordError):
             left_out[f"piece_{got.reason}"] += 1
             continue

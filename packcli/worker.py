@@ -112,23 +112,20 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
             rejects.append(reject(index, batch.source, batch.positions[k], result, raws[k], batch.raw_lines))
             continue
         if split is None or len(result[0]) <= split.max_len:
-            kept_index.append(index)
-            kept_pos.append(batch.positions[k])
-            kept_piece.append(0)
-            ids.append(result[0])
-            labels.append(result[1])
-            continue
-        records_split += 1
-        pieces = _pieces(samples[k], result, split, encoder)
-        left_out.update(pieces.left_out)
-        if not pieces.pieces:
-            why = ", ".join(f"{n} {r}" for r, n in sorted(pieces.left_out.items()))
-            detail = f"the sample has {len(result[0])} tokens; no piece of it is kept ({why})"
-            err = RecordError("no_piece_left", detail)
-            rejects.append(reject(index, batch.source, batch.positions[k], err, raws[k], batch.raw_lines))
-            continue
-        pieces_made += len(pieces.pieces)
-        for p, (piece_ids, piece_labels) in enumerate(pieces.pieces):
+            kept = [result]
+        else:
+            records_split += 1
+            pieces = _pieces(samples[k], result, split, encoder)
+            left_out.update(pieces.left_out)
+            if not pieces.pieces:
+                why = ", ".join(f"{n} {r}" for r, n in sorted(pieces.left_out.items()))
+                detail = f"the sample has {len(result[0])} tokens; no piece of it is kept ({why})"
+                err = RecordError("no_piece_left", detail)
+                rejects.append(reject(index, batch.source, batch.positions[k], err, raws[k], batch.raw_lines))
+                continue
+            kept = pieces.pieces
+            pieces_made += len(kept)
+        for p, (piece_ids, piece_labels) in enumerate(kept):
             kept_index.append(index)
             kept_pos.append(batch.positions[k])
             kept_piece.append(p)
