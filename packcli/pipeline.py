@@ -163,6 +163,8 @@ def tokenized_inputs(
                 )
             else:
                 store = engine.tokenize_to_store(config, sources, formats, encoder, store_path, progress)
+            if not config.cache and hasattr(engine, "discard_store"):
+                stack.callback(engine.discard_store, store)  # a scratch store's tokens kept elsewhere
         yield TokenizedInputs(
             store=store,
             cache=state,
