@@ -32,7 +32,7 @@ from packcli.shard_formats import shard_format
 from packcli.shards import (
     write_manifest,
 )
-from packcli.sources import InputSource, fingerprint, forget_streams, resolve_inputs
+from packcli.sources import InputSource, files_to_hash, fingerprint, forget_streams, resolve_inputs
 from packcli.tokenize import Encoder, tokenizer_fingerprint
 from packcli.write import output_schema
 
@@ -112,7 +112,10 @@ def tokenized_inputs(
         formats[source.display] = fmt
     cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     memo = cache_root / "input-hashes.json" if config.cache else None
-    fingerprints = [fingerprint(s, memo) for s in sources]
+    # An engine may hash the input files elsewhere (the Ray engine: in tasks, not on the driver).
+    hashed = getattr(load_engine(config), "hash_files", None)
+    known = hashed(config, files_to_hash(sources, memo)) if hashed else {}
+    fingerprints = [fingerprint(s, memo, known) for s in sources]
     raise_if_stopped()
     encoder = None
     tokenizer_key = tokenizer_fingerprint(config.tokenizer, config.chat_template)
@@ -139,7 +142,9 @@ def tokenized_inputs(
     )
     rule_out_long = rule_out_long and config.engine == "local" and config.overflow in ("drop", "error")
     limit = config.max_len if rule_out_long else None
-    store, state, warnings = _cached_store(cache_root / key, limit) if config.cache else (None, "off", [])
+    checker = getattr(load_engine(config), "digest_checker", None)  # who hashes a found entry's token files
+    check = checker(config) if checker else None
+    store, state, warnings = _cached_store(cache_root / key, limit, check) if config.cache else (None, "off", [])
     if store is None and any(s.kind == "hub" for s in sources) and not hub_reachable():
         warnings.extend(
             f"{s.display}: the Hugging Face Hub cannot be reached; read from the local Hugging Face cache"
@@ -177,7 +182,9 @@ def tokenized_inputs(
         )
 
 
-def _cached_store(path: Path, rule_out_max_len: int | None) -> tuple[TokenStore | None, str, list[str]]:
+def _cached_store(
+    path: Path, rule_out_max_len: int | None, check_digests: Any = None
+) -> tuple[TokenStore | None, str, list[str]]:
     """Return the checked cache entry at ``path`` (or None), the cache state, and warnings.
 
     A damaged entry is never used: it is reported in one warning and made again (state "rebuilt").
@@ -185,7 +192,7 @@ def _cached_store(path: Path, rule_out_max_len: int | None) -> tuple[TokenStore 
     that truncates, or allows longer samples, makes the entry again (a miss).
     """
     try:
-        store = find_store(path)
+        store = find_store(path, check_digests)
     except DamagedStore as exc:
         return None, "rebuilt", [f"the cache entry is damaged ({exc}); it is rebuilt"]
     # The byte limit is max_len * L, and L is the same (the tokenizer is in the key): comparing max

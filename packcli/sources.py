@@ -273,9 +273,46 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
-def fingerprint(source: InputSource, memo_path: Path | None = None) -> str:
+def file_blake2b(path: str | Path) -> str:
+    """The content hash of one file (blake2b, 16 bytes), read in 4 MiB chunks."""
+    file_hash = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            file_hash.update(chunk)
+    return file_hash.hexdigest()
+
+
+def _files_of(source: InputSource) -> list[Path]:
+    if source.kind == "saved_dataset":
+        return sorted(p for p in Path(source.path).iterdir() if p.is_file())
+    return [Path(source.path)]
+
+
+def _stamp(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+
+
+def files_to_hash(sources: list[InputSource], memo_path: Path | None = None) -> list[str]:
+    """The files whose hash ``fingerprint`` would compute (not remembered, or changed since), in order.
+
+    An engine that hashes them elsewhere passes the hashes back to ``fingerprint`` as ``known``.
+    """
+    out: list[str] = []
+    for source in sources:
+        if source.kind == "hub":
+            continue
+        memo = _read_memo(None if source.label is not None else memo_path)
+        for f in _files_of(source):
+            key = str(f.resolve())
+            if memo.get(key, {}).get("stat") != _stamp(f.stat()):
+                out.append(str(f))
+    return out
+
+
+def fingerprint(source: InputSource, memo_path: Path | None = None, known: dict[str, str] | None = None) -> str:
     """Return a content hash of a source, for the tokenization cache and the manifest.
 
+    ``known`` maps files to hashes already computed (by an engine, elsewhere: see ``files_to_hash``).
     With ``memo_path``, a file's hash is remembered with its size, modification time, inode and status
     change time (ctime), and not computed again while all four stay the same (as git's index does).
     ctime cannot be set back by a program (utime restores mtime only), so an edit in place that
@@ -285,9 +322,8 @@ def fingerprint(source: InputSource, memo_path: Path | None = None) -> str:
     if source.kind == "hub":
         h.update(f"hub:{source.path}:{source.split}".encode())
         return h.hexdigest()
-    files = [Path(source.path)]
-    if source.kind == "saved_dataset":
-        files = sorted(p for p in Path(source.path).iterdir() if p.is_file())
+    files = _files_of(source)
+    known = known or {}
     if source.label is not None:
         # A stream, copied to a file of a random name: hashed by content under what the user named,
         # and not remembered (the copy is gone after the run).
@@ -295,15 +331,10 @@ def fingerprint(source: InputSource, memo_path: Path | None = None) -> str:
     memo = _read_memo(memo_path)
     changed = False
     for f in files:
-        st = f.stat()
         key = str(f.resolve())
-        stamp = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+        stamp = _stamp(f.stat())
         if memo.get(key, {}).get("stat") != stamp:
-            file_hash = hashlib.blake2b(digest_size=16)
-            with open(f, "rb") as fh:
-                while chunk := fh.read(1 << 22):
-                    file_hash.update(chunk)
-            memo[key] = {"stat": stamp, "blake2b": file_hash.hexdigest()}
+            memo[key] = {"stat": stamp, "blake2b": known.get(str(f)) or file_blake2b(f)}
             changed = True
         name = Path(source.label).name if source.label is not None else f.name
         h.update(name.encode() + b"\0" + memo[key]["blake2b"].encode())

@@ -105,6 +105,7 @@ def assert_same_shards(a: Path, b: Path) -> list[str]:
 
 
 def test_ray_engine_writes_what_the_local_engine_writes(cluster: Any, corpus: Path, tmp_path: Path) -> None:
+    from packcli import readers, sources
     from packcli.engines import ray_engine
 
     outputs, stores = {}, {}
@@ -114,7 +115,11 @@ def test_ray_engine_writes_what_the_local_engine_writes(cluster: Any, corpus: Pa
     for engine in ("local", "ray"):
         cache = tmp_path / f"cache-{engine}"
         ray_engine.RECEIVED.update(bytes=0, objects=0)
-        summary = json.loads(run_pack(corpus, "-o", out, *flags, "--engine", engine, cache=cache).stdout)
+        with pytest.MonkeyPatch.context() as patch:
+            if engine == "ray":  # the driver neither hashes nor counts the inputs: tasks do, where they are
+                for module, name in ((sources, "file_blake2b"), (readers, "count_records"), (ingest, "count_records")):
+                    patch.setattr(module, name, lambda *a: pytest.fail("the driver read a whole input"))
+            summary = json.loads(run_pack(corpus, "-o", out, *flags, "--engine", engine, cache=cache).stdout)
         assert summary["cache"] == "miss"
         shutil.move(rejects, tmp_path / f"rejects-{engine}.jsonl")
         shutil.move(out, tmp_path / engine)
@@ -186,6 +191,21 @@ def test_ray_writer_tasks_on_a_cached_store(cluster: Any, corpus: Path, tmp_path
     assert (local["cache"], remote["cache"]) == ("miss", "hit")
     assert local["truncated"] > 0 and local["duplicated"] > 0
     assert_same_shards(tmp_path / "local", tmp_path / "ray")
+
+    # The entry's token files are hashed by tasks on a hit: a changed byte is found, as locally, and rebuilt.
+    entry = store_in(cache)
+    with open(entry / "input_ids.bin", "r+b") as fh:
+        fh.seek(40)
+        byte = fh.read(1)
+        fh.seek(40)
+        fh.write(bytes([byte[0] ^ 1]))
+    result = run_pack(corpus, "-o", tmp_path / "again", *flags, "--engine", "ray", cache=cache)
+    assert result.stderr == (
+        f"Warning: the cache entry is damaged ({entry}/input_ids.bin: sha256 differs from meta.json (changed "
+        "bytes)); it is rebuilt\n"
+    )
+    assert json.loads(result.stdout)["cache"] == "rebuilt"
+    assert_same_shards(tmp_path / "local", tmp_path / "again")
 
 
 def test_bad_record_fails_with_the_same_message(cluster: Any, corpus: Path, tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import pickle
 import re
@@ -37,7 +38,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ import numpy as np
 import ray
 
 from packcli import ingest, worker, write
-from packcli.cache import Digest, TokenStore, join, segment_files
+from packcli.cache import DamagedStore, Digest, TokenStore, file_digest, join, segment_files
 from packcli.config import PackConfig
 from packcli.contract import Progress
 from packcli.engines import ray_parts
@@ -60,7 +61,7 @@ from packcli.errors import OutputError, PackcliError, raise_if_stopped
 from packcli.plan import Plan
 from packcli.safety import owner_tag
 from packcli.shards import shard_name, write_shard
-from packcli.sources import InputSource
+from packcli.sources import InputSource, file_blake2b
 from packcli.tokenize import Encoder
 
 # Ray's own retries: a tokenizer actor that dies (a crashed or lost node) is restarted and its part run
@@ -264,6 +265,34 @@ def _count_part(part: ray_parts.Part) -> bytes:
     return _pickled(ray_parts.count_part(part))
 
 
+@ray.remote(num_cpus=1, max_retries=TASK_RETRIES)
+def _hash_input(path: str) -> bytes:
+    return _pickled(file_blake2b(path))
+
+
+@ray.remote(num_cpus=1, max_retries=TASK_RETRIES)
+def _hash_token_file(path: str) -> bytes:
+    return _pickled(file_digest(Path(path)))
+
+
+def hash_files(config: PackConfig, files: list[str]) -> dict[str, str]:
+    """The inputs' content hashes (for the cache key and the manifest), computed by tasks, one a file."""
+    if not files:
+        return {}
+    ensure_ray(config)
+    refs = [_hash_input.remote(f) for f in files]
+    return {f: _fetch(ref) for f, ref in zip(files, refs, strict=True)}
+
+
+def check_digests(config: PackConfig, directory: str, expected: dict[str, dict[str, Any]]) -> None:
+    """Check the sha256 of a found cache entry's token files in tasks (the driver reads no token)."""
+    ensure_ray(config)
+    refs = {name: _hash_token_file.remote(os.path.join(directory, name)) for name in expected}
+    for name, ref in refs.items():
+        if _fetch(ref) != expected[name]["sha256"]:
+            raise DamagedStore(f"{Path(directory) / name}: sha256 differs from meta.json (changed bytes)")
+
+
 class ClusterTokenizing:
     """The ``remote`` of ``ingest.tokenize_to_store``: parts tokenized by actors, results in input order."""
 
@@ -332,7 +361,8 @@ class ClusterTokenizing:
                 ray.get(ref)
             except ray.exceptions.RayError as exc:
                 raise _worker_error(exc) from exc
-        LAST_RUN.update(startup_seconds=time.perf_counter() - self.began, parts=len(parts), actors=n_actors)
+        ready = time.perf_counter()
+        LAST_RUN.update(startup_seconds=ready - self.began, ready_at=ready, parts=len(parts), actors=n_actors)
         nodes: set[str] = set()
         LAST_RUN["nodes"] = nodes
         window = 2 * n_actors  # parts in flight (or done, waiting for the parts before them)
@@ -598,6 +628,12 @@ class RayEngine:
         self, config: PackConfig, store: TokenStore, plan: Plan, staged: Path | None, progress: Progress, pad_id: int
     ) -> list[dict[str, Any]]:
         return write_output(config, store, plan, staged, progress, pad_id)  # type: ignore[arg-type]
+
+    def hash_files(self, config: PackConfig, files: list[str]) -> dict[str, str]:
+        return hash_files(config, files)
+
+    def digest_checker(self, config: PackConfig) -> Callable[[str, dict[str, Any]], None]:
+        return functools.partial(check_digests, config)
 
     def discard_store(self, store: TokenStore) -> None:
         """A store that is not kept (``--no-cache``): remove its segments where they are not in its directory."""
