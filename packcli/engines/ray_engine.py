@@ -45,11 +45,11 @@ from typing import Any
 import numpy as np
 import ray
 
+import packcli.engines.ray_parts as ray_parts
 from packcli import ingest, worker, write
 from packcli.cache import DamagedStore, Digest, TokenStore, file_digest, join, segment_files
 from packcli.config import PackConfig
 from packcli.contract import Progress
-from packcli.engines import ray_parts
 from packcli.engines.ray_session import (
     RayEngineError,
     cluster_cpus,
