@@ -32,7 +32,7 @@ from packcli.shard_formats import shard_format
 from packcli.shards import (
     write_manifest,
 )
-from packcli.sources import InputSource, files_to_hash, fingerprint, forget_streams, resolve_inputs
+from packcli.sources import InputSource, files_to_hash, fingerprint, forget_streams, is_uri, resolve_inputs
 from packcli.tokenize import Encoder, tokenizer_fingerprint
 from packcli.write import output_schema
 
@@ -304,7 +304,7 @@ def _stage_seconds(made: dict[str, float], until_plan: float, plan: float, write
 def _prepare_output(config: PackConfig, skipped: list[str]) -> staging.PreparedOutput:
     """Lock and check the local output against the inputs, the cache and the rejects file."""
     sources = resolve_inputs(list(config.inputs), config.split, skipped)
-    paths = [Path(s.path).resolve() for s in sources if s.kind != "hub"]
+    paths = [Path(s.path).resolve() for s in sources if s.kind != "hub" and not is_uri(s.path)]
     cache_root = (Path(config.cache_dir) if config.cache_dir else default_cache_dir()) if config.cache else None
     return staging.prepare_output(config.output, config.overwrite, paths, cache_root, config.rejects)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 import sys
 import time
@@ -299,18 +300,34 @@ def test_cli_output_to_a_filesystem_uri(cluster: Any, corpus: Path, tmp_path: Pa
     assert result.stderr.startswith(f"Error: -o {uri}: a filesystem URI output needs --engine ray")
 
 
+def test_inputs_at_a_filesystem_uri(cluster: Any, corpus: Path, tmp_path: Path) -> None:
+    """Inputs named by a URI prefix (as s3://bucket/data/ would be): tasks read them through pyarrow.fs."""
+    flags = ["--max-len", "512", "--on-error", "skip", "--rejects", tmp_path / "rejects.jsonl", "--json", "-q"]
+    local = json.loads(run_pack(corpus, "-o", tmp_path / "local", *flags).stdout)
+    remote = json.loads(run_pack(corpus.as_uri(), "-o", tmp_path / "ray", *flags, "--engine", "ray").stdout)
+    assert local["records_read"] == remote["records_read"] == 340 and local["dropped"] == remote["dropped"]
+    assert_same_shards(tmp_path / "local", tmp_path / "ray")
+    manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
+    assert [i["path"] for i in manifest["inputs"]] == [(corpus / n).as_uri() for n in sorted(os.listdir(corpus))]
+    rejected = [json.loads(line) for line in (tmp_path / "rejects.jsonl").read_text().splitlines()]
+    assert {(r["source"], r["position"]) for r in rejected} >= {((corpus / "a.jsonl").as_uri(), 58)}
+
+
 def test_the_nodes_run_this_packcli(cluster: Any) -> None:
     """The tasks import the packcli under test (the driver's sys.path goes to the workers), on both nodes."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    @ray.remote(num_cpus=1, scheduling_strategy="SPREAD")
+    @ray.remote(num_cpus=1)
     def where() -> tuple[str, str]:
         import packcli as imported
 
         return imported.__file__, ray.get_runtime_context().get_node_id()
 
-    found = ray.get([where.remote() for _ in range(6)])
-    assert {f for f, _ in found} == {packcli.__file__}
-    assert len({n for _, n in found}) == 2
+    nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+    found = ray.get(
+        [where.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote() for n in nodes]
+    )
+    assert len(nodes) == 2 and found == [(packcli.__file__, n) for n in nodes]
 
 
 def test_limit_reads_the_same_first_records(cluster: Any, corpus: Path, tmp_path: Path) -> None:

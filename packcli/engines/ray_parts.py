@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from packcli import readers
 from packcli.errors import InputError
-from packcli.sources import InputSource, RawBatch
+from packcli.sources import InputSource, RawBatch, input_size, is_uri, open_uri
 
 # Bytes of JSON lines (or Parquet) per part at most: a part is the unit of work of one tokenizer call,
 # and one token segment. Smaller inputs are cut into about PARTS_PER_CPU parts per CPU of the cluster,
@@ -38,8 +37,8 @@ def part_bytes(sources: list[InputSource], cpus: int) -> int:
     total = 0
     for source in sources:
         if source.kind in ("jsonl", "parquet"):
-            with contextlib.suppress(OSError):
-                total += os.path.getsize(source.path)
+            with contextlib.suppress(OSError, ValueError):
+                total += input_size(source.path)
     return min(PART_BYTES, max(MIN_PART_BYTES, total // max(1, PARTS_PER_CPU * cpus)))
 
 
@@ -71,17 +70,15 @@ def make_parts(sources: list[InputSource], formats: dict[str, str | None], part_
 def _pieces(source: InputSource, part_bytes: int) -> list[tuple[str, int, int]]:
     if source.kind == "jsonl" and source.compression is None:
         try:
-            size = os.path.getsize(source.path)
-        except OSError:
+            size = input_size(source.path)
+        except (OSError, ValueError):
             return [("whole", 0, 0)]  # the reader reports it, in its turn
         n = max(1, -(-size // max(1, part_bytes)))
         step = -(-size // n) if size else 0
         return [("lines", k * step, min(size, (k + 1) * step)) for k in range(n)]
     if source.kind == "parquet":
         try:
-            import pyarrow.parquet as pq
-
-            meta = pq.ParquetFile(source.path).metadata
+            meta = readers.parquet_file(source.path).metadata
         except Exception:  # not a Parquet file: the reader reports it, with the local engine's message
             return [("whole", 0, 0)]
         groups = [meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)]
@@ -145,7 +142,8 @@ def _read_line_range(part: Part, batch_size: int, units: Units) -> Iterator[RawB
     items: list[bytes] = []
     positions: list[int] = []
     try:
-        with open(part.source.path, "rb") as fh:
+        path_or_uri = part.source.path
+        with open_uri(path_or_uri, random_access=True) if is_uri(path_or_uri) else open(path_or_uri, "rb") as fh:
             pos = part.start
             if pos > 0:
                 fh.seek(pos - 1)
@@ -175,13 +173,12 @@ def _read_line_range(part: Part, batch_size: int, units: Units) -> Iterator[RawB
 
 def _read_row_groups(part: Part, batch_size: int, units: Units) -> Iterator[RawBatch]:
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     source = part.source
     record_no = 0
     try:
         groups = list(range(part.start, part.end))
-        for record_batch in pq.ParquetFile(source.path).iter_batches(batch_size=batch_size, row_groups=groups):
+        for record_batch in readers.parquet_file(source.path).iter_batches(batch_size=batch_size, row_groups=groups):
             n = record_batch.num_rows
             if n == 0:
                 continue
