@@ -76,6 +76,14 @@ RECEIVED = {"bytes": 0, "objects": 0}
 # The last tokenizing run in this process: seconds until every actor had loaded its tokenizer
 # (start-up), parts, and the Ray nodes the parts ran on (benchmarks/bench_ray.py and the tests read it).
 LAST_RUN: dict[str, Any] = {}
+# The tokenizer actors of a run that has tokenized, kept to write its shards (no new worker processes).
+_WARM: dict[str, list[Any]] = {}
+
+
+def _kill(actors: list[Any]) -> None:
+    for a in actors:
+        with contextlib.suppress(Exception):
+            ray.kill(a, no_restart=True)
 
 
 def _fetch(ref: Any) -> Any:
@@ -167,6 +175,10 @@ class Tokenizer:
 
     def ready(self) -> bool:
         return True
+
+    def write_shard(self, *args: Any) -> bytes:
+        """Write one shard (see ``_shard_job``) once the parts are done: the actor is already warm."""
+        return _pickled(_shard_job(*args))
 
     def run(self, part: ray_parts.Part) -> bytes:
         """Read and tokenize one part, write its tokens as a segment; return its metadata, pickled.
@@ -400,6 +412,8 @@ class ClusterTokenizing:
                     if part.kind != "whole" and source_records == 0 and part.max_records != 0:
                         raise ray_parts.empty_source_error(part.source)
                     unit_base = source_records = 0
+            # Every part is in: the actors, warm (imports done), write the shards next (write_output).
+            _WARM["actors"], self.actors = self.actors, []
         finally:
             self.stop()  # parts still pending die with their actors
 
@@ -429,10 +443,8 @@ class ClusterTokenizing:
         )
 
     def stop(self) -> None:
-        """Stop the actors now (they give their CPUs back to the writer tasks, or to the next run)."""
-        for a in self.actors:
-            with contextlib.suppress(Exception):
-                ray.kill(a, no_restart=True)
+        """Stop the actors now (they give their CPUs back, to the next run or to other jobs)."""
+        _kill(self.actors)
         self.actors = []
 
     def discard(self) -> None:
@@ -486,6 +498,7 @@ def tokenize_to_store(
     """
     began = time.perf_counter()
     LAST_RUN.clear()
+    _kill(_WARM.pop("actors", []))  # an earlier run's, never used for writing
     ensure_ray(config)
     remote = ClusterTokenizing(config, sources, formats, encoder, store_path)
     remote.began = began
@@ -567,21 +580,28 @@ def write_output(
         # from the segments, by range. The store's path is absolute: tasks may run in another directory.
         store_ref = ray.put(dataclasses.replace(store, path=Path(store.path).resolve()))
         plan_ref = ray.put(plan)
-        window = 2 * cluster_cpus()
+        # The tokenizer actors of this run write the shards when there are some (one CPU each, their
+        # imports done); else (a cache hit) one task a shard.
+        actors = _WARM.pop("actors", [])
+        window = 2 * (len(actors) or cluster_cpus())
         entries: list[dict[str, Any] | None] = [None] * n_shards
         pending: dict[Any, int] = {}
         try:
             for k in range(n_shards):
                 name = shard_name(k, n_shards, config.output_format)
-                ref = _write_shard_task.remote(store_ref, plan_ref, config, k, name, destination, pad_id)
+                args = (store_ref, plan_ref, config, k, name, destination, pad_id)
+                run = actors[k % len(actors)].write_shard if actors else _write_shard_task
+                ref = run.remote(*args)
                 pending[ref] = k
                 if len(pending) >= window:
                     _collect(pending, entries, progress, n_rows, num_returns=1)
             while pending:
                 _collect(pending, entries, progress, n_rows, num_returns=1)
         finally:
-            for ref in pending:
-                ray.cancel(ref, force=True)
+            if not actors:
+                for ref in pending:
+                    ray.cancel(ref, force=True)
+            _kill(actors)
         return [e for e in entries if e is not None]
     finally:
         t = time.perf_counter()
