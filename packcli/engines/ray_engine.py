@@ -13,14 +13,15 @@ local engine's, with the same signatures and results:
   checksums; it numbers the parts' records (prefix sums of their counts) and runs the local engine's
   accounting loop (``ingest``), so counts, rejects, errors and the store's arrays are the local ones.
 - ``write_output``: the plan is made on the driver from the lengths alone (``plan.make_plan``); each
-  shard is one Ray task that reads the plan and the store's per-sample arrays from the object store,
+  shard is written by one call to a tokenizer actor of the run (warm: its imports are done), or on a
+  cache hit by one Ray task, which reads the plan and the store's per-sample arrays from the object store,
   reads its rows' tokens from the segments by range, builds the rows with the local engine's row
   builder and writes the shard with ``shards.write_shard``, to a local directory or to a pyarrow
   filesystem URI (``s3://``, ``gs://``, ``file://``).
 
 No input byte and no token passes through the driver. What each node needs (see docs/ray.md): the
-inputs at the same path (or shared storage), and either storage for the output and token store that
-every node mounts at the same path, or an output URI, where the token segments go too.
+inputs at a URI or at the same path, and either storage for the output and token store that every
+node mounts at the same path, or an output URI, where the token segments go too.
 
 Ray is imported at the top of the module on purpose: without it, importing this module fails and the
 pipeline tells the user how to install it.
