@@ -217,6 +217,7 @@ def test_bad_record_fails_with_the_same_message(cluster: Any, corpus: Path, tmp_
     assert [r.exit_code for r in results] == [1, 1]
     assert results[0].stderr == results[1].stderr
     assert results[0].stderr.startswith(f"Error: {corpus / 'a.jsonl'} line 58: invalid JSON")
+    assert results[1].stdout == ""  # the actors stopped without Ray announcing retries there
     assert not (tmp_path / "ray").exists() and not list(tmp_path.glob(".ray.partial-*"))
     # Nothing is left running: the tokenizer actors stop (asynchronously) and give both CPUs back.
     deadline = time.monotonic() + 30

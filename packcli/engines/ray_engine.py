@@ -71,6 +71,8 @@ from packcli.tokenize import Encoder
 ACTOR_RESTARTS = 2
 TASK_RETRIES = 2
 
+STOP_WAIT = 10.0  # seconds a failed run waits for its running parts before it kills their actors
+
 # What the driver's code received from the cluster (bytes of the objects it fetched, and how many):
 # the measure behind "the driver handles lengths, not tokens" (tests/test_ray.py checks it).
 RECEIVED = {"bytes": 0, "objects": 0}
@@ -320,6 +322,7 @@ class ClusterTokenizing:
             name = store_path.name if config.cache else f"tokens-{owner_tag()}-{uuid.uuid4().hex[:8]}"
             self.segment_root = f"{config.output.rstrip('/')}/.packcli-tokens/{name}"
         self.actors: list[Any] = []
+        self.pending: dict[Any, tuple[int, int]] = {}  # parts submitted, not yet fetched
         self.running: Any = None
         self.began = time.perf_counter()
 
@@ -379,7 +382,7 @@ class ClusterTokenizing:
         nodes: set[str] = set()
         LAST_RUN["nodes"] = nodes
         window = 2 * n_actors  # parts in flight (or done, waiting for the parts before them)
-        pending: dict[Any, tuple[int, int]] = {}
+        pending: dict[Any, tuple[int, int]] = self.pending
         done: dict[int, dict[str, Any]] = {}
         load = [0] * n_actors
         submitted = 0
@@ -444,7 +447,20 @@ class ClusterTokenizing:
         )
 
     def stop(self) -> None:
-        """Stop the actors now (they give their CPUs back, to the next run or to other jobs)."""
+        """Stop the actors (they give their CPUs back, to the next run or to other jobs).
+
+        Parts still queued are cancelled and the running ones (a part takes seconds) are let finish
+        first, for at most STOP_WAIT seconds: an actor killed with calls in flight has Ray's driver print
+        on standard output that it will retry them.
+        """
+        if self.pending and self.actors:
+            refs = list(self.pending)
+            for ref in refs:
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref)
+            with contextlib.suppress(Exception):
+                ray.wait(refs, num_returns=len(refs), timeout=STOP_WAIT)
+        self.pending.clear()
         _kill(self.actors)
         self.actors = []
 
@@ -505,7 +521,9 @@ def tokenize_to_store(
     remote.began = began
     try:
         return ingest.tokenize_to_store(config, sources, formats, encoder, store_path, progress, remote=remote)
-    except BaseException:
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            remote.pending.clear()  # stopping on request: at once, not after the running parts
         remote.close()
         remote.discard()
         shutdown_if_started_here()
