@@ -8,6 +8,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from packcli.engines import load_engine
 from packcli.errors import InputError, OutputError, RecordError, UsageError, raise_if_stopped
 from packcli.formats import detect_format
 from packcli.plan import Plan, make_plan
-from packcli.readers import hub_reachable, read_batches
+from packcli.readers import count_records, hub_reachable, read_batches
 from packcli.shard_formats import shard_format
 from packcli.shards import (
     write_manifest,
@@ -112,12 +113,26 @@ def tokenized_inputs(
         formats[source.display] = fmt
     cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     memo = cache_root / "input-hashes.json" if config.cache else None
-    fingerprints = [fingerprint(s, memo) for s in sources]
-    raise_if_stopped()
     encoder = None
-    tokenizer_key = tokenizer_fingerprint(config.tokenizer, config.chat_template)
+    # Reading the inputs through (hashing them, counting records for the progress bar) and loading the
+    # tokenizer each keep one core busy: where both are needed, they run side by side. The thread is
+    # joined before any worker process is forked.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-inputs") as ahead:
+        if config.cache:
+            fingerprints = [fingerprint(s, memo) for s in sources]  # the cache key needs them first
+        else:
+            hashing = ahead.submit(lambda: [fingerprint(s, None) for s in sources])
+        tokenizer_key = tokenizer_fingerprint(config.tokenizer, config.chat_template)
+        store_needed = not config.cache or tokenizer_key is None
+        if store_needed:
+            counting = ahead.submit(lambda: [count_records(s) for s in sources])
+            encoder = Encoder(config.tokenizer, config.chat_template, ingest.encode_options(config))
+            counting.result()
+        if not config.cache:
+            fingerprints = hashing.result()
+    raise_if_stopped()
     if tokenizer_key is None:
-        encoder = Encoder(config.tokenizer, config.chat_template, ingest.encode_options(config))
+        assert encoder is not None
         tokenizer_key = encoder.identity()["sha256"] + encoder.identity()["chat_template_sha256"]
     key = cache_key(
         {

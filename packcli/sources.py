@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packcli.errors import InputError, UsageError
+from packcli.errors import InputError, UsageError, raise_if_stopped
 
 FILE_TYPES = {
     ".jsonl": "jsonl",
@@ -303,6 +303,7 @@ def fingerprint(source: InputSource, memo_path: Path | None = None) -> str:
             with open(f, "rb") as fh:
                 while chunk := fh.read(1 << 22):
                     file_hash.update(chunk)
+                    raise_if_stopped()  # may run in a thread beside the tokenizer's loading
             memo[key] = {"stat": stamp, "blake2b": file_hash.hexdigest()}
             changed = True
         name = Path(source.label).name if source.label is not None else f.name
