@@ -68,7 +68,11 @@ class InspectedRow:
     segments: list[Segment] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        for segment in out["segments"]:
+            if segment["role"] is None:  # not preference data: the segments are as before roles existed
+                del segment["role"]
+        return out
 
 
 def locate_row(manifest: dict[str, Any], row: int) -> tuple[str, int]:
