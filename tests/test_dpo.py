@@ -297,3 +297,11 @@ def test_train_dpo_example_runs(tmp_path: Path, pref_rows: list[dict[str, Any]])
     assert len(losses) == 12
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
     assert json.loads((out / "manifest.json").read_text())["task"] == "preference"
+
+
+def test_dpo_imports_only_the_collator_and_the_contract() -> None:
+    import ast
+
+    source = (Path(__file__).resolve().parents[1] / "packcli" / "dpo.py").read_text()
+    imported = {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom) and node.module}
+    assert {m for m in imported if m.startswith("packcli")} == {"packcli.collate", "packcli.contract"}

@@ -465,3 +465,19 @@ def test_stats_and_inspect_show_pairs(tmp_path: Path, pack: Any) -> None:
     assert "(chosen)" in result.stdout and "(rejected)" in result.stdout
     shown = json.loads(CliRunner().invoke(app, ["inspect", str(tmp_path / "out"), "--row", "0", "--json"]).stdout)
     assert [s["role"] for s in shown["segments"][:2]] == ["chosen", "rejected"]
+
+
+@pytest.mark.parametrize("output_format", ["arrow", "mds"])
+def test_other_output_formats_keep_the_roles(output_format: str, tmp_path: Path, pack: Any) -> None:
+    data = write_jsonl(tmp_path / "pref.jsonl", preference_records(20))
+    pack(data, "--max-len", 512, "-o", tmp_path / "out", "--output-format", output_format, "--pad-to-max")
+    assert CliRunner().invoke(app, ["verify", str(tmp_path / "out")]).exit_code == 0
+    from packcli.training import load_rows
+
+    rows = load_rows(tmp_path / "out")
+    for row in rows:
+        real = [r for r, i in zip(row["sample_role"], row["sample_index"], strict=True) if i >= 0]
+        assert real == [1, 2] * (len(real) // 2)
+        assert all(r == 0 for r, i in zip(row["sample_role"], row["sample_index"], strict=True) if i < 0)
+    stats = json.loads(CliRunner().invoke(app, ["stats", str(tmp_path / "out"), "--json"]).stdout)
+    assert stats["preference"]["pairs"] == 20
