@@ -66,10 +66,13 @@ def fit(config: PackConfig, store: TokenStore, group: np.ndarray) -> Fit:
     if config.overflow == "error":
         k = int(first_row[0])
         source, unit = _source_of(store, int(store.sample_index[k]))
+        pair = int(np.count_nonzero(group == over[0])) > 1
+        what = "the pair's samples have" if pair else "the sample has"
         raise InputError(
-            f"{where(source, unit, int(store.positions[k]))}: the record's samples have {item_len[over[0]]} "
-            f"tokens together, more than --max-len {config.max_len} (a pair is packed whole); raise --max-len "
-            "or pass --overflow truncate or drop"
+            f"{where(source, unit, int(store.positions[k]))}: {what} {item_len[over[0]]} tokens"
+            f"{' together' if pair else ''}, more than --max-len {config.max_len}"
+            f"{' (a pair is packed whole)' if pair else ''}; raise --max-len or pass --overflow truncate "
+            "(cuts the prompt from the left) or drop"
         )
     dropped = []
     end_row = np.searchsorted(group, over, side="right")

@@ -481,3 +481,35 @@ def test_other_output_formats_keep_the_roles(output_format: str, tmp_path: Path,
         assert all(r == 0 for r, i in zip(row["sample_role"], row["sample_index"], strict=True) if i < 0)
     stats = json.loads(CliRunner().invoke(app, ["stats", str(tmp_path / "out"), "--json"]).stdout)
     assert stats["preference"]["pairs"] == 20
+
+
+def test_overflow_error_names_the_pair(tmp_path: Path, pack: Any) -> None:
+    records = preference_records(6)
+    records[4]["chosen"][0]["content"] = "long " * 300
+    data = write_jsonl(tmp_path / "pref.jsonl", records)
+    line = one_error_line(pack(data, "-o", tmp_path / "out", "--max-len", 256, "--overflow", "error", expect=1))
+    assert "pref.jsonl line 5: the pair's samples have" in line and "more than --max-len 256" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_cache_hit_gives_the_same_shards(tmp_path: Path, pack: Any) -> None:
+    data = write_jsonl(tmp_path / "pref.jsonl", preference_records(40))
+    first = json.loads(pack(data, "-o", tmp_path / "a", "--max-len", 512, "--json").stdout)
+    again = json.loads(pack(data, "-o", tmp_path / "b", "--max-len", 512, "--json").stdout)
+    assert (first["cache"], again["cache"]) == ("miss", "hit")
+    shards = sorted(p.name for p in (tmp_path / "a").glob("*.parquet"))
+    for name in shards:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_raw_stats_plans_pairs_whole(tmp_path: Path, pack: Any, cache_dir: Path) -> None:
+    records = preference_records(30)
+    data = write_jsonl(tmp_path / "pref.jsonl", records)
+    args = ["stats", str(data), "--max-len", "400", "--json", "--cache-dir", str(cache_dir), "--num-proc", "1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    line = json.loads(result.stdout)["max_lens"][0]
+    summary = json.loads(pack(data, "-o", tmp_path / "out", "--max-len", 400, "--json").stdout)
+    assert line["policies"]["drop"]["records"] == summary["packed"]
+    assert line["policies"]["drop"]["samples"] == summary["samples"] == 2 * summary["packed"]
+    assert line["policies"]["split"]["applies"] is False
