@@ -29,14 +29,14 @@ from packcli.training import RankStepSampler, load_rows
 
 
 def tiny_llama(vocab_size: int, max_len: int) -> Any:
-    """A small random Llama (2 layers, hidden size 64), for trying the recipe without a model."""
+    """A small random Llama (2 layers, hidden size 32), for trying the recipe without a model."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=32,
+        intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=4,

@@ -18,14 +18,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from packcli.contract import SAMPLE_ROLES
 from packcli.errors import RecordError
 from packcli.formats import PREFERENCE_FORMATS, Sample, normalize
 
 # sample_role values (an int8 per sample in the shards; the manifest lists them too).
 SFT, CHOSEN, REJECTED, DESIRABLE, UNDESIRABLE = 0, 1, 2, 3, 4
-ROLES = {SFT: "sft", CHOSEN: "chosen", REJECTED: "rejected", DESIRABLE: "desirable", UNDESIRABLE: "undesirable"}
+ROLES = SAMPLE_ROLES
+assert [ROLES[k] for k in (CHOSEN, REJECTED, DESIRABLE, UNDESIRABLE)] == [
+    "chosen",
+    "rejected",
+    "desirable",
+    "undesirable",
+]
 PAIR_ROLES = (CHOSEN, REJECTED)
-TASKS = ("sft", "preference", "kto")
 TASK_OF_FORMAT = {"preference": "preference", "kto": "kto"}
 
 

@@ -144,7 +144,7 @@ def test_templates_without_generation_blocks_train_as_sft_does(
     prompt/completion SFT: the same ids (apply_chat_template's) and the labels of the same span rule."""
     name, tokenizer = model_tokenizer
     template = trl_templates() / "qwen2_5.jinja"
-    records = preference_records(24, seed=6)
+    records = preference_records(12, seed=6)
     pack(
         write_jsonl(tmp_path / "pref.jsonl", records),
         "--tokenizer",
