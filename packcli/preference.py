@@ -57,6 +57,8 @@ def normalize_members(record: Any, fmt: str, fields: dict[str, str]) -> Members:
         label = record.get(fields["label"])
         if fields["label"] not in record:
             raise RecordError("missing_field", f"the record has no field '{fields['label']}' (KTO needs true or false)")
+        if isinstance(label, str) and label.strip().lower() in ("true", "false"):
+            label = label.strip().lower() == "true"  # CSV cells are text
         if not isinstance(label, bool):
             raise RecordError("wrong_type", f"field '{fields['label']}' must be true or false, not {_tname(label)}")
         sample = normalize(record, "prompt_completion", fields)

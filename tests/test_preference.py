@@ -375,6 +375,14 @@ def test_kto_roles_follow_the_label(tmp_path: Path, pack: Any, base_tokenizer: A
     assert _manifest(tmp_path / "sft")["task"] == "sft"
 
 
+def test_task_kto_reads_csv_labels(tmp_path: Path, pack: Any) -> None:
+    csv = tmp_path / "kto.csv"
+    csv.write_text("prompt,completion,label\nSay hi, hi,true\nSay no, yes,False\n", encoding="utf-8")
+    pack(csv, "-o", tmp_path / "out", "--task", "kto", "--max-len", 64)
+    assert [r["sample_role"] for r in read_rows(tmp_path / "out")] in ([[3, 4]], [[4, 3]], [[3], [4]], [[4], [3]])
+    assert _manifest(tmp_path / "out")["inputs"][0]["format"] == "kto"
+
+
 def test_task_kto_needs_a_boolean_label(tmp_path: Path, pack: Any) -> None:
     records = [{"prompt": "Say hi", "completion": " hi", "label": "yes"}]
     data = write_jsonl(tmp_path / "kto.jsonl", records)
