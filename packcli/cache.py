@@ -99,9 +99,15 @@ class TokenStore:
     first_trained: np.ndarray  # int32: position of the first token with a label
     positions: np.ndarray  # int32: line or record number in its source
     meta: dict[str, Any]
+    # int8 per sample: its sample_role (packcli.preference.ROLES); all 0 (SFT) for a store without one.
+    sample_role: np.ndarray | None = None
     # Seconds by stage of the run that made the store (read, decode, tokenize, store, cpu, wall); empty
     # for a store found in the cache. Not saved.
     seconds: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.sample_role is None:
+            self.sample_role = np.zeros(len(self.lengths), dtype=np.int8)
 
     @functools.cached_property
     def starts(self) -> np.ndarray:
@@ -184,6 +190,7 @@ class TokenStoreWriter:
             self.abort()
             raise _write_error(self.where, exc, fix) from exc
         self._arrays: dict[str, list[np.ndarray]] = {k: [] for k in ARRAYS}
+        self._roles: list[np.ndarray] = []
 
     def add(
         self,
@@ -195,9 +202,15 @@ class TokenStoreWriter:
         first_trained: np.ndarray,
         positions: np.ndarray,
         piece_index: np.ndarray | None = None,
+        sample_role: np.ndarray | None = None,
     ) -> None:
         if len(lengths) == 0:
             return
+        if sample_role is not None or self._roles:
+            # Preference data: every sample's role is stored (a store without roles is all SFT).
+            self._roles.append(np.zeros(len(lengths), np.int8) if sample_role is None else sample_role)
+            if len(self._roles) == 1 and self._arrays["lengths"]:
+                self._roles.insert(0, np.zeros(sum(map(len, self._arrays["lengths"])), np.int8))
         try:
             self._ids.write(np.ascontiguousarray(ids, dtype=TOKEN_DTYPE).tobytes())
             self._labels.write(np.ascontiguousarray(labels, dtype=TOKEN_DTYPE).tobytes())
@@ -223,6 +236,8 @@ class TokenStoreWriter:
                 k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64 if k == "sample_index" else np.int32))
                 for k, v in self._arrays.items()
             }
+            if self._roles:
+                arrays["sample_role"] = np.concatenate(self._roles)
             np.savez(self.tmp / "samples.npz", **arrays)
             files = sorted(p.name for p in self.tmp.iterdir() if p.is_file())
             meta = {
@@ -302,6 +317,8 @@ def load_store(path: Path, verify: bool = True) -> TokenStore:
     try:
         with np.load(path / "samples.npz") as data:
             arrays = {k: data[k] for k in ARRAYS}
+            if "sample_role" in data:
+                arrays["sample_role"] = data["sample_role"]
     except (OSError, ValueError, KeyError) as exc:
         raise DamagedStore(f"{path / 'samples.npz'}: cannot be read ({first_line(exc)})") from exc
     return TokenStore(path=path, meta=meta, **arrays)

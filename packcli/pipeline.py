@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import tempfile
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packcli import __version__, accounting, ingest, staging, worker
+from packcli import __version__, accounting, ingest, preference, staging, worker
 from packcli import plan as plan_module
 from packcli.cache import (
     DamagedStore,
@@ -83,6 +84,7 @@ class TokenizedInputs:
     tokenizer: dict[str, Any]  # the tokenizer's identity
     pad_id: int
     warnings: list[str] = field(default_factory=list)
+    task: str = "sft"  # sft, preference or kto (packcli.preference.resolve_task)
 
 
 @contextlib.contextmanager
@@ -111,6 +113,7 @@ def tokenized_inputs(
                 "pass --format, or --field to name the fields"
             )
         formats[source.display] = fmt
+    task, formats = preference.resolve_task(config.task, formats, config.overflow, config.output_format)
     cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     memo = cache_root / "input-hashes.json" if config.cache else None
     encoder = None
@@ -187,6 +190,7 @@ def tokenized_inputs(
             tokenizer=store.meta["tokenizer"],
             pad_id=store.meta["pad_id"],
             warnings=warnings,
+            task=task,
         )
 
 
@@ -238,6 +242,7 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
         scratch = staged.tmp if staged else None
         with tokenized_inputs(config, progress, scratch=scratch, rule_out_long=True) as inputs:
             t1 = time.perf_counter()
+            config = dataclasses.replace(config, task=inputs.task)  # the manifest records the task found
             seconds = dict(inputs.store.seconds)
             store = inputs.store
             plan = make_plan(config, store)
@@ -318,8 +323,12 @@ def _prepare_output(config: PackConfig, skipped: list[str]) -> staging.PreparedO
 def _manifest(
     config: PackConfig, inputs: TokenizedInputs, summary: dict[str, Any], shards: list[dict[str, Any]]
 ) -> dict[str, Any]:
+    task: dict[str, Any] = {"task": config.task}
+    if config.task != "sft":
+        task["sample_roles"] = {str(k): v for k, v in preference.ROLES.items()}
     return {
         "packcli_version": __version__,
+        **task,
         "options": config.options(),
         "tokenizer": inputs.tokenizer,
         "inputs": [
