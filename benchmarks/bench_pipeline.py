@@ -41,6 +41,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 TIME_BIN = "/usr/bin/time"
 SAMPLE_SECONDS = 0.2
+CHUNK = 1024  # texts per encode_batch call in the chunked form of the ceiling
 
 
 # -- stages that run in their own process ------------------------------------------------------------
@@ -73,6 +74,11 @@ def stage_limit(data: Path, max_len: int, out: Path) -> None:
     encodings = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
     t5, c5 = time.perf_counter(), time.process_time()
     del encodings
+    # The same call in chunks of CHUNK texts (still on all cores): one call over a whole large corpus
+    # holds every Encoding at once and is slower than chunks, so the ceiling takes the faster of the two.
+    for i in range(0, len(texts), CHUNK):
+        tokenizer.backend_tokenizer.encode_batch(texts[i : i + CHUNK], add_special_tokens=False)
+    t6, c6 = time.perf_counter(), time.process_time()
     kept = lengths[lengths <= max_len]
     result = {
         "conversations": len(texts),
@@ -93,6 +99,7 @@ def stage_limit(data: Path, max_len: int, out: Path) -> None:
             "encode": t3 - t2,
             "render_encode": t3 - t1,
             "encode_batch_offsets": t5 - t4,
+            "encode_batch_chunked": t6 - t5,
         },
         "cpu_seconds": {
             "parse_json": c1 - c0,
@@ -100,6 +107,7 @@ def stage_limit(data: Path, max_len: int, out: Path) -> None:
             "encode": c3 - c2,
             "render_encode": c3 - c1,
             "encode_batch_offsets": c5 - c4,
+            "encode_batch_chunked": c6 - c5,
         },
     }
     out.write_text(json.dumps(result, indent=2))
@@ -309,6 +317,7 @@ def packcli_run(
         "cache": summary["cache"],
         "inner_seconds": summary.get("seconds"),
         "packcli_sources_sha256": code,
+        "stage_seconds": summary.get("stage_seconds"),
     }
 
 
@@ -549,6 +558,113 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# -- paired rounds: the ceiling, packcli and TRL one after another, ratios inside each round ----------
+
+
+def ceiling_seconds(limit: dict[str, Any], cpus: int) -> float:
+    """The parallel ceiling: rendering divided by the cores (as if perfectly parallel), plus one batched
+    encode on all cores: the fastest of ``tokenizer(texts)``, ``encode_batch(texts)`` (with offsets, the
+    call packcli makes) and ``encode_batch`` in chunks of CHUNK texts."""
+    sec = limit["seconds"]
+    encodes = [sec["encode_batch_offsets"], sec["encode"], sec.get("encode_batch_chunked", float("inf"))]
+    return sec["render"] / cpus + min(encodes)
+
+
+def run_rounds(args: argparse.Namespace) -> dict[str, Any]:
+    """Run ``args.rounds`` rounds; in each, the ceiling, packcli --no-cache and (unless --skip-trl) TRL."""
+    data = Path(args.data).resolve()
+    if not data.exists():
+        raise SystemExit(f"{data}: no such file; make it with benchmarks/make_chat_corpus.py")
+    workdir = Path(args.workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    me = [sys.executable, str(Path(__file__).resolve())]
+    common = ["--data", str(data), "--max-len", str(args.max_len), "--num-proc", str(args.num_proc)]
+    common += ["--workdir", str(workdir)]
+    cpus = os.cpu_count() or 1
+    results: dict[str, Any] = {
+        "data": str(data),
+        "max_len": args.max_len,
+        "num_proc": args.num_proc,
+        "machine": {"cpus": cpus, "python": platform.python_version(), "loadavg_start": os.getloadavg()},
+        "code": code_identity(),
+        "rounds": [],
+    }
+    for k in range(args.rounds):
+        limit_out = workdir / "limit.json"
+        measure(f"round {k + 1}: ceiling", [*me, "--stage", "limit", *common, "--stage-out", str(limit_out)], workdir)
+        limit = json.loads(limit_out.read_text())
+        results["corpus"] = {key: v for key, v in limit.items() if key not in ("seconds", "cpu_seconds")}
+        tokens = limit["tokens"]
+        run = packcli_run("packcli_nocache", data, args, workdir, ["--no-cache"], tokens)
+        row: dict[str, Any] = {
+            "ceiling_seconds": ceiling_seconds(limit, cpus),
+            "limit_seconds": limit["seconds"],
+            "packcli_seconds": run["seconds"],
+            "packcli_cpu_seconds": run["cpu_seconds"],
+            "packcli_peak_rss_mb": run["peak_rss_mb"],
+            "packcli_stage_seconds": run["stage_seconds"],
+            "packcli_rows": run["rows"],
+        }
+        row["packcli_over_ceiling"] = row["ceiling_seconds"] / run["seconds"]
+        if not args.skip_trl:
+            cache = workdir / "hf_datasets_cache"
+            shutil.rmtree(cache, ignore_errors=True)
+            cache.mkdir(parents=True)
+            trl_out = workdir / "trl.json"
+            env = {"HF_DATASETS_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+            trl_run = measure(f"round {k + 1}: trl", [*me, "--stage", "trl", *common, "--stage-out", str(trl_out)],
+                              workdir, env)  # fmt: skip
+            trl = json.loads(trl_out.read_text())
+            shutil.rmtree(cache, ignore_errors=True)
+            shutil.rmtree(workdir / "trl_out", ignore_errors=True)
+            row["trl_seconds"] = trl_run["seconds"]
+            row["trl_rows"] = trl["rows"]
+            row["speedup_vs_trl"] = trl_run["seconds"] / run["seconds"]
+        results["rounds"].append(row)
+        shown = {key: round(v, 3) for key, v in row.items() if key in ("packcli_over_ceiling", "speedup_vs_trl")}
+        print(f"[bench] round {k + 1}: {shown}", file=sys.stderr, flush=True)
+    results["machine"]["loadavg_end"] = os.getloadavg()
+    return results
+
+
+def _median_range(values: list[float]) -> tuple[float, float, float]:
+    ordered = sorted(values)
+    n = len(ordered)
+    mid = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    return mid, ordered[0], ordered[-1]
+
+
+def rounds_table(r: dict[str, Any]) -> str:
+    """Return the paired rounds as a markdown table: medians with the range of the in-round ratios."""
+    rounds = r["rounds"]
+    c = r["corpus"]
+    lines = [
+        f"Corpus: {c['conversations']:,} conversations, {c['tokens']:,} tokens (median {c['median_tokens']:.0f}, "
+        f"p99 {c['p99_tokens']:.0f}, max {c['max_tokens']:,}); --max-len {r['max_len']}, --num-proc {r['num_proc']}, "
+        f"{r['machine']['cpus']} CPUs; {len(rounds)} paired rounds; load average "
+        f"{r['machine']['loadavg_start'][0]:.1f} at the start, {r['machine']['loadavg_end'][0]:.1f} at the end.",
+        "",
+        "| | seconds (median) | ratio (median of rounds) | range of ratios |",
+        "|---|---:|---:|---:|",
+    ]
+
+    def med(key: str) -> float:
+        return _median_range([x[key] for x in rounds])[0]
+
+    lines.append(f"| the ceiling: render / {r['machine']['cpus']} cores + one batched encode on all cores "
+                 f"| {med('ceiling_seconds'):.2f} | | |")  # fmt: skip
+    m, lo, hi = _median_range([x["packcli_over_ceiling"] for x in rounds])
+    lines.append(f"| `packcli pack --no-cache` (whole process) | {med('packcli_seconds'):.2f} | {m:.2f}x the ceiling "
+                 f"| {lo:.2f}–{hi:.2f} |")  # fmt: skip
+    if all("trl_seconds" in x for x in rounds):
+        m, lo, hi = _median_range([x["speedup_vs_trl"] for x in rounds])
+        lines.append(f"| TRL path (whole process) | {med('trl_seconds'):.2f} | packcli {m:.2f}x faster "
+                     f"| {lo:.2f}–{hi:.2f} |")  # fmt: skip
+    stages = rounds[0]["packcli_stage_seconds"]
+    lines += ["", "stage_seconds of round 1's packcli run: " + ", ".join(f"{k} {v:.2f}" for k, v in stages.items())]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default="benchmarks/data/chat.jsonl", help="JSONL chat file")
@@ -557,6 +673,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-trl", action="store_true", help="leave out the TRL path")
     parser.add_argument("--workdir", default="benchmarks/results", help="scratch and results directory")
     parser.add_argument("--table-from", metavar="JSON", help="only print the table of a saved bench_results.json")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="paired mode: N rounds of ceiling, packcli --no-cache and TRL, ratios taken inside each round [off]",
+    )
     parser.add_argument("--stage", choices=("limit", "trl"), help=argparse.SUPPRESS)
     parser.add_argument("--stage-out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -568,8 +690,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.table_from:
         results = json.loads(Path(args.table_from).read_text())
+        if "rounds" in results:
+            print(rounds_table(results))
+            return 0
         results["ratios"] = ratios(results)
         print(table(results))
+        return 0
+    if args.rounds:
+        results = run_rounds(args)
+        text = rounds_table(results)
+        workdir = Path(args.workdir)
+        (workdir / "bench_rounds.json").write_text(json.dumps(results, indent=2))
+        (workdir / "bench_rounds.md").write_text(text + "\n")
+        print(text)
         return 0
     results = run_all(args)
     text = table(results)

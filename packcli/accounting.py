@@ -36,6 +36,11 @@ KEEP_THEM = {
     "no_assistant_turn": "pass --train-on all to train on them, or fix the records",
     "nothing_to_train": "check --train-on and the records' roles",
 }
+# Preference and KTO records are never split: only their prompts are cut, from the left.
+KEEP_THEM_PAIRS = {
+    "too_long": "raise --max-len, or pass --overflow truncate to cut the prompts from the left",
+    "truncated": "raise --max-len (a record is cut only in its prompt, never split)",
+}
 BAD_DATA = "fix the records (list them with --rejects FILE)"
 # Under --overflow split, what is still cut or dropped is an exchange that fits in no row on its own.
 KEEP_THEM_SPLIT = {
@@ -193,6 +198,8 @@ def loss_words(lost: dict[str, Any], config: PackConfig) -> str:
     count = lost[f"{measure}_by_reason"].get(reason, 0)
     what = "records" if measure == "records" else "tokens"
     hints = KEEP_THEM | (KEEP_THEM_SPLIT if config.overflow == "split" else {})
+    if config.task in ("preference", "kto"):
+        hints = hints | KEEP_THEM_PAIRS
     fix = hints.get(reason, BAD_DATA)
     if reason == "too_long":
         reason = f"too_long, over --max-len {config.max_len}"

@@ -281,6 +281,24 @@ def _digest(records: list[Any]) -> str:
 
 _FLAG_RE = re.compile(r"(?<![\w-])--(no-)?([a-z][a-z0-9-]*)")
 _NOT_OPTIONS = {"help"}
+# A flag with its values ("--overflow split, truncate or drop"): the values become quoted strings.
+_CHOICE_RE = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*) ([a-z_]+(?:(?:, | or )[a-z_]+)*)")
+_OUTPUT_FLAG_RE = re.compile(r"(?<![\w-])-o\b")
+
+
+def _choice_terms(match: re.Match[str]) -> str:
+    from packcli.config import CHOICES
+
+    name = match.group(1).replace("-", "_")
+    words = re.split(r"(, | or )", match.group(2))
+    allowed = CHOICES.get(name, ())
+    n = 0  # how many of the words are values of the option ("--truncate-side left, or ...": one)
+    while 2 * n < len(words) and words[2 * n] in allowed:
+        n += 1
+    if n == 0:
+        return match.group(0)
+    quoted = [f'"{w}"' if i % 2 == 0 else w for i, w in enumerate(words[: 2 * n - 1])]
+    return f"{name}=" + "".join(quoted) + "".join(words[2 * n - 1 :])
 
 
 @contextmanager
@@ -290,9 +308,11 @@ def _api_terms() -> Iterator[None]:
         yield
     except PackcliError as exc:
         message = str(exc)
+        renamed = _CHOICE_RE.sub(_choice_terms, message)
         renamed = _FLAG_RE.sub(
-            lambda m: m.group(0) if m.group(2) in _NOT_OPTIONS else m.group(2).replace("-", "_"), message
+            lambda m: m.group(0) if m.group(2) in _NOT_OPTIONS else m.group(2).replace("-", "_"), renamed
         )
+        renamed = _OUTPUT_FLAG_RE.sub("output", renamed)
         if renamed == message:
             raise
         raise type(exc)(renamed) from exc

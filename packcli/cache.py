@@ -139,9 +139,15 @@ class TokenStore:
     first_trained: np.ndarray  # int32: position of the first token with a label
     positions: np.ndarray  # int32: line or record number in its source
     meta: dict[str, Any]
+    # int8 per sample: its sample_role (packcli.preference.ROLES); all 0 (SFT) for a store without one.
+    sample_role: np.ndarray | None = None
     # Seconds by stage of the run that made the store (read, decode, tokenize, store, cpu, wall); empty
     # for a store found in the cache. Not saved.
     seconds: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.sample_role is None:
+            self.sample_role = np.zeros(len(self.lengths), dtype=np.int8)
 
     @functools.cached_property
     def starts(self) -> np.ndarray:
@@ -264,6 +270,7 @@ class TokenStoreWriter:
             self.abort()
             raise _write_error(self.where, exc, fix) from exc
         self._arrays: dict[str, list[np.ndarray]] = {k: [] for k in ARRAYS}
+        self._roles: list[np.ndarray] = []
         self._local_tokens = 0  # tokens written by add() into the one local segment (prefix "")
         self._segments: list[dict[str, Any]] = []  # segments written elsewhere (add_segment), in order
         self._segment_files: dict[str, dict[str, Any]] = {}
@@ -278,6 +285,7 @@ class TokenStoreWriter:
         first_trained: np.ndarray,
         positions: np.ndarray,
         piece_index: np.ndarray | None = None,
+        sample_role: np.ndarray | None = None,
     ) -> None:
         if len(lengths) == 0:
             return
@@ -288,7 +296,7 @@ class TokenStoreWriter:
         except OSError as exc:
             raise _write_error(self.where, exc, self.fix) from exc
         self._local_tokens += len(ids)
-        self._add_arrays(sample_index, lengths, trainable, first_trained, positions, piece_index)
+        self._add_arrays(sample_index, lengths, trainable, first_trained, positions, piece_index, sample_role)
 
     def add_segment(
         self,
@@ -300,6 +308,7 @@ class TokenStoreWriter:
         first_trained: np.ndarray,
         positions: np.ndarray,
         piece_index: np.ndarray | None = None,
+        sample_role: np.ndarray | None = None,
     ) -> None:
         """Add samples whose tokens another process wrote as a segment (``{"prefix", "tokens"}``).
 
@@ -312,7 +321,7 @@ class TokenStoreWriter:
         assert int(segment["tokens"]) == int(np.asarray(lengths, dtype=np.int64).sum())
         self._segments.append({"prefix": segment["prefix"], "tokens": int(segment["tokens"])})
         self._segment_files.update(files)
-        self._add_arrays(sample_index, lengths, trainable, first_trained, positions, piece_index)
+        self._add_arrays(sample_index, lengths, trainable, first_trained, positions, piece_index, sample_role)
 
     def _add_arrays(
         self,
@@ -322,7 +331,13 @@ class TokenStoreWriter:
         first_trained: np.ndarray,
         positions: np.ndarray,
         piece_index: np.ndarray | None,
+        sample_role: np.ndarray | None = None,
     ) -> None:
+        if sample_role is not None or self._roles:
+            # Preference data: every sample's role is stored (a store without roles is all SFT).
+            self._roles.append(np.zeros(len(lengths), np.int8) if sample_role is None else sample_role)
+            if len(self._roles) == 1 and self._arrays["lengths"]:
+                self._roles.insert(0, np.zeros(sum(map(len, self._arrays["lengths"])), np.int8))
         for key, value in (
             ("sample_index", sample_index),
             ("piece_index", np.zeros(len(lengths), np.int32) if piece_index is None else piece_index),
@@ -348,6 +363,8 @@ class TokenStoreWriter:
                 k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64 if k == "sample_index" else np.int32))
                 for k, v in self._arrays.items()
             }
+            if self._roles:
+                arrays["sample_role"] = np.concatenate(self._roles)
             np.savez(self.tmp / "samples.npz", **arrays)
             if self._segments:  # the tokens are in segments written elsewhere: no local token files
                 for name in TOKEN_FILES:
@@ -467,6 +484,8 @@ def load_store(
     try:
         with np.load(path / "samples.npz") as data:
             arrays = {k: data[k] for k in ARRAYS}
+            if "sample_role" in data:
+                arrays["sample_role"] = data["sample_role"]
     except (OSError, ValueError, KeyError) as exc:
         raise DamagedStore(f"{path / 'samples.npz'}: cannot be read ({first_line(exc)})") from exc
     return TokenStore(path=path, meta=meta, **arrays)

@@ -21,6 +21,7 @@ from packcli.formats import DEFAULT_FIELDS, FORMATS
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "format": ("auto", *FORMATS),
+    "task": ("auto", "sft", "preference", "kto"),
     "train_on": ("auto", "all", "assistant", "last_assistant", "completion"),
     "overflow": ("drop", "truncate", "split", "error"),
     "truncate_side": ("right", "left"),
@@ -51,6 +52,7 @@ class PackConfig:
     split: str | None = None
     limit: int | None = None
     format: str = "auto"
+    task: str = "auto"  # what the records train (sft, preference, kto); auto: from their format
     fields: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_FIELDS))
     train_on: str = "auto"
     add_eos: bool = True
@@ -169,7 +171,7 @@ class PackConfig:
 # Every option of PackConfig belongs to exactly one concern. Only "tokenization" decides a sample's
 # tokens and labels, so only it (with the inputs' contents) keys the tokenization cache.
 OPTION_GROUPS: dict[str, tuple[str, ...]] = {
-    "input": ("inputs", "split", "limit", "format", "fields"),
+    "input": ("inputs", "split", "limit", "format", "task", "fields"),
     "tokenization": ("tokenizer", "chat_template", "template_kwargs", "train_on", "add_eos", "on_error"),
     "packing": (
         "max_len",

@@ -24,13 +24,18 @@ SHARD_SCHEMA = pa.schema(
 )
 # Columns written only when asked for, after SHARD_SCHEMA's, in this order:
 # seq_lengths_unpadded with --pad-to-multiple-of (or --context-parallel) above 1, loss_weights with
-# --loss-weighting sample or sqrt. A shard without them is byte-identical to one written before them.
+# --loss-weighting sample or sqrt, sample_role for preference and KTO data. A shard without them is
+# byte-identical to one written before them.
 OPTIONAL_COLUMNS = pa.schema(
     [
         ("seq_lengths_unpadded", pa.list_(pa.int32())),
         ("loss_weights", pa.list_(pa.float32())),
+        ("sample_role", pa.list_(pa.int8())),
     ]
 )
+# sample_role values: what each sample of a preference or KTO output is (written with --task preference
+# or kto, and 0 on a --pad-to-max padding segment).
+SAMPLE_ROLES = {0: "sft", 1: "chosen", 2: "rejected", 3: "desirable", 4: "undesirable"}
 
 
 def shard_schema(optional: tuple[str, ...] | list[str] = ()) -> pa.Schema:

@@ -1,7 +1,9 @@
 """Detect the record format and normalise each record to a ``Sample``.
 
 Record formats: ``messages`` (OpenAI-style chat), ``conversations`` (ShareGPT), ``prompt_completion``
-(strings or message lists), ``alpaca``, ``text`` and ``tokenized`` (``input_ids``, optional ``labels``).
+(strings or message lists), ``alpaca``, ``text`` and ``tokenized`` (``input_ids``, optional ``labels``);
+and preference data (``preference``: ``chosen``/``rejected`` with an optional ``prompt``; ``kto``:
+``prompt``/``completion``/``label``), which ``packcli.preference`` turns into several Samples per record.
 Field names can be remapped (``--field messages=dialog``), so every lookup goes through ``fields``.
 """
 
@@ -13,7 +15,9 @@ from typing import Any
 
 from packcli.errors import RecordError
 
-FORMATS = ("messages", "conversations", "prompt_completion", "alpaca", "text", "tokenized")
+FORMATS = ("messages", "conversations", "prompt_completion", "alpaca", "text", "tokenized", "preference", "kto")
+# Record formats whose records are not one SFT sample each (see packcli.preference).
+PREFERENCE_FORMATS = ("preference", "kto")
 
 DEFAULT_FIELDS: dict[str, str] = {
     "messages": "messages",
@@ -33,6 +37,9 @@ DEFAULT_FIELDS: dict[str, str] = {
     "labels": "labels",
     "tools": "tools",
     "chat_template_kwargs": "chat_template_kwargs",
+    "chosen": "chosen",
+    "rejected": "rejected",
+    "label": "label",
 }
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -88,12 +95,15 @@ def detect_format(record: Any, fields: dict[str, str]) -> str | None:
     """Return the record format that a record's fields show, or None when none fits."""
     if not isinstance(record, dict):
         return None
+    if fields["chosen"] in record and fields["rejected"] in record:
+        return "preference"
     if fields["messages"] in record:
         return "messages"
     if fields["conversations"] in record:
         return "conversations"
     if fields["prompt"] in record and fields["completion"] in record:
-        return "prompt_completion"
+        # KTO's unpaired preference data: a boolean label says whether the completion is desirable.
+        return "kto" if isinstance(record.get(fields["label"]), bool) else "prompt_completion"
     if fields["instruction"] in record and fields["output"] in record:
         return "alpaca"
     if fields["input_ids"] in record:

@@ -140,6 +140,7 @@ def tokenize_to_store(
                         result.first_trained,
                         result.positions,
                         result.piece_index,
+                        result.roles,
                     )
                 else:
                     writer.add(
@@ -151,6 +152,7 @@ def tokenize_to_store(
                         result.first_trained,
                         result.positions,
                         result.piece_index,
+                        result.roles,
                     )
                 clock["store"] += time.perf_counter() - stored
                 progress("tokenize", result.n_records, total)

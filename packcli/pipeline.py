@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packcli import __version__, accounting, ingest, staging, worker
+from packcli import __version__, accounting, ingest, preference, staging, worker
 from packcli import plan as plan_module
 from packcli.cache import (
     DamagedStore,
@@ -27,7 +29,7 @@ from packcli.engines import load_engine
 from packcli.errors import InputError, OutputError, RecordError, UsageError, raise_if_stopped
 from packcli.formats import detect_format
 from packcli.plan import Plan, make_plan
-from packcli.readers import hub_reachable, read_batches
+from packcli.readers import count_records, hub_reachable, read_batches
 from packcli.shard_formats import shard_format
 from packcli.shards import (
     write_manifest,
@@ -82,6 +84,7 @@ class TokenizedInputs:
     tokenizer: dict[str, Any]  # the tokenizer's identity
     pad_id: int
     warnings: list[str] = field(default_factory=list)
+    task: str = "sft"  # sft, preference or kto (packcli.preference.resolve_task)
 
 
 @contextlib.contextmanager
@@ -110,17 +113,36 @@ def tokenized_inputs(
                 "pass --format, or --field to name the fields"
             )
         formats[source.display] = fmt
+    task, formats = preference.resolve_task(config.task, formats, config.overflow, config.output_format)
     cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     memo = cache_root / "input-hashes.json" if config.cache else None
-    # An engine may hash the input files elsewhere (the Ray engine: in tasks, not on the driver).
+    # An engine may hash the input files elsewhere (the Ray engine: in tasks, not on the driver; nor
+    # does it count records there).
     hashed = getattr(load_engine(config), "hash_files", None)
-    known = hashed(config, files_to_hash(sources, memo)) if hashed else {}
-    fingerprints = [fingerprint(s, memo, known) for s in sources]
-    raise_if_stopped()
     encoder = None
-    tokenizer_key = tokenizer_fingerprint(config.tokenizer, config.chat_template)
+    # Reading the inputs through (hashing them, counting records for the progress bar) and loading the
+    # tokenizer each keep one core busy: where both are needed, they run side by side. The thread is
+    # joined before any worker process is forked.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-inputs") as ahead:
+        if hashed is not None:
+            known = hashed(config, files_to_hash(sources, memo))
+            fingerprints = [fingerprint(s, memo, known) for s in sources]
+        elif config.cache:
+            fingerprints = [fingerprint(s, memo) for s in sources]  # the cache key needs them first
+        else:
+            hashing = ahead.submit(lambda: [fingerprint(s, None) for s in sources])
+        tokenizer_key = tokenizer_fingerprint(config.tokenizer, config.chat_template)
+        store_needed = not config.cache or tokenizer_key is None
+        if store_needed:
+            counting = ahead.submit(lambda: [count_records(s) for s in sources]) if hashed is None else None
+            encoder = Encoder(config.tokenizer, config.chat_template, ingest.encode_options(config))
+            if counting is not None:
+                counting.result()
+        if not config.cache and hashed is None:
+            fingerprints = hashing.result()
+    raise_if_stopped()
     if tokenizer_key is None:
-        encoder = Encoder(config.tokenizer, config.chat_template, ingest.encode_options(config))
+        assert encoder is not None
         tokenizer_key = encoder.identity()["sha256"] + encoder.identity()["chat_template_sha256"]
     key = cache_key(
         {
@@ -179,6 +201,7 @@ def tokenized_inputs(
             tokenizer=store.meta["tokenizer"],
             pad_id=store.meta["pad_id"],
             warnings=warnings,
+            task=task,
         )
 
 
@@ -232,6 +255,7 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
         scratch = staged.tmp if staged else None
         with tokenized_inputs(config, progress, scratch=scratch, rule_out_long=True) as inputs:
             t1 = time.perf_counter()
+            config = dataclasses.replace(config, task=inputs.task)  # the manifest records the task found
             seconds = dict(inputs.store.seconds)
             store = inputs.store
             plan = make_plan(config, store)
@@ -312,8 +336,12 @@ def _prepare_output(config: PackConfig, skipped: list[str]) -> staging.PreparedO
 def _manifest(
     config: PackConfig, inputs: TokenizedInputs, summary: dict[str, Any], shards: list[dict[str, Any]]
 ) -> dict[str, Any]:
+    task: dict[str, Any] = {"task": config.task}
+    if config.task != "sft":
+        task["sample_roles"] = {str(k): v for k, v in preference.ROLES.items()}
     return {
         "packcli_version": __version__,
+        **task,
         "options": config.options(),
         "tokenizer": inputs.tokenizer,
         "inputs": [

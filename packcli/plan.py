@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packcli import packing
+from packcli import packing, pairs
 from packcli.cache import (
     TokenStore,
 )
@@ -36,8 +36,13 @@ class Plan:
 
 
 def make_plan(config: PackConfig, store: TokenStore) -> Plan:
-    """Apply the overflow policy and compute the bin plan from the sample lengths alone."""
+    """Apply the overflow policy and compute the bin plan from the sample lengths alone.
+
+    The samples of a preference or KTO record are one item (``packcli.pairs``): packed in one row,
+    dropped or truncated together.
+    """
     lengths = store.lengths.astype(np.int64)
+    group = pairs.groups(store)
     # With --pad-to-multiple-of, a sample fits when its padded length does: at most sample_limit tokens.
     max_len = config.sample_limit
     drop_rows: dict[str, np.ndarray] = {}
@@ -45,7 +50,7 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
     keep = ~too_long
     eff = np.minimum(lengths, max_len)
     truncated = 0
-    if config.overflow == "error" and too_long.any():
+    if config.overflow == "error" and too_long.any() and group is None:
         k = int(np.flatnonzero(too_long)[0])
         source, unit = source_of(store, int(store.sample_index[k]))
         raise InputError(
@@ -54,7 +59,13 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
         )
     cut_rows = np.zeros(0, dtype=np.int64)
     trained_in_window = np.zeros(0, dtype=np.int64)
-    if config.overflow in ("truncate", "split"):
+    skip = np.zeros(len(lengths), dtype=np.int64)
+    if group is not None:
+        # Preference data: whole records fit, are cut (their prompts, from the left) or are dropped.
+        fit = pairs.fit(config, store, group)
+        keep, eff, skip, truncated = fit.keep, fit.lengths, fit.skips, fit.truncated
+        drop_rows.update(fit.drop_rows)
+    elif config.overflow in ("truncate", "split"):
         # --overflow split leaves only exchanges that fit in no row on their own too long: they are
         # truncated as --overflow truncate does.
         cut_rows = np.flatnonzero(too_long)
@@ -67,8 +78,7 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
             drop_rows["nothing_to_train_after_truncation"] = np.flatnonzero(nothing)
     elif too_long.any():
         drop_rows["too_long"] = np.flatnonzero(too_long)
-    skip = np.zeros(len(lengths), dtype=np.int64)
-    if config.truncate_side == "left":
+    if config.truncate_side == "left" and group is None:
         skip[too_long] = lengths[too_long] - max_len
     kept = np.flatnonzero(keep)
     if len(kept) == 0:
@@ -85,7 +95,14 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
     kept_len = eff[kept]
     # Rows are planned on the lengths as written: each sample padded to a multiple of --pad-to-multiple-of.
     padded_len = packing.pad_lengths(kept_len, config.pad_multiple, config.pad_offset)
-    bins = packing.plan_rows(padded_len, config.max_len, config.algorithm)
+    items_len = padded_len
+    if group is not None:
+        # One item per record: its samples' padded lengths summed; each sample goes where its item goes.
+        _, item_of = np.unique(group[kept], return_inverse=True)
+        items_len = np.bincount(item_of, weights=padded_len).astype(np.int64)
+        bins = packing.plan_rows(items_len, config.max_len, config.algorithm)[item_of]
+    else:
+        bins = packing.plan_rows(padded_len, config.max_len, config.algorithm)
     by_row = np.argsort(bins, kind="stable")
     store_rows = kept[by_row]
     row_lengths = kept_len[by_row]
@@ -119,8 +136,8 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
         tokens=int(kept_len.sum()),
         trainable=trainable,
         n_rows=len(counts),
-        bound_l1=packing.lower_bound_l1(padded_len, config.max_len),
-        bound_l2=packing.lower_bound_l2(padded_len, config.max_len),
+        bound_l1=packing.lower_bound_l1(items_len, config.max_len),
+        bound_l2=packing.lower_bound_l2(items_len, config.max_len),
         alignment_padding=int(padded_len.sum() - kept_len.sum()),
     )
 

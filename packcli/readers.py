@@ -21,16 +21,29 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from packcli.errors import InputError
+from packcli.errors import InputError, raise_if_stopped
 from packcli.sources import InputSource, RawBatch, is_uri, open_uri
+
+# Record counts by (path, size, mtime_ns): a count made ahead of time (while the tokenizer loads) is
+# not made again when the tokenizing starts.
+_COUNTED: dict[tuple[str, int, int], int] = {}
 
 
 def count_records(source: InputSource) -> int | None:
     """Return the number of records of a source when it is cheap to know (for progress), else None."""
     try:
         if source.kind == "jsonl" and source.compression is None:
-            with open(source.path, "rb") as fh:
-                return sum(1 for line in fh if line.strip())
+            st = os.stat(source.path)
+            key = (os.path.abspath(source.path), st.st_size, st.st_mtime_ns)
+            if key not in _COUNTED:
+                n = 0
+                with open(source.path, "rb") as fh:
+                    for i, line in enumerate(fh):
+                        n += bool(line.strip())
+                        if not i & 0xFFFF:
+                            raise_if_stopped()
+                _COUNTED[key] = n
+            return _COUNTED[key]
         if source.kind == "parquet":
             import pyarrow.parquet as pq
 

@@ -56,6 +56,18 @@ def _check_text(text: str, what: str) -> None:
         ) from exc
 
 
+def raw_line_is_clean(line: bytes) -> bool:
+    """Return True when a JSON line certainly decodes to values that ``check_sample`` accepts.
+
+    A lone surrogate can only come from a ``\\uD800``-``\\uDFFF`` escape, since UTF-8 bytes cannot encode
+    one; and no value nests deeper than the line has brackets and braces. Both tests are byte scans,
+    far cheaper than walking the decoded record; a line that fails them is checked in full.
+    Values parsed again from strings (a tools cell given as JSON text) are covered: their escapes and
+    brackets are in the line too.
+    """
+    return b"\\ud" not in line and b"\\uD" not in line and line.count(b"{") + line.count(b"[") <= MAX_DEPTH
+
+
 def check_sample(sample: Sample) -> None:
     """Check every value of a normalised sample that reaches the template or the tokenizer."""
     if sample.messages is not None:

@@ -344,7 +344,7 @@ class MegatronFormat(ShardFormat):
 # for a uint8, uint16, uint32 shape), the shape as that dtype, then the values. All little-endian.
 
 MDS_INDEX = "index.json"
-_MDS_DTYPES = {pa.int32(): "int32", pa.int64(): "int64", pa.float32(): "float32"}
+_MDS_DTYPES = {pa.int8(): "int8", pa.int32(): "int32", pa.int64(): "int64", pa.float32(): "float32"}
 _MDS_SHAPE_DTYPES = (np.uint8, np.uint16, np.uint32, np.uint64)
 _UINT32_MAX = (1 << 32) - 1
 

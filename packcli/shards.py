@@ -36,6 +36,7 @@ def build_rows(
     pad_multiple: int = 1,
     pad_offset: int = 0,
     loss_weighting: str = "token",
+    sample_role: np.ndarray | None = None,
 ) -> pa.Table:
     """Return a table of packed rows from the samples' tokens, concatenated in row order.
 
@@ -48,7 +49,8 @@ def build_rows(
     of it (``packing.pad_lengths``): pad tokens, labels -100, positions going on counting; its
     ``seq_lengths`` entry is then the padded length and ``seq_lengths_unpadded`` holds the real one.
     With ``loss_weighting`` sample or sqrt, ``loss_weights`` holds 1/n or 1/sqrt(n) on each of a
-    sample's n trained tokens and 0 elsewhere.
+    sample's n trained tokens and 0 elsewhere. ``sample_role`` (preference data) is written as the
+    ``sample_role`` column, 0 on a padding segment.
     """
     lengths = sample_lengths.astype(np.int64)
     unpadded = None
@@ -80,6 +82,8 @@ def build_rows(
             ids, row_labels, positions, seq_lengths, index, pieces, row_tokens, samples_per_row, pad_to, pad_id
         )
         weights, unpadded = _pad_optional(row_tokens_before, samples_before, pad_to, weights, unpadded)
+        if sample_role is not None:
+            sample_role = _pad_optional(row_tokens_before, samples_before, pad_to, None, sample_role)[1]
     token_offsets = np.zeros(len(row_tokens) + 1, dtype=np.int64)
     np.cumsum(row_tokens, out=token_offsets[1:])
     seq_offsets = np.zeros(len(samples_per_row) + 1, dtype=np.int64)
@@ -101,6 +105,9 @@ def build_rows(
     if weights is not None:
         columns.append(pa.ListArray.from_arrays(tok_off, _arrow(weights, np.float32)))
         optional.append("loss_weights")
+    if sample_role is not None:
+        columns.append(pa.ListArray.from_arrays(seq_off, _arrow(sample_role, np.int8)))
+        optional.append("sample_role")
     return pa.Table.from_arrays(columns, schema=shard_schema(optional) if optional else SHARD_SCHEMA)
 
 
@@ -153,7 +160,12 @@ def _pad_optional(
     return weights, unpadded
 
 
-_ARROW_TYPES = {np.dtype(np.int32): pa.int32(), np.dtype(np.int64): pa.int64(), np.dtype(np.float32): pa.float32()}
+_ARROW_TYPES = {
+    np.dtype(np.int8): pa.int8(),
+    np.dtype(np.int32): pa.int32(),
+    np.dtype(np.int64): pa.int64(),
+    np.dtype(np.float32): pa.float32(),
+}
 
 
 def _arrow(values: np.ndarray, dtype: type) -> pa.Array:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packcli.errors import InputError, UsageError
+from packcli.errors import InputError, UsageError, raise_if_stopped
 
 FILE_TYPES = {
     ".jsonl": "jsonl",
@@ -326,6 +326,7 @@ def file_blake2b(path: str | Path) -> str:
     with open_uri(str(path)) if is_uri(str(path)) else open(path, "rb") as fh:
         while chunk := fh.read(1 << 22):
             file_hash.update(chunk)
+            raise_if_stopped()  # may run in a thread beside the tokenizer's loading
     return file_hash.hexdigest()
 
 

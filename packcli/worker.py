@@ -10,10 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from packcli import preference
 from packcli.bounds import rule_out_too_long
 from packcli.errors import RecordError
-from packcli.formats import detect_format, normalize
-from packcli.records import check_sample, too_deep
+from packcli.formats import PREFERENCE_FORMATS, detect_format, normalize
+from packcli.records import check_sample, raw_line_is_clean, too_deep
 from packcli.sources import RawBatch
 from packcli.split import Pieces, SplitRule, chunk_tokens, split_chat
 from packcli.tokenize import Encoder
@@ -41,6 +42,7 @@ class TokenizedBatch:
     records_split: int = 0
     pieces_made: int = 0  # samples made from split records (pieces kept)
     pieces_left_out: dict[str, int] = field(default_factory=dict)  # reason -> pieces
+    roles: np.ndarray | None = None  # int8 sample_role per kept sample, for preference data (None: all SFT)
     # Seconds this batch took in the worker: decode (parse, detect, normalise, check), tokenize (render,
     # spans, encode, split) and cpu (the worker's CPU seconds for the batch, all threads).
     seconds: dict[str, float] = field(default_factory=dict)
@@ -93,17 +95,26 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
             if record_format is None:
                 keys = ", ".join(map(str, record)) if isinstance(record, dict) else type(record).__name__
                 raise RecordError("unknown_format", f"no known record format fits the fields ({keys})")
+            if record_format in PREFERENCE_FORMATS:
+                members = preference.normalize_members(record, record_format, fields)
+                if not (batch.raw_lines and raw_line_is_clean(item)):
+                    for member in members.samples:
+                        check_sample(member)
+                samples.append(members)
+                continue
             sample = normalize(record, record_format, fields)
-            check_sample(sample)
+            if not (batch.raw_lines and raw_line_is_clean(item)):
+                check_sample(sample)
             if "rule_out" in _CONTEXT:
                 rule_out_too_long(sample, *_CONTEXT["rule_out"], render=encoder.chat.text)
             samples.append(sample)
         except RecordError as err:
             samples.append(err)
     decoded = time.perf_counter()
-    results = encoder.encode_batch(samples)
+    results = preference.encode(encoder, samples)
     split: SplitRule | None = _CONTEXT.get("split")
     kept_index, kept_pos, kept_piece, ids, labels, rejects = [], [], [], [], [], []
+    roles: list[int] = []
     left_out: Counter[str] = Counter()
     records_split = pieces_made = 0
     for k, result in enumerate(results):
@@ -111,7 +122,10 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         if isinstance(result, RecordError):
             rejects.append(reject(index, batch.source, batch.positions[k], result, raws[k], batch.raw_lines))
             continue
-        if split is None or len(result[0]) <= split.max_len:
+        if isinstance(result, list):  # a preference or KTO record: its samples, with their roles
+            kept = [(piece_ids, piece_labels) for piece_ids, piece_labels, _ in result]
+            roles.extend([0] * (len(kept_index) - len(roles)) + [role for _, _, role in result])
+        elif split is None or len(result[0]) <= split.max_len:
             kept = [result]
         else:
             records_split += 1
@@ -149,7 +163,8 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         ids=flat_ids,
         labels=flat_labels,
         rejects=rejects,
-        piece_index=np.array(kept_piece, dtype=np.int32) if records_split else None,
+        piece_index=np.array(kept_piece, dtype=np.int32) if records_split or roles else None,
+        roles=np.array(roles + [0] * (len(kept_index) - len(roles)), dtype=np.int8) if roles else None,
         records_split=records_split,
         pieces_made=pieces_made,
         pieces_left_out=dict(left_out),

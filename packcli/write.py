@@ -32,6 +32,8 @@ def output_schema(config: PackConfig) -> Any:
         optional.append("seq_lengths_unpadded")
     if config.loss_weighting != "token":
         optional.append("loss_weights")
+    if config.task in ("preference", "kto"):
+        optional.append("sample_role")
     return shard_schema(optional)
 
 
@@ -76,6 +78,7 @@ def row_group_tables(
             pad_multiple=config.pad_multiple,
             pad_offset=config.pad_offset,
             loss_weighting=config.loss_weighting,
+            sample_role=store.sample_role[store_rows] if config.task in ("preference", "kto") else None,
         )
         progress("write", len(group), len(plan.order.order))
         raise_if_stopped()

@@ -57,6 +57,12 @@ def test_partial_field_renames_and_errors_in_api_terms(tmp_path: Path) -> None:
         packcli.pack(records, max_length=1024, output=tmp_path / "b", cache=False)
     with pytest.raises(packcli.UsageError, match="list of records"):
         packcli.pack([1, 2, 3], output=tmp_path / "c", cache=False)
+    long = [{"messages": [{"role": "user", "content": "many words " * 40}, {"role": "assistant", "content": "ok"}]}]
+    with pytest.raises(packcli.InputError) as err:
+        packcli.pack(long, max_len=16, overflow="error", output=tmp_path / "d", cache=False)
+    # Values of a choice option read as the keyword arguments that take them; no flag is left.
+    assert str(err.value).endswith('raise max_len or pass overflow="split", "truncate" or "drop"')
+    assert "--" not in str(err.value)
 
 
 def test_a_run_after_a_stop_runs(tmp_path: Path) -> None:

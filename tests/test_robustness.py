@@ -806,3 +806,43 @@ def test_chat_rule_measures_the_very_text_the_encoder_encodes(base_tokenizer: An
     text = encoder.chat.text(sample)  # what the rule measures
     [(ids, _)] = encoder.encode_batch([sample])
     assert base_tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids == ids.tolist()
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"messages": [{"role": "user", "content": "\ud800"}, {"role": "assistant", "content": "a"}]},
+        {"messages": [{"role": "user", "content": "\udfff x"}, {"role": "assistant", "content": "a"}]},
+        # A tools cell given as JSON text whose string holds the escape: it is parsed again by the format.
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+         "tools": json.dumps([{"name": "\ud800"}])},
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+         "tools": [functools.reduce(lambda inner, _: {"a": inner}, range(120), "x")]},
+    ],
+)
+def test_the_byte_scan_never_passes_a_record_the_full_check_rejects(record: dict[str, Any]) -> None:
+    """JSON lines skip the walk over the decoded record only when a byte scan proves it would pass."""
+    from packcli.config import PackConfig
+    from packcli.errors import RecordError
+    from packcli.formats import detect_format, normalize
+    from packcli.records import check_sample, raw_line_is_clean
+
+    line = json.dumps(record).encode()  # ensure_ascii: the surrogate is written as an escape
+    assert not raw_line_is_clean(line)
+    fields = PackConfig(inputs=("x",), output="o").fields
+    fmt = detect_format(record, fields)
+    try:
+        check_sample(normalize(json.loads(line), fmt, fields))
+    except RecordError as err:
+        assert err.reason in ("lone_surrogate", "too_deep")
+    else:
+        raise AssertionError("the full check passed a record the byte scan flagged")
+
+
+def test_the_byte_scan_passes_ordinary_lines() -> None:
+    from packcli.records import MAX_DEPTH, raw_line_is_clean
+
+    for record in make_conversations(20, seed=3):
+        assert raw_line_is_clean(json.dumps(record, ensure_ascii=False).encode())
+    assert raw_line_is_clean(b"[" * MAX_DEPTH)
+    assert not raw_line_is_clean(b"[" * (MAX_DEPTH + 1))

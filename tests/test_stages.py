@@ -235,3 +235,29 @@ def test_every_option_has_one_concern_and_only_tokenization_keys_the_cache(tmp_p
         assert again.cache == "hit"  # packing, output and run options never re-tokenize
     with tokenized_inputs(PackConfig(**base, add_eos=False)) as changed:
         assert changed.cache == "miss"  # a tokenization option does
+
+
+def test_inputs_hashed_beside_the_tokenizer_load_hash_as_before(tmp_path: Path, chat_jsonl: Path, pack) -> None:
+    """Without the cache the inputs are hashed in a thread while the tokenizer loads: same manifest."""
+    pack(chat_jsonl, "--max-len", "256", "-o", tmp_path / "cached")
+    pack(chat_jsonl, "--max-len", "256", "-o", tmp_path / "uncached", "--no-cache")
+    cached = json.loads((tmp_path / "cached" / "manifest.json").read_text())
+    uncached = json.loads((tmp_path / "uncached" / "manifest.json").read_text())
+    assert cached["inputs"] == uncached["inputs"]
+    assert cached["inputs"][0]["blake2b"]
+    assert cached["shards"] == uncached["shards"]
+
+
+def test_a_remembered_record_count_is_counted_again_when_the_file_changes(tmp_path: Path) -> None:
+    import os
+
+    from packcli.readers import count_records
+
+    path = write_jsonl(tmp_path / "a.jsonl", [{"text": "x"}] * 3)
+    (source,) = resolve_inputs([str(path)], None)
+    assert count_records(source) == 3
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write("\n" + json.dumps({"text": "y"}) + "\n")  # a blank line is not a record
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert count_records(source) == 4

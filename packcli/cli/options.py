@@ -64,6 +64,15 @@ LimitOption = Annotated[
 FormatOption = Annotated[
     str, typer.Option("--format", metavar=choices("format"), help="Record format.", rich_help_panel=INPUT)
 ]
+TaskOption = Annotated[
+    str,
+    typer.Option(
+        "--task",
+        metavar=choices("task"),
+        help="What the records train, when their fields do not say: sft, preference (DPO, reward models) or kto.",
+        rich_help_panel=INPUT,
+    ),
+]
 FieldOption = Annotated[
     list[str] | None,
     typer.Option(
@@ -144,6 +153,7 @@ TOKEN_PARAMETERS = (
     "split",
     "limit",
     "format",
+    "task",
     "field",
     "on_error",
     "tokenizer",

@@ -147,6 +147,18 @@ def print_packed_stats(r: dict[str, Any]) -> None:
     )
     spr = r["samples_per_row"]
     table.add_row("samples per row", f"min {spr['min']} / mean {spr['mean']:.2f} / max {spr['max']}")
+    if "preference" in r:
+        pref = r["preference"]
+        table.add_row("samples by role", ", ".join(f"{name} {n:,}" for name, n in pref["roles"].items()))
+        if pref["pairs"]:
+            ppr = pref["pairs_per_row"]
+            table.add_row(
+                "pairs", f"{pref['pairs']:,} (per row: min {ppr['min']} / mean {ppr['mean']:.2f} / max {ppr['max']})"
+            )
+        table.add_row(
+            "padding, pairs padded",
+            f"{pref['padding_tokens_padded_pairs']:,} tokens in batches of {r['batch_size']} records",
+        )
     table.add_row("records read", f"{r['records_read']:,}")
     for reason, n in r["dropped"].items():
         table.add_row(f"dropped: {reason}", f"{n:,}")
@@ -231,6 +243,8 @@ def print_raw_stats(r: dict[str, Any]) -> None:
     for line in r["max_lens"]:
         cells = [
             f"{p['records']:,} / {p['trainable_tokens']:,} ({p['trainable_fraction']:.1%})"
+            if p.get("applies", True)
+            else "-"
             for p in (line["policies"][name] for name in ("drop", "truncate", "truncate-left", "split"))
         ]
         kept.add_row(f"{line['max_len']:,}", *cells)
@@ -280,6 +294,8 @@ def print_row(result: Any) -> None:
             out.rule(Text(f"padding: {seg.length:,} tokens (sample_index -1)", style=MASKED_STYLE), align="left")
             continue
         name = f"sample_index {seg.sample_index}" + (f" piece {seg.piece_index}" if seg.piece_index else "")
+        if seg.role not in (None, "sft"):
+            name += f" ({seg.role})"
         title = f"{name}: {seg.length:,} tokens, {seg.trained_tokens:,} trained"
         style = "bold yellow" if seg.sample_index == result.requested_sample_index else "bold"
         out.rule(Text(title, style=style), align="left")

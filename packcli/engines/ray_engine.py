@@ -192,12 +192,12 @@ class Tokenizer:
         began, cpu_began = time.perf_counter(), time.process_time()
         segment = SegmentWriter(self.root, f"segments/{part.number:06d}-")
         units = ray_parts.Units()
-        keys = ("index", "lengths", "trainable", "first", "pos", "piece")
+        keys = ("index", "lengths", "trainable", "first", "pos", "piece", "role")
         arrays: dict[str, list[np.ndarray]] = {k: [] for k in keys}
         out: dict[str, Any] = {"rejects": [], "n_records": 0, "records_split": 0, "pieces_made": 0}
         left_out: dict[str, int] = {}
         seconds: dict[str, float] = {"decode": 0.0, "tokenize": 0.0}
-        unit, split = "record", False
+        unit, split, roles = "record", False, False
         error: PackcliError | None = None
         read = 0.0
         try:
@@ -220,6 +220,7 @@ class Tokenizer:
                 for key in ("decode", "tokenize"):
                     seconds[key] += result.seconds.get(key, 0.0)
                 split = split or result.piece_index is not None
+                roles = roles or result.roles is not None
                 n = len(result.lengths)
                 arrays["index"].append(result.sample_index.astype(np.int32))
                 arrays["lengths"].append(result.lengths)
@@ -229,12 +230,15 @@ class Tokenizer:
                 arrays["piece"].append(
                     np.zeros(n, np.int32) if result.piece_index is None else result.piece_index.astype(np.int32)
                 )
+                arrays["role"].append(np.zeros(n, np.int8) if result.roles is None else result.roles.astype(np.int8))
         except PackcliError as exc:
             error = exc
         seg, files = segment.close()
         joined = {k: np.concatenate(v) if v else np.zeros(0, np.int32) for k, v in arrays.items()}
         if not split:
             joined["piece"] = None  # type: ignore[assignment]  # all 0: not sent
+        if not roles:
+            joined["role"] = None  # type: ignore[assignment]  # not preference data: not sent
         seconds["read"] = read
         seconds["cpu"] = time.process_time() - cpu_began
         seconds["wall"] = time.perf_counter() - began
@@ -266,6 +270,7 @@ class PartResult:
     first_trained: np.ndarray
     positions: np.ndarray
     piece_index: np.ndarray | None
+    roles: np.ndarray | None
     rejects: list[dict[str, Any]]
     records_split: int
     pieces_made: int
@@ -437,6 +442,7 @@ class ClusterTokenizing:
             first_trained=arrays["first"],
             positions=arrays["pos"] + np.int32(unit_base),
             piece_index=arrays["piece"],
+            roles=arrays["role"],
             rejects=out["rejects"],
             records_split=out["records_split"],
             pieces_made=out["pieces_made"],

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packcli.contract import IGNORE_INDEX
+from packcli.contract import IGNORE_INDEX, SAMPLE_ROLES
 from packcli.errors import InputError, OutputError, TokenizerError, UsageError, first_line
 from packcli.report.stats import list_parts
 from packcli.shard_formats import shard_batches
@@ -47,6 +47,7 @@ class Segment:
     input_ids: list[int]
     trained: list[bool]
     piece_index: int = 0  # the piece of a record split by --overflow split
+    role: str | None = None  # sample_role of preference data: chosen, rejected, desirable, undesirable
 
 
 @dataclass
@@ -67,7 +68,11 @@ class InspectedRow:
     segments: list[Segment] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        for segment in out["segments"]:
+            if segment["role"] is None:  # not preference data: the segments are as before roles existed
+                del segment["role"]
+        return out
 
 
 def locate_row(manifest: dict[str, Any], row: int) -> tuple[str, int]:
@@ -150,11 +155,13 @@ def inspect_row(
     start = 0
     # Not strict: a damaged row still decodes as far as its columns agree (verify says what is wrong).
     piece_of = data.get("piece_index") or [0] * len(data["sample_index"])  # none before piece_index existed
-    for index, piece, length in zip(data["sample_index"], piece_of, data["seq_lengths"], strict=False):
+    role_of = data.get("sample_role") or [None] * len(data["sample_index"])  # preference and KTO outputs only
+    for index, piece, length, role in zip(data["sample_index"], piece_of, data["seq_lengths"], role_of, strict=False):
         seg_ids = ids[start : start + length]
         seg_trained = trained[start : start + length]
         segment = _segment(decoder, int(index), start, seg_ids, seg_trained, max_tokens)
         segment.piece_index = int(piece)
+        segment.role = SAMPLE_ROLES.get(int(role)) if role is not None else None
         segments.append(segment)
         start += length
     return InspectedRow(

@@ -151,6 +151,8 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     seq_index: list[np.ndarray] = []
     seq_length: list[np.ndarray] = []
     seq_piece: list[np.ndarray] = []
+    seq_role: list[np.ndarray] = []
+    row_pairs: list[np.ndarray] = []
     trainable = 0
     segment_padding = 0
     shards = manifest.get("shards", [])
@@ -159,6 +161,7 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
         try:
             columns = ["labels", "seq_lengths", "sample_index"]
             columns += ["piece_index"] if "piece_index" in (manifest.get("columns") or []) else []
+            columns += ["sample_role"] if "sample_role" in (manifest.get("columns") or []) else []
             for batch in shard_batches(path, columns):
                 row_len, labels = list_parts(batch.column("labels"))
                 segs, lengths = list_parts(batch.column("seq_lengths"))
@@ -175,6 +178,10 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
                     _, piece = list_parts(batch.column("piece_index"))
                     seq_piece.append(piece[~pad].astype(np.int64))
                 seq_length.append(lengths[~pad].astype(np.int64))
+                if "sample_role" in columns:
+                    _, role = list_parts(batch.column("sample_role"))
+                    seq_role.append(role[~pad].astype(np.int64))
+                    row_pairs.append(np.bincount(seg_row[role == CHOSEN], minlength=len(segs)))
         except (OSError, pa.ArrowException, KeyError) as exc:
             raise OutputError(
                 f"{entry['file']}: cannot be read ({first_line(exc)}); run packcli verify {directory}"
@@ -200,7 +207,17 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     batched = batch_padding(distinct_lengths, batch_size)  # np.unique sorts: input order
     counts = manifest.get("counts", {})
     spr_hist = np.bincount(samples_per_row) if rows else np.zeros(0, np.int64)
-    return {
+    pairs = None
+    if seq_role:
+        # Preference data: a record's samples are one item of the plan, so the bounds are on records.
+        roles = _concat(seq_role)[first]
+        _, item_of = np.unique(distinct[:, 0], return_inverse=True)
+        item_lengths = np.bincount(item_of, weights=distinct_lengths).astype(np.int64)
+        pairs = _pair_stats(roles, item_of, distinct_lengths, _concat(row_pairs), batch_size)
+        bounds = _bounds(item_lengths, max_len, rows)
+    else:
+        bounds = _bounds(distinct_lengths, max_len, rows)
+    out = {
         "mode": "packed",
         "directory": str(directory),
         "max_len": max_len,
@@ -214,7 +231,7 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
         "padding_tokens": padding_tokens,
         "padding_segment_tokens": segment_padding,
         "fill": round(tokens / capacity, 6) if capacity else 0.0,
-        **_bounds(distinct_lengths, max_len, rows),
+        **bounds,
         "samples_per_row": {
             "min": int(samples_per_row.min()) if rows else 0,
             "mean": round(float(samples_per_row.mean()), 3) if rows else 0.0,
@@ -234,6 +251,42 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
         "padding_tokens_batch_padded": batched,
         "padding_saved": without - padding_tokens,
         "padding_saved_vs_batch_padded": batched - padding_tokens,
+    }
+    if pairs is not None:
+        out["preference"] = pairs
+    return out
+
+
+CHOSEN = 1  # sample_role values (packcli.contract.SAMPLE_ROLES)
+
+
+def _pair_stats(
+    roles: np.ndarray, item_of: np.ndarray, lengths: np.ndarray, pairs_per_row: np.ndarray, batch_size: int
+) -> dict[str, Any]:
+    """Return the samples by role, the pairs, pairs per row, and the padding of padded pair batches.
+
+    ``padding_tokens_padded_pairs`` is what a trainer that pads pairs gives: batches of ``batch_size``
+    consecutive records, each of their samples padded to the batch's longest sample.
+    """
+    from packcli.contract import SAMPLE_ROLES
+
+    counts = np.bincount(roles, minlength=len(SAMPLE_ROLES))
+    records = int(item_of.max()) + 1 if len(item_of) else 0
+    per_record = np.bincount(item_of, minlength=records)
+    batch_of = np.repeat(np.arange(records) // batch_size, per_record)
+    longest = np.zeros(int(batch_of.max()) + 1 if len(batch_of) else 0, dtype=np.int64)
+    np.maximum.at(longest, batch_of, lengths)
+    padded = int(longest[batch_of].sum() - lengths.sum())
+    return {
+        "roles": {SAMPLE_ROLES[k]: int(n) for k, n in enumerate(counts) if n},
+        "pairs": int(counts[CHOSEN]),
+        "pairs_per_row": {
+            "min": int(pairs_per_row.min()) if len(pairs_per_row) else 0,
+            "mean": round(float(pairs_per_row.mean()), 3) if len(pairs_per_row) else 0.0,
+            "max": int(pairs_per_row.max()) if len(pairs_per_row) else 0,
+        },
+        "padding_tokens_padded_pairs": padded,
+        "rows_padded_pairs": len(lengths),
     }
 
 
@@ -278,6 +331,9 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
     forget_streams()  # stdin and FIFOs named by this run are read by this run
 
     with tokenized_inputs(config, progress) as tokenized:
+        from dataclasses import replace
+
+        config = replace(config, task=tokenized.task)  # preference data: pairs are planned whole
         store, cache_state, warnings = tokenized.store, tokenized.cache, tokenized.warnings
         lengths = store.lengths.astype(np.int64)  # ascending sample_index: input order
         trainable = int(store.trainable.astype(np.int64).sum())
@@ -346,7 +402,10 @@ def _kept_by_policy(
         "truncate": kept(replace(base, overflow="truncate"), store),
         "truncate-left": kept(replace(base, overflow="truncate", truncate_side="left"), store),
     }
-    if int(store.lengths.max(initial=0)) <= max_len:
+    if config.task != "sft":
+        # A preference or KTO record is never split: the policy does not apply.
+        out["split"] = {**{k: 0 for k in out["drop"]}, "applies": False}
+    elif int(store.lengths.max(initial=0)) <= max_len:
         out["split"] = dict(out["drop"])
     else:
         split = replace(base, overflow="split")

@@ -50,6 +50,10 @@ CHECKS = {
     "unpadded": "have seq_lengths_unpadded values that are not the real length of their segment",
     "alignment": "have samples not padded to the multiple the output was packed with (--pad-to-multiple-of)",
     "alignment_labels": "have labels other than -100 in a sample's alignment padding",
+    "sample_role": "have sample_role values that are not the task's (preference: 1 chosen, 2 rejected; kto: 3 "
+    "desirable, 4 undesirable; 0 on a padding segment), or not one per sample",
+    "pairs": "have a chosen sample not followed by its rejected sample (the same sample_index, piece 0 then 1), "
+    "or a rejected sample without its chosen one before it",
     "loss_weights": "have loss_weights that are negative, not finite, of the wrong length or set where labels are -100",
 }
 
@@ -102,6 +106,7 @@ class _Expect:
     columns: tuple[str, ...] = tuple(SHARD_SCHEMA.names)
     pad_multiple: int = 1
     pad_offset: int = 0
+    task: str = "sft"
 
 
 @dataclass
@@ -143,6 +148,7 @@ def verify_output(directory: Path, progress: Progress | None = None) -> VerifyRe
         columns=tuple(f.name for f in SHARD_SCHEMA if not isinstance(listed_columns, list) or f.name in listed_columns),
         pad_multiple=_pad_multiple(options),
         pad_offset=1 if options.get("output_format") == "megatron" else 0,
+        task=str(manifest.get("task") or "sft"),
     )
     entries = manifest.get("shards")
     if not isinstance(entries, list) or expect.max_len < 1:
@@ -219,6 +225,8 @@ def _check_shard(
         ]
         if wrong:
             problems.append(Problem(name, "has columns of the wrong type: " + "; ".join(wrong)))
+        if expect.task != "sft" and "sample_role" not in schema.names:
+            problems.append(Problem(name, f"lacks the column sample_role (the output holds {expect.task} data)"))
         if expect.pad_multiple > 1 and "seq_lengths_unpadded" not in schema.names:
             problems.append(Problem(name, "lacks the column seq_lengths_unpadded (the output was padded per sample)"))
         optional = [f.name for f in OPTIONAL_COLUMNS if f.name in schema.names and schema.field(f.name).type == f.type]
@@ -336,6 +344,8 @@ def _check_batch(batch: pa.RecordBatch, first_row: int, expect: _Expect, totals:
         if len(bad_len) == 0:
             bad = ~np.isfinite(weights) | (weights < 0) | ((weights != 0) & ~labelled)
             totals.fail("loss_weights", token_rows(bad), first_row)
+    if "sample_role" in batch.schema.names:
+        _check_roles(batch, segs, index, piece, pad, seg_row, expect, totals, first_row)
     totals.index.append(index[~pad])
     totals.pieces.append(piece[~pad])
     tiled = (row_sums == row_len) & (np.bincount(seg_row[seq_lengths < 1], minlength=n) == 0)
@@ -360,6 +370,40 @@ def _check_batch(batch: pa.RecordBatch, first_row: int, expect: _Expect, totals:
     totals.fail("first_label", seg_row[labelled[seg_start]], first_row)
     if pad.any():
         totals.fail("padding_labels", rows[token_rows(np.repeat(pad, seq_lengths) & labelled)], first_row)
+
+
+def _check_roles(
+    batch: pa.RecordBatch,
+    segs: np.ndarray,
+    index: np.ndarray,
+    piece: np.ndarray,
+    pad: np.ndarray,
+    seg_row: np.ndarray,
+    expect: _Expect,
+    totals: _ShardTotals,
+    first_row: int,
+) -> None:
+    """Check sample_role: one per sample, the task's values, and every pair whole and in order in its row."""
+    r_len, role = list_parts(batch.column("sample_role"))
+    if (r_len != segs).any():
+        totals.fail("sample_role", np.flatnonzero(r_len != segs), first_row)
+        return
+    role = role.astype(np.int64)
+    allowed = {"preference": (1, 2), "kto": (3, 4)}.get(expect.task, (0,))
+    bad = np.where(pad, role != 0, ~np.isin(role, allowed))
+    totals.fail("sample_role", seg_row[bad], first_row)
+    if expect.task == "kto":
+        totals.fail("pairs", seg_row[~pad & (piece != 0)], first_row)
+    if expect.task != "preference":
+        return
+    chosen, rejected = role == 1, role == 2
+    nxt = np.zeros(len(role), dtype=bool)  # the next segment is this chosen sample's rejected one
+    nxt[:-1] = (
+        rejected[1:] & (seg_row[1:] == seg_row[:-1]) & (index[1:] == index[:-1]) & (piece[:-1] == 0) & (piece[1:] == 1)
+    )
+    prev = np.zeros(len(role), dtype=bool)
+    prev[1:] = nxt[:-1] & chosen[:-1]
+    totals.fail("pairs", seg_row[(chosen & ~nxt) | (rejected & ~prev)], first_row)
 
 
 def _check_unpadded(
