@@ -314,6 +314,23 @@ def test_inputs_at_a_filesystem_uri(cluster: Any, corpus: Path, tmp_path: Path) 
     assert {(r["source"], r["position"]) for r in rejected} >= {((corpus / "a.jsonl").as_uri(), 58)}
 
 
+def test_preference_pairs_on_ray_as_locally(cluster: Any, tmp_path: Path) -> None:
+    """Preference and KTO data: each sample's role travels with its metadata (one byte) into the store."""
+    from .test_preference import kto_records, preference_records
+
+    write_jsonl(tmp_path / "pairs.jsonl", preference_records(120, seed=4))
+    write_jsonl(tmp_path / "kto.jsonl", kto_records(60, seed=5))
+    for name in ("pairs", "kto"):
+        flags = ["--max-len", "256", "--json", "-q"]
+        data = tmp_path / f"{name}.jsonl"
+        local = json.loads(run_pack(data, "-o", tmp_path / f"local-{name}", *flags).stdout)
+        remote = json.loads(run_pack(data, "-o", tmp_path / f"ray-{name}", *flags, "--engine", "ray").stdout)
+        assert local["samples"] == remote["samples"] > 0 and local["rows"] == remote["rows"]
+        assert_same_shards(tmp_path / f"local-{name}", tmp_path / f"ray-{name}")
+        table = pq.read_table(next((tmp_path / f"ray-{name}").glob("shard-*")))
+        assert "sample_role" in table.column_names
+
+
 def test_the_nodes_run_this_packcli(cluster: Any) -> None:
     """The tasks import the packcli under test (the driver's sys.path goes to the workers), on both nodes."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
