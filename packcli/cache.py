@@ -1,7 +1,9 @@
 """The on-disk store of tokenized samples, read by offset when shards are written.
 
-A finished store is a directory holding ``input_ids.bin`` and ``labels.bin`` (every kept sample's
-tokens, concatenated, little-endian int32: a token file plus a boundary index),
+A finished store is a directory holding the token files (every kept sample's tokens, concatenated,
+little-endian int32, in one or more *segments*: a segment is a pair ``PREFIXinput_ids.bin`` and
+``PREFIXlabels.bin``; the local engine writes one, with the empty prefix; the Ray engine one per part of
+the inputs, written where it was tokenized, under ``segments/``),
 ``samples.npz`` (per sample: sample_index, piece_index, length, trainable count, first trained position and record
 position, so the plan never reads token data) and ``meta.json`` (counts, dropped records by reason,
 sources). Rows are gathered from the token files by index, touching only the pages they need.
@@ -9,10 +11,14 @@ The same layout serves as the tokenization cache, keyed by everything that
 changes tokens; entries are written to a temporary directory and renamed into place, so a killed run
 never leaves an entry that looks complete.
 
-``meta.json`` also records the size and sha256 of every other file of the store and a sha256 of its
-own content, written at ``finish``. ``load_store`` checks all of them before a store is used, so a
-damaged entry (changed bytes, a truncated or missing file, a meta.json that is not JSON or lacks a
-key) is reported as ``DamagedStore`` and never read: the caller rebuilds it.
+``meta.json`` lists the segments in order (their prefix and token count: a sample's offset in the
+concatenation of the segments finds its segment) and records the size and sha256 of every other file
+of the store and a sha256 of its own content, written at ``finish``. The segments may live at a
+filesystem URI (``segment_root`` in meta.json, e.g. ``s3://bucket/out/.packcli-tokens/KEY``) rather
+than in the directory: a store whose tokens a cluster wrote to object storage. ``load_store`` checks
+all of them before a store is used (segments at a URI by size), so a damaged entry (changed bytes, a
+truncated or missing file, a meta.json that is not JSON or lacks a key) is reported as
+``DamagedStore`` and never read: the caller rebuilds it.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +41,7 @@ import numpy as np
 from packcli.errors import OutputError, PackcliError, first_line
 from packcli.safety import owner_tag
 
-CACHE_FORMAT = 5
+CACHE_FORMAT = 6
 TOKEN_DTYPE = np.dtype("<i4")
 HASH_CHUNK = 1 << 20
 # Every key a finished store's meta.json has; one missing means the entry is damaged.
@@ -45,10 +52,43 @@ META_KEYS = (
     "dropped",
     "sources",
     "source_starts",
+    "segments",
     "files",
     "meta_sha256",
 )
 ARRAYS = ("sample_index", "piece_index", "lengths", "trainable", "first_trained", "positions")
+TOKEN_FILES = ("input_ids.bin", "labels.bin")
+
+
+def segment_files(prefix: str) -> tuple[str, str]:
+    """The names of a segment's two token files (input ids, labels), relative to the segments' root."""
+    return prefix + TOKEN_FILES[0], prefix + TOKEN_FILES[1]
+
+
+def is_uri(path: str) -> bool:
+    """Whether a location is a filesystem URI (``s3://...``, ``file://...``) rather than a local path."""
+    head, sep, _ = path.partition("://")
+    return bool(sep) and head.replace("+", "").replace(".", "").replace("-", "").isalnum()
+
+
+def join(root: str, name: str) -> str:
+    """``root/name`` for a local path or a URI."""
+    return f"{root.rstrip('/')}/{name}" if is_uri(root) else os.path.join(root, name)
+
+
+class Digest:
+    """sha256 and size of bytes as they are written (a segment's checksum without reading it back)."""
+
+    def __init__(self) -> None:
+        self.sha = hashlib.sha256()
+        self.bytes = 0
+
+    def update(self, data: bytes) -> None:
+        self.sha.update(data)
+        self.bytes += len(data)
+
+    def entry(self) -> dict[str, Any]:
+        return {"bytes": self.bytes, "sha256": self.sha.hexdigest()}
 
 
 class DamagedStore(PackcliError):
@@ -116,22 +156,53 @@ class TokenStore:
         np.cumsum(self.lengths[:-1], out=starts[1:])
         return starts
 
+    @property
+    def segment_root(self) -> str:
+        """Where the segments' files are: the store's directory, or the URI in meta.json."""
+        return self.meta.get("segment_root") or str(self.path)
+
     def open_tokens(self) -> TokenReader:
         """Open the token files for reading samples by offset."""
-        return TokenReader(self.path)
+        return TokenReader(self.segment_root, self.meta["segments"])
 
 
 class TokenReader:
-    """Reads samples' tokens from the token files by offset.
+    """Reads samples' tokens from the segments' token files by offset (a local path or a URI).
 
     Explicit reads rather than a memory map: rows gather samples from all over the files, and mapped
     pages (with the pages the kernel maps around each fault) would count in the resident set, growing
-    with the data. Read pages stay in the page cache, which is not the process's memory.
+    with the data. Read pages stay in the page cache, which is not the process's memory. A segment's
+    files are opened on first use; a sample never spans two segments.
     """
 
-    def __init__(self, path: Path) -> None:
-        self._ids = open(path / "input_ids.bin", "rb")  # noqa: SIM115 - closed in close()
-        self._labels = open(path / "labels.bin", "rb")  # noqa: SIM115
+    def __init__(self, root: str | Path, segments: list[dict[str, Any]]) -> None:
+        self.root = str(root)
+        self.prefixes = [s["prefix"] for s in segments]
+        self.seg_starts = np.zeros(len(segments) + 1, dtype=np.int64)
+        np.cumsum([int(s["tokens"]) for s in segments], out=self.seg_starts[1:])
+        self._open: dict[int, tuple[Any, Any]] = {}
+        self._fs: Any = None
+        if is_uri(self.root):
+            from pyarrow import fs as pafs
+
+            self._fs, self._base = pafs.FileSystem.from_uri(self.root)
+
+    def _files(self, seg: int) -> tuple[Any, Any]:
+        if seg not in self._open:
+            names = segment_files(self.prefixes[seg])
+            if self._fs is None:
+                self._open[seg] = tuple(open(os.path.join(self.root, n), "rb") for n in names)  # type: ignore[assignment]  # noqa: SIM115
+            else:
+                self._open[seg] = tuple(self._fs.open_input_file(f"{self._base.rstrip('/')}/{n}") for n in names)  # type: ignore[assignment]
+        return self._open[seg]
+
+    def _read(self, fh: Any, out: np.ndarray, offset: int) -> bool:
+        view = memoryview(out).cast("B")
+        if self._fs is None:
+            return os.preadv(fh.fileno(), [view], offset) == len(view)
+        data = fh.read_at(len(view), offset)
+        view[: len(data)] = data
+        return len(data) == len(view)
 
     def gather(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Return the input_ids and labels of the samples at token offsets ``starts``, concatenated."""
@@ -139,22 +210,31 @@ class TokenReader:
         ids = np.empty(total, dtype=TOKEN_DTYPE)
         labels = np.empty(total, dtype=TOKEN_DTYPE)
         size = TOKEN_DTYPE.itemsize
+        starts = np.asarray(starts, dtype=np.int64)
+        segs = np.searchsorted(self.seg_starts, starts, side="right") - 1
+        local = starts - self.seg_starts[np.clip(segs, 0, len(self.prefixes) - 1)] if len(self.prefixes) else starts
         pos = 0
-        for start, n in zip(starts.tolist(), lengths.tolist(), strict=True):
-            for fh, out in ((self._ids, ids), (self._labels, labels)):
-                view = memoryview(out[pos : pos + n]).cast("B")
-                if os.preadv(fh.fileno(), [view], start * size) != n * size:
+        for seg, start, n in zip(segs.tolist(), local.tolist(), np.asarray(lengths).tolist(), strict=True):
+            if n == 0:
+                continue
+            if not 0 <= seg < len(self.prefixes):
+                raise DamagedStore(f"{self.root}: a sample lies outside the store's segments; run again")
+            for fh, out in zip(self._files(seg), (ids, labels), strict=True):
+                if not self._read(fh, out[pos : pos + n], start * size):
                     # Not an OSError: that would read as a disk problem, and no disk fix helps.
+                    name = getattr(fh, "name", None) or join(self.root, segment_files(self.prefixes[seg])[0])
                     raise DamagedStore(
-                        f"{fh.name}: the token file became shorter than its index while in use; run again "
+                        f"{name}: the token file became shorter than its index while in use; run again "
                         "(a checked store is rebuilt)"
                     )
             pos += n
         return ids, labels
 
     def close(self) -> None:
-        self._ids.close()
-        self._labels.close()
+        for pair in self._open.values():
+            for fh in pair:
+                fh.close()
+        self._open.clear()
 
     def __enter__(self) -> TokenReader:
         return self
@@ -184,13 +264,16 @@ class TokenStoreWriter:
             final_path.parent.mkdir(parents=True, exist_ok=True)
             # The host and PID in the name let a later run remove it once this process is gone.
             self.tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{owner_tag()}-", dir=final_path.parent))
-            self._ids = open(self.tmp / "input_ids.bin", "wb")  # noqa: SIM115 - closed in finish/abort
-            self._labels = open(self.tmp / "labels.bin", "wb")  # noqa: SIM115
+            self._ids = open(self.tmp / TOKEN_FILES[0], "wb")  # noqa: SIM115 - closed in finish/abort
+            self._labels = open(self.tmp / TOKEN_FILES[1], "wb")  # noqa: SIM115
         except OSError as exc:
             self.abort()
             raise _write_error(self.where, exc, fix) from exc
         self._arrays: dict[str, list[np.ndarray]] = {k: [] for k in ARRAYS}
         self._roles: list[np.ndarray] = []
+        self._local_tokens = 0  # tokens written by add() into the one local segment (prefix "")
+        self._segments: list[dict[str, Any]] = []  # segments written elsewhere (add_segment), in order
+        self._segment_files: dict[str, dict[str, Any]] = {}
 
     def add(
         self,
@@ -206,16 +289,55 @@ class TokenStoreWriter:
     ) -> None:
         if len(lengths) == 0:
             return
-        if sample_role is not None or self._roles:
-            # Preference data: every sample's role is stored (a store without roles is all SFT).
-            self._roles.append(np.zeros(len(lengths), np.int8) if sample_role is None else sample_role)
-            if len(self._roles) == 1 and self._arrays["lengths"]:
-                self._roles.insert(0, np.zeros(sum(map(len, self._arrays["lengths"])), np.int8))
+        assert not self._segments, "a store's samples are added by add() or by add_segment(), not both"
         try:
             self._ids.write(np.ascontiguousarray(ids, dtype=TOKEN_DTYPE).tobytes())
             self._labels.write(np.ascontiguousarray(labels, dtype=TOKEN_DTYPE).tobytes())
         except OSError as exc:
             raise _write_error(self.where, exc, self.fix) from exc
+        self._local_tokens += len(ids)
+        self._add_arrays(sample_index, lengths, trainable, first_trained, positions, piece_index, sample_role)
+
+    def add_segment(
+        self,
+        segment: dict[str, Any],
+        files: dict[str, dict[str, Any]],
+        sample_index: np.ndarray,
+        lengths: np.ndarray,
+        trainable: np.ndarray,
+        first_trained: np.ndarray,
+        positions: np.ndarray,
+        piece_index: np.ndarray | None = None,
+        sample_role: np.ndarray | None = None,
+    ) -> None:
+        """Add samples whose tokens another process wrote as a segment (``{"prefix", "tokens"}``).
+
+        ``files`` gives the size and sha256 of the segment's two files, measured as they were written,
+        so that the store's checksums never need its tokens read back here.
+        """
+        if len(lengths) == 0:
+            return
+        assert self._local_tokens == 0, "a store's samples are added by add() or by add_segment(), not both"
+        assert int(segment["tokens"]) == int(np.asarray(lengths, dtype=np.int64).sum())
+        self._segments.append({"prefix": segment["prefix"], "tokens": int(segment["tokens"])})
+        self._segment_files.update(files)
+        self._add_arrays(sample_index, lengths, trainable, first_trained, positions, piece_index, sample_role)
+
+    def _add_arrays(
+        self,
+        sample_index: np.ndarray,
+        lengths: np.ndarray,
+        trainable: np.ndarray,
+        first_trained: np.ndarray,
+        positions: np.ndarray,
+        piece_index: np.ndarray | None,
+        sample_role: np.ndarray | None = None,
+    ) -> None:
+        if sample_role is not None or self._roles:
+            # Preference data: every sample's role is stored (a store without roles is all SFT).
+            self._roles.append(np.zeros(len(lengths), np.int8) if sample_role is None else sample_role)
+            if len(self._roles) == 1 and self._arrays["lengths"]:
+                self._roles.insert(0, np.zeros(sum(map(len, self._arrays["lengths"])), np.int8))
         for key, value in (
             ("sample_index", sample_index),
             ("piece_index", np.zeros(len(lengths), np.int32) if piece_index is None else piece_index),
@@ -226,8 +348,13 @@ class TokenStoreWriter:
         ):
             self._arrays[key].append(value)
 
-    def finish(self, meta: dict[str, Any]) -> TokenStore:
-        """Close the files, record their checksums, move the store into place and return it."""
+    def finish(self, meta: dict[str, Any], segment_root: str | None = None, verify: bool = True) -> TokenStore:
+        """Close the files, record their checksums, move the store into place and return it.
+
+        ``segment_root``: the URI where the segments added by ``add_segment`` are (None: under the
+        store's directory). ``verify``: check the finished store by reading it whole (the local engine
+        does; the Ray engine, whose driver never reads tokens, does not).
+        """
         assert self.tmp is not None
         try:
             self._ids.close()
@@ -239,13 +366,22 @@ class TokenStoreWriter:
             if self._roles:
                 arrays["sample_role"] = np.concatenate(self._roles)
             np.savez(self.tmp / "samples.npz", **arrays)
-            files = sorted(p.name for p in self.tmp.iterdir() if p.is_file())
+            if self._segments:  # the tokens are in segments written elsewhere: no local token files
+                for name in TOKEN_FILES:
+                    (self.tmp / name).unlink()
+                segments = self._segments
+            else:
+                segments = [{"prefix": "", "tokens": self._local_tokens}]
+            names = sorted(p.name for p in self.tmp.iterdir() if p.is_file())
+            files = {
+                name: {"bytes": (self.tmp / name).stat().st_size, "sha256": file_digest(self.tmp / name)}
+                for name in names
+            }
             meta = {
                 **meta,
-                "files": {
-                    name: {"bytes": (self.tmp / name).stat().st_size, "sha256": file_digest(self.tmp / name)}
-                    for name in files
-                },
+                "segments": segments,
+                "files": dict(sorted({**files, **self._segment_files}.items())),
+                **({"segment_root": segment_root} if segment_root else {}),
             }
             meta["meta_sha256"] = _meta_digest(meta)
             # Written last: a store without a whole meta.json fails its check and is rebuilt.
@@ -264,7 +400,7 @@ class TokenStoreWriter:
                 shutil.rmtree(self.tmp, ignore_errors=True)
         except OSError as exc:
             raise _write_error(self.where, exc, self.fix) from exc
-        return load_store(self.final_path)
+        return load_store(self.final_path, verify=verify)
 
     def abort(self) -> None:
         for fh in (self._ids, self._labels):
@@ -275,10 +411,13 @@ class TokenStoreWriter:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def check_store(path: Path) -> dict[str, Any]:
+def check_store(path: Path, check_digests: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Check a store's meta.json and the size and sha256 of each of its files; return the meta.
 
     Raise DamagedStore naming the first problem. The cost is one sequential read of the store.
+    ``check_digests(directory, {token file: expected})`` hashes the local token files instead of this
+    process (the Ray engine has tasks do it, so that its driver never reads tokens); it raises
+    DamagedStore as this function does.
     """
     try:
         meta = json.loads((path / "meta.json").read_text())
@@ -293,27 +432,55 @@ def check_store(path: Path) -> dict[str, Any]:
         raise DamagedStore(f"{path}: meta.json lacks {', '.join(missing)}")
     if meta["meta_sha256"] != _meta_digest(meta):
         raise DamagedStore(f"{path}: meta.json does not match its checksum")
-    files = meta["files"]
-    if not isinstance(files, dict) or not {"input_ids.bin", "labels.bin", "samples.npz"} <= set(files):
+    files, segments = meta["files"], meta["segments"]
+    try:
+        token_files = {name for seg in segments for name in segment_files(seg["prefix"])}
+    except (TypeError, KeyError):
+        raise DamagedStore(f"{path}: meta.json does not list the store's segments") from None
+    if not isinstance(files, dict) or not {"samples.npz", *token_files} <= set(files):
         raise DamagedStore(f"{path}: meta.json does not list the store's files")
+    remote = meta.get("segment_root")
     for name, expect in sorted(files.items()):
+        if remote and name in token_files:
+            _check_remote(join(remote, name), expect)
+            continue
         file = path / name
         try:
             size = file.stat().st_size
             if size != expect["bytes"]:
                 raise DamagedStore(f"{file}: has {size} bytes, meta.json says {expect['bytes']}")
-            if file_digest(file) != expect["sha256"]:
+            if (check_digests is None or name not in token_files) and file_digest(file) != expect["sha256"]:
                 raise DamagedStore(f"{file}: sha256 differs from meta.json (changed bytes)")
         except FileNotFoundError:
             raise DamagedStore(f"{file}: is missing") from None
         except OSError as exc:
             raise DamagedStore(f"{file}: cannot be read ({exc.strerror or exc})") from exc
+    if check_digests is not None:
+        check_digests(str(path), {n: files[n] for n in sorted(token_files)})
     return meta
 
 
-def load_store(path: Path, verify: bool = True) -> TokenStore:
+def _check_remote(uri: str, expect: dict[str, Any]) -> None:
+    """A segment file at a URI: present with its size (object stores keep their own checksums; reading
+    it back to hash it would cost a whole download)."""
+    from pyarrow import fs as pafs
+
+    try:
+        filesystem, where = pafs.FileSystem.from_uri(uri)
+        info = filesystem.get_file_info(where)
+    except (OSError, ValueError) as exc:
+        raise DamagedStore(f"{uri}: cannot be read ({first_line(exc)})") from exc
+    if info.type == pafs.FileType.NotFound:
+        raise DamagedStore(f"{uri}: is missing")
+    if info.size != expect["bytes"]:
+        raise DamagedStore(f"{uri}: has {info.size} bytes, meta.json says {expect['bytes']}")
+
+
+def load_store(
+    path: Path, verify: bool = True, check_digests: Callable[[str, dict[str, Any]], None] | None = None
+) -> TokenStore:
     """Load a finished store's per-sample arrays and metadata, checked first unless ``verify`` is False."""
-    meta = check_store(path) if verify else json.loads((path / "meta.json").read_text())
+    meta = check_store(path, check_digests) if verify else json.loads((path / "meta.json").read_text())
     try:
         with np.load(path / "samples.npz") as data:
             arrays = {k: data[k] for k in ARRAYS}
@@ -324,7 +491,7 @@ def load_store(path: Path, verify: bool = True) -> TokenStore:
     return TokenStore(path=path, meta=meta, **arrays)
 
 
-def find_store(path: Path) -> TokenStore | None:
+def find_store(path: Path, check_digests: Callable[[str, dict[str, Any]], None] | None = None) -> TokenStore | None:
     """Return the checked store at ``path``, or None when there is none.
 
     Raise DamagedStore when something is there but fails the checks: it must be rebuilt, not used.
@@ -333,4 +500,4 @@ def find_store(path: Path) -> TokenStore | None:
         return None
     if not path.is_dir():
         raise DamagedStore(f"{path}: is not a directory")
-    return load_store(path)
+    return load_store(path, check_digests=check_digests)

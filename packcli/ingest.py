@@ -64,6 +64,7 @@ def tokenize_to_store(
     progress: Progress,
     map_ordered: Callable[..., Iterator[Any]] | None = None,
     rule_out_long: bool = False,
+    remote: Any = None,
 ) -> TokenStore:
     """Tokenize every record of the sources into a token store at ``store_path``.
 
@@ -71,6 +72,12 @@ def tokenize_to_store(
     processes here by default; another engine passes its own (the Ray engine runs them on a cluster).
     With ``rule_out_long``, records that certainly have more than --max-len tokens are dropped as
     too_long before tokenizing (see packcli.bounds); the store then lacks them, which its meta records.
+
+    ``remote`` is an engine that reads and tokenizes the inputs itself and writes the tokens where it
+    makes them: ``remote.results(directory)`` yields, in input order, results like a TokenizedBatch
+    whose tokens are a segment (``segment``, ``segment_files``) instead of arrays; it may write the
+    segments into ``directory`` (the store being made) or under ``remote.segment_root``. This process
+    then reads no input and no token, and keeps the same accounting.
     """
     map_ordered = map_ordered or pool.map_ordered
     token_bytes = max_token_bytes(encoder.backend.to_str()) if rule_out_long else None
@@ -87,15 +94,19 @@ def tokenize_to_store(
     rejects_path = writer.tmp / "rejects.jsonl"
     starts: dict[str, int] = {}
     units: dict[str, str] = {}
-    counted = [count_records(s) for s in sources]
+    counted = [count_records(s) for s in sources] if remote is None else [None]
     total = None if None in counted else sum(counted)  # type: ignore[arg-type]
     if config.limit is not None:
         total = min(total, config.limit) if total is not None else None
     try:
         with _open_for_writing(rejects_path, where, fix) as rejects_file:
-            batches = _timed(read_batches(sources, BATCH_SIZE, config.limit), clock, "read")
-            jobs = ((batch, formats[batch.source]) for batch in batches)
-            for result in map_ordered(worker.tokenize_batch, jobs, config.num_proc):
+            if remote is None:
+                batches = _timed(read_batches(sources, BATCH_SIZE, config.limit), clock, "read")
+                jobs = ((batch, formats[batch.source]) for batch in batches)
+                results = map_ordered(worker.tokenize_batch, jobs, config.num_proc)
+            else:
+                results = remote.results(writer.tmp)
+            for result in results:
                 stored = time.perf_counter()
                 for key, value in result.seconds.items():
                     clock[key] += value
@@ -119,17 +130,30 @@ def tokenize_to_store(
                         )
                     counts[reject["reason"]] += 1
                     _write_line(rejects_file, json.dumps(reject, ensure_ascii=False), where, fix)
-                writer.add(
-                    result.sample_index,
-                    result.lengths,
-                    result.ids,
-                    result.labels,
-                    result.trainable,
-                    result.first_trained,
-                    result.positions,
-                    result.piece_index,
-                    result.roles,
-                )
+                if getattr(result, "segment", None) is not None:
+                    writer.add_segment(
+                        result.segment,
+                        result.segment_files,
+                        result.sample_index,
+                        result.lengths,
+                        result.trainable,
+                        result.first_trained,
+                        result.positions,
+                        result.piece_index,
+                        result.roles,
+                    )
+                else:
+                    writer.add(
+                        result.sample_index,
+                        result.lengths,
+                        result.ids,
+                        result.labels,
+                        result.trainable,
+                        result.first_trained,
+                        result.positions,
+                        result.piece_index,
+                        result.roles,
+                    )
                 clock["store"] += time.perf_counter() - stored
                 progress("tokenize", result.n_records, total)
         pad_id = encoder.tokenizer.pad_token_id
@@ -161,7 +185,10 @@ def tokenize_to_store(
             meta["ruled_out_over_bytes"] = ruled_out_bytes
             meta["ruled_out_max_len"] = config.max_len
         finishing = time.perf_counter()
-        store = writer.finish(meta)
+        if remote is None:
+            store = writer.finish(meta)
+        else:
+            store = writer.finish(meta, segment_root=remote.segment_root, verify=False)
         clock["store"] += time.perf_counter() - finishing
         clock["wall"] = time.perf_counter() - began
         store.seconds = dict(clock)

@@ -34,7 +34,7 @@ from packcli.shard_formats import shard_format
 from packcli.shards import (
     write_manifest,
 )
-from packcli.sources import InputSource, fingerprint, forget_streams, resolve_inputs
+from packcli.sources import InputSource, files_to_hash, fingerprint, forget_streams, is_uri, resolve_inputs
 from packcli.tokenize import Encoder, tokenizer_fingerprint
 from packcli.write import output_schema
 
@@ -116,22 +116,29 @@ def tokenized_inputs(
     task, formats = preference.resolve_task(config.task, formats, config.overflow, config.output_format)
     cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     memo = cache_root / "input-hashes.json" if config.cache else None
+    # An engine may hash the input files elsewhere (the Ray engine: in tasks, not on the driver; nor
+    # does it count records there).
+    hashed = getattr(load_engine(config), "hash_files", None)
     encoder = None
     # Reading the inputs through (hashing them, counting records for the progress bar) and loading the
     # tokenizer each keep one core busy: where both are needed, they run side by side. The thread is
     # joined before any worker process is forked.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-inputs") as ahead:
-        if config.cache:
+        if hashed is not None:
+            known = hashed(config, files_to_hash(sources, memo))
+            fingerprints = [fingerprint(s, memo, known) for s in sources]
+        elif config.cache:
             fingerprints = [fingerprint(s, memo) for s in sources]  # the cache key needs them first
         else:
             hashing = ahead.submit(lambda: [fingerprint(s, None) for s in sources])
         tokenizer_key = tokenizer_fingerprint(config.tokenizer, config.chat_template)
         store_needed = not config.cache or tokenizer_key is None
         if store_needed:
-            counting = ahead.submit(lambda: [count_records(s) for s in sources])
+            counting = ahead.submit(lambda: [count_records(s) for s in sources]) if hashed is None else None
             encoder = Encoder(config.tokenizer, config.chat_template, ingest.encode_options(config))
-            counting.result()
-        if not config.cache:
+            if counting is not None:
+                counting.result()
+        if not config.cache and hashed is None:
             fingerprints = hashing.result()
     raise_if_stopped()
     if tokenizer_key is None:
@@ -157,7 +164,9 @@ def tokenized_inputs(
     )
     rule_out_long = rule_out_long and config.engine == "local" and config.overflow in ("drop", "error")
     limit = config.max_len if rule_out_long else None
-    store, state, warnings = _cached_store(cache_root / key, limit) if config.cache else (None, "off", [])
+    checker = getattr(load_engine(config), "digest_checker", None)  # who hashes a found entry's token files
+    check = checker(config) if checker else None
+    store, state, warnings = _cached_store(cache_root / key, limit, check) if config.cache else (None, "off", [])
     if store is None and any(s.kind == "hub" for s in sources) and not hub_reachable():
         warnings.extend(
             f"{s.display}: the Hugging Face Hub cannot be reached; read from the local Hugging Face cache"
@@ -181,6 +190,8 @@ def tokenized_inputs(
                 )
             else:
                 store = engine.tokenize_to_store(config, sources, formats, encoder, store_path, progress)
+            if not config.cache and hasattr(engine, "discard_store"):
+                stack.callback(engine.discard_store, store)  # a scratch store's tokens kept elsewhere
         yield TokenizedInputs(
             store=store,
             cache=state,
@@ -194,7 +205,9 @@ def tokenized_inputs(
         )
 
 
-def _cached_store(path: Path, rule_out_max_len: int | None) -> tuple[TokenStore | None, str, list[str]]:
+def _cached_store(
+    path: Path, rule_out_max_len: int | None, check_digests: Any = None
+) -> tuple[TokenStore | None, str, list[str]]:
     """Return the checked cache entry at ``path`` (or None), the cache state, and warnings.
 
     A damaged entry is never used: it is reported in one warning and made again (state "rebuilt").
@@ -202,7 +215,7 @@ def _cached_store(path: Path, rule_out_max_len: int | None) -> tuple[TokenStore 
     that truncates, or allows longer samples, makes the entry again (a miss).
     """
     try:
-        store = find_store(path)
+        store = find_store(path, check_digests)
     except DamagedStore as exc:
         return None, "rebuilt", [f"the cache entry is damaged ({exc}); it is rebuilt"]
     # The byte limit is max_len * L, and L is the same (the tokenizer is in the key): comparing max
@@ -315,7 +328,7 @@ def _stage_seconds(made: dict[str, float], until_plan: float, plan: float, write
 def _prepare_output(config: PackConfig, skipped: list[str]) -> staging.PreparedOutput:
     """Lock and check the local output against the inputs, the cache and the rejects file."""
     sources = resolve_inputs(list(config.inputs), config.split, skipped)
-    paths = [Path(s.path).resolve() for s in sources if s.kind != "hub"]
+    paths = [Path(s.path).resolve() for s in sources if s.kind != "hub" and not is_uri(s.path)]
     cache_root = (Path(config.cache_dir) if config.cache_dir else default_cache_dir()) if config.cache else None
     return staging.prepare_output(config.output, config.overwrite, paths, cache_root, config.rejects)
 

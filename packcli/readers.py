@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from packcli.errors import InputError, raise_if_stopped
-from packcli.sources import InputSource, RawBatch
+from packcli.sources import InputSource, RawBatch, is_uri, open_uri
 
 # Record counts by (path, size, mtime_ns): a count made ahead of time (while the tokenizer loads) is
 # not made again when the tokenizing starts.
@@ -89,11 +89,39 @@ def _open_zstd(path: str, mode: str) -> Any:
 _OPENERS: dict[str, Any] = {"gzip": gzip.GzipFile, "bz2": bz2.BZ2File, "xz": lzma.LZMAFile, "zstd": _open_zstd}
 
 
+def _wrap_stream(raw: Any, compression: str) -> Any:
+    """Decompress a stream of bytes (an input at a URI) as the openers of _OPENERS do a path."""
+    if compression == "gzip":
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if compression == "zstd":
+        import zstandard
+
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True))
+    return {"bz2": bz2.BZ2File, "xz": lzma.LZMAFile}[compression](raw, "rb")
+
+
+def parquet_file(path: str) -> Any:
+    """A pyarrow ParquetFile of a local path or a URI."""
+    import pyarrow.parquet as pq
+
+    if is_uri(path):
+        from pyarrow import fs as pafs
+
+        filesystem, where = pafs.FileSystem.from_uri(path)
+        return pq.ParquetFile(where, filesystem=filesystem)
+    return pq.ParquetFile(path)
+
+
 @contextlib.contextmanager
 def open_input(source: InputSource) -> Iterator[Any]:
     """Open a file source for reading bytes, decompressing it as a stream when it is compressed."""
-    opener = _OPENERS.get(source.compression or "", open)
-    fh = opener(source.path, "rb")
+    raw = None
+    if is_uri(source.path):
+        raw = open_uri(source.path)
+        fh = _wrap_stream(raw, source.compression) if source.compression else raw
+    else:
+        opener = _OPENERS.get(source.compression or "", open)
+        fh = opener(source.path, "rb")
     try:
         yield fh
     except DECOMPRESS_ERRORS as exc:
@@ -105,6 +133,8 @@ def open_input(source: InputSource) -> Iterator[Any]:
         ) from exc
     finally:
         fh.close()
+        if raw is not None:
+            raw.close()
 
 
 def _decompress_errors() -> tuple[type[BaseException], ...]:
@@ -378,9 +408,7 @@ def _arrow_batches(source: InputSource, batch_size: int) -> Iterator[Any]:
 
     try:
         if source.kind == "parquet":
-            import pyarrow.parquet as pq
-
-            yield from pq.ParquetFile(source.path).iter_batches(batch_size=batch_size)
+            yield from parquet_file(source.path).iter_batches(batch_size=batch_size)
         elif source.kind == "csv":
             yield from _read_csv(source, batch_size)
         elif source.kind == "arrow":

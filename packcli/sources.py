@@ -90,7 +90,9 @@ def resolve_inputs(paths: list[str], split: str | None = None, skipped: list[str
     skipped = [] if skipped is None else skipped
     for raw in paths:
         path = Path(raw)
-        if raw == STDIN or _is_stream(path):
+        if is_uri(raw):
+            sources.extend(_uri_sources(raw))
+        elif raw == STDIN or _is_stream(path):
             sources.append(_stream_source(raw))
         elif glob.has_magic(raw):
             matches = sorted(glob.glob(raw, recursive=True))
@@ -125,15 +127,60 @@ def resolve_inputs(paths: list[str], split: str | None = None, skipped: list[str
     # found by resolved path, and the shortest spelling is kept, whichever came first.
     by_target: dict[tuple[str, str], InputSource] = {}
     for s in sorted(sources, key=lambda s: (len(s.path), s.path)):
-        target = s.path if s.kind == "hub" else str(Path(s.path).resolve())
+        target = s.path if s.kind == "hub" or is_uri(s.path) else str(Path(s.path).resolve())
         by_target.setdefault((s.kind, target), s)
     unique = {(s.kind != "hub", s.path): s for s in by_target.values()}
     return [unique[k] for k in sorted(unique)]
 
 
+def is_uri(path: str) -> bool:
+    """Whether an input is a filesystem URI (``s3://bucket/data/``, ``gs://...``, ``file://...``)."""
+    head, sep, _ = path.partition("://")
+    return bool(sep) and bool(head) and head.replace("+", "").replace(".", "").replace("-", "").isalnum()
+
+
+# What an input at a URI may be: the kinds read as streams or by range (not Arrow files or saved
+# datasets, which are memory-mapped).
+URI_KINDS = ("jsonl", "json", "parquet", "csv")
+
+
+def _uri_sources(raw: str) -> list[InputSource]:
+    """The files of an input URI: the file itself, or every file of a supported type under the prefix."""
+    from pyarrow import fs as pafs
+
+    try:
+        filesystem, where = pafs.FileSystem.from_uri(raw)
+        info = filesystem.get_file_info(where)
+        if info.type == pafs.FileType.Directory:
+            infos = filesystem.get_file_info(pafs.FileSelector(where, recursive=True))
+            found = sorted(i.path for i in infos if i.type == pafs.FileType.File)
+        elif info.type == pafs.FileType.File:
+            found = [where]
+        else:
+            raise InputError(f"{raw}: no such file or prefix; check the URI")
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{raw}: cannot list the input ({exc}); check the URI and credentials") from exc
+    scheme = raw.partition("://")[0]
+    sources = []
+    for found_path in found:
+        uri = f"{scheme}://{found_path}" if scheme != "file" else Path(found_path).as_uri()
+        kind, compression = _kind_of(Path(found_path))
+        if kind is None or kind not in URI_KINDS:
+            if info.type == pafs.FileType.File:
+                raise InputError(
+                    f"{raw}: an input at a URI must be JSON lines, JSON, Parquet or CSV (optionally compressed); "
+                    "copy other files to a local path"
+                )
+            continue
+        sources.append(InputSource(uri, kind, compression=compression))
+    if not sources:
+        raise InputError(f"{raw}: the prefix holds no JSON lines, JSON, Parquet or CSV file")
+    return sources
+
+
 def missing_input(raw: str) -> bool:
     """Return whether an input argument names nothing: no path, no glob, and not a Hub dataset name."""
-    return not (raw == STDIN or Path(raw).exists() or glob.has_magic(raw) or _looks_like_hub_name(raw))
+    return not (raw == STDIN or is_uri(raw) or Path(raw).exists() or glob.has_magic(raw) or _looks_like_hub_name(raw))
 
 
 def _refuse_packcli_dir(path: Path, raw: str) -> None:
@@ -273,9 +320,72 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
-def fingerprint(source: InputSource, memo_path: Path | None = None) -> str:
+def file_blake2b(path: str | Path) -> str:
+    """The content hash of one file, a local path or a URI (blake2b, 16 bytes), read in 4 MiB chunks."""
+    file_hash = hashlib.blake2b(digest_size=16)
+    with open_uri(str(path)) if is_uri(str(path)) else open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            file_hash.update(chunk)
+            raise_if_stopped()  # may run in a thread beside the tokenizer's loading
+    return file_hash.hexdigest()
+
+
+def open_uri(uri: str, random_access: bool = False) -> Any:
+    """Open an input at a URI for reading bytes (buffered; seekable with ``random_access``)."""
+    import io
+
+    from pyarrow import fs as pafs
+
+    filesystem, where = pafs.FileSystem.from_uri(uri)
+    # compression=None: the bytes as stored (pyarrow would decompress by the name; packcli's readers do).
+    raw = filesystem.open_input_file(where) if random_access else filesystem.open_input_stream(where, compression=None)
+    return io.BufferedReader(raw, 1 << 20)
+
+
+def input_size(path: str) -> int:
+    """The size in bytes of an input file, a local path or a URI."""
+    if not is_uri(path):
+        return os.path.getsize(path)
+    from pyarrow import fs as pafs
+
+    filesystem, where = pafs.FileSystem.from_uri(path)
+    return int(filesystem.get_file_info(where).size)
+
+
+def _files_of(source: InputSource) -> list[Path]:
+    if source.kind == "saved_dataset":
+        return sorted(p for p in Path(source.path).iterdir() if p.is_file())
+    return [Path(source.path)]
+
+
+def _stamp(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+
+
+def files_to_hash(sources: list[InputSource], memo_path: Path | None = None) -> list[str]:
+    """The files whose hash ``fingerprint`` would compute (not remembered, or changed since), in order.
+
+    An engine that hashes them elsewhere passes the hashes back to ``fingerprint`` as ``known``.
+    """
+    out: list[str] = []
+    for source in sources:
+        if source.kind == "hub":
+            continue
+        if is_uri(source.path):  # no stamp to remember a hash by: hashed every run
+            out.append(source.path)
+            continue
+        memo = _read_memo(None if source.label is not None else memo_path)
+        for f in _files_of(source):
+            key = str(f.resolve())
+            if memo.get(key, {}).get("stat") != _stamp(f.stat()):
+                out.append(str(f))
+    return out
+
+
+def fingerprint(source: InputSource, memo_path: Path | None = None, known: dict[str, str] | None = None) -> str:
     """Return a content hash of a source, for the tokenization cache and the manifest.
 
+    ``known`` maps files to hashes already computed (by an engine, elsewhere: see ``files_to_hash``).
     With ``memo_path``, a file's hash is remembered with its size, modification time, inode and status
     change time (ctime), and not computed again while all four stay the same (as git's index does).
     ctime cannot be set back by a program (utime restores mtime only), so an edit in place that
@@ -285,9 +395,12 @@ def fingerprint(source: InputSource, memo_path: Path | None = None) -> str:
     if source.kind == "hub":
         h.update(f"hub:{source.path}:{source.split}".encode())
         return h.hexdigest()
-    files = [Path(source.path)]
-    if source.kind == "saved_dataset":
-        files = sorted(p for p in Path(source.path).iterdir() if p.is_file())
+    known = known or {}
+    if is_uri(source.path):
+        digest = known.get(source.path) or file_blake2b(source.path)
+        h.update(source.path.rsplit("/", 1)[-1].encode() + b"\0" + digest.encode())
+        return h.hexdigest()
+    files = _files_of(source)
     if source.label is not None:
         # A stream, copied to a file of a random name: hashed by content under what the user named,
         # and not remembered (the copy is gone after the run).
@@ -295,16 +408,10 @@ def fingerprint(source: InputSource, memo_path: Path | None = None) -> str:
     memo = _read_memo(memo_path)
     changed = False
     for f in files:
-        st = f.stat()
         key = str(f.resolve())
-        stamp = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+        stamp = _stamp(f.stat())
         if memo.get(key, {}).get("stat") != stamp:
-            file_hash = hashlib.blake2b(digest_size=16)
-            with open(f, "rb") as fh:
-                while chunk := fh.read(1 << 22):
-                    file_hash.update(chunk)
-                    raise_if_stopped()  # may run in a thread beside the tokenizer's loading
-            memo[key] = {"stat": stamp, "blake2b": file_hash.hexdigest()}
+            memo[key] = {"stat": stamp, "blake2b": known.get(str(f)) or file_blake2b(f)}
             changed = True
         name = Path(source.label).name if source.label is not None else f.name
         h.update(name.encode() + b"\0" + memo[key]["blake2b"].encode())
