@@ -38,23 +38,13 @@ def _result(future: Future[Any]) -> Any:
             ) from exc
 
 
-def _raising(exc: BaseException) -> Iterator[Any]:
-    raise exc
-    yield  # a generator that raises when first asked for a job
-
-
 def map_ordered(fn: Callable[..., Any], jobs: Iterator[tuple[Any, ...]], num_proc: int) -> Iterator[Any]:
     """Run ``fn`` over jobs, in worker processes when num_proc > 1, yielding results in job order.
 
     At most a few batches per worker are in flight, so memory does not grow with the input.
     """
     # Never more workers than jobs: the first num_proc jobs are read before any process starts.
-    first: list[tuple[Any, ...]] = []
-    if num_proc > 1:
-        try:
-            first.extend(itertools.islice(jobs, num_proc))
-        except PackcliError as exc:  # the jobs read before it run first (see below), then it is raised
-            jobs = _raising(exc)
+    first = list(itertools.islice(jobs, num_proc)) if num_proc > 1 else []
     num_proc = min(num_proc, len(first)) if num_proc > 1 else 1
     jobs = itertools.chain(first, jobs)
     if num_proc <= 1:
@@ -65,18 +55,11 @@ def map_ordered(fn: Callable[..., Any], jobs: Iterator[tuple[Any, ...]], num_pro
     executor = procs.start_pool(num_proc, multiprocessing.get_context("fork"), _init_worker)
     pending: deque[Future[Any]] = deque()
     try:
-        try:
-            for job in jobs:
-                raise_if_stopped()
-                pending.append(procs.submit(executor, fn, *job))
-                if len(pending) >= 2 * num_proc + 1:
-                    yield _result(pending.popleft())
-        except PackcliError:
-            # A job could not be made (an input that cannot be read further on): the jobs before it
-            # come first, as with one process, so that a problem they hold is the one reported.
-            while pending:
+        for job in jobs:
+            raise_if_stopped()
+            pending.append(procs.submit(executor, fn, *job))
+            if len(pending) >= 2 * num_proc + 1:
                 yield _result(pending.popleft())
-            raise
         while pending:
             yield _result(pending.popleft())
     except BaseException:

@@ -370,23 +370,3 @@ def test_fuzz_whole_files_through_the_cli(pack: Any, tmp_path: Path) -> None:
     assert len(packed) == summary["packed"]
     assert packed.isdisjoint(r["sample_index"] for r in rejects)
     assert packed | {r["sample_index"] for r in rejects} == set(range(summary["records_read"]))
-
-
-@pytest.mark.parametrize("num_proc", ["1", "2"])
-@pytest.mark.parametrize("bad_line", [2, 300])  # in the first batch, or where the workers are running
-def test_the_first_problem_in_input_order_is_reported_whatever_the_workers(
-    num_proc: str, bad_line: int, tmp_path: Path, pack: Any
-) -> None:
-    """A bad record before an input that cannot be read further is the error, with any --num-proc."""
-    import gzip
-
-    data = tmp_path / "data"
-    data.mkdir()
-    good = [{"messages": m} for m in make_conversations(800, seed=5, max_turns=1, max_words=8)]
-    lines = [json.dumps(r) for r in good[:700]]
-    lines[bad_line - 1] = "{not json"
-    (data / "a.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    packed = gzip.compress("".join(json.dumps(r) + "\n" for r in good).encode())
-    (data / "b.jsonl.gz").write_bytes(packed[: len(packed) // 2])  # readable at first, then damaged
-    line = one_error_line(pack(data, "--max-len", "256", "-o", tmp_path / "out", "--num-proc", num_proc, expect=1))
-    assert f"a.jsonl line {bad_line}: invalid JSON" in line, line
