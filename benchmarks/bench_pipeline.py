@@ -373,7 +373,8 @@ def code_identity() -> dict[str, Any]:
     return {"commit": commit, "packcli_sources_sha256": h.hexdigest()[:16], "versions": versions}
 
 
-def run_all(args: argparse.Namespace) -> dict[str, Any]:
+def _setup(args: argparse.Namespace) -> tuple[Path, Path, list[str], list[str]]:
+    """Return the corpus, the work directory, this script's command and the stages' common arguments."""
     data = Path(args.data).resolve()
     if not data.exists():
         raise SystemExit(f"{data}: no such file; make it with benchmarks/make_chat_corpus.py")
@@ -382,6 +383,11 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     me = [sys.executable, str(Path(__file__).resolve())]
     common = ["--data", str(data), "--max-len", str(args.max_len), "--num-proc", str(args.num_proc)]
     common += ["--workdir", str(workdir)]
+    return data, workdir, me, common
+
+
+def run_all(args: argparse.Namespace) -> dict[str, Any]:
+    data, workdir, me, common = _setup(args)
     results: dict[str, Any] = {
         "data": str(data),
         "max_len": args.max_len,
@@ -601,14 +607,7 @@ def ceiling_seconds(limit: dict[str, Any], cpus: int) -> float:
 
 def run_rounds(args: argparse.Namespace) -> dict[str, Any]:
     """Run ``args.rounds`` rounds; in each, the ceiling, packcli --no-cache and (unless --skip-trl) TRL."""
-    data = Path(args.data).resolve()
-    if not data.exists():
-        raise SystemExit(f"{data}: no such file; make it with benchmarks/make_chat_corpus.py")
-    workdir = Path(args.workdir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    me = [sys.executable, str(Path(__file__).resolve())]
-    common = ["--data", str(data), "--max-len", str(args.max_len), "--num-proc", str(args.num_proc)]
-    common += ["--workdir", str(workdir)]
+    data, workdir, me, common = _setup(args)
     cpus = os.cpu_count() or 1
     results: dict[str, Any] = {
         "data": str(data),

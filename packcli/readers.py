@@ -17,7 +17,7 @@ import lzma
 import os
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,17 +62,26 @@ def read_batches(sources: list[InputSource], batch_size: int = 1000, limit: int 
     for source in sources:
         if limit is not None and index >= limit:
             return
-        for batch in _read_source(source, batch_size):
-            if limit is not None and index + len(batch.items) > limit:
-                keep = limit - index
-                batch.items, batch.positions = batch.items[:keep], batch.positions[:keep]
-                batch.errors = [e for e in batch.errors if e[0] in set(batch.positions)]
-            batch.first_index = index
-            index += len(batch.items)
-            if batch.items:
-                yield batch
-            if limit is not None and index >= limit:
-                return
+        index = yield from number_batches(_read_source(source, batch_size), index, limit)
+
+
+def number_batches(batches: Iterator[RawBatch], index: int, limit: int | None) -> Generator[RawBatch, None, int]:
+    """Yield ``batches`` numbered on from ``index`` (their ``first_index``), cut at ``limit`` records.
+
+    Returns the index after the last record yielded.
+    """
+    for batch in batches:
+        if limit is not None and index + len(batch.items) > limit:
+            keep = limit - index
+            batch.items, batch.positions = batch.items[:keep], batch.positions[:keep]
+            batch.errors = [e for e in batch.errors if e[0] in set(batch.positions)]
+        batch.first_index = index
+        index += len(batch.items)
+        if batch.items:
+            yield batch
+        if limit is not None and index >= limit:
+            break
+    return index
 
 
 def _open_zstd(path: str, mode: str) -> Any:

@@ -112,18 +112,7 @@ def read_part(part: Part, batch_size: int, units: Units) -> Iterator[RawBatch]:
         batches = _read_row_groups(part, batch_size, units)
     else:
         batches = readers._read_source(part.source, batch_size)
-    index = 0
-    for batch in batches:
-        if part.max_records is not None and index + len(batch.items) > part.max_records:
-            keep = part.max_records - index
-            batch.items, batch.positions = batch.items[:keep], batch.positions[:keep]
-            batch.errors = [e for e in batch.errors if e[0] in set(batch.positions)]
-        batch.first_index = index
-        index += len(batch.items)
-        if batch.items:
-            yield batch
-        if part.max_records is not None and index >= part.max_records:
-            return
+    yield from readers.number_batches(batches, 0, part.max_records)
 
 
 def count_part(part: Part) -> int:
