@@ -98,6 +98,7 @@ def tokenize_to_store(
     total = None if None in counted else sum(counted)  # type: ignore[arg-type]
     if config.limit is not None:
         total = min(total, config.limit) if total is not None else None
+    results: Iterator[Any] | None = None
     try:
         with _open_for_writing(rejects_path, where, fix) as rejects_file:
             if remote is None:
@@ -194,6 +195,12 @@ def tokenize_to_store(
         store.seconds = dict(clock)
         return store
     except BaseException:
+        # Stop the workers here, in this thread: left to the garbage collector, a suspended results
+        # generator would stop them from wherever the collection happens to run.
+        close = getattr(results, "close", None)
+        if close is not None:
+            with contextlib.suppress(Exception):  # the error being raised is the one to report
+                close()
         writer.abort()
         raise
     finally:

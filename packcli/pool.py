@@ -41,29 +41,62 @@ def _result(future: Future[Any]) -> Any:
 def map_ordered(fn: Callable[..., Any], jobs: Iterator[tuple[Any, ...]], num_proc: int) -> Iterator[Any]:
     """Run ``fn`` over jobs, in worker processes when num_proc > 1, yielding results in job order.
 
-    At most a few batches per worker are in flight, so memory does not grow with the input.
+    At most a few batches per worker are in flight, so memory does not grow with the input. When a
+    job cannot be made (an input that cannot be read further on), the results of the jobs before it
+    come first and its error after them, as with one process: a problem those jobs hold is the one
+    the caller sees first, whatever ``num_proc`` is.
+
+    A caller that stops iterating early should close the generator (``contextlib.closing``), so
+    that the workers are stopped there and then, not whenever the garbage collector gets to it.
     """
-    # Never more workers than jobs: the first num_proc jobs are read before any process starts.
-    first = list(itertools.islice(jobs, num_proc)) if num_proc > 1 else []
-    num_proc = min(num_proc, len(first)) if num_proc > 1 else 1
-    jobs = itertools.chain(first, jobs)
     if num_proc <= 1:
         for job in jobs:
             raise_if_stopped()
             yield fn(*job)
         return
-    executor = procs.start_pool(num_proc, multiprocessing.get_context("fork"), _init_worker)
-    pending: deque[Future[Any]] = deque()
-    try:
-        for job in jobs:
+    # Never more workers than jobs: the first num_proc jobs are read before any process starts.
+    first: list[tuple[Any, ...]] = []
+    read_error = _take(jobs, num_proc, first)
+    if len(first) <= 1:
+        for job in first:
             raise_if_stopped()
-            pending.append(procs.submit(executor, fn, *job))
+            yield fn(*job)
+        if read_error is not None:
+            raise read_error
+        return
+    num_proc = min(num_proc, len(first))
+    executor = procs.start_pool(num_proc, multiprocessing.get_context("fork"), _init_worker)
+    pending: deque[Future[Any]] = deque(procs.submit(executor, fn, *job) for job in first)
+    del first
+    try:
+        while read_error is None:
             if len(pending) >= 2 * num_proc + 1:
                 yield _result(pending.popleft())
+            raise_if_stopped()
+            batch: list[tuple[Any, ...]] = []
+            read_error = _take(jobs, 1, batch)
+            if not batch:
+                break
+            pending.append(procs.submit(executor, fn, *batch[0]))
         while pending:
             yield _result(pending.popleft())
+        if read_error is not None:
+            raise read_error
     except BaseException:
         # Stopping (an error, a signal, or the consumer giving up): do not wait for work in flight.
         procs.stop_pool(executor)
         raise
     procs.close_pool(executor)
+
+
+def _take(jobs: Iterator[tuple[Any, ...]], n: int, into: list[tuple[Any, ...]]) -> PackcliError | None:
+    """Append up to ``n`` jobs to ``into``; return the error that stopped the reading, if any.
+
+    The error is returned without its traceback: kept in the generator's frame, a traceback would
+    refer back to that frame, a cycle only the garbage collector could break.
+    """
+    try:
+        into.extend(itertools.islice(jobs, n))
+    except PackcliError as exc:
+        return exc.with_traceback(None)
+    return None

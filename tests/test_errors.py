@@ -370,3 +370,63 @@ def test_fuzz_whole_files_through_the_cli(pack: Any, tmp_path: Path) -> None:
     assert len(packed) == summary["packed"]
     assert packed.isdisjoint(r["sample_index"] for r in rejects)
     assert packed | {r["sample_index"] for r in rejects} == set(range(summary["records_read"]))
+
+
+@pytest.mark.parametrize("num_proc", ["1", "2"])
+@pytest.mark.parametrize("bad_line", [2, 300])  # in the first batch, or where the workers are running
+def test_the_first_problem_in_input_order_is_reported_whatever_the_workers(
+    num_proc: str, bad_line: int, tmp_path: Path, pack: Any
+) -> None:
+    """A bad record before an input that cannot be read further is the error, with any --num-proc."""
+    import gzip
+
+    data = tmp_path / "data"
+    data.mkdir()
+    good = [{"messages": m} for m in make_conversations(800, seed=5, max_turns=1, max_words=8)]
+    lines = [json.dumps(r) for r in good[:700]]
+    lines[bad_line - 1] = "{not json"
+    (data / "a.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    packed = gzip.compress("".join(json.dumps(r) + "\n" for r in good).encode())
+    (data / "b.jsonl.gz").write_bytes(packed[: len(packed) // 2])  # readable at first, then damaged
+    line = one_error_line(pack(data, "--max-len", "256", "-o", tmp_path / "out", "--num-proc", num_proc, expect=1))
+    assert f"a.jsonl line {bad_line}: invalid JSON" in line, line
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def _jobs_then_unreadable(n: int) -> Any:
+    from packcli.errors import InputError
+
+    yield from ((i,) for i in range(n))
+    raise InputError(f"b.jsonl.gz: cannot be read after job {n}")
+
+
+@pytest.mark.parametrize("n_before", [0, 1, 2, 9])
+@pytest.mark.parametrize("num_proc", [1, 2])
+def test_pool_gives_every_result_before_the_read_error(n_before: int, num_proc: int) -> None:
+    """The jobs read before an unreadable input are all run and given, in order, then its error."""
+    import multiprocessing
+
+    from packcli import pool
+    from packcli.errors import InputError
+
+    got = []
+    with pytest.raises(InputError, match=f"after job {n_before}"):
+        for result in pool.map_ordered(_square, _jobs_then_unreadable(n_before), num_proc):
+            got.append(result)
+    assert got == [i * i for i in range(n_before)]
+    assert not multiprocessing.active_children()
+
+
+def test_pool_stops_its_workers_when_the_consumer_closes_it_early() -> None:
+    import contextlib
+    import multiprocessing
+
+    from packcli import pool
+
+    with contextlib.closing(pool.map_ordered(_square, ((i,) for i in range(40)), 2)) as results:
+        assert next(results) == 0
+        assert len(multiprocessing.active_children()) == 2
+    assert not multiprocessing.active_children()  # stopped by close(), not left to the garbage collector
