@@ -143,3 +143,27 @@ def test_inspect_max_tokens_decodes_the_start_of_each_sample(tmp_path: Path, pac
     assert f"... {more:,} more tokens (--max-tokens 5)" in printed
     refused = CliRunner().invoke(app, ["inspect", str(tmp_path / "out"), "--max-tokens", "0"])
     assert refused.exit_code == 2 and "--max-tokens must be at least 1" in refused.stderr
+
+
+def test_json_stays_alone_on_stdout_when_a_library_prints_there(
+    tmp_path: Path, pack: Any, monkeypatch: Any
+) -> None:
+    """--json writes one JSON document on stdout; a line a library prints during the run goes to stderr.
+
+    Ray's driver, for one, prints a task's retry notice on stdout while the run goes on.
+    """
+    import packcli.api
+
+    run = packcli.api.run
+
+    def noisy_run(*args: Any, **kwargs: Any) -> Any:
+        print("(raylet) Task failed. There are 2 retries remaining")
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(packcli.api, "run", noisy_run)
+    result = pack(_chats(tmp_path / "chat.jsonl"), "--max-len", "256", "-o", tmp_path / "out", "--json")
+    summary = json.loads(result.stdout)
+    assert summary["records_read"] == 24
+    assert "retries remaining" in result.stderr and "retries remaining" not in result.stdout
+    verified = CliRunner().invoke(app, ["verify", str(tmp_path / "out"), "--json"])
+    assert json.loads(verified.stdout)["ok"] is True

@@ -52,7 +52,8 @@ def handle_errors(command: Callable[..., None]) -> Callable[..., None]:
         import packcli.cli.render as console
 
         try:
-            command(*args, **kwargs)
+            with console.stdout_for_json(bool(kwargs.get("json_out"))):
+                command(*args, **kwargs)
         except PackcliError as exc:
             console.error(str(exc))
             raise typer.Exit(exc.exit_code) from None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
@@ -193,6 +192,6 @@ def pack(
     for skipped in summary.get("skipped_dirs", []):
         console.warning(f"{skipped}: skipped; a packcli output or staging directory is never read as input")
     if json_out:
-        typer.echo(json.dumps(summary, indent=2))
+        console.emit_json(summary)
     if not quiet:
         console.print_pack_summary(summary)

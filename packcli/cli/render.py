@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from typing import Any
 
 from rich.console import Console
@@ -25,6 +25,37 @@ stderr = Console(stderr=True, highlight=False)
 stdout = Console(highlight=False, emoji=False)
 
 STAGE_LABELS = {"tokenize": "Tokenizing records", "write": "Writing rows"}
+
+
+# The stdout that --json writes to, while everything else written to stdout goes to stderr.
+_JSON_STDOUT: list[Any] = []
+
+
+@contextmanager
+def stdout_for_json(enabled: bool) -> Iterator[None]:
+    """While a ``--json`` command runs, keep stdout for its JSON: other writes to it go to stderr.
+
+    Libraries print there too (Ray's driver prints a task's retry notice on stdout), and one such line
+    would make the output unreadable by ``json.load``. ``emit_json`` writes to the stdout kept here.
+    """
+    if not enabled:
+        yield
+        return
+    _JSON_STDOUT.append(sys.stdout)
+    try:
+        with redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _JSON_STDOUT.pop()
+
+
+def emit_json(data: Any, ensure_ascii: bool = True) -> None:
+    """Write ``data`` as indented JSON (one document) to stdout, the one kept by ``stdout_for_json``."""
+    import json
+
+    stream = _JSON_STDOUT[-1] if _JSON_STDOUT else sys.stdout
+    stream.write(json.dumps(data, indent=2, ensure_ascii=ensure_ascii) + "\n")
+    stream.flush()
 
 
 def error(message: str) -> None:

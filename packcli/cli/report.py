@@ -6,7 +6,6 @@ go to stderr.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -178,7 +177,7 @@ def stats(
         write_plot(plot, title, _plot_summary(result), plot_histograms(result))
         console.stderr.print(f"wrote {plot}", soft_wrap=True)
     if json_out:
-        typer.echo(json.dumps(result, indent=2))
+        console.emit_json(result)
     elif packed:
         console.print_packed_stats(result)
     else:
@@ -261,7 +260,7 @@ def inspect(
             soft_wrap=True,
         )
     if json_out:
-        typer.echo(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+        console.emit_json(result.to_dict(), ensure_ascii=False)
         return
     if pager if pager is not None else console.stdout.is_terminal:
         import os
@@ -292,7 +291,7 @@ def verify(
     for problem in report.problems:
         typer.echo(str(problem), err=True)
     if json_out:
-        typer.echo(json.dumps(report.to_dict(), indent=2))
+        console.emit_json(report.to_dict())
     elif report.ok:
         typer.echo(
             f"OK {out_dir}: {report.shards} shard{'s' if report.shards != 1 else ''}, {report.rows:,} rows, "
