@@ -80,7 +80,7 @@ def tokenize_to_store(
     then reads no input and no token, and keeps the same accounting.
     """
     map_ordered = map_ordered or pool.map_ordered
-    token_bytes = max_token_bytes(encoder.backend.to_str()) if rule_out_long else None
+    token_bytes = max_token_bytes(encoder.backend_json) if rule_out_long else None
     worker.use(encoder, config.fields, (config.max_len, token_bytes) if token_bytes else None, split_rule(config))
     ruled_out_bytes = config.max_len * token_bytes if token_bytes else None
     where, fix = _store_where_fix(config, store_path)

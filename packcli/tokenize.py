@@ -12,6 +12,7 @@ trained when its character span overlaps a trained character span. The spans com
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.resources
 import json
@@ -182,7 +183,7 @@ class Encoder:
 
     def identity(self) -> dict[str, Any]:
         """Return what identifies the tokenizer and template, for the manifest and the cache key."""
-        h = hashlib.sha256(self.backend.to_str().encode())
+        h = hashlib.sha256(self.backend_json.encode())
         h.update(json.dumps(self.template_kwargs, sort_keys=True).encode())
         return {
             "name": self.tokenizer_name,
@@ -196,6 +197,11 @@ class Encoder:
             "overridden": list(self.overrides),
             "warnings": list(self.warnings),
         }
+
+    @functools.cached_property
+    def backend_json(self) -> str:
+        """The backend tokenizer as ``tokenizer.json`` text (made once: 0.1 s for a 128k vocabulary)."""
+        return self.backend.to_str()
 
     # -- the chat template (kept on the encoder for callers that render as it does) --------------------
 
