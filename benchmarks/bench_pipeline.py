@@ -767,19 +767,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.rounds:
         results = run_rounds(args)
-        text = rounds_table(results)
-        workdir = Path(args.workdir)
-        (workdir / "bench_rounds.json").write_text(json.dumps(results, indent=2))
-        (workdir / "bench_rounds.md").write_text(text + "\n")
-        print(text)
+        _save(Path(args.workdir), "bench_rounds", results, rounds_table(results))
         return 0
     results = run_all(args)
-    text = table(results)
-    workdir = Path(args.workdir)
-    (workdir / "bench_results.json").write_text(json.dumps(results, indent=2))
-    (workdir / "bench_results.md").write_text(text + "\n")
-    print(text)
+    _save(Path(args.workdir), "bench_results", results, table(results))
     return 0
+
+
+def _save(workdir: Path, stem: str, results: dict[str, Any], text: str) -> None:
+    """Write the results as WORKDIR/STEM.json and the table as WORKDIR/STEM.md, and print the table."""
+    (workdir / f"{stem}.json").write_text(json.dumps(results, indent=2))
+    (workdir / f"{stem}.md").write_text(text + "\n")
+    print(text)
 
 
 if __name__ == "__main__":
