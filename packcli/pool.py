@@ -66,9 +66,10 @@ def map_ordered(fn: Callable[..., Any], jobs: Iterator[tuple[Any, ...]], num_pro
         return
     num_proc = min(num_proc, len(first))
     executor = procs.start_pool(num_proc, multiprocessing.get_context("fork"), _init_worker)
-    pending: deque[Future[Any]] = deque(procs.submit(executor, fn, *job) for job in first)
-    del first
+    pending: deque[Future[Any]] = deque()
     try:
+        pending.extend(procs.submit(executor, fn, *job) for job in first)
+        del first
         while read_error is None:
             if len(pending) >= 2 * num_proc + 1:
                 yield _result(pending.popleft())

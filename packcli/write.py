@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -112,9 +113,11 @@ def write_output(
         if workers <= 1:
             entries = [_write_one_shard(s, progress) for s in range(n_shards)]
         else:
-            for entry in pool.map_ordered(_write_one_shard, ((s,) for s in range(n_shards)), workers):
-                entries.append(entry)
-                progress("write", entry["rows"], n_rows)
+            written = pool.map_ordered(_write_one_shard, ((s,) for s in range(n_shards)), workers)
+            with contextlib.closing(written):  # stops the workers at once if this loop fails
+                for entry in written:
+                    entries.append(entry)
+                    progress("write", entry["rows"], n_rows)
     except OSError as exc:
         raise OutputError(
             f"{config.output}: cannot write a shard ({exc.strerror or exc}); free disk space or choose another -o"
