@@ -350,6 +350,24 @@ def packcli_run(
     }
 
 
+def trl_stage(name: str, me: list[str], common: list[str], workdir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run the TRL stage in its own process with a fresh datasets cache, removed after with its output.
+
+    Returns the process's measure and what the stage wrote (rows, inner seconds...).
+    """
+    cache = workdir / "hf_datasets_cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    cache.mkdir(parents=True)
+    trl_out = workdir / "trl.json"
+    env = {"HF_DATASETS_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    try:
+        run = measure(name, [*me, "--stage", "trl", *common, "--stage-out", str(trl_out)], workdir, env)
+        return run, json.loads(trl_out.read_text())
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+        shutil.rmtree(workdir / "trl_out", ignore_errors=True)
+
+
 def code_identity() -> dict[str, Any]:
     """Identify the packcli code measured: the commit and a hash of the working tree's sources."""
     import hashlib
@@ -421,18 +439,10 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
 
     # b. the TRL path, fresh datasets cache
     if not args.skip_trl:
-        cache = workdir / "hf_datasets_cache"
-        shutil.rmtree(cache, ignore_errors=True)
-        cache.mkdir(parents=True)
-        trl_out = workdir / "trl.json"
-        env = {"HF_DATASETS_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-        trl_run = measure("trl", [*me, "--stage", "trl", *common, "--stage-out", str(trl_out)], workdir, env)
-        trl = json.loads(trl_out.read_text())
+        trl_run, trl = trl_stage("trl", me, common, workdir)
         trl["inner_seconds"] = trl.pop("seconds")  # the steps, timed inside the process
         trl_run.pop("stdout")
         results["trl"] = {**trl, **trl_run, "tokens_per_second": tokens / trl_run["seconds"]}
-        shutil.rmtree(cache, ignore_errors=True)
-        shutil.rmtree(workdir / "trl_out", ignore_errors=True)
 
     # c. packcli end to end, no cache
     results["packcli"] = packcli_run("packcli_nocache", data, args, workdir, ["--no-cache"], tokens)
@@ -656,16 +666,7 @@ def run_rounds(args: argparse.Namespace) -> dict[str, Any]:
             row["ideal_seconds"] = (serial["render"] + serial["encode"]) / cpus
             row["packcli_over_ideal"] = row["ideal_seconds"] / seconds
         if not args.skip_trl:
-            cache = workdir / "hf_datasets_cache"
-            shutil.rmtree(cache, ignore_errors=True)
-            cache.mkdir(parents=True)
-            trl_out = workdir / "trl.json"
-            env = {"HF_DATASETS_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-            trl_run = measure(f"round {k + 1}: trl", [*me, "--stage", "trl", *common, "--stage-out", str(trl_out)],
-                              workdir, env)  # fmt: skip
-            trl = json.loads(trl_out.read_text())
-            shutil.rmtree(cache, ignore_errors=True)
-            shutil.rmtree(workdir / "trl_out", ignore_errors=True)
+            trl_run, trl = trl_stage(f"round {k + 1}: trl", me, common, workdir)
             row["trl_seconds"] = trl_run["seconds"]
             row["trl_rows"] = trl["rows"]
             # Against the packcli run next to it (the second), so that drift between the two is small.
