@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 from typer.testing import CliRunner
 
 from packcli.cli import app
@@ -34,6 +34,7 @@ from packcli.dpo import (
 
 from .conftest import read_rows, write_jsonl
 from .test_preference import kto_records, preference_records
+from .test_trainer import _tiny_model
 
 MAX_LEN = 512
 REL_TOL = 1e-5
@@ -77,24 +78,8 @@ def vocab_size() -> int:
 
 
 def _tiny(vocab_size: int, impl: str, seed: int) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=2 * MAX_LEN,
-        # Wide weights keep the attention sharp, so that a sample seeing another moves its values clearly.
-        initializer_range=1.0,
-        tie_word_embeddings=False,
-        use_cache=False,
-        attn_implementation=impl,
-    )
-    model = LlamaForCausalLM(config).float().eval()
-    assert model.config._attn_implementation == impl
-    return model
+    # Wide weights keep the attention sharp, so that a sample seeing another moves its values clearly.
+    return _tiny_model(vocab_size, impl, initializer_range=1.0, seed=seed, max_positions=2 * MAX_LEN).eval()
 
 
 Alone = dict[tuple[int, int], tuple[float, int]]

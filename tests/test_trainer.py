@@ -107,7 +107,9 @@ def tokenizer() -> Any:
 # -- model and per-sample losses -------------------------------------------------------------------
 
 
-def _tiny_model(vocab_size: int, impl: str, initializer_range: float, seed: int = 0) -> LlamaForCausalLM:
+def _tiny_model(
+    vocab_size: int, impl: str, initializer_range: float, seed: int = 0, max_positions: int = 2 * MAX_LEN
+) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size,
@@ -116,7 +118,7 @@ def _tiny_model(vocab_size: int, impl: str, initializer_range: float, seed: int 
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=4,
-        max_position_embeddings=2 * MAX_LEN,
+        max_position_embeddings=max_positions,
         initializer_range=initializer_range,
         tie_word_embeddings=False,
         use_cache=False,
