@@ -183,8 +183,11 @@ class Encoder:
 
     def identity(self) -> dict[str, Any]:
         """Return what identifies the tokenizer and template, for the manifest and the cache key."""
+        # The tokenizer's own identity: its files and special tokens, not the run's template keyword
+        # arguments (those are in chat_template_kwargs and in the cache key's options), so that one
+        # tokenizer has one sha256 whatever --template-kwarg a run passes.
         h = hashlib.sha256(self.backend_json.encode())
-        h.update(json.dumps(self.template_kwargs, sort_keys=True).encode())
+        h.update(json.dumps(dict(self.tokenizer.special_tokens_map), sort_keys=True, default=str).encode())
         return {
             "name": self.tokenizer_name,
             "sha256": h.hexdigest(),

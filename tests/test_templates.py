@@ -335,6 +335,9 @@ def test_pack_cli_with_template_kwargs_tools_and_warning(tmp_path: Path, pack: A
     """End to end: --template-kwarg and a record's tools reach the template, key the cache, and the warning shows."""
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer
+    from typer.testing import CliRunner
+
+    from packcli.cli import app
 
     from .conftest import write_jsonl
 
@@ -358,6 +361,13 @@ def test_pack_cli_with_template_kwargs_tools_and_warning(tmp_path: Path, pack: A
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert manifest["tokenizer"]["chat_template_kwargs"] == {"enable_thinking": False}
     assert manifest["options"]["template_kwargs"] == {"enable_thinking": False}
+    # One tokenizer, one identity: the keyword arguments do not change it, so inspect finds it the same.
+    plain = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["tokenizer"]["sha256"] == plain["tokenizer"]["sha256"]
+    inspected = CliRunner().invoke(app, ["inspect", str(tmp_path / "b"), "--json"])
+    assert inspected.exit_code == 0, inspected.output
+    assert json.loads(inspected.stdout)["tokenizer_matches"] is True
+    assert "is not the one the output was packed with" not in inspected.stderr
     tokenizer = AutoTokenizer.from_pretrained(default_tokenizer_dir())
     template = Path(qwen3).read_text(encoding="utf-8")
     rows = pq.read_table(next((tmp_path / "b").glob("shard-*.parquet"))).to_pylist()
