@@ -31,7 +31,7 @@ class ChatTemplate:
         self.template_kwargs = template_kwargs
         self.has_generation_blocks = bool(GENERATION_RE.search(template))
         self._added = added_tokens
-        self._shapes: dict[str, TemplateShape | RecordError] = {}
+        self._shapes: dict[str, TemplateShape | str] = {}  # str: why it could not be learned
         self._parts: tuple[bool, bool] | None = None
         try:
             from transformers.utils.chat_template_utils import _compile_jinja_template
@@ -83,15 +83,21 @@ class ChatTemplate:
             try:
                 self._shapes[key] = learn_shape(self.renderer(None, kwargs), self.marker_spans, self.message)
             except (RecordError, ValueError) as exc:
-                detail = exc.detail if isinstance(exc, RecordError) else str(exc)
-                self._shapes[key] = RecordError(
-                    "template_spans_not_found",
-                    f"cannot learn where the template puts assistant answers ({detail}); "
-                    "use a chat template with {% generation %} blocks",
-                )
+                self._shapes[key] = exc.detail if isinstance(exc, RecordError) else str(exc)
         shape = self._shapes[key]
-        if isinstance(shape, RecordError):
-            raise shape
+        if isinstance(shape, str):
+            if kwargs == self.template_kwargs:
+                # With the run's own keyword arguments this is the template's fault, not a record's: every
+                # conversation would be dropped for it, so the run stops and names the template.
+                raise TokenizerError(
+                    f"{self.source}: cannot learn where the chat template puts assistant answers ({shape}); "
+                    "use a chat template with {% generation %} blocks (--chat-template), or pass --train-on all"
+                )
+            raise RecordError(
+                "template_spans_not_found",
+                f"cannot learn where the template puts assistant answers with this record's "
+                f"chat_template_kwargs ({shape}); use a chat template with {{% generation %}} blocks",
+            )
         return shape
 
     def marker_spans(self, text: str) -> list[tuple[int, int]]:
@@ -108,7 +114,7 @@ class ChatTemplate:
         """Return a warning when the template's markers are not single tokens (a template for another model)."""
         try:
             shape = self.shape()
-        except RecordError:
+        except (RecordError, TokenizerError):
             return []
         markers = [m for text in (*shape.end_markers, shape.header) for m in _MARKER_RE.findall(text)]
         split = [m for m in dict.fromkeys(markers) if count_tokens(m) > 1]

@@ -26,7 +26,7 @@ import pytest
 
 trl = pytest.importorskip("trl")  # a test dependency (pyproject's test extra): never skipped in CI
 
-from packcli.errors import RecordError  # noqa: E402
+from packcli.errors import RecordError, TokenizerError  # noqa: E402
 from packcli.formats import Sample  # noqa: E402
 from packcli.tokenize import IGNORE_INDEX, EncodeOptions, Encoder, default_tokenizer_dir  # noqa: E402
 
@@ -326,9 +326,26 @@ def test_a_template_that_hides_answers_is_reported(tmp_path: Path) -> None:
     )
     encoder = Encoder(None, str(template), EncodeOptions())
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
-    result = encoder.encode_batch([Sample("chat", messages=messages)])[0]
-    assert isinstance(result, RecordError) and result.reason == "template_spans_not_found"
-    assert "use a chat template with {% generation %} blocks" in result.detail
+    with pytest.raises(TokenizerError, match=r"hides\.jinja: cannot learn where the chat template puts"):
+        encoder.encode_batch([Sample("chat", messages=messages)])
+
+
+def test_a_template_without_answers_stops_the_run_and_names_the_template(tmp_path: Path, pack: Any) -> None:
+    """The template is at fault, not the records: one line naming it, also with --on-error skip."""
+    from .conftest import one_error_line, write_jsonl
+
+    template = tmp_path / "count.jinja"
+    template.write_text("hello {{ messages | length }}")
+    records = [{"messages": [{"role": "user", "content": f"Q{i}"}, {"role": "assistant", "content": "A."}]}
+               for i in range(3)]  # fmt: skip
+    data = write_jsonl(tmp_path / "chat.jsonl", records)
+    for extra in ([], ["--on-error", "skip"]):
+        failed = pack(data, "-o", tmp_path / "out", "--chat-template", template, *extra, expect=1)
+        line = one_error_line(failed)
+        assert line.startswith(f"Error: {template}: cannot learn where the chat template puts assistant answers")
+        assert "--train-on all" in line and "fix the record" not in line and "line 1" not in line
+        assert not (tmp_path / "out").exists()
+    pack(data, "-o", tmp_path / "out", "--chat-template", template, "--train-on", "all")
 
 
 def test_pack_cli_with_template_kwargs_tools_and_warning(tmp_path: Path, pack: Any) -> None:
