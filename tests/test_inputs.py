@@ -248,6 +248,22 @@ def test_yaml_preset_names_inputs_and_fields(tmp_path: Path, cache_dir: Path) ->
     assert json.loads(result.stdout)["records_read"] == 4
 
 
+def test_a_preset_finds_its_tokenizer_directory_beside_it(tmp_path: Path, cache_dir: Path) -> None:
+    import shutil
+
+    from packcli.tokenize import default_tokenizer_dir
+
+    presets = tmp_path / "presets"
+    presets.mkdir()
+    shutil.copytree(default_tokenizer_dir(), presets / "tok")
+    write_jsonl(presets / "chat.jsonl", _records())
+    (presets / "sft.yaml").write_text("inputs: [chat.jsonl]\ntokenizer: tok\nmax_len: 300\n")
+    assert not Path("tok").exists()  # the current directory has no tok/: only the preset's can be meant
+    result = _invoke(["pack", "--config", str(presets / "sft.yaml"), "--dry-run", "--json", "-q"], cache_dir)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["records_read"] == 12
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -177,7 +177,8 @@ def merge_preset(
 
     ``flags`` are option values by PackConfig name; a flag left at its default does not override the
     preset. ``--field`` and ``--template-kwarg`` add to the preset's. The preset's ``inputs`` and
-    ``chat_template`` come back relative to the current directory.
+    ``chat_template``, and its ``tokenizer`` when that names a directory beside the preset, come back
+    relative to the current directory.
     """
     from packcli.api import available_cores
     from packcli.config import load_config_file, parse_field_flags, parse_template_kwargs
@@ -196,6 +197,13 @@ def merge_preset(
     if options.get("chat_template") and config and not given(ctx, "chat_template"):
         # A template named in a preset is relative to the preset file.
         options["chat_template"] = str((Path(config).parent / options["chat_template"]).resolve())
+    tokenizer = options.get("tokenizer")
+    if tokenizer and config and not given(ctx, "tokenizer") and not Path(tokenizer).is_absolute():
+        # A tokenizer directory beside the preset is the preset's, as its inputs and template are; a name
+        # that is no directory there (a Hub id, a directory of the current one) is kept as written.
+        beside = Path(config).parent / tokenizer
+        if beside.is_dir():
+            options["tokenizer"] = str(beside.resolve())
     return options
 
 
