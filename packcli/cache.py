@@ -60,6 +60,20 @@ ARRAYS = ("sample_index", "piece_index", "lengths", "trainable", "first_trained"
 TOKEN_FILES = ("input_ids.bin", "labels.bin")
 
 
+HASH_MEMO = "input-hashes.json"  # beside the entries: the inputs' hashes by file stamp (sources.fingerprint)
+
+
+def is_cache_dir(path: Path) -> bool:
+    """Whether a directory is packcli's tokenization cache, or one entry of it (never an input to read)."""
+    if (path / HASH_MEMO).is_file():
+        return True
+    try:
+        meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and "meta_sha256" in meta and "segments" in meta
+
+
 def segment_files(prefix: str) -> tuple[str, str]:
     """The names of a segment's two token files (input ids, labels), relative to the segments' root."""
     return prefix + TOKEN_FILES[0], prefix + TOKEN_FILES[1]

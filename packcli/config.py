@@ -98,7 +98,16 @@ class PackConfig:
         if self.seed < 0:
             raise UsageError(f"--seed must be 0 or more, not {self.seed}")
         if self.limit is not None and not 1 <= self.limit <= 1 << 62:
-            raise UsageError(f"--limit must be at least 1, not {self.limit}")
+            bound = "at least 1" if self.limit < 1 else f"at most {1 << 62}"
+            raise UsageError(f"--limit must be {bound}, not {self.limit}")
+        for name, value in self.template_kwargs.items():
+            try:  # the manifest and the cache key are strict JSON: no NaN or Infinity in them
+                json.dumps(value, allow_nan=False)
+            except ValueError as exc:
+                raise UsageError(
+                    f"template keyword argument '{name}' holds a number JSON cannot write ({value}); "
+                    "give a finite number, or quote the value to pass it as a string"
+                ) from exc
         if not 0 <= self.min_piece <= self.max_len:
             raise UsageError(f"--min-piece must be between 0 and --max-len {self.max_len}, not {self.min_piece}")
         if self.max_drop_fraction is not None and not 0 <= self.max_drop_fraction <= 1:

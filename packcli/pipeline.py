@@ -17,6 +17,7 @@ from typing import Any
 from packcli import __version__, accounting, ingest, preference, staging, worker
 from packcli import plan as plan_module
 from packcli.cache import (
+    HASH_MEMO,
     DamagedStore,
     TokenStore,
     cache_key,
@@ -115,7 +116,7 @@ def tokenized_inputs(
         formats[source.display] = fmt
     task, formats = preference.resolve_task(config.task, formats, config.overflow, config.output_format)
     cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
-    memo = cache_root / "input-hashes.json" if config.cache else None
+    memo = cache_root / HASH_MEMO if config.cache else None
     # An engine may hash the input files elsewhere (the Ray engine: in tasks, not on the driver; nor
     # does it count records there).
     hashed = getattr(load_engine(config), "hash_files", None)

@@ -89,6 +89,8 @@ def resolve_inputs(paths: list[str], split: str | None = None, skipped: list[str
     sources: list[InputSource] = []
     skipped = [] if skipped is None else skipped
     for raw in paths:
+        if not raw.strip():
+            raise UsageError("an input path is empty (an unset shell variable?); pass files, directories or globs")
         path = Path(raw)
         if is_uri(raw):
             sources.extend(_uri_sources(raw))
@@ -194,14 +196,15 @@ def _refuse_packcli_dir(path: Path, raw: str) -> None:
 
 
 def _files_below(root: Path, skipped: list[str]) -> list[Path]:
-    """Every file below ``root``, leaving out packcli's outputs and staging directories."""
+    """Every file below ``root``, leaving out packcli's outputs, staging directories and caches."""
+    from packcli.cache import is_cache_dir
     from packcli.safety import is_packcli_dir
 
     files = []
     for directory, dirnames, filenames in os.walk(root):
         here = Path(directory)
         for name in sorted(dirnames):
-            if is_packcli_dir(here / name):
+            if is_packcli_dir(here / name) or is_cache_dir(here / name):
                 skipped.append(str(here / name))
                 dirnames.remove(name)
         files.extend(p for p in (here / f for f in filenames) if p.is_file())

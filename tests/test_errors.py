@@ -169,6 +169,11 @@ def test_bad_flags_exit_2_with_one_line(pack: Any, chat_jsonl: Path, tmp_path: P
         (["pack", str(chat_jsonl), "--field", "nonsense"], "--field takes NAME=FIELD"),
         (["pack", str(chat_jsonl), "--field", "speaker=x"], "unknown field name(s) speaker"),
         (["pack", str(chat_jsonl), "--config", str(tmp_path / "none.toml")], "no such config file"),
+        (["pack", str(chat_jsonl), "--limit", "99999999999999999999"], "--limit must be at most 4611686018427387904"),
+        (
+            ["pack", str(chat_jsonl), "--template-kwarg", "budget=1e999"],
+            "template keyword argument 'budget' holds a number JSON cannot write (inf)",
+        ),
     ]:
         with pytest.raises(SystemExit) as exit_info:
             main([*argv, "-o", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c")])

@@ -312,3 +312,30 @@ def test_stdin_from_a_terminal_is_refused(monkeypatch: pytest.MonkeyPatch) -> No
     with pytest.raises(packcli.PackcliError, match="standard input is a terminal"):
         resolve_inputs(["-"])
     assert InputError.exit_code == 1
+
+
+def test_a_cache_inside_an_input_directory_is_never_read(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    write_jsonl(data / "a.jsonl", _records())
+    inner = data / "cache"
+    argv = ["pack", str(data), "--max-len", "300", "-o", str(tmp_path / "out"), "--overwrite", "--json", "-q"]
+    first = _invoke(argv, inner)
+    assert first.exit_code == 0, first.output
+    assert any(p.name == "input-hashes.json" for p in inner.iterdir())
+    again = _invoke(argv, inner)
+    assert again.exit_code == 0, again.output
+    summary = json.loads(again.stdout)
+    assert (summary["records_read"], summary["cache"], summary["skipped_dirs"]) == (12, "hit", [str(inner)])
+    assert again.stderr.strip() == (
+        f"Warning: {inner}: skipped; a packcli output, staging directory or cache is never read as input"
+    )
+
+
+def test_an_empty_input_path_is_refused(tmp_path: Path, cache_dir: Path) -> None:
+    result = _invoke(["pack", "", "--max-len", "300", "-o", str(tmp_path / "out")], cache_dir)
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        "Error: an input path is empty (an unset shell variable?); pass files, directories or globs"
+    )
+    assert not (tmp_path / "out").exists()

@@ -260,7 +260,7 @@ def test_packcli_outputs_are_never_inputs(pack: Any, tmp_path: Path) -> None:
         assert summary["records_read"] == first["records_read"] == 30 and summary["dropped"] == {}
         assert summary["skipped_dirs"] == sorted(map(str, skipped))
         assert result.stderr.strip().splitlines() == [
-            f"Warning: {d}: skipped; a packcli output or staging directory is never read as input"
+            f"Warning: {d}: skipped; a packcli output, staging directory or cache is never read as input"
             for d in summary["skipped_dirs"]
         ]
     assert snapshot(data, skip=("packed", stale.name)) == user

@@ -190,7 +190,7 @@ def pack(
     for warning in summary["warnings"]:
         console.warning(warning)
     for skipped in summary.get("skipped_dirs", []):
-        console.warning(f"{skipped}: skipped; a packcli output or staging directory is never read as input")
+        console.warning(f"{skipped}: skipped; a packcli output, staging directory or cache is never read as input")
     if json_out:
         console.emit_json(summary)
     if not quiet:
