@@ -132,15 +132,53 @@ def read_own_manifest(directory: Path) -> dict[str, Any] | None:
 
 
 def own_files(directory: Path, manifest: dict[str, Any]) -> set[str]:
-    """The names in a previous output that packcli wrote: the manifest, its shards and index files, its rejects."""
+    """The names in a previous output that packcli wrote: the manifest, its shards and index files, its rejects.
+
+    A rejects file in a subdirectory (``logs/rejects.jsonl``) makes the subdirectory's name packcli's
+    only while the subdirectory holds nothing else (see ``foreign_on_rejects_path``).
+    """
     names = {MANIFEST} | {s["file"] for s in manifest["shards"] if "/" not in s["file"]}
     index_files = manifest.get("index_files")
     if isinstance(index_files, list):  # an output format's files beside the shards (MDS's index.json...)
         names |= {f for f in index_files if isinstance(f, str) and f and "/" not in f and f not in (".", "..")}
-    rejects = manifest.get("rejects_file")
-    if isinstance(rejects, str) and rejects and not Path(rejects).is_absolute() and ".." not in Path(rejects).parts:
-        names.add(Path(rejects).parts[0])
+    parts = rejects_parts(manifest)
+    if parts and not foreign_on_rejects_path(directory, parts):
+        names.add(parts[0])
     return names
+
+
+def rejects_parts(manifest: dict[str, Any]) -> tuple[str, ...]:
+    """The path of the rejects file a manifest names inside its output, as parts; () when it names none."""
+    rejects = manifest.get("rejects_file")
+    if not isinstance(rejects, str) or not rejects or Path(rejects).is_absolute() or ".." in Path(rejects).parts:
+        return ()
+    return Path(rejects).parts
+
+
+def foreign_on_rejects_path(directory: Path, parts: tuple[str, ...]) -> set[str]:
+    """The paths (relative, with ``/``) along the rejects file's path in ``directory`` that packcli did not write.
+
+    packcli writes the rejects file and the directories leading to it, and nothing else in them: any
+    other entry of those directories is someone else's, and so is a directory where the file should be,
+    or a file or symlink where a directory should be.
+    """
+    foreign: set[str] = set()
+    here = directory
+    for depth, name in enumerate(parts):
+        path = here / name
+        relative = "/".join(parts[: depth + 1])
+        if not os.path.lexists(path):
+            break
+        if depth == len(parts) - 1:
+            if path.is_dir() and not path.is_symlink():
+                foreign.add(relative)
+            break
+        if path.is_symlink() or not path.is_dir():
+            foreign.add(relative)
+            break
+        foreign |= {f"{relative}/{p.name}" for p in path.iterdir() if p.name != parts[depth + 1]}
+        here = path
+    return foreign
 
 
 def is_packcli_dir(path: Path) -> bool:
@@ -170,6 +208,9 @@ def replaceable(output: Path, display: str, overwrite: bool) -> set[str]:
             f"one has no manifest.json written by packcli (it holds {_some(entries)}); choose another -o"
         )
     foreign = entries - own_files(output, manifest)
+    parts = rejects_parts(manifest)
+    if parts and parts[0] in foreign:  # name what the rejects file's directory holds, not the directory
+        foreign = (foreign - {parts[0]}) | foreign_on_rejects_path(output, parts)
     if foreign:
         raise UsageError(
             f"{display}: holds files packcli did not write ({_some(foreign)}); move them out or choose another -o"

@@ -162,6 +162,26 @@ def test_rejects_inside_the_output_survives_the_swap(pack: Any, tmp_path: Path) 
     assert snapshot(tmp_path) == before
 
 
+def test_overwrite_owns_only_the_rejects_file_in_its_subdirectory(pack: Any, tmp_path: Path) -> None:
+    data = tmp_path / "a.jsonl"
+    data.write_text(json.dumps(GOOD) + "\n{broken\n")
+    out = tmp_path / "out"
+    args = [data, "--max-len", "64", "-o", out, "--on-error", "skip", "-q"]
+    pack(*args, "--rejects", out / "logs" / "deep" / "rejects.jsonl")
+    for added in ("logs/notes.txt", "logs/deep/notes.txt"):
+        (out / added).write_text("mine")
+        before = snapshot(tmp_path)
+        result = pack(*args, "--overwrite", expect=2)
+        assert one_error_line(result) == (
+            f"Error: {out}: holds files packcli did not write ({added}); move them out or choose another -o"
+        )
+        assert snapshot(tmp_path) == before
+        (out / added).unlink()
+    # Holding only what packcli wrote, the directory is replaced with the rest of the output.
+    pack(*args, "--overwrite")
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "shard-00000-of-00001.parquet"]
+
+
 def test_overwrite_replaces_only_packcli_output(pack: Any, tmp_path: Path) -> None:
     data = write_jsonl(tmp_path / "a.jsonl", chat(8))
     mine = tmp_path / "mine"
