@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packcli import __version__, accounting, ingest, preference, staging, worker
+from packcli import __version__, accounting, ingest, preference, safety, staging, worker
 from packcli import plan as plan_module
 from packcli.cache import (
     DamagedStore,
@@ -248,6 +248,8 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
     if not config.dry_run:
         if to_uri:
             engine.check_uri_output(config.output, config.overwrite)
+            if config.rejects:
+                safety.check_rejects_target(config.rejects, Path(config.rejects).resolve())
         else:
             prepared = _prepare_output(config, skipped)
     staged = prepared.staged if prepared else None

@@ -33,6 +33,24 @@ IN_PLACE_PREFIX = ".packcli-partial-"
 MANIFEST_KEYS = ("packcli_version", "options", "shards", "columns")
 # The files output formats keep beside their shards (shard_formats: MDS's index, Megatron's metadata).
 INDEX_FILES = ("index.json", "packing_metadata.json")
+# The keys of every entry of a rejects file (worker.reject): an existing file whose first line has
+# exactly these is a rejects file packcli wrote, which --rejects may replace.
+REJECT_KEYS = frozenset(
+    {
+        "sample_index",
+        "piece_index",
+        "source",
+        "position",
+        "unit",
+        "reason",
+        "detail",
+        "record",
+        "record_truncated",
+        "record_chars",
+    }
+)
+# An entry holds at most 100,000 characters of its record; 8 MiB covers its line with any escaping.
+_REJECT_LINE_BYTES = 8 << 20
 
 
 def owner_tag() -> str:
@@ -278,7 +296,55 @@ def check_paths(
         if first == MANIFEST or first in INDEX_FILES or first.startswith(("shard-", ".")):
             raise UsageError(f"--rejects {rejects}: collides with a file packcli writes in the output; rename it")
         return relative
+    check_rejects_target(rejects, target)
     return None
+
+
+def check_rejects_target(rejects: str, target: Path) -> None:
+    """Refuse a --rejects file outside the output that would replace or change what packcli did not write.
+
+    ``target`` is the resolved path. It may not lie inside another packcli output or staging directory
+    (that output would no longer match its manifest), nor below a file; when it exists it must be a
+    rejects file packcli wrote: empty, or a first line that is an entry (``REJECT_KEYS``).
+    """
+    for parent in target.parents:
+        if not os.path.lexists(parent):
+            continue
+        if not parent.is_dir():
+            raise UsageError(f"--rejects {rejects}: {parent} is a file, not a directory; name a file in a directory")
+        break
+    for parent in target.parents:
+        if parent.is_dir() and is_packcli_dir(parent):
+            raise UsageError(
+                f"--rejects {rejects}: lies inside the packcli output {parent}; writing it would change that "
+                "output; name a file outside it"
+            )
+    if not os.path.lexists(target):
+        return
+    if target.is_dir():
+        raise UsageError(f"--rejects {rejects}: is a directory; name a file")
+    if not target.is_file():
+        raise UsageError(f"--rejects {rejects}: exists and is not a regular file; name a new file")
+    if not _is_rejects_file(target):
+        raise UsageError(
+            f"--rejects {rejects}: exists and is not a rejects file packcli wrote; writing it would replace it; "
+            "remove it or name a new file"
+        )
+
+
+def _is_rejects_file(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(_REJECT_LINE_BYTES)
+    except OSError:
+        return False
+    if not first:
+        return True
+    try:
+        entry = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(entry, dict) and set(entry) == REJECT_KEYS
 
 
 # -- the lock ---------------------------------------------------------------------------------------

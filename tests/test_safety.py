@@ -182,6 +182,64 @@ def test_overwrite_owns_only_the_rejects_file_in_its_subdirectory(pack: Any, tmp
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "shard-00000-of-00001.parquet"]
 
 
+REJECTS_TARGETS = {
+    "a-user-file": (
+        "notes.txt",
+        "exists and is not a rejects file packcli wrote; writing it would replace it; remove it or name a new file",
+    ),
+    "a-shard-of-another-output": (
+        "first/shard-00000-of-00001.parquet",
+        "lies inside the packcli output {first}; writing it would change that output; name a file outside it",
+    ),
+    "a-new-file-in-another-output": (
+        "first/rejects.jsonl",
+        "lies inside the packcli output {first}; writing it would change that output; name a file outside it",
+    ),
+    "below-a-file": ("notes.txt/r.jsonl", "{notes} is a file, not a directory; name a file in a directory"),
+    "a-directory": ("logs", "is a directory; name a file"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REJECTS_TARGETS))
+def test_rejects_never_overwrites_what_packcli_did_not_write(
+    case: str, pack: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    from packcli import pipeline
+
+    data = tmp_path / "a.jsonl"
+    data.write_text(json.dumps(GOOD) + "\n{broken\n")
+    (tmp_path / "notes.txt").write_text("precious")
+    (tmp_path / "logs").mkdir()
+    first = tmp_path / "first"
+    pack(data, "--max-len", "64", "-o", first, "--on-error", "skip", "-q")
+    name, why = REJECTS_TARGETS[case]
+    rejects = tmp_path / name
+    before = snapshot(tmp_path)
+
+    def no_tokenizing(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("tokenized before refusing")
+
+    monkeypatch.setattr(pipeline, "tokenized_inputs", no_tokenizing)
+    result = pack(data, "--max-len", "64", "-o", tmp_path / "out", "--on-error", "skip", "--rejects", rejects, expect=2)
+    assert one_error_line(result) == f"Error: --rejects {rejects}: " + why.format(
+        first=first, notes=tmp_path / "notes.txt"
+    )
+    assert snapshot(tmp_path) == before
+
+
+def test_rejects_replaces_a_rejects_file_packcli_wrote(pack: Any, tmp_path: Path) -> None:
+    data = tmp_path / "a.jsonl"
+    data.write_text(json.dumps(GOOD) + "\n{broken\n")
+    rejects = tmp_path / "rejects.jsonl"
+    args = [data, "--max-len", "64", "--on-error", "skip", "--rejects", rejects, "-q"]
+    pack(*args, "-o", tmp_path / "one")
+    pack(*args, "-o", tmp_path / "two")  # its own earlier rejects file: replaced
+    rejects.write_text("")
+    pack(*args, "-o", tmp_path / "three")  # an empty file: replaced
+    [reject] = [json.loads(x) for x in rejects.read_text().splitlines()]
+    assert (reject["position"], reject["reason"]) == (2, "invalid_json")
+
+
 def test_overwrite_replaces_only_packcli_output(pack: Any, tmp_path: Path) -> None:
     data = write_jsonl(tmp_path / "a.jsonl", chat(8))
     mine = tmp_path / "mine"
