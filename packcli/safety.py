@@ -214,7 +214,7 @@ def replaceable(output: Path, display: str, overwrite: bool) -> set[str]:
         return set()
     if not output.is_dir():
         raise UsageError(f"{display}: exists and is not a directory; choose another -o")
-    entries = {p.name for p in output.iterdir() if p.name != LOCK_IN_OUTPUT and not is_staging_name(p.name)}
+    entries = _entries(output)
     if not entries:
         return set()
     if not overwrite:
@@ -234,6 +234,35 @@ def replaceable(output: Path, display: str, overwrite: bool) -> set[str]:
             f"{display}: holds files packcli did not write ({_some(foreign)}); move them out or choose another -o"
         )
     return entries
+
+
+def check_still_replaceable(output: Path, display: str, old: set[str]) -> None:
+    """Refuse to replace ``output`` when it holds what it did not hold when the run began.
+
+    ``old`` is what ``replaceable`` found there (all packcli's). Called just before the new output
+    replaces the old one, so that a file put there during the run is never removed with it.
+    """
+    if not output.is_dir():
+        return
+    entries = _entries(output)
+    added = entries - old
+    manifest = read_own_manifest(output)
+    parts = rejects_parts(manifest) if manifest is not None else ()
+    if parts and parts[0] in entries:
+        inside = foreign_on_rejects_path(output, parts)
+        if inside:
+            added = (added - {parts[0]}) | inside
+    if added:
+        raise UsageError(
+            f"{display}: {_some(added)} appeared in the output during the run, and packcli did not write them; "
+            "they and the previous output are kept as they were and the new output was discarded; "
+            "move them out and run again"
+        )
+
+
+def _entries(output: Path) -> set[str]:
+    """The names in an output directory, but for this or another run's lock and staging directories."""
+    return {p.name for p in output.iterdir() if p.name != LOCK_IN_OUTPUT and not is_staging_name(p.name)}
 
 
 def _some(names: set[str], limit: int = 3) -> str:

@@ -279,6 +279,45 @@ def test_overwrite_replaces_only_packcli_output(pack: Any, tmp_path: Path) -> No
     assert (mine / "notes.txt").read_text() == "do not delete" and (fake / "model.bin").read_bytes() == b"\0" * 10
 
 
+@pytest.mark.parametrize("previous", ["a-packcli-output", "none"])
+@pytest.mark.parametrize("added", ["NOTES.txt", "logs/notes.txt"])
+def test_a_file_put_into_the_output_during_the_run_is_kept(
+    previous: str, added: str, pack: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    from packcli import pipeline
+
+    data = tmp_path / "a.jsonl"
+    data.write_text(json.dumps(GOOD) + "\n{broken\n")
+    out = tmp_path / "out"
+    args = [data, "--max-len", "64", "-o", out, "--on-error", "skip", "--rejects", out / "logs" / "rejects.jsonl"]
+    if previous == "a-packcli-output":
+        pack(*args, "-q")
+    before = snapshot(tmp_path)
+    write_manifest = pipeline.write_manifest
+
+    def then_the_user_writes(*a: Any, **k: Any) -> Any:  # the last step before the new output goes in
+        written = write_manifest(*a, **k)
+        (out / added).parent.mkdir(parents=True, exist_ok=True)
+        (out / added).write_text("mine")
+        return written
+
+    monkeypatch.setattr(pipeline, "write_manifest", then_the_user_writes)
+    result = pack(*args, "--seed", "1", "--overwrite", "-q", expect=2)
+    shown = "logs" if previous == "none" and added.startswith("logs/") else added
+    assert one_error_line(result) == (
+        f"Error: {out}: {shown} appeared in the output during the run, and packcli did not write them; "
+        "they and the previous output are kept as they were and the new output was discarded; "
+        "move them out and run again"
+    )
+    assert (out / added).read_text() == "mine"
+    # Taking the user's file away leaves what was there before: no staging directory, no new output.
+    if previous == "none":
+        shutil.rmtree(out)
+    else:
+        (out / added).unlink()
+    assert snapshot(tmp_path, skip=("cache",)) == {k: v for k, v in before.items() if not k.startswith("cache/")}
+
+
 PRESETS = [
     ("p.toml", 'overwrite = "false"', "'overwrite' must be true or false (a boolean), not the string \"false\""),
     ("p.toml", 'cache = "false"', "'cache' must be true or false (a boolean), not the string \"false\""),
