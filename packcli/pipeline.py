@@ -34,7 +34,7 @@ from packcli.shard_formats import shard_format
 from packcli.shards import (
     write_manifest,
 )
-from packcli.sources import InputSource, files_to_hash, fingerprint, forget_streams, is_uri, resolve_inputs
+from packcli.sources import STDIN, InputSource, files_to_hash, fingerprint, forget_streams, is_uri, resolve_inputs
 from packcli.tokenize import Encoder, tokenizer_fingerprint
 from packcli.write import output_schema
 
@@ -331,6 +331,9 @@ def _prepare_output(config: PackConfig, skipped: list[str]) -> staging.PreparedO
     """Lock and check the local output against the inputs, the cache and the rejects file."""
     sources = resolve_inputs(list(config.inputs), config.split, skipped)
     paths = [Path(s.path).resolve() for s in sources if s.kind != "hub" and not is_uri(s.path)]
+    # A directory named as an input is an input as a whole, not only the files found in it: an -o inside
+    # it is refused (its files come first, so an -o that contains them is named by the file it holds).
+    paths += [Path(raw).resolve() for raw in config.inputs if raw != STDIN and not is_uri(raw) and Path(raw).is_dir()]
     cache_root = (Path(config.cache_dir) if config.cache_dir else default_cache_dir()) if config.cache else None
     return staging.prepare_output(config.output, config.overwrite, paths, cache_root, config.rejects)
 

@@ -98,6 +98,21 @@ def test_output_that_is_or_contains_an_input_is_refused(where: str, pack: Any, t
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("where", ["inside", "deep-inside"])
+def test_output_inside_a_directory_input_is_refused(where: str, pack: Any, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (data / "sub").mkdir(parents=True)
+    write_jsonl(data / "sub" / "a.jsonl", chat(5))
+    out = {"inside": data / "packed", "deep-inside": data / "sub" / "new" / "packed"}[where]
+    before = snapshot(tmp_path)
+    result = pack(data, "--max-len", "64", "-o", out, expect=2)
+    assert one_error_line(result) == (
+        f"Error: {out}: the output lies inside the input {data}; writing it would replace the input; "
+        "choose an -o outside the inputs"
+    )
+    assert snapshot(tmp_path) == before
+
+
 def test_output_inside_a_saved_dataset_input_is_refused(pack: Any, tmp_path: Path) -> None:
     import datasets
 
@@ -363,8 +378,8 @@ def test_packcli_outputs_are_never_inputs(pack: Any, tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
     write_jsonl(data / "a.jsonl", chat(30))
-    out = data / "packed"
-    first = json.loads(pack(data, "--max-len", "64", "-o", out, "--json", "-q").stdout)
+    out = data / "packed"  # beside its input file (an -o inside a directory input is refused)
+    first = json.loads(pack(data / "a.jsonl", "--max-len", "64", "-o", out, "--json", "-q").stdout)
     stale = data / f".packed.partial-{host()}-{os.getpid()}-live"  # a live run's staging directory
     stale.mkdir()
     (stale / "shard-00000-of-00001.parquet").write_bytes((out / "shard-00000-of-00001.parquet").read_bytes())
@@ -372,7 +387,8 @@ def test_packcli_outputs_are_never_inputs(pack: Any, tmp_path: Path) -> None:
     # A directory walk skips the output and the staging directory; a glob (which skips hidden
     # directories itself) skips the output.
     for inputs, skipped in (([data], [out, stale]), ([str(data) + "/**/*"], [out])):
-        result = pack(*inputs, "--max-len", "64", "-o", out, "--overwrite", "--json", "-q", "--on-error", "skip")
+        again = tmp_path / "again"
+        result = pack(*inputs, "--max-len", "64", "-o", again, "--overwrite", "--json", "-q", "--on-error", "skip")
         summary = json.loads(result.stdout)
         assert summary["records_read"] == first["records_read"] == 30 and summary["dropped"] == {}
         assert summary["skipped_dirs"] == sorted(map(str, skipped))
