@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packcli import __version__, accounting, ingest, preference, staging, worker
+from packcli import __version__, accounting, ingest, preference, safety, staging, worker
 from packcli import plan as plan_module
 from packcli.cache import (
     HASH_MEMO,
@@ -35,7 +35,7 @@ from packcli.shard_formats import shard_format
 from packcli.shards import (
     write_manifest,
 )
-from packcli.sources import InputSource, files_to_hash, fingerprint, forget_streams, is_uri, resolve_inputs
+from packcli.sources import STDIN, InputSource, files_to_hash, fingerprint, forget_streams, is_uri, resolve_inputs
 from packcli.tokenize import Encoder, tokenizer_fingerprint
 from packcli.write import output_schema
 
@@ -249,6 +249,8 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
     if not config.dry_run:
         if to_uri:
             engine.check_uri_output(config.output, config.overwrite)
+            if config.rejects:
+                safety.check_rejects_target(config.rejects, Path(config.rejects).resolve())
         else:
             prepared = _prepare_output(config, skipped)
     staged = prepared.staged if prepared else None
@@ -330,6 +332,9 @@ def _prepare_output(config: PackConfig, skipped: list[str]) -> staging.PreparedO
     """Lock and check the local output against the inputs, the cache and the rejects file."""
     sources = resolve_inputs(list(config.inputs), config.split, skipped)
     paths = [Path(s.path).resolve() for s in sources if s.kind != "hub" and not is_uri(s.path)]
+    # A directory named as an input is an input as a whole, not only the files found in it: an -o inside
+    # it is refused (its files come first, so an -o that contains them is named by the file it holds).
+    paths += [Path(raw).resolve() for raw in config.inputs if raw != STDIN and not is_uri(raw) and Path(raw).is_dir()]
     cache_root = (Path(config.cache_dir) if config.cache_dir else default_cache_dir()) if config.cache else None
     return staging.prepare_output(config.output, config.overwrite, paths, cache_root, config.rejects)
 

@@ -33,6 +33,24 @@ IN_PLACE_PREFIX = ".packcli-partial-"
 MANIFEST_KEYS = ("packcli_version", "options", "shards", "columns")
 # The files output formats keep beside their shards (shard_formats: MDS's index, Megatron's metadata).
 INDEX_FILES = ("index.json", "packing_metadata.json")
+# The keys of every entry of a rejects file (worker.reject): an existing file whose first line has
+# exactly these is a rejects file packcli wrote, which --rejects may replace.
+REJECT_KEYS = frozenset(
+    {
+        "sample_index",
+        "piece_index",
+        "source",
+        "position",
+        "unit",
+        "reason",
+        "detail",
+        "record",
+        "record_truncated",
+        "record_chars",
+    }
+)
+# An entry holds at most 100,000 characters of its record; 8 MiB covers its line with any escaping.
+_REJECT_LINE_BYTES = 8 << 20
 
 
 def owner_tag() -> str:
@@ -132,15 +150,53 @@ def read_own_manifest(directory: Path) -> dict[str, Any] | None:
 
 
 def own_files(directory: Path, manifest: dict[str, Any]) -> set[str]:
-    """The names in a previous output that packcli wrote: the manifest, its shards and index files, its rejects."""
+    """The names in a previous output that packcli wrote: the manifest, its shards and index files, its rejects.
+
+    A rejects file in a subdirectory (``logs/rejects.jsonl``) makes the subdirectory's name packcli's
+    only while the subdirectory holds nothing else (see ``foreign_on_rejects_path``).
+    """
     names = {MANIFEST} | {s["file"] for s in manifest["shards"] if "/" not in s["file"]}
     index_files = manifest.get("index_files")
     if isinstance(index_files, list):  # an output format's files beside the shards (MDS's index.json...)
         names |= {f for f in index_files if isinstance(f, str) and f and "/" not in f and f not in (".", "..")}
-    rejects = manifest.get("rejects_file")
-    if isinstance(rejects, str) and rejects and not Path(rejects).is_absolute() and ".." not in Path(rejects).parts:
-        names.add(Path(rejects).parts[0])
+    parts = rejects_parts(manifest)
+    if parts and not foreign_on_rejects_path(directory, parts):
+        names.add(parts[0])
     return names
+
+
+def rejects_parts(manifest: dict[str, Any]) -> tuple[str, ...]:
+    """The path of the rejects file a manifest names inside its output, as parts; () when it names none."""
+    rejects = manifest.get("rejects_file")
+    if not isinstance(rejects, str) or not rejects or Path(rejects).is_absolute() or ".." in Path(rejects).parts:
+        return ()
+    return Path(rejects).parts
+
+
+def foreign_on_rejects_path(directory: Path, parts: tuple[str, ...]) -> set[str]:
+    """The paths (relative, with ``/``) along the rejects file's path in ``directory`` that packcli did not write.
+
+    packcli writes the rejects file and the directories leading to it, and nothing else in them: any
+    other entry of those directories is someone else's, and so is a directory where the file should be,
+    or a file or symlink where a directory should be.
+    """
+    foreign: set[str] = set()
+    here = directory
+    for depth, name in enumerate(parts):
+        path = here / name
+        relative = "/".join(parts[: depth + 1])
+        if not os.path.lexists(path):
+            break
+        if depth == len(parts) - 1:
+            if path.is_dir() and not path.is_symlink():
+                foreign.add(relative)
+            break
+        if path.is_symlink() or not path.is_dir():
+            foreign.add(relative)
+            break
+        foreign |= {f"{relative}/{p.name}" for p in path.iterdir() if p.name != parts[depth + 1]}
+        here = path
+    return foreign
 
 
 def is_packcli_dir(path: Path) -> bool:
@@ -158,7 +214,7 @@ def replaceable(output: Path, display: str, overwrite: bool) -> set[str]:
         return set()
     if not output.is_dir():
         raise UsageError(f"{display}: exists and is not a directory; choose another -o")
-    entries = {p.name for p in output.iterdir() if p.name != LOCK_IN_OUTPUT and not is_staging_name(p.name)}
+    entries = _entries(output)
     if not entries:
         return set()
     if not overwrite:
@@ -170,11 +226,43 @@ def replaceable(output: Path, display: str, overwrite: bool) -> set[str]:
             f"one has no manifest.json written by packcli (it holds {_some(entries)}); choose another -o"
         )
     foreign = entries - own_files(output, manifest)
+    parts = rejects_parts(manifest)
+    if parts and parts[0] in foreign:  # name what the rejects file's directory holds, not the directory
+        foreign = (foreign - {parts[0]}) | foreign_on_rejects_path(output, parts)
     if foreign:
         raise UsageError(
             f"{display}: holds files packcli did not write ({_some(foreign)}); move them out or choose another -o"
         )
     return entries
+
+
+def check_still_replaceable(output: Path, display: str, old: set[str]) -> None:
+    """Refuse to replace ``output`` when it holds what it did not hold when the run began.
+
+    ``old`` is what ``replaceable`` found there (all packcli's). Called just before the new output
+    replaces the old one, so that a file put there during the run is never removed with it.
+    """
+    if not output.is_dir():
+        return
+    entries = _entries(output)
+    added = entries - old
+    manifest = read_own_manifest(output)
+    parts = rejects_parts(manifest) if manifest is not None else ()
+    if parts and parts[0] in entries:
+        inside = foreign_on_rejects_path(output, parts)
+        if inside:
+            added = (added - {parts[0]}) | inside
+    if added:
+        raise UsageError(
+            f"{display}: {_some(added)} appeared in the output during the run, and packcli did not write them; "
+            "they and the previous output are kept as they were and the new output was discarded; "
+            "move them out and run again"
+        )
+
+
+def _entries(output: Path) -> set[str]:
+    """The names in an output directory, but for this or another run's lock and staging directories."""
+    return {p.name for p in output.iterdir() if p.name != LOCK_IN_OUTPUT and not is_staging_name(p.name)}
 
 
 def _some(names: set[str], limit: int = 3) -> str:
@@ -237,7 +325,55 @@ def check_paths(
         if first == MANIFEST or first in INDEX_FILES or first.startswith(("shard-", ".")):
             raise UsageError(f"--rejects {rejects}: collides with a file packcli writes in the output; rename it")
         return relative
+    check_rejects_target(rejects, target)
     return None
+
+
+def check_rejects_target(rejects: str, target: Path) -> None:
+    """Refuse a --rejects file outside the output that would replace or change what packcli did not write.
+
+    ``target`` is the resolved path. It may not lie inside another packcli output or staging directory
+    (that output would no longer match its manifest), nor below a file; when it exists it must be a
+    rejects file packcli wrote: empty, or a first line that is an entry (``REJECT_KEYS``).
+    """
+    for parent in target.parents:
+        if not os.path.lexists(parent):
+            continue
+        if not parent.is_dir():
+            raise UsageError(f"--rejects {rejects}: {parent} is a file, not a directory; name a file in a directory")
+        break
+    for parent in target.parents:
+        if parent.is_dir() and is_packcli_dir(parent):
+            raise UsageError(
+                f"--rejects {rejects}: lies inside the packcli output {parent}; writing it would change that "
+                "output; name a file outside it"
+            )
+    if not os.path.lexists(target):
+        return
+    if target.is_dir():
+        raise UsageError(f"--rejects {rejects}: is a directory; name a file")
+    if not target.is_file():
+        raise UsageError(f"--rejects {rejects}: exists and is not a regular file; name a new file")
+    if not _is_rejects_file(target):
+        raise UsageError(
+            f"--rejects {rejects}: exists and is not a rejects file packcli wrote; writing it would replace it; "
+            "remove it or name a new file"
+        )
+
+
+def _is_rejects_file(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(_REJECT_LINE_BYTES)
+    except OSError:
+        return False
+    if not first:
+        return True
+    try:
+        entry = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(entry, dict) and set(entry) == REJECT_KEYS
 
 
 # -- the lock ---------------------------------------------------------------------------------------

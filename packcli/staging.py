@@ -22,6 +22,7 @@ from packcli.safety import (
     MANIFEST,
     OutputLock,
     check_paths,
+    check_still_replaceable,
     clean_stale_cache_dirs,
     clean_stale_output_dirs,
     lock_path,
@@ -164,6 +165,8 @@ class StagedOutput:
             ) from exc
 
     def commit(self) -> None:
+        # The output was checked when the run began; what was put there since must not go with it.
+        check_still_replaceable(self.output, self.display, self.old)
         if self.in_place:
             replace_contents(self.tmp, self.output, self.old)
             return

@@ -220,7 +220,8 @@ def reject(
 
     Every entry has the same keys. A record longer than REJECT_RECORD_CHARS characters is given as its
     prefix (``record_truncated`` true, ``record_chars`` its full length); its position finds it whole.
-    ``piece_index`` is 0 but for a piece of a record split by ``--overflow split``.
+    ``piece_index`` is 0 but for a piece of a record split by ``--overflow split``. A later run
+    recognises a rejects file it may replace by these keys (``safety.REJECT_KEYS``).
     """
     text = record_text(raw, raw_lines)
     return {

@@ -98,6 +98,21 @@ def test_output_that_is_or_contains_an_input_is_refused(where: str, pack: Any, t
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("where", ["inside", "deep-inside"])
+def test_output_inside_a_directory_input_is_refused(where: str, pack: Any, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (data / "sub").mkdir(parents=True)
+    write_jsonl(data / "sub" / "a.jsonl", chat(5))
+    out = {"inside": data / "packed", "deep-inside": data / "sub" / "new" / "packed"}[where]
+    before = snapshot(tmp_path)
+    result = pack(data, "--max-len", "64", "-o", out, expect=2)
+    assert one_error_line(result) == (
+        f"Error: {out}: the output lies inside the input {data}; writing it would replace the input; "
+        "choose an -o outside the inputs"
+    )
+    assert snapshot(tmp_path) == before
+
+
 def test_output_inside_a_saved_dataset_input_is_refused(pack: Any, tmp_path: Path) -> None:
     import datasets
 
@@ -162,6 +177,84 @@ def test_rejects_inside_the_output_survives_the_swap(pack: Any, tmp_path: Path) 
     assert snapshot(tmp_path) == before
 
 
+def test_overwrite_owns_only_the_rejects_file_in_its_subdirectory(pack: Any, tmp_path: Path) -> None:
+    data = tmp_path / "a.jsonl"
+    data.write_text(json.dumps(GOOD) + "\n{broken\n")
+    out = tmp_path / "out"
+    args = [data, "--max-len", "64", "-o", out, "--on-error", "skip", "-q"]
+    pack(*args, "--rejects", out / "logs" / "deep" / "rejects.jsonl")
+    for added in ("logs/notes.txt", "logs/deep/notes.txt"):
+        (out / added).write_text("mine")
+        before = snapshot(tmp_path)
+        result = pack(*args, "--overwrite", expect=2)
+        assert one_error_line(result) == (
+            f"Error: {out}: holds files packcli did not write ({added}); move them out or choose another -o"
+        )
+        assert snapshot(tmp_path) == before
+        (out / added).unlink()
+    # Holding only what packcli wrote, the directory is replaced with the rest of the output.
+    pack(*args, "--overwrite")
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "shard-00000-of-00001.parquet"]
+
+
+REJECTS_TARGETS = {
+    "a-user-file": (
+        "notes.txt",
+        "exists and is not a rejects file packcli wrote; writing it would replace it; remove it or name a new file",
+    ),
+    "a-shard-of-another-output": (
+        "first/shard-00000-of-00001.parquet",
+        "lies inside the packcli output {first}; writing it would change that output; name a file outside it",
+    ),
+    "a-new-file-in-another-output": (
+        "first/rejects.jsonl",
+        "lies inside the packcli output {first}; writing it would change that output; name a file outside it",
+    ),
+    "below-a-file": ("notes.txt/r.jsonl", "{notes} is a file, not a directory; name a file in a directory"),
+    "a-directory": ("logs", "is a directory; name a file"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REJECTS_TARGETS))
+def test_rejects_never_overwrites_what_packcli_did_not_write(
+    case: str, pack: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    from packcli import pipeline
+
+    data = tmp_path / "a.jsonl"
+    data.write_text(json.dumps(GOOD) + "\n{broken\n")
+    (tmp_path / "notes.txt").write_text("precious")
+    (tmp_path / "logs").mkdir()
+    first = tmp_path / "first"
+    pack(data, "--max-len", "64", "-o", first, "--on-error", "skip", "-q")
+    name, why = REJECTS_TARGETS[case]
+    rejects = tmp_path / name
+    before = snapshot(tmp_path)
+
+    def no_tokenizing(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("tokenized before refusing")
+
+    monkeypatch.setattr(pipeline, "tokenized_inputs", no_tokenizing)
+    result = pack(data, "--max-len", "64", "-o", tmp_path / "out", "--on-error", "skip", "--rejects", rejects, expect=2)
+    assert one_error_line(result) == f"Error: --rejects {rejects}: " + why.format(
+        first=first, notes=tmp_path / "notes.txt"
+    )
+    assert snapshot(tmp_path) == before
+
+
+def test_rejects_replaces_a_rejects_file_packcli_wrote(pack: Any, tmp_path: Path) -> None:
+    data = tmp_path / "a.jsonl"
+    data.write_text(json.dumps(GOOD) + "\n{broken\n")
+    rejects = tmp_path / "rejects.jsonl"
+    args = [data, "--max-len", "64", "--on-error", "skip", "--rejects", rejects, "-q"]
+    pack(*args, "-o", tmp_path / "one")
+    pack(*args, "-o", tmp_path / "two")  # its own earlier rejects file: replaced
+    rejects.write_text("")
+    pack(*args, "-o", tmp_path / "three")  # an empty file: replaced
+    [reject] = [json.loads(x) for x in rejects.read_text().splitlines()]
+    assert (reject["position"], reject["reason"]) == (2, "invalid_json")
+
+
 def test_overwrite_replaces_only_packcli_output(pack: Any, tmp_path: Path) -> None:
     data = write_jsonl(tmp_path / "a.jsonl", chat(8))
     mine = tmp_path / "mine"
@@ -199,6 +292,45 @@ def test_overwrite_replaces_only_packcli_output(pack: Any, tmp_path: Path) -> No
     pack(data, "--max-len", "80", "-o", empty, "-q")
     assert (empty / "manifest.json").is_file()
     assert (mine / "notes.txt").read_text() == "do not delete" and (fake / "model.bin").read_bytes() == b"\0" * 10
+
+
+@pytest.mark.parametrize("previous", ["a-packcli-output", "none"])
+@pytest.mark.parametrize("added", ["NOTES.txt", "logs/notes.txt"])
+def test_a_file_put_into_the_output_during_the_run_is_kept(
+    previous: str, added: str, pack: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    from packcli import pipeline
+
+    data = tmp_path / "a.jsonl"
+    data.write_text(json.dumps(GOOD) + "\n{broken\n")
+    out = tmp_path / "out"
+    args = [data, "--max-len", "64", "-o", out, "--on-error", "skip", "--rejects", out / "logs" / "rejects.jsonl"]
+    if previous == "a-packcli-output":
+        pack(*args, "-q")
+    before = snapshot(tmp_path)
+    write_manifest = pipeline.write_manifest
+
+    def then_the_user_writes(*a: Any, **k: Any) -> Any:  # the last step before the new output goes in
+        written = write_manifest(*a, **k)
+        (out / added).parent.mkdir(parents=True, exist_ok=True)
+        (out / added).write_text("mine")
+        return written
+
+    monkeypatch.setattr(pipeline, "write_manifest", then_the_user_writes)
+    result = pack(*args, "--seed", "1", "--overwrite", "-q", expect=2)
+    shown = "logs" if previous == "none" and added.startswith("logs/") else added
+    assert one_error_line(result) == (
+        f"Error: {out}: {shown} appeared in the output during the run, and packcli did not write them; "
+        "they and the previous output are kept as they were and the new output was discarded; "
+        "move them out and run again"
+    )
+    assert (out / added).read_text() == "mine"
+    # Taking the user's file away leaves what was there before: no staging directory, no new output.
+    if previous == "none":
+        shutil.rmtree(out)
+    else:
+        (out / added).unlink()
+    assert snapshot(tmp_path, skip=("cache",)) == {k: v for k, v in before.items() if not k.startswith("cache/")}
 
 
 PRESETS = [
@@ -246,8 +378,8 @@ def test_packcli_outputs_are_never_inputs(pack: Any, tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
     write_jsonl(data / "a.jsonl", chat(30))
-    out = data / "packed"
-    first = json.loads(pack(data, "--max-len", "64", "-o", out, "--json", "-q").stdout)
+    out = data / "packed"  # beside its input file (an -o inside a directory input is refused)
+    first = json.loads(pack(data / "a.jsonl", "--max-len", "64", "-o", out, "--json", "-q").stdout)
     stale = data / f".packed.partial-{host()}-{os.getpid()}-live"  # a live run's staging directory
     stale.mkdir()
     (stale / "shard-00000-of-00001.parquet").write_bytes((out / "shard-00000-of-00001.parquet").read_bytes())
@@ -255,7 +387,8 @@ def test_packcli_outputs_are_never_inputs(pack: Any, tmp_path: Path) -> None:
     # A directory walk skips the output and the staging directory; a glob (which skips hidden
     # directories itself) skips the output.
     for inputs, skipped in (([data], [out, stale]), ([str(data) + "/**/*"], [out])):
-        result = pack(*inputs, "--max-len", "64", "-o", out, "--overwrite", "--json", "-q", "--on-error", "skip")
+        again = tmp_path / "again"
+        result = pack(*inputs, "--max-len", "64", "-o", again, "--overwrite", "--json", "-q", "--on-error", "skip")
         summary = json.loads(result.stdout)
         assert summary["records_read"] == first["records_read"] == 30 and summary["dropped"] == {}
         assert summary["skipped_dirs"] == sorted(map(str, skipped))
