@@ -171,6 +171,15 @@ def test_bad_flags_exit_2_with_one_line(pack: Any, chat_jsonl: Path, tmp_path: P
         (["pack", str(chat_jsonl), "--config", str(tmp_path / "none.toml")], "no such config file"),
         (["pack", str(chat_jsonl), "--limit", "99999999999999999999"], "--limit must be at most 4611686018427387904"),
         (
+            ["pack", str(chat_jsonl), "--truncate-side", "left"],
+            "--truncate-side applies to --overflow truncate or split only (this run uses drop); pass --overflow "
+            "truncate",
+        ),
+        (
+            ["pack", str(chat_jsonl), "--overflow", "truncate", "--min-piece", "8"],
+            "--min-piece applies to --overflow split only (this run uses truncate)",
+        ),
+        (
             ["pack", str(chat_jsonl), "--template-kwarg", "budget=1e999"],
             "template keyword argument 'budget' holds a number JSON cannot write (inf)",
         ),

@@ -25,8 +25,12 @@ from packcli.cli.options import (
     TemplateKwargOption,
     TokenizerOption,
     TrainOnOption,
+    given,
     merge_preset,
 )
+
+# Options that only some --overflow modes read: given with another mode, they would do nothing.
+_OVERFLOW_ONLY = {"truncate_side": ("truncate", "split"), "split_system": ("split",), "min_piece": ("split",)}
 
 
 def pack(
@@ -182,6 +186,11 @@ def pack(
             "no input given; pass files, directories, globs or Hub names, or name inputs in a --config preset"
         )
     cfg = PackConfig(inputs=tuple(inputs) if inputs else preset_inputs, **options)
+    for name, modes in _OVERFLOW_ONLY.items():
+        if given(ctx, name) and cfg.overflow not in modes:
+            flag, which = "--" + name.replace("_", "-"), " or ".join(modes)
+            raise UsageError(f"{flag} applies to --overflow {which} only (this run uses {cfg.overflow}); "
+                             f"pass --overflow {modes[0]}, or leave {flag} out")  # fmt: skip
 
     import packcli.cli.render as console
 
