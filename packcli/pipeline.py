@@ -411,7 +411,8 @@ def _write_rejects(
     only: their records are read again from the inputs, so that every entry has the same keys (see
     ``worker.reject``); a dropped piece is named by its ``piece_index`` beside its whole record.
     """
-    tmp = path.with_name(path.name + ".tmp")
+    # A hidden name of this run's own, never a name a user file may have (FILE.tmp was).
+    tmp = path.with_name(safety.staging_prefix(path.name) + "rejects")
     planned = sorted(
         (int(store.sample_index[r]), reason, int(r)) for reason, rows in plan.drop_rows.items() for r in rows.tolist()
     )
@@ -431,7 +432,11 @@ def _write_rejects(
                 out.write(json.dumps(entry, ensure_ascii=False) + "\n")
         os.replace(tmp, path)
     except OSError as exc:
+        tmp.unlink(missing_ok=True)
         raise OutputError(f"{path}: cannot write the rejects file ({exc.strerror or exc})") from exc
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _records_at(sources: list[InputSource], wanted: list[int], limit: int | None) -> dict[int, tuple[Any, bool]]:

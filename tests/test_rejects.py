@@ -62,3 +62,14 @@ def test_every_reject_has_the_same_keys_and_its_record(tmp_path: Path, pack: Any
     for entry in entries:
         if entry["reason"] == "world_size_remainder":
             assert json.loads(entry["record"])["messages"][0]["content"] == "hi"
+
+
+def test_writing_the_rejects_file_never_touches_a_file_beside_it(pack: Any, tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "c.jsonl", [{"text": "word " * n} for n in (3, 400)])
+    rejects = tmp_path / "r.jsonl"
+    beside = tmp_path / "r.jsonl.tmp"  # a name a temporary file once had
+    beside.write_text("the user's own\n")
+    pack(data, "--max-len", 64, "-o", tmp_path / "out", "--rejects", rejects, "-q")
+    assert [json.loads(line)["reason"] for line in rejects.read_text().splitlines()] == ["too_long"]
+    assert beside.read_text() == "the user's own\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "cache", "out", "r.jsonl", "r.jsonl.tmp"]
