@@ -216,6 +216,8 @@ class _TextStream:
         self.eof = False
         self.bytes_read = 0
         self.first = True
+        self.bom = 0  # bytes of the byte order mark skipped at the start
+        self.dropped_bytes = 0  # bytes of the text dropped from the start of ``buf``
 
     def more(self) -> bool:
         """Append the next chunk to ``buf``; return False at the end of the stream."""
@@ -224,6 +226,7 @@ class _TextStream:
         data = self.fh.read(CHUNK)
         if self.first and data.startswith(codecs.BOM_UTF8):
             data = data[len(codecs.BOM_UTF8) :]  # Windows exports start with one
+            self.bom = len(codecs.BOM_UTF8)
         self.first = False
         try:
             self.buf += self.decoder.decode(data, final=not data)
@@ -236,8 +239,13 @@ class _TextStream:
 
     def drop(self, pos: int) -> int:
         """Forget the text before ``pos`` (already read); return where ``pos`` now is (0)."""
+        self.dropped_bytes += len(self.buf[:pos].encode("utf-8"))
         self.buf = self.buf[pos:]
         return 0
+
+    def byte_offset(self, pos: int) -> int:
+        """Return the offset in the file's bytes (from 0, a byte order mark counted) of ``buf[pos]``."""
+        return self.bom + self.dropped_bytes + len(self.buf[:pos].encode("utf-8"))
 
 
 def _value_end(stream: _TextStream, pos: int) -> int | None:
@@ -390,9 +398,24 @@ def _read_json_array(stream: _TextStream, pos: int, path: str, batch_size: int) 
         batch.positions.append(record_no)
         if pos < len(stream.buf) and stream.buf[pos] == ",":
             pos += 1
+        elif pos < len(stream.buf) and stream.buf[pos] != "]":
+            # Without this check, two records run together would be read as one and the rest skipped.
+            found = stream.buf[pos : pos + 20].split("\n")[0]
+            raise InputError(
+                f"{path}: record {record_no} of the JSON array is followed by '{found}' at byte "
+                f"{stream.byte_offset(pos)}, not by ',' or ']'; fix the file (a missing ','?)"
+            )
         if len(batch.items) >= batch_size:
             yield batch
             batch = RawBatch(path, 0, [], [])
+    if pos < len(stream.buf) and stream.buf[pos] == "]":
+        after = _skip_space(stream, pos + 1)
+        if after < len(stream.buf):
+            # As `cat a.json b.json` makes: everything after the first array would be lost.
+            raise InputError(
+                f"{path}: the file has data after its closing ] (at byte {stream.byte_offset(after)}, after "
+                f"record {record_no}): concatenated JSON arrays? merge them into one array or convert to JSON lines"
+            )
     if batch.items:
         yield batch
     elif record_no == 0 and not batch.errors:

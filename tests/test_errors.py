@@ -113,6 +113,48 @@ def test_truncated_json_array_recovers_complete_records(pack: Any, tmp_path: Pat
     accounted(summary)
 
 
+UNICODE = {"messages": [{"role": "user", "content": "café 数据"}, {"role": "assistant", "content": "très bien"}]}
+ARRAY = json.dumps([UNICODE, GOOD], ensure_ascii=False)
+ARRAY_AT = len(ARRAY.encode())  # the byte after the first array
+
+
+@pytest.mark.parametrize("chunk", [None, 64])  # 64: the offset is counted across the text already let go
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (
+            ARRAY + "\n" + ARRAY + "\n",  # cat a.json b.json
+            f"the file has data after its closing ] (at byte {ARRAY_AT + 1}, after record 2): concatenated JSON "
+            "arrays? merge them into one array or convert to JSON lines",
+        ),
+        (
+            ARRAY + " this is not JSON",
+            f"the file has data after its closing ] (at byte {ARRAY_AT + 1}, after record 2): concatenated JSON "
+            "arrays? merge them into one array or convert to JSON lines",
+        ),
+        (
+            ARRAY[:-1] + " " + json.dumps(GOOD) + "]",
+            f"record 2 of the JSON array is followed by '{{\"messages\": [{{\"role' at byte {ARRAY_AT}, not by ',' or "
+            "']'; fix the file (a missing ','?)",
+        ),
+    ],
+    ids=["two-arrays", "garbage-after", "no-comma"],
+)
+def test_json_array_with_more_than_one_array_is_one_line_not_a_loss(
+    text: str, problem: str, chunk: int | None, pack: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from packcli import readers
+
+    if chunk:
+        monkeypatch.setattr(readers, "CHUNK", chunk)
+    data = tmp_path / "all.json"
+    data.write_text(text, encoding="utf-8")
+    for policy in ("fail", "skip"):  # not a bad record: the file's records cannot all be told apart
+        line = one_error_line(pack(data, "--max-len", "64", "-o", tmp_path / "o", "--on-error", policy, expect=1))
+        assert line == f"Error: {data}: {problem}"
+        assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize(
     ("setup", "expected"),
     [
