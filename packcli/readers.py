@@ -347,7 +347,7 @@ def _decode_whole(stream: _TextStream, pos: int) -> tuple[Any, int] | None:
     """
     try:
         value, end = _DECODER.raw_decode(stream.buf, pos)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # ValueError: JSONDecodeError, or an integer too long to convert
         return None
     return (value, end) if end < len(stream.buf) or stream.eof else None
 
@@ -385,6 +385,12 @@ def _read_json_array(stream: _TextStream, pos: int, path: str, batch_size: int) 
                 batch.items.append(None)
                 batch.positions.append(record_no)
                 break
+            except ValueError:  # an integer past Python's digit limit: this record only, as below
+                from packcli.records import integer_too_long
+
+                err = integer_too_long()
+                batch.errors.append((record_no, err.reason, err.detail))
+                value = None
             except RecursionError:
                 # The decoder recurses per nesting level: this element is one bad record, and the
                 # elements after it are still read.

@@ -14,7 +14,7 @@ from packcli import preference
 from packcli.bounds import rule_out_too_long
 from packcli.errors import RecordError
 from packcli.formats import PREFERENCE_FORMATS, detect_format, normalize
-from packcli.records import check_sample, raw_line_is_clean, too_deep
+from packcli.records import check_sample, integer_too_long, raw_line_is_clean, too_deep
 from packcli.sources import RawBatch
 from packcli.split import Pieces, SplitRule, chunk_tokens, split_chat
 from packcli.tokenize import Encoder
@@ -209,6 +209,8 @@ def parse_line(line: bytes) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise RecordError("invalid_json", f"invalid JSON ({exc.msg} at column {exc.colno})") from exc
+    except ValueError as exc:  # the only other one: an integer past Python's digit limit
+        raise integer_too_long() from exc
     except RecursionError as exc:  # the decoder recurses per nesting level
         raise too_deep() from exc
 
