@@ -211,6 +211,10 @@ def test_bad_flags_exit_2_with_one_line(pack: Any, chat_jsonl: Path, tmp_path: P
         (["pack", str(chat_jsonl), "--field", "nonsense"], "--field takes NAME=FIELD"),
         (["pack", str(chat_jsonl), "--field", "speaker=x"], "unknown field name(s) speaker"),
         (["pack", str(chat_jsonl), "--config", str(tmp_path / "none.toml")], "no such config file"),
+        (
+            ["pack", str(chat_jsonl), "--template-kwarg", "n=1" + "0" * 5000],
+            "--template-kwarg n: the value is an integer of more than 4300 digits; quote it to pass it as a string",
+        ),
     ]:
         with pytest.raises(SystemExit) as exit_info:
             main([*argv, "-o", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c")])

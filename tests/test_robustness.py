@@ -525,6 +525,23 @@ def test_damaged_manifest_is_one_line_for_every_command(
     assert digest(packed_out) == before
 
 
+@pytest.mark.parametrize("command", ["verify", "stats", "inspect"])
+def test_manifest_with_a_huge_integer_is_one_line(command: str, packed_out: Path) -> None:
+    from typer.testing import CliRunner
+
+    from packcli.cli import app
+
+    manifest = packed_out / "manifest.json"
+    text = manifest.read_text()
+    assert '"max_len": 128' in text
+    manifest.write_text(text.replace('"max_len": 128', f'"max_len": {HUGE_INT}', 1))
+    result = CliRunner().invoke(app, [command, str(packed_out)])
+    assert result.exit_code == 1
+    line = one_stderr_line(result)
+    assert line.startswith(f"Error: {manifest}: cannot be read (Exceeds the limit (4300 digits) for integer string")
+    assert line.endswith("); the output is damaged, pack again")
+
+
 @pytest.fixture(scope="module")
 def packed_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from typer.testing import CliRunner
