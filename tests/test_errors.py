@@ -72,6 +72,28 @@ def test_bad_record_fails_with_one_line_or_is_skipped(
     assert reject["record"] == raw
 
 
+NO_BRACE = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]'
+CUT = '{"messages": [{"role": "user", "content": "hel'
+
+
+@pytest.mark.parametrize(
+    ("bad", "problem"),
+    [
+        (NO_BRACE + "\n", f"Expecting ',' delimiter at column {len(NO_BRACE) + 1}"),  # the end, not the newline
+        (CUT + "\n", f"Unterminated string starting at column {CUT.rindex(chr(34)) + 1}"),
+        (CUT, f"Unterminated string starting at column {CUT.rindex(chr(34)) + 1}"),  # the file's last line
+    ],
+    ids=["no-brace", "cut-in-a-string", "cut-at-the-end-of-the-file"],
+)
+def test_invalid_json_names_the_column_in_the_record(bad: str, problem: str, pack: Any, tmp_path: Path) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps(GOOD) + "\n" + bad)
+    line = one_error_line(pack(data, "--max-len", "64", "-o", tmp_path / "out", expect=1))
+    assert line == (
+        f"Error: {data} line 2: invalid JSON ({problem}); fix the record, or pass --on-error skip to skip bad records"
+    )
+
+
 def test_policy_drops_never_fail_and_are_counted(pack: Any, tmp_path: Path) -> None:
     records = [
         GOOD,
