@@ -327,6 +327,7 @@ def _read_json(source: InputSource, batch_size: int) -> Iterator[RawBatch]:
         if pos >= len(stream.buf):
             raise InputError(f"{path}: the file is empty; remove it from the inputs")
         if stream.buf[pos] != "[":
+            _refuse_object_over_lines(stream, pos, path)
             lines_mode = True
         else:
             lines_mode = False
@@ -337,6 +338,30 @@ def _read_json(source: InputSource, batch_size: int) -> Iterator[RawBatch]:
 
 
 _DECODER = json.JSONDecoder()
+
+
+def _refuse_object_over_lines(stream: _TextStream, pos: int, path: str) -> None:
+    """Raise InputError when a .json file that is no array starts with one object spread over lines.
+
+    Read as JSON lines, a pretty-printed object (``json.dump(record, f, indent=2)``, or ``jq`` without
+    ``-c``) is invalid JSON at line 1, which hides what the file should be. Only the first chunk is
+    looked at; an object longer than that is still known by a first line that is only ``{``.
+    """
+    if stream.buf[pos] != "{":
+        return
+    newline = stream.buf.find("\n", pos)
+    if newline == -1:
+        return
+    try:
+        value, end = _DECODER.raw_decode(stream.buf, pos)
+        spread = isinstance(value, dict) and end > newline
+    except (ValueError, RecursionError):  # not whole in the chunk, or a bad record: JSON lines report it
+        spread = stream.buf[pos:newline].strip() == "{"
+    if spread:
+        raise InputError(
+            f"{path}: the file starts with a JSON object spread over several lines; a .json file must be an "
+            "array of records or JSON lines (one record per line): put the records in [ ] or write each on one line"
+        )
 
 
 def _decode_whole(stream: _TextStream, pos: int) -> tuple[Any, int] | None:

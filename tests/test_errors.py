@@ -178,6 +178,34 @@ def test_json_array_with_more_than_one_array_is_one_line_not_a_loss(
 
 
 @pytest.mark.parametrize(
+    ("text", "chunk"),
+    [
+        (json.dumps(GOOD, indent=2) + "\n", None),  # json.dump(record, f, indent=2)
+        (json.dumps(GOOD, indent=2) + "\n" + json.dumps(GOOD, indent=2) + "\n", None),  # jq without -c
+        (json.dumps(GOOD, indent=2) + "\n", 64),  # the object is longer than what is looked at
+    ],
+    ids=["one-object", "objects", "longer-than-a-chunk"],
+)
+def test_json_object_over_several_lines_says_what_a_json_file_must_be(
+    text: str, chunk: int | None, pack: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from packcli import readers
+
+    if chunk:
+        monkeypatch.setattr(readers, "CHUNK", chunk)
+    data = tmp_path / "one.json"
+    data.write_text(text)
+    line = one_error_line(pack(data, "--max-len", "64", "-o", tmp_path / "o", expect=1))
+    assert line == (
+        f"Error: {data}: the file starts with a JSON object spread over several lines; a .json file must be an "
+        "array of records or JSON lines (one record per line): put the records in [ ] or write each on one line"
+    )
+    data.write_text(json.dumps(GOOD) + "\n" + json.dumps(GOOD) + "\n")  # the same records as JSON lines
+    summary = json.loads(pack(data, "--max-len", "64", "-o", tmp_path / "o", "--json", "-q").stdout)
+    assert summary["packed"] == 2
+
+
+@pytest.mark.parametrize(
     ("setup", "expected"),
     [
         (lambda d: (d / "empty.jsonl").write_text(""), "empty.jsonl: the file is empty; remove it from the inputs"),
