@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -227,6 +228,9 @@ def load_config_file(path: str) -> dict[str, Any]:
         raise UsageError(f"{path}: not a valid YAML file ({' '.join(str(exc).split())}); fix it") from exc
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
         raise UsageError(f"{path}: not a valid config file ({exc}); fix it") from exc
+    except ValueError as exc:  # the parsers' only other one: an integer past Python's digit limit
+        limit = sys.get_int_max_str_digits()
+        raise UsageError(f"{path}: holds an integer of more than {limit} digits; fix the preset") from exc
     if not isinstance(data, dict):
         raise UsageError(f"{path}: a preset must be an object of option = value, not {_kind(data)}; fix the file")
     known = {f.name for f in fields(PackConfig)}
@@ -270,6 +274,12 @@ def parse_template_kwargs(values: list[str]) -> dict[str, Any]:
             out[name.strip()] = json.loads(raw)
         except json.JSONDecodeError:
             out[name.strip()] = raw
+        except ValueError as exc:  # an integer past Python's digit limit
+            limit = sys.get_int_max_str_digits()
+            raise UsageError(
+                f"--template-kwarg {name.strip()}: the value is an integer of more than {limit} digits; "
+                "quote it to pass it as a string"
+            ) from exc
     return out
 
 

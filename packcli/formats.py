@@ -10,6 +10,7 @@ Field names can be remapped (``--field messages=dialog``), so every lookup goes 
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,6 +224,11 @@ def _json_cell(value: str, key: str, expected: str) -> Any:
         return json.loads(value)
     except json.JSONDecodeError as exc:
         raise RecordError("wrong_type", f"field '{key}' must be {expected}, not a string") from exc
+    except ValueError as exc:  # the only other one: an integer past Python's digit limit
+        limit = sys.get_int_max_str_digits()
+        raise RecordError(
+            "integer_out_of_range", f"field '{key}' holds an integer of more than {limit} digits; write it as a string"
+        ) from exc
     except RecursionError as exc:  # the decoder recurses per nesting level
         raise RecordError("too_deep", f"field '{key}' nests too deep to decode") from exc
 

@@ -216,6 +216,8 @@ class _TextStream:
         self.eof = False
         self.bytes_read = 0
         self.first = True
+        self.bom = 0  # bytes of the byte order mark skipped at the start
+        self.dropped_bytes = 0  # bytes of the text dropped from the start of ``buf``
 
     def more(self) -> bool:
         """Append the next chunk to ``buf``; return False at the end of the stream."""
@@ -224,6 +226,7 @@ class _TextStream:
         data = self.fh.read(CHUNK)
         if self.first and data.startswith(codecs.BOM_UTF8):
             data = data[len(codecs.BOM_UTF8) :]  # Windows exports start with one
+            self.bom = len(codecs.BOM_UTF8)
         self.first = False
         try:
             self.buf += self.decoder.decode(data, final=not data)
@@ -236,8 +239,13 @@ class _TextStream:
 
     def drop(self, pos: int) -> int:
         """Forget the text before ``pos`` (already read); return where ``pos`` now is (0)."""
+        self.dropped_bytes += len(self.buf[:pos].encode("utf-8"))
         self.buf = self.buf[pos:]
         return 0
+
+    def byte_offset(self, pos: int) -> int:
+        """Return the offset in the file's bytes (from 0, a byte order mark counted) of ``buf[pos]``."""
+        return self.bom + self.dropped_bytes + len(self.buf[:pos].encode("utf-8"))
 
 
 def _value_end(stream: _TextStream, pos: int) -> int | None:
@@ -319,6 +327,7 @@ def _read_json(source: InputSource, batch_size: int) -> Iterator[RawBatch]:
         if pos >= len(stream.buf):
             raise InputError(f"{path}: the file is empty; remove it from the inputs")
         if stream.buf[pos] != "[":
+            _refuse_object_over_lines(stream, pos, path)
             lines_mode = True
         else:
             lines_mode = False
@@ -331,6 +340,30 @@ def _read_json(source: InputSource, batch_size: int) -> Iterator[RawBatch]:
 _DECODER = json.JSONDecoder()
 
 
+def _refuse_object_over_lines(stream: _TextStream, pos: int, path: str) -> None:
+    """Raise InputError when a .json file that is no array starts with one object spread over lines.
+
+    Read as JSON lines, a pretty-printed object (``json.dump(record, f, indent=2)``, or ``jq`` without
+    ``-c``) is invalid JSON at line 1, which hides what the file should be. Only the first chunk is
+    looked at; an object longer than that is still known by a first line that is only ``{``.
+    """
+    if stream.buf[pos] != "{":
+        return
+    newline = stream.buf.find("\n", pos)
+    if newline == -1:
+        return
+    try:
+        value, end = _DECODER.raw_decode(stream.buf, pos)
+        spread = isinstance(value, dict) and end > newline
+    except (ValueError, RecursionError):  # not whole in the chunk, or a bad record: JSON lines report it
+        spread = stream.buf[pos:newline].strip() == "{"
+    if spread:
+        raise InputError(
+            f"{path}: the file starts with a JSON object spread over several lines; a .json file must be an "
+            "array of records or JSON lines (one record per line): put the records in [ ] or write each on one line"
+        )
+
+
 def _decode_whole(stream: _TextStream, pos: int) -> tuple[Any, int] | None:
     """Decode the element at ``pos`` when it ends inside the window (not at its edge); else None.
 
@@ -339,7 +372,7 @@ def _decode_whole(stream: _TextStream, pos: int) -> tuple[Any, int] | None:
     """
     try:
         value, end = _DECODER.raw_decode(stream.buf, pos)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # ValueError: JSONDecodeError, or an integer too long to convert
         return None
     return (value, end) if end < len(stream.buf) or stream.eof else None
 
@@ -377,6 +410,12 @@ def _read_json_array(stream: _TextStream, pos: int, path: str, batch_size: int) 
                 batch.items.append(None)
                 batch.positions.append(record_no)
                 break
+            except ValueError:  # an integer past Python's digit limit: this record only, as below
+                from packcli.records import integer_too_long
+
+                err = integer_too_long()
+                batch.errors.append((record_no, err.reason, err.detail))
+                value = None
             except RecursionError:
                 # The decoder recurses per nesting level: this element is one bad record, and the
                 # elements after it are still read.
@@ -390,9 +429,24 @@ def _read_json_array(stream: _TextStream, pos: int, path: str, batch_size: int) 
         batch.positions.append(record_no)
         if pos < len(stream.buf) and stream.buf[pos] == ",":
             pos += 1
+        elif pos < len(stream.buf) and stream.buf[pos] != "]":
+            # Without this check, two records run together would be read as one and the rest skipped.
+            found = stream.buf[pos : pos + 20].split("\n")[0]
+            raise InputError(
+                f"{path}: record {record_no} of the JSON array is followed by '{found}' at byte "
+                f"{stream.byte_offset(pos)}, not by ',' or ']'; fix the file (a missing ','?)"
+            )
         if len(batch.items) >= batch_size:
             yield batch
             batch = RawBatch(path, 0, [], [])
+    if pos < len(stream.buf) and stream.buf[pos] == "]":
+        after = _skip_space(stream, pos + 1)
+        if after < len(stream.buf):
+            # As `cat a.json b.json` makes: everything after the first array would be lost.
+            raise InputError(
+                f"{path}: the file has data after its closing ] (at byte {stream.byte_offset(after)}, after "
+                f"record {record_no}): concatenated JSON arrays? merge them into one array or convert to JSON lines"
+            )
     if batch.items:
         yield batch
     elif record_no == 0 and not batch.errors:

@@ -8,6 +8,7 @@ Both are found here, per record, so that they are one counted reason instead of 
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from packcli.errors import RecordError
@@ -20,6 +21,15 @@ MAX_DEPTH = 100
 
 def too_deep() -> RecordError:
     return RecordError("too_deep", f"the record nests more than {MAX_DEPTH} levels deep")
+
+
+def integer_too_long() -> RecordError:
+    # Python refuses to convert integers this long (a guard against slow conversions): JSON has no
+    # limit, so a record may hold one, which is then this reason rather than a traceback.
+    limit = sys.get_int_max_str_digits()
+    return RecordError(
+        "integer_out_of_range", f"the record holds an integer of more than {limit} digits; write it as a string"
+    )
 
 
 def check_value(value: Any, what: str = "the record") -> None:

@@ -278,7 +278,7 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         manifest = json.loads(path.read_text())
     except FileNotFoundError as exc:
         raise OutputError(f"{directory}: no {MANIFEST}; is this a packcli output directory?") from exc
-    except (OSError, json.JSONDecodeError, RecursionError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: also an integer too long to convert
         raise OutputError(f"{path}: cannot be read ({exc}); the output is damaged, pack again") from exc
     if not isinstance(manifest, dict):
         raise OutputError(f"{path}: is not a JSON object; the manifest is damaged, pack again")

@@ -14,7 +14,7 @@ from packcli import preference
 from packcli.bounds import rule_out_too_long
 from packcli.errors import RecordError
 from packcli.formats import PREFERENCE_FORMATS, detect_format, normalize
-from packcli.records import check_sample, raw_line_is_clean, too_deep
+from packcli.records import check_sample, integer_too_long, raw_line_is_clean, too_deep
 from packcli.sources import RawBatch
 from packcli.split import Pieces, SplitRule, chunk_tokens, split_chat
 from packcli.tokenize import Encoder
@@ -208,9 +208,27 @@ def parse_line(line: bytes) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise RecordError("invalid_json", f"invalid JSON ({exc.msg} at column {exc.colno})") from exc
+        raise RecordError("invalid_json", _json_error(text, exc)) from exc
+    except ValueError as exc:  # the only other one: an integer past Python's digit limit
+        raise integer_too_long() from exc
     except RecursionError as exc:  # the decoder recurses per nesting level
         raise too_deep() from exc
+
+
+def _json_error(text: str, exc: json.JSONDecodeError) -> str:
+    """Return what is wrong with a JSON line that does not decode, at the column of the record's text.
+
+    The line is decoded with its newline (stripping it would copy every line), so an error found at
+    the newline, as in a record cut short, is looked for again in the text without it.
+    """
+    record = text.rstrip("\r\n")
+    if len(record) < len(text):
+        try:
+            json.loads(record)
+        except json.JSONDecodeError as inner:
+            exc = inner
+    # Some of the decoder's messages end in "at" ("Unterminated string starting at"): say it once.
+    return f"invalid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})"
 
 
 def reject(

@@ -72,6 +72,28 @@ def test_bad_record_fails_with_one_line_or_is_skipped(
     assert reject["record"] == raw
 
 
+NO_BRACE = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]'
+CUT = '{"messages": [{"role": "user", "content": "hel'
+
+
+@pytest.mark.parametrize(
+    ("bad", "problem"),
+    [
+        (NO_BRACE + "\n", f"Expecting ',' delimiter at column {len(NO_BRACE) + 1}"),  # the end, not the newline
+        (CUT + "\n", f"Unterminated string starting at column {CUT.rindex(chr(34)) + 1}"),
+        (CUT, f"Unterminated string starting at column {CUT.rindex(chr(34)) + 1}"),  # the file's last line
+    ],
+    ids=["no-brace", "cut-in-a-string", "cut-at-the-end-of-the-file"],
+)
+def test_invalid_json_names_the_column_in_the_record(bad: str, problem: str, pack: Any, tmp_path: Path) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps(GOOD) + "\n" + bad)
+    line = one_error_line(pack(data, "--max-len", "64", "-o", tmp_path / "out", expect=1))
+    assert line == (
+        f"Error: {data} line 2: invalid JSON ({problem}); fix the record, or pass --on-error skip to skip bad records"
+    )
+
+
 def test_policy_drops_never_fail_and_are_counted(pack: Any, tmp_path: Path) -> None:
     records = [
         GOOD,
@@ -111,6 +133,76 @@ def test_truncated_json_array_recovers_complete_records(pack: Any, tmp_path: Pat
     )
     assert summary["packed"] == 2 and summary["dropped"] == {"truncated_file": 1}
     accounted(summary)
+
+
+UNICODE = {"messages": [{"role": "user", "content": "café 数据"}, {"role": "assistant", "content": "très bien"}]}
+ARRAY = json.dumps([UNICODE, GOOD], ensure_ascii=False)
+ARRAY_AT = len(ARRAY.encode())  # the byte after the first array
+
+
+@pytest.mark.parametrize("chunk", [None, 64])  # 64: the offset is counted across the text already let go
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (
+            ARRAY + "\n" + ARRAY + "\n",  # cat a.json b.json
+            f"the file has data after its closing ] (at byte {ARRAY_AT + 1}, after record 2): concatenated JSON "
+            "arrays? merge them into one array or convert to JSON lines",
+        ),
+        (
+            ARRAY + " this is not JSON",
+            f"the file has data after its closing ] (at byte {ARRAY_AT + 1}, after record 2): concatenated JSON "
+            "arrays? merge them into one array or convert to JSON lines",
+        ),
+        (
+            ARRAY[:-1] + " " + json.dumps(GOOD) + "]",
+            f"record 2 of the JSON array is followed by '{{\"messages\": [{{\"role' at byte {ARRAY_AT}, not by ',' or "
+            "']'; fix the file (a missing ','?)",
+        ),
+    ],
+    ids=["two-arrays", "garbage-after", "no-comma"],
+)
+def test_json_array_with_more_than_one_array_is_one_line_not_a_loss(
+    text: str, problem: str, chunk: int | None, pack: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from packcli import readers
+
+    if chunk:
+        monkeypatch.setattr(readers, "CHUNK", chunk)
+    data = tmp_path / "all.json"
+    data.write_text(text, encoding="utf-8")
+    for policy in ("fail", "skip"):  # not a bad record: the file's records cannot all be told apart
+        line = one_error_line(pack(data, "--max-len", "64", "-o", tmp_path / "o", "--on-error", policy, expect=1))
+        assert line == f"Error: {data}: {problem}"
+        assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "chunk"),
+    [
+        (json.dumps(GOOD, indent=2) + "\n", None),  # json.dump(record, f, indent=2)
+        (json.dumps(GOOD, indent=2) + "\n" + json.dumps(GOOD, indent=2) + "\n", None),  # jq without -c
+        (json.dumps(GOOD, indent=2) + "\n", 64),  # the object is longer than what is looked at
+    ],
+    ids=["one-object", "objects", "longer-than-a-chunk"],
+)
+def test_json_object_over_several_lines_says_what_a_json_file_must_be(
+    text: str, chunk: int | None, pack: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from packcli import readers
+
+    if chunk:
+        monkeypatch.setattr(readers, "CHUNK", chunk)
+    data = tmp_path / "one.json"
+    data.write_text(text)
+    line = one_error_line(pack(data, "--max-len", "64", "-o", tmp_path / "o", expect=1))
+    assert line == (
+        f"Error: {data}: the file starts with a JSON object spread over several lines; a .json file must be an "
+        "array of records or JSON lines (one record per line): put the records in [ ] or write each on one line"
+    )
+    data.write_text(json.dumps(GOOD) + "\n" + json.dumps(GOOD) + "\n")  # the same records as JSON lines
+    summary = json.loads(pack(data, "--max-len", "64", "-o", tmp_path / "o", "--json", "-q").stdout)
+    assert summary["packed"] == 2
 
 
 @pytest.mark.parametrize(
@@ -182,6 +274,10 @@ def test_bad_flags_exit_2_with_one_line(pack: Any, chat_jsonl: Path, tmp_path: P
         (
             ["pack", str(chat_jsonl), "--template-kwarg", "budget=1e999"],
             "template keyword argument 'budget' holds a number JSON cannot write (inf)",
+        ),
+        (
+            ["pack", str(chat_jsonl), "--template-kwarg", "n=1" + "0" * 5000],
+            "--template-kwarg n: the value is an integer of more than 4300 digits; quote it to pass it as a string",
         ),
     ]:
         with pytest.raises(SystemExit) as exit_info:

@@ -271,6 +271,11 @@ def test_a_preset_finds_its_tokenizer_directory_beside_it(tmp_path: Path, cache_
         ("inputs: 3\n", "'inputs' must be a path or a list of paths, not the number 3"),
         ("limit: 0\n", "'limit' must be an integer of at least 1"),
         ("- a\n- b\n", "a preset must be an object"),
+        pytest.param(
+            "max_len: 1" + "0" * 5000 + "\n",
+            "p.yml: holds an integer of more than 4300 digits; fix the preset",
+            id="huge-integer",
+        ),
     ],
 )
 def test_bad_yaml_preset_is_one_line(tmp_path: Path, cache_dir: Path, text: str, message: str) -> None:

@@ -298,6 +298,8 @@ def test_cache_dir_full(chat: Path, pack: Any, tmp_path: Path, cache_dir: Path, 
 
 SKIP_HINT = "; fix the record, or pass --on-error skip to skip bad records"
 DEEP = "[" * 5000 + "]" * 5000
+HUGE_INT = "1" + "0" * 5000  # past Python's 4300-digit limit on converting integer text
+CSV_CHAT = '"[{""role"": ""user"", ""content"": ""hi""}, {""role"": ""assistant"", ""content"": %s}]"'
 
 
 def _record_cases() -> list[tuple[str, str, str, str, str]]:
@@ -366,6 +368,27 @@ def _record_cases() -> list[tuple[str, str, str, str, str]]:
             "integer_out_of_range",
             "field 'input_ids' holds 99999999999999999999999, beyond the 64-bit integer range",
         ),
+        (
+            "huge_int_json_line",
+            "h.jsonl",
+            f'{text}\n{{"text": "x", "meta": {HUGE_INT}}}\n{text}\n',
+            "integer_out_of_range",
+            "the record holds an integer of more than 4300 digits; write it as a string",
+        ),
+        (
+            "huge_int_json_file",
+            "h.json",
+            f'[{text}, {{"text": "x", "meta": [{HUGE_INT}]}}, {text}]',
+            "integer_out_of_range",
+            "the record holds an integer of more than 4300 digits; write it as a string",
+        ),
+        (
+            "huge_int_csv_cell",
+            "h.csv",
+            "messages\n" + "\n".join(CSV_CHAT % v for v in ('""x""', HUGE_INT, '""y""')) + "\n",
+            "integer_out_of_range",
+            "field 'messages' holds an integer of more than 4300 digits; write it as a string",
+        ),
     ]
 
 
@@ -381,7 +404,7 @@ def test_bad_value_is_one_record_reason_not_a_traceback(
     data = tmp_path / name
     data.write_text(text)
     before = digest(data)
-    unit = "record" if name.endswith(".json") else "line"
+    unit = "line" if name.endswith(".jsonl") else "record"
     result = pack(data, "--max-len", "64", "-o", tmp_path / "out", expect=1)
     assert one_stderr_line(result) == f"Error: {data} {unit} 2: {detail}{SKIP_HINT}"
     assert not (tmp_path / "out").exists()
@@ -500,6 +523,23 @@ def test_damaged_manifest_is_one_line_for_every_command(
     else:
         assert one_stderr_line(result) == f"Error: {manifest}: {problem}; the manifest is damaged, pack again"
     assert digest(packed_out) == before
+
+
+@pytest.mark.parametrize("command", ["verify", "stats", "inspect"])
+def test_manifest_with_a_huge_integer_is_one_line(command: str, packed_out: Path) -> None:
+    from typer.testing import CliRunner
+
+    from packcli.cli import app
+
+    manifest = packed_out / "manifest.json"
+    text = manifest.read_text()
+    assert '"max_len": 128' in text
+    manifest.write_text(text.replace('"max_len": 128', f'"max_len": {HUGE_INT}', 1))
+    result = CliRunner().invoke(app, [command, str(packed_out)])
+    assert result.exit_code == 1
+    line = one_stderr_line(result)
+    assert line.startswith(f"Error: {manifest}: cannot be read (Exceeds the limit (4300 digits) for integer string")
+    assert line.endswith("); the output is damaged, pack again")
 
 
 @pytest.fixture(scope="module")
@@ -683,6 +723,25 @@ def test_stats_of_a_path_that_does_not_exist(tmp_path: Path) -> None:
         result = CliRunner().invoke(app, ["stats", *args])
         assert result.exit_code == 1
         assert one_stderr_line(result) == f"Error: {missing}: no such file or directory; check the path"
+
+
+def test_stats_of_raw_input_counts_a_huge_integer(tmp_path: Path, cache_dir: Path) -> None:
+    from typer.testing import CliRunner
+
+    from packcli.cli import app
+
+    data = tmp_path / "h.jsonl"
+    data.write_text(f'{GOOD_LINE}\n{{"text": "x", "meta": {HUGE_INT}}}\n')
+    argv = ["stats", str(data), "--max-len", "64", "--cache-dir", str(cache_dir), "--num-proc", "1"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 1
+    assert one_stderr_line(result) == (
+        f"Error: {data} line 2: the record holds an integer of more than 4300 digits; write it as a string{SKIP_HINT}"
+    )
+    result = CliRunner().invoke(app, [*argv, "--on-error", "skip", "--json"])
+    assert result.exit_code == 0 and "Traceback" not in result.stderr
+    stats = json.loads(result.stdout)
+    assert (stats["records_read"], stats["samples"], stats["dropped"]) == (2, 1, {"integer_out_of_range": 1})
 
 
 # -- a record that cannot fit is ruled out before tokenizing ---------------------------------------
