@@ -405,11 +405,13 @@ def _read_json_array(stream: _TextStream, pos: int, path: str, batch_size: int) 
             try:
                 value = json.loads(stream.buf[pos:end])
             except json.JSONDecodeError as exc:
-                detail = f"the JSON array is cut off or broken ({exc.msg})"
-                batch.errors.append((record_no, "truncated_file", detail))
-                batch.items.append(None)
-                batch.positions.append(record_no)
-                break
+                # The element's end is known (its brackets and strings balance): it is one bad record,
+                # and the elements after it are still read (stopping here lost them uncounted).
+                where = stream.byte_offset(pos + exc.pos)
+                batch.errors.append(
+                    (record_no, "invalid_json", f"invalid JSON ({exc.msg} at byte {where} of the file)")
+                )
+                value = None
             except ValueError:  # an integer past Python's digit limit: this record only, as below
                 from packcli.records import integer_too_long
 

@@ -135,6 +135,21 @@ def test_truncated_json_array_recovers_complete_records(pack: Any, tmp_path: Pat
     accounted(summary)
 
 
+def test_a_broken_element_of_a_json_array_is_one_bad_record(pack: Any, tmp_path: Path) -> None:
+    good = json.dumps(GOOD)
+    data = tmp_path / "broken.json"
+    data.write_text(f'[{good}, {{"a": tru}}, {good}, {good}]')
+    at = len(f'[{good}, {{"a": '.encode())
+    line = one_error_line(pack(data, "--max-len", "64", "-o", tmp_path / "o", expect=1))
+    assert line.startswith(f"Error: {data} record 2: invalid JSON (Expecting value at byte {at} of the file)")
+    summary = json.loads(
+        pack(data, "--max-len", "64", "-o", tmp_path / "o", "--on-error", "skip", "--json", "-q").stdout
+    )
+    # The records after it are read, not lost uncounted.
+    assert (summary["records_read"], summary["packed"], summary["dropped"]) == (4, 3, {"invalid_json": 1})
+    accounted(summary)
+
+
 UNICODE = {"messages": [{"role": "user", "content": "café 数据"}, {"role": "assistant", "content": "très bien"}]}
 ARRAY = json.dumps([UNICODE, GOOD], ensure_ascii=False)
 ARRAY_AT = len(ARRAY.encode())  # the byte after the first array
