@@ -50,6 +50,8 @@ _PROBE = {
     "a2": "qzxassistantprobetwozq",
     "arg": "qzxargumentprobezq",
     "tool": "qzxtoolprobezq",
+    "r1": "qzxreasoningprobeonezq",
+    "r2": "qzxreasoningprobetwozq",
 }
 
 Render = Callable[[list[dict[str, Any]], bool], str]
@@ -94,7 +96,12 @@ def learn_shape(render: Render, marker_spans: MarkerSpans, message: MakeMessage 
     after_last = full[end[3] :]
     generation_prompt = with_prompt[_cut(with_prompt, _common_prefix(with_prompt, without), marker_spans) :]
     header = generation_prompt if generation_prompt.strip() else with_prompt[with_prompt.find(u1) + len(u1) :]
-    header_min = next((k for k in range(len(header), 0, -1) if header[:k] in user_to_answer), 0)
+    header_min = _longest_header_prefix(header, user_to_answer)
+    # An answer with reasoning may show less of the header than one without (Qwen3.8 and Nemotron with
+    # thinking off: the prompt adds an empty think block, an answer with reasoning opens its own).
+    reasoning_min = _reasoning_header_min(render, message, header)
+    if reasoning_min:
+        header_min = min(header_min or len(header), reasoning_min)
 
     markers: list[str] = []
     shared = answer_to_user[: _cut(answer_to_user, _common_prefix(answer_to_user, after_last), marker_spans)].rstrip()
@@ -127,6 +134,38 @@ def learn_shape(render: Render, marker_spans: MarkerSpans, message: MakeMessage 
         max_gap=2 * max(gaps) + 64,
         generation_prompt=generation_prompt,
     )
+
+
+def _longest_header_prefix(header: str, text: str) -> int:
+    """Return the length of the longest prefix of ``header`` found in ``text`` (0 when none is)."""
+    return next((k for k in range(len(header), 0, -1) if header[:k] in text), 0)
+
+
+def _reasoning_header_min(render: Render, message: MakeMessage, header: str) -> int:
+    """Return how much of ``header`` the template shows before an answer's reasoning (0: no reasoning shown).
+
+    The shortest over an answer in history and the last answer, each given a ``reasoning_content``.
+    """
+    u1, a1, u2, a2, r1, r2 = (_PROBE[k] for k in ("u1", "a1", "u2", "a2", "r1", "r2"))
+    probe = [
+        message("user", u1),
+        {**message("assistant", a1), "reasoning_content": r1},
+        message("user", u2),
+        {**message("assistant", a2), "reasoning_content": r2},
+    ]
+    try:
+        full = render(probe, False)
+    except Exception:  # a template may refuse the field: then it shows no reasoning
+        return 0
+    found = []
+    for user, reasoning in ((u1, r1), (u2, r2)):
+        after, at = full.find(user), full.find(reasoning)
+        if after < 0 or at < after:
+            continue  # the template drops this reasoning (Qwen3 drops it from history)
+        k = _longest_header_prefix(header, full[after + len(user) : at])
+        if k:
+            found.append(k)
+    return min(found, default=0)
 
 
 def _tool_call_marker(render: Render, marker_spans: MarkerSpans, message: MakeMessage) -> tuple[str, int] | None:

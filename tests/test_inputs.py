@@ -117,6 +117,29 @@ def test_a_json_array_is_read_as_a_stream(tmp_path: Path, monkeypatch: pytest.Mo
     assert len(held) > 100 and max(held) < 64 * 4  # one record and a chunk or two, never the file
 
 
+def test_csv_cells_with_newlines_across_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pack: Any) -> None:
+    """Quoted cells holding newlines (RFC 4180) are read whole however the file is cut into blocks."""
+    import csv
+
+    from packcli import readers
+    from packcli.sources import resolve_inputs
+
+    answers = ["\n".join(f' "{i}" line {j}' for j in range(i % 9)) for i in range(120)]
+    rows = [{"prompt": f"Question {i}:\nline two, with a comma", "completion": a} for i, a in enumerate(answers)]
+    path = tmp_path / "d.csv"
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, ["prompt", "completion"])
+        writer.writeheader()
+        writer.writerows(rows)
+    assert path.stat().st_size > 20 * 256
+    monkeypatch.setattr(readers, "CSV_BLOCK", 256)  # the file spans many blocks, cut inside quoted cells
+    read = [r for b in readers.read_batches(resolve_inputs([str(path)]), batch_size=50) for r in b.items]
+    assert read == rows
+    result = pack(path, "--max-len", "256", "-o", tmp_path / "out", "--json")
+    summary = json.loads(result.stdout)
+    assert summary["records_read"] == 120 and summary["dropped"] == {}
+
+
 def test_a_damaged_compressed_file_is_one_line_naming_it(tmp_path: Path, pack: Any) -> None:
     data = gzip.compress(_texts(_records())["jsonl"])
     cut = tmp_path / "cut.jsonl.gz"

@@ -87,7 +87,7 @@ RAW_LINE_KEYS = {
     "rows_over_l2_fraction",
     "row_fill_histogram",
 }
-VERIFY_KEYS = {"ok", "directory", "shards", "rows", "tokens", "sequences", "samples", "problems"}
+VERIFY_KEYS = {"ok", "directory", "shards", "rows", "tokens", "sequences", "samples", "records", "problems"}
 SEGMENT_KEYS = {
     "sample_index",
     "piece_index",
@@ -395,9 +395,31 @@ def test_verify_whole_output(workdir: Path, name: str) -> None:
     report = json.loads(invoke("verify", workdir / name, "--json").stdout)
     assert set(report) == VERIFY_KEYS
     assert report["ok"] is True and report["problems"] == []
-    assert report["samples"] == manifest["counts"]["packed"]
+    assert report["records"] == report["samples"] == manifest["counts"]["packed"] == manifest["counts"]["samples"]
+    assert f"tokens, {report['samples']:,} samples; checksums" in result.stdout
     assert report["rows"] == manifest["rows"]
     assert report["tokens"] == sum(s["tokens"] for s in manifest["shards"])
+
+
+@pytest.mark.parametrize("kind", ["preference", "split"])
+def test_verify_counts_samples_and_records_apart(tmp_path: Path, kind: str) -> None:
+    """A preference pair is two samples of one record, and so is each piece of a split record."""
+    data = tmp_path / "d.jsonl"
+    if kind == "preference":
+        records = [{"prompt": f"Question {i}?", "chosen": " Yes.", "rejected": " No."} for i in range(10)]
+        options = ["--max-len", 256]
+    else:
+        records = [{"text": " ".join(["packing"] * (20 + 30 * (i % 3)))} for i in range(10)]
+        options = ["--max-len", 32, "--overflow", "split"]
+    data.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    invoke("pack", data, "-o", tmp_path / "out", "--no-cache", "--num-proc", 1, "--quiet", *options)
+    counts = manifest_of(tmp_path / "out")["counts"]
+    assert counts["samples"] > counts["packed"] == 10
+    report = json.loads(invoke("verify", tmp_path / "out", "--json").stdout)
+    assert report["ok"] is True
+    assert (report["records"], report["samples"]) == (10, counts["samples"]) == (10, report["sequences"])
+    line = invoke("verify", tmp_path / "out").stdout
+    assert f"tokens, {counts['samples']} samples of 10 records; checksums" in line
 
 
 def test_verify_catches_a_flipped_byte(workdir: Path, tmp_path: Path) -> None:

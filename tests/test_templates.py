@@ -238,6 +238,77 @@ def test_enable_thinking_kwarg_and_record_override(model_tokenizer: tuple[str, A
     assert ids_rec.tolist() == ids.tolist() and labels_rec.tolist() == labels.tolist()
 
 
+def _reasoning_conversations() -> list[list[dict[str, Any]]]:
+    def user(text: str) -> dict[str, Any]:
+        return {"role": "user", "content": text}
+
+    def answer(text: str, reasoning: str | None = None) -> dict[str, Any]:
+        return {"role": "assistant", "content": text, **({"reasoning_content": reasoning} if reasoning else {})}
+
+    call = {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "The user wants the weather: call the tool.",
+        "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+    }
+    return [
+        [user("What is two plus two?"), answer("Four.", "Add the two numbers.")],
+        [user("What is two plus two?"), answer("Four.", "Add them up."), user("And three plus three?"),
+         answer("Six.", "Add them again.")],
+        [user("What is two plus two?"), answer("Four."), user("And three plus three?"), answer("Six.", "Add again.")],
+        [user("What is two plus two?"), answer("Four.", "Add them up."), user("And three plus three?"), answer("Six.")],
+        [user("Weather in Paris?"), call, {"role": "tool", "content": "18 C"}, answer("18 C.", "Report it.")],
+    ]  # fmt: skip
+
+
+# The Qwen3 family, and Nemotron, whose prompt also closes an empty think block with thinking off.
+QWEN3_FAMILY = ["qwen3", "qwen3_5_think", "qwen3_5_nothink", "qwen3_6", "qwen3_8", "qwen3_instruct_2507"]
+
+
+@pytest.mark.parametrize("thinking", [None, False, True], ids=["default", "thinking_off", "thinking_on"])
+@pytest.mark.parametrize("name", [*QWEN3_FAMILY, "nemotron_3_nano"])
+def test_answers_with_reasoning_and_enable_thinking(
+    name: str, thinking: bool | None, model_tokenizer: tuple[str, Any]
+) -> None:
+    """Answers carrying reasoning are kept, whether the prompt opens a think block, closes an empty one or has none.
+
+    With thinking off, Qwen3.8 and Nemotron put an empty think block in the generation prompt but render
+    an answer's own reasoning in its place: the answer is still found, reasoning included, and only the
+    part of the prompt the rendering shares is left out.
+    """
+    tok_dir, tokenizer = model_tokenizer
+    kwargs = {} if thinking is None else {"enable_thinking": thinking}
+    template_file = TRL_TEMPLATES / f"{name}.jinja"
+    template, twin = template_file.read_text(encoding="utf-8"), (TRL_TEMPLATES / f"{name}_training.jinja")
+    encoder = Encoder(tok_dir, str(template_file), EncodeOptions(template_kwargs=EncodeOptions.kwargs_items(kwargs)))
+    conversations = _reasoning_conversations()
+    results = encoder.encode_batch([Sample("chat", messages=m, tools=[WEATHER_TOOL]) for m in conversations])
+    for messages, result in zip(conversations, results, strict=True):
+        assert not isinstance(result, RecordError), f"{name} {kwargs}: {result.reason}: {result.detail}"
+        ids, labels = result
+        options = {"tools": [WEATHER_TOOL], "tokenize": True, "return_dict": True, **kwargs}
+        ref = tokenizer.apply_chat_template(messages, chat_template=template, **options)
+        assert ids.tolist() == list(ref["input_ids"]), f"{name} {kwargs}: token ids differ from apply_chat_template"
+        rendered = tokenizer.decode(ids.tolist())
+        trained = "\x00".join(_trained_runs(ids.tolist(), labels, tokenizer))
+        for m in messages:
+            if m["role"] == "assistant":
+                for text in (m["content"], m.get("reasoning_content")):
+                    # Reasoning the template shows is part of the answer (the twin trains it too).
+                    assert not text or text not in rendered or text in trained, (name, kwargs, text)
+        out = tokenizer.apply_chat_template(
+            messages, chat_template=twin.read_text(encoding="utf-8"), return_assistant_tokens_mask=True, **options
+        )
+        if list(out["input_ids"]) == ids.tolist():
+            mask = np.array(out["assistant_masks"], dtype=bool)
+            mask[0] = False
+            generation_prompt = encoder.shape().generation_prompt
+            _check_against_twin(name, ids.tolist(), labels != IGNORE_INDEX, mask, tokenizer, generation_prompt)
+    if name == "qwen3_8" and thinking is False:  # the same tokens as with thinking on, and the same labels
+        ids, labels = _encode_one(encoder, Sample("chat", messages=conversations[0]))
+        assert _trained_runs(ids.tolist(), labels, tokenizer) == ["Add the two numbers.\n</think>\n\nFour.<|im_end|>"]
+
+
 def test_content_parts(model_tokenizer: tuple[str, Any]) -> None:
     tok_dir, tokenizer = model_tokenizer
     parts = [{"type": "text", "text": "Describe packing"}, {"type": "text", "text": "in one line."}]

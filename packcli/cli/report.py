@@ -293,9 +293,12 @@ def verify(
     if json_out:
         console.emit_json(report.to_dict())
     elif report.ok:
+        # Records and samples differ for preference pairs and split records: both are then named.
+        of_records = f" of {report.records:,} records" if report.records != report.samples else ""
         typer.echo(
             f"OK {out_dir}: {report.shards} shard{'s' if report.shards != 1 else ''}, {report.rows:,} rows, "
-            f"{report.tokens:,} tokens, {report.samples:,} samples; checksums, counts and the row contract hold"
+            f"{report.tokens:,} tokens, {report.samples:,} samples{of_records}; "
+            "checksums, counts and the row contract hold"
         )
     if not report.ok:
         n = len(report.problems)

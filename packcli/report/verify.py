@@ -78,7 +78,8 @@ class VerifyReport:
     rows: int = 0
     tokens: int = 0
     sequences: int = 0
-    samples: int = 0
+    samples: int = 0  # distinct (sample_index, piece_index) pairs: a pair's two samples, a split record's pieces
+    records: int = 0  # distinct sample_index values: the input records the shards hold
     problems: list[Problem] = field(default_factory=list)
 
     @property
@@ -94,6 +95,7 @@ class VerifyReport:
             "tokens": self.tokens,
             "sequences": self.sequences,
             "samples": self.samples,
+            "records": self.records,
             "problems": [{"file": p.file, "message": p.message} for p in self.problems],
         }
 
@@ -185,7 +187,7 @@ def verify_output(directory: Path, progress: Progress | None = None) -> VerifyRe
     owner = np.concatenate(shard_ids) if shard_ids else np.zeros(0, np.int32)
     report.sequences = len(index)
     complete = report.shards == len(entries)
-    report.samples = _check_samples(index, pieces, owner, entries, manifest, report.problems, complete)
+    report.records, report.samples = _check_samples(index, pieces, owner, entries, manifest, report.problems, complete)
     if complete:
         _check_totals(manifest, report, sample_tokens, trainable)
     return report
@@ -448,11 +450,12 @@ def _check_samples(
     manifest: dict[str, Any],
     problems: list[Problem],
     complete: bool,
-) -> int:
+) -> tuple[int, int]:
     """Check that each (sample_index, piece_index) appears once across shards, and the counts.
 
-    Return the number of distinct records (sample_index values). When some shards could not be read
-    (``complete`` false) only what the others prove is reported.
+    Return the number of distinct records (sample_index values) and of distinct samples
+    ((sample_index, piece_index) pairs). When some shards could not be read (``complete`` false) only
+    what the others prove is reported.
     """
     counts = manifest.get("counts", {})
     order = np.lexsort((pieces, index))
@@ -474,16 +477,15 @@ def _check_samples(
         problems.append(Problem(MANIFEST, f"{what}; {expected}"))
     packed = counts.get("packed")
     if packed is not None and distinct != packed:
-        message = f"the shards hold {distinct} distinct samples, manifest.json counts {packed} packed"
+        message = f"the shards hold {distinct} distinct records, manifest.json counts {packed} packed"
         if not complete:
             message += " (the missing or unreadable shards hold the rest)"
         problems.append(Problem(MANIFEST, message))
+    held = len(index) - len(repeat)
     samples = counts.get("samples")  # pieces of split records are samples of their own
-    if samples is not None and complete and len(index) - len(repeat) != samples:
-        problems.append(
-            Problem(MANIFEST, f"the shards hold {len(index) - len(repeat)} samples, manifest.json counts {samples}")
-        )
-    return distinct
+    if samples is not None and complete and held != samples:
+        problems.append(Problem(MANIFEST, f"the shards hold {held} samples, manifest.json counts {samples}"))
+    return distinct, held
 
 
 def _check_totals(manifest: dict[str, Any], report: VerifyReport, sample_tokens: int, trainable: int) -> None:
