@@ -105,6 +105,26 @@ def clean_stale_output_dirs(output: Path) -> None:
             remove_stale(output, [p.name for p in output.iterdir() if p.name.startswith(IN_PLACE_PREFIX)])
 
 
+# A copy of a stream (stdin, a FIFO) in the temporary directory: .packcli-stream-HOST-PID-RANDOM.SUFFIX.
+STREAM_COPY_PREFIX = ".packcli-stream-"
+_STREAM_COPY = re.compile(r"^\.packcli-stream-(?P<host>[A-Za-z0-9._]+)-(?P<pid>\d+)-")
+
+
+def clean_stale_stream_copies(directory: Path) -> list[Path]:
+    """Remove the copies of streams that killed runs left in ``directory``, whose process is gone; return them."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            match = _STREAM_COPY.match(entry.name)
+            if match is None or not entry.is_file(follow_symlinks=False):
+                continue
+            if _process_gone(match["host"], int(match["pid"])):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+    return removed
+
+
 def clean_stale_cache_dirs(cache_root: Path) -> None:
     """Remove the temporary entries a killed run left in the cache."""
     with contextlib.suppress(OSError):

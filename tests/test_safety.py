@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -602,3 +603,46 @@ def test_sigkill_at_random_points_loses_nothing(tmp_path: Path) -> None:
         current = other
         assert snapshot(tmp_path, skip=("out", "cache")) == user  # no staging, lock or temp left beside
         assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_stream_copy_left_by_a_killed_run_is_removed_once_its_process_is_gone(
+    pack: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    data = write_jsonl(tmp_path / "slow.jsonl", chat(600, first="slow"))
+    template = tmp_path / "slow.jinja"
+    template.write_text(SLOW_TEMPLATE)
+    args = ["-", "--max-len", "128", "-o", tmp_path / "out", "--chat-template", template, "-q"]
+    with open(data, "rb") as stdin:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "packcli", "pack", *map(str, args), "--cache-dir", tmp_path / "cache"],
+            stdin=stdin,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "TMPDIR": str(temp)},
+        )
+    _SPAWNED.append(proc)
+    # The copy is whole, and its name carries the run's host and PID.
+    copy = _wait_for(lambda: next((p for p in temp.iterdir() if p.stat().st_size == data.stat().st_size), None))
+    assert copy.name.startswith(f".packcli-stream-{host()}-{proc.pid}-") and copy.suffix == ".jsonl"
+    proc.kill()
+    proc.wait(timeout=30)
+    gone = dead_pid()
+    left = {  # (path, kept)
+        copy: False,
+        temp / f".packcli-stream-{host()}-{gone}-a1.jsonl": False,
+        temp / f".packcli-stream-{host()}-{os.getpid()}-b2.jsonl": True,  # its run is alive
+        temp / f".packcli-stream-otherhost-{gone}-c3.jsonl": True,  # another machine's: cannot tell
+        temp / ".packcli-stream-d4.jsonl": True,  # no owner in the name
+        temp / "notes.jsonl": True,
+    }
+    for path in left:
+        if not path.exists():
+            path.write_text("{}\n")
+    (temp / f".packcli-stream-{host()}-{gone}-e5").mkdir()  # not a file packcli makes: kept
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    pack(write_jsonl(tmp_path / "a.jsonl", chat(5)), "--max-len", "64", "-o", tmp_path / "next", "-q")
+    assert {p: p.exists() for p in left} == left
+    assert (temp / f".packcli-stream-{host()}-{gone}-e5").is_dir()
