@@ -8,6 +8,8 @@
   writing the same output fail at once, naming the process that holds it.
 - Staging and temporary directories carry the host and PID of the run that made them, so the next
   run removes those whose process is gone, and only those.
+- Replacing a mount point's contents in place is journaled (``REPLACE_JOURNAL``): the staged copy a
+  journal names is never removed as stale, and the next run finishes the replace from it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import re
 import shutil
 import socket
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,8 @@ from packcli.errors import OutputError, UsageError
 MANIFEST = "manifest.json"
 LOCK_IN_OUTPUT = ".packcli.lock"
 IN_PLACE_PREFIX = ".packcli-partial-"
+# In a mount point's output, while its contents are replaced in place: what to remove, what to move in.
+REPLACE_JOURNAL = ".packcli-replace.json"
 # Keys every manifest packcli writes has; a manifest.json without them is someone else's file.
 MANIFEST_KEYS = ("packcli_version", "options", "shards", "columns")
 # The files output formats keep beside their shards (shard_formats: MDS's index, Megatron's metadata).
@@ -120,13 +125,110 @@ def clean_stale_output_dirs(output: Path) -> None:
         remove_stale(parent, [p.name for p in parent.iterdir() if p.name.startswith(prefix)], output)
     if output.is_dir() and not output.is_symlink():
         with contextlib.suppress(OSError):
-            remove_stale(output, [p.name for p in output.iterdir() if p.name.startswith(IN_PLACE_PREFIX)])
+            keep = replace_journal_staged(output)
+            if keep is None and os.path.lexists(output / REPLACE_JOURNAL):
+                return  # a journal that cannot be read: whichever staged copy it names must stay
+            names = [p.name for p in output.iterdir() if p.name.startswith(IN_PLACE_PREFIX) and p.name != keep]
+            remove_stale(output, names)
+
+
+# A copy of a stream (stdin, a FIFO) in the temporary directory: .packcli-stream-HOST-PID-RANDOM.SUFFIX.
+STREAM_COPY_PREFIX = ".packcli-stream-"
+_STREAM_COPY = re.compile(r"^\.packcli-stream-(?P<host>[A-Za-z0-9._]+)-(?P<pid>\d+)-")
+
+
+def clean_stale_stream_copies(directory: Path) -> list[Path]:
+    """Remove the copies of streams that killed runs left in ``directory``, whose process is gone; return them."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            match = _STREAM_COPY.match(entry.name)
+            if match is None or not entry.is_file(follow_symlinks=False):
+                continue
+            if _process_gone(match["host"], int(match["pid"])):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+    return removed
 
 
 def clean_stale_cache_dirs(cache_root: Path) -> None:
     """Remove the temporary entries a killed run left in the cache."""
     with contextlib.suppress(OSError):
         remove_stale(cache_root, [p.name for p in cache_root.iterdir() if p.name.startswith(".tmp-")])
+
+
+# -- an in-place replace, journaled -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReplaceJournal:
+    """What an in-place replace does, written into the output before it removes anything.
+
+    ``staged`` is the staging directory in the output that holds the complete new output; ``remove``
+    the old names to delete; ``move`` the staged names to move in, the manifest last.
+    """
+
+    staged: str
+    remove: tuple[str, ...]
+    move: tuple[str, ...]
+    owner: str = ""
+
+    def to_json(self) -> str:
+        record = {"packcli_replace": 1, "owner": self.owner, "staged": self.staged}
+        return json.dumps({**record, "remove": list(self.remove), "move": list(self.move)}, indent=1) + "\n"
+
+
+def _bare_name(name: Any) -> bool:
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\0" not in name
+
+
+def read_replace_journal(output: Path, display: str | None = None) -> ReplaceJournal | None:
+    """Return the journal of an in-place replace left in ``output``; None when there is none.
+
+    Raises OutputError when the file is there but is not a journal packcli wrote (it is written whole
+    or not at all, so that means it was damaged or put there by hand).
+    """
+    path = output / REPLACE_JOURNAL
+    if not os.path.lexists(path):
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8")) if path.stat().st_size < 64 << 20 else None
+    except (OSError, ValueError):
+        record = None
+    names = ("remove", "move")
+    if (
+        not isinstance(record, dict)
+        or record.get("packcli_replace") != 1
+        or not (_bare_name(record.get("staged")) and record["staged"].startswith(IN_PLACE_PREFIX))
+        or not all(isinstance(record.get(k), list) and all(_bare_name(n) for n in record[k]) for k in names)
+        or any(is_staging_name(n) or n in (LOCK_IN_OUTPUT, REPLACE_JOURNAL) for n in record["remove"])
+        or not record["move"]
+        or record["move"][-1] != MANIFEST
+    ):
+        raise OutputError(
+            f"{display or output}: {REPLACE_JOURNAL} is damaged, so the in-place replace it records cannot be "
+            "finished; move out what you need, empty the directory and pack again"
+        )
+    return ReplaceJournal(record["staged"], tuple(record["remove"]), tuple(record["move"]), str(record.get("owner")))
+
+
+def replace_journal_staged(output: Path) -> str | None:
+    """The name of the staged copy a readable journal in ``output`` names, else None."""
+    try:
+        journal = read_replace_journal(output)
+    except OutputError:
+        return None
+    return journal.staged if journal else None
+
+
+def interrupted_replace_message(display: str) -> str:
+    """The one line that says an output was left mid-replace, and what to do."""
+    return (
+        f"{display}: a packcli run was killed while replacing this output in place (a mount point), so it "
+        "holds part of the old output and part of the new; the next packcli pack with this -o finishes "
+        "the replace from the complete new output it kept"
+    )
 
 
 # -- what is ours -----------------------------------------------------------------------------------
@@ -201,7 +303,11 @@ def foreign_on_rejects_path(directory: Path, parts: tuple[str, ...]) -> set[str]
 
 def is_packcli_dir(path: Path) -> bool:
     """Whether a directory is packcli's: an output it wrote, or a staging or temporary directory."""
-    return is_staging_name(path.name) or read_own_manifest(path) is not None
+    return (
+        is_staging_name(path.name)
+        or read_own_manifest(path) is not None
+        or os.path.lexists(path / REPLACE_JOURNAL)  # an output killed while being replaced in place
+    )
 
 
 def replaceable(output: Path, display: str, overwrite: bool) -> set[str]:
@@ -214,6 +320,8 @@ def replaceable(output: Path, display: str, overwrite: bool) -> set[str]:
         return set()
     if not output.is_dir():
         raise UsageError(f"{display}: exists and is not a directory; choose another -o")
+    if os.path.lexists(output / REPLACE_JOURNAL):  # left by a replace that could not be finished
+        raise OutputError(interrupted_replace_message(display))
     entries = _entries(output)
     if not entries:
         return set()

@@ -19,6 +19,7 @@ import pyarrow as pa
 from packcli import packing
 from packcli.contract import IGNORE_INDEX, MANIFEST, SHARD_SCHEMA, shard_schema
 from packcli.errors import OutputError
+from packcli.safety import REPLACE_JOURNAL, interrupted_replace_message
 from packcli.shard_formats import FORMATS, shard_format
 
 EXTENSIONS = {name: f.extension for name, f in FORMATS.items()}
@@ -273,6 +274,8 @@ def write_manifest(directory: Path, manifest: dict[str, Any], output: Path | Non
 
 def read_manifest(directory: Path) -> dict[str, Any]:
     """Return the manifest of a packed output directory."""
+    if os.path.lexists(directory / REPLACE_JOURNAL):  # its files are part old, part new: nothing to check yet
+        raise OutputError(interrupted_replace_message(str(directory)))
     path = directory / MANIFEST
     try:
         manifest = json.loads(path.read_text())

@@ -277,10 +277,14 @@ _SPOOLED: dict[str, InputSource] = {}
 
 
 def forget_streams() -> None:
-    """Start a new run: the streams it names are read anew (the copies of an earlier run are removed)."""
+    """Start a new run: the streams it names are read anew (the copies of an earlier run are removed,
+    and those that killed runs left in the temporary directory)."""
+    from packcli.safety import clean_stale_stream_copies
+
     for source in _SPOOLED.values():
         _remove(source.path)
     _SPOOLED.clear()
+    clean_stale_stream_copies(Path(tempfile.gettempdir()))
 
 
 def _stream_source(raw: str) -> InputSource:
@@ -299,7 +303,10 @@ def _stream_source(raw: str) -> InputSource:
             suffix = ".jsonl"  # a pipe without a type in its name (/dev/fd/63 of <(...)): JSON lines, as stdin
         elif _kind_of(Path("x" + suffix))[0] is None:
             _file_source(Path(raw))  # the error for this file type, naming it
-    fd, spool = tempfile.mkstemp(prefix=".packcli-stream-", suffix=suffix)
+    from packcli.safety import STREAM_COPY_PREFIX, owner_tag
+
+    # The owner's host and PID in the name: a later run removes the copy once that process is gone.
+    fd, spool = tempfile.mkstemp(prefix=f"{STREAM_COPY_PREFIX}{owner_tag()}-", suffix=suffix)
     atexit.register(_remove, spool)
     try:
         with os.fdopen(fd, "wb") as out:

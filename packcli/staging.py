@@ -1,7 +1,8 @@
 """Atomic output: shards are staged beside ``-o`` and swapped in whole, or written in place into a mount point.
 
 A killed run leaves the previous output as it was (or, between the two renames of the fallback swap, a
-copy the next run moves back); see ``StagedOutput``.
+copy the next run moves back; or, in the middle of an in-place replace, a journal and the complete new
+output, from which the next run finishes the replace); see ``StagedOutput`` and ``replace_contents``.
 """
 
 from __future__ import annotations
@@ -20,14 +21,18 @@ from packcli.errors import OutputError
 from packcli.safety import (
     IN_PLACE_PREFIX,
     MANIFEST,
+    REPLACE_JOURNAL,
     OutputLock,
+    ReplaceJournal,
     check_paths,
     check_still_replaceable,
     clean_stale_cache_dirs,
     clean_stale_output_dirs,
     lock_path,
     owner_tag,
+    read_replace_journal,
     real_output,
+    replace_journal_staged,
     replaceable,
     staging_prefix,
 )
@@ -54,33 +59,164 @@ def exchange(a: Path, b: Path) -> bool:
 
 
 def replace_contents(staged: Path, output: Path, old: Iterable[str]) -> None:
-    """Move the staged files into ``output`` in place (for an output that cannot be renamed).
+    """Replace the contents of ``output`` in place with the staged files (for an output that cannot be renamed).
 
-    The old manifest goes first and the new one last, so at no point does the directory hold a
-    manifest that does not describe it. Only the names in ``old`` (what the overwrite check found to
-    be packcli's) are removed.
+    Before the first file is removed, a journal (``REPLACE_JOURNAL``: the old names to remove, the
+    staged names to move in, and where they are staged) is written whole into the output and fsynced.
+    Every step after it can be done again from where a kill left it, and the next run does so
+    (``finish_interrupted_replace``): the new output is complete in its staged copy from the start.
+    The old manifest goes first and the new one last, so at no point does the directory hold a manifest
+    that does not describe it. Only the names in ``old`` (what the overwrite check found to be
+    packcli's) are removed.
     """
+    if not (staged / MANIFEST).is_file():
+        raise OutputError(f"{output}: the staged output has no {MANIFEST}; nothing was replaced, pack again")
+    try:
+        if staged.parent != output:
+            # Staged beside the output (a bind mount, found only when its rename failed): renames into it
+            # cross mount points, which rename(2) refuses, so the staged copy is first copied inside it.
+            staged = _copy_inside(staged, output)
+        move = sorted(p.name for p in staged.iterdir() if p.name != MANIFEST)
+        journal = ReplaceJournal(staged.name, tuple(sorted(old)), (*move, MANIFEST), owner_tag())
+        _write_journal(output, journal)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            (output / _JOURNAL_TMP).unlink()
+        if staged.parent == output:
+            shutil.rmtree(staged, ignore_errors=True)
+        raise OutputError(
+            f"{output}: cannot stage the new output inside it ({exc.strerror or exc}); the previous output was "
+            "left as it was; free space there or choose another -o"
+        ) from exc
+    try:
+        _roll_forward(output, journal)
+    except OSError as exc:
+        raise OutputError(
+            f"{output}: cannot replace its contents ({exc.strerror or exc}); the next packcli pack with this -o "
+            "finishes the replace from the complete new output it kept"
+        ) from exc
+
+
+def finish_interrupted_replace(output: Path, display: str) -> bool:
+    """Finish the in-place replace a killed run began in ``output``; return whether there was one.
+
+    Called with the output's lock held, so the run that wrote the journal is over, whatever host it
+    ran on. Its journal is written only once the new output is complete in the staged copy, so the
+    replace is always rolled forward; only the names the journal lists are touched. Raises
+    OutputError when the staged copy is no longer whole (someone removed files from it).
+    """
+    if not output.is_dir() or output.is_symlink():
+        return False
     with contextlib.suppress(FileNotFoundError):
-        (output / MANIFEST).unlink()
-    for name in old:
-        path = output / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-    new = sorted(p.name for p in staged.iterdir() if p.name != MANIFEST)
-    for name in [*new, MANIFEST]:
-        source = staged / name
-        if not os.path.lexists(source):
-            continue
-        try:
-            os.replace(source, output / name)
-        except OSError as exc:
-            if exc.errno != errno.EXDEV:
-                raise
-            shutil.move(str(source), str(output / name))
+        (output / _JOURNAL_TMP).unlink()  # a journal cut short: nothing had been removed yet
+    journal = read_replace_journal(output, display)
+    if journal is None:
+        return False
+    missing = _not_found(output, journal)
+    if missing:
+        raise OutputError(
+            f"{display}: a packcli run was killed while replacing this output in place, and the new output it "
+            f"kept is incomplete ({', '.join(missing[:3])} missing); move out what you need, empty the directory "
+            "and pack again"
+        )
+    try:
+        _roll_forward(output, journal)
+    except OSError as exc:
+        raise OutputError(
+            f"{display}: cannot finish the in-place replace a killed run began ({exc.strerror or exc}); "
+            "fix the cause and run again"
+        ) from exc
+    return True
+
+
+_JOURNAL_TMP = REPLACE_JOURNAL + ".tmp"
+
+
+def _copy_inside(staged: Path, output: Path) -> Path:
+    """Copy a staged output into a new staging directory inside ``output``; remove the first; return the copy."""
+    inside = Path(tempfile.mkdtemp(prefix=f"{IN_PLACE_PREFIX}{owner_tag()}-", dir=output))
+    try:
+        shutil.copytree(staged, inside, symlinks=True, dirs_exist_ok=True)
+    except BaseException:
+        shutil.rmtree(inside, ignore_errors=True)
+        raise
     shutil.rmtree(staged, ignore_errors=True)
+    return inside
+
+
+def _write_journal(output: Path, journal: ReplaceJournal) -> None:
+    """Write the journal into ``output`` whole or not at all, and make it durable before anything is removed."""
+    tmp = output / _JOURNAL_TMP
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(journal.to_json())
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, output / REPLACE_JOURNAL)
+    _fsync_dir(output)
+
+
+def _not_found(output: Path, journal: ReplaceJournal) -> list[str]:
+    """The names a journal moves in that are neither staged nor moved in (empty: it can be finished).
+
+    Names move in the journal's order, so those moved in are the first ones and those still staged
+    the rest: a name missing from that rest was lost, whatever file of its name the output holds.
+    """
+    staged = output / journal.staged
+    here = [os.path.lexists(staged / n) for n in journal.move]
+    first = here.index(True) if True in here else len(here)
+    moved = [n for n in journal.move[:first] if not os.path.lexists(output / n)]
+    return moved + [n for n, there in zip(journal.move[first:], here[first:], strict=True) if not there]
+
+
+def _roll_forward(output: Path, journal: ReplaceJournal) -> None:
+    """Do the steps of a journaled replace that are not done yet: each can be repeated after a kill.
+
+    A staged name that is gone was moved in already; while the new manifest is still staged, the one
+    in the output (if any) is the old one.
+    """
+    staged = output / journal.staged
+    if os.path.lexists(staged / MANIFEST):
+        _remove(output / MANIFEST)
+        for name in sorted(set(journal.remove) - set(journal.move)):
+            _remove(output / name)
+        for name in journal.move:
+            if os.path.lexists(staged / name):
+                _move_in(staged / name, output / name)
+    _end_replace(output, staged)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _move_in(source: Path, target: Path) -> None:
+    """Move a staged file or directory over the old one of the same name (a file is replaced atomically)."""
+    if (source.is_dir() and not source.is_symlink()) or (target.is_dir() and not target.is_symlink()):
+        _remove(target)  # rename(2) replaces only a file or an empty directory
+    os.replace(source, target)
+
+
+def _end_replace(output: Path, staged: Path) -> None:
+    """Remove the journal, then the emptied staging directory (a stale one the next run would remove)."""
+    with contextlib.suppress(FileNotFoundError):
+        (output / REPLACE_JOURNAL).unlink()
+    _fsync_dir(output)
+    shutil.rmtree(staged, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):  # a file system that cannot sync a directory
+            raise
+    finally:
+        os.close(fd)
 
 
 def is_mount(path: Path) -> bool:
@@ -121,6 +257,7 @@ def prepare_output(
     lock = OutputLock(lock_path(real, in_place), output)
     lock.acquire()
     try:
+        finish_interrupted_replace(real, output)
         clean_stale_output_dirs(real)
         if cache_root is not None:
             clean_stale_cache_dirs(cache_root)
@@ -196,4 +333,6 @@ class StagedOutput:
         shutil.rmtree(old, ignore_errors=True)
 
     def abort(self) -> None:
+        if replace_journal_staged(self.output) == self.tmp.name:
+            return  # a replace cut short by an error: the next run finishes it from this copy
         shutil.rmtree(self.tmp, ignore_errors=True)

@@ -16,14 +16,17 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from packcli import procs, safety, staging
+from packcli.cli import app
 
 from .conftest import one_error_line, write_jsonl
 
@@ -735,3 +738,261 @@ def test_sigkill_at_random_points_loses_nothing(tmp_path: Path) -> None:
         current = other
         assert snapshot(tmp_path, skip=("out", "cache")) == user  # no staging, lock or temp left beside
         assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".tmp-")]
+
+
+# A pack run whose output is a mount point (replaced in place), killed as by SIGKILL right before its
+# Nth step of the replace: argv is OUT N [ebusy] -- PACK ARGS. With "ebusy", the mount is found only
+# when renaming the output fails (a bind mount), so the output is staged beside it.
+KILLED_MID_REPLACE = """
+import errno, os, sys
+from pathlib import Path
+from packcli import staging
+from packcli.cli._app import main
+
+out, kill_at, mode = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+if mode == "ebusy":
+    real_replace = os.replace
+    def replace(src, dst):
+        if out in (Path(src), Path(dst)):
+            raise OSError(errno.EBUSY, "Device or resource busy", str(out))
+        real_replace(src, dst)
+    os.replace = replace
+    staging.exchange = lambda a, b: replace(a, b)
+else:
+    staging.is_mount = lambda path: Path(path) == out
+steps = 0
+
+def killed_before(step):
+    def run(*args, **kwargs):
+        global steps
+        if steps == kill_at:
+            os._exit(9)  # what SIGKILL does: no clean-up of any kind
+        steps += 1
+        return step(*args, **kwargs)
+    return run
+
+for name in ("_write_journal", "_remove", "_move_in", "_end_replace"):
+    setattr(staging, name, killed_before(getattr(staging, name)))
+main(["pack", *sys.argv[4:]])
+"""
+
+
+def _kill_mid_replace(tmp_path: Path, out: Path, kill_at: int, mode: str, *args: Any) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_MID_REPLACE, str(out), str(kill_at), mode, *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert proc.returncode == 9, proc.stderr  # killed at that step, not before it and not after the end
+
+
+def _as_mount_point(monkeypatch: Any, out: Path, mode: str) -> None:
+    """Make ``out`` behave as a mount point in this process, found as the subprocess above finds it."""
+    out.mkdir()  # a mount point is there before the first run
+    if mode == "ebusy":
+        real_replace, real_exchange = os.replace, staging.exchange
+
+        def replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+            if out in (Path(src), Path(dst)):
+                raise OSError(errno.EBUSY, "Device or resource busy", str(out))
+            real_replace(src, dst, *args, **kwargs)
+
+        def exchange(a: Path, b: Path) -> bool:
+            if out in (Path(a), Path(b)):
+                raise OSError(errno.EBUSY, "Device or resource busy", str(out))
+            return real_exchange(a, b)
+
+        monkeypatch.setattr(os, "replace", replace)
+        monkeypatch.setattr(staging, "exchange", exchange)
+    else:
+        monkeypatch.setattr(staging, "is_mount", lambda p: Path(p) == out)
+
+
+# The replace of 3 shards by 3 others of the same names takes 7 steps (journal, old manifest, 3 shards,
+# new manifest, end); of 3 by 2 (other names) 9: the 3 old shards are removed before the 2 move in.
+@pytest.mark.parametrize(
+    ("mode", "change", "kill_at"),
+    [("ismount", "--seed", k) for k in range(7)]
+    + [("ismount", "--max-len", k) for k in (2, 4, 5, 8)]
+    + [("ebusy", "--seed", k) for k in (0, 3, 6)],
+)
+def test_mount_point_output_killed_mid_replace_is_finished_by_the_next_run(
+    mode: str, change: str, kill_at: int, pack: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    data = write_jsonl(tmp_path / "a.jsonl", chat(30))
+    out = tmp_path / "volume"
+    (tmp_path / "notes.txt").write_text("the user's\n")
+    base = [data, "--max-len", "96", "-o", "volume", "--rows-per-shard", "6", "--cache-dir", tmp_path / "cache"]
+    base += ["--num-proc", "1", "-q", "--overwrite"]
+    new = [*base, change, "1" if change == "--seed" else "128"]
+    monkeypatch.chdir(tmp_path)
+    _as_mount_point(monkeypatch, out, mode)
+    pack(*new)
+    expected = snapshot(out)  # what an uninterrupted run leaves
+    pack(*base)
+    previous = snapshot(out)
+    assert len([n for n in previous if n.startswith("shard-")]) == 3
+    user = snapshot(tmp_path, skip=("volume", "cache"))
+
+    _kill_mid_replace(tmp_path, out, kill_at, mode, *new)
+    left = snapshot(out, skip=(".packcli*",))
+    if kill_at == 0:  # before the journal: nothing was removed yet
+        assert left == previous and not (out / safety.REPLACE_JOURNAL).exists()
+    else:
+        assert (out / safety.REPLACE_JOURNAL).is_file()
+        verified = CliRunner().invoke(app, ["verify", str(out), "-q"])
+        assert verified.exit_code == 1
+        assert one_error_line(verified) == (
+            f"Error: {out}: a packcli run was killed while replacing this output in place (a mount point), so it "
+            "holds part of the old output and part of the new; the next packcli pack with this -o finishes "
+            "the replace from the complete new output it kept"
+        )
+    assert snapshot(tmp_path, skip=("volume", "cache", ".volume.lock")) == user  # its lock is not held
+
+    pack(*new)  # the same run again: the bytes of an uninterrupted one, and nothing left behind
+    assert snapshot(out) == expected
+    assert snapshot(tmp_path, skip=("volume", "cache")) == user
+
+
+def test_replace_killed_midway_is_finished_even_by_a_run_that_then_refuses(
+    pack: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    data = write_jsonl(tmp_path / "a.jsonl", chat(30))
+    out = tmp_path / "volume"
+    base = [data, "--max-len", "96", "-o", "volume", "--rows-per-shard", "6", "--cache-dir", tmp_path / "cache"]
+    base += ["--num-proc", "1", "-q"]
+    monkeypatch.chdir(tmp_path)
+    _as_mount_point(monkeypatch, out, "ismount")
+    pack(*base, "--seed", "1", "--overwrite")
+    killed_runs_output = snapshot(out)
+    pack(*base, "--overwrite")
+    _kill_mid_replace(tmp_path, out, 3, "ismount", *base, "--seed", "1", "--overwrite")
+    (out / "NOTES.txt").write_text("put here after the kill\n")
+
+    # Without --overwrite: the killed run's replace is finished (it had --overwrite), then this run is refused.
+    result = pack(*base, expect=2)
+    assert one_error_line(result) == (
+        "Error: volume: the output directory is not empty; pass --overwrite or choose another -o"
+    )
+    assert snapshot(out, skip=("NOTES.txt",)) == killed_runs_output
+    result = pack(*base, "--overwrite", expect=2)
+    assert one_error_line(result) == (
+        "Error: volume: holds files packcli did not write (NOTES.txt); move them out or choose another -o"
+    )
+    assert (out / "NOTES.txt").read_text() == "put here after the kill\n"
+    assert CliRunner().invoke(app, ["verify", str(out), "-q"]).exit_code == 0
+
+
+@pytest.mark.parametrize("damage", ["journal", "staged_copy"])
+def test_replace_that_cannot_be_finished_is_left_as_it_is(
+    damage: str, pack: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    data = write_jsonl(tmp_path / "a.jsonl", chat(30))
+    out = tmp_path / "volume"
+    base = [data, "--max-len", "96", "-o", "volume", "--rows-per-shard", "6", "--cache-dir", tmp_path / "cache"]
+    base += ["--num-proc", "1", "-q", "--overwrite"]
+    monkeypatch.chdir(tmp_path)
+    _as_mount_point(monkeypatch, out, "ismount")
+    pack(*base)
+    _kill_mid_replace(tmp_path, out, 3, "ismount", *base, "--seed", "1")
+    journal = out / safety.REPLACE_JOURNAL
+    staged = out / json.loads(journal.read_text())["staged"]
+    if damage == "journal":
+        journal.write_text('{"packcli_replace": 1, "staged": ')
+        message = (
+            f"Error: volume: {safety.REPLACE_JOURNAL} is damaged, so the in-place replace it records cannot be "
+            "finished; move out what you need, empty the directory and pack again"
+        )
+    else:
+        (staged / "shard-00002-of-00003.parquet").unlink()
+        message = (
+            "Error: volume: a packcli run was killed while replacing this output in place, and the new output "
+            "it kept is incomplete (shard-00002-of-00003.parquet missing); move out what you need, empty the "
+            "directory and pack again"
+        )
+    before = snapshot(tmp_path, skip=("cache",))
+    result = pack(*base, "--seed", "1", expect=1)
+    assert one_error_line(result) == message
+    # Nothing removed: not the staged copy (whose process is gone), nor what is left of either output;
+    # only the killed run's lock file, which the refused run took and released.
+    assert snapshot(tmp_path, skip=("cache",)) == {k: v for k, v in before.items() if k != "volume/.packcli.lock"}
+
+
+def test_journal_cut_short_and_stale_staging_in_a_mount_point_are_cleared(
+    pack: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    data = write_jsonl(tmp_path / "a.jsonl", chat(20))
+    out = tmp_path / "volume"
+    _as_mount_point(monkeypatch, out, "ismount")
+    pack(data, "--max-len", "96", "-o", out, "--overwrite", "-q")
+    expected = snapshot(out)
+    pack(data, "--max-len", "64", "-o", out, "--overwrite", "-q")
+    gone = dead_pid()
+    (out / (safety.REPLACE_JOURNAL + ".tmp")).write_text('{"packcli_replace": 1, "sta')  # killed writing it
+    (out / f"{safety.IN_PLACE_PREFIX}{host()}-{gone}-a1").mkdir()
+    (out / f"{safety.IN_PLACE_PREFIX}{host()}-{gone}-a1" / "manifest.json").write_text("{}")
+    pack(data, "--max-len", "96", "-o", out, "--overwrite", "-q")
+    assert snapshot(out) == expected
+
+
+def test_stale_cleanup_keeps_the_staged_copy_a_journal_names(tmp_path: Path) -> None:
+    out = tmp_path / "volume"
+    gone = dead_pid()
+    named, other = (out / f"{safety.IN_PLACE_PREFIX}{host()}-{gone}-{k}" for k in ("a1", "b2"))
+    for staged in (named, other):
+        staged.mkdir(parents=True)
+        (staged / "manifest.json").write_text("{}")
+    journal = safety.ReplaceJournal(named.name, ("shard-00000-of-00001.parquet",), ("manifest.json",))
+    (out / safety.REPLACE_JOURNAL).write_text(journal.to_json())
+    safety.clean_stale_output_dirs(out)
+    assert named.is_dir() and not other.exists()
+    (out / safety.REPLACE_JOURNAL).write_text("{")  # unreadable: whatever it names might be the new output
+    other.mkdir()
+    safety.clean_stale_output_dirs(out)
+    assert named.is_dir() and other.is_dir()
+    assert safety.is_packcli_dir(out)  # so a directory input holding it never reads its shards
+
+
+def test_stream_copy_left_by_a_killed_run_is_removed_once_its_process_is_gone(
+    pack: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    data = write_jsonl(tmp_path / "slow.jsonl", chat(600, first="slow"))
+    template = tmp_path / "slow.jinja"
+    template.write_text(SLOW_TEMPLATE)
+    args = ["-", "--max-len", "128", "-o", tmp_path / "out", "--chat-template", template, "-q"]
+    with open(data, "rb") as stdin:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "packcli", "pack", *map(str, args), "--cache-dir", tmp_path / "cache"],
+            stdin=stdin,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "TMPDIR": str(temp)},
+        )
+    _SPAWNED.append(proc)
+    # The copy is whole, and its name carries the run's host and PID.
+    copy = _wait_for(lambda: next((p for p in temp.iterdir() if p.stat().st_size == data.stat().st_size), None))
+    assert copy.name.startswith(f".packcli-stream-{host()}-{proc.pid}-") and copy.suffix == ".jsonl"
+    proc.kill()
+    proc.wait(timeout=30)
+    gone = dead_pid()
+    left = {  # (path, kept)
+        copy: False,
+        temp / f".packcli-stream-{host()}-{gone}-a1.jsonl": False,
+        temp / f".packcli-stream-{host()}-{os.getpid()}-b2.jsonl": True,  # its run is alive
+        temp / f".packcli-stream-otherhost-{gone}-c3.jsonl": True,  # another machine's: cannot tell
+        temp / ".packcli-stream-d4.jsonl": True,  # no owner in the name
+        temp / "notes.jsonl": True,
+    }
+    for path in left:
+        if not path.exists():
+            path.write_text("{}\n")
+    (temp / f".packcli-stream-{host()}-{gone}-e5").mkdir()  # not a file packcli makes: kept
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    pack(write_jsonl(tmp_path / "a.jsonl", chat(5)), "--max-len", "64", "-o", tmp_path / "next", "-q")
+    assert {p: p.exists() for p in left} == left
+    assert (temp / f".packcli-stream-{host()}-{gone}-e5").is_dir()
