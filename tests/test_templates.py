@@ -70,9 +70,19 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
 
 
 def _check_against_twin(
-    name: str, ids: list[int], ours: np.ndarray, twin: np.ndarray, tokenizer: Any, generation_prompt: str
+    name: str,
+    ids: list[int],
+    ours: np.ndarray,
+    twin: np.ndarray,
+    tokenizer: Any,
+    generation_prompt: str,
+    headers: tuple[str, ...] = (),
 ) -> None:
-    """Labels equal the twin's mask but for the two differences the module docstring names."""
+    """Labels equal the twin's mask but for the two differences the module docstring names.
+
+    ``headers``: other texts that the template puts before an answer in place of the generation prompt
+    (the marker that closes tool output, in DeepSeek's templates).
+    """
     eos = tokenizer.eos_token or "\0"
     for start, end in _runs(ours != twin):
         text = tokenizer.decode(ids[start:end])
@@ -83,7 +93,7 @@ def _check_against_twin(
         before_ours = end < len(ours) and ours[end]
         if after_ours and text.replace(eos, "").strip() == "":
             continue  # (a) whitespace and EOS after the end-of-turn marker
-        if before_ours and text in generation_prompt:
+        if before_ours and (text in generation_prompt or text in headers):
             continue  # (b) the generation prompt: the role header and what the prompt adds after it
         pytest.fail(f"{name}: the twin also trains {text!r} at token {start}, which no rule of packcli explains")
 
@@ -213,6 +223,97 @@ def test_reasoning_and_tool_calls(name: str, model_tokenizer: tuple[str, Any]) -
         assert text not in trained, f"{name}: {text!r} is trained"
     for run, end in zip(runs, encoder.shape().end_markers * 3, strict=False):
         assert any(run.endswith(m) for m in encoder.shape().end_markers), (name, run[-30:], end)
+
+
+
+# Templates that render tool calls, and small tool-calling conversations in the shapes that datasets hold.
+TOOL_TEMPLATES = [n for n in ORIGINALS if "tool_calls" in (TRL_TEMPLATES / f"{n}.jinja").read_text(encoding="utf-8")]
+TOOL_OUTPUT = "SECRET TOOL OUTPUT 18 C"
+
+
+def _call(name: str, arguments: Any, content: str | None, **extra: Any) -> dict[str, Any]:
+    call = {"type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"role": "assistant", "content": content, **extra, "tool_calls": [call]}
+
+
+TOOL_CASES = {
+    # gpt-oss's own format: no content at all, the reasoning under "thinking"
+    "null_content": _call("get_weather", {"city": "Paris"}, None, thinking="I should call the tool."),
+}
+
+
+def _tool_case(case: str) -> list[dict[str, Any]]:
+    return [
+        {"role": "user", "content": "What does the tool say?"},
+        TOOL_CASES[case],
+        {"role": "tool", "content": TOOL_OUTPUT},
+        {"role": "assistant", "content": "It says it is 18 degrees."},
+    ]
+
+
+def _tool_schema(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": "A tool.", "parameters": {"type": "object"}}}
+
+
+@pytest.fixture(scope="module")
+def tool_encoders(model_tokenizer: tuple[str, Any]) -> dict[str, Encoder]:
+    return {n: Encoder(model_tokenizer[0], str(TRL_TEMPLATES / f"{n}.jinja"), EncodeOptions()) for n in TOOL_TEMPLATES}
+
+
+# What DeepSeek's templates put before an answer that follows tool output (its twin trains it, as a header).
+AFTER_TOOL_HEADERS = ("<｜tool▁outputs▁end｜>",)
+# Layouts not handled yet: Diffusion Gemma's twin does not train the <|tool_response> that follows a call
+# (packcli learns it as the call's end marker), and an answer with text and a call has no end marker.
+TOOL_LAYOUTS_OPEN = {"diffusion_gemma"}
+
+
+@pytest.mark.parametrize("case", sorted(TOOL_CASES))
+@pytest.mark.parametrize("name", TOOL_TEMPLATES)
+def test_tool_calls_like_transformers(
+    name: str, case: str, tool_encoders: dict[str, Encoder], model_tokenizer: tuple[str, Any]
+) -> None:
+    """Ids equal apply_chat_template, the call is trained, the tool's output is not, labels equal the twin's."""
+    if name in TOOL_LAYOUTS_OPEN:
+        pytest.xfail(f"{name}: tool-call layout not handled yet")
+    tokenizer = model_tokenizer[1]
+    messages = _tool_case(case)
+    tools = [_tool_schema(messages[1]["tool_calls"][0]["function"]["name"])]
+    template = (TRL_TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
+    encoder = tool_encoders[name]
+    result = encoder.encode_batch([Sample("chat", messages=messages, tools=tools)])[0]
+    try:
+        ref = tokenizer.apply_chat_template(
+            messages, tools=tools, chat_template=template, tokenize=True, return_dict=True
+        )
+    except Exception:
+        assert isinstance(result, RecordError) and result.reason == "template_error", (name, result)
+        return
+    assert not isinstance(result, RecordError), f"{name}: {result.reason}: {result.detail}"
+    ids, labels = result
+    assert ids.tolist() == list(ref["input_ids"]), f"{name}: token ids differ from apply_chat_template"
+    runs = _trained_runs(ids.tolist(), labels, tokenizer)
+    trained = "\x00".join(runs)
+    assert TOOL_OUTPUT not in trained and "SECRET" not in trained, f"{name}: the tool's output is trained"
+    assert "What does the tool say?" not in trained
+    assert "It says it is 18 degrees." in trained
+    rendered = tokenizer.decode(ids.tolist())
+    function = messages[1]["tool_calls"][0]["function"]["name"]
+    if rendered.count(function) > 1:  # the template renders the call (not only the tool's schema)
+        assert function in trained, f"{name}: the tool call is not trained"
+    twin_path = TRL_TEMPLATES / f"{name}_training.jinja"
+    if not twin_path.exists() or name in TWIN_NOT_COMPARABLE:
+        return
+    out = tokenizer.apply_chat_template(
+        messages, tools=tools, chat_template=twin_path.read_text(encoding="utf-8"), tokenize=True,
+        return_dict=True, return_assistant_tokens_mask=True,
+    )  # fmt: skip
+    if list(out["input_ids"]) != ids.tolist():
+        assert name in TWIN_RENDERS_OTHERWISE, f"{name}: the twin renders other tokens"
+        return
+    mask = np.array(out["assistant_masks"], dtype=bool)
+    mask[0] = False
+    prompt = encoder.shape().generation_prompt
+    _check_against_twin(name, ids.tolist(), labels != IGNORE_INDEX, mask, tokenizer, prompt, AFTER_TOOL_HEADERS)
 
 
 def test_enable_thinking_kwarg_and_record_override(model_tokenizer: tuple[str, Any]) -> None:
