@@ -51,6 +51,8 @@ _PROBE = {
     "arg": "qzxargumentprobezq",
     "tool": "qzxtoolprobezq",
 }
+_PROBE_TOOL = "qzxprobetoolzq"
+_PROBE_NUMBER = 7345291
 
 Render = Callable[[list[dict[str, Any]], bool], str]
 # Returns the (start, end) character spans of the special tokens (and marker-looking text) in a string.
@@ -115,10 +117,9 @@ def learn_shape(render: Render, marker_spans: MarkerSpans, message: MakeMessage 
             if first is not None and not answer_to_user[: first[0]].strip():
                 markers.append(answer_to_user[first[0] : first[1]])
     gaps = [len(answer_to_user), len(after_last)]
-    tool_marker = _tool_call_marker(render, marker_spans, message)
-    if tool_marker:
-        markers.append(tool_marker[0])
-        gaps.append(tool_marker[1])
+    for tool_marker, gap in _tool_call_markers(render, marker_spans, message):
+        markers.append(tool_marker)
+        gaps.append(gap)
     markers = [_from_first_marker(m, marker_spans) or m for m in markers]
     return TemplateShape(
         header=header,
@@ -129,12 +130,37 @@ def learn_shape(render: Render, marker_spans: MarkerSpans, message: MakeMessage 
     )
 
 
-def _tool_call_marker(render: Render, marker_spans: MarkerSpans, message: MakeMessage) -> tuple[str, int] | None:
-    """Return what ends an answer that calls a tool (``<|call|>`` in gpt-oss), when the template has tools."""
+def _tool_call_markers(render: Render, marker_spans: MarkerSpans, message: MakeMessage) -> list[tuple[str, int]]:
+    """Return what ends an answer that calls a tool (``<|call|>`` in gpt-oss), when the template has tools.
+
+    Learned from calls whose arguments end in text, in a number, and that have no arguments: what
+    closes the call can differ (Gemma 4 closes a string with a quote marker before the call's own).
+    """
+    found = []
+    probes = ((_PROBE["arg"], _PROBE["arg"]), (_PROBE_NUMBER, str(_PROBE_NUMBER)), (None, _PROBE_TOOL))
+    for n, (arguments, anchor) in enumerate(probes):
+        marker = _tool_call_marker(render, marker_spans, message, arguments, anchor)
+        if marker and n:
+            # Anchored on a number or the tool's name, what follows can hold template text: only the
+            # markers that end it are kept (``<tool_call|><|tool_response>``, ``</tool_call>``).
+            marker = (_trailing_markers(marker[0], marker_spans), marker[1])
+        if marker and marker[0] and marker not in found:
+            found.append(marker)
+    return found
+
+
+def _tool_call_marker(
+    render: Render, marker_spans: MarkerSpans, message: MakeMessage, argument: Any, anchor: str
+) -> tuple[str, int] | None:
     call = {
         "role": "assistant",
         "content": "",
-        "tool_calls": [{"type": "function", "function": {"name": "probe_tool", "arguments": {"query": _PROBE["arg"]}}}],
+        "tool_calls": [
+            {
+                "type": "function",
+                "function": {"name": _PROBE_TOOL, "arguments": {} if argument is None else {"query": argument}},
+            }
+        ],
     }
     probe = [message("user", _PROBE["u1"]), call, message("tool", _PROBE["tool"])]
     try:
@@ -142,11 +168,11 @@ def _tool_call_marker(render: Render, marker_spans: MarkerSpans, message: MakeMe
         last = render(probe[:2], False)
     except Exception:  # a template without tool support may raise anything
         return None
-    at, tool_at, last_at = full.find(_PROBE["arg"]), full.find(_PROBE["tool"]), last.find(_PROBE["arg"])
+    at, tool_at, last_at = full.find(anchor), full.find(_PROBE["tool"]), last.find(anchor)
     if at < 0 or tool_at < at or last_at < 0:
         return None
-    after = full[at + len(_PROBE["arg"]) : tool_at]
-    after_last = last[last_at + len(_PROBE["arg"]) :]
+    after = full[at + len(anchor) : tool_at]
+    after_last = last[last_at + len(anchor) :]
     shared = after[: _cut(after, _common_prefix(after, after_last), marker_spans)].rstrip()
     marker = _from_first_marker(shared, marker_spans)
     return (marker, len(after)) if marker else None
@@ -202,7 +228,7 @@ def _bodies_at_once(
     if any(mark in full for mark in marks):
         return None  # the text itself holds one of the marks: they could not be told apart
     for mark, i in zip(marks, which, strict=True):
-        changed[i] = _perturb(messages[i], False, mark)
+        changed[i] = _perturb(messages[i], 0, mark)
     try:
         other = render(changed, False)
     except Exception:
@@ -234,9 +260,9 @@ def _bodies_at_once(
 
 def _body(render: Render, messages: list[dict[str, Any]], full: str, i: int) -> tuple[int, int]:
     """Return the span of ``full`` that depends on message i's own text (it may be empty)."""
-    for perturb_empty in (False, True):
+    for empty in (0, 1, 2):
         changed = list(messages)
-        changed[i] = _perturb(messages[i], perturb_empty)
+        changed[i] = _perturb(messages[i], empty, scalars=True)
         try:
             other = render(changed, False)
         except Exception as exc:  # the template may reject the perturbed text (raise_exception)
@@ -245,7 +271,13 @@ def _body(render: Render, messages: list[dict[str, Any]], full: str, i: int) -> 
         if other != full:
             head = _common_prefix(full, other)
             tail = _common_suffix(full, other, limit=min(len(full), len(other)) - head)
-            return head, max(head, len(full) - tail)
+            if len(full) - tail > head:
+                return head, len(full) - tail
+            # Text was only inserted (an empty value made non-empty): where is ambiguous when the text
+            # around the insertion repeats it ("<" before "<arg_key>" and "</tool_call>"), so take
+            # the earliest place, never one inside the template text that follows.
+            early = len(full) - _common_suffix(full, other, limit=min(len(full), len(other)))
+            return min(head, early), min(head, early)
     raise _not_found(i, "the template does not render it")
 
 
@@ -294,17 +326,45 @@ def _marker_end(full: str, body_end: int, limit: int, shape: TemplateShape) -> i
     return None
 
 
-def _perturb(message: dict[str, Any], perturb_empty: bool, mark: str = _MARK) -> dict[str, Any]:
-    return {k: (v if k in _KEEP_KEYS else _perturb_value(v, perturb_empty, mark)) for k, v in message.items()}
+def _perturb(message: dict[str, Any], empty: int, mark: str = _MARK, scalars: bool = False) -> dict[str, Any]:
+    """Return ``message`` with its text changed (a mark between characters), its structure kept.
+
+    Role, type and name keys are kept wherever they are, but inside a tool call's ``arguments`` (which
+    the model generates): there every key and string is perturbed, and with ``scalars`` numbers are
+    changed (to another number of the same type) and booleans flipped, so that a call whose arguments
+    hold no text is found too. ``empty``: 0 leaves empty values alone, 1 gives empty arguments a key,
+    2 also gives empty strings a mark (an empty content made non-empty can change the template's branches,
+    so it comes last).
+    """
+    return {k: (v if k in _KEEP_KEYS else _perturb_value(v, empty, mark, scalars)) for k, v in message.items()}
 
 
-def _perturb_value(value: Any, perturb_empty: bool, mark: str) -> Any:
+def _perturb_value(value: Any, empty: int, mark: str, scalars: bool, arguments: bool = False) -> Any:
     if isinstance(value, str):
-        return mark + mark.join(value) + mark if (value or perturb_empty) else value
+        return mark + mark.join(value) + mark if (value or empty >= 2) else value
     if isinstance(value, list):
-        return [_perturb_value(v, perturb_empty, mark) for v in value]
+        return [_perturb_value(v, empty, mark, scalars, arguments) for v in value]
+    if isinstance(value, dict) and arguments:
+        if not value and empty >= 1:
+            return {mark: mark}
+        return {
+            (_perturb_value(k, empty, mark, scalars) if isinstance(k, str) else k): _perturb_value(
+                v, empty, mark, scalars, True
+            )
+            for k, v in value.items()
+        }
     if isinstance(value, dict):
-        return {k: (v if k in _KEEP_KEYS else _perturb_value(v, perturb_empty, mark)) for k, v in value.items()}
+        return {
+            k: (v if k in _KEEP_KEYS else _perturb_value(v, empty, mark, scalars, k == "arguments"))
+            for k, v in value.items()
+        }
+    if arguments and scalars:
+        if isinstance(value, bool):
+            return not value
+        if isinstance(value, int):
+            return value + 1
+        if isinstance(value, float):
+            return value + 1.0 if value == value else 0.0  # NaN: any number differs
     return value
 
 
@@ -320,6 +380,16 @@ def _from_first_marker(text: str, marker_spans: MarkerSpans) -> str:
     """Return ``text`` from its first marker on ('' when it holds none)."""
     found = marker_spans(text)
     return text[min(s for s, _ in found) :] if found else ""
+
+
+def _trailing_markers(text: str, marker_spans: MarkerSpans) -> str:
+    """Return the markers that end ``text`` with only whitespace between them ('' when it ends otherwise)."""
+    start = len(text)
+    for a, b in sorted(marker_spans(text), reverse=True):
+        if text[b:start].strip():
+            break
+        start = a
+    return text[start:]
 
 
 def _msg(role: str, content: str) -> dict[str, Any]:

@@ -239,6 +239,10 @@ def _call(name: str, arguments: Any, content: str | None, **extra: Any) -> dict[
 TOOL_CASES = {
     # gpt-oss's own format: no content at all, the reasoning under "thinking"
     "null_content": _call("get_weather", {"city": "Paris"}, None, thinking="I should call the tool."),
+    # arguments without text (numbers, booleans, no arguments), and an argument named like a structural key
+    "numeric_args": _call("get_forecast", {"days": 3}, None),
+    "no_args": _call("get_time", {}, ""),
+    "mixed_args": _call("get_forecast", {"days": 3, "metric": True, "name": "Paris"}, None),
 }
 
 
