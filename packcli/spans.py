@@ -19,6 +19,8 @@ gpt-oss ends the last answer with ``<|return|>`` and earlier ones with ``<|end|>
    generation prompt, or the longest part of it that the template also renders in history).
 3. **The end**: the first end-of-turn marker after the body. The markers are learned once per template
    from probe conversations (what follows an answer in history and at the end of the conversation).
+4. **Other messages' text** inside a span (a tool's output that the template renders in the turn of
+   the answer that called it) is cut out, found character by character with marks in those messages.
 
 A span that cannot be found this way is a RecordError with a reason, never a guess.
 """
@@ -36,6 +38,8 @@ from packcli.errors import RecordError, first_line
 _MARK = "\ue0c7"
 # The first of the marks that tell several perturbed messages apart in one rendering (private use too).
 _MULTI_MARK = 0xE100
+# Between the characters of messages whose characters are looked for one by one (private use as well).
+_OWN_MARK = "\ue0c8"
 # Separators shorter than this between two answers are too likely to occur inside an answer.
 _MIN_SEPARATOR = 24
 # Text fields of a message that are not what the model generates (perturbing them could change the
@@ -207,7 +211,142 @@ def assistant_spans(
             raise _not_found(i, "it overlaps another assistant message")
         spans.append((start, end))
         previous_end = end
-    return spans
+    return _without_other_messages(render, messages, full, which, spans, shape)
+
+
+def _without_other_messages(
+    render: Render,
+    messages: list[dict[str, Any]],
+    full: str,
+    which: Sequence[int],
+    spans: list[tuple[int, int]],
+    shape: TemplateShape,
+) -> list[tuple[int, int]]:
+    """Return ``spans`` with the text of the other messages cut out (a span may become several).
+
+    Some templates render a tool's output inside the turn of the answer that called it (Gemma 4: the
+    call, the tool's response, then the answer's text, then one end marker). What the model generates
+    there is the call through its end marker, and the text after the response: the response, and the
+    template text around it up to the answer's next character, are not trained. When the cut cannot be
+    made with certainty (the template transforms the text, or no end marker closes the call before the
+    response), the record is dropped rather than mislabelled.
+    """
+    others = [k for k, m in enumerate(messages) if m.get("role") != "assistant"]
+    if not others or not spans:
+        return spans
+    foreign = _positions(render, messages, full, others)
+    if foreign is None:
+        foreign = _positions_one_by_one(render, messages, full, others, which, spans)
+    out: list[tuple[int, int]] = []
+    for i, (start, end) in zip(which, spans, strict=True):
+        inside = [p for p in foreign if start <= p < end]
+        if not inside:
+            out.append((start, end))
+            continue
+        own = _positions(render, messages, full, [i])
+        if own is None:
+            raise _not_found(i, "another message's text is rendered inside it, and its own text cannot be told apart")
+        out.extend(_cut_out(full, i, start, end, set(own), inside, shape))
+    return out
+
+
+def _positions_one_by_one(
+    render: Render,
+    messages: list[dict[str, Any]],
+    full: str,
+    others: Sequence[int],
+    which: Sequence[int],
+    spans: list[tuple[int, int]],
+) -> list[int]:
+    """Return the other messages' positions, found message by message (a template transformed some text).
+
+    A message whose characters cannot be found one by one is bounded by difference instead: when that
+    bound overlaps a span, the record is dropped.
+    """
+    found: list[int] = []
+    for k in others:
+        positions = _positions(render, messages, full, [k])
+        if positions is not None:
+            found.extend(positions)
+            continue
+        try:
+            low, high = _body(render, messages, full, k)
+        except RecordError:
+            continue  # not rendered at all
+        for i, (start, end) in zip(which, spans, strict=True):
+            if low < end and start < max(high, low + 1):
+                raise _not_found(i, f"message {k} is rendered inside it, transformed, so it cannot be cut out")
+    return sorted(found)
+
+
+def _cut_out(
+    full: str, i: int, start: int, end: int, own: set[int], inside: list[int], shape: TemplateShape
+) -> list[tuple[int, int]]:
+    """Return the pieces of [start, end) without the other messages' characters ``inside`` it."""
+    pieces = []
+    position = start
+    k = 0
+    while k < len(inside):
+        first = inside[k]
+        mine_before = [p for p in own if position <= p < first]
+        if not mine_before:
+            raise _not_found(i, "another message's text is rendered inside it before its own text")
+        after_mine = max(mine_before) + 1
+        ends = [at + len(m) for m in shape.end_markers if (at := full.find(m, after_mine, first)) >= 0]
+        if not ends:
+            raise _not_found(i, "another message's text is rendered inside it, with no end marker before it")
+        pieces.append((position, min(ends)))
+        mine_after = [p for p in own if first < p < end]
+        if not mine_after:
+            return pieces
+        position = min(mine_after)
+        while k < len(inside) and inside[k] < position:
+            k += 1
+    pieces.append((position, end))
+    return pieces
+
+
+def _positions(render: Render, messages: list[dict[str, Any]], full: str, which: Sequence[int]) -> list[int] | None:
+    """Return the positions in ``full`` of the characters of the messages in ``which`` (sorted), or None.
+
+    The messages are rendered with a mark between every two characters of their text (and before a
+    one-character text), which trimming cannot remove; when the rendering without the marks is not
+    ``full`` (the template branched on the text or transformed it), the positions are unknown.
+    """
+    if _OWN_MARK in full:
+        return None
+    changed = list(messages)
+    for k in which:
+        changed[k] = {
+            key: (v if key in _KEEP_KEYS else _marked_value(v, key == "arguments")) for key, v in messages[k].items()
+        }
+    try:
+        other = render(changed, False)
+    except Exception:
+        return None
+    if other.replace(_OWN_MARK, "") != full:
+        return None
+    found = []
+    at = 0  # position in full of the next unmarked character
+    for n, c in enumerate(other):
+        if c == _OWN_MARK:
+            continue
+        if (n > 0 and other[n - 1] == _OWN_MARK) or (n + 1 < len(other) and other[n + 1] == _OWN_MARK):
+            found.append(at)
+        at += 1
+    return found
+
+
+def _marked_value(value: Any, arguments: bool = False) -> Any:
+    if isinstance(value, str):
+        return _OWN_MARK + value if len(value) == 1 else _OWN_MARK.join(value)
+    if isinstance(value, list):
+        return [_marked_value(v, arguments) for v in value]
+    if isinstance(value, dict):
+        if arguments:
+            return {(_marked_value(k) if isinstance(k, str) else k): _marked_value(v, True) for k, v in value.items()}
+        return {k: (v if k in _KEEP_KEYS else _marked_value(v, k == "arguments")) for k, v in value.items()}
+    return value
 
 
 def _bodies_at_once(

@@ -243,6 +243,8 @@ TOOL_CASES = {
     "numeric_args": _call("get_forecast", {"days": 3}, None),
     "no_args": _call("get_time", {}, ""),
     "mixed_args": _call("get_forecast", {"days": 3, "metric": True, "name": "Paris"}, None),
+    # an answer with text and a call: some templates render the tool's output inside the same turn (Gemma 4)
+    "content_and_call": _call("get_weather", {"city": "Paris"}, "Let me check."),
 }
 
 
@@ -269,6 +271,9 @@ AFTER_TOOL_HEADERS = ("<｜tool▁outputs▁end｜>",)
 # Layouts not handled yet: Diffusion Gemma's twin does not train the <|tool_response> that follows a call
 # (packcli learns it as the call's end marker), and an answer with text and a call has no end marker.
 TOOL_LAYOUTS_OPEN = {"diffusion_gemma"}
+# Gemma 4 v5 runs an answer's text into the next answer's with nothing between: it cannot be cut, so
+# the record is dropped (counted) rather than mislabelled.
+TOOL_UNSEPARABLE = {("gemma4_v5", "content_and_call")}
 
 
 @pytest.mark.parametrize("case", sorted(TOOL_CASES))
@@ -292,15 +297,20 @@ def test_tool_calls_like_transformers(
     except Exception:
         assert isinstance(result, RecordError) and result.reason == "template_error", (name, result)
         return
+    if (name, case) in TOOL_UNSEPARABLE:
+        assert isinstance(result, RecordError) and result.reason == "template_spans_not_found", (name, result)
+        return
     assert not isinstance(result, RecordError), f"{name}: {result.reason}: {result.detail}"
     ids, labels = result
     assert ids.tolist() == list(ref["input_ids"]), f"{name}: token ids differ from apply_chat_template"
     runs = _trained_runs(ids.tolist(), labels, tokenizer)
     trained = "\x00".join(runs)
+    rendered = tokenizer.decode(ids.tolist())
     assert TOOL_OUTPUT not in trained and "SECRET" not in trained, f"{name}: the tool's output is trained"
     assert "What does the tool say?" not in trained
     assert "It says it is 18 degrees." in trained
-    rendered = tokenizer.decode(ids.tolist())
+    if case == "content_and_call" and "Let me check." in rendered:
+        assert "Let me check." in trained, f"{name}: the answer's text is not trained"
     function = messages[1]["tool_calls"][0]["function"]["name"]
     if rendered.count(function) > 1:  # the template renders the call (not only the tool's schema)
         assert function in trained, f"{name}: the tool call is not trained"
