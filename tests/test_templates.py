@@ -560,3 +560,27 @@ def test_text_holding_a_perturbation_mark_falls_back_safely(model_tokenizer: tup
     ids, labels = _encode_one(encoder, Sample("chat", messages=messages))
     runs = _trained_runs(ids.tolist(), labels, tokenizer)
     assert runs == ["This one: \ue100 and this one: \ue0c7.<|im_end|>", EMPTY_THINK + "Two of them.<|im_end|>"]
+
+
+def test_tool_output_inside_an_answer_that_cannot_be_cut_drops_the_record(tmp_path: Path) -> None:
+    """A template that runs a tool's output into the answer's text, with no marker between: never trained."""
+    template = tmp_path / "inline.jinja"
+    template.write_text(
+        "{% for m in messages %}{% if m.role == 'assistant' %}<|assistant|>{{ m.content }}"
+        "{% if loop.nextitem and loop.nextitem.role == 'tool' %} [{{ loop.nextitem.content }}] ok{% endif %}"
+        "<|end|>{% elif m.role != 'tool' %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    encoder = Encoder(None, str(template), EncodeOptions())
+    messages = [
+        {"role": "user", "content": "What does the tool say?"},
+        {"role": "assistant", "content": "Let me check."},
+        {"role": "tool", "content": TOOL_OUTPUT},
+        {"role": "assistant", "content": "It says it is 18 degrees."},
+    ]
+    result = encoder.encode_batch([Sample("chat", messages=messages)])[0]
+    assert isinstance(result, RecordError) and result.reason == "template_spans_not_found", result
+    assert "another message's text is rendered inside it" in result.detail
+    # Without the tool message inside the turn, the same conversation is packed.
+    plain = [messages[0], messages[1], {"role": "user", "content": "And?"}, messages[3]]
+    assert not isinstance(encoder.encode_batch([Sample("chat", messages=plain)])[0], RecordError)
