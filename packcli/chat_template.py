@@ -149,12 +149,16 @@ class ChatTemplate:
         return {"role": role, "content": text if strings or not parts else [{"type": "text", "text": text}]}
 
     def prepare(self, sample: Sample) -> list[dict[str, Any]]:
-        """Return the sample's messages as the template gets them (content parts joined or kept, nulls dropped)."""
+        """Return the sample's messages as the template gets them (content parts joined or kept, nulls dropped).
+
+        As ``apply_chat_template`` does before rendering, every key of a message whose value is null is
+        dropped, ``content`` included (``"content": null`` on a tool call renders as a missing content);
+        nulls nested deeper (inside tool calls, say) are passed as they are.
+        """
         strings, parts = self.content_mode()
         messages = []
         for i, m in enumerate(sample.messages or []):
-            # Arrow sources give every message every key, null where absent: drop those, keep content.
-            message = {k: v for k, v in m.items() if v is not None or k == "content"}
+            message = {k: v for k, v in m.items() if v is not None}
             content = message.get("content")
             if isinstance(content, list):
                 kinds = [p.get("type") for p in content]

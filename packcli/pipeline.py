@@ -40,7 +40,7 @@ from packcli.tokenize import Encoder, tokenizer_fingerprint
 from packcli.write import output_schema
 
 # Bumped whenever the same inputs and options would give other tokens or labels, so the cache misses.
-ENCODING_RULES = 3
+ENCODING_RULES = 4
 
 
 # -- stage 1: tokenize into the token store ---------------------------------------------------------

@@ -19,6 +19,8 @@ gpt-oss ends the last answer with ``<|return|>`` and earlier ones with ``<|end|>
    generation prompt, or the longest part of it that the template also renders in history).
 3. **The end**: the first end-of-turn marker after the body. The markers are learned once per template
    from probe conversations (what follows an answer in history and at the end of the conversation).
+4. **Other messages' text** inside a span (a tool's output that the template renders in the turn of
+   the answer that called it) is cut out, found character by character with marks in those messages.
 
 A span that cannot be found this way is a RecordError with a reason, never a guess.
 """
@@ -36,6 +38,8 @@ from packcli.errors import RecordError, first_line
 _MARK = "\ue0c7"
 # The first of the marks that tell several perturbed messages apart in one rendering (private use too).
 _MULTI_MARK = 0xE100
+# Between the characters of messages whose characters are looked for one by one (private use as well).
+_OWN_MARK = "\ue0c8"
 # Separators shorter than this between two answers are too likely to occur inside an answer.
 _MIN_SEPARATOR = 24
 # Text fields of a message that are not what the model generates (perturbing them could change the
@@ -53,6 +57,8 @@ _PROBE = {
     "r1": "qzxreasoningprobeonezq",
     "r2": "qzxreasoningprobetwozq",
 }
+_PROBE_TOOL = "qzxprobetoolzq"
+_PROBE_NUMBER = 7345291
 
 Render = Callable[[list[dict[str, Any]], bool], str]
 # Returns the (start, end) character spans of the special tokens (and marker-looking text) in a string.
@@ -122,10 +128,9 @@ def learn_shape(render: Render, marker_spans: MarkerSpans, message: MakeMessage 
             if first is not None and not answer_to_user[: first[0]].strip():
                 markers.append(answer_to_user[first[0] : first[1]])
     gaps = [len(answer_to_user), len(after_last)]
-    tool_marker = _tool_call_marker(render, marker_spans, message)
-    if tool_marker:
-        markers.append(tool_marker[0])
-        gaps.append(tool_marker[1])
+    for tool_marker, gap in _tool_call_markers(render, marker_spans, message):
+        markers.append(tool_marker)
+        gaps.append(gap)
     markers = [_from_first_marker(m, marker_spans) or m for m in markers]
     return TemplateShape(
         header=header,
@@ -168,12 +173,37 @@ def _reasoning_header_min(render: Render, message: MakeMessage, header: str) -> 
     return min(found, default=0)
 
 
-def _tool_call_marker(render: Render, marker_spans: MarkerSpans, message: MakeMessage) -> tuple[str, int] | None:
-    """Return what ends an answer that calls a tool (``<|call|>`` in gpt-oss), when the template has tools."""
+def _tool_call_markers(render: Render, marker_spans: MarkerSpans, message: MakeMessage) -> list[tuple[str, int]]:
+    """Return what ends an answer that calls a tool (``<|call|>`` in gpt-oss), when the template has tools.
+
+    Learned from calls whose arguments end in text, in a number, and that have no arguments: what
+    closes the call can differ (Gemma 4 closes a string with a quote marker before the call's own).
+    """
+    found = []
+    probes = ((_PROBE["arg"], _PROBE["arg"]), (_PROBE_NUMBER, str(_PROBE_NUMBER)), (None, _PROBE_TOOL))
+    for n, (arguments, anchor) in enumerate(probes):
+        marker = _tool_call_marker(render, marker_spans, message, arguments, anchor)
+        if marker and n:
+            # Anchored on a number or the tool's name, what follows can hold template text: only the
+            # markers that end it are kept (``<tool_call|><|tool_response>``, ``</tool_call>``).
+            marker = (_trailing_markers(marker[0], marker_spans), marker[1])
+        if marker and marker[0] and marker not in found:
+            found.append(marker)
+    return found
+
+
+def _tool_call_marker(
+    render: Render, marker_spans: MarkerSpans, message: MakeMessage, argument: Any, anchor: str
+) -> tuple[str, int] | None:
     call = {
         "role": "assistant",
         "content": "",
-        "tool_calls": [{"type": "function", "function": {"name": "probe_tool", "arguments": {"query": _PROBE["arg"]}}}],
+        "tool_calls": [
+            {
+                "type": "function",
+                "function": {"name": _PROBE_TOOL, "arguments": {} if argument is None else {"query": argument}},
+            }
+        ],
     }
     probe = [message("user", _PROBE["u1"]), call, message("tool", _PROBE["tool"])]
     try:
@@ -181,11 +211,11 @@ def _tool_call_marker(render: Render, marker_spans: MarkerSpans, message: MakeMe
         last = render(probe[:2], False)
     except Exception:  # a template without tool support may raise anything
         return None
-    at, tool_at, last_at = full.find(_PROBE["arg"]), full.find(_PROBE["tool"]), last.find(_PROBE["arg"])
+    at, tool_at, last_at = full.find(anchor), full.find(_PROBE["tool"]), last.find(anchor)
     if at < 0 or tool_at < at or last_at < 0:
         return None
-    after = full[at + len(_PROBE["arg"]) : tool_at]
-    after_last = last[last_at + len(_PROBE["arg"]) :]
+    after = full[at + len(anchor) : tool_at]
+    after_last = last[last_at + len(anchor) :]
     shared = after[: _cut(after, _common_prefix(after, after_last), marker_spans)].rstrip()
     marker = _from_first_marker(shared, marker_spans)
     return (marker, len(after)) if marker else None
@@ -220,7 +250,142 @@ def assistant_spans(
             raise _not_found(i, "it overlaps another assistant message")
         spans.append((start, end))
         previous_end = end
-    return spans
+    return _without_other_messages(render, messages, full, which, spans, shape)
+
+
+def _without_other_messages(
+    render: Render,
+    messages: list[dict[str, Any]],
+    full: str,
+    which: Sequence[int],
+    spans: list[tuple[int, int]],
+    shape: TemplateShape,
+) -> list[tuple[int, int]]:
+    """Return ``spans`` with the text of the other messages cut out (a span may become several).
+
+    Some templates render a tool's output inside the turn of the answer that called it (Gemma 4: the
+    call, the tool's response, then the answer's text, then one end marker). What the model generates
+    there is the call through its end marker, and the text after the response: the response, and the
+    template text around it up to the answer's next character, are not trained. When the cut cannot be
+    made with certainty (the template transforms the text, or no end marker closes the call before the
+    response), the record is dropped rather than mislabelled.
+    """
+    others = [k for k, m in enumerate(messages) if m.get("role") != "assistant"]
+    if not others or not spans:
+        return spans
+    foreign = _positions(render, messages, full, others)
+    if foreign is None:
+        foreign = _positions_one_by_one(render, messages, full, others, which, spans)
+    out: list[tuple[int, int]] = []
+    for i, (start, end) in zip(which, spans, strict=True):
+        inside = [p for p in foreign if start <= p < end]
+        if not inside:
+            out.append((start, end))
+            continue
+        own = _positions(render, messages, full, [i])
+        if own is None:
+            raise _not_found(i, "another message's text is rendered inside it, and its own text cannot be told apart")
+        out.extend(_cut_out(full, i, start, end, set(own), inside, shape))
+    return out
+
+
+def _positions_one_by_one(
+    render: Render,
+    messages: list[dict[str, Any]],
+    full: str,
+    others: Sequence[int],
+    which: Sequence[int],
+    spans: list[tuple[int, int]],
+) -> list[int]:
+    """Return the other messages' positions, found message by message (a template transformed some text).
+
+    A message whose characters cannot be found one by one is bounded by difference instead: when that
+    bound overlaps a span, the record is dropped.
+    """
+    found: list[int] = []
+    for k in others:
+        positions = _positions(render, messages, full, [k])
+        if positions is not None:
+            found.extend(positions)
+            continue
+        try:
+            low, high = _body(render, messages, full, k)
+        except RecordError:
+            continue  # not rendered at all
+        for i, (start, end) in zip(which, spans, strict=True):
+            if low < end and start < max(high, low + 1):
+                raise _not_found(i, f"message {k} is rendered inside it, transformed, so it cannot be cut out")
+    return sorted(found)
+
+
+def _cut_out(
+    full: str, i: int, start: int, end: int, own: set[int], inside: list[int], shape: TemplateShape
+) -> list[tuple[int, int]]:
+    """Return the pieces of [start, end) without the other messages' characters ``inside`` it."""
+    pieces = []
+    position = start
+    k = 0
+    while k < len(inside):
+        first = inside[k]
+        mine_before = [p for p in own if position <= p < first]
+        if not mine_before:
+            raise _not_found(i, "another message's text is rendered inside it before its own text")
+        after_mine = max(mine_before) + 1
+        ends = [at + len(m) for m in shape.end_markers if (at := full.find(m, after_mine, first)) >= 0]
+        if not ends:
+            raise _not_found(i, "another message's text is rendered inside it, with no end marker before it")
+        pieces.append((position, min(ends)))
+        mine_after = [p for p in own if first < p < end]
+        if not mine_after:
+            return pieces
+        position = min(mine_after)
+        while k < len(inside) and inside[k] < position:
+            k += 1
+    pieces.append((position, end))
+    return pieces
+
+
+def _positions(render: Render, messages: list[dict[str, Any]], full: str, which: Sequence[int]) -> list[int] | None:
+    """Return the positions in ``full`` of the characters of the messages in ``which`` (sorted), or None.
+
+    The messages are rendered with a mark between every two characters of their text (and before a
+    one-character text), which trimming cannot remove; when the rendering without the marks is not
+    ``full`` (the template branched on the text or transformed it), the positions are unknown.
+    """
+    if _OWN_MARK in full:
+        return None
+    changed = list(messages)
+    for k in which:
+        changed[k] = {
+            key: (v if key in _KEEP_KEYS else _marked_value(v, key == "arguments")) for key, v in messages[k].items()
+        }
+    try:
+        other = render(changed, False)
+    except Exception:
+        return None
+    if other.replace(_OWN_MARK, "") != full:
+        return None
+    found = []
+    at = 0  # position in full of the next unmarked character
+    for n, c in enumerate(other):
+        if c == _OWN_MARK:
+            continue
+        if (n > 0 and other[n - 1] == _OWN_MARK) or (n + 1 < len(other) and other[n + 1] == _OWN_MARK):
+            found.append(at)
+        at += 1
+    return found
+
+
+def _marked_value(value: Any, arguments: bool = False) -> Any:
+    if isinstance(value, str):
+        return _OWN_MARK + value if len(value) == 1 else _OWN_MARK.join(value)
+    if isinstance(value, list):
+        return [_marked_value(v, arguments) for v in value]
+    if isinstance(value, dict):
+        if arguments:
+            return {(_marked_value(k) if isinstance(k, str) else k): _marked_value(v, True) for k, v in value.items()}
+        return {k: (v if k in _KEEP_KEYS else _marked_value(v, k == "arguments")) for k, v in value.items()}
+    return value
 
 
 def _bodies_at_once(
@@ -241,7 +406,7 @@ def _bodies_at_once(
     if any(mark in full for mark in marks):
         return None  # the text itself holds one of the marks: they could not be told apart
     for mark, i in zip(marks, which, strict=True):
-        changed[i] = _perturb(messages[i], False, mark)
+        changed[i] = _perturb(messages[i], 0, mark)
     try:
         other = render(changed, False)
     except Exception:
@@ -273,9 +438,9 @@ def _bodies_at_once(
 
 def _body(render: Render, messages: list[dict[str, Any]], full: str, i: int) -> tuple[int, int]:
     """Return the span of ``full`` that depends on message i's own text (it may be empty)."""
-    for perturb_empty in (False, True):
+    for empty in (0, 1, 2):
         changed = list(messages)
-        changed[i] = _perturb(messages[i], perturb_empty)
+        changed[i] = _perturb(messages[i], empty, scalars=True)
         try:
             other = render(changed, False)
         except Exception as exc:  # the template may reject the perturbed text (raise_exception)
@@ -284,7 +449,13 @@ def _body(render: Render, messages: list[dict[str, Any]], full: str, i: int) -> 
         if other != full:
             head = _common_prefix(full, other)
             tail = _common_suffix(full, other, limit=min(len(full), len(other)) - head)
-            return head, max(head, len(full) - tail)
+            if len(full) - tail > head:
+                return head, len(full) - tail
+            # Text was only inserted (an empty value made non-empty): where is ambiguous when the text
+            # around the insertion repeats it ("<" before "<arg_key>" and "</tool_call>"), so take
+            # the earliest place, never one inside the template text that follows.
+            early = len(full) - _common_suffix(full, other, limit=min(len(full), len(other)))
+            return min(head, early), min(head, early)
     raise _not_found(i, "the template does not render it")
 
 
@@ -333,17 +504,45 @@ def _marker_end(full: str, body_end: int, limit: int, shape: TemplateShape) -> i
     return None
 
 
-def _perturb(message: dict[str, Any], perturb_empty: bool, mark: str = _MARK) -> dict[str, Any]:
-    return {k: (v if k in _KEEP_KEYS else _perturb_value(v, perturb_empty, mark)) for k, v in message.items()}
+def _perturb(message: dict[str, Any], empty: int, mark: str = _MARK, scalars: bool = False) -> dict[str, Any]:
+    """Return ``message`` with its text changed (a mark between characters), its structure kept.
+
+    Role, type and name keys are kept wherever they are, but inside a tool call's ``arguments`` (which
+    the model generates): there every key and string is perturbed, and with ``scalars`` numbers are
+    changed (to another number of the same type) and booleans flipped, so that a call whose arguments
+    hold no text is found too. ``empty``: 0 leaves empty values alone, 1 gives empty arguments a key,
+    2 also gives empty strings a mark (an empty content made non-empty can change the template's branches,
+    so it comes last).
+    """
+    return {k: (v if k in _KEEP_KEYS else _perturb_value(v, empty, mark, scalars)) for k, v in message.items()}
 
 
-def _perturb_value(value: Any, perturb_empty: bool, mark: str) -> Any:
+def _perturb_value(value: Any, empty: int, mark: str, scalars: bool, arguments: bool = False) -> Any:
     if isinstance(value, str):
-        return mark + mark.join(value) + mark if (value or perturb_empty) else value
+        return mark + mark.join(value) + mark if (value or empty >= 2) else value
     if isinstance(value, list):
-        return [_perturb_value(v, perturb_empty, mark) for v in value]
+        return [_perturb_value(v, empty, mark, scalars, arguments) for v in value]
+    if isinstance(value, dict) and arguments:
+        if not value and empty >= 1:
+            return {mark: mark}
+        return {
+            (_perturb_value(k, empty, mark, scalars) if isinstance(k, str) else k): _perturb_value(
+                v, empty, mark, scalars, True
+            )
+            for k, v in value.items()
+        }
     if isinstance(value, dict):
-        return {k: (v if k in _KEEP_KEYS else _perturb_value(v, perturb_empty, mark)) for k, v in value.items()}
+        return {
+            k: (v if k in _KEEP_KEYS else _perturb_value(v, empty, mark, scalars, k == "arguments"))
+            for k, v in value.items()
+        }
+    if arguments and scalars:
+        if isinstance(value, bool):
+            return not value
+        if isinstance(value, int):
+            return value + 1
+        if isinstance(value, float):
+            return value + 1.0 if value == value else 0.0  # NaN: any number differs
     return value
 
 
@@ -359,6 +558,16 @@ def _from_first_marker(text: str, marker_spans: MarkerSpans) -> str:
     """Return ``text`` from its first marker on ('' when it holds none)."""
     found = marker_spans(text)
     return text[min(s for s, _ in found) :] if found else ""
+
+
+def _trailing_markers(text: str, marker_spans: MarkerSpans) -> str:
+    """Return the markers that end ``text`` with only whitespace between them ('' when it ends otherwise)."""
+    start = len(text)
+    for a, b in sorted(marker_spans(text), reverse=True):
+        if text[b:start].strip():
+            break
+        start = a
+    return text[start:]
 
 
 def _msg(role: str, content: str) -> dict[str, Any]:

@@ -70,9 +70,19 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
 
 
 def _check_against_twin(
-    name: str, ids: list[int], ours: np.ndarray, twin: np.ndarray, tokenizer: Any, generation_prompt: str
+    name: str,
+    ids: list[int],
+    ours: np.ndarray,
+    twin: np.ndarray,
+    tokenizer: Any,
+    generation_prompt: str,
+    headers: tuple[str, ...] = (),
 ) -> None:
-    """Labels equal the twin's mask but for the two differences the module docstring names."""
+    """Labels equal the twin's mask but for the two differences the module docstring names.
+
+    ``headers``: other texts that the template puts before an answer in place of the generation prompt
+    (the marker that closes tool output, in DeepSeek's templates).
+    """
     eos = tokenizer.eos_token or "\0"
     for start, end in _runs(ours != twin):
         text = tokenizer.decode(ids[start:end])
@@ -83,7 +93,7 @@ def _check_against_twin(
         before_ours = end < len(ours) and ours[end]
         if after_ours and text.replace(eos, "").strip() == "":
             continue  # (a) whitespace and EOS after the end-of-turn marker
-        if before_ours and text in generation_prompt:
+        if before_ours and (text in generation_prompt or text in headers):
             continue  # (b) the generation prompt: the role header and what the prompt adds after it
         pytest.fail(f"{name}: the twin also trains {text!r} at token {start}, which no rule of packcli explains")
 
@@ -213,6 +223,110 @@ def test_reasoning_and_tool_calls(name: str, model_tokenizer: tuple[str, Any]) -
         assert text not in trained, f"{name}: {text!r} is trained"
     for run, end in zip(runs, encoder.shape().end_markers * 3, strict=False):
         assert any(run.endswith(m) for m in encoder.shape().end_markers), (name, run[-30:], end)
+
+
+
+# Templates that render tool calls, and small tool-calling conversations in the shapes that datasets hold.
+TOOL_TEMPLATES = [n for n in ORIGINALS if "tool_calls" in (TRL_TEMPLATES / f"{n}.jinja").read_text(encoding="utf-8")]
+TOOL_OUTPUT = "SECRET TOOL OUTPUT 18 C"
+
+
+def _call(name: str, arguments: Any, content: str | None, **extra: Any) -> dict[str, Any]:
+    call = {"type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"role": "assistant", "content": content, **extra, "tool_calls": [call]}
+
+
+TOOL_CASES = {
+    # gpt-oss's own format: no content at all, the reasoning under "thinking"
+    "null_content": _call("get_weather", {"city": "Paris"}, None, thinking="I should call the tool."),
+    # arguments without text (numbers, booleans, no arguments), and an argument named like a structural key
+    "numeric_args": _call("get_forecast", {"days": 3}, None),
+    "no_args": _call("get_time", {}, ""),
+    "mixed_args": _call("get_forecast", {"days": 3, "metric": True, "name": "Paris"}, None),
+    # an answer with text and a call: some templates render the tool's output inside the same turn (Gemma 4)
+    "content_and_call": _call("get_weather", {"city": "Paris"}, "Let me check."),
+}
+
+
+def _tool_case(case: str) -> list[dict[str, Any]]:
+    return [
+        {"role": "user", "content": "What does the tool say?"},
+        TOOL_CASES[case],
+        {"role": "tool", "content": TOOL_OUTPUT},
+        {"role": "assistant", "content": "It says it is 18 degrees."},
+    ]
+
+
+def _tool_schema(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": "A tool.", "parameters": {"type": "object"}}}
+
+
+@pytest.fixture(scope="module")
+def tool_encoders(model_tokenizer: tuple[str, Any]) -> dict[str, Encoder]:
+    return {n: Encoder(model_tokenizer[0], str(TRL_TEMPLATES / f"{n}.jinja"), EncodeOptions()) for n in TOOL_TEMPLATES}
+
+
+# What DeepSeek's templates put before an answer that follows tool output (its twin trains it, as a header).
+AFTER_TOOL_HEADERS = ("<｜tool▁outputs▁end｜>",)
+# Diffusion Gemma's twin does not train the <|tool_response> that follows a call, which packcli learns
+# as the call's end marker (and trains): its labels are compared with the twin's on the other cases only.
+TWIN_DIFFERS_ON_TOOL_CALLS = {"diffusion_gemma"}
+# Gemma 4 v5 runs an answer's text into the next answer's with nothing between, and Diffusion Gemma
+# closes an answer with text and a call with no end marker: neither can be cut, so the record is
+# dropped (counted) rather than mislabelled.
+TOOL_UNSEPARABLE = {("gemma4_v5", "content_and_call"), ("diffusion_gemma", "content_and_call")}
+
+
+@pytest.mark.parametrize("case", sorted(TOOL_CASES))
+@pytest.mark.parametrize("name", TOOL_TEMPLATES)
+def test_tool_calls_like_transformers(
+    name: str, case: str, tool_encoders: dict[str, Encoder], model_tokenizer: tuple[str, Any]
+) -> None:
+    """Ids equal apply_chat_template, the call is trained, the tool's output is not, labels equal the twin's."""
+    tokenizer = model_tokenizer[1]
+    messages = _tool_case(case)
+    tools = [_tool_schema(messages[1]["tool_calls"][0]["function"]["name"])]
+    template = (TRL_TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
+    encoder = tool_encoders[name]
+    result = encoder.encode_batch([Sample("chat", messages=messages, tools=tools)])[0]
+    try:
+        ref = tokenizer.apply_chat_template(
+            messages, tools=tools, chat_template=template, tokenize=True, return_dict=True
+        )
+    except Exception:
+        assert isinstance(result, RecordError) and result.reason == "template_error", (name, result)
+        return
+    if (name, case) in TOOL_UNSEPARABLE:
+        assert isinstance(result, RecordError) and result.reason == "template_spans_not_found", (name, result)
+        return
+    assert not isinstance(result, RecordError), f"{name}: {result.reason}: {result.detail}"
+    ids, labels = result
+    assert ids.tolist() == list(ref["input_ids"]), f"{name}: token ids differ from apply_chat_template"
+    runs = _trained_runs(ids.tolist(), labels, tokenizer)
+    trained = "\x00".join(runs)
+    rendered = tokenizer.decode(ids.tolist())
+    assert TOOL_OUTPUT not in trained and "SECRET" not in trained, f"{name}: the tool's output is trained"
+    assert "What does the tool say?" not in trained
+    assert "It says it is 18 degrees." in trained
+    if case == "content_and_call" and "Let me check." in rendered:
+        assert "Let me check." in trained, f"{name}: the answer's text is not trained"
+    function = messages[1]["tool_calls"][0]["function"]["name"]
+    if rendered.count(function) > 1:  # the template renders the call (not only the tool's schema)
+        assert function in trained, f"{name}: the tool call is not trained"
+    twin_path = TRL_TEMPLATES / f"{name}_training.jinja"
+    if not twin_path.exists() or name in TWIN_NOT_COMPARABLE or name in TWIN_DIFFERS_ON_TOOL_CALLS:
+        return
+    out = tokenizer.apply_chat_template(
+        messages, tools=tools, chat_template=twin_path.read_text(encoding="utf-8"), tokenize=True,
+        return_dict=True, return_assistant_tokens_mask=True,
+    )  # fmt: skip
+    if list(out["input_ids"]) != ids.tolist():
+        assert name in TWIN_RENDERS_OTHERWISE, f"{name}: the twin renders other tokens"
+        return
+    mask = np.array(out["assistant_masks"], dtype=bool)
+    mask[0] = False
+    prompt = encoder.shape().generation_prompt
+    _check_against_twin(name, ids.tolist(), labels != IGNORE_INDEX, mask, tokenizer, prompt, AFTER_TOOL_HEADERS)
 
 
 def test_enable_thinking_kwarg_and_record_override(model_tokenizer: tuple[str, Any]) -> None:
@@ -516,3 +630,27 @@ def test_text_holding_a_perturbation_mark_falls_back_safely(model_tokenizer: tup
     ids, labels = _encode_one(encoder, Sample("chat", messages=messages))
     runs = _trained_runs(ids.tolist(), labels, tokenizer)
     assert runs == ["This one: \ue100 and this one: \ue0c7.<|im_end|>", EMPTY_THINK + "Two of them.<|im_end|>"]
+
+
+def test_tool_output_inside_an_answer_that_cannot_be_cut_drops_the_record(tmp_path: Path) -> None:
+    """A template that runs a tool's output into the answer's text, with no marker between: never trained."""
+    template = tmp_path / "inline.jinja"
+    template.write_text(
+        "{% for m in messages %}{% if m.role == 'assistant' %}<|assistant|>{{ m.content }}"
+        "{% if loop.nextitem and loop.nextitem.role == 'tool' %} [{{ loop.nextitem.content }}] ok{% endif %}"
+        "<|end|>{% elif m.role != 'tool' %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    encoder = Encoder(None, str(template), EncodeOptions())
+    messages = [
+        {"role": "user", "content": "What does the tool say?"},
+        {"role": "assistant", "content": "Let me check."},
+        {"role": "tool", "content": TOOL_OUTPUT},
+        {"role": "assistant", "content": "It says it is 18 degrees."},
+    ]
+    result = encoder.encode_batch([Sample("chat", messages=messages)])[0]
+    assert isinstance(result, RecordError) and result.reason == "template_spans_not_found", result
+    assert "another message's text is rendered inside it" in result.detail
+    # Without the tool message inside the turn, the same conversation is packed.
+    plain = [messages[0], messages[1], {"role": "user", "content": "And?"}, messages[3]]
+    assert not isinstance(encoder.encode_batch([Sample("chat", messages=plain)])[0], RecordError)
