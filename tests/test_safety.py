@@ -502,21 +502,7 @@ def test_mount_point_output_is_written_in_place(detected: bool, pack: Any, tmp_p
     inode = out.stat().st_ino
     user = snapshot(tmp_path, skip=("volume", "cache"))
 
-    # A mount point cannot be renamed: every rename of it fails with EBUSY, as the kernel does.
-    real_replace, real_exchange = os.replace, staging.exchange
-
-    def replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
-        if Path(src) == out or Path(dst) == out:
-            raise OSError(errno.EBUSY, "Device or resource busy", str(out))
-        real_replace(src, dst, *args, **kwargs)
-
-    def exchange(a: Path, b: Path) -> bool:
-        if out in (Path(a), Path(b)):
-            raise OSError(errno.EBUSY, "Device or resource busy", str(out))
-        return real_exchange(a, b)
-
-    monkeypatch.setattr(os, "replace", replace)
-    monkeypatch.setattr(staging, "exchange", exchange)
+    _renames_fail_busy(monkeypatch, out)
     if detected:
         monkeypatch.setattr(staging, "is_mount", lambda p: Path(p) == out)
     pack(data, "--max-len", "96", "-o", out, "--overwrite", "-q")
@@ -788,24 +774,29 @@ def _kill_mid_replace(tmp_path: Path, out: Path, kill_at: int, mode: str, *args:
     assert proc.returncode == 9, proc.stderr  # killed at that step, not before it and not after the end
 
 
+def _renames_fail_busy(monkeypatch: Any, out: Path) -> None:
+    """Make every rename of ``out`` fail with EBUSY in this process, as the kernel does for a mount point."""
+    real_replace, real_exchange = os.replace, staging.exchange
+
+    def replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        if out in (Path(src), Path(dst)):
+            raise OSError(errno.EBUSY, "Device or resource busy", str(out))
+        real_replace(src, dst, *args, **kwargs)
+
+    def exchange(a: Path, b: Path) -> bool:
+        if out in (Path(a), Path(b)):
+            raise OSError(errno.EBUSY, "Device or resource busy", str(out))
+        return real_exchange(a, b)
+
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(staging, "exchange", exchange)
+
+
 def _as_mount_point(monkeypatch: Any, out: Path, mode: str) -> None:
     """Make ``out`` behave as a mount point in this process, found as the subprocess above finds it."""
     out.mkdir()  # a mount point is there before the first run
     if mode == "ebusy":
-        real_replace, real_exchange = os.replace, staging.exchange
-
-        def replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
-            if out in (Path(src), Path(dst)):
-                raise OSError(errno.EBUSY, "Device or resource busy", str(out))
-            real_replace(src, dst, *args, **kwargs)
-
-        def exchange(a: Path, b: Path) -> bool:
-            if out in (Path(a), Path(b)):
-                raise OSError(errno.EBUSY, "Device or resource busy", str(out))
-            return real_exchange(a, b)
-
-        monkeypatch.setattr(os, "replace", replace)
-        monkeypatch.setattr(staging, "exchange", exchange)
+        _renames_fail_busy(monkeypatch, out)
     else:
         monkeypatch.setattr(staging, "is_mount", lambda p: Path(p) == out)
 
