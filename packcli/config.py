@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import tomllib
 
-from packcli.errors import UsageError
+from packcli.errors import UsageError, too_many_digits
 from packcli.formats import DEFAULT_FIELDS, FORMATS
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -229,8 +228,7 @@ def load_config_file(path: str) -> dict[str, Any]:
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
         raise UsageError(f"{path}: not a valid config file ({exc}); fix it") from exc
     except ValueError as exc:  # the parsers' only other one: an integer past Python's digit limit
-        limit = sys.get_int_max_str_digits()
-        raise UsageError(f"{path}: holds an integer of more than {limit} digits; fix the preset") from exc
+        raise UsageError(f"{path}: holds {too_many_digits()}; fix the preset") from exc
     if not isinstance(data, dict):
         raise UsageError(f"{path}: a preset must be an object of option = value, not {_kind(data)}; fix the file")
     known = {f.name for f in fields(PackConfig)}
@@ -275,10 +273,8 @@ def parse_template_kwargs(values: list[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[name.strip()] = raw
         except ValueError as exc:  # an integer past Python's digit limit
-            limit = sys.get_int_max_str_digits()
             raise UsageError(
-                f"--template-kwarg {name.strip()}: the value is an integer of more than {limit} digits; "
-                "quote it to pass it as a string"
+                f"--template-kwarg {name.strip()}: the value is {too_many_digits()}; quote it to pass it as a string"
             ) from exc
     return out
 

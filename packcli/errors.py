@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 
 _STOP = threading.Event()
@@ -45,6 +46,15 @@ class RecordError(Exception):
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
+
+
+def too_many_digits() -> str:
+    """Return the words for an integer Python refuses to convert: longer than its digit limit (4,300).
+
+    JSON has no such limit, so a record, preset or flag may hold one; every place that meets it says so
+    in these words.
+    """
+    return f"an integer of more than {sys.get_int_max_str_digits()} digits"
 
 
 def first_line(exc: BaseException, limit: int = 200) -> str:

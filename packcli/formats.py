@@ -10,11 +10,10 @@ Field names can be remapped (``--field messages=dialog``), so every lookup goes 
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from typing import Any
 
-from packcli.errors import RecordError
+from packcli.errors import RecordError, too_many_digits
 
 FORMATS = ("messages", "conversations", "prompt_completion", "alpaca", "text", "tokenized", "preference", "kto")
 # Record formats whose records are not one SFT sample each (see packcli.preference).
@@ -225,9 +224,8 @@ def _json_cell(value: str, key: str, expected: str) -> Any:
     except json.JSONDecodeError as exc:
         raise RecordError("wrong_type", f"field '{key}' must be {expected}, not a string") from exc
     except ValueError as exc:  # the only other one: an integer past Python's digit limit
-        limit = sys.get_int_max_str_digits()
         raise RecordError(
-            "integer_out_of_range", f"field '{key}' holds an integer of more than {limit} digits; write it as a string"
+            "integer_out_of_range", f"field '{key}' holds {too_many_digits()}; write it as a string"
         ) from exc
     except RecursionError as exc:  # the decoder recurses per nesting level
         raise RecordError("too_deep", f"field '{key}' nests too deep to decode") from exc

@@ -8,10 +8,9 @@ Both are found here, per record, so that they are one counted reason instead of 
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
-from packcli.errors import RecordError
+from packcli.errors import RecordError, too_many_digits
 from packcli.formats import Sample
 
 # Far deeper than any real record (chat messages with tool calls nest under 10 levels), and far below
@@ -26,10 +25,7 @@ def too_deep() -> RecordError:
 def integer_too_long() -> RecordError:
     # Python refuses to convert integers this long (a guard against slow conversions): JSON has no
     # limit, so a record may hold one, which is then this reason rather than a traceback.
-    limit = sys.get_int_max_str_digits()
-    return RecordError(
-        "integer_out_of_range", f"the record holds an integer of more than {limit} digits; write it as a string"
-    )
+    return RecordError("integer_out_of_range", f"the record holds {too_many_digits()}; write it as a string")
 
 
 def check_value(value: Any, what: str = "the record") -> None:
