@@ -60,7 +60,7 @@ def build_rows(
         ids, labels = _pad_samples(ids, labels, lengths, padded, pad_id)
         unpadded = lengths.astype(np.int32)
         lengths = padded
-    weights = None if loss_weighting == "token" else _loss_weights(labels, lengths, loss_weighting)
+    weights = None if loss_weighting == "token" else loss_weights(labels, lengths, loss_weighting)
     total = int(lengths.sum())
     dst_starts = np.zeros(len(lengths), dtype=np.int64)
     np.cumsum(lengths[:-1], out=dst_starts[1:])
@@ -127,7 +127,7 @@ def _pad_samples(
     return out_ids, out_labels
 
 
-def _loss_weights(labels: np.ndarray, lengths: np.ndarray, loss_weighting: str) -> np.ndarray:
+def loss_weights(labels: np.ndarray, lengths: np.ndarray, loss_weighting: str) -> np.ndarray:
     """Return each token's loss weight: 1/n (sample) or 1/sqrt(n) (sqrt) on a sample's n trained tokens, else 0."""
     owner = np.repeat(np.arange(len(lengths)), lengths)
     trained = labels != IGNORE_INDEX
