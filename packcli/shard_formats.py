@@ -343,7 +343,9 @@ def _check_megatron_columns(
     Megatron cuts samples at seq_start_id and trains where loss_mask is 1; packcli reads seq_lengths.
     """
     starts = batch.column("seq_start_id")
-    same_rows = np.array_equal(np.diff(starts.offsets.to_numpy()), np.diff(batch.column("seq_lengths").offsets))
+    same_rows = np.array_equal(
+        np.diff(starts.offsets.to_numpy()), np.diff(batch.column("seq_lengths").offsets.to_numpy())
+    )
     if not same_rows or not np.array_equal(starts.flatten().to_numpy(zero_copy_only=False), in_row):
         raise ValueError("seq_start_id does not match seq_lengths: Megatron would cut the samples elsewhere")
     if len(mask) != n or not np.isin(mask, (0, 1)).all():
