@@ -19,6 +19,9 @@ import numpy as np
 import pyarrow as pa
 
 READ_BATCH_ROWS = 1024
+# Why an index file must be there (verify: "index.json: is missing: <this>, but the file is not there").
+MISSING_INDEX = "a trainer's reader of this output format opens it"
+MAX_INDEX_PROBLEMS = 5  # per index file: the first few differences name the damage well enough
 
 
 class ShardWriter(Protocol):
@@ -39,6 +42,25 @@ class ShardFormat:
 
     def write_index(self, directory: Path, entries: list[dict[str, Any]], max_len: int) -> list[str]:
         """Write the format's index files for the shards ``entries`` in ``directory``; return their names."""
+        return []
+
+    def index_problems(self, directory: Path, entries: list[dict[str, Any]], max_len: int) -> list[tuple[str, str]]:
+        """Return what is wrong in the index files beside the shards ``entries``, as (file, message) pairs.
+
+        Each index file is compared with the one ``write_index`` would write for these shards, read
+        again: a trainer's reader takes its columns, counts and sizes from it, not from the shards.
+        A missing index file is one problem; the shards are read only when every index file is there.
+        """
+        problems = [
+            (name, f"is missing: {MISSING_INDEX} but the file is not there")
+            for name in self.index_files
+            if not (directory / name).is_file()
+        ]
+        if problems or not self.index_files:
+            return problems
+        return self._index_problems(directory, entries, max_len)
+
+    def _index_problems(self, directory: Path, entries: list[dict[str, Any]], max_len: int) -> list[tuple[str, str]]:
         return []
 
     def writer(self, path: Path, schema: pa.Schema) -> ShardWriter:
@@ -143,6 +165,57 @@ class ArrowStreamFormat(ShardFormat):
             return pa.ipc.open_stream(source).read_all()
 
 
+# -- index files: compared with the ones the shards give ---------------------------------------------
+
+
+def _read_index(directory: Path, name: str) -> tuple[Any, list[tuple[str, str]]]:
+    """Return an index file's JSON, or the problem that it cannot be read."""
+    try:
+        return json.loads((directory / name).read_text(encoding="utf-8")), []
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: not JSON, or not UTF-8
+        return None, [(name, f"cannot be read ({type(exc).__name__}: {exc})".splitlines()[0])]
+
+
+def _value(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def _compare(name: str, what: str, found: Any, expected: dict[str, Any], source: str) -> list[tuple[str, str]]:
+    """Compare an index object with the one ``source`` gives: one problem per key that differs.
+
+    Objects are compared key by key and lists of the same length item by item, so that a message
+    names what differs (``column_names[0]``, ``raw_data.bytes``) rather than the whole value.
+    """
+    if not isinstance(found, dict):
+        return [(name, f"{what} is not a JSON object")]
+    problems = []
+    for path, got, want in _differences("", found, expected):
+        if got is _ABSENT:
+            problems.append((name, f"{what} lacks {path} ({source} {_value(want)})"))
+        else:
+            problems.append((name, f"{what} has {path} {_value(got)} where {source} {_value(want)}"))
+    return problems
+
+
+_ABSENT = object()
+
+
+def _differences(path: str, found: Any, expected: Any) -> Iterator[tuple[str, Any, Any]]:
+    """Yield (path, found, expected) for each place where ``found`` is not ``expected`` (bools apart from ints)."""
+    if isinstance(expected, dict) and isinstance(found, dict):
+        for key, want in expected.items():
+            where = f"{path}.{key}" if path else key
+            if key not in found:
+                yield where, _ABSENT, want
+            else:
+                yield from _differences(where, found[key], want)
+    elif isinstance(expected, list) and isinstance(found, list) and len(found) == len(expected):
+        for k, (got, want) in enumerate(zip(found, expected, strict=True)):
+            yield from _differences(f"{path}[{k}]", got, want)
+    elif found != expected or type(found) is not type(expected):
+        yield path, found, expected
+
+
 # -- Megatron-Bridge packed Parquet -------------------------------------------------------------------
 #
 # Megatron-Bridge's packed SFT dataset (GPTSFTPackedParquetDataset, files named *.idx.parquet) reads
@@ -237,8 +310,9 @@ def _packcli_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
     ids = ids_col.flatten().to_numpy(zero_copy_only=False)
     mask = batch.column("loss_mask").flatten().to_numpy(zero_copy_only=False)
     seq_lengths = batch.column("seq_lengths")
-    _, flat_start = _segment_starts(seq_lengths)
+    in_row, flat_start = _segment_starts(seq_lengths)
     lengths = seq_lengths.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+    _check_megatron_columns(batch, in_row, flat_start, lengths, mask, len(ids))
     labels = np.full(len(ids), IGNORE_INDEX, dtype=np.int32)
     trained = np.zeros(len(ids), dtype=bool)
     trained[1:] = mask[:-1] != 0
@@ -259,6 +333,25 @@ def _packcli_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
         arrays.append(batch.column("seq_lengths_unpadded"))
         optional.append("seq_lengths_unpadded")
     return pa.RecordBatch.from_arrays(arrays, schema=shard_schema(optional) if optional else SHARD_SCHEMA)
+
+
+def _check_megatron_columns(
+    batch: pa.RecordBatch, in_row: np.ndarray, flat_start: np.ndarray, lengths: np.ndarray, mask: np.ndarray, n: int
+) -> None:
+    """Raise ValueError when the columns Megatron reads disagree with the sample boundaries packcli reads.
+
+    Megatron cuts samples at seq_start_id and trains where loss_mask is 1; packcli reads seq_lengths.
+    """
+    starts = batch.column("seq_start_id")
+    same_rows = np.array_equal(
+        np.diff(starts.offsets.to_numpy()), np.diff(batch.column("seq_lengths").offsets.to_numpy())
+    )
+    if not same_rows or not np.array_equal(starts.flatten().to_numpy(zero_copy_only=False), in_row):
+        raise ValueError("seq_start_id does not match seq_lengths: Megatron would cut the samples elsewhere")
+    if len(mask) != n or not np.isin(mask, (0, 1)).all():
+        raise ValueError("loss_mask is not one 0 or 1 per token")
+    if int(lengths.sum()) == n and (lengths > 0).all() and mask[flat_start + lengths - 1].any():
+        raise ValueError("loss_mask is 1 on a sample's last token, which has no next token in its sample")
 
 
 class MegatronFormat(ShardFormat):
@@ -298,7 +391,24 @@ class MegatronFormat(ShardFormat):
         return pa.Table.from_batches(list(self.batches(path, None, READ_BATCH_ROWS)), schema=self.schema(path))
 
     def write_index(self, directory: Path, entries: list[dict[str, Any]], max_len: int) -> list[str]:
-        """Write Megatron's packing metadata: one JSON list holding one object for this dataset.
+        """Write Megatron's packing metadata: one JSON list holding one object for this dataset."""
+        metadata = self._metadata(directory, entries, max_len)
+        tmp = directory / (MEGATRON_METADATA + ".tmp")
+        tmp.write_text(json.dumps([metadata]) + "\n")
+        tmp.replace(directory / MEGATRON_METADATA)
+        return [MEGATRON_METADATA]
+
+    def _index_problems(self, directory: Path, entries: list[dict[str, Any]], max_len: int) -> list[tuple[str, str]]:
+        found, problems = _read_index(directory, MEGATRON_METADATA)
+        if problems:
+            return problems
+        if not isinstance(found, list) or len(found) != 1:
+            return [(MEGATRON_METADATA, "is not a JSON list holding one object (the dataset's packing metadata)")]
+        expected = self._metadata(directory, entries, max_len)
+        return _compare(MEGATRON_METADATA, "the metadata", found[0], expected, "the output gives")[:MAX_INDEX_PROBLEMS]
+
+    def _metadata(self, directory: Path, entries: list[dict[str, Any]], max_len: int) -> dict[str, Any]:
+        """Megatron's packing metadata of the shards ``entries`` packed to ``max_len``.
 
         Lengths are the ones Megatron runs on: n - 1 for a stored sample of n tokens.
         """
@@ -320,7 +430,7 @@ class MegatronFormat(ShardFormat):
         counts = np.concatenate(samples_per_row) if samples_per_row else np.zeros(0, np.int64)
         packed = np.concatenate(row_run) if row_run else np.zeros(0, np.int64)
         rows = max(len(counts), 1)
-        metadata = {
+        return {
             "dataset_max_seqlen": longest,
             "max_samples_per_bin": int(counts.max()) if len(counts) else 0,
             "packing_factor": round(float(counts.sum()) / rows, 2),
@@ -328,10 +438,6 @@ class MegatronFormat(ShardFormat):
             "pack_size": max_len,
             "min_packed_seqlen": int(packed.min()) if len(packed) else 0,
         }
-        tmp = directory / (MEGATRON_METADATA + ".tmp")
-        tmp.write_text(json.dumps([metadata]) + "\n")
-        tmp.replace(directory / MEGATRON_METADATA)
-        return [MEGATRON_METADATA]
 
 
 # -- MosaicML streaming (MDS) -----------------------------------------------------------------------
@@ -503,6 +609,13 @@ class MDSFormat(ShardFormat):
             yield pa.RecordBatch.from_arrays(arrays, schema=pa.schema([schema.field(c) for c in wanted]))
 
     def write_index(self, directory: Path, entries: list[dict[str, Any]], max_len: int) -> list[str]:
+        tmp = directory / (MDS_INDEX + ".tmp")
+        tmp.write_text(json.dumps({"shards": self._shards(directory, entries), "version": 2}, sort_keys=True))
+        tmp.replace(directory / MDS_INDEX)
+        return [MDS_INDEX]
+
+    def _shards(self, directory: Path, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """index.json's entry for each shard of ``entries``: its config (columns, encodings), size and samples."""
         shards = []
         for entry in entries:
             config, offsets, _ = _read_mds(directory / entry["file"])
@@ -514,10 +627,23 @@ class MDSFormat(ShardFormat):
                     "zip_data": None,
                 }
             )
-        tmp = directory / (MDS_INDEX + ".tmp")
-        tmp.write_text(json.dumps({"shards": shards, "version": 2}, sort_keys=True))
-        tmp.replace(directory / MDS_INDEX)
-        return [MDS_INDEX]
+        return shards
+
+    def _index_problems(self, directory: Path, entries: list[dict[str, Any]], max_len: int) -> list[tuple[str, str]]:
+        found, problems = _read_index(directory, MDS_INDEX)
+        if problems:
+            return problems
+        if not isinstance(found, dict) or not isinstance(found.get("shards"), list):
+            return [(MDS_INDEX, "has no shard list (a JSON object with a list under 'shards')")]
+        listed = found["shards"]
+        if found.get("version") != 2:
+            problems.append((MDS_INDEX, f"has version {_value(found.get('version'))}, not 2"))
+        if len(listed) != len(entries):
+            problems.append((MDS_INDEX, f"lists {len(listed)} shards, manifest.json lists {len(entries)}"))
+            return problems
+        for k, (got, expected) in enumerate(zip(listed, self._shards(directory, entries), strict=True)):
+            problems += _compare(MDS_INDEX, f"shard {k} ({entries[k]['file']})", got, expected, "the shard holds")
+        return problems[:MAX_INDEX_PROBLEMS]
 
 
 def _mds_schema(config: dict[str, Any]) -> pa.Schema:

@@ -60,7 +60,7 @@ def build_rows(
         ids, labels = _pad_samples(ids, labels, lengths, padded, pad_id)
         unpadded = lengths.astype(np.int32)
         lengths = padded
-    weights = None if loss_weighting == "token" else _loss_weights(labels, lengths, loss_weighting)
+    weights = None if loss_weighting == "token" else loss_weights(labels, lengths, loss_weighting)
     total = int(lengths.sum())
     dst_starts = np.zeros(len(lengths), dtype=np.int64)
     np.cumsum(lengths[:-1], out=dst_starts[1:])
@@ -127,14 +127,23 @@ def _pad_samples(
     return out_ids, out_labels
 
 
-def _loss_weights(labels: np.ndarray, lengths: np.ndarray, loss_weighting: str) -> np.ndarray:
-    """Return each token's loss weight: 1/n (sample) or 1/sqrt(n) (sqrt) on a sample's n trained tokens, else 0."""
-    owner = np.repeat(np.arange(len(lengths)), lengths)
+def loss_weights(labels: np.ndarray, lengths: np.ndarray, loss_weighting: str) -> np.ndarray:
+    """Return each token's loss weight: 1/n (sample) or 1/sqrt(n) (sqrt) on a sample's n trained tokens, else 0.
+
+    ``lengths`` are the samples' lengths in ``labels`` (they sum to its length). The weight is computed
+    in float64 and rounded once to float32; ``verify`` recomputes it with this function.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
     trained = labels != IGNORE_INDEX
-    counts = np.bincount(owner, weights=trained, minlength=len(lengths))
+    ends = np.cumsum(lengths)
+    before = np.zeros(len(trained) + 1, dtype=np.int64)
+    np.cumsum(trained, out=before[1:])
+    counts = before[ends] - before[ends - lengths]
     scale = np.sqrt(counts) if loss_weighting == "sqrt" else counts
-    per_sample = np.divide(1.0, scale, out=np.zeros(len(lengths)), where=counts > 0)
-    return np.where(trained, per_sample[owner], 0.0).astype(np.float32)
+    per_sample = np.divide(1.0, scale, out=np.zeros(len(lengths)), where=counts > 0).astype(np.float32)
+    weights = np.repeat(per_sample, lengths)
+    weights[~trained] = 0.0
+    return weights
 
 
 def _pad_optional(

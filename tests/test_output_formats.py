@@ -317,3 +317,258 @@ def test_rejects_cannot_take_the_name_of_an_index_file(pack: Any, chat_jsonl: Pa
     out = tmp_path / "out"
     result = pack(chat_jsonl, "--output-format", "mds", "-o", out, "--rejects", out / "index.json", expect=2)
     assert "collides with a file packcli writes in the output" in one_error_line(result)
+
+
+# -- verify checks every file a trainer reads: the tamper suite of the MDS and Megatron outputs ----
+#
+# Each case damages one file a trainer's reader opens (MDS's index.json, Megatron's packing metadata
+# or columns, the loss weights) so that every checksum still holds, and verify must name that file.
+
+TAMPER_FORMATS = {
+    "mds": ["--output-format", "mds", "--loss-weighting", "sample"],
+    "megatron": ["--output-format", "megatron"],
+    "parquet": ["--loss-weighting", "sample"],
+    "parquet-sqrt": ["--loss-weighting", "sqrt"],
+}
+
+
+@pytest.fixture(scope="module")
+def tamper_outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each format packed once (several shards, samples padded for context parallelism 2), to copy per case."""
+    from typer.testing import CliRunner
+
+    from packcli.cli import app
+
+    from .conftest import make_conversations, write_jsonl
+
+    root = tmp_path_factory.mktemp("tamper")
+    data = write_jsonl(root / "chat.jsonl", [{"messages": m} for m in make_conversations(40, seed=3, max_words=24)])
+    outputs = {}
+    for name, extra in TAMPER_FORMATS.items():
+        out = root / name
+        args = [data, "--max-len", "256", "--rows-per-shard", "5", "--context-parallel", "2", *extra]
+        argv = ["pack", *map(str, args), "-o", str(out), "--quiet", "--num-proc", "1", "--cache-dir", str(root / "c")]
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code == 0, result.output
+        outputs[name] = out
+    return outputs
+
+
+def _verify(out: Path) -> Any:
+    from typer.testing import CliRunner
+
+    from packcli.cli import app
+
+    return CliRunner().invoke(app, ["verify", str(out)])
+
+
+def _edit_json(name: str, edit: Any) -> Any:
+    def tamper(out: Path) -> None:
+        path = out / name
+        value = json.loads(path.read_text())
+        value = edit(value) or value
+        path.write_text(json.dumps(value))
+
+    return tamper
+
+
+def _swap_columns(index: dict[str, Any]) -> None:
+    names = index["shards"][0]["column_names"]
+    i, j = names.index("input_ids"), names.index("labels")
+    names[i], names[j] = names[j], names[i]
+
+
+def _set(index: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
+    *head, last = path
+    for key in head:
+        index = index[key]
+    index[last] = value(index[last])
+
+
+def _unlink(name: str) -> Any:
+    return lambda out: (out / name).unlink()
+
+
+def _write(name: str, text: str) -> Any:
+    return lambda out: (out / name).write_text(text)
+
+
+def _rewrite_shards(out: Path, edit: Any) -> None:
+    """Rewrite every shard with ``edit(rows)`` applied, in its format; put new checksums (and index) in place."""
+    import pyarrow as pa
+
+    from packcli.shard_formats import FORMATS, format_of
+    from packcli.shards import file_sha256
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    fmt = format_of(out / manifest["shards"][0]["file"])
+    for entry in manifest["shards"]:
+        path = out / entry["file"]
+        if fmt.name == "mds":  # packcli's columns, written back by its MDS writer
+            table = read_shard(path)
+            rows = table.to_pylist()
+            edit(rows)
+            writer = fmt.writer(path, table.schema)
+            writer.write(pa.Table.from_pylist(rows, schema=table.schema))
+            writer.close()
+        else:  # Parquet and Megatron's Parquet: the stored columns
+            schema = pq.read_schema(path)
+            rows = pq.read_table(path).to_pylist()
+            edit(rows)
+            pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+        entry["sha256"] = file_sha256(path)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    if fmt.name == "mds":
+        FORMATS["mds"].write_index(out, manifest["shards"], manifest["max_len"])
+
+
+def _each_row(edit_row: Any) -> Any:
+    return lambda out: _rewrite_shards(out, lambda rows: [edit_row(row) for row in rows])
+
+
+def _double_weights(row: dict[str, Any]) -> None:
+    row["loss_weights"] = [2 * w for w in row["loss_weights"]]
+
+
+def _shift_starts(row: dict[str, Any]) -> None:
+    if len(row["seq_start_id"]) > 1:
+        row["seq_start_id"][1] += 1
+
+
+def _mask_last_token(row: dict[str, Any]) -> None:
+    row["loss_mask"][-1] = 1
+
+
+def _set_option(key: str, value: Any) -> Any:
+    return _edit_json("manifest.json", lambda m: m["options"].__setitem__(key, value))
+
+
+TAMPERS = {
+    # MDS: index.json is what streaming's reader decodes the shards by
+    "mds-columns-swapped": ("mds", _edit_json("index.json", _swap_columns), "index.json", "has column_names"),
+    "mds-sample-count": (
+        "mds",
+        _edit_json("index.json", lambda i: _set(i, ("shards", 1, "samples"), lambda n: n + 1)),
+        "index.json",
+        "shard 1 (shard-00001-of-",
+    ),
+    "mds-dtype": (
+        "mds",
+        _edit_json("index.json", lambda i: _set(i, ("shards", 0, "column_encodings", 0), lambda e: "ndarray:int64")),
+        "index.json",
+        "has column_encodings",
+    ),
+    "mds-byte-size": (
+        "mds",
+        _edit_json("index.json", lambda i: _set(i, ("shards", 2, "raw_data", "bytes"), lambda n: n - 4)),
+        "index.json",
+        "has raw_data",
+    ),
+    "mds-shard-name": (
+        "mds",
+        _edit_json("index.json", lambda i: _set(i, ("shards", 0, "raw_data", "basename"), lambda n: "other.mds")),
+        "index.json",
+        "has raw_data",
+    ),
+    "mds-empty-shard-list": (
+        "mds",
+        _edit_json("index.json", lambda i: _set(i, ("shards",), lambda s: [])),
+        "index.json",
+        "lists 0 shards, manifest.json lists",
+    ),
+    "mds-no-shard-list": ("mds", _write("index.json", "{}"), "index.json", "has no shard list"),
+    "mds-not-json": ("mds", _write("index.json", '{"shards": ['), "index.json", "cannot be read"),
+    "mds-index-deleted": ("mds", _unlink("index.json"), "index.json", "is missing"),
+    "mds-weights-doubled": ("mds", _each_row(_double_weights), "shard-00000-of-", "not the sample weighting"),
+    # Megatron: the packing metadata, and the columns its dataset reads (seq_start_id, loss_mask)
+    "megatron-pack-size": (
+        "megatron",
+        _edit_json("packing_metadata.json", lambda m: _set(m, (0, "pack_size"), lambda n: 2 * n)),
+        "packing_metadata.json",
+        "has pack_size 512 where the output gives 256",
+    ),
+    "megatron-max-seqlen": (
+        "megatron",
+        _edit_json("packing_metadata.json", lambda m: _set(m, (0, "dataset_max_seqlen"), lambda n: n - 1)),
+        "packing_metadata.json",
+        "has dataset_max_seqlen",
+    ),
+    "megatron-packing-factor": (
+        "megatron",
+        _edit_json("packing_metadata.json", lambda m: _set(m, (0, "packing_factor"), lambda x: x + 0.5)),
+        "packing_metadata.json",
+        "has packing_factor",
+    ),
+    "megatron-key-removed": (
+        "megatron",
+        _edit_json("packing_metadata.json", lambda m: [m[0].pop("min_packed_seqlen"), m][1]),
+        "packing_metadata.json",
+        "lacks min_packed_seqlen",
+    ),
+    "megatron-not-a-list": (
+        "megatron",
+        _edit_json("packing_metadata.json", lambda m: m[0]),
+        "packing_metadata.json",
+        "is not a JSON list",
+    ),
+    "megatron-metadata-deleted": (
+        "megatron",
+        _unlink("packing_metadata.json"),
+        "packing_metadata.json",
+        "is missing",
+    ),
+    "megatron-seq-start-id": ("megatron", _each_row(_shift_starts), "shard-00000-of-", "seq_start_id does not match"),
+    "megatron-loss-mask": ("megatron", _each_row(_mask_last_token), "shard-00000-of-", "loss_mask is 1 on a sample"),
+    # loss_weights: values recomputed from the labels and seq_lengths, by the weighting the manifest records
+    "parquet-weights-doubled": ("parquet", _each_row(_double_weights), "shard-00000-of-", "not the sample weighting"),
+    "sqrt-weights-doubled": ("parquet-sqrt", _each_row(_double_weights), "shard-00000-of-", "1/sqrt(n) on each"),
+    "weighting-says-sqrt": ("parquet", _set_option("loss_weighting", "sqrt"), "shard-00000-of-", "not the sqrt"),
+    "weighting-says-token": ("parquet", _set_option("loss_weighting", "token"), "shard-00000-of-", "--loss-weighting"),
+    "weights-zeroed": (
+        "parquet",
+        _each_row(lambda row: row.__setitem__("loss_weights", [0.0] * len(row["loss_weights"]))),
+        "shard-00000-of-",
+        "not the sample weighting",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", TAMPERS)
+def test_verify_names_each_tampered_file(case: str, tamper_outputs: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    fmt, tamper, file, message = TAMPERS[case]
+    out = tmp_path / "out"
+    shutil.copytree(tamper_outputs[fmt], out)
+    before = _verify(out)
+    assert before.exit_code == 0 and before.stdout.startswith(f"OK {out}"), before.output
+    tamper(out)
+    result = _verify(out)
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert any(line.startswith(file) and ": " in line and message in line for line in lines), (case, lines)
+    assert lines[-1].endswith(f"in {out}")
+
+
+@pytest.mark.parametrize("fmt", list(TAMPER_FORMATS))
+def test_stats_verify_and_manifest_count_tokens_alike(fmt: str, tamper_outputs: dict[str, Path]) -> None:
+    """Alignment padding (here context parallelism 2) is not in tokens: the manifest's definition, everywhere."""
+    from typer.testing import CliRunner
+
+    from packcli.cli import app
+
+    out = tamper_outputs[fmt]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["alignment_padding_tokens"] > 0, "the test needs padded samples"
+    stats = json.loads(CliRunner().invoke(app, ["stats", str(out), "--json"]).stdout)
+    report = json.loads(CliRunner().invoke(app, ["verify", str(out), "--json"]).stdout)
+    for key in ("tokens", "alignment_padding_tokens", "padding_tokens", "fill", "lower_bound_l1", "lower_bound_l2"):
+        assert stats[key] == manifest[key], key
+    assert report["sample_tokens"] == manifest["tokens"]
+    assert report["alignment_padding_tokens"] == manifest["alignment_padding_tokens"]
+    assert report["tokens"] == sum(s["tokens"] for s in manifest["shards"])  # what the rows hold, as before
+    assert report["index_files"] == manifest.get("index_files", [])
+    line = CliRunner().invoke(app, ["verify", str(out)]).stdout
+    written = report["tokens"] - manifest["tokens"]
+    assert f"{manifest['tokens']:,} tokens and {written:,} padding tokens, " in line

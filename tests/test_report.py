@@ -34,6 +34,7 @@ STATS_KEYS = {
     "trainable_tokens",
     "padding_tokens",
     "padding_segment_tokens",
+    "alignment_padding_tokens",
     "fill",
     "lower_bound_l1",
     "lower_bound_l2",
@@ -87,7 +88,20 @@ RAW_LINE_KEYS = {
     "rows_over_l2_fraction",
     "row_fill_histogram",
 }
-VERIFY_KEYS = {"ok", "directory", "shards", "rows", "tokens", "sequences", "samples", "records", "problems"}
+VERIFY_KEYS = {
+    "ok",
+    "directory",
+    "shards",
+    "rows",
+    "tokens",
+    "sequences",
+    "samples",
+    "records",
+    "sample_tokens",
+    "alignment_padding_tokens",
+    "index_files",
+    "problems",
+}
 SEGMENT_KEYS = {
     "sample_index",
     "piece_index",
@@ -399,6 +413,7 @@ def test_verify_whole_output(workdir: Path, name: str) -> None:
     assert f"tokens, {report['samples']:,} samples; checksums" in result.stdout
     assert report["rows"] == manifest["rows"]
     assert report["tokens"] == sum(s["tokens"] for s in manifest["shards"])
+    assert report["sample_tokens"] == manifest["tokens"] and report["alignment_padding_tokens"] == 0
 
 
 @pytest.mark.parametrize("kind", ["preference", "split"])

@@ -295,9 +295,12 @@ def verify(
     elif report.ok:
         # Records and samples differ for preference pairs and split records: both are then named.
         of_records = f" of {report.records:,} records" if report.records != report.samples else ""
+        # Tokens as the manifest counts them; the padding the rows also hold, apart.
+        padding = report.tokens - report.sample_tokens
+        padded = f" and {padding:,} padding tokens" if padding else ""
         typer.echo(
             f"OK {out_dir}: {report.shards} shard{'s' if report.shards != 1 else ''}, {report.rows:,} rows, "
-            f"{report.tokens:,} tokens, {report.samples:,} samples{of_records}; "
+            f"{report.sample_tokens:,} tokens{padded}, {report.samples:,} samples{of_records}; "
             "checksums, counts and the row contract hold"
         )
     if not report.ok:

@@ -137,8 +137,11 @@ def is_packed_output(path: Path) -> bool:
 def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     """Return the figures of a packed output directory, read shard by shard.
 
-    ``tokens`` counts sample tokens (padding segments of ``--pad-to-max`` excluded); ``padding_tokens``
-    is ``rows * max_len - tokens``. The what-ifs use each distinct sample once, in input order.
+    ``tokens`` counts sample tokens as the manifest does: the samples' real tokens, without the padding
+    segments of ``--pad-to-max`` nor the alignment padding inside samples (``--pad-to-multiple-of``,
+    ``--context-parallel``: ``alignment_padding_tokens``); ``padding_tokens`` is ``rows * max_len -
+    tokens``. The row-count bounds are on the samples' padded lengths (what the plan packed); the
+    lengths and what-ifs on their real lengths, each distinct sample once, in input order.
     """
     if batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, not {batch_size}")
@@ -150,6 +153,7 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     row_samples: list[np.ndarray] = []
     seq_index: list[np.ndarray] = []
     seq_length: list[np.ndarray] = []
+    seq_real: list[np.ndarray] = []
     seq_piece: list[np.ndarray] = []
     seq_role: list[np.ndarray] = []
     row_pairs: list[np.ndarray] = []
@@ -162,6 +166,7 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
             columns = ["labels", "seq_lengths", "sample_index"]
             columns += ["piece_index"] if "piece_index" in (manifest.get("columns") or []) else []
             columns += ["sample_role"] if "sample_role" in (manifest.get("columns") or []) else []
+            columns += ["seq_lengths_unpadded"] if "seq_lengths_unpadded" in (manifest.get("columns") or []) else []
             for batch in shard_batches(path, columns):
                 row_len, labels = list_parts(batch.column("labels"))
                 segs, lengths = list_parts(batch.column("seq_lengths"))
@@ -171,13 +176,19 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
                 seg_row = np.repeat(np.arange(len(segs)), segs)
                 pad_per_row = np.bincount(seg_row[pad], weights=lengths[pad], minlength=len(segs)).astype(np.int64)
                 segment_padding += int(pad_per_row.sum())
-                row_tokens.append(row_len - pad_per_row)
+                real = lengths
+                if "seq_lengths_unpadded" in columns:
+                    _, real = list_parts(batch.column("seq_lengths_unpadded"))
+                    real = np.where(pad, lengths, real)  # padding segments are padding_segment_tokens, not this
+                alignment = np.bincount(seg_row, weights=lengths - real, minlength=len(segs)).astype(np.int64)
+                row_tokens.append(row_len - pad_per_row - alignment)
                 row_samples.append(segs - np.bincount(seg_row[pad], minlength=len(segs)))
                 seq_index.append(index[~pad].astype(np.int64))
                 if "piece_index" in columns:
                     _, piece = list_parts(batch.column("piece_index"))
                     seq_piece.append(piece[~pad].astype(np.int64))
                 seq_length.append(lengths[~pad].astype(np.int64))
+                seq_real.append(real[~pad].astype(np.int64))
                 if "sample_role" in columns:
                     _, role = list_parts(batch.column("sample_role"))
                     seq_role.append(role[~pad].astype(np.int64))
@@ -190,14 +201,15 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     samples_per_row = _concat(row_samples)
     index = _concat(seq_index)
     lengths = _concat(seq_length)
+    real_lengths = _concat(seq_real)
     pieces = _concat(seq_piece) if seq_piece else np.zeros(len(index), np.int64)
     rows = len(per_row)
-    tokens = int(lengths.sum())
+    tokens = int(real_lengths.sum())
     # Rank padding (--rank-remainder pad) repeats whole rows; bounds and what-ifs count a sample (one
     # (sample_index, piece_index) pair) once. Sorted by the pair: input order.
     distinct, first = np.unique(np.stack([index, pieces], axis=1), axis=0, return_index=True)
-    distinct_lengths = lengths[first]
-    if len(distinct_lengths) and not 1 <= int(distinct_lengths.min()) <= int(distinct_lengths.max()) <= max_len:
+    padded_lengths, distinct_lengths = lengths[first], real_lengths[first]
+    if len(distinct_lengths) and not (int(distinct_lengths.min()) >= 1 and int(padded_lengths.max()) <= max_len):
         raise OutputError(
             f"{directory}: a sample length is outside 1..max_len {max_len}; run packcli verify {directory}"
         )
@@ -212,11 +224,11 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
         # Preference data: a record's samples are one item of the plan, so the bounds are on records.
         roles = _concat(seq_role)[first]
         _, item_of = np.unique(distinct[:, 0], return_inverse=True)
-        item_lengths = np.bincount(item_of, weights=distinct_lengths).astype(np.int64)
+        item_lengths = np.bincount(item_of, weights=padded_lengths).astype(np.int64)
         pairs = _pair_stats(roles, item_of, distinct_lengths, _concat(row_pairs), batch_size)
         bounds = _bounds(item_lengths, max_len, rows)
     else:
-        bounds = _bounds(distinct_lengths, max_len, rows)
+        bounds = _bounds(padded_lengths, max_len, rows)
     out = {
         "mode": "packed",
         "directory": str(directory),
@@ -230,6 +242,7 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
         "trainable_tokens": trainable,
         "padding_tokens": padding_tokens,
         "padding_segment_tokens": segment_padding,
+        "alignment_padding_tokens": int(lengths.sum()) - tokens,
         "fill": round(tokens / capacity, 6) if capacity else 0.0,
         **bounds,
         "samples_per_row": {

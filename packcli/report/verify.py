@@ -21,8 +21,8 @@ from packcli.contract import IGNORE_INDEX, MANIFEST, OPTIONAL_COLUMNS, SHARD_SCH
 from packcli.errors import first_line
 from packcli.packing import pad_lengths
 from packcli.report.stats import list_parts
-from packcli.shard_formats import shard_batches, shard_schema
-from packcli.shards import EXTENSIONS, file_sha256, manifest_problems, read_manifest
+from packcli.shard_formats import FORMATS, MISSING_INDEX, ShardFormat, format_of, shard_batches, shard_schema
+from packcli.shards import EXTENSIONS, file_sha256, loss_weights, manifest_problems, read_manifest
 
 SHARD_FILE = re.compile(r"^shard-\d+-of-\d+(" + "|".join(re.escape(e) for e in EXTENSIONS.values()) + ")$")
 MAX_EXAMPLES = 5
@@ -55,7 +55,12 @@ CHECKS = {
     "pairs": "have a chosen sample not followed by its rejected sample (the same sample_index, piece 0 then 1), "
     "or a rejected sample without its chosen one before it",
     "loss_weights": "have loss_weights that are negative, not finite, of the wrong length or set where labels are -100",
+    "loss_weights_values": "have loss_weights that are not the {weighting} weighting the manifest records "
+    "(--loss-weighting {weighting}: {rule} on each of a sample's n trained tokens)",
 }
+WEIGHTING_RULES = {"sample": "1/n", "sqrt": "1/sqrt(n)"}
+# loss_weights are float32: a recomputed weight may differ from the stored one in its last bits only.
+WEIGHT_RTOL = 1e-6
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,10 @@ class VerifyReport:
     sequences: int = 0
     samples: int = 0  # distinct (sample_index, piece_index) pairs: a pair's two samples, a split record's pieces
     records: int = 0  # distinct sample_index values: the input records the shards hold
+    # The manifest's ``tokens``: the samples' real tokens, without padding segments or alignment padding.
+    sample_tokens: int = 0
+    alignment_padding_tokens: int = 0  # padding inside the samples' segments (--pad-to-multiple-of, CP, TP)
+    index_files: list[str] = field(default_factory=list)  # the format's files beside the shards, checked
     problems: list[Problem] = field(default_factory=list)
 
     @property
@@ -96,6 +105,9 @@ class VerifyReport:
             "sequences": self.sequences,
             "samples": self.samples,
             "records": self.records,
+            "sample_tokens": self.sample_tokens,
+            "alignment_padding_tokens": self.alignment_padding_tokens,
+            "index_files": list(self.index_files),
             "problems": [{"file": p.file, "message": p.message} for p in self.problems],
         }
 
@@ -109,13 +121,15 @@ class _Expect:
     pad_multiple: int = 1
     pad_offset: int = 0
     task: str = "sft"
+    loss_weighting: str | None = None  # the manifest's --loss-weighting (None: not recorded)
 
 
 @dataclass
 class _ShardTotals:
     rows: int = 0
     tokens: int = 0  # every token in the rows, padding segments included (what the manifest's shard entry counts)
-    sample_tokens: int = 0
+    sample_tokens: int = 0  # real sample tokens: padding segments and alignment padding left out
+    alignment: int = 0  # alignment padding tokens
     trainable: int = 0
     failures: dict[str, list[int]] = field(default_factory=dict)  # check -> [count, first row]
     index: list[np.ndarray] = field(default_factory=list)
@@ -151,6 +165,7 @@ def verify_output(directory: Path, progress: Progress | None = None) -> VerifyRe
         pad_multiple=_pad_multiple(options),
         pad_offset=1 if options.get("output_format") == "megatron" else 0,
         task=str(manifest.get("task") or "sft"),
+        loss_weighting=str(options["loss_weighting"]) if "loss_weighting" in options else None,
     )
     entries = manifest.get("shards")
     if not isinstance(entries, list) or expect.max_len < 1:
@@ -173,6 +188,7 @@ def verify_output(directory: Path, progress: Progress | None = None) -> VerifyRe
         report.rows += totals.rows
         report.tokens += totals.tokens
         sample_tokens += totals.sample_tokens
+        report.alignment_padding_tokens += totals.alignment
         trainable += totals.trainable
         if totals.index:
             part = np.concatenate(totals.index)
@@ -186,11 +202,58 @@ def verify_output(directory: Path, progress: Progress | None = None) -> VerifyRe
     pieces = np.concatenate(piece_parts) if piece_parts else np.zeros(0, np.int64)
     owner = np.concatenate(shard_ids) if shard_ids else np.zeros(0, np.int32)
     report.sequences = len(index)
+    report.sample_tokens = sample_tokens
     complete = report.shards == len(entries)
     report.records, report.samples = _check_samples(index, pieces, owner, entries, manifest, report.problems, complete)
     if complete:
         _check_totals(manifest, report, sample_tokens, trainable)
+    _check_index_files(directory, manifest, entries, expect.max_len, report, complete)
     return report
+
+
+def _output_format(manifest: dict[str, Any], entries: list[dict[str, Any]]) -> ShardFormat | None:
+    """The format the output was written in: the manifest's --output-format, else its shards' extension."""
+    name = manifest.get("options", {}).get("output_format")
+    if isinstance(name, str) and name in FORMATS:
+        return FORMATS[name]
+    for entry in entries:
+        try:
+            return format_of(Path(str(entry.get("file", ""))))
+        except ValueError:
+            continue
+    return None
+
+
+def _check_index_files(
+    directory: Path,
+    manifest: dict[str, Any],
+    entries: list[dict[str, Any]],
+    max_len: int,
+    report: VerifyReport,
+    complete: bool,
+) -> None:
+    """Check the files the output format keeps beside its shards (MDS's index.json, Megatron's metadata).
+
+    A trainer's reader opens them, not the manifest: each must be there and say what the shards hold.
+    Their contents are compared only when every shard could be read (the others' problems say why not).
+    """
+    fmt = _output_format(manifest, entries)
+    names = list(fmt.index_files) if fmt is not None else []
+    listed = manifest.get("index_files")
+    if isinstance(listed, list):  # manifest_problems does not check this key: bare file names only
+        names += [n for n in listed if isinstance(n, str) and n and Path(n).name == n and n not in names]
+    report.index_files = names
+    missing = [name for name in names if not (directory / name).is_file()]
+    for name in missing:
+        why = MISSING_INDEX if fmt is not None and name in fmt.index_files else "manifest.json lists it"
+        report.problems.append(Problem(name, f"is missing: {why}, but the file is not there"))
+    if fmt is None or not fmt.index_files or missing or not complete:
+        return
+    try:
+        found = fmt.index_problems(directory, entries, max_len)
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        found = [(fmt.index_files[0], f"cannot be checked against the shards ({first_line(exc)})")]
+    report.problems.extend(Problem(name, message) for name, message in found)
 
 
 def _pad_multiple(options: dict[str, Any]) -> int:
@@ -231,6 +294,19 @@ def _check_shard(
             problems.append(Problem(name, f"lacks the column sample_role (the output holds {expect.task} data)"))
         if expect.pad_multiple > 1 and "seq_lengths_unpadded" not in schema.names:
             problems.append(Problem(name, "lacks the column seq_lengths_unpadded (the output was padded per sample)"))
+        weighted = expect.loss_weighting in WEIGHTING_RULES
+        if weighted and "loss_weights" not in schema.names:
+            problems.append(
+                Problem(
+                    name,
+                    f"lacks the column loss_weights (the output was packed with --loss-weighting "
+                    f"{expect.loss_weighting})",
+                )
+            )
+        elif expect.loss_weighting == "token" and "loss_weights" in schema.names:
+            problems.append(
+                Problem(name, "has a loss_weights column, but the output was packed with --loss-weighting token")
+            )
         optional = [f.name for f in OPTIONAL_COLUMNS if f.name in schema.names and schema.field(f.name).type == f.type]
         for batch in shard_batches(path, [*[f.name for f in required], *optional]):
             _check_batch(batch, totals.rows, expect, totals)
@@ -240,7 +316,12 @@ def _check_shard(
         problems.append(Problem(name, f"cannot be read ({first})"))
         return None
     for check, (count, first_row) in totals.failures.items():
-        message = CHECKS[check].format(max_len=expect.max_len, vocab_size=expect.vocab_size)
+        message = CHECKS[check].format(
+            max_len=expect.max_len,
+            vocab_size=expect.vocab_size,
+            weighting=expect.loss_weighting,
+            rule=WEIGHTING_RULES.get(str(expect.loss_weighting)),
+        )
         noun = "row" if count == 1 else "rows"
         verb = message if count != 1 else _singular(message)
         problems.append(Problem(name, f"{count} {noun} {verb} (first: row {first_row})"))
@@ -336,9 +417,11 @@ def _check_batch(batch: pa.RecordBatch, first_row: int, expect: _Expect, totals:
         totals.fail("padding_not_last", seg_row[pad & ~is_last], first_row)
     totals.sample_tokens += int(row_len.sum()) - int(seq_lengths[pad].sum())
     if "seq_lengths_unpadded" in batch.schema.names:
-        totals.sample_tokens -= _check_unpadded(
+        alignment = _check_unpadded(
             batch, segs, seq_lengths, pad, row_sums == row_len, labelled, expect, totals, first_row
         )
+        totals.sample_tokens -= alignment
+        totals.alignment += alignment
     if "loss_weights" in batch.schema.names:
         w_len, weights = list_parts(batch.column("loss_weights"))
         bad_len = rows[w_len != row_len]
@@ -346,6 +429,12 @@ def _check_batch(batch: pa.RecordBatch, first_row: int, expect: _Expect, totals:
         if len(bad_len) == 0:
             bad = ~np.isfinite(weights) | (weights < 0) | ((weights != 0) & ~labelled)
             totals.fail("loss_weights", token_rows(bad), first_row)
+            if expect.loss_weighting in WEIGHTING_RULES and (row_sums == row_len).all() and (seq_lengths > 0).all():
+                # Each segment's weights as the writer computes them, from its labels (padding segments: 0).
+                want = loss_weights(labels, seq_lengths, expect.loss_weighting)
+                if not np.array_equal(weights, want):  # the writer's own values are equal bit for bit
+                    wrong = ~np.isclose(weights, want, rtol=WEIGHT_RTOL, atol=0.0) & ~bad
+                    totals.fail("loss_weights_values", token_rows(wrong), first_row)
     if "sample_role" in batch.schema.names:
         _check_roles(batch, segs, index, piece, pad, seg_row, expect, totals, first_row)
     totals.index.append(index[~pad])
