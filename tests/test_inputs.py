@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 import packcli
 from packcli.cli import app
 from packcli.errors import InputError
-from tests.conftest import make_conversations, write_jsonl
+from tests.conftest import make_conversations, one_error_line, write_jsonl
 
 COMPRESS = {
     "gz": gzip.compress,
@@ -146,11 +146,45 @@ def test_a_damaged_compressed_file_is_one_line_naming_it(tmp_path: Path, pack: A
     cut.write_bytes(data[: len(data) // 2])
     result = pack(cut, "--max-len", "256", "-o", tmp_path / "out", expect=1)
     assert result.stderr.count("\n") == 1
-    assert "cut.jsonl.gz: cannot decompress" in result.stderr and "check the file" in result.stderr
+    assert "cut.jsonl.gz: cannot decompress: the gzip data is cut off" in result.stderr
+    assert "check the file" in result.stderr
     zst = tmp_path / "bad.csv.zst"
     zst.write_bytes(b"not zstd at all")
     result = pack(zst, "--max-len", "256", "-o", tmp_path / "out", expect=1)
     assert "bad.csv.zst: cannot decompress" in result.stderr
+
+
+# Every codec checks its data: zstd frames with a checksum, as the zstd tool writes them by default.
+STRICT = {**COMPRESS, "zst": lambda b: zstandard.ZstdCompressor(write_checksum=True).compress(b)}
+
+
+@pytest.mark.parametrize("ext", ["gz", "zst", "bz2", "xz"])
+def test_a_cut_or_damaged_compressed_file_is_an_error_never_a_shorter_file(tmp_path: Path, pack: Any, ext: str) -> None:
+    """Cut inside the second of two members (frames), cut mid-line inside the only one, a byte flipped,
+    or followed by bytes of no member: one line naming the file, even with --on-error skip."""
+    lines = _texts(_records(60))["jsonl"]
+    first, second = STRICT[ext](lines[: len(lines) // 2]), STRICT[ext](lines[len(lines) // 2 :])
+    whole = STRICT[ext](lines)
+    damaged = bytearray(whole)
+    damaged[len(damaged) // 2] ^= 0x55
+    cases = {
+        "two": (first + second[: len(second) // 2], "cut off (the file ends inside"),
+        "one": (whole[: len(whole) * 2 // 3], "cut off (the file ends inside"),
+        "flipped": (bytes(damaged), "damaged ("),
+        "appended": (whole + b"not compressed\n", "holds bytes that are not"),
+    }
+    for name, (data, what) in cases.items():
+        path = tmp_path / f"{name}.jsonl.{ext}"
+        path.write_bytes(data)
+        result = pack(path, "--max-len", "256", "-o", tmp_path / name, "--on-error", "skip", expect=1)
+        line = one_error_line(result)
+        assert line.startswith(f"Error: {path}: cannot decompress: ") and what in line, (name, line)
+        assert not (tmp_path / name).exists()
+    # A file of two whole members is all of their records.
+    path = tmp_path / f"both.jsonl.{ext}"
+    path.write_bytes(first + second)
+    result = pack(path, "--max-len", "256", "-o", tmp_path / "both", "--json", "-q")
+    assert json.loads(result.stdout)["records_read"] == 60
 
 
 def test_compressed_parquet_is_refused_with_the_fix(tmp_path: Path, pack: Any) -> None:
