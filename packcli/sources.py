@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packcli.errors import InputError, UsageError, raise_if_stopped
+from packcli.errors import InputError, UsageError, interruptible, raise_if_stopped
 
 FILE_TYPES = {
     ".jsonl": "jsonl",
@@ -309,7 +309,9 @@ def _stream_source(raw: str) -> InputSource:
     fd, spool = tempfile.mkstemp(prefix=f"{STREAM_COPY_PREFIX}{owner_tag()}-", suffix=suffix)
     atexit.register(_remove, spool)
     try:
-        with os.fdopen(fd, "wb") as out:
+        # Opening a FIFO waits for a writer, and reading a stream for its data, for ever if none comes:
+        # the first SIGINT or SIGTERM stops them at once.
+        with os.fdopen(fd, "wb") as out, interruptible():
             if raw == STDIN:
                 shutil.copyfileobj(sys.stdin.buffer, out, 1 << 20)
             else:
@@ -320,6 +322,9 @@ def _stream_source(raw: str) -> InputSource:
         raise InputError(
             f"{label}: cannot copy the stream to {spool} ({exc.strerror or exc}); free disk space there or set TMPDIR"
         ) from exc
+    except BaseException:
+        _remove(spool)
+        raise
     source = _file_source(Path(spool), label)
     _SPOOLED[raw] = source
     return source

@@ -8,7 +8,11 @@ import hashlib
 import json
 import lzma
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -248,6 +252,33 @@ def test_a_fifo_is_read_as_a_stream(tmp_path: Path, cache_dir: Path) -> None:
     writer.join(timeout=30)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["records_read"] == 5
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_the_first_signal_stops_a_run_waiting_for_a_fifo_writer(tmp_path: Path, sig: int) -> None:
+    """Opening a FIFO that no program writes blocks in the kernel: the first SIGINT or SIGTERM still ends
+    the run at once, with the exit code of an interrupt and one line, and leaves no copy of the stream."""
+    fifo = tmp_path / "nobody.jsonl"
+    os.mkfifo(fifo)
+    env = {**os.environ, "PACKCLI_CACHE": str(tmp_path / "cache"), "TMPDIR": str(tmp_path)}
+    command = [sys.executable, "-m", "packcli", "pack", str(fifo), "--max-len", "64", "-o", str(tmp_path / "out")]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        wchan = Path(f"/proc/{proc.pid}/wchan")
+        while time.monotonic() < deadline and proc.poll() is None:
+            if wchan.read_text() == "wait_for_partner":  # in open(), waiting for a writer
+                break
+            time.sleep(0.05)
+        assert wchan.read_text() == "wait_for_partner"
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, err
+    assert err.strip() == "Error: interrupted; the previous output, if any, was left as it was"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nobody.jsonl"]
 
 
 def _cached_hub_dataset(home: Path, repo: str, records: list[dict[str, Any]]) -> None:
