@@ -125,14 +125,25 @@ def resolve_inputs(paths: list[str], split: str | None = None, skipped: list[str
     if not sources:
         raise UsageError("no input given; pass one or more files, directories or globs")
     # Sorted, with duplicates removed, so that sample_index does not depend on the argument order.
-    # A file named twice (d, d/m.jsonl, $PWD/d/m.jsonl, d/../d/m.jsonl) is one input: duplicates are
-    # found by resolved path, and the shortest spelling is kept, whichever came first.
-    by_target: dict[tuple[str, str], InputSource] = {}
+    # A file named twice (d, d/m.jsonl, $PWD/d/m.jsonl, d/../d/m.jsonl, a symlink or a hard link to it)
+    # is one input: duplicates are found by device and inode, and the shortest spelling is kept,
+    # whichever came first.
+    by_target: dict[tuple[Any, ...], InputSource] = {}
     for s in sorted(sources, key=lambda s: (len(s.path), s.path)):
-        target = s.path if s.kind == "hub" or is_uri(s.path) else str(Path(s.path).resolve())
-        by_target.setdefault((s.kind, target), s)
+        by_target.setdefault(_identity(s), s)
     unique = {(s.kind != "hub", s.path): s for s in by_target.values()}
     return [unique[k] for k in sorted(unique)]
+
+
+def _identity(source: InputSource) -> tuple[Any, ...]:
+    """What makes two sources one input: the same file (device and inode), URI or Hub dataset."""
+    if source.kind == "hub" or is_uri(source.path):
+        return (source.kind, source.path, source.split)
+    try:
+        st = os.stat(source.path)
+    except OSError:  # reported by the reader, in its turn
+        return ("path", str(Path(source.path).resolve()))
+    return ("file", st.st_dev, st.st_ino)
 
 
 def is_uri(path: str) -> bool:
