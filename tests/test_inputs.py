@@ -169,11 +169,14 @@ def test_a_cut_or_damaged_compressed_file_is_an_error_never_a_shorter_file(tmp_p
     lines = _texts(_records(60))["jsonl"]
     first, second = STRICT[ext](lines[: len(lines) // 2]), STRICT[ext](lines[len(lines) // 2 :])
     whole = STRICT[ext](lines)
+    # Over zstd's block size (128 KiB): cut at 2/3, the blocks before the cut decode (the lines before it
+    # were read, the cut line was "invalid JSON", and --on-error skip packed the rest as the whole file).
+    large = STRICT[ext](_texts(_records(1500))["jsonl"])
     damaged = bytearray(whole)
     damaged[len(damaged) // 2] ^= 0x55
     cases = {
         "two": (first + second[: len(second) // 2], "cut off (the file ends inside"),
-        "one": (whole[: len(whole) * 2 // 3], "cut off (the file ends inside"),
+        "one": (large[: len(large) * 2 // 3], "cut off (the file ends inside"),
         "flipped": (bytes(damaged), "damaged ("),
         "appended": (whole + b"not compressed\n", "holds bytes that are not"),
     }
