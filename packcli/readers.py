@@ -127,6 +127,7 @@ class Decompressed(io.RawIOBase):
         self._input = b""  # compressed bytes read and not yet given to a decompressor
         self._output = b""  # decompressed bytes not yet returned
         self._source_done = False
+        self._capped = False  # the last gzip call gave MAX_OUTPUT bytes (it may have more without input)
 
     def readable(self) -> bool:
         return True
@@ -143,8 +144,13 @@ class Decompressed(io.RawIOBase):
     def _wants_input(self) -> bool:
         if self._input:
             return False
-        # bz2 and xz keep what one call could not give (over MAX_OUTPUT) inside: given again, without input.
-        return self._member is None or getattr(self._member, "needs_input", True)
+        if self._member is None:
+            return True
+        # A call whose output reached MAX_OUTPUT may have more to give from the input it took: bz2 and xz
+        # say so (needs_input); zlib may, when its last call filled the bound exactly.
+        if self._compression == "gzip":
+            return not self._capped
+        return bool(getattr(self._member, "needs_input", True))
 
     def _step(self) -> bool:
         """Decompress some more into ``_output``; return False at the end of the data."""
@@ -168,6 +174,7 @@ class Decompressed(io.RawIOBase):
             if self._compression == "gzip":
                 self._output = member.decompress(self._input, MAX_OUTPUT)
                 self._input = member.unconsumed_tail
+                self._capped = len(self._output) >= MAX_OUTPUT
             elif self._compression == "zstd":
                 data, self._input = self._input[:ZSTD_FEED], self._input[ZSTD_FEED:]
                 self._output = member.decompress(data)
@@ -183,7 +190,9 @@ class Decompressed(io.RawIOBase):
             raise self._error(f"the {self._compression} data is damaged ({_first(exc)})") from exc
         self._fed = True
         if member.eof:
-            self._input = member.unused_data + self._input
+            # What follows the member: zlib's unused_data is all of it (its unconsumed_tail repeats it);
+            # zstd's is the rest of the bytes given, before those not given yet.
+            self._input = member.unused_data + (self._input if self._compression == "zstd" else b"")
             self._member = None
         return True
 

@@ -194,6 +194,26 @@ def test_a_cut_or_damaged_compressed_file_is_an_error_never_a_shorter_file(tmp_p
     assert json.loads(result.stdout)["records_read"] == 60
 
 
+@pytest.mark.parametrize("ext", ["gz", "zst", "bz2", "xz"])
+def test_every_member_of_a_compressed_file_is_read_exactly(ext: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Members of all sizes (an empty one too), with reads and outputs bounded far below them."""
+    import io
+    import random
+
+    from packcli import readers
+
+    monkeypatch.setattr(readers, "COMPRESSED_CHUNK", 1000)
+    monkeypatch.setattr(readers, "MAX_OUTPUT", 4096)
+    monkeypatch.setattr(readers, "ZSTD_FEED", 300)
+    rng = random.Random(5)
+    data = b"".join(b"x" * rng.randint(1, 3000) + rng.randbytes(rng.randint(0, 50)) for _ in range(300))
+    parts = [data[:200_000], b"", data[200_000:200_100], data[200_100:], b"tail\n"]
+    compressed = b"".join(STRICT[ext](p) for p in parts)
+    name = {"gz": "gzip", "zst": "zstd"}.get(ext, ext)
+    with io.BufferedReader(readers.Decompressed(io.BytesIO(compressed), name, "t")) as fh:
+        assert fh.read() == data + b"tail\n"
+
+
 def test_compressed_parquet_is_refused_with_the_fix(tmp_path: Path, pack: Any) -> None:
     (tmp_path / "d.parquet.gz").write_bytes(gzip.compress(b"x"))
     result = pack(tmp_path / "d.parquet.gz", "--max-len", "256", "-o", tmp_path / "out", expect=1)
