@@ -239,7 +239,7 @@ def _as_paths(inputs: Any, cache_dir: str | os.PathLike[str] | None) -> Iterator
         return
     if not all(isinstance(x, Mapping) for x in items):
         raise UsageError("inputs must be a path, a list of paths, a datasets.Dataset or a list of records (dicts)")
-    lines = "".join(json.dumps(dict(x), ensure_ascii=False, default=str) + "\n" for x in items).encode()
+    lines = "".join(_record_line(dict(x)) + "\n" for x in items).encode()
     with _memory_dir(cache_dir) as root:
         path = root / f"records-{hashlib.blake2b(lines, digest_size=16).hexdigest()}.jsonl"
         if not path.exists():
@@ -247,6 +247,18 @@ def _as_paths(inputs: Any, cache_dir: str | os.PathLike[str] | None) -> Iterator
             tmp.write_bytes(lines)
             os.replace(tmp, path)
         yield [str(path)]
+
+
+def _record_line(record: dict[str, Any]) -> str:
+    """One in-memory record as a JSON line; one that JSON cannot hold (bytes, arrays) as the line the
+    worker rejects with that reason (``records.UNUSABLE``)."""
+    from packcli.records import UNUSABLE, unusable_value
+
+    err = unusable_value(record)
+    if err is None:
+        return json.dumps(record, ensure_ascii=False, default=str)
+    shown = json.dumps(record, ensure_ascii=False, default=repr)
+    return json.dumps({UNUSABLE: {"reason": err.reason, "detail": err.detail, "record": shown}}, ensure_ascii=False)
 
 
 def _memory_root(options: Mapping[str, Any], cache_dir: str | os.PathLike[str] | None) -> Path | None:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
+from collections.abc import Iterator
 
 _STOP = threading.Event()
 _STOPPING = threading.Event()
+# How deep the main thread is in blocking calls that a stop request interrupts at once (see interruptible).
+_BLOCKING = [0]
 
 
 class PackcliError(Exception):
@@ -95,3 +99,28 @@ def begin_stopping() -> bool:
     first = not _STOPPING.is_set()
     _STOPPING.set()
     return first
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Let the first stop request interrupt the main thread at once while it runs the body.
+
+    For calls that may block for ever (opening a FIFO that no program writes, reading standard input
+    or a pipe): the signal handler raises KeyboardInterrupt inside them instead of waiting for a safe
+    point they never reach. The body must be safe to stop anywhere (it reads inputs; what it writes is
+    removed when it is stopped). In other threads, which receive no signals, it changes nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    raise_if_stopped()
+    _BLOCKING[0] += 1
+    try:
+        yield
+    finally:
+        _BLOCKING[0] -= 1
+
+
+def stop_at_once() -> bool:
+    """Whether a stop request must interrupt the main thread where it is (it is inside ``interruptible``)."""
+    return _BLOCKING[0] > 0

@@ -9,6 +9,7 @@ Field names can be remapped (``--field messages=dialog``), so every lookup goes 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -160,8 +161,29 @@ def normalize(record: Any, fmt: str, fields: dict[str, str]) -> Sample:
                     "length_mismatch",
                     f"'{fields['labels']}' has {len(labels)} values but '{fields['input_ids']}' has {len(ids)}",
                 )
+        _refuse_packed_row(record, len(ids))
         return Sample("tokenized", input_ids=ids, labels=labels)
     raise ValueError(f"unknown format {fmt!r}")
+
+
+def _refuse_packed_row(record: dict[str, Any], n_tokens: int) -> None:
+    """Raise RecordError when a tokenized record is a packed row: ``seq_lengths`` says it holds several samples.
+
+    Read as one sample, its samples would attend to each other (three of 33 tokens become one of 99).
+    A ``seq_lengths`` of one sample as long as ``input_ids`` says nothing more and is accepted.
+    """
+    lengths = record.get("seq_lengths")
+    if isinstance(lengths, str):
+        with contextlib.suppress(ValueError, RecursionError):
+            lengths = json.loads(lengths)
+    if lengths is None or lengths == [n_tokens]:
+        return
+    shown = f"{len(lengths)} samples" if isinstance(lengths, list) else f"{_tname(lengths)}"
+    raise RecordError(
+        "packed_row",
+        f"the record is a packed row ('seq_lengths' holds {shown}): read as one sample, their boundaries would be "
+        "lost; pass the original records (a packcli output's manifest.json names them), one sample per record",
+    )
 
 
 def _template_extras(record: dict[str, Any], fields: dict[str, str]) -> dict[str, Any]:

@@ -86,3 +86,53 @@ def check_sample(sample: Sample) -> None:
         value = getattr(sample, name)
         if value is not None:
             check_value(value, f"the {name}")
+
+
+# A record given in memory (a list of dicts to the library) that JSON cannot carry as it is (bytes, an
+# array) is written to the records file as {UNUSABLE: {"reason", "detail", "record"}}, and the worker
+# that reads that line rejects it with this reason: counted under --on-error skip like any bad record,
+# where turning the value into its repr (b'...', "[1 2 3]") packed the wrong text or said the wrong thing.
+UNUSABLE = "\u0000packcli-unusable-record"
+
+
+class UnusableRecord(RecordError):
+    """The RecordError of a line written for an unusable in-memory record; ``record`` is that record as text."""
+
+    def __init__(self, line: dict[str, Any]) -> None:
+        super().__init__(str(line.get("reason")), str(line.get("detail")))
+        self.record = str(line.get("record"))
+
+
+def unusable_value(record: Any) -> RecordError | None:
+    """Return the RecordError for the first value of an in-memory record that JSON cannot hold as it is.
+
+    Bytes are not decoded (they name no encoding, and may not be text at all); arrays (numpy, or any
+    object with ``__array__``) are not converted: both say what to pass instead.
+    """
+    stack: list[tuple[Any, str, int]] = [(record, "", 0)]
+    while stack:
+        item, where, depth = stack.pop()
+        if isinstance(item, (bytes, bytearray, memoryview)):
+            return RecordError(
+                "bytes_value",
+                f"{_place(where)} holds bytes, not text; decode them (value.decode('utf-8')) before packing",
+            )
+        if hasattr(item, "__array__") and not isinstance(item, (str, list, tuple, dict)):
+            kind = f"{type(item).__module__.split('.')[0]}.{type(item).__name__}"
+            return RecordError(
+                "array_value",
+                f"{_place(where)} holds a {kind} (an array type), not a JSON value; pass plain Python values "
+                "(value.tolist())",
+            )
+        if depth >= MAX_DEPTH:
+            continue
+        if isinstance(item, dict):
+            stack.extend((v, f"{where}[{k!r}]" if where else repr(k), depth + 1) for k, v in reversed(item.items()))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in reversed(list(enumerate(item))))
+    return None
+
+
+def _place(where: str) -> str:
+    field, _, rest = where.partition("[")
+    return f"field {field}" + (f" at [{rest}" if rest else "")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packcli.errors import InputError, UsageError, raise_if_stopped
+from packcli.errors import InputError, UsageError, interruptible, raise_if_stopped
 
 FILE_TYPES = {
     ".jsonl": "jsonl",
@@ -125,14 +125,79 @@ def resolve_inputs(paths: list[str], split: str | None = None, skipped: list[str
     if not sources:
         raise UsageError("no input given; pass one or more files, directories or globs")
     # Sorted, with duplicates removed, so that sample_index does not depend on the argument order.
-    # A file named twice (d, d/m.jsonl, $PWD/d/m.jsonl, d/../d/m.jsonl) is one input: duplicates are
-    # found by resolved path, and the shortest spelling is kept, whichever came first.
-    by_target: dict[tuple[str, str], InputSource] = {}
+    # A file named twice (d, d/m.jsonl, $PWD/d/m.jsonl, d/../d/m.jsonl, a symlink or a hard link to it)
+    # is one input: duplicates are found by device and inode, and the shortest spelling is kept,
+    # whichever came first.
+    by_target: dict[tuple[Any, ...], InputSource] = {}
     for s in sorted(sources, key=lambda s: (len(s.path), s.path)):
-        target = s.path if s.kind == "hub" or is_uri(s.path) else str(Path(s.path).resolve())
-        by_target.setdefault((s.kind, target), s)
+        by_target.setdefault(_identity(s), s)
     unique = {(s.kind != "hub", s.path): s for s in by_target.values()}
+    for s in unique.values():
+        _refuse_shard(s)
     return [unique[k] for k in sorted(unique)]
+
+
+# The columns by which a file is known as a packcli shard, whatever its name or place: every output
+# layout packcli writes as Parquet or Arrow (its own, and Megatron's) has them (see contract.py).
+SHARD_COLUMNS = ("input_ids", "seq_lengths", "sample_index")
+
+
+def _refuse_shard(source: InputSource) -> None:
+    """Raise InputError when a local Parquet or Arrow input is a shard packcli wrote, known by its columns.
+
+    Read as tokenized records, each packed row would be one sample: the samples in it would attend to
+    each other and their boundaries would be lost. Only the schema is read (a Parquet footer, an Arrow
+    file's first message).
+    """
+    if source.kind not in ("parquet", "arrow") or is_uri(source.path):
+        return
+    names = _schema_names(source.path, source.kind)
+    if not all(c in names for c in SHARD_COLUMNS):
+        return
+    from packcli.safety import read_own_manifest
+
+    manifest = read_own_manifest(Path(source.path).resolve().parent)
+    named = [i.get("path") for i in manifest.get("inputs", []) if isinstance(i, dict)] if manifest else []
+    if named:
+        listed = ", ".join(map(str, named[:3])) + (", ..." if len(named) > 3 else "")
+        where = f": {listed}, as the manifest.json beside it says"
+    else:
+        where = " (the manifest.json of the output they were packed into names them)"
+    raise InputError(
+        f"{source.display}: is a packed shard written by packcli (columns {', '.join(SHARD_COLUMNS)}), which is "
+        f"never read as input: its rows hold several samples whose boundaries would be lost; pack the original "
+        f"records again{where}"
+    )
+
+
+def _schema_names(path: str, kind: str) -> list[str]:
+    """The column names of a Parquet or Arrow file; none when it cannot be read (the reader says why)."""
+    import pyarrow as pa
+
+    try:
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            return list(pq.read_schema(path).names)
+        with pa.memory_map(path) as mm:
+            try:
+                return list(pa.ipc.open_file(mm).schema.names)
+            except pa.ArrowInvalid:
+                mm.seek(0)
+                return list(pa.ipc.open_stream(mm).schema.names)
+    except (OSError, pa.ArrowException):
+        return []
+
+
+def _identity(source: InputSource) -> tuple[Any, ...]:
+    """What makes two sources one input: the same file (device and inode), URI or Hub dataset."""
+    if source.kind == "hub" or is_uri(source.path):
+        return (source.kind, source.path, source.split)
+    try:
+        st = os.stat(source.path)
+    except OSError:  # reported by the reader, in its turn
+        return ("path", str(Path(source.path).resolve()))
+    return ("file", st.st_dev, st.st_ino)
 
 
 def is_uri(path: str) -> bool:
@@ -309,7 +374,9 @@ def _stream_source(raw: str) -> InputSource:
     fd, spool = tempfile.mkstemp(prefix=f"{STREAM_COPY_PREFIX}{owner_tag()}-", suffix=suffix)
     atexit.register(_remove, spool)
     try:
-        with os.fdopen(fd, "wb") as out:
+        # Opening a FIFO waits for a writer, and reading a stream for its data, for ever if none comes:
+        # the first SIGINT or SIGTERM stops them at once.
+        with os.fdopen(fd, "wb") as out, interruptible():
             if raw == STDIN:
                 shutil.copyfileobj(sys.stdin.buffer, out, 1 << 20)
             else:
@@ -320,6 +387,9 @@ def _stream_source(raw: str) -> InputSource:
         raise InputError(
             f"{label}: cannot copy the stream to {spool} ({exc.strerror or exc}); free disk space there or set TMPDIR"
         ) from exc
+    except BaseException:
+        _remove(spool)
+        raise
     source = _file_source(Path(spool), label)
     _SPOOLED[raw] = source
     return source

@@ -14,7 +14,7 @@ from packcli import preference
 from packcli.bounds import rule_out_too_long
 from packcli.errors import RecordError
 from packcli.formats import PREFERENCE_FORMATS, detect_format, normalize
-from packcli.records import check_sample, integer_too_long, raw_line_is_clean, too_deep
+from packcli.records import UNUSABLE, UnusableRecord, check_sample, integer_too_long, raw_line_is_clean, too_deep
 from packcli.sources import RawBatch
 from packcli.split import Pieces, SplitRule, chunk_tokens, split_chat
 from packcli.tokenize import Encoder
@@ -109,6 +109,8 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
                 rule_out_too_long(sample, *_CONTEXT["rule_out"], render=encoder.chat.text)
             samples.append(sample)
         except RecordError as err:
+            if isinstance(err, UnusableRecord):
+                raws[-1] = err.record  # the rejects file shows the record, not the line standing for it
             samples.append(err)
     decoded = time.perf_counter()
     results = preference.encode(encoder, samples)
@@ -206,13 +208,16 @@ def parse_line(line: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise RecordError("invalid_utf8", f"byte {exc.start} of the line is not UTF-8; re-encode the file") from exc
     try:
-        return json.loads(text)
+        record = json.loads(text)
     except json.JSONDecodeError as exc:
         raise RecordError("invalid_json", _json_error(text, exc)) from exc
     except ValueError as exc:  # the only other one: an integer past Python's digit limit
         raise integer_too_long() from exc
     except RecursionError as exc:  # the decoder recurses per nesting level
         raise too_deep() from exc
+    if isinstance(record, dict) and UNUSABLE in record and isinstance(record[UNUSABLE], dict):
+        raise UnusableRecord(record[UNUSABLE])  # an in-memory record JSON could not hold (records.UNUSABLE)
+    return record
 
 
 def _json_error(text: str, exc: json.JSONDecodeError) -> str:

@@ -65,6 +65,42 @@ def test_partial_field_renames_and_errors_in_api_terms(tmp_path: Path) -> None:
     assert "--" not in str(err.value)
 
 
+def test_bytes_and_arrays_in_records_are_reasons_of_their_own(tmp_path: Path) -> None:
+    """Bytes were packed as the text "b'...'" and arrays turned into strings refused as such: each is now a
+    reason of its own, one line naming the value, counted with on_error="skip"."""
+    import json
+
+    import numpy as np
+
+    good = {"text": "packing saves compute"}
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": b"hello"}]
+    cases = [
+        ({"text": b"bytes"}, "bytes_value", "field 'text' holds bytes, not text; decode them"),
+        ({"messages": chat}, "bytes_value", "field 'messages' at [1]['content'] holds bytes, not text"),
+        ({"input_ids": np.array([1, 2, 3])}, "array_value", "field 'input_ids' holds a numpy.ndarray (an array type)"),
+        ({"input_ids": [np.int64(7)]}, "array_value", "field 'input_ids' at [0] holds a numpy.int64"),
+    ]
+    for record, reason, detail in cases:
+        with pytest.raises(packcli.InputError, match=r" line 1: ") as err:
+            packcli.pack([record, good], max_len=64, output=tmp_path / "a", cache=False, num_proc=1)
+        assert detail in str(err.value) and "\n" not in str(err.value)
+        rejects = tmp_path / "rejects.jsonl"
+        result = packcli.pack(
+            [record, good],
+            max_len=64,
+            output=tmp_path / "b",
+            cache=False,
+            num_proc=1,
+            on_error="skip",
+            rejects=str(rejects),
+            overwrite=True,
+        )
+        assert result.records_read == 2 and result.packed == 1 and result.summary["dropped"] == {reason: 1}
+        (entry,) = [json.loads(line) for line in rejects.read_text().splitlines()]
+        assert entry["reason"] == reason and detail in entry["detail"]
+        assert entry["record"] == json.dumps(record, ensure_ascii=False, default=repr)  # the record, as given
+
+
 def test_a_run_after_a_stop_runs(tmp_path: Path) -> None:
     request_stop()  # as a signal handler would, in an earlier run of this process
     records: list[dict[str, Any]] = [{"text": "packing saves compute " * 5} for _ in range(4)]

@@ -8,7 +8,11 @@ import hashlib
 import json
 import lzma
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +23,7 @@ from typer.testing import CliRunner
 import packcli
 from packcli.cli import app
 from packcli.errors import InputError
-from tests.conftest import make_conversations, write_jsonl
+from tests.conftest import make_conversations, one_error_line, write_jsonl
 
 COMPRESS = {
     "gz": gzip.compress,
@@ -146,11 +150,68 @@ def test_a_damaged_compressed_file_is_one_line_naming_it(tmp_path: Path, pack: A
     cut.write_bytes(data[: len(data) // 2])
     result = pack(cut, "--max-len", "256", "-o", tmp_path / "out", expect=1)
     assert result.stderr.count("\n") == 1
-    assert "cut.jsonl.gz: cannot decompress" in result.stderr and "check the file" in result.stderr
+    assert "cut.jsonl.gz: cannot decompress: the gzip data is cut off" in result.stderr
+    assert "check the file" in result.stderr
     zst = tmp_path / "bad.csv.zst"
     zst.write_bytes(b"not zstd at all")
     result = pack(zst, "--max-len", "256", "-o", tmp_path / "out", expect=1)
     assert "bad.csv.zst: cannot decompress" in result.stderr
+
+
+# Every codec checks its data: zstd frames with a checksum, as the zstd tool writes them by default.
+STRICT = {**COMPRESS, "zst": lambda b: zstandard.ZstdCompressor(write_checksum=True).compress(b)}
+
+
+@pytest.mark.parametrize("ext", ["gz", "zst", "bz2", "xz"])
+def test_a_cut_or_damaged_compressed_file_is_an_error_never_a_shorter_file(tmp_path: Path, pack: Any, ext: str) -> None:
+    """Cut inside the second of two members (frames), cut mid-line inside the only one, a byte flipped,
+    or followed by bytes of no member: one line naming the file, even with --on-error skip."""
+    lines = _texts(_records(60))["jsonl"]
+    first, second = STRICT[ext](lines[: len(lines) // 2]), STRICT[ext](lines[len(lines) // 2 :])
+    whole = STRICT[ext](lines)
+    # Over zstd's block size (128 KiB): cut at 2/3, the blocks before the cut decode (the lines before it
+    # were read, the cut line was "invalid JSON", and --on-error skip packed the rest as the whole file).
+    large = STRICT[ext](_texts(_records(1500))["jsonl"])
+    damaged = bytearray(whole)
+    damaged[len(damaged) // 2] ^= 0x55
+    cases = {
+        "two": (first + second[: len(second) // 2], "cut off (the file ends inside"),
+        "one": (large[: len(large) * 2 // 3], "cut off (the file ends inside"),
+        "flipped": (bytes(damaged), "damaged ("),
+        "appended": (whole + b"not compressed\n", "holds bytes that are not"),
+    }
+    for name, (data, what) in cases.items():
+        path = tmp_path / f"{name}.jsonl.{ext}"
+        path.write_bytes(data)
+        result = pack(path, "--max-len", "256", "-o", tmp_path / name, "--on-error", "skip", expect=1)
+        line = one_error_line(result)
+        assert line.startswith(f"Error: {path}: cannot decompress: ") and what in line, (name, line)
+        assert not (tmp_path / name).exists()
+    # A file of two whole members is all of their records.
+    path = tmp_path / f"both.jsonl.{ext}"
+    path.write_bytes(first + second)
+    result = pack(path, "--max-len", "256", "-o", tmp_path / "both", "--json", "-q")
+    assert json.loads(result.stdout)["records_read"] == 60
+
+
+@pytest.mark.parametrize("ext", ["gz", "zst", "bz2", "xz"])
+def test_every_member_of_a_compressed_file_is_read_exactly(ext: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Members of all sizes (an empty one too), with reads and outputs bounded far below them."""
+    import io
+    import random
+
+    from packcli import readers
+
+    monkeypatch.setattr(readers, "COMPRESSED_CHUNK", 1000)
+    monkeypatch.setattr(readers, "MAX_OUTPUT", 4096)
+    monkeypatch.setattr(readers, "ZSTD_FEED", 300)
+    rng = random.Random(5)
+    data = b"".join(b"x" * rng.randint(1, 3000) + rng.randbytes(rng.randint(0, 50)) for _ in range(300))
+    parts = [data[:200_000], b"", data[200_000:200_100], data[200_100:], b"tail\n"]
+    compressed = b"".join(STRICT[ext](p) for p in parts)
+    name = {"gz": "gzip", "zst": "zstd"}.get(ext, ext)
+    with io.BufferedReader(readers.Decompressed(io.BytesIO(compressed), name, "t")) as fh:
+        assert fh.read() == data + b"tail\n"
 
 
 def test_compressed_parquet_is_refused_with_the_fix(tmp_path: Path, pack: Any) -> None:
@@ -214,6 +275,33 @@ def test_a_fifo_is_read_as_a_stream(tmp_path: Path, cache_dir: Path) -> None:
     writer.join(timeout=30)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["records_read"] == 5
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_the_first_signal_stops_a_run_waiting_for_a_fifo_writer(tmp_path: Path, sig: int) -> None:
+    """Opening a FIFO that no program writes blocks in the kernel: the first SIGINT or SIGTERM still ends
+    the run at once, with the exit code of an interrupt and one line, and leaves no copy of the stream."""
+    fifo = tmp_path / "nobody.jsonl"
+    os.mkfifo(fifo)
+    env = {**os.environ, "PACKCLI_CACHE": str(tmp_path / "cache"), "TMPDIR": str(tmp_path)}
+    command = [sys.executable, "-m", "packcli", "pack", str(fifo), "--max-len", "64", "-o", str(tmp_path / "out")]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        wchan = Path(f"/proc/{proc.pid}/wchan")
+        while time.monotonic() < deadline and proc.poll() is None:
+            if wchan.read_text() == "wait_for_partner":  # in open(), waiting for a writer
+                break
+            time.sleep(0.05)
+        assert wchan.read_text() == "wait_for_partner"
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, err
+    assert err.strip() == "Error: interrupted; the previous output, if any, was left as it was"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nobody.jsonl"]
 
 
 def _cached_hub_dataset(home: Path, repo: str, records: list[dict[str, Any]]) -> None:

@@ -613,6 +613,19 @@ def test_input_named_four_ways_is_read_once(pack: Any, tmp_path: Path, monkeypat
     assert digest(tmp_path / "d") == before
 
 
+def test_a_hard_link_to_an_input_is_the_same_input_as_a_symlink_is(pack: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d").mkdir()
+    write_jsonl(tmp_path / "d" / "m.jsonl", [GOOD, GOOD, GOOD])
+    os.link(tmp_path / "d" / "m.jsonl", tmp_path / "hard-copy.jsonl")
+    (tmp_path / "soft-copy.jsonl").symlink_to(tmp_path / "d" / "m.jsonl")
+    result = pack("hard-copy.jsonl", "d/m.jsonl", "soft-copy.jsonl", "--max-len", "64", "-o", "out", "--json", "-q")
+    summary = json.loads(result.stdout)
+    assert summary["records_read"] == 3 and summary["packed"] == 3
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert [i["path"] for i in manifest["inputs"]] == ["d/m.jsonl"]  # the shortest spelling, as for a symlink
+
+
 def test_sharegpt_from_decides_the_role_not_a_stray_key(pack: Any, tmp_path: Path) -> None:
     turns = [{"from": "human", "value": "my secret question"}, {"from": "gpt", "value": "an answer"}]
     clean, stray = tmp_path / "clean.jsonl", tmp_path / "stray.jsonl"

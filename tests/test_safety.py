@@ -416,6 +416,60 @@ def test_packcli_outputs_are_never_inputs(pack: Any, tmp_path: Path) -> None:
     assert snapshot(tmp_path) == before
 
 
+def test_a_shard_is_never_read_as_input_however_it_is_named(pack: Any, tmp_path: Path) -> None:
+    """A shard is known by its columns, not its place: named directly, copied, linked or globbed, in
+    Parquet, Arrow or Megatron's layout, it is refused with one line saying where the records are."""
+    write_jsonl(tmp_path / "three.jsonl", [GOOD, GOOD, GOOD])
+    for fmt in ("parquet", "arrow", "megatron"):
+        pack(tmp_path / "three.jsonl", "--max-len", "64", "-o", tmp_path / fmt, "--output-format", fmt, "-q")
+    shard = tmp_path / "parquet" / "shard-00000-of-00001.parquet"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copy(shard, elsewhere / "copy.parquet")
+    (elsewhere / "link.parquet").symlink_to(shard)
+    os.link(shard, elsewhere / "hard.parquet")
+    (tmp_path / "plain.parquet").write_bytes(b"")  # never read: the shard is refused first
+    named = [
+        shard,
+        elsewhere / "copy.parquet",
+        elsewhere / "link.parquet",
+        elsewhere / "hard.parquet",
+        f"{elsewhere}/*.parquet",
+        next((tmp_path / "arrow").glob("shard-*")),
+        next((tmp_path / "megatron").glob("shard-*")),
+    ]
+    for spelling in named:
+        result = pack(spelling, "--max-len", "64", "-o", tmp_path / "again", "--on-error", "skip", expect=1)
+        line = one_error_line(result)
+        assert ": is a packed shard written by packcli (columns input_ids, seq_lengths, sample_index)" in line
+        assert "pack the original records again" in line, line
+        assert not (tmp_path / "again").exists()
+    line = one_error_line(pack(shard, "--max-len", "64", "-o", tmp_path / "again", expect=1))
+    assert line.endswith(
+        f"pack the original records again: {tmp_path / 'three.jsonl'}, as the manifest.json beside it says"
+    )
+
+
+def test_tokenized_rows_that_hold_several_samples_are_refused(pack: Any, tmp_path: Path) -> None:
+    """Rows with seq_lengths (packed rows, as a shard's) would become one sample whose parts attend to each
+    other: each is a counted reason of its own. A seq_lengths of the one sample the row is, is accepted."""
+    import pyarrow.parquet as pq
+
+    write_jsonl(tmp_path / "three.jsonl", [GOOD, GOOD, GOOD])
+    pack(tmp_path / "three.jsonl", "--max-len", "128", "-o", tmp_path / "out", "-q")
+    (row,) = pq.read_table(next((tmp_path / "out").glob("shard-*"))).to_pylist()
+    assert len(row["seq_lengths"]) == 3
+    packed = {k: row[k] for k in ("input_ids", "labels", "seq_lengths")}
+    n = row["seq_lengths"][0]
+    single = {"input_ids": row["input_ids"][:n], "labels": row["labels"][:n], "seq_lengths": [n]}
+    rows = write_jsonl(tmp_path / "rows.jsonl", [packed, single])
+    line = one_error_line(pack(rows, "--max-len", "128", "-o", tmp_path / "again", expect=1))
+    assert line.startswith(f"Error: {rows} line 1: the record is a packed row ('seq_lengths' holds 3 samples)")
+    result = pack(rows, "--max-len", "128", "-o", tmp_path / "again", "--on-error", "skip", "--json", "-q")
+    summary = json.loads(result.stdout)
+    assert summary["dropped"] == {"packed_row": 1} and summary["packed"] == 1 and summary["tokens"] == n
+
+
 _SPAWNED: list[subprocess.Popen[str]] = []
 
 

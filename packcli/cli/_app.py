@@ -68,7 +68,7 @@ def _on_signal(signum: int, frame: Any) -> None:
     # The first SIGINT/SIGTERM asks the run to stop at its next safe point (within a batch); a second
     # one stops it at once: the workers are killed, not waited for. A signal that comes when the run is
     # already stopping only kills the workers, so that the cleanup itself is never cut short.
-    from packcli.errors import _STOP, begin_stopping, request_stop
+    from packcli.errors import _STOP, begin_stopping, request_stop, stop_at_once
 
     if _STOP.is_set():
         procs = sys.modules.get("packcli.procs")  # loaded whenever a pool was started; no import here
@@ -78,6 +78,9 @@ def _on_signal(signum: int, frame: Any) -> None:
             raise KeyboardInterrupt
         return
     request_stop()
+    if stop_at_once():  # blocked where no safe point comes (a FIFO no program writes): stop there
+        begin_stopping()
+        raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> None:
