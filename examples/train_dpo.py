@@ -10,13 +10,16 @@ forward pass over a batch of rows gives every sample's summed log-probability of
 ``position_ids`` with no attention mask and ``use_cache=False``, and the loss is averaged over the
 step's pairs. The reference model is a frozen copy of the starting model, run on the very same
 packed batch under ``torch.no_grad()``.
+
+Before the first step the output is checked (``packcli.training.check_compatible``): an SFT or KTO
+output, a model whose input embedding is smaller than the largest packed id, or another tokenizer than
+the one the output was packed with (``--tokenizer``, default the model's) is refused in one line.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from packcli.dpo import PreferenceCollator, dpo_loss, pair_logps, sequence_logps_from_hidden
-from packcli.training import RankStepSampler, load_rows
+from packcli.errors import PackcliError
+from packcli.training import RankStepSampler, check_compatible, load_rows, read_output_manifest
 
 
 def tiny_llama(vocab_size: int, max_len: int) -> Any:
@@ -75,19 +79,25 @@ def train(
     beta: float = 0.1,
     tiny: bool = False,
     log: Callable[..., None] = print,
+    tokenizer: Any = None,
 ) -> list[float]:
-    """Run ``steps`` DPO steps on the output at ``directory``; return the loss of each step."""
-    manifest = json.loads((Path(directory) / "manifest.json").read_text())
-    if manifest.get("task") != "preference":
-        raise SystemExit(
-            f"{directory}: not a preference output (task {manifest.get('task')}); pack prompt/chosen/rejected data"
-        )
+    """Run ``steps`` DPO steps on the output at ``directory``; return the loss of each step.
+
+    Raises IncompatibleError before the model loads when the output is not preference data or
+    ``tokenizer`` (a name, a directory or a tokenizer; by default the model's) is not the one it was packed
+    with, and before the first step when the model's input embedding is too small for its ids.
+    """
+    if not tiny and tokenizer is None:
+        tokenizer = model_name
+    check_compatible(directory, task="preference", tokenizer=tokenizer)
+    manifest = read_output_manifest(directory)
     if tiny:
         policy = tiny_llama(int(manifest["tokenizer"]["vocab_size"]), int(manifest["max_len"]))
     else:
         from transformers import AutoModelForCausalLM
 
         policy = AutoModelForCausalLM.from_pretrained(model_name, attn_implementation="sdpa")
+    check_compatible(directory, task="preference", model=policy)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     policy.to(device).train()
     reference = copy.deepcopy(policy).eval().requires_grad_(False)
@@ -96,7 +106,7 @@ def train(
         rows,
         batch_size=batch_rows,
         sampler=RankStepSampler(rows, world_size=1),
-        collate_fn=PreferenceCollator("padded"),
+        collate_fn=PreferenceCollator("padded", model=policy),  # refuses an id outside the embedding
     )
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr)
     losses = []
@@ -124,10 +134,23 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=5e-6)
     parser.add_argument("--beta", type=float, default=0.1)
     parser.add_argument("--tiny", action="store_true", help="train a small random Llama (no model needed)")
+    parser.add_argument("--tokenizer", help="the tokenizer to check the output against [default: the model's]")
     args = parser.parse_args()
     if not args.tiny and not args.model:
         parser.error("pass MODEL or --tiny")
-    train(args.directory, args.model, args.steps, args.batch_rows, args.lr, args.beta, args.tiny)
+    try:
+        train(
+            args.directory,
+            args.model,
+            args.steps,
+            args.batch_rows,
+            args.lr,
+            args.beta,
+            args.tiny,
+            tokenizer=args.tokenizer,
+        )
+    except PackcliError as exc:
+        raise SystemExit(f"Error: {exc}") from None
 
 
 if __name__ == "__main__":

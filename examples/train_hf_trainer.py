@@ -10,7 +10,9 @@ OUT is a ``packcli pack`` output directory and MODEL a Hugging Face model name o
 On several GPUs (``torchrun --nproc-per-node N`` or ``accelerate launch``) of an output packed with
 ``--world-size N``, :class:`PackedTrainer` shuffles whole steps of N rows instead of rows, so every
 rank still reads rows of the same size at the same step (the Trainer's own shuffle would undo that).
-Parquet and Arrow outputs are both read (``packcli.training.load_rows``).
+Parquet and Arrow outputs are both read (``packcli.training.load_rows``). Before training, the output is
+checked against the recipe (SFT), the model's input embedding and the tokenizer
+(``packcli.training.check_compatible``), each mismatch refused in one line.
 """
 
 from __future__ import annotations
@@ -24,13 +26,20 @@ from datasets import Dataset
 from transformers import PreTrainedModel, Trainer, TrainingArguments
 
 from packcli.collate import PackedCollator
-from packcli.training import RankStepSampler
+from packcli.errors import PackcliError
+from packcli.training import RankStepSampler, check_compatible
 from packcli.training import load_rows as _load_rows
 
 
-def load_rows(shard_dir: str | Path, cache_dir: str | None = None) -> Dataset:
-    """Return the packed rows of a ``packcli pack`` output directory (Parquet or Arrow) as a Dataset."""
-    return _load_rows(shard_dir, cache_dir=cache_dir)
+def load_rows(
+    shard_dir: str | Path, cache_dir: str | None = None, *, model: Any = None, tokenizer: Any = None
+) -> Dataset:
+    """Return the packed rows of a ``packcli pack`` output directory (Parquet or Arrow) as a Dataset.
+
+    Refuses (IncompatibleError) an output that is not SFT data, and the ``model`` and ``tokenizer`` when
+    given and they do not fit it.
+    """
+    return _load_rows(shard_dir, cache_dir=cache_dir, task="sft", model=model, tokenizer=tokenizer)
 
 
 class PackedTrainer(Trainer):
@@ -57,7 +66,8 @@ def build_trainer(
         model=model,
         args=args,
         train_dataset=rows,
-        data_collator=PackedCollator(mode, pad_token_id=pad_token_id),
+        # Given the model, the collator refuses a batch id outside its input embedding.
+        data_collator=PackedCollator(mode, pad_token_id=pad_token_id, model=model),
     )
 
 
@@ -66,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("shards", help="packcli pack output directory")
     parser.add_argument("model", help="Hugging Face model name or local directory")
     parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--tokenizer", help="the tokenizer to check the output against [default: the model's]")
     parser.add_argument("--mode", choices=["flatten", "padded"], default="flatten")
     parser.add_argument("--batch-size", type=int, default=4, help="packed rows per device and step")
     parser.add_argument("--epochs", type=float, default=1.0)
@@ -79,13 +90,19 @@ def main(argv: list[str] | None = None) -> None:
 
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        args.model, attn_implementation=args.attn, dtype=torch.bfloat16 if args.bf16 else torch.float32
-    )
+    try:
+        # The task and the tokenizer are checked before the model loads, the model's embedding after.
+        rows = load_rows(args.shards, tokenizer=args.tokenizer or args.model)
+        model = AutoModelForCausalLM.from_pretrained(
+            args.model, attn_implementation=args.attn, dtype=torch.bfloat16 if args.bf16 else torch.float32
+        )
+        check_compatible(args.shards, model=model)
+    except PackcliError as exc:
+        raise SystemExit(f"Error: {exc}") from None
     pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     trainer = build_trainer(
         model,
-        load_rows(args.shards),
+        rows,
         args.output_dir,
         mode=args.mode,
         pad_token_id=pad_token_id,

@@ -6,6 +6,11 @@ OUT is a ``packcli pack`` output directory and MODEL a Hugging Face model name o
 Each sample in a packed row sees only its own tokens: the batch carries per-sample ``position_ids``,
 no attention mask, and the model runs with ``use_cache=False``.
 
+Before the first step the output is checked against the recipe, the model and the tokenizer
+(``packcli.training.check_compatible``): a preference output, a model whose input embedding is smaller
+than the largest packed id, or another tokenizer than the one the output was packed with is refused in
+one line.
+
 Under ``torchrun --nproc-per-node N`` (an output packed with ``--world-size N``), each rank reads its
 own rows with ``RankStepSampler(rows, N, rank=RANK)``: whole steps shuffled each epoch, one row of
 each step per rank, as the packing balanced them. Parquet and Arrow outputs are both read.
@@ -25,13 +30,20 @@ from datasets import Dataset
 from torch.utils.data import DataLoader
 
 from packcli.collate import PackedCollator
-from packcli.training import RankStepSampler
+from packcli.errors import PackcliError
+from packcli.training import RankStepSampler, check_compatible
 from packcli.training import load_rows as _load_rows
 
 
-def load_rows(shard_dir: str | Path, cache_dir: str | None = None) -> Dataset:
-    """Return the packed rows of a ``packcli pack`` output directory (Parquet or Arrow) as a Dataset."""
-    return _load_rows(shard_dir, cache_dir=cache_dir)
+def load_rows(
+    shard_dir: str | Path, cache_dir: str | None = None, *, model: Any = None, tokenizer: Any = None
+) -> Dataset:
+    """Return the packed rows of a ``packcli pack`` output directory (Parquet or Arrow) as a Dataset.
+
+    Refuses (IncompatibleError) an output that is not SFT data, and the ``model`` and ``tokenizer`` when
+    given and they do not fit it.
+    """
+    return _load_rows(shard_dir, cache_dir=cache_dir, task="sft", model=model, tokenizer=tokenizer)
 
 
 def _cycle(loader: DataLoader) -> Iterator[dict[str, Any]]:
@@ -61,9 +73,9 @@ def train(
     # One process: a seeded shuffle of the rows. Under torchrun: this rank's rows, one of each step.
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     sampler = RankStepSampler(rows, world, rank=rank if world > 1 else None, seed=seed)
-    loader = DataLoader(
-        rows, batch_size=batch_size, sampler=sampler, collate_fn=PackedCollator(mode, pad_token_id=pad_token_id)
-    )
+    # Given the model, the collator refuses a batch id outside its input embedding (not an IndexError in torch).
+    collate = PackedCollator(mode, pad_token_id=pad_token_id, model=model)
+    loader = DataLoader(rows, batch_size=batch_size, sampler=sampler, collate_fn=collate)
     optimizer = torch.optim.AdamW((p for p in model.parameters() if p.requires_grad), lr=lr)
     losses: list[float] = []
     batches = _cycle(loader)
@@ -84,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("shards", help="packcli pack output directory")
     parser.add_argument("model", help="Hugging Face model name or local directory")
+    parser.add_argument("--tokenizer", help="the tokenizer to check the output against [default: the model's]")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--mode", choices=["flatten", "padded"], default="flatten")
     parser.add_argument("--batch-size", type=int, default=4, help="packed rows per step")
@@ -97,13 +110,20 @@ def main(argv: list[str] | None = None) -> None:
 
     from transformers import AutoModelForCausalLM
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
-    model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation=args.attn, dtype=dtype).to(device)
+    try:
+        # The task and the tokenizer are checked before the model loads, the model's embedding after.
+        rows = load_rows(args.shards, tokenizer=args.tokenizer or args.model)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
+        model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation=args.attn, dtype=dtype)
+        check_compatible(args.shards, model=model)
+    except PackcliError as exc:
+        raise SystemExit(f"Error: {exc}") from None
+    model.to(device)
     pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     losses = train(
         model,
-        load_rows(args.shards),
+        rows,
         steps=args.steps,
         mode=args.mode,
         batch_size=args.batch_size,

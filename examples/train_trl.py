@@ -10,24 +10,34 @@ padding-free collator is used: it concatenates the batch's rows into one sequenc
 per-sample ``position_ids`` from ``seq_lengths``, keeps ``labels`` as they are, and passes the
 flash-attention sample boundaries (``cu_seq_lens_*``) with no attention mask. SFTTrainer refuses a
 custom collator in padding-free mode, so PackedCollator is not used here; on packcli rows both make the
-same batch (TRL adds ``seq_idx``, which only linear-attention layers read).
+same batch (TRL adds ``seq_idx``, which only linear-attention layers read). TRL's collator knows nothing of
+packcli, so the output is checked before training (``packcli.training.check_compatible``): a preference
+output, a model whose input embedding is smaller than the largest packed id, or another tokenizer than the
+one the output was packed with is refused in one line.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from datasets import Dataset
 
+from packcli.errors import PackcliError
+from packcli.training import check_compatible
 from packcli.training import load_rows as _load_rows
 
 COLUMNS = ["input_ids", "labels", "seq_lengths"]
 
 
-def load_rows(shard_dir: str | Path) -> Dataset:
-    """Return the packed rows with the columns SFTTrainer's padding-free collator reads."""
-    rows = _load_rows(shard_dir)  # Parquet or Arrow output
+def load_rows(shard_dir: str | Path, *, model: Any = None, tokenizer: Any = None) -> Dataset:
+    """Return the packed rows with the columns SFTTrainer's padding-free collator reads.
+
+    Refuses (IncompatibleError) an output that is not SFT data (selecting these columns would drop the
+    roles that tell a rejected answer), and the ``model`` and ``tokenizer`` when given and they do not fit it.
+    """
+    rows = _load_rows(shard_dir, task="sft", model=model, tokenizer=tokenizer)  # Parquet or Arrow output
     return rows.select_columns(COLUMNS)
 
 
@@ -65,11 +75,17 @@ def main(argv: list[str] | None = None) -> None:
         logging_steps=1,
         report_to="none",
     )
-    model = AutoModelForCausalLM.from_pretrained(
-        args.model, attn_implementation=args.attn, dtype=torch.bfloat16 if args.bf16 else torch.float32
-    )
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
-    trainer = SFTTrainer(model=model, args=config, train_dataset=load_rows(args.shards), processing_class=tokenizer)
+    try:
+        # The task and the tokenizer are checked before the model loads, the model's embedding after.
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+        rows = load_rows(args.shards, tokenizer=tokenizer)
+        model = AutoModelForCausalLM.from_pretrained(
+            args.model, attn_implementation=args.attn, dtype=torch.bfloat16 if args.bf16 else torch.float32
+        )
+        check_compatible(args.shards, model=model)
+    except PackcliError as exc:
+        raise SystemExit(f"Error: {exc}") from None
+    trainer = SFTTrainer(model=model, args=config, train_dataset=rows, processing_class=tokenizer)
     trainer.train()
     trainer.save_model()
 

@@ -12,6 +12,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 __all__ = [
+    "IncompatibleError",
     "InputError",
     "OutputError",
     "PackResult",
@@ -26,7 +27,7 @@ __all__ = [
 ]
 
 _API = {"pack", "stats", "verify", "inspect_row", "PackResult"}
-_ERRORS = {"PackcliError", "UsageError", "InputError", "OutputError", "TokenizerError"}
+_ERRORS = {"PackcliError", "UsageError", "InputError", "OutputError", "TokenizerError", "IncompatibleError"}
 
 
 def __getattr__(name: str) -> Any:

@@ -37,11 +37,14 @@ cache present the packed-sequence detection is skipped too.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import torch
 
 from packcli.contract import IGNORE_INDEX
+from packcli.errors import IncompatibleError, UsageError
+from packcli.training import check_compatible, embedding_size
 
 Mode = Literal["flatten", "padded"]
 MODES: tuple[str, ...] = ("flatten", "padded")
@@ -56,14 +59,34 @@ class PackedCollator:
         pad_token_id: token id written into padding positions (they are never trained on).
         pad_to_multiple_of: round T up to a multiple of this (both modes). The padding follows the rule
             above; in flatten mode it is also its own entry in ``cu_seq_lens``.
+        output: the ``packcli pack`` output directory the rows come from: its manifest is checked at once
+            (``packcli.training.check_compatible``): an output of preference or KTO data is refused, and
+            so are ``model`` and ``tokenizer`` when given and they do not fit it.
+        model: the model trained (or its number of input embeddings): ``pad_token_id`` and, in every
+            batch, each token id must be below its input embedding size (IncompatibleError otherwise,
+            never an IndexError inside torch).
+        tokenizer: the tokenizer the training uses, checked against ``output``'s.
 
     Each row needs ``input_ids``, ``labels`` and ``position_ids``; ``seq_lengths`` is used for the
     sample boundaries when present, otherwise they are read from where ``position_ids`` is 0.
     ``seq_lengths_unpadded`` and ``loss_weights`` are passed on when every row of the batch has them.
-    Other columns (``sample_index``) are ignored. Values may be lists, numpy arrays or tensors.
+    A row with chosen, rejected or KTO samples (``sample_role`` above 0) is refused: SFT on it would
+    train every answer. Other columns (``sample_index``) are ignored. Values may be lists, numpy arrays
+    or tensors.
     """
 
-    def __init__(self, mode: Mode = "flatten", pad_token_id: int = 0, pad_to_multiple_of: int | None = None) -> None:
+    TASKS: tuple[str, ...] = ("sft",)  # the tasks whose rows it collates
+
+    def __init__(
+        self,
+        mode: Mode = "flatten",
+        pad_token_id: int = 0,
+        pad_to_multiple_of: int | None = None,
+        *,
+        output: str | Path | None = None,
+        model: Any = None,
+        tokenizer: Any = None,
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
@@ -71,10 +94,21 @@ class PackedCollator:
         self.mode = mode
         self.pad_token_id = int(pad_token_id)
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.compatibility = None
+        if output is not None:
+            self.compatibility = check_compatible(output, task=self.TASKS, model=model, tokenizer=tokenizer)
+        elif tokenizer is not None:
+            raise UsageError("a tokenizer is checked against an output's manifest: pass output= too")
+        self.embedding_size = None if model is None else embedding_size(model)
+        if self.embedding_size is not None and not 0 <= self.pad_token_id < self.embedding_size:
+            raise IncompatibleError(
+                f"pad_token_id {self.pad_token_id} is not an id of the model's input embedding "
+                f"(0 to {self.embedding_size - 1}); pass the model's pad or eos token id"
+            )
 
     def __repr__(self) -> str:
         return (
-            f"PackedCollator(mode={self.mode!r}, pad_token_id={self.pad_token_id}, "
+            f"{type(self).__name__}(mode={self.mode!r}, pad_token_id={self.pad_token_id}, "
             f"pad_to_multiple_of={self.pad_to_multiple_of})"
         )
 
@@ -82,6 +116,8 @@ class PackedCollator:
         """Return the batch of ``rows``: tensors of dtype int64, plus the varlen kwargs in flatten mode."""
         if len(rows) == 0:
             raise ValueError("cannot collate an empty batch")
+        if "sft" in self.TASKS:
+            _refuse_roles(rows)
         parsed = [_parse_row(row, k) for k, row in enumerate(rows)]
         for name in ("unpadded", "weights"):
             having = [getattr(r, name) is not None for r in parsed]
@@ -90,9 +126,15 @@ class PackedCollator:
                 raise ValueError(
                     f"some rows of the batch have a '{column}' column and some do not; batch rows of one output"
                 )
-        if self.mode == "flatten":
-            return self._flatten(parsed)
-        return self._padded(parsed)
+        batch = self._flatten(parsed) if self.mode == "flatten" else self._padded(parsed)
+        if self.embedding_size is not None and batch["input_ids"].numel():
+            largest = int(batch["input_ids"].max())
+            if largest >= self.embedding_size:
+                raise IncompatibleError(
+                    f"the batch holds token id {largest}, but the model's input embedding has "
+                    f"{self.embedding_size} rows; train a model of the tokenizer the output was packed with"
+                )
+        return batch
 
     def _round(self, length: int) -> int:
         m = self.pad_to_multiple_of
@@ -180,6 +222,17 @@ def weighted_loss(
     total = (token_loss * weights).sum()
     denominator = weights.sum() if num_items_in_batch is None else num_items_in_batch
     return total / denominator
+
+
+def _refuse_roles(rows: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse rows of a preference or KTO output: SFT on them would train the rejected answers too."""
+    for k, row in enumerate(rows):
+        roles = row.get("sample_role")
+        if roles is not None and bool((torch.as_tensor(roles) > 0).any()):
+            raise IncompatibleError(
+                f"row {k} of the batch holds preference or KTO samples (sample_role above 0), which SFT "
+                "would train every answer of; collate them with packcli.dpo.PreferenceCollator"
+            )
 
 
 def _cumulative(lengths: torch.Tensor) -> torch.Tensor:

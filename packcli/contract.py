@@ -6,7 +6,9 @@ import them from here (see the README's "The output contract").
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hashlib
+import json
+from collections.abc import Callable, Mapping
 
 import pyarrow as pa
 
@@ -36,6 +38,29 @@ OPTIONAL_COLUMNS = pa.schema(
 # sample_role values: what each sample of a preference or KTO output is (written with --task preference
 # or kto, and 0 on a --pad-to-max padding segment).
 SAMPLE_ROLES = {0: "sft", 1: "chosen", 2: "rejected", 3: "desirable", 4: "undesirable"}
+
+
+# What manifest.json says for a trainer to check before the first step (packcli.training.check_compatible):
+#   task                   sft, preference or kto (absent before preference data: sft)
+#   max_token_id           the largest input id in the shards, padding included (and per shard entry)
+#   tokenizer.vocab_size   len(tokenizer)
+#   tokenizer.vocab_sha256 vocab_sha256 of the tokenizer's vocabulary (every token and its id)
+#   tokenizer.special_tokens     {"bos_token": "<s>", "eos_token": ...}: the named special tokens
+#   tokenizer.special_token_ids  {"<s>": 1, ...}: every special token and its id
+# The last three and max_token_id are absent from outputs written before they were recorded.
+
+
+def vocab_sha256(vocab: Mapping[str, int]) -> str:
+    """Return the fingerprint of a vocabulary (token -> id, added tokens included): sha256 of its tokens
+    in id order (null where an id is unused), as JSON.
+
+    It changes with any token or id and with nothing else: not with a tokenizer's padding or truncation
+    settings, nor with a pad token set to an existing token, nor with the tokenizers version that saved it.
+    """
+    table: list[str | None] = [None] * (max(vocab.values(), default=-1) + 1)
+    for token, i in vocab.items():
+        table[i] = token
+    return hashlib.sha256(json.dumps(table, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
 def shard_schema(optional: tuple[str, ...] | list[str] = ()) -> pa.Schema:

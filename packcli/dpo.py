@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -67,6 +68,12 @@ class Segments:
         return self.row, self.start + self.length - 1
 
 
+class _PreferenceRows(PackedCollator):
+    """PackedCollator for the rows of a preference or KTO output (the task its manifest is checked for)."""
+
+    TASKS = ("preference", "kto")
+
+
 class PreferenceCollator:
     """Collate rows of a preference or KTO output into a model batch and its ``Segments``.
 
@@ -74,6 +81,9 @@ class PreferenceCollator:
     dict has them and ``"segments"`` (take it out before calling the model:
     ``segments = batch.pop("segments")``). With ``attention_mask=True`` the batch also holds a 4-D
     block-diagonal causal ``attention_mask`` (float, 0 where attention is allowed).
+
+    ``output``, ``model`` and ``tokenizer`` are checked as ``PackedCollator`` checks them, except that
+    the output must be of preference or KTO data: an SFT output is refused at once.
 
     Each row needs ``seq_lengths``, ``sample_index`` and ``sample_role`` besides the token columns.
     A pair split over two rows of the batch (which packcli never writes) is refused.
@@ -85,8 +95,14 @@ class PreferenceCollator:
         pad_token_id: int = 0,
         pad_to_multiple_of: int | None = None,
         attention_mask: bool = False,
+        *,
+        output: str | Path | None = None,
+        model: Any = None,
+        tokenizer: Any = None,
     ) -> None:
-        self.packed = PackedCollator(mode, pad_token_id, pad_to_multiple_of)
+        self.packed = _PreferenceRows(
+            mode, pad_token_id, pad_to_multiple_of, output=output, model=model, tokenizer=tokenizer
+        )
         self.attention_mask = attention_mask
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -37,6 +37,10 @@ class OutputError(PackcliError):
     """The output cannot be written (exit code 1)."""
 
 
+class IncompatibleError(PackcliError):
+    """A packed output does not fit what trains on it: the recipe's task, the model or the tokenizer (exit code 1)."""
+
+
 class Interrupted(PackcliError):
     """The run was stopped by a signal; nothing partial was left behind (exit code 130)."""
 

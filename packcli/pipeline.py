@@ -383,6 +383,8 @@ def _manifest(
             )
         },
         "columns": list(output_schema(config).names),  # as the shards read back (shard_formats)
+        # A model's input embedding must have more rows than this (packcli.training.check_compatible).
+        "max_token_id": max((int(s.get("max_token_id", -1)) for s in shards), default=-1),
         "shards": shards,
     }
 

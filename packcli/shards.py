@@ -244,15 +244,19 @@ def write_shard(
     Row groups are written as they come, so memory holds one row group whatever the shard size.
     """
     rows = tokens = 0
+    max_id = -1  # the largest input id (padding included): a model's embedding must be larger than it
     writer = shard_format(output_format).writer(path, schema)
     try:
         for table in tables:
             rows += table.num_rows
-            tokens += len(table.column("input_ids").combine_chunks().flatten())
+            ids = table.column("input_ids").combine_chunks().flatten()
+            tokens += len(ids)
+            if len(ids):
+                max_id = max(max_id, int(ids.to_numpy().max()))
             writer.write(table)
     finally:
         writer.close()
-    return {"file": path.name, "rows": rows, "tokens": tokens, "sha256": file_sha256(path)}
+    return {"file": path.name, "rows": rows, "tokens": tokens, "max_token_id": max_id, "sha256": file_sha256(path)}
 
 
 def file_sha256(path: Path) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from packcli.chat_template import ChatTemplate
-from packcli.contract import IGNORE_INDEX
+from packcli.contract import IGNORE_INDEX, vocab_sha256
 from packcli.errors import RecordError, TokenizerError, first_line
 from packcli.formats import Sample
 from packcli.readers import hub_reachable
@@ -192,7 +192,12 @@ class Encoder:
             "name": self.tokenizer_name,
             "sha256": h.hexdigest(),
             "vocab_size": self.vocab_size,
+            "vocab_sha256": self.vocab_sha256,
             "eos_token": self.tokenizer.eos_token,
+            "special_tokens": {k: v for k, v in self.tokenizer.special_tokens_map.items() if isinstance(v, str)},
+            "special_token_ids": dict(
+                zip(self.tokenizer.all_special_tokens, self.tokenizer.all_special_ids, strict=True)
+            ),
             "chat_template_source": self.template_source,
             "chat_template_sha256": hashlib.sha256(self.template.encode()).hexdigest(),
             "chat_template_generation_blocks": self.has_generation_blocks,
@@ -200,6 +205,11 @@ class Encoder:
             "overridden": list(self.overrides),
             "warnings": list(self.warnings),
         }
+
+    @functools.cached_property
+    def vocab_sha256(self) -> str:
+        """The vocabulary's fingerprint (contract.vocab_sha256), which a trainer checks its tokenizer against."""
+        return vocab_sha256(self.tokenizer.get_vocab())
 
     @functools.cached_property
     def backend_json(self) -> str:
