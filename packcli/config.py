@@ -26,7 +26,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "task": ("auto", "sft", "preference", "kto"),
     "train_on": ("auto", "all", "assistant", "last_assistant", "completion"),
     "overflow": ("drop", "truncate", "split", "error"),
-    "truncate_side": ("right", "left"),
+    "truncate_side": ("auto", "right", "left"),  # auto: right, and a preference record's prompt from the left
     "split_system": ("all", "first"),
     "on_error": ("fail", "skip"),
     "output_format": ("parquet", "arrow", "mds", "megatron"),
@@ -59,7 +59,7 @@ class PackConfig:
     train_on: str = "auto"
     add_eos: bool = True
     overflow: str = "drop"
-    truncate_side: str = "right"
+    truncate_side: str = "auto"
     split_system: str = "all"
     min_piece: int = 0
     max_drop_fraction: float | None = None
@@ -497,6 +497,17 @@ def _check_type(path: str, key: str, value: Any) -> None:
     problem = option_problem(key, value)
     if problem:
         raise UsageError(f"{path}: '{key}' {problem}; fix the preset")
+
+
+# A hint of an error or a warning: (option, value) it would set, or None for a step that is no option,
+# and its words. ``suggest`` leaves out those that set what the run already has.
+Hint = tuple[tuple[str, Any] | None, str]
+
+
+def suggest(config: PackConfig, hints: Iterable[Hint]) -> str:
+    """Join the hints (``A, or B``) that would change something: a suggestion never names what was passed."""
+    kept = [words for setting, words in hints if setting is None or getattr(config, setting[0]) != setting[1]]
+    return ", or ".join(kept)
 
 
 def flag(name: str) -> str:

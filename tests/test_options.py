@@ -245,3 +245,99 @@ def test_continue_final_message_is_refused(pack: Any, tmp_path: Path) -> None:
     data = write_jsonl(tmp_path / "own.jsonl", own)
     summary = json.loads(pack(data, "--on-error", "skip", "--dry-run", "--json").stdout)
     assert summary["dropped"] == {"reserved_template_kwarg": 1} and summary["packed"] == len(RECORDS) - 1
+
+
+def _long_prompts(path: Path) -> Path:
+    """Records whose answer is past 32 tokens: a right cut leaves nothing to train."""
+    long = [{"role": "user", "content": "word " * 200}, {"role": "assistant", "content": "ok"}]
+    return write_jsonl(path, [{"messages": long}] * 3)
+
+
+@pytest.mark.parametrize(
+    ("flags", "hint"),
+    [
+        ([], "raise --max-len, or pass --overflow split"),
+        (["--overflow", "truncate"], "raise --max-len, or pass --overflow split, or pass --truncate-side left"),
+        (["--overflow", "split"], "raise --max-len, or pass --truncate-side left"),
+    ],
+    ids=["drop", "truncate", "split"],
+)
+def test_a_suggestion_never_names_what_was_passed(flags: list[str], hint: str, pack: Any, tmp_path: Path) -> None:
+    data = _long_prompts(tmp_path / "d.jsonl")
+    line = one_error_line(pack(data, "--max-len", 32, *flags, "--dry-run", expect=1))
+    assert line.endswith(f"or have nothing to train on; {hint}"), line
+
+
+def test_loss_hints_never_name_the_runs_own_settings() -> None:
+    from packcli.accounting import loss_words
+
+    reasons = ["too_long", "truncated", "nothing_to_train_after_truncation", "world_size_remainder"]
+    reasons += ["no_piece_left", "no_assistant_turn", "nothing_to_train", "invalid_json"]
+    for overflow in ("drop", "truncate", "split"):
+        for side in ("auto", "right", "left"):
+            for task in ("sft", "preference"):
+                for remainder in ("drop", "pad"):
+                    config = PackConfig(
+                        inputs=("x",), overflow=overflow, truncate_side=side, task=task, rank_remainder=remainder
+                    )
+                    own = {f"--overflow {overflow}", f"--truncate-side {side}", f"--rank-remainder {remainder}"}
+                    for reason in reasons:
+                        lost = {
+                            "records": 1,
+                            "tokens": 9,
+                            "records_fraction": 0.5,
+                            "tokens_fraction": 0.1,
+                            "records_by_reason": {reason: 1},
+                            "tokens_by_reason": {reason: 9},
+                        }
+                        words = loss_words(lost, config).split("): ", 1)[1]
+                        assert words and not any(f"pass {o}" in words or f"or {o}" in words for o in own), (
+                            config,
+                            reason,
+                            words,
+                        )
+
+
+def _pairs(n: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "prompt": [{"role": "user", "content": "context " * (40 if i == 0 else 2) + f"question {i}"}],
+            "chosen": [{"role": "assistant", "content": f"good answer {i}"}],
+            "rejected": [{"role": "assistant", "content": f"bad {i}"}],
+        }
+        for i in range(n)
+    ]
+
+
+def test_truncate_side_right_is_refused_for_preference_data(pack: Any, tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "pref.jsonl", _pairs(6))
+    line = one_error_line(
+        pack(data, "--max-len", 64, "--overflow", "truncate", "--truncate-side", "right", "--dry-run", expect=2)
+    )
+    assert line == (
+        "Error: --truncate-side right does not apply to preference data: a record is cut only in its prompt, "
+        "from the left, so that its answers stay whole; leave --truncate-side out"
+    )
+    with pytest.raises(packcli.UsageError, match=r'^truncate_side="right" does not apply to preference data'):
+        packcli.pack(str(data), 64, overflow="truncate", truncate_side="right", dry_run=True, cache=False)
+    # Left is what is done; without the option, the same run packs, its first record's prompt cut.
+    for side in ([], ["--truncate-side", "left"]):
+        summary = json.loads(pack(data, "--max-len", 96, "--overflow", "truncate", *side, "--dry-run", "--json").stdout)
+        assert summary["truncated"] == 1 and summary["packed"] == 6
+
+
+@pytest.mark.parametrize("kind", ["strings", "messages"])
+def test_identical_answers_are_no_pair(kind: str, pack: Any, tmp_path: Path) -> None:
+    records = _pairs(4) if kind == "messages" else [{"prompt": "Q?", "chosen": " yes", "rejected": " no"}] * 4
+    same = dict(records[2])
+    same["rejected"] = same["chosen"]
+    records[2] = same
+    # The implicit-prompt form of identical conversations was dropped already, for the same reason.
+    implicit = {"chosen": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    implicit["rejected"] = implicit["chosen"]
+    records.append(implicit if kind == "messages" else same)
+    data = write_jsonl(tmp_path / "pref.jsonl", records)
+    summary = json.loads(pack(data, "--max-len", 256, "--on-error", "skip", "--dry-run", "--json").stdout)
+    assert summary["dropped"] == {"identical_completions": 2} and summary["packed"] == 3
+    line = one_error_line(pack(data, "--max-len", 256, "--dry-run", expect=1))
+    assert "line 3" in line and "'chosen' and 'rejected' are the same" in line, line
