@@ -20,32 +20,50 @@ import numpy as np
 
 from packcli import packing
 from packcli.cache import TokenStore
-from packcli.config import PackConfig
+from packcli.config import Hint, PackConfig, suggest
 from packcli.errors import InputError
 from packcli.plan import Plan
 
 LOUD_FRACTION = 0.05
 
-# What keeps the records or tokens that a reason loses.
-KEEP_THEM = {
-    "too_long": "pass --overflow split to keep them as whole pieces (or --overflow truncate), or raise --max-len",
-    "truncated": "pass --overflow split to keep the cut tokens as pieces, or raise --max-len",
-    "nothing_to_train_after_truncation": "pass --overflow split or --truncate-side left, or raise --max-len",
-    "world_size_remainder": "pass --rank-remainder pad",
-    "no_piece_left": "lower --min-piece, or check --train-on",
-    "no_assistant_turn": "pass --train-on all to train on them, or fix the records",
-    "nothing_to_train": "check --train-on and the records' roles",
+# What keeps the records or tokens that a reason loses: alternatives, each the option setting it
+# passes (left out when the run has it already: see config.suggest) or None for another step.
+KEEP_THEM: dict[str, list[Hint]] = {
+    "too_long": [
+        (("overflow", "split"), "pass --overflow split to keep them as whole pieces"),
+        (("overflow", "truncate"), "pass --overflow truncate"),
+        (None, "raise --max-len"),
+    ],
+    "truncated": [
+        (("overflow", "split"), "pass --overflow split to keep the cut tokens as pieces"),
+        (None, "raise --max-len"),
+    ],
+    "nothing_to_train_after_truncation": [
+        (("overflow", "split"), "pass --overflow split"),
+        (("truncate_side", "left"), "pass --truncate-side left"),
+        (None, "raise --max-len"),
+    ],
+    "world_size_remainder": [(("rank_remainder", "pad"), "pass --rank-remainder pad")],
+    "no_piece_left": [(None, "lower --min-piece"), (None, "check --train-on")],
+    "no_assistant_turn": [(("train_on", "all"), "pass --train-on all to train on them"), (None, "fix the records")],
+    "nothing_to_train": [(None, "check --train-on and the records' roles")],
 }
 # Preference and KTO records are never split: only their prompts are cut, from the left.
-KEEP_THEM_PAIRS = {
-    "too_long": "raise --max-len, or pass --overflow truncate to cut the prompts from the left",
-    "truncated": "raise --max-len (a record is cut only in its prompt, never split)",
+KEEP_THEM_PAIRS: dict[str, list[Hint]] = {
+    "too_long": [
+        (None, "raise --max-len"),
+        (("overflow", "truncate"), "pass --overflow truncate to cut the prompts from the left"),
+    ],
+    "truncated": [(None, "raise --max-len (a record is cut only in its prompt, never split)")],
 }
-BAD_DATA = "fix the records (list them with --rejects FILE)"
+BAD_DATA: list[Hint] = [(None, "fix the records (list them with --rejects FILE)")]
 # Under --overflow split, what is still cut or dropped is an exchange that fits in no row on its own.
-KEEP_THEM_SPLIT = {
-    "truncated": "raise --max-len: these exchanges do not fit in one row on their own",
-    "nothing_to_train_after_truncation": "raise --max-len, or pass --truncate-side left",
+KEEP_THEM_SPLIT: dict[str, list[Hint]] = {
+    "truncated": [(None, "raise --max-len: these exchanges do not fit in one row on their own")],
+    "nothing_to_train_after_truncation": [
+        (None, "raise --max-len"),
+        (("truncate_side", "left"), "pass --truncate-side left"),
+    ],
 }
 
 
@@ -200,7 +218,7 @@ def loss_words(lost: dict[str, Any], config: PackConfig) -> str:
     hints = KEEP_THEM | (KEEP_THEM_SPLIT if config.overflow == "split" else {})
     if config.task in ("preference", "kto"):
         hints = hints | KEEP_THEM_PAIRS
-    fix = hints.get(reason, BAD_DATA)
+    fix = suggest(config, hints.get(reason, BAD_DATA)) or "raise --max-len"
     if reason == "too_long":
         reason = f"too_long, over --max-len {config.max_len}"
     return (

@@ -20,9 +20,9 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -86,25 +86,25 @@ def pack(
 
     ``options`` are the other options of ``packcli pack`` by their Python names (``tokenizer``,
     ``chat_template``, ``format``, ``train_on``, ``overflow``, ``on_error``, ``seed``, ``world_size``,
-    ``overwrite``, ``cache``, ``dry_run``...). ``fields`` renames only the fields it names.
+    ``overwrite``, ``cache``, ``dry_run``...). ``fields`` renames only the fields it names. Every option
+    is checked (its type and value, by the command line's rules) before anything is read or written.
     """
     from packcli.config import PackConfig
-    from packcli.formats import DEFAULT_FIELDS
 
     _check_options(options)
+    inputs = _listed(inputs)
+    given = {"max_len": max_len, "output": output, "cache_dir": cache_dir, **options}
+    given["num_proc"] = available_cores() if num_proc is None else num_proc
+    if fields is not None:
+        given["fields"] = fields
+    if template_kwargs is not None:
+        given["template_kwargs"] = template_kwargs
+    with _api_terms():
+        config = PackConfig(inputs=(), **_path_strings(given))
+    _check_inputs(inputs)
     reset_stop()
-    with _as_paths(inputs, _memory_root(options, cache_dir)) as paths, _api_terms():
-        config = PackConfig(
-            inputs=tuple(paths),
-            max_len=max_len,
-            output=str(output),
-            fields={**DEFAULT_FIELDS, **(fields or {})},
-            template_kwargs=dict(template_kwargs or {}),
-            num_proc=num_proc or available_cores(),
-            cache_dir=str(cache_dir) if cache_dir is not None else None,
-            **options,
-        )
-        return run(config)
+    with _as_paths(inputs, _memory_root(config)) as paths, _api_terms():
+        return run(replace(config, inputs=tuple(paths)))
 
 
 def run(config: Any, progress: Progress | None = None) -> PackResult:
@@ -146,24 +146,27 @@ def stats(
     from packcli.config import PackConfig
     from packcli.report.stats import is_packed_output, output_stats, raw_stats
 
+    _check_call_options(batch_size=batch_size)
+    _check_options(options)
+    inputs = _listed(inputs)
     if isinstance(inputs, (str, os.PathLike)) and is_packed_output(Path(inputs)):
+        raw_only = [n for n, v in (("max_len", max_len), ("num_proc", num_proc), ("cache_dir", cache_dir)) if v]
+        if raw_only or options:
+            name = (raw_only or sorted(options))[0]
+            raise UsageError(f"{name} applies to raw inputs only; {inputs} is a packed output (it has manifest.json)")
         with _api_terms():
             return output_stats(Path(inputs), batch_size)
     if max_len is None:
         raise UsageError("stats of raw inputs needs max_len (one length or several)")
-    lens = [max_len] if isinstance(max_len, int) else list(max_len)
-    _check_options(options)
+    lens = _max_lens(max_len)
+    given = {"cache_dir": cache_dir, **options, "max_len": max(lens), "dry_run": True}
+    given["num_proc"] = available_cores() if num_proc is None else num_proc
+    with _api_terms():
+        config = PackConfig(inputs=(), **_path_strings(given))
+    _check_inputs(inputs)
     reset_stop()
-    with _as_paths(inputs, _memory_root(options, cache_dir)) as paths, _api_terms():
-        config = PackConfig(
-            inputs=tuple(paths),
-            max_len=max(lens),
-            num_proc=num_proc or available_cores(),
-            cache_dir=str(cache_dir) if cache_dir is not None else None,
-            dry_run=True,
-            **options,
-        )
-        return raw_stats(config, lens, batch_size=batch_size)
+    with _as_paths(inputs, _memory_root(config)) as paths, _api_terms():
+        return raw_stats(replace(config, inputs=tuple(paths)), lens, batch_size=batch_size)
 
 
 def verify(directory: str | os.PathLike[str]) -> Any:
@@ -173,6 +176,7 @@ def verify(directory: str | os.PathLike[str]) -> Any:
     """
     from packcli.report.verify import verify_output
 
+    _check_directory(directory)
     with _api_terms():
         return verify_output(Path(directory))
 
@@ -182,7 +186,7 @@ def inspect_row(
     row: int | None = None,
     *,
     sample_index: int | None = None,
-    tokenizer: str | None = None,
+    tokenizer: str | os.PathLike[str] | None = None,
     max_tokens: int | None = None,
 ) -> Any:
     """Decode one packed row (by row number, or the row that holds ``sample_index``) into its samples.
@@ -191,21 +195,101 @@ def inspect_row(
     """
     from packcli.report.inspect import inspect_row as _inspect_row
 
+    _check_directory(directory)
+    tokenizer = os.fspath(tokenizer) if isinstance(tokenizer, os.PathLike) else tokenizer
+    _check_call_options(row=row, sample_index=sample_index, tokenizer=tokenizer, max_tokens=max_tokens)
     with _api_terms():
         return _inspect_row(
             Path(directory), row=row, sample_index=sample_index, tokenizer=tokenizer, max_tokens=max_tokens
         )
 
 
+# -- checks, before any work ---------------------------------------------------------------------------
+
+# Options that name a path: os.PathLike is as good as a string (the command line's are strings).
+_PATH_OPTIONS = ("output", "cache_dir", "rejects", "chat_template", "tokenizer")
+
+
+def _path_strings(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: os.fspath(v) if k in _PATH_OPTIONS and isinstance(v, os.PathLike) else v for k, v in options.items()}
+
+
+def _check_call_options(**values: Any) -> None:
+    """Refuse a value of the library's own options (batch_size, row...) by the rules in packcli.config."""
+    from packcli.config import option_problem
+
+    for name, value in values.items():
+        problem = option_problem(name, value)
+        if problem:
+            raise UsageError(f"{name} {problem}")
+
+
+def _check_directory(directory: Any) -> None:
+    if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+        raise UsageError(f"directory must be a path (a string or os.PathLike), not {_shown(directory)}")
+
+
+def _check_inputs(inputs: Any) -> None:
+    """Refuse inputs that are none of a path, a list of paths, a datasets.Dataset or a list of records."""
+    what = "inputs must be a path, a list of paths, a datasets.Dataset or a list of records (dicts)"
+    if isinstance(inputs, (str, os.PathLike)):
+        if not os.fspath(inputs):
+            raise UsageError(f"{what}, not an empty string")
+        return
+    if _is_dataset(inputs):
+        return
+    if isinstance(inputs, Mapping):
+        raise UsageError(f"{what}, not one record (a table); put it in a list")
+    if not isinstance(inputs, Sequence) or isinstance(inputs, (bytes, bytearray)):
+        raise UsageError(f"{what}, not {_shown(inputs)}")  # an iterator was made a list by _listed
+    if not inputs:
+        raise UsageError(f"{what}, not an empty list")
+    paths = all(isinstance(x, (str, os.PathLike)) for x in inputs)
+    if not paths and not all(isinstance(x, Mapping) for x in inputs):
+        bad = next(x for x in inputs if not isinstance(x, (str, os.PathLike, Mapping)))
+        raise UsageError(f"{what}; item {list(inputs).index(bad)} is {_shown(bad)}")
+    if paths and not all(os.fspath(x) for x in inputs):
+        raise UsageError(f"{what}; one of the paths is an empty string")
+
+
+def _listed(inputs: Any) -> Any:
+    """An iterator or generator of records or paths as a list (it can be read once only); the rest as given."""
+    if isinstance(inputs, (str, bytes, os.PathLike, Sequence, Mapping)) or _is_dataset(inputs):
+        return inputs
+    return list(inputs) if isinstance(inputs, Iterable) else inputs
+
+
+def _max_lens(max_len: Any) -> list[int]:
+    """``max_len`` of stats: one length or a list of them, each by the rule of pack's max_len."""
+    from packcli.config import option_problem
+
+    lens = [max_len] if isinstance(max_len, int) and not isinstance(max_len, bool) else max_len
+    if not isinstance(lens, Sequence) or isinstance(lens, str) or not lens:
+        raise UsageError(f"max_len must be an integer or a list of integers, not {_shown(max_len)}")
+    for value in lens:
+        problem = option_problem("max_len", value)
+        if problem:
+            raise UsageError(f"max_len {problem}")
+    return list(dict.fromkeys(lens))
+
+
+def _shown(value: Any) -> str:
+    from packcli.config import describe_value
+
+    return describe_value(value)
+
+
 def _check_options(options: Mapping[str, Any]) -> None:
     from dataclasses import fields
 
-    from packcli.config import PackConfig
+    from packcli.config import PackConfig, did_you_mean
 
     known = {f.name for f in fields(PackConfig)} - {"inputs"}
     unknown = sorted(set(options) - known)
     if unknown:
-        raise UsageError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        raise UsageError(
+            f"unknown option(s) {', '.join(unknown)}{did_you_mean(unknown, known)}; known: {', '.join(sorted(known))}"
+        )
 
 
 def available_cores() -> int:
@@ -261,13 +345,13 @@ def _record_line(record: dict[str, Any]) -> str:
     return json.dumps({UNUSABLE: {"reason": err.reason, "detail": err.detail, "record": shown}}, ensure_ascii=False)
 
 
-def _memory_root(options: Mapping[str, Any], cache_dir: str | os.PathLike[str] | None) -> Path | None:
+def _memory_root(config: Any) -> Path | None:
     """Return where in-memory inputs are kept: beside the cache when it is on (so hits work), else nowhere."""
-    if not options.get("cache", True):
+    if not config.cache:
         return None
     from packcli.cache import default_cache_dir
 
-    return Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return Path(config.cache_dir) if config.cache_dir is not None else default_cache_dir()
 
 
 @contextmanager

@@ -8,8 +8,10 @@ the preset's.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -17,14 +19,14 @@ from typing import Any
 import tomllib
 
 from packcli.errors import UsageError, too_many_digits
-from packcli.formats import DEFAULT_FIELDS, FORMATS
+from packcli.formats import DEFAULT_FIELDS, FORMATS, RESERVED_TEMPLATE_KWARGS
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "format": ("auto", *FORMATS),
     "task": ("auto", "sft", "preference", "kto"),
     "train_on": ("auto", "all", "assistant", "last_assistant", "completion"),
     "overflow": ("drop", "truncate", "split", "error"),
-    "truncate_side": ("right", "left"),
+    "truncate_side": ("auto", "right", "left"),  # auto: right, and a preference record's prompt from the left
     "split_system": ("all", "first"),
     "on_error": ("fail", "skip"),
     "output_format": ("parquet", "arrow", "mds", "megatron"),
@@ -57,7 +59,7 @@ class PackConfig:
     train_on: str = "auto"
     add_eos: bool = True
     overflow: str = "drop"
-    truncate_side: str = "right"
+    truncate_side: str = "auto"
     split_system: str = "all"
     min_piece: int = 0
     max_drop_fraction: float | None = None
@@ -84,34 +86,18 @@ class PackConfig:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name, allowed in CHOICES.items():
-            value = getattr(self, name)
-            if value not in allowed:
-                flag = "--" + name.replace("_", "-")
-                raise UsageError(f"{flag} must be one of {', '.join(allowed)}, not '{value}'")
-        for name, low in (("max_len", 2), ("rows_per_shard", 1), ("world_size", 1), ("num_proc", 1), *_PARALLEL):
-            value = getattr(self, name)
-            if not low <= value <= 1 << 30:
-                raise UsageError(f"--{name.replace('_', '-')} must be between {low} and {1 << 30}, not {value}")
+        # Each option on its own first (type, choices, range: the rule presets and the library apply
+        # too), then the rules between options.
+        for f in fields(self):
+            problem = option_problem(f.name, getattr(self, f.name))
+            if problem:
+                raise UsageError(f"{flag(f.name)} {problem}")
         # Fields not named keep their default names, for callers that rename only some (the library).
         object.__setattr__(self, "fields", {**DEFAULT_FIELDS, **self.fields})
-        if self.seed < 0:
-            raise UsageError(f"--seed must be 0 or more, not {self.seed}")
-        if self.limit is not None and not 1 <= self.limit <= 1 << 62:
-            bound = "at least 1" if self.limit < 1 else f"at most {1 << 62}"
-            raise UsageError(f"--limit must be {bound}, not {self.limit}")
-        for name, value in self.template_kwargs.items():
-            try:  # the manifest and the cache key are strict JSON: no NaN or Infinity in them
-                json.dumps(value, allow_nan=False)
-            except ValueError as exc:
-                raise UsageError(
-                    f"template keyword argument '{name}' holds a number JSON cannot write ({value}); "
-                    "give a finite number, or quote the value to pass it as a string"
-                ) from exc
-        if not 0 <= self.min_piece <= self.max_len:
+        object.__setattr__(self, "template_kwargs", dict(self.template_kwargs))
+        self._check_template_kwargs()
+        if self.min_piece > self.max_len:
             raise UsageError(f"--min-piece must be between 0 and --max-len {self.max_len}, not {self.min_piece}")
-        if self.max_drop_fraction is not None and not 0 <= self.max_drop_fraction <= 1:
-            raise UsageError(f"--max-drop-fraction must be between 0 and 1, not {self.max_drop_fraction}")
         if self.pad_to_max and self.max_len > PAD_TO_MAX_LIMIT:
             gib = self.max_len * PADDED_ROW_BYTES_PER_TOKEN / (1 << 30)
             raise UsageError(
@@ -121,7 +107,27 @@ class PackConfig:
         self._check_padding()
         unknown = set(self.fields) - set(DEFAULT_FIELDS)
         if unknown:
-            raise UsageError(f"unknown field name(s) {', '.join(sorted(unknown))}; known: {', '.join(DEFAULT_FIELDS)}")
+            raise UsageError(
+                f"unknown field name(s) {', '.join(sorted(unknown))}{did_you_mean(unknown, DEFAULT_FIELDS)}; "
+                f"known: {', '.join(DEFAULT_FIELDS)}"
+            )
+
+    def _check_template_kwargs(self) -> None:
+        for name, value in self.template_kwargs.items():
+            if name in RESERVED_TEMPLATE_KWARGS:
+                raise UsageError(f"template keyword argument '{name}' {RESERVED_TEMPLATE_KWARGS[name]}")
+            try:  # the manifest and the cache key are strict JSON: no NaN or Infinity in them
+                json.dumps(value, allow_nan=False)
+            except ValueError as exc:
+                raise UsageError(
+                    f"template keyword argument '{name}' holds a number JSON cannot write ({value}); "
+                    "give a finite number, or quote the value to pass it as a string"
+                ) from exc
+            except TypeError as exc:  # from the library: a value no JSON holds (a set, an object)
+                raise UsageError(
+                    f"template keyword argument '{name}' holds {describe_value(value)}, which JSON cannot write; "
+                    "give strings, numbers, booleans, null, lists and tables"
+                ) from exc
 
     def _check_padding(self) -> None:
         if self.pad_multiple > 1 and self.sample_limit < 1:
@@ -203,26 +209,46 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 
+# A preset holds options, not data: what it may be, so that reading one is instant whatever the file.
+MAX_PRESET_BYTES = 1 << 20
+MAX_PRESET_DEPTH = 32  # tables and lists within each other (a template keyword's value may nest a few)
+
+
+class _PresetLimit(Exception):
+    """A preset past a limit of this module (its words, for the one line the user reads)."""
+
+
 def load_config_file(path: str) -> dict[str, Any]:
     """Read a preset (.toml, .yaml/.yml or .json); return its options with field renames merged over the defaults.
 
-    ``inputs`` (a path or a list of them) are returned relative to the current directory: a preset's
-    paths are relative to the preset file.
+    ``inputs`` (a path or a list of them) and ``output`` are returned relative to the current
+    directory: a preset's paths are relative to the preset file. A preset is at most
+    ``MAX_PRESET_BYTES`` and ``MAX_PRESET_DEPTH`` levels deep, and YAML aliases (``*name``) are
+    refused: their expansion ("billion laughs") would make a 1 KB file gigabytes.
     """
     import yaml
 
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with open(p, "rb") as fh:
+            raw = fh.read(MAX_PRESET_BYTES + 1)
+        if len(raw) > MAX_PRESET_BYTES:
+            raise _PresetLimit(f"is larger than {MAX_PRESET_BYTES >> 20} MiB; a preset holds options, not data")
+        text = raw.decode("utf-8")
         if p.suffix.lower() == ".json":
             data = json.loads(text)
         elif p.suffix.lower() in (".yaml", ".yml"):
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_preset_yaml_loader())  # a SafeLoader, aliases refused
             data = {} if data is None else data
         else:
             data = tomllib.loads(text)
+        _check_depth(data)
     except FileNotFoundError as exc:
         raise UsageError(f"{path}: no such config file; check the --config path") from exc
+    except _PresetLimit as exc:
+        raise UsageError(f"{path}: {exc}; fix the preset") from exc
+    except RecursionError as exc:
+        raise UsageError(f"{path}: nested more than {MAX_PRESET_DEPTH} levels deep; fix the preset") from exc
     except yaml.YAMLError as exc:
         raise UsageError(f"{path}: not a valid YAML file ({' '.join(str(exc).split())}); fix it") from exc
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
@@ -230,27 +256,79 @@ def load_config_file(path: str) -> dict[str, Any]:
     except ValueError as exc:  # the parsers' only other one: an integer past Python's digit limit
         raise UsageError(f"{path}: holds {too_many_digits()}; fix the preset") from exc
     if not isinstance(data, dict):
-        raise UsageError(f"{path}: a preset must be an object of option = value, not {_kind(data)}; fix the file")
+        raise UsageError(
+            f"{path}: a preset must be an object of option = value, not {describe_value(data)}; fix the file"
+        )
     known = {f.name for f in fields(PackConfig)}
     data = {str(k).replace("-", "_"): v for k, v in data.items() if k != "description"}
     unknown = set(data) - known
     if unknown:
-        raise UsageError(f"{path}: unknown option(s) {', '.join(sorted(unknown))}; see packcli pack --help")
+        raise UsageError(
+            f"{path}: unknown option(s) {', '.join(sorted(unknown))}{did_you_mean(unknown, known)}; "
+            "see packcli pack --help"
+        )
     if "inputs" in data:
         data["inputs"] = _preset_inputs(path, data["inputs"])
     for key, value in data.items():
         if key != "inputs":
             _check_type(path, key, value)
+    if "output" in data:
+        data["output"] = _beside_preset(path, data["output"])
     if "fields" in data:
         data["fields"] = {**DEFAULT_FIELDS, **data["fields"]}
     return data
+
+
+def _preset_yaml_loader() -> type:
+    """Return YAML's safe loader with aliases refused and nesting bounded (see ``load_config_file``)."""
+    import yaml
+
+    class PresetLoader(yaml.SafeLoader):
+        depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise _PresetLimit(
+                    f"line {event.start_mark.line + 1}: YAML alias *{event.anchor}; a preset takes no aliases "
+                    "(its values are written out in full)"
+                )
+            self.depth += 1
+            if self.depth > MAX_PRESET_DEPTH:
+                raise _PresetLimit(f"nested more than {MAX_PRESET_DEPTH} levels deep")
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    return PresetLoader
+
+
+def _check_depth(data: Any) -> None:
+    """Raise _PresetLimit when tables and lists nest more than MAX_PRESET_DEPTH levels (without recursion)."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth > MAX_PRESET_DEPTH:
+                raise _PresetLimit(f"nested more than {MAX_PRESET_DEPTH} levels deep")
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+
+
+def _beside_preset(path: str, output: str) -> str:
+    """A preset's output directory, relative to the preset's directory as its inputs are (URIs as written)."""
+    if "://" in output or Path(output).is_absolute():
+        return output
+    return str(Path(path).parent / output)
 
 
 def _preset_inputs(path: str, value: Any) -> tuple[str, ...]:
     """A preset's inputs (a string or a list of strings), each relative to the preset's directory."""
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items or not all(isinstance(v, str) and v for v in items):
-        raise UsageError(f"{path}: 'inputs' must be a path or a list of paths, not {_kind(value)}; fix the preset")
+        raise UsageError(
+            f"{path}: 'inputs' must be a path or a list of paths, not {describe_value(value)}; fix the preset"
+        )
     base = Path(path).parent
     out = []
     for item in items:
@@ -279,10 +357,39 @@ def parse_template_kwargs(values: list[str]) -> dict[str, Any]:
     return out
 
 
-# The lowest value of each integer option ("seed" included: a negative seed is refused, not wrapped).
-_PARALLEL = (("pad_to_multiple_of", 1), ("context_parallel", 1), ("tensor_parallel", 1))
-_INT_LOW = {"max_len": 2, "rows_per_shard": 1, "world_size": 1, "num_proc": 1, "seed": 0, "min_piece": 0, "limit": 1}
-_INT_LOW |= dict(_PARALLEL)
+# -- the rule of every option, declared once ------------------------------------------------------
+# PackConfig checks its fields with it, presets their values, the library the options of its calls
+# (stats' batch_size, inspect_row's row...), so that the command line, a preset and a Python call
+# refuse the same values in the same words (only the name differs: --max-len, 'max_len', max_len).
+
+TOP = 1 << 30
+# The range of each numeric option: (lowest, highest); None: no bound that side.
+RANGES: dict[str, tuple[float, float | None]] = {
+    "max_len": (2, TOP),
+    "rows_per_shard": (1, TOP),
+    "world_size": (1, TOP),
+    "num_proc": (1, TOP),
+    "pad_to_multiple_of": (1, TOP),
+    "context_parallel": (1, TOP),
+    "tensor_parallel": (1, TOP),
+    "min_piece": (0, TOP),
+    "seed": (0, None),  # refused, not wrapped
+    "limit": (1, 1 << 62),
+    "max_drop_fraction": (0, 1),
+    "batch_size": (1, TOP),
+    "row": (0, None),
+    "sample_index": (0, None),
+    "max_tokens": (1, None),
+}
+# Options that name a path, a tokenizer, a split or an address: an empty string names nothing.
+NOT_EMPTY = ("output", "tokenizer", "chat_template", "split", "rejects", "cache_dir", "ray_address")
+# Options of the library's calls that are not PackConfig's, by their declared type.
+CALL_OPTIONS: dict[str, str] = {
+    "batch_size": "int",
+    "row": "int | None",
+    "sample_index": "int | None",
+    "max_tokens": "int | None",
+}
 _EXPECTED = {
     "bool": "true or false (a boolean)",
     "int": "an integer",
@@ -292,46 +399,120 @@ _EXPECTED = {
     "float | None": "a number",
     "dict[str, str]": "a table of name = field strings",
     "dict[str, Any]": "a table of name = value",
+    "tuple[str, ...]": "a list of paths",
 }
 
 
-def _kind(value: Any) -> str:
-    """How a preset value reads, for error messages: 'the string "false"', 'the number 2048.5'..."""
+def declared_type(name: str) -> str:
+    """Return the declared type of option ``name`` as written in PackConfig (``int | None``...)."""
+    for f in fields(PackConfig):
+        if f.name == name:
+            return str(f.type)
+    return CALL_OPTIONS[name]
+
+
+def option_problem(name: str, value: Any) -> str | None:
+    """Return what is wrong with one option's value on its own (type, choice, range), or None.
+
+    The words follow the option's name: ``must be an integer, not the string "256"``. Flags are typed
+    by their parser; presets and the library give any value, and bool, a subclass of int, is no integer.
+    """
+    declared = declared_type(name)
+    if not _has_type(declared, value):
+        return f"must be {_EXPECTED[declared]}, not {describe_value(value)}"
+    if name in NOT_EMPTY and value == "":
+        return "must not be an empty string"
+    if name in CHOICES and value not in CHOICES[name]:
+        return f"must be one of {', '.join(CHOICES[name])}, not '{value}'"
+    if name in RANGES and value is not None:
+        low, high = RANGES[name]
+        if high is None and value < low:
+            return f"must be at least {low}, not {_number(value)}"
+        if high is not None and not low <= value <= high:  # NaN is in no range
+            return f"must be between {low} and {high}, not {_number(value)}"
+    return None
+
+
+def _number(value: float) -> str:
+    """A number as the messages show it: its digits, or the words for one past Python's digit limit."""
+    try:
+        return str(value)
+    except ValueError:
+        return too_many_digits()
+
+
+def _has_type(declared: str, value: Any) -> bool:
+    if value is None and declared.endswith("| None"):
+        return True
+    base = declared.removesuffix(" | None")
+    if base == "bool":
+        return isinstance(value, bool)
+    if base == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if base == "float":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if base == "str":
+        return isinstance(value, str)
+    if base == "tuple[str, ...]":
+        return isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+    if base == "dict[str, Any]":
+        return isinstance(value, Mapping) and all(isinstance(k, str) for k in value)
+    # dict[str, str]: the field renames
+    return isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+def did_you_mean(unknown: Iterable[str], known: Iterable[str]) -> str:
+    """Return `` (did you mean max_len?)`` for the unknown names close to a known one, else ``""``."""
+    known = list(known)
+    guesses = [f"{u} -> {m[0]}" for u in sorted(unknown) if (m := difflib.get_close_matches(u, known, n=1))]
+    if not guesses:
+        return ""
+    if len(guesses) == 1:
+        return f" (did you mean {guesses[0].split(' -> ')[1]}?)"
+    return f" (did you mean {', '.join(guesses)}?)"
+
+
+def describe_value(value: Any) -> str:
+    """How a value reads, for error messages: 'the string "false"', 'the number 2048.5'..."""
     if isinstance(value, bool):
         return f"the boolean {str(value).lower()}"
     if isinstance(value, str):
-        return f"the string {json.dumps(value)}"
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        return f"the string {json.dumps(shown)}"
     if isinstance(value, int | float):
-        return f"the number {value}"
-    return {dict: "a table", list: "a list", type(None): "null"}.get(type(value), type(value).__name__)
+        return f"the number {_number(value)}"
+    if isinstance(value, Mapping):
+        return "a table"
+    if isinstance(value, list | tuple):
+        return "a list"
+    return "null" if value is None else f"a value of type {type(value).__name__}"
 
 
 def _check_type(path: str, key: str, value: Any) -> None:
-    """Refuse a preset value of the wrong type: a string "false" is not false, 2048.5 is not a length.
+    """Refuse a preset value of the wrong type or out of range: a string "false" is not false.
 
-    Flags are typed by their parser; preset values are checked here with the same strictness, so a
-    preset cannot turn on --overwrite or the cache by spelling false as a string.
+    Flags are typed by their parser; preset values are checked with the same rule as PackConfig's, so
+    a preset cannot turn on --overwrite or the cache by spelling false as a string.
     """
-    declared = str(next(f.type for f in fields(PackConfig) if f.name == key))
-    expected = _EXPECTED[declared]
-    if declared == "bool":
-        ok = isinstance(value, bool)
-    elif declared in ("int", "int | None"):
-        ok = (value is None and declared != "int") or (isinstance(value, int) and not isinstance(value, bool))
-    elif declared == "str":
-        ok = isinstance(value, str)
-    elif declared == "str | None":
-        ok = value is None or isinstance(value, str)
-    elif declared == "float | None":
-        ok = value is None or (isinstance(value, int | float) and not isinstance(value, bool))
-    elif declared == "dict[str, Any]":
-        ok = isinstance(value, dict)
-    else:
-        ok = isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
-    if not ok:
-        raise UsageError(f"{path}: '{key}' must be {expected}, not {_kind(value)}; fix the preset")
-    if declared.startswith("int") and key in _INT_LOW and value is not None and value < _INT_LOW[key]:
-        raise UsageError(f"{path}: '{key}' must be an integer of at least {_INT_LOW[key]}, not {value}; fix the preset")
+    problem = option_problem(key, value)
+    if problem:
+        raise UsageError(f"{path}: '{key}' {problem}; fix the preset")
+
+
+# A hint of an error or a warning: (option, value) it would set, or None for a step that is no option,
+# and its words. ``suggest`` leaves out those that set what the run already has.
+Hint = tuple[tuple[str, Any] | None, str]
+
+
+def suggest(config: PackConfig, hints: Iterable[Hint]) -> str:
+    """Join the hints (``A, or B``) that would change something: a suggestion never names what was passed."""
+    kept = [words for setting, words in hints if setting is None or getattr(config, setting[0]) != setting[1]]
+    return ", or ".join(kept)
+
+
+def flag(name: str) -> str:
+    """Return the flag of an option name: ``max_len`` -> ``--max-len``."""
+    return "--" + name.replace("_", "-")
 
 
 def parse_field_flags(values: list[str]) -> dict[str, str]:

@@ -69,6 +69,18 @@ SHAREGPT_ROLES: dict[str, str] = {
 }
 
 
+# Template keyword arguments packcli passes itself, or that would leave samples incomplete.
+RESERVED_TEMPLATE_KWARGS: dict[str, str] = {
+    "continue_final_message": "leaves the last message open (its end-of-turn marker is dropped), and a packed "
+    "sample must be complete so that the model learns where an answer ends; leave it out",
+    "add_generation_prompt": "is set by packcli (false: a packed sample ends with its last message); leave it out",
+    "tools": "comes from each record's own tools field; leave it out",
+    "conversations": "is the record's messages; leave it out",
+    "chat_template": "is the template itself; pass --chat-template FILE instead",
+    "return_assistant_tokens_mask": "is set by packcli to find what is trained; leave it out",
+}
+
+
 @dataclass(frozen=True)
 class Sample:
     """One normalised record.
@@ -202,6 +214,12 @@ def _template_extras(record: dict[str, Any], fields: dict[str, str]) -> dict[str
     if kwargs is not None:
         if not isinstance(kwargs, dict):
             raise RecordError("wrong_type", f"field '{fields['chat_template_kwargs']}' must be an object")
+        reserved = sorted(set(kwargs) & set(RESERVED_TEMPLATE_KWARGS))
+        if reserved:
+            raise RecordError(
+                "reserved_template_kwarg",
+                f"field '{fields['chat_template_kwargs']}': '{reserved[0]}' {RESERVED_TEMPLATE_KWARGS[reserved[0]]}",
+            )
         extras["template_kwargs"] = kwargs
     return extras
 

@@ -114,7 +114,9 @@ def tokenized_inputs(
                 "pass --format, or --field to name the fields"
             )
         formats[source.display] = fmt
-    task, formats = preference.resolve_task(config.task, formats, config.overflow, config.output_format)
+    task, formats = preference.resolve_task(
+        config.task, formats, config.overflow, config.output_format, config.truncate_side
+    )
     cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     memo = cache_root / HASH_MEMO if config.cache else None
     # An engine may hash the input files elsewhere (the Ray engine: in tasks, not on the driver; nor

@@ -10,7 +10,7 @@ from packcli import packing, pairs
 from packcli.cache import (
     TokenStore,
 )
-from packcli.config import PackConfig
+from packcli.config import Hint, PackConfig, suggest
 from packcli.contract import IGNORE_INDEX
 from packcli.errors import InputError
 from packcli.worker import where
@@ -83,9 +83,16 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
     kept = np.flatnonzero(keep)
     if len(kept) == 0:
         if len(lengths):
+            hints: list[Hint] = [(None, "raise --max-len")]
+            if group is not None:  # a record's samples are never split; its prompt may be cut
+                hints.append((("overflow", "truncate"), "pass --overflow truncate"))
+            else:
+                hints.append((("overflow", "split"), "pass --overflow split"))
+            if config.overflow != "drop" and group is None:
+                hints.append((("truncate_side", "left"), "pass --truncate-side left"))
             raise InputError(
                 f"no sample left to pack: all {len(lengths)} tokenized samples are longer than "
-                f"{_limit_text(config)} or have nothing to train on; raise --max-len, or pass --overflow split"
+                f"{_limit_text(config)} or have nothing to train on; {suggest(config, hints)}"
             )
         reasons = ", ".join(f"{k}: {v}" for k, v in store.meta["dropped"].items())
         raise InputError(

@@ -73,6 +73,8 @@ def normalize_members(record: Any, fmt: str, fields: dict[str, str]) -> Members:
     chosen, rejected = record[fields["chosen"]], record[fields["rejected"]]
     if fields["prompt"] in record and record[fields["prompt"]] is not None:
         prompt = record[fields["prompt"]]
+        if chosen == rejected:  # as the implicit form's identical conversations: nothing to prefer
+            raise RecordError("identical_completions", f"'{fields['chosen']}' and '{fields['rejected']}' are the same")
     else:
         prompt, chosen, rejected = _implicit_prompt(chosen, rejected, fields)
     samples = []
@@ -148,7 +150,7 @@ def encode(encoder: Any, items: list[Any]) -> list[Any]:
 
 
 def resolve_task(
-    task: str, formats: dict[str, str | None], overflow: str, output_format: str
+    task: str, formats: dict[str, str | None], overflow: str, output_format: str, truncate_side: str = "auto"
 ) -> tuple[str, dict[str, str | None]]:
     """Return the task of a run and the inputs' formats as that task reads them.
 
@@ -190,6 +192,12 @@ def resolve_task(
         raise UsageError(
             f"--overflow split does not apply to {task} data: a record's samples are packed whole, never split; "
             "pass --overflow truncate (cuts the prompt from the left) or drop"
+        )
+    if task != "sft" and truncate_side == "right":
+        # Cutting a pair's answers would compare truncated answers; its prompt is cut instead, from the left.
+        raise UsageError(
+            f"--truncate-side right does not apply to {task} data: a record is cut only in its prompt, from the "
+            "left, so that its answers stay whole; leave --truncate-side out"
         )
     if task != "sft" and output_format == "megatron":
         raise UsageError(

@@ -276,7 +276,10 @@ def test_bad_flags_exit_2_with_one_line(pack: Any, chat_jsonl: Path, tmp_path: P
         (["pack", str(chat_jsonl), "--field", "nonsense"], "--field takes NAME=FIELD"),
         (["pack", str(chat_jsonl), "--field", "speaker=x"], "unknown field name(s) speaker"),
         (["pack", str(chat_jsonl), "--config", str(tmp_path / "none.toml")], "no such config file"),
-        (["pack", str(chat_jsonl), "--limit", "99999999999999999999"], "--limit must be at most 4611686018427387904"),
+        (
+            ["pack", str(chat_jsonl), "--limit", "99999999999999999999"],
+            "--limit must be between 1 and 4611686018427387904",
+        ),
         (
             ["pack", str(chat_jsonl), "--truncate-side", "left"],
             "--truncate-side applies to --overflow truncate or split only (this run uses drop); pass --overflow "

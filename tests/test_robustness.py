@@ -424,7 +424,7 @@ def test_bad_value_is_one_record_reason_not_a_traceback(
 def test_negative_seed_is_a_usage_error(chat: Path, pack: Any, tmp_path: Path) -> None:
     before = digest(chat)
     result = pack(chat, "--max-len", "96", "-o", tmp_path / "out", "--seed", "-1", expect=2)
-    assert one_stderr_line(result) == "Error: --seed must be 0 or more, not -1"
+    assert one_stderr_line(result) == "Error: --seed must be at least 0, not -1"
     assert digest(chat) == before and not (tmp_path / "out").exists()
 
 

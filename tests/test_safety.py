@@ -341,7 +341,7 @@ PRESETS = [
     ("p.toml", 'cache = "false"', "'cache' must be true or false (a boolean), not the string \"false\""),
     ("p.toml", 'max_len = "big"', "'max_len' must be an integer, not the string \"big\""),
     ("p.toml", "max_len = 2048.5", "'max_len' must be an integer, not the number 2048.5"),
-    ("p.toml", "seed = -1", "'seed' must be an integer of at least 0, not -1"),
+    ("p.toml", "seed = -1", "'seed' must be at least 0, not -1"),
     ("p.json", '{"num_proc": true}', "'num_proc' must be an integer, not the boolean true"),
     ("p.json", '{"fields": {"messages": 3}}', "'fields' must be a table of name = field strings, not a table"),
 ]

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from packcli.config import CHOICES
+from packcli.config import flag as flag  # declared beside the options it names; imported from here too
 
 INPUT = "Input"
 TOKENS = "Tokenizer & template"
@@ -268,8 +269,3 @@ def given(ctx: typer.Context, name: str) -> bool:
     """Return whether the user gave option ``name`` (on the command line, not by default)."""
     source = ctx.get_parameter_source(name)
     return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
-
-
-def flag(name: str) -> str:
-    """Return the flag of an option name: ``max_len`` -> ``--max-len``."""
-    return "--" + name.replace("_", "-")

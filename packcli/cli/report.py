@@ -109,7 +109,7 @@ def stats(
 
     Examples: packcli stats out/ ; packcli stats data.jsonl --max-len 2048,4096,8192
     """
-    from packcli.config import PackConfig
+    from packcli.config import PackConfig, option_problem
     from packcli.errors import InputError, UsageError
     from packcli.report.stats import is_packed_output, output_stats, parse_max_lens, raw_stats
     from packcli.sources import missing_input
@@ -153,10 +153,10 @@ def stats(
             "(e.g. --max-len 2048,4096,8192)"
         )
     lens = parse_max_lens(max_len) if max_len is not None and not packed else []
-    if num_proc is not None and num_proc < 1:
-        raise UsageError(f"--num-proc must be at least 1, not {num_proc}")
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, not {batch_size}")
+    for name, value in (("num_proc", num_proc), ("batch_size", batch_size)):
+        problem = value is not None and option_problem(name, value)  # the rule pack and the library apply
+        if problem:
+            raise UsageError(f"{flag(name)} {problem}")
     if plot is not None:
         from packcli.report.plot import check_plot_path
 

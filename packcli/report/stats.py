@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from packcli import packing
+from packcli.config import option_problem
 from packcli.contract import IGNORE_INDEX, MANIFEST
 from packcli.errors import OutputError, UsageError, first_line
 from packcli.shard_formats import shard_batches
@@ -143,8 +144,7 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     tokens``. The row-count bounds are on the samples' padded lengths (what the plan packed); the
     lengths and what-ifs on their real lengths, each distinct sample once, in input order.
     """
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, not {batch_size}")
+    _check_batch_size(batch_size)
     manifest = read_checked_manifest(directory)
     max_len = int(manifest.get("max_len") or manifest.get("options", {}).get("max_len", 0))
     if max_len < 1:
@@ -310,6 +310,12 @@ def _concat(parts: list[np.ndarray]) -> np.ndarray:
 # -- what-if on raw input --------------------------------------------------------------------------
 
 
+def _check_batch_size(batch_size: int) -> None:
+    problem = option_problem("batch_size", batch_size)  # the rule of the command line and the library
+    if problem:
+        raise UsageError(f"--batch-size {problem}")
+
+
 def parse_max_lens(value: str) -> list[int]:
     """Parse ``--max-len 2048,4096`` into distinct integers >= 2, in the order given."""
     out: list[int] = []
@@ -333,8 +339,7 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
     Samples longer than a max length are counted as not fitting and left out of that line (what
     ``--overflow drop`` does).
     """
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, not {batch_size}")
+    _check_batch_size(batch_size)
     if not max_lens:
         raise UsageError("a raw input needs --max-len (e.g. --max-len 2048,4096,8192)")
     inputs = config.inputs
