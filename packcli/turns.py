@@ -31,14 +31,16 @@ MERGE_SEPARATOR = "\n\n"
 # Characters that show nothing but that str.isspace() does not count: zero-width space, non-joiner and
 # joiner, word joiner, and the byte-order mark (a zero-width no-break space).
 ZERO_WIDTH = "\u200b\u200c\u200d\u2060\ufeff"
-_DELETE_ZERO_WIDTH = str.maketrans("", "", ZERO_WIDTH)
 # Keys a message may carry that hold no content of its own.
 _PLAIN_KEYS = frozenset({"role", "content", "name"})
 
 
 def is_blank(text: str) -> bool:
-    """Return True when ``text`` is empty or only whitespace, zero-width characters included."""
-    return not text.translate(_DELETE_ZERO_WIDTH).strip()
+    """Return True when ``text`` is empty or only whitespace, zero-width characters included.
+
+    Stops at the first visible character, so a real answer costs a character or two.
+    """
+    return all(c.isspace() or c in ZERO_WIDTH for c in text)
 
 
 def content_is_blank(content: Any) -> bool:

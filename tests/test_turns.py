@@ -299,3 +299,19 @@ def test_fix_turns_log_needs_fix_turns_and_spares_inputs(tmp_path: Path, pack: C
     assert "pass --fix-turns too" in line
     line = one_error_line(pack(data, "-o", tmp_path / "out", "--fix-turns", "--fix-turns-log", data, expect=2))
     assert "is an input" in line
+
+
+def test_stats_and_the_library_take_fix_turns(tmp_path: Path, cache_dir: Path) -> None:
+    from typer.testing import CliRunner
+
+    import packcli
+    from packcli.cli import app
+
+    data = write_jsonl(tmp_path / "s.jsonl", [{"conversations": c} for c, _ in SHAREGPT])
+    argv = ["stats", str(data), "--max-len", "256", "--cache-dir", str(cache_dir), "--num-proc", "1", "--json"]
+    result = CliRunner().invoke(app, [*argv, "--fix-turns"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["turns_fixed"]["merged"] == 1
+    records = [{"messages": m} for m, _ in MESSAGES]
+    done = packcli.pack(records, max_len=256, output=tmp_path / "lib", cache_dir=cache_dir, num_proc=1, fix_turns=True)
+    assert done.summary["turns_fixed"]["role_renamed"] == 2 and done.dropped == {"no_answer_after_fix": 1}
