@@ -357,7 +357,7 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
         "samples": len(lengths),
         "dropped": dict(meta.get("dropped", {})),
         **({"turns_fixed": dict(meta["turns_fixed"])} if "turns_fixed" in meta else {}),
-        "empty_answers": int(meta.get("empty_answers", 0)),
+        **({"empty_answers": int(meta["empty_answers"])} if meta.get("empty_answers") else {}),
         "tokens": int(lengths.sum()),
         "trainable_tokens": trainable,
         "sample_length": _distribution(lengths),
