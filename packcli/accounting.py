@@ -97,6 +97,9 @@ def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str)
         if plan.drop_rows:
             split["pieces_dropped_by_plan"] = _pieces_dropped(store, plan)
         out["split"] = split
+    if "turns_fixed" in store.meta:  # --fix-turns: its changes by kind
+        out["turns_fixed"] = dict(store.meta["turns_fixed"])
+    out["empty_answers"] = int(store.meta.get("empty_answers", 0))
     out |= {
         "tokens": written_tokens,
         "trainable_tokens": plan.trainable,
@@ -119,11 +122,22 @@ def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str)
         "output": None if config.dry_run else str(config.output),
         "warnings": list(store.meta["tokenizer"].get("warnings", [])),
     }
+    if out["empty_answers"]:
+        out["warnings"].append(empty_answers_warning(out["empty_answers"]))
     out["lost"] = lost = _lost(store, plan, in_rows, dropped, records)
     warning = loss_warning(lost, config)
     if warning:
         out["warnings"].append(warning)
     return out
+
+
+def empty_answers_warning(n: int) -> str:
+    """The warning for trained answers that are empty or only whitespace (they teach an answer of nothing)."""
+    answers = "answer is" if n == 1 else "answers are"
+    return (
+        f"{n} trained {answers} empty or only whitespace (zero-width characters included): they teach the "
+        'model to answer with nothing; pass --fix-turns to drop them, or mark them "train": false'
+    )
 
 
 def _alignment_padding(config: PackConfig, plan: Plan) -> int:

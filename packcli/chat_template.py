@@ -197,22 +197,39 @@ class ChatTemplate:
         if train_on != "all" and not assistant_at:
             raise RecordError("no_assistant_turn", "the conversation has no assistant message to train on")
         which = trained_turns(sample, train_on)
+        # --train-on all trains the whole text but the answers marked "train": false (or "weight": 0).
+        masked = [i for i in assistant_at if i not in set(which)] if train_on == "all" else []
         if self.has_generation_blocks:
             text, spans = self.render(messages, spans=True, tools=tools, kwargs=kwargs)
-            if train_on != "all" and len(spans) != len(assistant_at):
+            if (train_on != "all" or masked) and len(spans) != len(assistant_at):
                 raise RecordError(
                     "template_spans_mismatch",
                     f"the template marked {len(spans)} generation blocks for {len(assistant_at)} assistant "
                     "messages; put exactly one {% generation %} block around each assistant message",
                 )
+            by_turn = dict(zip(assistant_at, spans, strict=True)) if train_on != "all" or masked else {}
             if train_on == "all":
-                return text, [(0, len(text))]
-            by_turn = dict(zip(assistant_at, spans, strict=True))
+                return text, _outside([by_turn[i] for i in masked], len(text))
             return text, [by_turn[i] for i in which]
         text, _ = self.render(messages, tools=tools, kwargs=kwargs)
         if train_on == "all":
-            return text, [(0, len(text))]
+            if not masked:
+                return text, [(0, len(text))]
+            off = assistant_spans(self.renderer(tools, kwargs), messages, text, masked, self.shape(kwargs))
+            return text, _outside(off, len(text))
         return text, assistant_spans(self.renderer(tools, kwargs), messages, text, which, self.shape(kwargs))
+
+
+def _outside(spans: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
+    """Return the parts of [0, n) that no span covers."""
+    out, at = [], 0
+    for a, b in sorted(spans):
+        if a > at:
+            out.append((at, a))
+        at = max(at, b)
+    if at < n:
+        out.append((at, n))
+    return out
 
 
 def resolve_train_on(sample: Sample, train_on: str) -> str:
@@ -223,15 +240,25 @@ def resolve_train_on(sample: Sample, train_on: str) -> str:
 
 
 def trained_turns(sample: Sample, train_on: str) -> list[int]:
-    """Return the indices of the assistant messages that ``--train-on`` trains (a piece says its own)."""
+    """Return the indices of the assistant messages that ``--train-on`` trains (a piece says its own).
+
+    A message's own mark (``"train"``/``"weight"``, in ``sample.message_train``) overrides the rule for
+    that message: false (0) never trains it, true (1) trains it even where the rule would not.
+    """
     messages = sample.messages or []
     assistant_at = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
     if sample.trained_turns is not None:
         return [i for i in sample.trained_turns if i in set(assistant_at)]
     train_on = resolve_train_on(sample, train_on)
     if train_on == "last_assistant":
-        return assistant_at[-1:]
-    if train_on == "completion":
+        chosen = assistant_at[-1:]
+    elif train_on == "completion":
         first = sample.prompt_len if sample.prompt_len is not None else (assistant_at[-1] if assistant_at else 0)
-        return [i for i in assistant_at if i >= first]
-    return assistant_at
+        chosen = [i for i in assistant_at if i >= first]
+    else:
+        chosen = assistant_at
+    marks = sample.message_train
+    if marks is None:
+        return chosen
+    by_rule = set(chosen)
+    return [i for i in assistant_at if (i in by_rule if marks[i] is None else marks[i])]

@@ -80,6 +80,8 @@ class PackConfig:
     cache: bool = True
     cache_dir: str | None = None
     rejects: str | None = None
+    fix_turns: bool = False  # clean conversations (packcli.turns) before they are rendered
+    fix_turns_log: str | None = None  # JSON lines: each record --fix-turns changed, and how
     dry_run: bool = False
     engine: str = "local"
     ray_address: str | None = None
@@ -105,6 +107,8 @@ class PackConfig:
                 f"{gib:.0f} GiB of memory to build; with --pad-to-max, --max-len must be at most {PAD_TO_MAX_LIMIT}"
             )
         self._check_padding()
+        if self.fix_turns_log is not None and not self.fix_turns:
+            raise UsageError("--fix-turns-log lists what --fix-turns changes; pass --fix-turns too")
         unknown = set(self.fields) - set(DEFAULT_FIELDS)
         if unknown:
             raise UsageError(
@@ -187,7 +191,15 @@ class PackConfig:
 # tokens and labels, so only it (with the inputs' contents) keys the tokenization cache.
 OPTION_GROUPS: dict[str, tuple[str, ...]] = {
     "input": ("inputs", "split", "limit", "format", "task", "fields"),
-    "tokenization": ("tokenizer", "chat_template", "template_kwargs", "train_on", "add_eos", "on_error"),
+    "tokenization": (
+        "tokenizer",
+        "chat_template",
+        "template_kwargs",
+        "train_on",
+        "add_eos",
+        "on_error",
+        "fix_turns",
+    ),
     "packing": (
         "max_len",
         "overflow",
@@ -204,7 +216,16 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
         "context_parallel",
         "tensor_parallel",
     ),
-    "output": ("output", "output_format", "rows_per_shard", "overwrite", "rejects", "dry_run", "loss_weighting"),
+    "output": (
+        "output",
+        "output_format",
+        "rows_per_shard",
+        "overwrite",
+        "rejects",
+        "fix_turns_log",
+        "dry_run",
+        "loss_weighting",
+    ),
     "run": ("num_proc", "cache", "cache_dir", "engine", "ray_address"),
 }
 

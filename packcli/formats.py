@@ -102,6 +102,11 @@ class Sample:
     # A piece of a split conversation: which of its messages are trained, as the whole record's rule
     # decided (None: decided by --train-on on these messages).
     trained_turns: tuple[int, ...] | None = None
+    # Per message, its own training mark ("train": true/false, or "weight": 1/0), None where unmarked;
+    # None when no message is marked. The keys themselves are removed from the messages.
+    message_train: tuple[bool | None, ...] | None = None
+    # Roles renamed by normalize(rename_roles=True): (message index, the name read, the role given).
+    renamed: tuple[tuple[int, str, str], ...] = ()
 
 
 def detect_format(record: Any, fields: dict[str, str]) -> str | None:
@@ -126,16 +131,19 @@ def detect_format(record: Any, fields: dict[str, str]) -> str | None:
     return None
 
 
-def normalize(record: Any, fmt: str, fields: dict[str, str]) -> Sample:
-    """Return the record as a Sample of format ``fmt``; raise RecordError naming what is wrong."""
+def normalize(record: Any, fmt: str, fields: dict[str, str], *, rename_roles: bool = False) -> Sample:
+    """Return the record as a Sample of format ``fmt``; raise RecordError naming what is wrong.
+
+    With ``rename_roles`` (``--fix-turns``), message roles that are not chat roles but name one
+    unambiguously (``human``, ``gpt``, ``model``, ``User``...: ``ROLE_ALIASES``) are renamed, and listed
+    in the Sample's ``renamed``.
+    """
     if not isinstance(record, dict):
         raise RecordError("not_an_object", f"the record is a {type(record).__name__}, not a JSON object")
-    if fmt == "messages":
-        messages = _messages(_require(record, fields["messages"]), fields, sharegpt=False)
-        return Sample("chat", messages=messages, **_template_extras(record, fields))
-    if fmt == "conversations":
-        messages = _messages(_require(record, fields["conversations"]), fields, sharegpt=True)
-        return Sample("chat", messages=messages, **_template_extras(record, fields))
+    if fmt in ("messages", "conversations"):
+        sharegpt = fmt == "conversations"
+        turns = _messages(_require(record, fields[fmt]), fields, sharegpt=sharegpt, rename=rename_roles)
+        return Sample("chat", **turns.sample_fields(), **_template_extras(record, fields))
     if fmt == "prompt_completion":
         prompt = _require(record, fields["prompt"])
         completion = _require(record, fields["completion"])
@@ -145,10 +153,11 @@ def normalize(record: Any, fmt: str, fields: dict[str, str]) -> Sample:
             prompt = [{"role": "user", "content": prompt}]
         if isinstance(completion, str):
             completion = [{"role": "assistant", "content": completion}]
-        prompt_msgs = _messages(prompt, fields, sharegpt=False, field=fields["prompt"], allow_empty=True)
-        completion_msgs = _messages(completion, fields, sharegpt=False, field=fields["completion"])
+        head = _messages(prompt, fields, sharegpt=False, field=fields["prompt"], allow_empty=True, rename=rename_roles)
+        tail = _messages(completion, fields, sharegpt=False, field=fields["completion"], rename=rename_roles)
         extras = _template_extras(record, fields)
-        return Sample("chat", messages=prompt_msgs + completion_msgs, prompt_len=len(prompt_msgs), **extras)
+        turns = head.then(tail)
+        return Sample("chat", **turns.sample_fields(), prompt_len=len(head.messages), **extras)
     if fmt == "alpaca":
         instruction = _string(record, fields["instruction"])
         extra = record.get(fields["input"])
@@ -271,6 +280,68 @@ def _json_cell(value: str, key: str, expected: str) -> Any:
         raise RecordError("too_deep", f"field '{key}' nests too deep to decode") from exc
 
 
+@dataclass(frozen=True)
+class _Turns:
+    """Messages as read: the messages, their training marks, and the roles renamed."""
+
+    messages: list[dict[str, Any]]
+    train: tuple[bool | None, ...]
+    renamed: tuple[tuple[int, str, str], ...]
+
+    def then(self, other: _Turns) -> _Turns:
+        shift = len(self.messages)
+        return _Turns(
+            self.messages + other.messages,
+            self.train + other.train,
+            self.renamed + tuple((i + shift, old, new) for i, old, new in other.renamed),
+        )
+
+    def sample_fields(self) -> dict[str, Any]:
+        marked = any(flag is not None for flag in self.train)
+        return {"messages": self.messages, "message_train": self.train if marked else None, "renamed": self.renamed}
+
+
+# Role names of other tools and exports that name one chat role unambiguously (``--fix-turns`` renames
+# them in message lists; ShareGPT speakers are always mapped, by SHAREGPT_ROLES). Matched case-insensitively.
+ROLE_ALIASES: dict[str, str] = {
+    "system": "system",
+    "human": "user",
+    "user": "user",
+    "prompter": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "model": "assistant",
+    "bot": "assistant",
+    "ai": "assistant",
+    "tool": "tool",
+    "function": "tool",
+    "observation": "tool",
+}
+# Per-message training marks: "train" (true/false), and axolotl's "weight" (1/0).
+TRAIN_KEYS = ("train", "weight")
+
+
+def _train_mark(message: dict[str, Any], i: int, field: str) -> bool | None:
+    """Return a message's own training mark (None when it has none); raise RecordError for a bad one."""
+    marks = []
+    if "train" in message and message["train"] is not None:
+        if not isinstance(message["train"], bool):
+            raise RecordError(
+                "wrong_type", f"message {i} of '{field}': 'train' must be true or false, not {_tname(message['train'])}"
+            )
+        marks.append(message["train"])
+    if "weight" in message and message["weight"] is not None:
+        weight = message["weight"]
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight not in (0, 1):
+            shown = json.dumps(weight) if isinstance(weight, (int, float, str, bool)) else _tname(weight)
+            raise RecordError("wrong_type", f"message {i} of '{field}': 'weight' must be 0 or 1, not {shown}")
+        marks.append(weight == 1)
+    if len(set(marks)) > 1:
+        raise RecordError("wrong_type", f"message {i} of '{field}': 'train' and 'weight' disagree; keep one")
+    return marks[0] if marks else None
+
+
 def _messages(
     value: Any,
     fields: dict[str, str],
@@ -278,7 +349,8 @@ def _messages(
     sharegpt: bool,
     field: str | None = None,
     allow_empty: bool = False,
-) -> list[dict[str, Any]]:
+    rename: bool = False,
+) -> _Turns:
     field = field or (fields["conversations"] if sharegpt else fields["messages"])
     if isinstance(value, str):
         value = _json_cell(value, field, "a list of messages")
@@ -289,6 +361,8 @@ def _messages(
     role_key = fields["from"] if sharegpt else fields["role"]
     content_key = fields["value"] if sharegpt else fields["content"]
     out: list[dict[str, Any]] = []
+    marks: list[bool | None] = []
+    renamed: list[tuple[int, str, str]] = []
     for i, message in enumerate(value):
         if not isinstance(message, dict):
             raise RecordError("wrong_type", f"message {i} of '{field}' is a {_tname(message)}, not an object")
@@ -306,9 +380,16 @@ def _messages(
                 )
             role = mapped
         elif role not in ROLES:
-            raise RecordError(
-                "unknown_role", f"message {i} of '{field}': unknown role '{role}' (known: {', '.join(ROLES)})"
-            )
+            alias = ROLE_ALIASES.get(role.lower())
+            if alias is not None and rename:
+                renamed.append((i, role, alias))
+                role = alias
+            else:
+                fix = f"; --fix-turns renames it to '{alias}'" if alias is not None else ""
+                raise RecordError(
+                    "unknown_role",
+                    f"message {i} of '{field}': unknown role '{role}' (known: {', '.join(ROLES)}){fix}",
+                )
         content = message.get(content_key)
         if content is None and not message.get("tool_calls"):
             raise RecordError("wrong_type", f"message {i} of '{field}': '{content_key}' is missing or null")
@@ -318,11 +399,15 @@ def _messages(
             )
         if isinstance(content, list) and not all(isinstance(p, dict) for p in content):
             raise RecordError("wrong_type", f"message {i} of '{field}': content parts must be objects")
-        if sharegpt or role_key != "role" or content_key != "content":
+        marks.append(_train_mark(message, i, field))
+        if sharegpt or role_key != "role" or content_key != "content" or role != message[role_key]:
             # Keep every other key (tool_calls, reasoning, names): templates may read them.
             # A stray "role" or "content" key never replaces the mapped ones (a human turn with
             # "role": "assistant" would otherwise be trained on).
             rest = {k: v for k, v in message.items() if k not in (role_key, content_key, "role", "content")}
             message = {"role": role, "content": content, **rest}
+        if any(k in message for k in TRAIN_KEYS):
+            # The marks are packcli's, not the template's: the template renders the message without them.
+            message = {k: v for k, v in message.items() if k not in TRAIN_KEYS}
         out.append(message)
-    return out
+    return _Turns(out, tuple(marks), tuple(renamed))

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from packcli import pool, worker
+from packcli import pool, turns, worker
 from packcli.bounds import max_token_bytes
 from packcli.cache import (
     TokenStore,
@@ -33,6 +33,7 @@ POLICY_DROPS = frozenset(
         "empty_conversation",
         "no_assistant_turn",
         "nothing_to_train",
+        "no_answer_after_fix",
         "too_long",
         "nothing_to_train_after_truncation",
         "no_piece_left",
@@ -40,6 +41,8 @@ POLICY_DROPS = frozenset(
     }
 )
 BATCH_SIZE = 256
+# In the token store: one JSON line per record --fix-turns changed (copied out by --fix-turns-log).
+TURN_FIXES = "turn_fixes.jsonl"
 
 
 def encode_options(config: PackConfig) -> EncodeOptions:
@@ -81,17 +84,21 @@ def tokenize_to_store(
     """
     map_ordered = map_ordered or pool.map_ordered
     token_bytes = max_token_bytes(encoder.backend_json) if rule_out_long else None
-    worker.use(encoder, config.fields, (config.max_len, token_bytes) if token_bytes else None, split_rule(config))
+    rule_out = (config.max_len, token_bytes) if token_bytes else None
+    worker.use(encoder, config.fields, rule_out, split_rule(config), fix_turns=config.fix_turns)
     ruled_out_bytes = config.max_len * token_bytes if token_bytes else None
     where, fix = _store_where_fix(config, store_path)
     writer = TokenStoreWriter(store_path, fix, where)
     counts: Counter[str] = Counter()
     left_out: Counter[str] = Counter()
+    turns_fixed: Counter[str] = Counter()
+    empty_answers = 0
     clock: Counter[str] = Counter()  # seconds by stage (see TokenStore.seconds)
     began = time.perf_counter()
     records = 0
     records_split = pieces = 0
     rejects_path = writer.tmp / "rejects.jsonl"
+    fixes_path = writer.tmp / TURN_FIXES
     starts: dict[str, int] = {}
     units: dict[str, str] = {}
     counted = [count_records(s) for s in sources] if remote is None else [None]
@@ -100,7 +107,10 @@ def tokenize_to_store(
         total = min(total, config.limit) if total is not None else None
     results: Iterator[Any] | None = None
     try:
-        with _open_for_writing(rejects_path, where, fix) as rejects_file:
+        with (
+            _open_for_writing(rejects_path, where, fix) as rejects_file,
+            _open_for_writing(fixes_path, where, fix) as fixes_file,
+        ):
             if remote is None:
                 batches = _timed(read_batches(sources, BATCH_SIZE, config.limit), clock, "read")
                 jobs = ((batch, formats[batch.source]) for batch in batches)
@@ -115,6 +125,10 @@ def tokenize_to_store(
                 records_split += result.records_split
                 left_out.update(result.pieces_left_out)
                 pieces += result.pieces_made
+                turns_fixed.update(getattr(result, "turns_fixed", {}))
+                empty_answers += getattr(result, "empty_answers", 0)
+                for entry in getattr(result, "turn_fixes", []):
+                    _write_line(fixes_file, json.dumps(entry, ensure_ascii=False), where, fix)
                 starts.setdefault(result.source, result.first_index)
                 units.setdefault(result.source, result.unit)
                 for reject in result.rejects:
@@ -174,6 +188,10 @@ def tokenize_to_store(
             ],
             "source_starts": [starts.get(s.display, records) for s in sources],
         }
+        if config.fix_turns:
+            meta["turns_fixed"] = {kind: turns_fixed[kind] for kind in turns.KINDS}
+        if empty_answers:
+            meta["empty_answers"] = empty_answers
         if config.overflow == "split":
             meta["split"] = {
                 "records_split": records_split,

@@ -40,7 +40,7 @@ from packcli.tokenize import Encoder, tokenizer_fingerprint
 from packcli.write import output_schema
 
 # Bumped whenever the same inputs and options would give other tokens or labels, so the cache misses.
-ENCODING_RULES = 4
+ENCODING_RULES = 5  # 5: messages' own "train"/"weight" marks are read (and removed before rendering)
 
 
 # -- stage 1: tokenize into the token store ---------------------------------------------------------
@@ -276,6 +276,8 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
                 if config.rejects:
                     rejects = prepared.rejects_path(config.rejects) if prepared else Path(config.rejects)
                     _write_rejects(rejects, store, plan, inputs.sources, config.limit)
+                if config.fix_turns_log:
+                    _write_fix_log(Path(config.fix_turns_log), store)
                 manifest = _manifest(config, inputs, summary, shards)
                 if index_files:
                     manifest["index_files"] = index_files
@@ -338,6 +340,8 @@ def _prepare_output(config: PackConfig, skipped: list[str]) -> staging.PreparedO
     # it is refused (its files come first, so an -o that contains them is named by the file it holds).
     paths += [Path(raw).resolve() for raw in config.inputs if raw != STDIN and not is_uri(raw) and Path(raw).is_dir()]
     cache_root = (Path(config.cache_dir) if config.cache_dir else default_cache_dir()) if config.cache else None
+    if config.fix_turns_log:
+        safety.check_fix_log_target(config.fix_turns_log, Path(config.output).resolve(), paths, cache_root)
     return staging.prepare_output(config.output, config.overwrite, paths, cache_root, config.rejects)
 
 
@@ -363,6 +367,8 @@ def _manifest(
         }
         | ({"limit": config.limit} if config.limit is not None else {}),
         "lost": summary["lost"],
+        **({"turns_fixed": summary["turns_fixed"]} if "turns_fixed" in summary else {}),
+        "empty_answers": summary["empty_answers"],
         "warnings": summary["warnings"],
         **{
             k: summary[k]
@@ -438,6 +444,23 @@ def _write_rejects(
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise OutputError(f"{path}: cannot write the rejects file ({exc.strerror or exc})") from exc
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _write_fix_log(path: Path, store: TokenStore) -> None:
+    """Copy the token store's list of the records --fix-turns changed to ``path``, atomically."""
+    tmp = path.with_name(safety.staging_prefix(path.name) + "fixes")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(store.path / ingest.TURN_FIXES, "rb") as src, open(tmp, "wb") as out:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"{path}: cannot write the --fix-turns-log file ({exc.strerror or exc})") from exc
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -469,7 +469,44 @@ def check_rejects_target(rejects: str, target: Path) -> None:
         )
 
 
+# The keys of every entry of a --fix-turns-log file (worker._fix_entry).
+FIX_LOG_KEYS = frozenset(
+    {"sample_index", "source", "position", "unit", "changes", "record", "record_truncated", "record_chars"}
+)
+
+
+def check_fix_log_target(log: str, output: Path, inputs: Iterable[Path], cache_root: Path | None) -> None:
+    """Refuse a --fix-turns-log file that is an input, lies in the cache or the output, or would replace a
+    file packcli did not write (an existing file must be empty or start with an entry, ``FIX_LOG_KEYS``).
+
+    ``output`` and ``inputs`` are resolved paths.
+    """
+    target = Path(log).resolve()
+    if target in set(inputs):
+        raise UsageError(f"--fix-turns-log {log}: is an input; writing it would replace the input; name a new file")
+    if cache_root is not None and target.is_relative_to(cache_root.resolve()):
+        raise UsageError(f"--fix-turns-log {log}: lies inside the tokenization cache; name a file elsewhere")
+    if target == output or target.is_relative_to(output):
+        raise UsageError(f"--fix-turns-log {log}: lies in the output {output}; name a file outside it")
+    for parent in target.parents:
+        if parent.is_dir() and is_packcli_dir(parent):
+            raise UsageError(f"--fix-turns-log {log}: lies inside the packcli output {parent}; name a file outside it")
+    if not os.path.lexists(target):
+        return
+    if not target.is_file():
+        raise UsageError(f"--fix-turns-log {log}: exists and is not a regular file; name a new file")
+    if not _is_entry_file(target, FIX_LOG_KEYS):
+        raise UsageError(
+            f"--fix-turns-log {log}: exists and is not a log packcli wrote; writing it would replace it; "
+            "remove it or name a new file"
+        )
+
+
 def _is_rejects_file(path: Path) -> bool:
+    return _is_entry_file(path, REJECT_KEYS)
+
+
+def _is_entry_file(path: Path, keys: frozenset[str]) -> bool:
     try:
         with open(path, "rb") as fh:
             first = fh.readline(_REJECT_LINE_BYTES)
@@ -481,7 +518,7 @@ def _is_rejects_file(path: Path) -> bool:
         entry = json.loads(first)
     except ValueError:
         return False
-    return isinstance(entry, dict) and set(entry) == REJECT_KEYS
+    return isinstance(entry, dict) and set(entry) == keys
 
 
 # -- the lock ---------------------------------------------------------------------------------------

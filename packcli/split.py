@@ -92,7 +92,14 @@ def split_chat(
         lo, hi = spans[a][0], spans[b - 1][1]
         picked = (list(range(head)) if keep_head else []) + list(range(lo, hi))
         turns = None if trained is None else tuple(k for k, i in enumerate(picked) if i in trained)
-        return replace(sample, messages=[messages[i] for i in picked], prompt_len=None, trained_turns=turns)
+        marks = None if sample.message_train is None else tuple(sample.message_train[i] for i in picked)
+        return replace(
+            sample,
+            messages=[messages[i] for i in picked],
+            prompt_len=None,
+            trained_turns=turns,
+            message_train=marks,
+        )
 
     def has_training(a: int, b: int) -> bool:
         if trained is None:

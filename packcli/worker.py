@@ -10,10 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from packcli import preference
+from packcli import preference, turns
 from packcli.bounds import rule_out_too_long
+from packcli.chat_template import trained_turns
 from packcli.errors import RecordError
-from packcli.formats import PREFERENCE_FORMATS, detect_format, normalize
+from packcli.formats import PREFERENCE_FORMATS, Sample, detect_format, normalize
 from packcli.records import UNUSABLE, UnusableRecord, check_sample, integer_too_long, raw_line_is_clean, too_deep
 from packcli.sources import RawBatch
 from packcli.split import Pieces, SplitRule, chunk_tokens, split_chat
@@ -43,6 +44,10 @@ class TokenizedBatch:
     pieces_made: int = 0  # samples made from split records (pieces kept)
     pieces_left_out: dict[str, int] = field(default_factory=dict)  # reason -> pieces
     roles: np.ndarray | None = None  # int8 sample_role per kept sample, for preference data (None: all SFT)
+    # --fix-turns: its changes counted by kind (packcli.turns.KINDS), and one entry per record it changed.
+    turns_fixed: dict[str, int] = field(default_factory=dict)
+    turn_fixes: list[dict[str, Any]] = field(default_factory=list)
+    empty_answers: int = 0  # trained answers that are empty or whitespace only, in the samples kept
     # Seconds this batch took in the worker: decode (parse, detect, normalise, check), tokenize (render,
     # spans, encode, split) and cpu (the worker's CPU seconds for the batch, all threads).
     seconds: dict[str, float] = field(default_factory=dict)
@@ -58,15 +63,17 @@ def use(
     fields: dict[str, str],
     rule_out: tuple[int, int] | None = None,
     split: SplitRule | None = None,
+    fix_turns: bool = False,
 ) -> None:
     """Set what ``tokenize_batch`` works with in this process (and in the workers forked from it).
 
     ``rule_out`` is (max_len, the most bytes one token covers): the early too-long rule, measured on
     the very text the encoder encodes (``ChatTemplate.text``). ``split`` cuts records longer than its
-    max_len into pieces (``--overflow split``, see packcli.split).
+    max_len into pieces (``--overflow split``, see packcli.split). ``fix_turns`` cleans conversations
+    (packcli.turns).
     """
     _CONTEXT.clear()
-    _CONTEXT.update(encoder=encoder, fields=fields)
+    _CONTEXT.update(encoder=encoder, fields=fields, fix_turns=fix_turns)
     if rule_out is not None:
         _CONTEXT["rule_out"] = rule_out
     if split is not None:
@@ -83,8 +90,10 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
     encoder: Encoder = _CONTEXT["encoder"]
     fields: dict[str, str] = _CONTEXT["fields"]
     errors = {pos: (reason, detail) for pos, reason, detail in batch.errors}
+    fix: bool = _CONTEXT.get("fix_turns", False)
     samples: list[Any] = []
     raws: list[Any] = []
+    changed: dict[int, list[dict[str, Any]]] = {}  # batch position -> the changes --fix-turns made
     for item, pos in zip(batch.items, batch.positions, strict=True):
         raws.append(item)
         try:
@@ -102,7 +111,11 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
                         check_sample(member)
                 samples.append(members)
                 continue
-            sample = normalize(record, record_format, fields)
+            sample = normalize(record, record_format, fields, rename_roles=fix)
+            if fix:
+                sample, changes = turns.clean(sample)
+                if changes:
+                    changed[len(samples)] = changes
             if not (batch.raw_lines and raw_line_is_clean(item)):
                 check_sample(sample)
             if "rule_out" in _CONTEXT:
@@ -114,6 +127,18 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
             samples.append(err)
     decoded = time.perf_counter()
     results = preference.encode(encoder, samples)
+    if not fix:
+        _hint_fix_turns(encoder, samples, results)
+    fixed: Counter[str] = Counter()
+    fixes: list[dict[str, Any]] = []
+    for k, changes in changed.items():
+        fixed.update(turns.counts(changes))
+        fixes.append(_fix_entry(batch.first_index + k, batch.source, batch.positions[k], changes, raws[k], batch))
+    empty_answers = sum(
+        turns.blank_answers(sample, trained_turns(sample, encoder.options.train_on))
+        for sample, result in zip(samples, results, strict=True)
+        if isinstance(sample, Sample) and sample.kind == "chat" and isinstance(result, tuple)
+    )
     split: SplitRule | None = _CONTEXT.get("split")
     kept_index, kept_pos, kept_piece, ids, labels, rejects = [], [], [], [], [], []
     roles: list[int] = []
@@ -170,12 +195,56 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         records_split=records_split,
         pieces_made=pieces_made,
         pieces_left_out=dict(left_out),
+        turns_fixed=dict(fixed),
+        turn_fixes=fixes,
+        empty_answers=empty_answers,
         seconds={
             "decode": decoded - started,
             "tokenize": encoded - decoded,
             "cpu": time.process_time() - cpu_started,
         },
     )
+
+
+def _hint_fix_turns(encoder: Encoder, samples: list[Any], results: list[Any]) -> None:
+    """Say, in a template's error, what --fix-turns would change, where the cleaned conversation renders.
+
+    Only conversations the template refused are cleaned and encoded again (one batch call).
+    """
+    candidates: list[tuple[int, Sample, list[dict[str, Any]]]] = []
+    for k, (sample, result) in enumerate(zip(samples, results, strict=True)):
+        if not (isinstance(result, RecordError) and result.reason == "template_error" and isinstance(sample, Sample)):
+            continue
+        try:
+            cleaned, changes = turns.clean(sample)
+        except RecordError:
+            continue
+        if changes:
+            candidates.append((k, cleaned, changes))
+    if not candidates:
+        return
+    again = encoder.encode_batch([cleaned for _, cleaned, _ in candidates])
+    for (k, _, changes), result in zip(candidates, again, strict=True):
+        if isinstance(result, tuple):
+            err = results[k]
+            results[k] = RecordError(err.reason, f"{err.detail}; --fix-turns {turns.describe(changes)}")
+
+
+def _fix_entry(
+    index: int, source: str, position: int, changes: list[dict[str, Any]], raw: Any, batch: RawBatch
+) -> dict[str, Any]:
+    """One entry of the --fix-turns-log file: where the record is, what was changed, and the record as read."""
+    text = record_text(raw, batch.raw_lines)
+    return {
+        "sample_index": index,
+        "source": source,
+        "position": position,
+        "unit": "line" if batch.raw_lines else "record",
+        "changes": changes,
+        "record": text[:REJECT_RECORD_CHARS],
+        "record_truncated": len(text) > REJECT_RECORD_CHARS,
+        "record_chars": len(text),
+    }
 
 
 def _pieces(sample: Any, whole: tuple[np.ndarray, np.ndarray], split: SplitRule, encoder: Encoder) -> Pieces:

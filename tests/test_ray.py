@@ -331,6 +331,23 @@ def test_preference_pairs_on_ray_as_locally(cluster: Any, tmp_path: Path) -> Non
         assert "sample_role" in table.column_names
 
 
+def test_fix_turns_on_ray_as_locally(cluster: Any, tmp_path: Path) -> None:
+    """--fix-turns runs in the actors: the same counts, shards and per-record log as the local engine."""
+    from .test_turns import MESSAGES
+
+    data = write_jsonl(tmp_path / "turns.jsonl", [{"messages": m} for m, _ in MESSAGES] * 30)
+    summaries = {}
+    for engine in ("local", "ray"):
+        log = tmp_path / f"fixes-{engine}.jsonl"
+        flags = ["--max-len", "256", "--fix-turns", "--fix-turns-log", log, "--json", "-q", "--engine", engine]
+        summaries[engine] = json.loads(run_pack(data, "-o", tmp_path / engine, *flags).stdout)
+    assert summaries["local"]["turns_fixed"] == summaries["ray"]["turns_fixed"]
+    assert summaries["ray"]["turns_fixed"]["merged"] == 30
+    assert summaries["ray"]["dropped"] == {"no_answer_after_fix": 30}
+    assert_same_shards(tmp_path / "local", tmp_path / "ray")
+    assert (tmp_path / "fixes-local.jsonl").read_text() == (tmp_path / "fixes-ray.jsonl").read_text()
+
+
 def test_the_nodes_run_this_packcli(cluster: Any) -> None:
     """The tasks import the packcli under test (the driver's sys.path goes to the workers), on both nodes."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

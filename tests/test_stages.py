@@ -80,10 +80,12 @@ def test_normalize_maps_sharegpt_and_keeps_template_extras() -> None:
         "chat_template_kwargs": {"enable_thinking": False},
     }
     sample = normalize(record, "conversations", DEFAULT_FIELDS)
+    # "weight" (axolotl's per-message training mark) is packcli's, read and removed before the template.
     assert sample.messages == [
         {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": "hello", "weight": 1},
+        {"role": "assistant", "content": "hello"},
     ]
+    assert sample.message_train == (None, True)
     assert sample.tools == record["tools"] and sample.template_kwargs == {"enable_thinking": False}
     alpaca = normalize({"instruction": "Add", "input": "1 and 2", "output": "3"}, "alpaca", DEFAULT_FIELDS)
     assert alpaca.messages == [

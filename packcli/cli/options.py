@@ -92,6 +92,15 @@ OnErrorOption = Annotated[
         rich_help_panel=INPUT,
     ),
 ]
+FixTurnsOption = Annotated[
+    bool,
+    typer.Option(
+        "--fix-turns",
+        help="Clean conversations: rename roles (human, gpt...), drop leading answers, trailing questions and "
+        "empty answers, merge repeated turns; each change counted.",
+        rich_help_panel=INPUT,
+    ),
+]
 TokenizerOption = Annotated[
     str | None,
     typer.Option(
@@ -157,6 +166,7 @@ TOKEN_PARAMETERS = (
     "task",
     "field",
     "on_error",
+    "fix_turns",
     "tokenizer",
     "chat_template",
     "train_on",
@@ -233,6 +243,7 @@ PACK_PANELS: dict[str, tuple[str, str | None]] = {
     "rows_per_shard": (OUTPUT, "N"),
     "overwrite": (OUTPUT, None),
     "rejects": (OUTPUT, "FILE"),
+    "fix_turns_log": (OUTPUT, "FILE"),
     "dry_run": (OUTPUT, None),
     "engine": (RUN, choices("engine")),
     "ray_address": (RUN, "ADDRESS"),

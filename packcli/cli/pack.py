@@ -13,6 +13,7 @@ from packcli.cli.options import (
     ChatTemplateOption,
     ConfigOption,
     FieldOption,
+    FixTurnsOption,
     FormatOption,
     JsonFlag,
     LimitOption,
@@ -88,8 +89,13 @@ def pack(
         ),
     ] = None,
     on_error: OnErrorOption = "fail",
+    fix_turns: FixTurnsOption = False,
     rejects: Annotated[
         str | None, typer.Option(help="Write every dropped record and its reason to this JSONL file.")
+    ] = None,
+    fix_turns_log: Annotated[
+        str | None,
+        typer.Option("--fix-turns-log", help="With --fix-turns: write each record it changed, and how, to this file."),
     ] = None,
     algorithm: Annotated[str, typer.Option(help="Packing: ffd (first-fit-decreasing) or bfd (best-fit).")] = "ffd",
     seed: Annotated[int, typer.Option(help="Seed of the row order.")] = 0,
@@ -164,6 +170,8 @@ def pack(
         "max_drop_fraction": max_drop_fraction,
         "on_error": on_error,
         "rejects": rejects,
+        "fix_turns": fix_turns,
+        "fix_turns_log": fix_turns_log,
         "algorithm": algorithm,
         "seed": seed,
         "world_size": world_size,

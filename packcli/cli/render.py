@@ -125,6 +125,10 @@ def print_pack_summary(summary: dict[str, Any]) -> None:
         table.add_row("split", f"{split['records_split']:,} records into {split['pieces']:,} pieces")
         for reason, count in split["pieces_left_out"].items():
             table.add_row(f"pieces left out: {reason}", _fmt(count))
+    for kind, count in (summary.get("turns_fixed") or {}).items():
+        table.add_row(f"turns fixed: {kind}", _fmt(count))
+    if summary.get("empty_answers"):
+        table.add_row("empty answers trained", _fmt(summary["empty_answers"]))
     if summary.get("truncated"):
         label = "truncated (one exchange over --max-len)" if split is not None else "truncated"
         table.add_row(label, _fmt(summary["truncated"]))
@@ -238,6 +242,10 @@ def print_raw_stats(r: dict[str, Any]) -> None:
     head.add_row("samples", f"{r['samples']:,}")
     for reason, n in r["dropped"].items():
         head.add_row(f"dropped: {reason}", f"{n:,}")
+    for kind, n in (r.get("turns_fixed") or {}).items():
+        head.add_row(f"turns fixed: {kind}", f"{n:,}")
+    if r.get("empty_answers"):
+        head.add_row("empty answers trained", f"{r['empty_answers']:,}")
     head.add_row("tokens", f"{r['tokens']:,}")
     head.add_row("trainable tokens", f"{r['trainable_tokens']:,}")
     dist = r["sample_length"]

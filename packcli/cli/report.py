@@ -21,6 +21,7 @@ from packcli.cli.options import (
     ChatTemplateOption,
     ConfigOption,
     FieldOption,
+    FixTurnsOption,
     FormatOption,
     JsonFlag,
     LimitOption,
@@ -52,6 +53,7 @@ STATS_OPTIONS = (
     "train_on",
     "add_eos",
     "on_error",
+    "fix_turns",
     "num_proc",
     "cache",
     "cache_dir",
@@ -93,6 +95,7 @@ def stats(
     task: TaskOption = "auto",
     field: FieldOption = None,
     on_error: OnErrorOption = "fail",
+    fix_turns: FixTurnsOption = False,
     tokenizer: TokenizerOption = None,
     chat_template: ChatTemplateOption = None,
     train_on: TrainOnOption = "auto",
@@ -126,6 +129,7 @@ def stats(
             "train_on": train_on,
             "add_eos": add_eos,
             "on_error": on_error,
+            "fix_turns": fix_turns,
             "cache_dir": cache_dir,
         }
         options = merge_preset(ctx, config, flags, field, template_kwarg, num_proc, no_cache)

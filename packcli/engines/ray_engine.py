@@ -172,7 +172,7 @@ class Tokenizer:
                 f"the tokenizer or chat template on Ray node {ray.util.get_node_ip_address()} differs from the "
                 "driver's; install the same tokenizer files on every node (or pass a Hub name)"
             )
-        worker.use(encoder, settings["fields"], split=settings["split"])
+        worker.use(encoder, settings["fields"], split=settings["split"], fix_turns=settings["fix_turns"])
         self.root = root
         self.batch_size = settings["batch_size"]
 
@@ -194,7 +194,15 @@ class Tokenizer:
         units = ray_parts.Units()
         keys = ("index", "lengths", "trainable", "first", "pos", "piece", "role")
         arrays: dict[str, list[np.ndarray]] = {k: [] for k in keys}
-        out: dict[str, Any] = {"rejects": [], "n_records": 0, "records_split": 0, "pieces_made": 0}
+        out: dict[str, Any] = {
+            "rejects": [],
+            "n_records": 0,
+            "records_split": 0,
+            "pieces_made": 0,
+            "turn_fixes": [],
+            "empty_answers": 0,
+        }
+        fixed: dict[str, int] = {}
         left_out: dict[str, int] = {}
         seconds: dict[str, float] = {"decode": 0.0, "tokenize": 0.0}
         unit, split, roles = "record", False, False
@@ -215,6 +223,10 @@ class Tokenizer:
                 out["records_split"] += result.records_split
                 out["pieces_made"] += result.pieces_made
                 out["rejects"].extend(result.rejects)
+                out["turn_fixes"].extend(result.turn_fixes)
+                out["empty_answers"] += result.empty_answers
+                for kind, n in result.turns_fixed.items():
+                    fixed[kind] = fixed.get(kind, 0) + n
                 for reason, n in result.pieces_left_out.items():
                     left_out[reason] = left_out.get(reason, 0) + n
                 for key in ("decode", "tokenize"):
@@ -247,6 +259,7 @@ class Tokenizer:
             unit=unit,
             units=units.value,
             pieces_left_out=left_out,
+            turns_fixed=fixed,
             seconds=seconds,
             segment=seg,
             files=files,
@@ -275,6 +288,9 @@ class PartResult:
     records_split: int
     pieces_made: int
     pieces_left_out: dict[str, int]
+    turns_fixed: dict[str, int]
+    turn_fixes: list[dict[str, Any]]
+    empty_answers: int
     seconds: dict[str, float]
     segment: dict[str, Any]
     segment_files: dict[str, dict[str, Any]]
@@ -340,6 +356,7 @@ class ClusterTokenizing:
             "options": ingest.encode_options(config),
             "fields": dict(config.fields),
             "split": ingest.split_rule(config),
+            "fix_turns": config.fix_turns,
             "identity": self.encoder.identity(),
             "batch_size": ingest.BATCH_SIZE,
         }
@@ -428,9 +445,9 @@ class ClusterTokenizing:
 
     def _numbered(self, part: ray_parts.Part, out: dict[str, Any], index: int, unit_base: int) -> PartResult:
         arrays = out["arrays"]
-        for reject in out["rejects"]:
-            reject["sample_index"] += index
-            reject["position"] += unit_base
+        for entry in (*out["rejects"], *out["turn_fixes"]):
+            entry["sample_index"] += index
+            entry["position"] += unit_base
         return PartResult(
             source=part.source.display,
             unit=out["unit"],
@@ -447,6 +464,9 @@ class ClusterTokenizing:
             records_split=out["records_split"],
             pieces_made=out["pieces_made"],
             pieces_left_out=out["pieces_left_out"],
+            turns_fixed=out["turns_fixed"],
+            turn_fixes=out["turn_fixes"],
+            empty_answers=out["empty_answers"],
             seconds=out["seconds"],
             segment=out["segment"],
             segment_files=out["files"],

@@ -356,6 +356,10 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
         lengths = store.lengths.astype(np.int64)  # ascending sample_index: input order
         trainable = int(store.trainable.astype(np.int64).sum())
         meta = store.meta
+        if meta.get("empty_answers"):
+            from packcli.accounting import empty_answers_warning
+
+            warnings = [*warnings, empty_answers_warning(int(meta["empty_answers"]))]
         tokenizer_name = config.tokenizer or DEFAULT_TOKENIZER
         lines = [_what_if(lengths, m, batch_size) for m in max_lens]
         for line in lines:
@@ -370,6 +374,8 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
         "records_read": int(meta["records_read"]),
         "samples": len(lengths),
         "dropped": dict(meta.get("dropped", {})),
+        **({"turns_fixed": dict(meta["turns_fixed"])} if "turns_fixed" in meta else {}),
+        **({"empty_answers": int(meta["empty_answers"])} if meta.get("empty_answers") else {}),
         "tokens": int(lengths.sum()),
         "trainable_tokens": trainable,
         "sample_length": _distribution(lengths),
