@@ -403,7 +403,7 @@ RANGES: dict[str, tuple[float, float | None]] = {
     "max_tokens": (1, None),
 }
 # Options that name a path, a tokenizer, a split or an address: an empty string names nothing.
-NOT_EMPTY = ("output", "tokenizer", "chat_template", "split", "rejects", "cache_dir", "ray_address")
+NOT_EMPTY = ("output", "tokenizer", "chat_template", "split", "rejects", "fix_turns_log", "cache_dir", "ray_address")
 # Options of the library's calls that are not PackConfig's, by their declared type.
 CALL_OPTIONS: dict[str, str] = {
     "batch_size": "int",

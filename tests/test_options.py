@@ -61,6 +61,8 @@ WRONG: dict[str, tuple[Any, Any]] = {
     "cache": ("false", None),
     "cache_dir": (3, ""),
     "rejects": (3, ""),
+    "fix_turns": ("true", None),
+    "fix_turns_log": (3, ""),
     "dry_run": ("false", None),
     "engine": (None, "spark"),
     "ray_address": (3, ""),
