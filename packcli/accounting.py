@@ -4,7 +4,9 @@ Every record read is packed (at least one of its samples is in a row) or dropped
 ``records_read == packed + sum(dropped)``. With ``--overflow split`` a record may become several
 samples (pieces); ``split`` counts the records split, the pieces made, and the pieces left out by
 reason, and ``samples`` counts every sample written. ``lost`` measures what did not reach the rows:
-records dropped, and tokens (of tokenized samples) dropped or cut off by truncation.
+records dropped, and tokens (of tokenized samples) dropped or cut off by truncation, and the tokens of
+pieces left out (``piece_too_short`` under ``--min-piece``, ``untrained_piece``). Token fractions are of
+every token tokenized: the samples stored and the pieces left out.
 
 When more than ``LOUD_FRACTION`` of the records or of the tokens is lost, the summary carries one
 warning naming the top reason and the option that would keep them; ``--max-drop-fraction F`` makes
@@ -33,6 +35,8 @@ KEEP_THEM = {
     "nothing_to_train_after_truncation": "pass --overflow split or --truncate-side left, or raise --max-len",
     "world_size_remainder": "pass --rank-remainder pad",
     "no_piece_left": "lower --min-piece, or check --train-on",
+    "piece_too_short": "lower --min-piece",
+    "untrained_piece": "these pieces train nothing under --train-on; pass --train-on all, or raise --max-len",
     "no_assistant_turn": "pass --train-on all to train on them, or fix the records",
     "nothing_to_train": "check --train-on and the records' roles",
 }
@@ -168,7 +172,10 @@ def _lost(store: TokenStore, plan: Plan, in_rows: np.ndarray, dropped: Counter[s
     cut = int(store.lengths[plan.store_rows].sum()) - int(plan.lengths.sum())
     if cut > 0:
         tokens_by_reason["truncated"] += cut
-    total_tokens = int(store.lengths.sum())
+    # Pieces the split left out never reached the store: their tokens are counted where they were cut.
+    left_out = Counter({k: int(v) for k, v in store.meta.get("split", {}).get("tokens_left_out", {}).items()})
+    tokens_by_reason.update(+left_out)
+    total_tokens = int(store.lengths.sum()) + sum(left_out.values())
     records_lost = sum(dropped.values())
     tokens_lost = sum(tokens_by_reason.values())
     return {

@@ -87,6 +87,7 @@ def tokenize_to_store(
     writer = TokenStoreWriter(store_path, fix, where)
     counts: Counter[str] = Counter()
     left_out: Counter[str] = Counter()
+    left_out_tokens: Counter[str] = Counter()
     clock: Counter[str] = Counter()  # seconds by stage (see TokenStore.seconds)
     began = time.perf_counter()
     records = 0
@@ -114,6 +115,7 @@ def tokenize_to_store(
                 records += result.n_records
                 records_split += result.records_split
                 left_out.update(result.pieces_left_out)
+                left_out_tokens.update(result.tokens_left_out)
                 pieces += result.pieces_made
                 starts.setdefault(result.source, result.first_index)
                 units.setdefault(result.source, result.unit)
@@ -179,6 +181,8 @@ def tokenize_to_store(
                 "records_split": records_split,
                 "pieces": pieces,
                 "pieces_left_out": dict(sorted(left_out.items())),
+                # The tokens of the pieces left out, by reason: counted in the summary's lost tokens.
+                "tokens_left_out": dict(sorted(left_out_tokens.items())),
             }
         if ruled_out_bytes is not None and counts["too_long"]:
             # Records over this many bytes were left out untokenized: only runs whose limit is no

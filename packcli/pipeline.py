@@ -39,8 +39,9 @@ from packcli.sources import STDIN, InputSource, files_to_hash, fingerprint, forg
 from packcli.tokenize import Encoder, tokenizer_fingerprint
 from packcli.write import output_schema
 
-# Bumped whenever the same inputs and options would give other tokens or labels, so the cache misses.
-ENCODING_RULES = 4
+# Bumped whenever the same inputs and options would give other tokens, labels or store meta (5: the tokens
+# of pieces left out by --overflow split), so the cache misses.
+ENCODING_RULES = 5
 
 
 # -- stage 1: tokenize into the token store ---------------------------------------------------------

@@ -280,6 +280,17 @@ class Encoder:
                     results[i] = err
         return results
 
+    def count_tokens(self, sample: Sample) -> int | None:
+        """Return a conversation's token count, labels aside (None when the template cannot render it).
+
+        The tokens are those ``encode_batch`` gives it: the rendered text, without special tokens added.
+        """
+        try:
+            text = self.chat.text(sample)
+        except RecordError:
+            return None
+        return len(self.backend.encode(text, add_special_tokens=False).ids)
+
     def _tokenized(self, sample: Sample) -> tuple[np.ndarray, np.ndarray]:
         ids = np.asarray(sample.input_ids, dtype=np.int64)
         if len(ids) and (ids.min() < 0 or ids.max() >= self.vocab_size):

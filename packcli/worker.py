@@ -42,6 +42,7 @@ class TokenizedBatch:
     records_split: int = 0
     pieces_made: int = 0  # samples made from split records (pieces kept)
     pieces_left_out: dict[str, int] = field(default_factory=dict)  # reason -> pieces
+    tokens_left_out: dict[str, int] = field(default_factory=dict)  # reason -> the tokens of those pieces
     roles: np.ndarray | None = None  # int8 sample_role per kept sample, for preference data (None: all SFT)
     # Seconds this batch took in the worker: decode (parse, detect, normalise, check), tokenize (render,
     # spans, encode, split) and cpu (the worker's CPU seconds for the batch, all threads).
@@ -116,6 +117,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
     kept_index, kept_pos, kept_piece, ids, labels, rejects = [], [], [], [], [], []
     roles: list[int] = []
     left_out: Counter[str] = Counter()
+    left_out_tokens: Counter[str] = Counter()
     records_split = pieces_made = 0
     for k, result in enumerate(results):
         index = batch.first_index + k
@@ -131,6 +133,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
             records_split += 1
             pieces = _pieces(samples[k], result, split, encoder)
             left_out.update(pieces.left_out)
+            left_out_tokens.update(pieces.left_out_tokens)
             if not pieces.pieces:
                 why = ", ".join(f"{n} {r}" for r, n in sorted(pieces.left_out.items()))
                 detail = f"the sample has {len(result[0])} tokens; no piece of it is kept ({why})"
@@ -168,6 +171,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         records_split=records_split,
         pieces_made=pieces_made,
         pieces_left_out=dict(left_out),
+        tokens_left_out=dict(left_out_tokens),
         seconds={
             "decode": decoded - started,
             "tokenize": encoded - decoded,
@@ -179,7 +183,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
 def _pieces(sample: Any, whole: tuple[np.ndarray, np.ndarray], split: SplitRule, encoder: Encoder) -> Pieces:
     if sample.kind == "chat":
         encode = lambda piece: encoder.encode_batch([piece])[0]  # noqa: E731
-        return split_chat(sample, encoder.options.train_on, split, encode, len(whole[0]))
+        return split_chat(sample, encoder.options.train_on, split, encode, len(whole[0]), encoder.count_tokens)
     return chunk_tokens(whole[0], whole[1], split)
 
 

@@ -388,3 +388,23 @@ def test_truncate_left_keeps_the_last_answer_of_a_conversation(tmp_path: Path, p
 
     assert "the last answer is here" in trained(tmp_path / "left")
     assert left["truncated"] == 1 and left["dropped"] == {}
+
+
+def test_min_piece_tokens_are_lost_counted_and_fail_max_drop_fraction(
+    tmp_path: Path, pack: Any, base_tokenizer: Any
+) -> None:
+    """Chunks left out under --min-piece (and untrained chunks) are tokens lost: counted, loud, and limited."""
+    docs = [" ".join(f"w{k * 7 + j}" for j in range(80 + 37 * k)) for k in range(12)]
+    data = write_jsonl(tmp_path / "docs.jsonl", [{"text": d} for d in docs])
+    whole = sum(len(base_tokenizer(d)["input_ids"]) + 1 for d in docs)  # + EOS
+    flags = ["--max-len", 64, "--overflow", "split", "--min-piece", 60, "--json", "-q"]
+    summary = json.loads(pack(data, *flags, "-o", tmp_path / "out").stdout)
+    in_shards = sum(len(row["input_ids"]) for row in read_rows(tmp_path / "out"))
+    assert summary["tokens"] == in_shards < whole
+    lost = summary["lost"]
+    assert lost["tokens"] == whole - in_shards == summary["split"]["tokens_left_out"]["piece_too_short"]
+    assert lost["tokens_by_reason"] == {"piece_too_short": whole - in_shards}
+    assert lost["tokens_fraction"] == round((whole - in_shards) / whole, 6) > 0.05
+    assert any("top reason piece_too_short" in w and "--min-piece" in w for w in summary["warnings"])
+    failed = pack(data, *flags[:-2], "--max-drop-fraction", 0.05, "-o", tmp_path / "strict", expect=1)
+    assert "more than --max-drop-fraction 0.05" in failed.stderr and not (tmp_path / "strict").exists()

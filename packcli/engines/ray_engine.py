@@ -196,6 +196,7 @@ class Tokenizer:
         arrays: dict[str, list[np.ndarray]] = {k: [] for k in keys}
         out: dict[str, Any] = {"rejects": [], "n_records": 0, "records_split": 0, "pieces_made": 0}
         left_out: dict[str, int] = {}
+        left_out_tokens: dict[str, int] = {}
         seconds: dict[str, float] = {"decode": 0.0, "tokenize": 0.0}
         unit, split, roles = "record", False, False
         error: PackcliError | None = None
@@ -217,6 +218,8 @@ class Tokenizer:
                 out["rejects"].extend(result.rejects)
                 for reason, n in result.pieces_left_out.items():
                     left_out[reason] = left_out.get(reason, 0) + n
+                for reason, n in result.tokens_left_out.items():
+                    left_out_tokens[reason] = left_out_tokens.get(reason, 0) + n
                 for key in ("decode", "tokenize"):
                     seconds[key] += result.seconds.get(key, 0.0)
                 split = split or result.piece_index is not None
@@ -247,6 +250,7 @@ class Tokenizer:
             unit=unit,
             units=units.value,
             pieces_left_out=left_out,
+            tokens_left_out=left_out_tokens,
             seconds=seconds,
             segment=seg,
             files=files,
@@ -275,6 +279,7 @@ class PartResult:
     records_split: int
     pieces_made: int
     pieces_left_out: dict[str, int]
+    tokens_left_out: dict[str, int]
     seconds: dict[str, float]
     segment: dict[str, Any]
     segment_files: dict[str, dict[str, Any]]
@@ -447,6 +452,7 @@ class ClusterTokenizing:
             records_split=out["records_split"],
             pieces_made=out["pieces_made"],
             pieces_left_out=out["pieces_left_out"],
+            tokens_left_out=out["tokens_left_out"],
             seconds=out["seconds"],
             segment=out["segment"],
             segment_files=out["files"],
