@@ -49,7 +49,8 @@ BAD_DATA = "fix the records (list them with --rejects FILE)"
 # Under --overflow split, what is still cut or dropped is an exchange that fits in no row on its own.
 KEEP_THEM_SPLIT = {
     "truncated": "raise --max-len: these exchanges do not fit in one row on their own",
-    "nothing_to_train_after_truncation": "raise --max-len, or pass --truncate-side left",
+    "nothing_to_train_after_truncation": "raise --max-len, or leave out --truncate-side right (split cuts them "
+    "from the left by default, keeping the answer)",
 }
 
 
@@ -80,6 +81,9 @@ def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str)
     }
     if "split" in store.meta:
         split = dict(store.meta["split"])
+        # Exchanges too long for a row on their own, cut (from cut_side) and kept.
+        split["exchanges_cut"] = plan.truncated
+        split["cut_side"] = config.cut_side
         if plan.drop_rows:
             split["pieces_dropped_by_plan"] = _pieces_dropped(store, plan)
         out["split"] = split

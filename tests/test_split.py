@@ -408,3 +408,54 @@ def test_min_piece_tokens_are_lost_counted_and_fail_max_drop_fraction(
     assert any("top reason piece_too_short" in w and "--min-piece" in w for w in summary["warnings"])
     failed = pack(data, *flags[:-2], "--max-drop-fraction", 0.05, "-o", tmp_path / "strict", expect=1)
     assert "more than --max-drop-fraction 0.05" in failed.stderr and not (tmp_path / "strict").exists()
+
+
+def test_split_cuts_an_exchange_too_long_on_its_own_from_the_left_and_keeps_its_answer(
+    tmp_path: Path, pack: Any
+) -> None:
+    """split's fallback keeps the answer by default: the exchange's prompt is cut from the left, the answer's
+    labels are all there; --truncate-side right is still the user's to choose (and loses those answers)."""
+    long_prompt = " ".join(f"context{k} detail" for k in range(120))
+    conversations = [
+        [
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": long_prompt},
+            {"role": "assistant", "content": "The first answer survives whole."},
+        ],
+        [
+            {"role": "user", "content": "hello there"},
+            {"role": "assistant", "content": "hi"},
+            {"role": "user", "content": "Read this: " + long_prompt},
+            {"role": "assistant", "content": "The second answer survives too."},
+        ],
+        [{"role": "user", "content": "short"}, {"role": "assistant", "content": "reply"}],
+    ]
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in conversations])
+    flags = ["--max-len", 128, "--overflow", "split", "--json", "-q", "--rows-per-shard", 1000]
+    summary = json.loads(pack(data, *flags, "-o", tmp_path / "out").stdout)
+    assert summary["dropped"] == {} and summary["packed"] == 3
+    assert (summary["split"]["exchanges_cut"], summary["split"]["cut_side"]) == (2, "left")
+    encoder = Encoder(None, None, EncodeOptions())
+    # The cut pieces as whole samples: what the template makes of the exchange (with the system message first).
+    cut = {0: conversations[0], 1: conversations[1][2:]}
+    samples = {}
+    for row in read_rows(tmp_path / "out"):
+        start = 0
+        for i, p, n in zip(row["sample_index"], row["piece_index"], row["seq_lengths"], strict=True):
+            samples[(i, p)] = (
+                np.asarray(row["input_ids"][start : start + n]),
+                np.asarray(row["labels"][start : start + n]),
+            )
+            start += n
+    for record, messages in cut.items():
+        ids, labels = samples[(record, 0 if record == 0 else 1)]
+        whole_ids, whole_labels = encoder.encode_batch([Sample("chat", messages=messages)])[0]
+        assert len(whole_ids) > 128 == len(ids)
+        assert ids.tolist() == whole_ids[-128:].tolist()  # cut from the left: the end of the exchange is kept
+        assert labels[0] == IGNORE_INDEX
+        assert ids[labels != IGNORE_INDEX].tolist() == whole_ids[whole_labels != IGNORE_INDEX].tolist()
+        assert "survive" in encoder.tokenizer.decode(ids[labels != IGNORE_INDEX])
+
+    right = json.loads(pack(data, *flags, "--truncate-side", "right", "-o", tmp_path / "right").stdout)
+    assert right["dropped"] == {"nothing_to_train_after_truncation": 1}  # the first record: its answer was cut off
+    assert right["split"]["cut_side"] == "right"

@@ -66,9 +66,11 @@ def pack(
     truncate_side: Annotated[
         str,
         typer.Option(
-            "--truncate-side", help="What --overflow truncate cuts: right (keep the head) or left (keep the end)."
+            "--truncate-side",
+            help="What --overflow truncate (and split's one-exchange fallback) cuts: right (keep the head) or left "
+            "(keep the end); auto: right for truncate, left for split.",
         ),
-    ] = "right",
+    ] = "auto",
     split_system: Annotated[
         str,
         typer.Option(
