@@ -82,6 +82,10 @@ def tokenize_to_store(
     map_ordered = map_ordered or pool.map_ordered
     token_bytes = max_token_bytes(encoder.backend_json) if rule_out_long else None
     worker.use(encoder, config.fields, (config.max_len, token_bytes) if token_bytes else None, split_rule(config))
+    if config.overflow in ("truncate", "split"):
+        # A text certainly too long for a row (the early rule's bound) is encoded by windows, in bounded memory.
+        cut_bytes = max_token_bytes(encoder.backend_json)
+        encoder.long_text_bytes = config.max_len * cut_bytes if cut_bytes else None
     ruled_out_bytes = config.max_len * token_bytes if token_bytes else None
     where, fix = _store_where_fix(config, store_path)
     writer = TokenStoreWriter(store_path, fix, where)
@@ -209,6 +213,7 @@ def tokenize_to_store(
         raise
     finally:
         worker.release()
+        encoder.long_text_bytes = None
 
 
 def _timed(items: Iterator[Any], clock: Counter[str], key: str) -> Iterator[Any]:

@@ -459,3 +459,72 @@ def test_split_cuts_an_exchange_too_long_on_its_own_from_the_left_and_keeps_its_
     right = json.loads(pack(data, *flags, "--truncate-side", "right", "-o", tmp_path / "right").stdout)
     assert right["dropped"] == {"nothing_to_train_after_truncation": 1}  # the first record: its answer was cut off
     assert right["split"]["cut_side"] == "right"
+
+
+def _long_text(words: int, seed: int) -> str:
+    import random
+
+    rng = random.Random(seed)
+    vocab = [
+        "packing",
+        "row",
+        "naïve",
+        "café",
+        "数据",
+        "😀",
+        "x=1;",
+        "def f():",
+        "\n",
+        "  ",
+        "1234",
+        "3.14",
+        "—",
+        "l'été",
+    ]
+    return " ".join(rng.choice(vocab) for _ in range(words))
+
+
+@pytest.mark.parametrize("overflow", ["split", "truncate"])
+def test_a_record_certainly_too_long_is_encoded_by_windows_with_the_same_tokens(
+    tmp_path: Path, pack: Any, monkeypatch: pytest.MonkeyPatch, overflow: str
+) -> None:
+    """A record over --max-len x (bytes a token) is encoded a window at a time (bounded memory), and its
+    tokens and labels are those of the whole encoding: split writes every token of the text back."""
+    import packcli.tokenize as tokenize
+
+    records = [
+        {"text": _long_text(30_000, 1)},
+        {"prompt": _long_text(16_000, 2), "completion": _long_text(16_000, 3)},
+        {
+            "messages": [
+                {"role": "system", "content": "be exact"},
+                {"role": "user", "content": _long_text(16_000, 4)},
+                {"role": "assistant", "content": _long_text(16_000, 5)},
+            ]
+        },
+        {"text": "a short one that fits"},
+    ]
+    data = [write_jsonl(tmp_path / f"long{k}.jsonl", [r]) for k, r in enumerate(records)]  # a format each
+    flags = ["--max-len", 256, "--overflow", overflow, "--no-cache", "--json", "-q", "--rows-per-shard", 100_000]
+    if overflow == "truncate":
+        flags += ["--truncate-side", "left"]
+    joined: list[int] = []
+    windows = tokenize._encode_windows
+
+    def spy(backend: Any, text: str) -> Any:
+        got = windows(backend, text)
+        assert got is not None  # joined, not given up on
+        joined.append(len(got.ids))
+        return got
+
+    monkeypatch.setattr(tokenize, "WINDOW_CHARS", 8192)
+    monkeypatch.setattr(tokenize, "OVERLAP_CHARS", 1024)
+    monkeypatch.setattr(tokenize, "_encode_windows", spy)
+    bounded = json.loads(pack(*data, *flags, "-o", tmp_path / "bounded").stdout)
+    assert len(joined) >= 3  # each long record (split: and its one long exchange again), by windows
+    monkeypatch.setattr(tokenize, "WINDOW_CHARS", 1 << 40)  # every text encoded whole, as before
+    whole = json.loads(pack(*data, *flags, "-o", tmp_path / "whole").stdout)
+    assert read_rows(tmp_path / "bounded") == read_rows(tmp_path / "whole")
+    assert {k: v for k, v in bounded.items() if k != "seconds" and "second" not in k and k != "output"} == {
+        k: v for k, v in whole.items() if k != "seconds" and "second" not in k and k != "output"
+    }
