@@ -55,6 +55,18 @@ def split_rule(config: PackConfig) -> SplitRule | None:
     return SplitRule(config.sample_limit, config.split_system, config.min_piece)
 
 
+def long_text_bytes(config: PackConfig, encoder: Encoder) -> int | None:
+    """Return the UTF-8 bytes over which a text is encoded by windows (``Encoder.long_text_bytes``), or None.
+
+    Under --overflow truncate or split, a text over the early too-long rule's bound (packcli.bounds)
+    certainly has more tokens than a row: it is encoded by windows, in bounded memory.
+    """
+    if config.overflow not in ("truncate", "split"):
+        return None
+    token_bytes = max_token_bytes(encoder.backend_json)
+    return config.max_len * token_bytes if token_bytes else None
+
+
 def tokenize_to_store(
     config: PackConfig,
     sources: list[InputSource],
@@ -82,10 +94,7 @@ def tokenize_to_store(
     map_ordered = map_ordered or pool.map_ordered
     token_bytes = max_token_bytes(encoder.backend_json) if rule_out_long else None
     worker.use(encoder, config.fields, (config.max_len, token_bytes) if token_bytes else None, split_rule(config))
-    if config.overflow in ("truncate", "split"):
-        # A text certainly too long for a row (the early rule's bound) is encoded by windows, in bounded memory.
-        cut_bytes = max_token_bytes(encoder.backend_json)
-        encoder.long_text_bytes = config.max_len * cut_bytes if cut_bytes else None
+    encoder.long_text_bytes = long_text_bytes(config, encoder)
     ruled_out_bytes = config.max_len * token_bytes if token_bytes else None
     where, fix = _store_where_fix(config, store_path)
     writer = TokenStoreWriter(store_path, fix, where)

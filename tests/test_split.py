@@ -456,6 +456,8 @@ def test_split_cuts_an_exchange_too_long_on_its_own_from_the_left_and_keeps_its_
         assert ids[labels != IGNORE_INDEX].tolist() == whole_ids[whole_labels != IGNORE_INDEX].tolist()
         assert "survive" in encoder.tokenizer.decode(ids[labels != IGNORE_INDEX])
 
+    table = pack(data, "--max-len", 128, "--overflow", "split", "-o", tmp_path / "table").stderr
+    assert "exchanges cut" in table and "start of the prompt" in " ".join(table.split())
     right = json.loads(pack(data, *flags, "--truncate-side", "right", "-o", tmp_path / "right").stdout)
     assert right["dropped"] == {"nothing_to_train_after_truncation": 1}  # the first record: its answer was cut off
     assert right["split"]["cut_side"] == "right"

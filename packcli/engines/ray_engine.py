@@ -173,6 +173,7 @@ class Tokenizer:
                 "driver's; install the same tokenizer files on every node (or pass a Hub name)"
             )
         worker.use(encoder, settings["fields"], split=settings["split"])
+        encoder.long_text_bytes = settings.get("long_text_bytes")
         self.root = root
         self.batch_size = settings["batch_size"]
 
@@ -347,6 +348,7 @@ class ClusterTokenizing:
             "split": ingest.split_rule(config),
             "identity": self.encoder.identity(),
             "batch_size": ingest.BATCH_SIZE,
+            "long_text_bytes": ingest.long_text_bytes(config, self.encoder),
         }
 
     def parts(self) -> list[ray_parts.Part]:
