@@ -4,7 +4,9 @@ Every record read is packed (at least one of its samples is in a row) or dropped
 ``records_read == packed + sum(dropped)``. With ``--overflow split`` a record may become several
 samples (pieces); ``split`` counts the records split, the pieces made, and the pieces left out by
 reason, and ``samples`` counts every sample written. ``lost`` measures what did not reach the rows:
-records dropped, and tokens (of tokenized samples) dropped or cut off by truncation.
+records dropped, and tokens (of tokenized samples) dropped or cut off by truncation, and the tokens of
+pieces left out (``piece_too_short`` under ``--min-piece``, ``untrained_piece``). Token fractions are of
+every token tokenized: the samples stored and the pieces left out.
 
 When more than ``LOUD_FRACTION`` of the records or of the tokens is lost, the summary carries one
 warning naming the top reason and the option that would keep them; ``--max-drop-fraction F`` makes
@@ -40,11 +42,16 @@ KEEP_THEM: dict[str, list[Hint]] = {
     ],
     "nothing_to_train_after_truncation": [
         (("overflow", "split"), "pass --overflow split"),
-        (("truncate_side", "left"), "pass --truncate-side left"),
+        (("cut_side", "left"), "pass --truncate-side left"),
         (None, "raise --max-len"),
     ],
     "world_size_remainder": [(("rank_remainder", "pad"), "pass --rank-remainder pad")],
     "no_piece_left": [(None, "lower --min-piece"), (None, "check --train-on")],
+    "piece_too_short": [(None, "lower --min-piece")],
+    "untrained_piece": [
+        (("train_on", "all"), "these pieces train nothing under --train-on: pass --train-on all"),
+        (None, "raise --max-len"),
+    ],
     "no_assistant_turn": [(("train_on", "all"), "pass --train-on all to train on them"), (None, "fix the records")],
     "nothing_to_train": [(None, "check --train-on and the records' roles")],
 }
@@ -62,7 +69,10 @@ KEEP_THEM_SPLIT: dict[str, list[Hint]] = {
     "truncated": [(None, "raise --max-len: these exchanges do not fit in one row on their own")],
     "nothing_to_train_after_truncation": [
         (None, "raise --max-len"),
-        (("truncate_side", "left"), "pass --truncate-side left"),
+        (
+            ("cut_side", "left"),
+            "leave out --truncate-side right (split cuts such an exchange from the left, keeping its answer)",
+        ),
     ],
 }
 
@@ -94,6 +104,9 @@ def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str)
     }
     if "split" in store.meta:
         split = dict(store.meta["split"])
+        # Exchanges too long for a row on their own, cut (from cut_side) and kept.
+        split["exchanges_cut"] = plan.truncated
+        split["cut_side"] = config.cut_side
         if plan.drop_rows:
             split["pieces_dropped_by_plan"] = _pieces_dropped(store, plan)
         out["split"] = split
@@ -200,7 +213,10 @@ def _lost(store: TokenStore, plan: Plan, in_rows: np.ndarray, dropped: Counter[s
     cut = int(store.lengths[plan.store_rows].sum()) - int(plan.lengths.sum())
     if cut > 0:
         tokens_by_reason["truncated"] += cut
-    total_tokens = int(store.lengths.sum())
+    # Pieces the split left out never reached the store: their tokens are counted where they were cut.
+    left_out = Counter({k: int(v) for k, v in store.meta.get("split", {}).get("tokens_left_out", {}).items()})
+    tokens_by_reason.update(+left_out)
+    total_tokens = int(store.lengths.sum()) + sum(left_out.values())
     records_lost = sum(dropped.values())
     tokens_lost = sum(tokens_by_reason.values())
     return {

@@ -26,7 +26,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "task": ("auto", "sft", "preference", "kto"),
     "train_on": ("auto", "all", "assistant", "last_assistant", "completion"),
     "overflow": ("drop", "truncate", "split", "error"),
-    "truncate_side": ("auto", "right", "left"),  # auto: right, and a preference record's prompt from the left
+    "truncate_side": ("auto", "right", "left"),  # auto: see PackConfig.cut_side; a pair's prompt from the left
     "split_system": ("all", "first"),
     "on_error": ("fail", "skip"),
     "output_format": ("parquet", "arrow", "mds", "megatron"),
@@ -59,7 +59,7 @@ class PackConfig:
     train_on: str = "auto"
     add_eos: bool = True
     overflow: str = "drop"
-    truncate_side: str = "auto"
+    truncate_side: str = "auto"  # auto: right for --overflow truncate, left for split's fallback (cut_side)
     split_system: str = "all"
     min_piece: int = 0
     max_drop_fraction: float | None = None
@@ -169,6 +169,17 @@ class PackConfig:
     def pad_offset(self) -> int:
         """1 for Megatron's layout, where a sample of n stored tokens runs as n - 1 (labels are shifted)."""
         return 1 if self.output_format == "megatron" else 0
+
+    @property
+    def cut_side(self) -> str:
+        """The side a sample too long for a row is cut from: --truncate-side, or by --overflow under auto.
+
+        ``auto`` keeps the head under ``--overflow truncate`` (``right``) and, under ``split``, cuts an
+        exchange too long on its own from the left (the start of its prompt), so that its answer stays.
+        """
+        if self.truncate_side != "auto":
+            return self.truncate_side
+        return "left" if self.overflow == "split" else "right"
 
     @property
     def sample_limit(self) -> int:

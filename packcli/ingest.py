@@ -58,6 +58,18 @@ def split_rule(config: PackConfig) -> SplitRule | None:
     return SplitRule(config.sample_limit, config.split_system, config.min_piece)
 
 
+def long_text_bytes(config: PackConfig, encoder: Encoder) -> int | None:
+    """Return the UTF-8 bytes over which a text is encoded by windows (``Encoder.long_text_bytes``), or None.
+
+    Under --overflow truncate or split, a text over the early too-long rule's bound (packcli.bounds)
+    certainly has more tokens than a row: it is encoded by windows, in bounded memory.
+    """
+    if config.overflow not in ("truncate", "split"):
+        return None
+    token_bytes = max_token_bytes(encoder.backend_json)
+    return config.max_len * token_bytes if token_bytes else None
+
+
 def tokenize_to_store(
     config: PackConfig,
     sources: list[InputSource],
@@ -86,6 +98,7 @@ def tokenize_to_store(
     token_bytes = max_token_bytes(encoder.backend_json) if rule_out_long else None
     rule_out = (config.max_len, token_bytes) if token_bytes else None
     worker.use(encoder, config.fields, rule_out, split_rule(config), fix_turns=config.fix_turns)
+    encoder.long_text_bytes = long_text_bytes(config, encoder)
     ruled_out_bytes = config.max_len * token_bytes if token_bytes else None
     where, fix = _store_where_fix(config, store_path)
     writer = TokenStoreWriter(store_path, fix, where)
@@ -93,6 +106,7 @@ def tokenize_to_store(
     left_out: Counter[str] = Counter()
     turns_fixed: Counter[str] = Counter()
     empty_answers = 0
+    left_out_tokens: Counter[str] = Counter()
     clock: Counter[str] = Counter()  # seconds by stage (see TokenStore.seconds)
     began = time.perf_counter()
     records = 0
@@ -124,6 +138,7 @@ def tokenize_to_store(
                 records += result.n_records
                 records_split += result.records_split
                 left_out.update(result.pieces_left_out)
+                left_out_tokens.update(result.tokens_left_out)
                 pieces += result.pieces_made
                 turns_fixed.update(getattr(result, "turns_fixed", {}))
                 empty_answers += getattr(result, "empty_answers", 0)
@@ -197,6 +212,8 @@ def tokenize_to_store(
                 "records_split": records_split,
                 "pieces": pieces,
                 "pieces_left_out": dict(sorted(left_out.items())),
+                # The tokens of the pieces left out, by reason: counted in the summary's lost tokens.
+                "tokens_left_out": dict(sorted(left_out_tokens.items())),
             }
         if ruled_out_bytes is not None and counts["too_long"]:
             # Records over this many bytes were left out untokenized: only runs whose limit is no
@@ -223,6 +240,7 @@ def tokenize_to_store(
         raise
     finally:
         worker.release()
+        encoder.long_text_bytes = None
 
 
 def _timed(items: Iterator[Any], clock: Counter[str], key: str) -> Iterator[Any]:

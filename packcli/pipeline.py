@@ -39,8 +39,10 @@ from packcli.sources import STDIN, InputSource, files_to_hash, fingerprint, forg
 from packcli.tokenize import Encoder, tokenizer_fingerprint
 from packcli.write import output_schema
 
-# Bumped whenever the same inputs and options would give other tokens or labels, so the cache misses.
-ENCODING_RULES = 5  # 5: messages' own "train"/"weight" marks are read (and removed before rendering)
+# Bumped whenever the same inputs and options would give other tokens, labels or store meta, so the cache
+# misses. 5: messages' own "train"/"weight" marks are read (and removed before rendering); 6: the tokens of
+# pieces left out by --overflow split are in the store meta.
+ENCODING_RULES = 6
 
 
 # -- stage 1: tokenize into the token store ---------------------------------------------------------

@@ -67,9 +67,9 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
         drop_rows.update(fit.drop_rows)
     elif config.overflow in ("truncate", "split"):
         # --overflow split leaves only exchanges that fit in no row on their own too long: they are
-        # truncated as --overflow truncate does.
+        # truncated as --overflow truncate does, from the left unless --truncate-side right is given.
         cut_rows = np.flatnonzero(too_long)
-        trained_in_window = _trained_in_windows(store, cut_rows, max_len, config.truncate_side)
+        trained_in_window = _trained_in_windows(store, cut_rows, max_len, config.cut_side)
         nothing = np.zeros(len(lengths), dtype=bool)
         nothing[cut_rows[trained_in_window == 0]] = True
         keep = ~nothing
@@ -78,7 +78,7 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
             drop_rows["nothing_to_train_after_truncation"] = np.flatnonzero(nothing)
     elif too_long.any():
         drop_rows["too_long"] = np.flatnonzero(too_long)
-    if config.truncate_side == "left" and group is None:
+    if config.cut_side == "left" and group is None:
         skip[too_long] = lengths[too_long] - max_len
     kept = np.flatnonzero(keep)
     if len(kept) == 0:
@@ -89,7 +89,7 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
             else:
                 hints.append((("overflow", "split"), "pass --overflow split"))
             if config.overflow != "drop" and group is None:
-                hints.append((("truncate_side", "left"), "pass --truncate-side left"))
+                hints.append((("cut_side", "left"), "pass --truncate-side left"))
             raise InputError(
                 f"no sample left to pack: all {len(lengths)} tokenized samples are longer than "
                 f"{_limit_text(config)} or have nothing to train on; {suggest(config, hints)}"

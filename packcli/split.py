@@ -8,13 +8,13 @@ labels follow the rule of the whole record: a turn is trained in a piece exactly
 trains it in the whole conversation. Pieces are as long as fit: greedy by exchanges, checked by
 encoding, forward from the first exchange; backward from the last when only the last turns are
 trained (``last_assistant``, ``completion``), so that the trained piece keeps the most context. Pieces
-without a trained turn are left out (counted). An exchange that does not fit on its own is kept whole as
-its own piece, and the plan truncates it as ``--overflow truncate`` would (``--truncate-side``).
+without a trained turn are left out (counted, with their tokens). An exchange that does not fit on its own
+is kept whole as its own piece, and the plan truncates it as ``--overflow truncate`` would (``--truncate-side``).
 
 Text, prompt/completion strings and tokenized records are cut into consecutive chunks of at most
 ``--max-len`` tokens of the record's own encoding: they concatenate back to it (BOS only where the
 tokenizer put it, EOS only at the end). Each chunk's first label is -100, as every sample's is. A last
-chunk shorter than ``--min-piece`` is left out (counted), as is a chunk with nothing to train.
+chunk shorter than ``--min-piece`` is left out (counted, with its tokens), as is a chunk with nothing to train.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import itertools
 import json
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -49,10 +49,11 @@ class SplitRule:
 
 @dataclass
 class Pieces:
-    """The pieces of one record, and why others were left out (reason -> count)."""
+    """The pieces of one record, and why others were left out (reason -> count, reason -> their tokens)."""
 
     pieces: list[Encoded]
     left_out: Counter[str]
+    left_out_tokens: Counter[str] = field(default_factory=Counter)
 
 
 def exchanges(messages: list[dict[str, Any]]) -> tuple[int, list[tuple[int, int]]]:
@@ -75,11 +76,13 @@ def split_chat(
     rule: SplitRule,
     encode: Callable[[Sample], Encoded | RecordError],
     whole_tokens: int | None = None,
+    count: Callable[[Sample], int | None] | None = None,
 ) -> Pieces:
     """Cut a conversation into pieces of whole exchanges that fit in ``rule.max_len`` tokens.
 
     ``whole_tokens`` (the record's own token count; encoded here when not given) only guides where
-    the search starts.
+    the search starts. ``count`` gives a piece's token count without its labels (a piece left out
+    for having no trained turn cannot be encoded with them); without it, those tokens are not counted.
     """
     messages = sample.messages or []
     head, spans = exchanges(messages)
@@ -167,31 +170,38 @@ def split_chat(
             a = b
     out: list[Encoded] = []
     left_out: Counter[str] = Counter()
+    tokens: Counter[str] = Counter()
     for a, b in ranges:
         if not has_training(a, b):
             left_out["untrained_piece"] += 1
+            tokens["untrained_piece"] += (count(piece(a, b)) if count is not None else None) or 0
             continue
         length(a, b)  # encoded once, by the search or here
         got = cache[(a, b)]
         if isinstance(got, RecordError):
-            left_out[f"piece_{got.reason}"] += 1
+            left_out[f"piece_{got.reason}"] += 1  # a piece the template cannot render has no tokens to count
             continue
         out.append(got)
-    return Pieces(out, left_out)
+    return Pieces(out, left_out, tokens)
 
 
 def chunk_tokens(ids: np.ndarray, labels: np.ndarray, rule: SplitRule) -> Pieces:
     """Cut one encoded record into consecutive chunks of at most ``rule.max_len`` tokens."""
     out: list[Encoded] = []
     left_out: Counter[str] = Counter()
+    tokens: Counter[str] = Counter()
     for start in range(0, len(ids), rule.max_len):
         chunk_ids = ids[start : start + rule.max_len]
         chunk_labels = labels[start : start + rule.max_len].copy()
         chunk_labels[0] = IGNORE_INDEX
+        reason = None
         if start and len(chunk_ids) < rule.min_piece:
-            left_out["piece_too_short"] += 1
+            reason = "piece_too_short"
         elif not np.any(chunk_labels != IGNORE_INDEX):
-            left_out["untrained_piece"] += 1
-        else:
+            reason = "untrained_piece"
+        if reason is None:
             out.append((chunk_ids, chunk_labels))
-    return Pieces(out, left_out)
+        else:
+            left_out[reason] += 1
+            tokens[reason] += len(chunk_ids)
+    return Pieces(out, left_out, tokens)

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from packcli.bounds import utf8_length
 from packcli.chat_template import ChatTemplate
 from packcli.contract import IGNORE_INDEX, vocab_sha256
 from packcli.errors import RecordError, TokenizerError, first_line
@@ -174,6 +175,10 @@ class Encoder:
         self.chat = ChatTemplate(template, source, kwargs, added)
         self.eos_id = self.tokenizer.eos_token_id
         self.vocab_size = len(self.tokenizer)
+        # A text of more UTF-8 bytes than this certainly has more tokens than a row holds: it is encoded by
+        # windows (``_encode_windows``), in bounded memory. Set by the run (--overflow truncate or split,
+        # with a tokenizer that bounds bytes per token); None: every text is encoded whole.
+        self.long_text_bytes: int | None = None
         if source == "packcli default (ChatML)" and self.tokenizer_name == DEFAULT_TOKENIZER:
             self.warnings: list[str] = []  # the documented default pairing: ChatML markers encoded as text
         else:
@@ -269,7 +274,12 @@ class Encoder:
         for add_special, batch in jobs.items():
             if not batch:
                 continue
-            encodings = self.backend.encode_batch([b[1] for b in batch], add_special_tokens=add_special)
+            encodings: list[Any] = [self._encode_long(b[1], add_special) for b in batch]
+            whole = [k for k, enc in enumerate(encodings) if enc is None]
+            if whole:
+                done = self.backend.encode_batch([batch[k][1] for k in whole], add_special_tokens=add_special)
+                for k, enc in zip(whole, done, strict=True):
+                    encodings[k] = enc
             for (i, text, spans, eos), enc in zip(batch, encodings, strict=True):
                 ids = np.asarray(enc.ids, dtype=np.int32)
                 if not text:
@@ -290,6 +300,56 @@ class Encoder:
                     results[i] = err
         return results
 
+    def count_tokens(self, sample: Sample) -> int | None:
+        """Return a conversation's token count, labels aside (None when the template cannot render it).
+
+        The tokens are those ``encode_batch`` gives it: the rendered text, without special tokens added.
+        """
+        try:
+            text = self.chat.text(sample)
+        except RecordError:
+            return None
+        enc = self._encode_long(text, False)
+        return len((enc if enc is not None else self.backend.encode(text, add_special_tokens=False)).ids)
+
+    def _encode_long(self, text: str, add_special: bool) -> Joined | None:
+        """Return the encoding of a text certainly too long for a row, made by windows; None for other texts.
+
+        None also where the windows cannot be joined (see ``_encode_windows``): the text is then encoded whole.
+        """
+        limit = self.long_text_bytes
+        if limit is None or len(text) <= 2 * WINDOW_CHARS or utf8_length(text) <= limit:
+            return None
+        affixes = self._special_affixes() if add_special else (([], []), ([], []))
+        if affixes is None:
+            return None
+        joined = _encode_windows(self.backend, text)
+        if joined is None:
+            return None
+        (head, head_offsets), (tail, tail_offsets) = affixes
+        if head or tail:
+            joined = Joined(
+                np.concatenate([np.asarray(head, np.int64), joined.ids, np.asarray(tail, np.int64)]),
+                np.concatenate([np.asarray(head_offsets, np.int64).reshape(-1, 2), joined.offsets,
+                                np.asarray(tail_offsets, np.int64).reshape(-1, 2)]),
+            )  # fmt: skip
+        return joined
+
+    @functools.cache  # noqa: B019 - one encoder a run; the probe is tiny
+    def _special_affixes(self) -> tuple[tuple[list[int], list[Any]], tuple[list[int], list[Any]]] | None:
+        """The tokens (and offsets) ``add_special_tokens`` puts before and after a text, or None if it does more."""
+        probe = "a b"
+        bare = self.backend.encode(probe, add_special_tokens=False)
+        full = self.backend.encode(probe, add_special_tokens=True)
+        n = len(bare.ids)
+        for k in range(len(full.ids) - n + 1):
+            if full.ids[k : k + n] == bare.ids and full.offsets[k : k + n] == bare.offsets:
+                extra = full.offsets[:k] + full.offsets[k + n :]
+                if any(tuple(o) != (0, 0) for o in extra):
+                    return None
+                return (full.ids[:k], full.offsets[:k]), (full.ids[k + n :], full.offsets[k + n :])
+        return None
+
     def _tokenized(self, sample: Sample) -> tuple[np.ndarray, np.ndarray]:
         ids = np.asarray(sample.input_ids, dtype=np.int64)
         if len(ids) and (ids.min() < 0 or ids.max() >= self.vocab_size):
@@ -304,6 +364,98 @@ class Encoder:
         if np.any(labels[trained] != ids[trained]):
             raise RecordError("bad_labels", "labels must equal input_ids where they are not -100 (unshifted labels)")
         return _finish(ids, trained)
+
+
+# A text certainly too long for a row is encoded WINDOW_CHARS characters at a time (about 45 MB of the
+# tokenizer's working memory, where a whole 20 MB text takes 3 GB); consecutive windows overlap by
+# 2 * OVERLAP_CHARS and are joined where they agree.
+WINDOW_CHARS = 1 << 18
+OVERLAP_CHARS = 1 << 12
+
+
+@dataclass(frozen=True)
+class Joined:
+    """The encoding of a long text joined from windows: what label masks read of a tokenizers Encoding."""
+
+    ids: np.ndarray  # int64
+    offsets: np.ndarray  # int64 (n, 2): each token's character span in the text
+
+    def char_to_token(self, pos: int) -> int | None:
+        """The first token whose span holds character ``pos`` (as ``Encoding.char_to_token``)."""
+        starts, ends = self.offsets[:, 0], self.offsets[:, 1]
+        if self._monotone:
+            t = int(np.searchsorted(ends, pos, side="right"))
+            return t if t < len(ends) and starts[t] <= pos else None
+        hits = np.flatnonzero((starts <= pos) & (pos < ends))
+        return int(hits[0]) if len(hits) else None
+
+    def token_to_chars(self, token: int) -> tuple[int, int]:
+        start, end = self.offsets[token]
+        return int(start), int(end)
+
+    @functools.cached_property
+    def _monotone(self) -> bool:
+        return bool(np.all(np.diff(self.offsets[:, 0]) >= 0) and np.all(np.diff(self.offsets[:, 1]) >= 0))
+
+
+def _window(backend: Any, text: str, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+    enc = backend.encode(text[start:end], add_special_tokens=False)
+    offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2) + start
+    return np.asarray(enc.ids, dtype=np.int64), offsets
+
+
+def _encode_windows(backend: Any, text: str) -> Joined | None:
+    """Encode ``text`` (without special tokens added) by windows of WINDOW_CHARS characters, joined.
+
+    Two consecutive windows overlap by 2 * OVERLAP_CHARS characters and are cut at one place in the
+    middle of the overlap, where a word ends before a space (a piece boundary of every byte-level
+    pre-tokenizer's split rule, which attaches a space to the word after it), and only when both windows
+    give the same tokens (ids and spans) over the OVERLAP_CHARS characters around it: each side of the
+    cut is then encoded with at least OVERLAP_CHARS / 2 characters of context beyond it. The first window
+    supplies the tokens before the cut, the second those after. Where no such place exists (a run of
+    text without a space, windows that disagree), None: the caller encodes the text whole.
+    """
+    n = len(text)
+    ids_parts: list[np.ndarray] = []
+    offset_parts: list[np.ndarray] = []
+    start, end = 0, min(n, WINDOW_CHARS)
+    ids, offsets = _window(backend, text, start, end)
+    first = 0  # the tokens of the current window before this one were taken from the window before it
+    while end < n:
+        nxt = end - 2 * OVERLAP_CHARS
+        nxt_end = min(n, nxt + WINDOW_CHARS)
+        nxt_ids, nxt_offsets = _window(backend, text, nxt, nxt_end)
+        lo, hi = nxt + OVERLAP_CHARS // 2, end - OVERLAP_CHARS // 2
+        here = (offsets[:, 0] >= lo) & (offsets[:, 0] < hi)
+        there = (nxt_offsets[:, 0] >= lo) & (nxt_offsets[:, 0] < hi)
+        if not (np.array_equal(ids[here], nxt_ids[there]) and np.array_equal(offsets[here], nxt_offsets[there])):
+            return None
+        cut = _cut_point(text, offsets[here], end - OVERLAP_CHARS, OVERLAP_CHARS // 4)
+        if cut is None:
+            return None
+        a = int(np.flatnonzero(offsets[:, 0] == cut)[0])
+        b = int(np.flatnonzero(nxt_offsets[:, 0] == cut)[0])
+        ids_parts.append(ids[first:a])
+        offset_parts.append(offsets[first:a])
+        ids, offsets, first, end = nxt_ids, nxt_offsets, b, nxt_end
+    ids_parts.append(ids[first:])
+    offset_parts.append(offsets[first:])
+    return Joined(np.concatenate(ids_parts), np.concatenate(offset_parts))
+
+
+def _cut_point(text: str, offsets: np.ndarray, middle: int, reach: int) -> int | None:
+    """The token start nearest ``middle`` (within ``reach``) where a word ends before a space, or None.
+
+    The token before it must end there too (not one of several tokens of one character).
+    """
+    starts = offsets[:, 0]
+    clean = np.flatnonzero(starts[1:] == offsets[:-1, 1]) + 1  # a token that starts where the one before ends
+    clean = clean[np.abs(starts[clean] - middle) <= reach]
+    for k in clean[np.argsort(np.abs(starts[clean] - middle), kind="stable")]:
+        c = int(starts[k])
+        if text[c] == " " and not text[c - 1].isspace() and (k + 1 >= len(starts) or starts[k + 1] > c):
+            return c
+    return None
 
 
 def _plain_backend(backend: Any) -> tuple[Any, tuple[str, ...]]:

@@ -43,6 +43,7 @@ class TokenizedBatch:
     records_split: int = 0
     pieces_made: int = 0  # samples made from split records (pieces kept)
     pieces_left_out: dict[str, int] = field(default_factory=dict)  # reason -> pieces
+    tokens_left_out: dict[str, int] = field(default_factory=dict)  # reason -> the tokens of those pieces
     roles: np.ndarray | None = None  # int8 sample_role per kept sample, for preference data (None: all SFT)
     # --fix-turns: its changes counted by kind (packcli.turns.KINDS), and one entry per record it changed.
     turns_fixed: dict[str, int] = field(default_factory=dict)
@@ -143,6 +144,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
     kept_index, kept_pos, kept_piece, ids, labels, rejects = [], [], [], [], [], []
     roles: list[int] = []
     left_out: Counter[str] = Counter()
+    left_out_tokens: Counter[str] = Counter()
     records_split = pieces_made = 0
     for k, result in enumerate(results):
         index = batch.first_index + k
@@ -158,6 +160,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
             records_split += 1
             pieces = _pieces(samples[k], result, split, encoder)
             left_out.update(pieces.left_out)
+            left_out_tokens.update(pieces.left_out_tokens)
             if not pieces.pieces:
                 why = ", ".join(f"{n} {r}" for r, n in sorted(pieces.left_out.items()))
                 detail = f"the sample has {len(result[0])} tokens; no piece of it is kept ({why})"
@@ -198,6 +201,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         turns_fixed=dict(fixed),
         turn_fixes=fixes,
         empty_answers=empty_answers,
+        tokens_left_out=dict(left_out_tokens),
         seconds={
             "decode": decoded - started,
             "tokenize": encoded - decoded,
@@ -250,7 +254,7 @@ def _fix_entry(
 def _pieces(sample: Any, whole: tuple[np.ndarray, np.ndarray], split: SplitRule, encoder: Encoder) -> Pieces:
     if sample.kind == "chat":
         encode = lambda piece: encoder.encode_batch([piece])[0]  # noqa: E731
-        return split_chat(sample, encoder.options.train_on, split, encode, len(whole[0]))
+        return split_chat(sample, encoder.options.train_on, split, encode, len(whole[0]), encoder.count_tokens)
     return chunk_tokens(whole[0], whole[1], split)
 
 

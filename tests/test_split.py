@@ -388,3 +388,145 @@ def test_truncate_left_keeps_the_last_answer_of_a_conversation(tmp_path: Path, p
 
     assert "the last answer is here" in trained(tmp_path / "left")
     assert left["truncated"] == 1 and left["dropped"] == {}
+
+
+def test_min_piece_tokens_are_lost_counted_and_fail_max_drop_fraction(
+    tmp_path: Path, pack: Any, base_tokenizer: Any
+) -> None:
+    """Chunks left out under --min-piece (and untrained chunks) are tokens lost: counted, loud, and limited."""
+    docs = [" ".join(f"w{k * 7 + j}" for j in range(80 + 37 * k)) for k in range(12)]
+    data = write_jsonl(tmp_path / "docs.jsonl", [{"text": d} for d in docs])
+    whole = sum(len(base_tokenizer(d)["input_ids"]) + 1 for d in docs)  # + EOS
+    flags = ["--max-len", 64, "--overflow", "split", "--min-piece", 60, "--json", "-q"]
+    summary = json.loads(pack(data, *flags, "-o", tmp_path / "out").stdout)
+    in_shards = sum(len(row["input_ids"]) for row in read_rows(tmp_path / "out"))
+    assert summary["tokens"] == in_shards < whole
+    lost = summary["lost"]
+    assert lost["tokens"] == whole - in_shards == summary["split"]["tokens_left_out"]["piece_too_short"]
+    assert lost["tokens_by_reason"] == {"piece_too_short": whole - in_shards}
+    assert lost["tokens_fraction"] == round((whole - in_shards) / whole, 6) > 0.05
+    assert any("top reason piece_too_short" in w and "--min-piece" in w for w in summary["warnings"])
+    failed = pack(data, *flags[:-2], "--max-drop-fraction", 0.05, "-o", tmp_path / "strict", expect=1)
+    assert "more than --max-drop-fraction 0.05" in failed.stderr and not (tmp_path / "strict").exists()
+
+
+def test_split_cuts_an_exchange_too_long_on_its_own_from_the_left_and_keeps_its_answer(
+    tmp_path: Path, pack: Any
+) -> None:
+    """split's fallback keeps the answer by default: the exchange's prompt is cut from the left, the answer's
+    labels are all there; --truncate-side right is still the user's to choose (and loses those answers)."""
+    long_prompt = " ".join(f"context{k} detail" for k in range(120))
+    conversations = [
+        [
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": long_prompt},
+            {"role": "assistant", "content": "The first answer survives whole."},
+        ],
+        [
+            {"role": "user", "content": "hello there"},
+            {"role": "assistant", "content": "hi"},
+            {"role": "user", "content": "Read this: " + long_prompt},
+            {"role": "assistant", "content": "The second answer survives too."},
+        ],
+        [{"role": "user", "content": "short"}, {"role": "assistant", "content": "reply"}],
+    ]
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in conversations])
+    flags = ["--max-len", 128, "--overflow", "split", "--json", "-q", "--rows-per-shard", 1000]
+    summary = json.loads(pack(data, *flags, "-o", tmp_path / "out").stdout)
+    assert summary["dropped"] == {} and summary["packed"] == 3
+    assert (summary["split"]["exchanges_cut"], summary["split"]["cut_side"]) == (2, "left")
+    encoder = Encoder(None, None, EncodeOptions())
+    # The cut pieces as whole samples: what the template makes of the exchange (with the system message first).
+    cut = {0: conversations[0], 1: conversations[1][2:]}
+    samples = {}
+    for row in read_rows(tmp_path / "out"):
+        start = 0
+        for i, p, n in zip(row["sample_index"], row["piece_index"], row["seq_lengths"], strict=True):
+            samples[(i, p)] = (
+                np.asarray(row["input_ids"][start : start + n]),
+                np.asarray(row["labels"][start : start + n]),
+            )
+            start += n
+    for record, messages in cut.items():
+        ids, labels = samples[(record, 0 if record == 0 else 1)]
+        whole_ids, whole_labels = encoder.encode_batch([Sample("chat", messages=messages)])[0]
+        assert len(whole_ids) > 128 == len(ids)
+        assert ids.tolist() == whole_ids[-128:].tolist()  # cut from the left: the end of the exchange is kept
+        assert labels[0] == IGNORE_INDEX
+        assert ids[labels != IGNORE_INDEX].tolist() == whole_ids[whole_labels != IGNORE_INDEX].tolist()
+        assert "survive" in encoder.tokenizer.decode(ids[labels != IGNORE_INDEX])
+
+    table = pack(data, "--max-len", 128, "--overflow", "split", "-o", tmp_path / "table").stderr
+    assert "exchanges cut" in table and "start of the prompt" in " ".join(table.split())
+    right = json.loads(pack(data, *flags, "--truncate-side", "right", "-o", tmp_path / "right").stdout)
+    assert right["dropped"] == {"nothing_to_train_after_truncation": 1}  # the first record: its answer was cut off
+    assert right["split"]["cut_side"] == "right"
+
+
+def _long_text(words: int, seed: int) -> str:
+    import random
+
+    rng = random.Random(seed)
+    vocab = [
+        "packing",
+        "row",
+        "naïve",
+        "café",
+        "数据",
+        "😀",
+        "x=1;",
+        "def f():",
+        "\n",
+        "  ",
+        "1234",
+        "3.14",
+        "—",
+        "l'été",
+    ]
+    return " ".join(rng.choice(vocab) for _ in range(words))
+
+
+@pytest.mark.parametrize("overflow", ["split", "truncate"])
+def test_a_record_certainly_too_long_is_encoded_by_windows_with_the_same_tokens(
+    tmp_path: Path, pack: Any, monkeypatch: pytest.MonkeyPatch, overflow: str
+) -> None:
+    """A record over --max-len x (bytes a token) is encoded a window at a time (bounded memory), and its
+    tokens and labels are those of the whole encoding: split writes every token of the text back."""
+    import packcli.tokenize as tokenize
+
+    records = [
+        {"text": _long_text(30_000, 1)},
+        {"prompt": _long_text(16_000, 2), "completion": _long_text(16_000, 3)},
+        {
+            "messages": [
+                {"role": "system", "content": "be exact"},
+                {"role": "user", "content": _long_text(16_000, 4)},
+                {"role": "assistant", "content": _long_text(16_000, 5)},
+            ]
+        },
+        {"text": "a short one that fits"},
+    ]
+    data = [write_jsonl(tmp_path / f"long{k}.jsonl", [r]) for k, r in enumerate(records)]  # a format each
+    flags = ["--max-len", 256, "--overflow", overflow, "--no-cache", "--json", "-q", "--rows-per-shard", 100_000]
+    if overflow == "truncate":
+        flags += ["--truncate-side", "left"]
+    joined: list[int] = []
+    windows = tokenize._encode_windows
+
+    def spy(backend: Any, text: str) -> Any:
+        got = windows(backend, text)
+        assert got is not None  # joined, not given up on
+        joined.append(len(got.ids))
+        return got
+
+    monkeypatch.setattr(tokenize, "WINDOW_CHARS", 8192)
+    monkeypatch.setattr(tokenize, "OVERLAP_CHARS", 1024)
+    monkeypatch.setattr(tokenize, "_encode_windows", spy)
+    bounded = json.loads(pack(*data, *flags, "-o", tmp_path / "bounded").stdout)
+    assert len(joined) >= 3  # each long record (split: and its one long exchange again), by windows
+    monkeypatch.setattr(tokenize, "WINDOW_CHARS", 1 << 40)  # every text encoded whole, as before
+    whole = json.loads(pack(*data, *flags, "-o", tmp_path / "whole").stdout)
+    assert read_rows(tmp_path / "bounded") == read_rows(tmp_path / "whole")
+    assert {k: v for k, v in bounded.items() if k != "seconds" and "second" not in k and k != "output"} == {
+        k: v for k, v in whole.items() if k != "seconds" and "second" not in k and k != "output"
+    }

@@ -68,8 +68,9 @@ def pack(
         str,
         typer.Option(
             "--truncate-side",
-            help="What --overflow truncate cuts: right (keep the head) or left (keep the end); auto: right, "
-            "and preference records in their prompt, from the left.",
+            help="What --overflow truncate (and split's one-exchange fallback) cuts: right (keep the head) or left "
+            "(keep the end); auto: right for truncate, left for split, and preference records in their prompt, "
+            "from the left.",
         ),
     ] = "auto",
     split_system: Annotated[

@@ -129,9 +129,11 @@ def print_pack_summary(summary: dict[str, Any]) -> None:
         table.add_row(f"turns fixed: {kind}", _fmt(count))
     if summary.get("empty_answers"):
         table.add_row("empty answers trained", _fmt(summary["empty_answers"]))
-    if summary.get("truncated"):
-        label = "truncated (one exchange over --max-len)" if split is not None else "truncated"
-        table.add_row(label, _fmt(summary["truncated"]))
+    if split is not None and "exchanges_cut" in split:
+        side = "the start of the prompt" if split["cut_side"] == "left" else "the end"
+        table.add_row("exchanges cut (one over --max-len)", f"{split['exchanges_cut']:,} (cut from {side})")
+    elif summary.get("truncated"):
+        table.add_row("truncated", _fmt(summary["truncated"]))
     if summary.get("duplicated"):
         table.add_row("duplicated (rank padding)", _fmt(summary["duplicated"]))
     table.add_row("tokens", _fmt(summary["tokens"]))

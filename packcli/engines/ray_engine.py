@@ -173,6 +173,7 @@ class Tokenizer:
                 "driver's; install the same tokenizer files on every node (or pass a Hub name)"
             )
         worker.use(encoder, settings["fields"], split=settings["split"], fix_turns=settings["fix_turns"])
+        encoder.long_text_bytes = settings.get("long_text_bytes")
         self.root = root
         self.batch_size = settings["batch_size"]
 
@@ -204,6 +205,7 @@ class Tokenizer:
         }
         fixed: dict[str, int] = {}
         left_out: dict[str, int] = {}
+        left_out_tokens: dict[str, int] = {}
         seconds: dict[str, float] = {"decode": 0.0, "tokenize": 0.0}
         unit, split, roles = "record", False, False
         error: PackcliError | None = None
@@ -229,6 +231,8 @@ class Tokenizer:
                     fixed[kind] = fixed.get(kind, 0) + n
                 for reason, n in result.pieces_left_out.items():
                     left_out[reason] = left_out.get(reason, 0) + n
+                for reason, n in result.tokens_left_out.items():
+                    left_out_tokens[reason] = left_out_tokens.get(reason, 0) + n
                 for key in ("decode", "tokenize"):
                     seconds[key] += result.seconds.get(key, 0.0)
                 split = split or result.piece_index is not None
@@ -260,6 +264,7 @@ class Tokenizer:
             units=units.value,
             pieces_left_out=left_out,
             turns_fixed=fixed,
+            tokens_left_out=left_out_tokens,
             seconds=seconds,
             segment=seg,
             files=files,
@@ -291,6 +296,7 @@ class PartResult:
     turns_fixed: dict[str, int]
     turn_fixes: list[dict[str, Any]]
     empty_answers: int
+    tokens_left_out: dict[str, int]
     seconds: dict[str, float]
     segment: dict[str, Any]
     segment_files: dict[str, dict[str, Any]]
@@ -359,6 +365,7 @@ class ClusterTokenizing:
             "fix_turns": config.fix_turns,
             "identity": self.encoder.identity(),
             "batch_size": ingest.BATCH_SIZE,
+            "long_text_bytes": ingest.long_text_bytes(config, self.encoder),
         }
 
     def parts(self) -> list[ray_parts.Part]:
@@ -467,6 +474,7 @@ class ClusterTokenizing:
             turns_fixed=out["turns_fixed"],
             turn_fixes=out["turn_fixes"],
             empty_answers=out["empty_answers"],
+            tokens_left_out=out["tokens_left_out"],
             seconds=out["seconds"],
             segment=out["segment"],
             segment_files=out["files"],
