@@ -260,9 +260,10 @@ def _long_prompts(path: Path) -> Path:
     [
         ([], "raise --max-len, or pass --overflow split"),
         (["--overflow", "truncate"], "raise --max-len, or pass --overflow split, or pass --truncate-side left"),
-        (["--overflow", "split"], "raise --max-len, or pass --truncate-side left"),
+        # split cuts such an exchange from the left by default (its answer stays): only an explicit right fails
+        (["--overflow", "split", "--truncate-side", "right"], "raise --max-len, or pass --truncate-side left"),
     ],
-    ids=["drop", "truncate", "split"],
+    ids=["drop", "truncate", "split-right"],
 )
 def test_a_suggestion_never_names_what_was_passed(flags: list[str], hint: str, pack: Any, tmp_path: Path) -> None:
     data = _long_prompts(tmp_path / "d.jsonl")
