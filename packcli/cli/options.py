@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from packcli.config import CHOICES
+from packcli.config import BUILTIN_TEMPLATES, CHOICES
 
 INPUT = "Input"
 TOKENS = "Tokenizer & template"
@@ -105,9 +105,9 @@ ChatTemplateOption = Annotated[
     str | None,
     typer.Option(
         "--chat-template",
-        metavar="FILE",
-        help="Jinja chat template file.",
-        show_default="the tokenizer's",
+        metavar="FILE|NAME",
+        help="Jinja chat template file, or one of packcli's: chatml, deepseek.",
+        show_default="the tokenizer's; else deepseek for the default tokenizer, chatml for others",
         rich_help_panel=TOKENS,
     ),
 ]
@@ -195,8 +195,11 @@ def merge_preset(
     options["num_proc"] = num_proc if num_proc is not None else options.get("num_proc", available_cores())
     options["cache"] = not no_cache and options.get("cache", True)
     if options.get("chat_template") and config and not given(ctx, "chat_template"):
-        # A template named in a preset is relative to the preset file.
-        options["chat_template"] = str((Path(config).parent / options["chat_template"]).resolve())
+        # A template file named in a preset is relative to the preset file; a name of packcli's own
+        # templates (chatml) is kept, unless a file of that name is beside the preset.
+        beside_template = Path(config).parent / options["chat_template"]
+        if beside_template.exists() or options["chat_template"] not in BUILTIN_TEMPLATES:
+            options["chat_template"] = str(beside_template.resolve())
     tokenizer = options.get("tokenizer")
     if tokenizer and config and not given(ctx, "tokenizer") and not Path(tokenizer).is_absolute():
         # A tokenizer directory beside the preset is the preset's, as its inputs and template are; a name
