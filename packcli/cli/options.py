@@ -25,8 +25,20 @@ RUN = "Run"
 
 
 def choices(name: str) -> str:
-    """The metavar of a choice option: ``[drop|truncate|error]``, from ``config.CHOICES``."""
-    return "[" + "|".join(CHOICES[name]) + "]"
+    """The metavar of a choice option: ``[drop | truncate | error]``, from ``config.CHOICES``.
+
+    The spaces are where a narrow help column may wrap the list: between values, never inside one.
+    """
+    return "[" + " | ".join(CHOICES[name]) + "]"
+
+
+def complete(name: str) -> Callable[[str], list[str]]:
+    """Return the shell completion of a choice option: its values that start with what was typed."""
+
+    def values(incomplete: str) -> list[str]:
+        return [value for value in CHOICES[name] if value.startswith(incomplete)]
+
+    return values
 
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.", rich_help_panel=OUTPUT)]
@@ -62,13 +74,21 @@ LimitOption = Annotated[
     ),
 ]
 FormatOption = Annotated[
-    str, typer.Option("--format", metavar=choices("format"), help="Record format.", rich_help_panel=INPUT)
+    str,
+    typer.Option(
+        "--format",
+        metavar=choices("format"),
+        autocompletion=complete("format"),
+        help="Record format.",
+        rich_help_panel=INPUT,
+    ),
 ]
 TaskOption = Annotated[
     str,
     typer.Option(
         "--task",
         metavar=choices("task"),
+        autocompletion=complete("task"),
         help="What the records train, when their fields do not say: sft, preference (DPO, reward models) or kto.",
         rich_help_panel=INPUT,
     ),
@@ -87,6 +107,7 @@ OnErrorOption = Annotated[
     typer.Option(
         "--on-error",
         metavar=choices("on_error"),
+        autocompletion=complete("on_error"),
         help="Bad records: fail, or skip and count them.",
         rich_help_panel=INPUT,
     ),
@@ -113,7 +134,13 @@ ChatTemplateOption = Annotated[
 ]
 TrainOnOption = Annotated[
     str,
-    typer.Option("--train-on", metavar=choices("train_on"), help="Which tokens are trained.", rich_help_panel=TOKENS),
+    typer.Option(
+        "--train-on",
+        metavar=choices("train_on"),
+        autocompletion=complete("train_on"),
+        help="Which tokens are trained.",
+        rich_help_panel=TOKENS,
+    ),
 ]
 TemplateKwargOption = Annotated[
     list[str] | None,
@@ -260,6 +287,8 @@ def place(command: Callable[..., Any], table: dict[str, tuple[str, str | None]])
                 panel, metavar = table[name]
                 info.rich_help_panel = info.rich_help_panel or panel
                 info.metavar = info.metavar or metavar
+                if name in CHOICES:
+                    info.autocompletion = info.autocompletion or complete(name)
             panel = info.rich_help_panel
             rank[name] = 1 + (PANEL_ORDER.index(panel) if panel in PANEL_ORDER else len(PANEL_ORDER))
     params = sorted(signature.parameters.values(), key=lambda p: rank.get(p.name, 0))
