@@ -120,9 +120,11 @@ def made_with(config: PackConfig, identity: dict[str, Any]) -> dict[str, Any]:
     if config.chat_template is not None:
         name = builtin_name(config.chat_template)
         template, source = (name, "packcli") if name is not None else (config.chat_template, "file")
-    else:
-        template = identity.get("chat_template", "tokenizer")
-        source = identity.get("chat_template_source", "tokenizer")
+    elif "chat_template" in identity:
+        template, source = identity["chat_template"], identity["chat_template_source"]
+    else:  # a cache entry made before the identity named its template (only ChatML was packcli's then)
+        old = identity.get("chat_template_source", "tokenizer")
+        template, source = ("tokenizer", "tokenizer") if old == "tokenizer" else ("chatml", "default")
     return {
         "tokenizer": config.tokenizer or DEFAULT_TOKENIZER,
         "template": template,

@@ -152,3 +152,15 @@ def test_a_preset_names_a_packcli_template(pack: Any, tmp_path: Path) -> None:
     data = ROOT / "examples" / "chat.jsonl"
     summary = json.loads(pack(data, "--config", tmp_path / "p.toml", "-o", tmp_path / "o", "--json", "-q").stdout)
     assert (summary["template"], summary["template_source"]) == ("chatml", "packcli")
+
+
+def test_a_cache_entry_from_before_names_its_template() -> None:
+    """An entry made before the identity named its template (a Hub tokenizer's key is unchanged) still reads."""
+    from packcli.accounting import made_with
+    from packcli.config import PackConfig
+
+    config = PackConfig(inputs=("data.jsonl",), tokenizer="org/model", task="sft")
+    old_default = made_with(config, {"chat_template_source": "packcli default (ChatML)"})
+    assert old_default == {"tokenizer": "org/model", "template": "chatml", "template_source": "default", "task": "sft"}
+    own = made_with(config, {"chat_template_source": "tokenizer"})
+    assert (own["template"], own["template_source"]) == ("tokenizer", "tokenizer")
