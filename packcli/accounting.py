@@ -94,6 +94,7 @@ def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str)
     capacity = rows * config.max_len
     samples = len(plan.store_rows) - len(remainder)
     out: dict[str, Any] = {
+        **made_with(config, store.meta["tokenizer"]),
         "records_read": records,
         "limit": config.limit,
         "packed": packed,
@@ -151,6 +152,30 @@ def empty_answers_warning(n: int) -> str:
         f"{n} trained {answers} empty or only whitespace (zero-width characters included): they teach the "
         'model to answer with nothing; pass --fix-turns to drop them, or mark them "train": false'
     )
+
+
+def made_with(config: PackConfig, identity: dict[str, Any]) -> dict[str, Any]:
+    """Return what the tokens were made with: the tokenizer, the template and where it came from, the task.
+
+    ``template_source`` is ``tokenizer`` (the tokenizer's own), ``file`` (a path), ``packcli`` (one of
+    packcli's templates, named) or ``default`` (packcli's template for a tokenizer without one).
+    """
+    from packcli.tokenize import DEFAULT_TOKENIZER, builtin_name
+
+    if config.chat_template is not None:
+        name = builtin_name(config.chat_template)
+        template, source = (name, "packcli") if name is not None else (config.chat_template, "file")
+    elif "chat_template" in identity:
+        template, source = identity["chat_template"], identity["chat_template_source"]
+    else:  # a cache entry made before the identity named its template (only ChatML was packcli's then)
+        old = identity.get("chat_template_source", "tokenizer")
+        template, source = ("tokenizer", "tokenizer") if old == "tokenizer" else ("chatml", "default")
+    return {
+        "tokenizer": config.tokenizer or DEFAULT_TOKENIZER,
+        "template": template,
+        "template_source": source,
+        "task": config.task,
+    }
 
 
 def _alignment_padding(config: PackConfig, plan: Plan) -> int:

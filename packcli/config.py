@@ -36,6 +36,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "loss_weighting": ("token", "sample", "sqrt"),
 }
 
+# The chat templates packcli ships (packcli/templates/NAME.jinja), named with --chat-template NAME.
+BUILTIN_TEMPLATES = ("chatml", "deepseek")
+
 # --pad-to-max builds every row at full length; measured peak memory is about 56 bytes a token (ids,
 # labels and positions, their arrow copies and the padding arrays), so 2**24 tokens is about 0.9 GiB.
 PAD_TO_MAX_LIMIT = 1 << 24

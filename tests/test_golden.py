@@ -27,12 +27,15 @@ ROOT = Path(__file__).parents[1]
 RELEASE_COLUMNS = ("input_ids", "labels", "position_ids", "seq_lengths", "sample_index")
 RELEASE = {
     "example": "142ab22c30b339a7bb7a9721cbf9576a01a04d3c211e27cc57bfacf6975d9f5d",
+    # Not of 0.1.0: recorded when the default tokenizer's default template became its own markers'.
+    "example-default": "ac27eee0b99ac728598d288766181c7aa67b3579f0c59853f1d13d5eb21675ce",
     "corpus": "ed9b9d134cbc78e5dc863aac18fec64eeac0cf988685b1796cc8e8b519779309",
     "corpus-trunc": "598099c35c6f0c3611fc14eee45f42eca73d80405d36a9084c80d85ac9e4cf1b",
     "corpus-llama3": "14576eabcd404c2ce45a52a7df073689bce786fafb02e88c4cb4b206597e08a8",
 }
 GOLDEN = {
     "example": ("afc3a78bf9434a1f45837eacb5b26657308175cbb28d66e429c0d176e4e7844a",),
+    "example-default": ("abbdefd7e313eccb818a860df0357532d742a794a571d0d85cae58be8aea7eee",),
     "corpus": ("684e83b850de6730e703c2d9bfa02cd7f072ef53ccd04f6dea50719af5961748",),
     "corpus-trunc": ("c06e7ff39cf20ffa3fa7493279d50886d8739d38077e1d93da7e105d8b7a1b80",),
     "corpus-llama3": ("17779a4eaf2208d4557acaee4db3c5a248d25bf3ccd9e8dd69ca0d9b23f43e1c",),
@@ -63,10 +66,25 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_jsonl(tmp_path_factory.mktemp("golden") / "corpus600.jsonl", records)
 
 
+# Release 0.1.0 rendered chats with ChatML when the tokenizer had no template: its cases name ChatML now
+# that the default tokenizer's default is its own markers' template ("example-default").
 CASES: dict[str, list[Any]] = {
-    "example": [ROOT / "examples" / "chat.jsonl", "--max-len", 2048],
-    "corpus": ["CORPUS", "--max-len", 4096],
-    "corpus-trunc": ["CORPUS", "--max-len", 1024, "--overflow", "truncate", "--seed", 3, "--world-size", 2],
+    "example": [ROOT / "examples" / "chat.jsonl", "--max-len", 2048, "--chat-template", "chatml"],
+    "example-default": [ROOT / "examples" / "chat.jsonl", "--max-len", 2048],
+    "corpus": ["CORPUS", "--max-len", 4096, "--chat-template", "chatml"],
+    "corpus-trunc": [
+        "CORPUS",
+        "--max-len",
+        1024,
+        "--overflow",
+        "truncate",
+        "--seed",
+        3,
+        "--world-size",
+        2,
+        "--chat-template",
+        "chatml",
+    ],
     "corpus-llama3": ["CORPUS", "--max-len", 4096, "--chat-template", TEMPLATES / "llama3.jinja"],
 }
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from packcli.shards import file_sha256
-from packcli.tokenize import default_chat_template
+from packcli.tokenize import builtin_template
 
 from .conftest import make_conversations, read_rows, write_jsonl
 
@@ -64,7 +64,7 @@ def test_round_trip_contract_and_manifest(pack: Any, chat_jsonl: Path, tmp_path:
     conversations = [json.loads(line)["messages"] for line in chat_jsonl.read_text().splitlines()]
     samples = samples_of(rows)
     assert sorted(samples) == list(range(len(conversations)))  # every record packed once, none split
-    template = default_chat_template()
+    template = builtin_template("deepseek")  # the default tokenizer's template (it has none of its own)
     for index, (ids, labels) in samples.items():
         reference = base_tokenizer.apply_chat_template(
             conversations[index], chat_template=template, return_dict=True, return_assistant_tokens_mask=True
@@ -230,14 +230,15 @@ def test_text_prompt_completion_alpaca_and_tokenized(pack: Any, tmp_path: Path, 
     )
     pack(tmp_path / "pcm.jsonl", "--max-len", "64", "-o", tmp_path / "pcm", "-q")
     text, trained = _decoded(tmp_path / "pcm", base_tokenizer)[0]
-    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n"
-    assert trained.startswith("yo<|im_end|>")
+    # The default pair: the default tokenizer's own markers, and nothing trained after the end of turn.
+    assert text == "<｜begin▁of▁sentence｜><｜User｜>hi<｜Assistant｜>yo<｜end▁of▁sentence｜>"
+    assert trained == "yo<｜end▁of▁sentence｜>"
 
     write_jsonl(tmp_path / "alpaca.jsonl", [{"instruction": "Add", "input": "2 and 2", "output": "4"}])
     pack(tmp_path / "alpaca.jsonl", "--max-len", "64", "-o", tmp_path / "al", "-q")
     text, trained = _decoded(tmp_path / "al", base_tokenizer)[0]
-    assert text == "<|im_start|>user\nAdd\n\n2 and 2<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
-    assert trained.startswith("4<|im_end|>")
+    assert text == "<｜begin▁of▁sentence｜><｜User｜>Add\n\n2 and 2<｜Assistant｜>4<｜end▁of▁sentence｜>"
+    assert trained == "4<｜end▁of▁sentence｜>"
 
     write_jsonl(
         tmp_path / "tok.jsonl", [{"input_ids": [5, 6, 7, 8]}, {"input_ids": [9, 10, 11], "labels": [-100, -100, 11]}]

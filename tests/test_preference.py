@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from packcli.cli import app
 from packcli.contract import IGNORE_INDEX
-from packcli.tokenize import default_chat_template
+from packcli.tokenize import builtin_template, default_chat_template
 
 from .conftest import one_error_line, read_rows, trl_templates, write_jsonl
 
@@ -105,7 +105,7 @@ def test_ids_and_labels_equal_apply_chat_template(
     data = write_jsonl(tmp_path / "pref.jsonl", records)
     if template == "chatml":
         text = default_chat_template()
-        args = []
+        args = ["--chat-template", "chatml"]
     else:
         text = (trl_templates() / f"{template}.jinja").read_text()
         args = ["--chat-template", trl_templates() / f"{template}.jinja"]
@@ -363,7 +363,7 @@ def test_kto_roles_follow_the_label(tmp_path: Path, pack: Any, base_tokenizer: A
     for i, record in enumerate(records):
         assert samples[(i, 0)]["role"] == (3 if record["label"] else 4)
         ids = base_tokenizer.apply_chat_template(
-            record["prompt"] + record["completion"], chat_template=default_chat_template(), return_dict=True
+            record["prompt"] + record["completion"], chat_template=builtin_template("deepseek"), return_dict=True
         )["input_ids"]
         assert samples[(i, 0)]["ids"] == ids
     manifest = _manifest(tmp_path / "out")

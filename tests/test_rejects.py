@@ -31,7 +31,8 @@ def test_every_reject_has_the_same_keys_and_its_record(tmp_path: Path, pack: Any
         fh.write('{"messages": [broken\n')  # line 6: bad JSON, dropped by the workers
     huge = chat(40_000)  # far over --max-len: ruled out before tokenizing; its record is a prefix
     array = tmp_path / "b.json"
-    array.write_text(json.dumps([chat(6), huge, chat(60), chat(3)], ensure_ascii=False))
+    # Enough short records for more rows than --world-size, whatever the template's markers cost.
+    array.write_text(json.dumps([chat(6), huge, chat(60), chat(3), *[chat(20)] * 9], ensure_ascii=False))
     rejects = tmp_path / "rejects.jsonl"
     summary = json.loads(
         pack(

@@ -355,7 +355,7 @@ def test_inspect_row_json_decodes_the_row(workdir: Path, base_tokenizer: Any) ->
         assert "".join(p["text"] for p in s["pieces"]) == s["text"]
         assert s["trained_text"] == [p["text"] for p in s["pieces"] if p["trained"]]
         assert s["trained"][0] is False and s["trained_tokens"] == sum(s["trained"])
-        assert "<|im_start|>assistant" in s["text"]
+        assert "<｜Assistant｜>" in s["text"]
 
 
 def test_inspect_sample_index_finds_its_row(workdir: Path) -> None:
@@ -375,7 +375,7 @@ def test_inspect_marks_boundaries_and_trained_text(workdir: Path) -> None:
         assert (f"sample_index {index}:" in result.stdout) or (index == -1 and "padding:" in result.stdout)
     # Without a terminal, trained runs are bracketed; the prompt side is not.
     assert "⟦" in result.stdout and "⟧" in result.stdout
-    assert "⟦<|im_start|>user" not in result.stdout
+    assert "⟦<｜User｜>" not in result.stdout and "<｜end▁of▁sentence｜>⟧" in result.stdout
 
 
 def test_inspect_row_out_of_range(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -869,7 +869,7 @@ def test_mount_point_output_killed_mid_replace_is_finished_by_the_next_run(
     data = write_jsonl(tmp_path / "a.jsonl", chat(30))
     out = tmp_path / "volume"
     (tmp_path / "notes.txt").write_text("the user's\n")
-    base = [data, "--max-len", "96", "-o", "volume", "--rows-per-shard", "6", "--cache-dir", tmp_path / "cache"]
+    base = [data, "--max-len", "96", "-o", "volume", "--rows-per-shard", "3", "--cache-dir", tmp_path / "cache"]
     base += ["--num-proc", "1", "-q", "--overwrite"]
     new = [*base, change, "1" if change == "--seed" else "128"]
     monkeypatch.chdir(tmp_path)
@@ -906,7 +906,7 @@ def test_replace_killed_midway_is_finished_even_by_a_run_that_then_refuses(
 ) -> None:
     data = write_jsonl(tmp_path / "a.jsonl", chat(30))
     out = tmp_path / "volume"
-    base = [data, "--max-len", "96", "-o", "volume", "--rows-per-shard", "6", "--cache-dir", tmp_path / "cache"]
+    base = [data, "--max-len", "96", "-o", "volume", "--rows-per-shard", "3", "--cache-dir", tmp_path / "cache"]
     base += ["--num-proc", "1", "-q"]
     monkeypatch.chdir(tmp_path)
     _as_mount_point(monkeypatch, out, "ismount")
@@ -936,7 +936,7 @@ def test_replace_that_cannot_be_finished_is_left_as_it_is(
 ) -> None:
     data = write_jsonl(tmp_path / "a.jsonl", chat(30))
     out = tmp_path / "volume"
-    base = [data, "--max-len", "96", "-o", "volume", "--rows-per-shard", "6", "--cache-dir", tmp_path / "cache"]
+    base = [data, "--max-len", "96", "-o", "volume", "--rows-per-shard", "3", "--cache-dir", tmp_path / "cache"]
     base += ["--num-proc", "1", "-q", "--overwrite"]
     monkeypatch.chdir(tmp_path)
     _as_mount_point(monkeypatch, out, "ismount")

@@ -59,7 +59,7 @@ def _conversations() -> list[list[dict[str, Any]]]:
     return many[:12]
 
 
-# (template file name or None for the tokenizer's default ChatML, with tool turns?)
+# (template file name or None for packcli's default for the tokenizer, with tool turns?)
 TEMPLATES = [
     (None, True),
     ("qwen3", True),
@@ -70,7 +70,7 @@ TEMPLATES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "tools"), TEMPLATES, ids=[t[0] or "chatml" for t in TEMPLATES])
+@pytest.mark.parametrize(("name", "tools"), TEMPLATES, ids=[t[0] or "default" for t in TEMPLATES])
 @pytest.mark.parametrize("system", ["all", "first"])
 def test_pieces_are_the_template_applied_to_runs_of_whole_exchanges(
     name: str | None, tools: bool, system: str, model_tokenizer: tuple[str, Any]
@@ -78,11 +78,7 @@ def test_pieces_are_the_template_applied_to_runs_of_whole_exchanges(
     tok_dir, tokenizer = model_tokenizer
     template = None if name is None else str(trl_templates() / f"{name}.jinja")
     encoder = Encoder(tok_dir, template, EncodeOptions())
-    text = None if template is None else Path(template).read_text()
-    if text is None:
-        from packcli.tokenize import default_chat_template
-
-        text = tokenizer.chat_template or default_chat_template()
+    text = encoder.template if template is None else Path(template).read_text()
     conversations = _conversations() + ([_tool_conversation(k) for k in range(3)] if tools else [])
     rule = SplitRule(MAX_LEN, system)
     split_seen = 0
@@ -118,10 +114,8 @@ def test_pieces_are_the_template_applied_to_runs_of_whole_exchanges(
 
 def test_default_template_piece_labels_equal_the_assistant_masks(base_tokenizer: Any) -> None:
     """With generation blocks, a piece's labels are apply_chat_template's assistant mask of its messages."""
-    from packcli.tokenize import default_chat_template
-
     encoder = Encoder(None, None, EncodeOptions())
-    template = default_chat_template()
+    template = encoder.template  # the default tokenizer's own markers' template, with generation blocks
     for messages in _conversations():
         sample = Sample("chat", messages=messages)
         pieces = split_chat(sample, "auto", SplitRule(MAX_LEN), lambda s: encoder.encode_batch([s])[0])
@@ -273,7 +267,9 @@ def test_truncate_left_keeps_the_end_and_the_completion(tmp_path: Path, pack: An
 
 
 def test_loss_is_loud_and_max_drop_fraction_fails(tmp_path: Path, pack: Any) -> None:
-    conversations = _conversations() + make_conversations(30, seed=2, max_turns=1, max_words=10)
+    # One exchange longer than a row, whatever the template's markers cost.
+    too_long = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "many words " * 90}]
+    conversations = _conversations() + make_conversations(30, seed=2, max_turns=1, max_words=10) + [too_long]
     data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in conversations])
     result = pack(data, "--max-len", MAX_LEN, "-o", tmp_path / "out")
     warnings = [line for line in result.stderr.splitlines() if line.startswith("Warning:")]

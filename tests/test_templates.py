@@ -479,7 +479,7 @@ def test_markers_that_are_not_tokens_warn(model_tokenizer: tuple[str, Any]) -> N
     plain = Encoder(None, str(TRL_TEMPLATES / "qwen3.jinja"), EncodeOptions())
     assert plain.warnings and "<|im_end|>" in plain.warnings[0] and "not single tokens" in plain.warnings[0]
     assert Encoder(tok_dir, str(TRL_TEMPLATES / "qwen3.jinja"), EncodeOptions()).warnings == []
-    assert Encoder(None, None, EncodeOptions()).warnings == []  # the documented default pairing
+    assert Encoder(None, None, EncodeOptions()).warnings == []  # the default pair: the tokenizer's own markers
 
 
 @pytest.mark.parametrize("name", ["qwen3", "gptoss", "llama3", "deepseek_r1_distill", "phi3", "glm4moe"])

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from packcli.errors import RecordError, TokenizerError
 from packcli.formats import Sample
-from packcli.tokenize import IGNORE_INDEX, EncodeOptions, Encoder, default_chat_template
+from packcli.tokenize import IGNORE_INDEX, EncodeOptions, Encoder, builtin_template, default_chat_template
 
 from .conftest import TEMPLATES, make_conversations
 
@@ -94,6 +94,11 @@ def test_parity_on_arbitrary_unicode(turns: list[tuple[str, str]], system: str |
         messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
     encoder = _chatml_encoder()
     _check_parity(encoder, base_tokenizer, [messages], default_chat_template())
+    # The default pair: the default tokenizer with its own markers' template (no --chat-template).
+    if "default" not in _ENCODERS:
+        _ENCODERS["default"] = Encoder(None, None, EncodeOptions())
+    assert _ENCODERS["default"].template == builtin_template("deepseek")
+    _check_parity(_ENCODERS["default"], base_tokenizer, [messages], builtin_template("deepseek"))
 
 
 _ENCODERS: dict[str, Encoder] = {}
@@ -101,7 +106,7 @@ _ENCODERS: dict[str, Encoder] = {}
 
 def _chatml_encoder(train_on: str = "auto") -> Encoder:
     if train_on not in _ENCODERS:
-        _ENCODERS[train_on] = Encoder(None, None, EncodeOptions(train_on=train_on))
+        _ENCODERS[train_on] = Encoder(None, "chatml", EncodeOptions(train_on=train_on))
     return _ENCODERS[train_on]
 
 

@@ -19,8 +19,40 @@ import typer
 from packcli import __version__
 from packcli.errors import Interrupted, PackcliError, UsageError
 
+
+def _untyped(ctx: Any) -> None:
+    return None
+
+
+def _without_type_labels(params: list[Any]) -> list[Any]:
+    """Drop typer's type label (``<bool>``, ``<list[str]>``) from flags and arguments in ``--help``.
+
+    A flag takes no value (``<bool>`` invites ``--dry-run true``, which is an extra argument), and an
+    argument is named by its metavar (``INPUTS...``) already.
+    """
+    for param in params:
+        if getattr(param, "is_flag", False) or param.param_type_name == "argument":
+            param.display_type_rich = _untyped
+    return params
+
+
+class Command(typer.core.TyperCommand):
+    """A command whose help shows no type label on flags and arguments."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _without_type_labels(super().get_params(ctx))
+
+
+class Group(typer.core.TyperGroup):
+    """The root group: its help shows no type label on flags either."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _without_type_labels(super().get_params(ctx))
+
+
 app = typer.Typer(
     name="packcli",
+    cls=Group,
     help="Pack raw fine-tuning data into trainer-ready Parquet shards.",
     no_args_is_help=True,
     add_completion=True,
@@ -101,8 +133,12 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except Exception as exc:
-        if type(exc).__name__ == "NoArgsIsHelpError" and getattr(exc, "ctx", None) is not None:
-            print(exc.ctx.get_help(), file=sys.stderr)
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            # Making the error rendered the help already (rich prints it as it renders); print it only
+            # where rendering gave the text back instead.
+            text = exc.format_message() if hasattr(exc, "format_message") else ""
+            if text.strip():
+                print(text, file=sys.stderr)
             sys.exit(UsageError.exit_code)
         usage = _usage_error(exc)
         if usage is None:
@@ -136,10 +172,10 @@ def _register() -> None:
     import packcli.cli.report as report
     from packcli.cli.options import PACK_PANELS, place
 
-    app.command("pack")(handle_errors(place(pack.pack, PACK_PANELS)))
-    app.command("stats")(handle_errors(place(report.stats, report.STATS_PANELS)))
+    app.command("pack", cls=Command)(handle_errors(place(pack.pack, PACK_PANELS)))
+    app.command("stats", cls=Command)(handle_errors(place(report.stats, report.STATS_PANELS)))
     for name, command in (("inspect", report.inspect), ("verify", report.verify)):
-        app.command(name)(handle_errors(command))
+        app.command(name, cls=Command)(handle_errors(command))
 
 
 _register()

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from packcli.config import CHOICES
+from packcli.config import BUILTIN_TEMPLATES, CHOICES
 from packcli.config import flag as flag  # declared beside the options it names; imported from here too
 
 INPUT = "Input"
@@ -26,8 +26,20 @@ RUN = "Run"
 
 
 def choices(name: str) -> str:
-    """The metavar of a choice option: ``[drop|truncate|error]``, from ``config.CHOICES``."""
-    return "[" + "|".join(CHOICES[name]) + "]"
+    """The metavar of a choice option: ``[drop | truncate | error]``, from ``config.CHOICES``.
+
+    The spaces are where a narrow help column may wrap the list: between values, never inside one.
+    """
+    return "[" + " | ".join(CHOICES[name]) + "]"
+
+
+def complete(name: str) -> Callable[[str], list[str]]:
+    """Return the shell completion of a choice option: its values that start with what was typed."""
+
+    def values(incomplete: str) -> list[str]:
+        return [value for value in CHOICES[name] if value.startswith(incomplete)]
+
+    return values
 
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.", rich_help_panel=OUTPUT)]
@@ -63,13 +75,21 @@ LimitOption = Annotated[
     ),
 ]
 FormatOption = Annotated[
-    str, typer.Option("--format", metavar=choices("format"), help="Record format.", rich_help_panel=INPUT)
+    str,
+    typer.Option(
+        "--format",
+        metavar=choices("format"),
+        autocompletion=complete("format"),
+        help="Record format.",
+        rich_help_panel=INPUT,
+    ),
 ]
 TaskOption = Annotated[
     str,
     typer.Option(
         "--task",
         metavar=choices("task"),
+        autocompletion=complete("task"),
         help="What the records train, when their fields do not say: sft, preference (DPO, reward models) or kto.",
         rich_help_panel=INPUT,
     ),
@@ -88,6 +108,7 @@ OnErrorOption = Annotated[
     typer.Option(
         "--on-error",
         metavar=choices("on_error"),
+        autocompletion=complete("on_error"),
         help="Bad records: fail, or skip and count them.",
         rich_help_panel=INPUT,
     ),
@@ -115,15 +136,21 @@ ChatTemplateOption = Annotated[
     str | None,
     typer.Option(
         "--chat-template",
-        metavar="FILE",
-        help="Jinja chat template file.",
-        show_default="the tokenizer's",
+        metavar="FILE|NAME",
+        help="Jinja chat template file, or one of packcli's: chatml, deepseek.",
+        show_default="the tokenizer's; else deepseek for the default tokenizer, chatml for others",
         rich_help_panel=TOKENS,
     ),
 ]
 TrainOnOption = Annotated[
     str,
-    typer.Option("--train-on", metavar=choices("train_on"), help="Which tokens are trained.", rich_help_panel=TOKENS),
+    typer.Option(
+        "--train-on",
+        metavar=choices("train_on"),
+        autocompletion=complete("train_on"),
+        help="Which tokens are trained.",
+        rich_help_panel=TOKENS,
+    ),
 ]
 TemplateKwargOption = Annotated[
     list[str] | None,
@@ -206,8 +233,11 @@ def merge_preset(
     options["num_proc"] = num_proc if num_proc is not None else options.get("num_proc", available_cores())
     options["cache"] = not no_cache and options.get("cache", True)
     if options.get("chat_template") and config and not given(ctx, "chat_template"):
-        # A template named in a preset is relative to the preset file.
-        options["chat_template"] = str((Path(config).parent / options["chat_template"]).resolve())
+        # A template file named in a preset is relative to the preset file; a name of packcli's own
+        # templates (chatml) is kept, unless a file of that name is beside the preset.
+        beside_template = Path(config).parent / options["chat_template"]
+        if beside_template.exists() or options["chat_template"] not in BUILTIN_TEMPLATES:
+            options["chat_template"] = str(beside_template.resolve())
     tokenizer = options.get("tokenizer")
     if tokenizer and config and not given(ctx, "tokenizer") and not Path(tokenizer).is_absolute():
         # A tokenizer directory beside the preset is the preset's, as its inputs and template are; a name
@@ -269,6 +299,8 @@ def place(command: Callable[..., Any], table: dict[str, tuple[str, str | None]])
                 panel, metavar = table[name]
                 info.rich_help_panel = info.rich_help_panel or panel
                 info.metavar = info.metavar or metavar
+                if name in CHOICES:
+                    info.autocompletion = info.autocompletion or complete(name)
             panel = info.rich_help_panel
             rank[name] = 1 + (PANEL_ORDER.index(panel) if panel in PANEL_ORDER else len(PANEL_ORDER))
     params = sorted(signature.parameters.values(), key=lambda p: rank.get(p.name, 0))

@@ -110,11 +110,23 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+# How the summary's template_source reads in the table.
+TEMPLATE_SOURCES = {
+    "tokenizer": "the tokenizer's own",
+    "file": "file",
+    "packcli": "packcli's",
+    "default": "packcli's default for this tokenizer",
+}
+
+
 def print_pack_summary(summary: dict[str, Any]) -> None:
     """Render the pack summary as a table on stderr."""
     table = Table(title="packcli pack", show_header=False, title_justify="left")
     table.add_column("what", style="bold")
     table.add_column("value", justify="right")
+    table.add_row("tokenizer", summary["tokenizer"])
+    table.add_row("template", f"{summary['template']} ({TEMPLATE_SOURCES[summary['template_source']]})")
+    table.add_row("task", summary["task"])
     table.add_row("records read", _fmt(summary["records_read"]))
     table.add_row("packed", _fmt(summary["packed"]))
     for reason, count in summary["dropped"].items():

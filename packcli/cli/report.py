@@ -230,13 +230,17 @@ def _dropped_rows(dropped: dict[str, int]) -> list[tuple[str, str]]:
 def inspect(
     out_dir: Annotated[Path, typer.Argument(help="A packed output directory.")],
     row: Annotated[
-        int | None, typer.Option("--row", help="Row to show, numbered from 0 across shards [default: 0].")
+        int | None, typer.Option("--row", metavar="N", help="Row to show, numbered from 0 across shards [default: 0].")
     ] = None,
     sample_index: Annotated[
-        int | None, typer.Option("--sample-index", help="Show the row that holds this input record (0-based).")
+        int | None,
+        typer.Option("--sample-index", metavar="N", help="Show the row that holds this input record (0-based)."),
     ] = None,
     tokenizer: Annotated[
-        str | None, typer.Option(help="Decode with this tokenizer instead of the one named in the manifest.")
+        str | None,
+        typer.Option(
+            metavar="NAME_OR_DIR", help="Decode with this tokenizer instead of the one named in the manifest."
+        ),
     ] = None,
     max_tokens: Annotated[
         int | None,
