@@ -52,10 +52,10 @@ def stage_limit(data: Path, max_len: int, out: Path) -> None:
     import numpy as np
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
-    from packcli.tokenize import default_chat_template, load_tokenizer
+    from packcli.tokenize import chatml_template, load_tokenizer
 
     tokenizer = load_tokenizer(None)
-    template = _compile_jinja_template(default_chat_template())
+    template = _compile_jinja_template(chatml_template())
     special = dict(tokenizer.special_tokens_map)
 
     t0, c0 = time.perf_counter(), time.process_time()
@@ -123,10 +123,10 @@ def stage_serial(data: Path, out: Path) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
-    from packcli.tokenize import default_chat_template, load_tokenizer
+    from packcli.tokenize import chatml_template, load_tokenizer
 
     tokenizer = load_tokenizer(None)
-    template = _compile_jinja_template(default_chat_template())
+    template = _compile_jinja_template(chatml_template())
     special = dict(tokenizer.special_tokens_map)
     with open(data, encoding="utf-8") as f:
         conversations = [json.loads(line)["messages"] for line in f if line.strip()]
@@ -150,11 +150,11 @@ def stage_trl(data: Path, max_len: int, num_proc: int, workdir: Path, out: Path)
     import trl
     from trl import pack_dataset
 
-    from packcli.tokenize import default_chat_template, load_tokenizer
+    from packcli.tokenize import chatml_template, load_tokenizer
 
     datasets.disable_progress_bars()
     tokenizer = load_tokenizer(None)
-    template = default_chat_template()
+    template = chatml_template()
     cache = Path(os.environ["HF_DATASETS_CACHE"])
     t_import = time.perf_counter()
 
@@ -328,6 +328,8 @@ def packcli_run(
     out = workdir / f"out_{name}"
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "packcli", "pack", str(data), "--max-len", str(args.max_len)]
+    # The ceilings render with ChatML: packcli must too (the default tokenizer's default is another template).
+    cmd += ["--chat-template", "chatml"]
     cmd += ["--num-proc", str(args.num_proc), *extra, "-o", str(out), "--quiet", "--json"]
     code = code_identity()["packcli_sources_sha256"]
     run = measure(name, cmd, workdir)

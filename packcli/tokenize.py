@@ -96,7 +96,7 @@ def builtin_template(name: str) -> str:
     return importlib.resources.files("packcli").joinpath(f"templates/{name}.jinja").read_text(encoding="utf-8")
 
 
-def default_chat_template() -> str:
+def chatml_template() -> str:
     """Return packcli's ChatML template (with generation blocks): ``--chat-template chatml``, and the
     template of a tokenizer that has neither a chat template nor the default tokenizer's markers."""
     return builtin_template("chatml")

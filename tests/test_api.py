@@ -85,7 +85,7 @@ def test_bytes_and_arrays_in_records_are_reasons_of_their_own(tmp_path: Path) ->
         ({"input_ids": [np.int64(7)]}, "array_value", "field 'input_ids' at [0] holds a numpy.int64"),
     ]
     for record, reason, detail in cases:
-        with pytest.raises(packcli.InputError, match=r" line 1: ") as err:
+        with pytest.raises(packcli.InputError, match=r"^the in-memory records, index 0: ") as err:
             packcli.pack([record, good], max_len=64, output=tmp_path / "a", cache=False, num_proc=1)
         assert detail in str(err.value) and "\n" not in str(err.value)
         rejects = tmp_path / "rejects.jsonl"
@@ -141,5 +141,5 @@ def test_warnings_name_keyword_arguments_not_flags(tmp_path: Path) -> None:
     result = packcli.pack(short + long, max_len=32, overflow="truncate", output=tmp_path / "o", cache=False)
     assert result.dropped == {"nothing_to_train_after_truncation": 1}
     [warning] = result.warnings
-    assert warning.endswith('pass overflow="split" or truncate_side="left", or raise max_len'), warning
+    assert warning.endswith('pass overflow="split", or pass truncate_side="left", or raise max_len'), warning
     assert "--" not in warning and result.summary["warnings"] == result.warnings

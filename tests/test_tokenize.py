@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from packcli.errors import RecordError, TokenizerError
 from packcli.formats import Sample
-from packcli.tokenize import IGNORE_INDEX, EncodeOptions, Encoder, builtin_template, default_chat_template
+from packcli.tokenize import IGNORE_INDEX, EncodeOptions, Encoder, builtin_template, chatml_template
 
 from .conftest import TEMPLATES, make_conversations
 
@@ -26,7 +26,7 @@ TEMPLATE_PAIRS = {
 
 
 def _template(name: str) -> str:
-    return default_chat_template() if name == "chatml" else (TEMPLATES / name).read_text()
+    return chatml_template() if name == "chatml" else (TEMPLATES / name).read_text()
 
 
 def _template_file(name: str, tmp_path: Path) -> str:
@@ -93,7 +93,7 @@ def test_parity_on_arbitrary_unicode(turns: list[tuple[str, str]], system: str |
     for user, assistant in turns:
         messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
     encoder = _chatml_encoder()
-    _check_parity(encoder, base_tokenizer, [messages], default_chat_template())
+    _check_parity(encoder, base_tokenizer, [messages], chatml_template())
     # The default pair: the default tokenizer with its own markers' template (no --chat-template).
     if "default" not in _ENCODERS:
         _ENCODERS["default"] = Encoder(None, None, EncodeOptions())

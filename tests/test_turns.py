@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from packcli.formats import DEFAULT_FIELDS, normalize
-from packcli.tokenize import default_chat_template
+from packcli.tokenize import builtin_template
 
 from .conftest import one_error_line, read_rows, trl_templates, write_jsonl
 
@@ -259,7 +259,7 @@ def test_a_message_marked_untrained_is_masked(
         pack(data, "--max-len", "128", "-o", out, "--train-on", train_on, "-q")
         ((ids, labels),) = _samples(read_rows(out)).values()
         # The marks never reach the template: the ids are those of the messages without them.
-        want = base_tokenizer.apply_chat_template(plain, chat_template=default_chat_template(), return_dict=True)
+        want = base_tokenizer.apply_chat_template(plain, chat_template=builtin_template("deepseek"), return_dict=True)
         assert ids == list(want["input_ids"])
         trained = _trained_text(base_tokenizer, ids, labels)
         assert "good answer" in trained and "bad answer" not in trained
