@@ -197,7 +197,7 @@ def test_completion_offers_the_values_of_choice_options() -> None:
 
     assert complete("packcli pack --overflow ") == ["drop", "truncate", "split", "error"]
     assert complete("packcli pack --format p") == ["prompt_completion", "preference"]
-    assert complete("packcli pack --truncate-side ") == ["right", "left"]
+    assert complete("packcli pack --truncate-side ") == ["auto", "right", "left"]
     assert complete("packcli stats --train-on last") == ["last_assistant"]
     assert complete("packcli stats --on-error ") == ["fail", "skip"]
 
