@@ -77,6 +77,7 @@ class PackConfig:
     num_proc: int = 1
     cache: bool = True
     cache_dir: str | None = None
+    cache_max_size: str | None = None  # e.g. "10GB": after the run, least recently used entries are pruned
     rejects: str | None = None
     dry_run: bool = False
     engine: str = "local"
@@ -119,6 +120,10 @@ class PackConfig:
                 f"{gib:.0f} GiB of memory to build; with --pad-to-max, --max-len must be at most {PAD_TO_MAX_LIMIT}"
             )
         self._check_padding()
+        if self.cache_max_size is not None:
+            from packcli.cachedir import parse_size
+
+            parse_size(self.cache_max_size, "--cache-max-size")
         unknown = set(self.fields) - set(DEFAULT_FIELDS)
         if unknown:
             raise UsageError(f"unknown field name(s) {', '.join(sorted(unknown))}; known: {', '.join(DEFAULT_FIELDS)}")
@@ -199,7 +204,7 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
         "tensor_parallel",
     ),
     "output": ("output", "output_format", "rows_per_shard", "overwrite", "rejects", "dry_run", "loss_weighting"),
-    "run": ("num_proc", "cache", "cache_dir", "engine", "ray_address"),
+    "run": ("num_proc", "cache", "cache_dir", "cache_max_size", "engine", "ray_address"),
 }
 
 

@@ -60,14 +60,29 @@ def tokenizer_fingerprint(name: str | None, chat_template_file: str | None) -> s
         if path.is_file() and path.suffix in (".json", ".jinja", ".model", ".txt", ".tiktoken"):
             h.update(path.name.encode() + b"\0")
             h.update(path.read_bytes())
-    h.update(b"template\0")
+    # The template's source is keyed as well as its text: a file (whatever its text), or none given (the
+    # tokenizer's own, in the files above, else the default).
     if chat_template_file is not None:
         try:
-            h.update(Path(chat_template_file).read_bytes())
-        except OSError:
+            h.update(b"template file\0" + read_chat_template(chat_template_file).encode())
+        except TokenizerError:
             return None  # the Encoder reports it
-    h.update(default_chat_template().encode())
+    else:
+        h.update(b"no template given\0" + default_chat_template().encode())
     return h.hexdigest()
+
+
+def read_chat_template(path: str) -> str:
+    """Return the text of a chat template file; one that cannot be read, or is empty, is an error."""
+    try:
+        template = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TokenizerError(f"{path}: cannot read the chat template ({exc})") from exc
+    if not template.strip():
+        raise TokenizerError(
+            f"{path}: the chat template file is empty; give a Jinja chat template, or leave --chat-template out"
+        )
+    return template
 
 
 def default_chat_template() -> str:
@@ -158,10 +173,7 @@ class Encoder:
         self.backend, self.overrides = _plain_backend(self.tokenizer.backend_tokenizer)
         self.options = options
         if chat_template_file is not None:
-            try:
-                template = Path(chat_template_file).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                raise TokenizerError(f"{chat_template_file}: cannot read the chat template ({exc})") from exc
+            template = read_chat_template(chat_template_file)
             source = str(chat_template_file)
         else:
             own = self.tokenizer.chat_template

@@ -233,6 +233,7 @@ PACK_PANELS: dict[str, tuple[str, str | None]] = {
     "overwrite": (OUTPUT, None),
     "rejects": (OUTPUT, "FILE"),
     "dry_run": (OUTPUT, None),
+    "cache_max_size": (RUN, "SIZE"),
     "engine": (RUN, choices("engine")),
     "ray_address": (RUN, "ADDRESS"),
 }

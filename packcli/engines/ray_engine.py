@@ -513,6 +513,7 @@ def tokenize_to_store(
     encoder: Encoder,
     store_path: Path,
     progress: Progress,
+    before_finish: Callable[[], None] | None = None,
 ) -> TokenStore:
     """Tokenize every record of the sources on Ray into a token store at ``store_path``.
 
@@ -526,7 +527,9 @@ def tokenize_to_store(
     remote = ClusterTokenizing(config, sources, formats, encoder, store_path)
     remote.began = began
     try:
-        return ingest.tokenize_to_store(config, sources, formats, encoder, store_path, progress, remote=remote)
+        return ingest.tokenize_to_store(
+            config, sources, formats, encoder, store_path, progress, remote=remote, before_finish=before_finish
+        )
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             remote.pending.clear()  # stopping on request: at once, not after the running parts
@@ -665,9 +668,10 @@ class RayEngine:
         store_path: Path,
         progress: Progress,
         rule_out_long: bool = False,
+        before_finish: Callable[[], None] | None = None,
     ) -> TokenStore:
         # The early too-long rule needs the driver's renderer in every actor; the Ray engine tokenizes all.
-        return tokenize_to_store(config, sources, formats, encoder, store_path, progress)
+        return tokenize_to_store(config, sources, formats, encoder, store_path, progress, before_finish)
 
     def write_output(
         self, config: PackConfig, store: TokenStore, plan: Plan, staged: Path | None, progress: Progress, pad_id: int
