@@ -84,6 +84,10 @@ def test_a_change_that_keeps_the_stamp_is_found_by_the_hash(tmp_path: Path) -> N
     data.write_text(json.dumps({"text": "bbbb"}) + "\n")  # the same size
     # The stamp taken after the write stands for one a write within the same clock tick would keep.
     assert changed_input(sources, stamps(sources), hashed) == str(data)
+    # Nor is the hash of a file written in the last seconds remembered: its stamp may yet not change.
+    memo = tmp_path / "memo.json"
+    fingerprint(sources[0], memo)
+    assert json.loads(memo.read_text()) == {}
 
 
 # -- 2. every template source its own key; an empty template file is an error ---------------------------
