@@ -5,8 +5,9 @@ The cache root holds entries (``KEY/``, a token store: see ``packcli.cache``), o
 making an entry (``.tmp-HOST-PID-*``). A run that uses an entry, found or made, holds a shared
 ``flock`` on its lock file from before it looks the entry up until it has written its output;
 pruning takes the lock exclusively without waiting, so an entry in use is never removed: it is
-reported as in use and kept. Lock files are removed only by the holder of the exclusive lock, and a
-run that locks one checks that its path still names the file it locked (as ``safety.OutputLock``).
+reported as in use and kept. Pruning also forgets the remembered hashes of files that are gone. Lock
+files are removed only by the holder of the exclusive lock, and a run that locks one checks that its
+path still names the file it locked (as ``safety.OutputLock``).
 
 Earlier versions kept in-memory inputs (library lists and datasets) under ``inputs/``; they are listed
 and pruned like entries (kind ``input``), and none is made any more.
@@ -27,8 +28,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packcli.cache import HASH_MEMO
 from packcli.errors import UsageError
 from packcli.safety import clean_stale_cache_dirs, owner_tag
+from packcli.sources import forget_missing
 
 KEY_RE = re.compile(r"^[0-9a-f]{32}$")
 LEGACY_INPUTS = "inputs"
@@ -248,6 +251,8 @@ def prune(
     if not dry_run:
         clean_stale_cache_dirs(root)
         _remove_orphan_locks(root)
+        if (root / HASH_MEMO).is_file():
+            forget_missing(root / HASH_MEMO)
     return {
         "removed": [e.to_json(now) for e in removed],
         "in_use": in_use,

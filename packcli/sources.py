@@ -500,10 +500,17 @@ def _read_memo(path: Path | None) -> dict[str, Any]:
         return {}
 
 
+def forget_missing(memo_path: Path) -> None:
+    """Drop the remembered hashes of files that no longer exist (``packcli cache prune``)."""
+    memo = _read_memo(memo_path)
+    kept = {k: v for k, v in memo.items() if os.path.exists(k)}
+    if len(kept) != len(memo):
+        _write_memo(memo_path, kept)
+
+
 def _write_memo(path: Path, memo: dict[str, Any]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        memo = {k: v for k, v in memo.items() if os.path.exists(k)}  # files gone are forgotten
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(memo))
         os.replace(tmp, path)

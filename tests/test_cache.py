@@ -268,6 +268,10 @@ def test_cache_prune_by_age_and_by_size(tmp_path: Path, pack: Any, cache_dir: Pa
     assert bad.exit_code == 2 and one_error_line(bad) == (
         "Error: --max-size takes a size such as 500MB, 10GB or 2GiB, not 'ten'"
     )
+    memo = cache_dir / "input-hashes.json"
+    memo.write_text(json.dumps({str(tmp_path / "gone.jsonl"): {}, str(tmp_path / "new.jsonl"): {}}))
+    _cli(["cache", "prune", "--older-than", "1w", "--cache-dir", cache_dir])
+    assert list(json.loads(memo.read_text())) == [str(tmp_path / "new.jsonl")]  # hashes of files gone: forgotten
     neither = _cli(["cache", "prune", "--cache-dir", cache_dir])
     assert neither.exit_code == 2 and "needs --older-than AGE, --max-size SIZE" in one_error_line(neither)
 
