@@ -229,8 +229,10 @@ def tokenized_inputs(
             raise_if_stopped()
             engine = load_engine(config)
 
+            rehashed = getattr(engine, "rehash_files", None)  # the Ray engine: hashed by tasks, as before
+
             def unchanged() -> None:
-                known = hashed(config, files_to_hash(sources)) if hashed is not None else None
+                known = rehashed(config, files_to_hash(sources)) if rehashed is not None else None
                 moved = changed_input(sources, before, fingerprints, known)
                 if moved is not None:
                     raise InputError(

@@ -295,12 +295,17 @@ def _hash_token_file(path: str) -> bytes:
     return _pickled(file_digest(Path(path)))
 
 
-def hash_files(config: PackConfig, files: list[str]) -> dict[str, str]:
-    """The inputs' content hashes (for the cache key and the manifest), computed by tasks, one a file."""
+def hash_files(config: PackConfig, files: list[str], cpus: float = 1) -> dict[str, str]:
+    """The inputs' content hashes (for the cache key and the manifest), computed by tasks, one a file.
+
+    ``cpus`` 0: tasks that need no free CPU, for the check after the read, while the tokenizer actors
+    (kept warm for the shards) still hold every CPU of the cluster.
+    """
     if not files:
         return {}
     ensure_ray(config)
-    refs = [_hash_input.remote(f) for f in files]
+    task = _hash_input if cpus == 1 else _hash_input.options(num_cpus=cpus)
+    refs = [task.remote(f) for f in files]
     return {f: _fetch(ref) for f, ref in zip(files, refs, strict=True)}
 
 
@@ -680,6 +685,9 @@ class RayEngine:
 
     def hash_files(self, config: PackConfig, files: list[str]) -> dict[str, str]:
         return hash_files(config, files)
+
+    def rehash_files(self, config: PackConfig, files: list[str]) -> dict[str, str]:
+        return hash_files(config, files, cpus=0)
 
     def digest_checker(self, config: PackConfig) -> Callable[[str, dict[str, Any]], None]:
         return functools.partial(check_digests, config)
