@@ -7,16 +7,15 @@
     result.rows, result.fill, result.dataset()
 
 Inputs are paths (files, directories, globs, saved datasets, Hub names), an in-memory
-``datasets.Dataset``, or a list of records (dicts). In-memory inputs are written once to a
-content-addressed file under the cache directory (or a temporary one without the cache), so that a
-second call with the same records is a cache hit. Errors are :class:`packcli.PackcliError` subclasses
+``datasets.Dataset``, or a list of records (dicts). In-memory inputs are written to a temporary folder
+for the call and removed after it; the cache is keyed by contents, so a second call with the same
+records is a cache hit. Errors are :class:`packcli.PackcliError` subclasses
 whose messages name options by their Python names (``max_len``), not by their flags.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -321,7 +320,8 @@ def available_cores() -> int:
 
 @contextmanager
 def _as_paths(inputs: Any, cache_dir: str | os.PathLike[str] | None) -> Iterator[tuple[list[str], dict[str, str]]]:
-    """Yield ``inputs`` as paths: in-memory records and datasets are written to a content-named file.
+    """Yield ``inputs`` as paths: in-memory records and datasets are written to a temporary folder for
+    the call (removed after it); the cache is keyed by contents, so the same records hit it again.
 
     Also yield, for such a file, what messages call it instead: the user's list or dataset, not a file
     of packcli's that the user never made.
@@ -330,11 +330,9 @@ def _as_paths(inputs: Any, cache_dir: str | os.PathLike[str] | None) -> Iterator
         yield [os.fspath(inputs)], {}
         return
     if _is_dataset(inputs):
-        fingerprint = getattr(inputs, "_fingerprint", None) or _digest(inputs.to_list())
         with _memory_dir(cache_dir) as root:
-            path = root / f"dataset-{fingerprint}"
-            if not (path / "dataset_info.json").exists():
-                inputs.save_to_disk(str(path))
+            path = root / "dataset"
+            inputs.save_to_disk(str(path))
             yield [str(path)], {str(path): "the in-memory dataset"}
         return
     items = list(inputs)
@@ -343,13 +341,11 @@ def _as_paths(inputs: Any, cache_dir: str | os.PathLike[str] | None) -> Iterator
         return
     if not all(isinstance(x, Mapping) for x in items):
         raise UsageError("inputs must be a path, a list of paths, a datasets.Dataset or a list of records (dicts)")
-    lines = "".join(_record_line(dict(x)) + "\n" for x in items).encode()
     with _memory_dir(cache_dir) as root:
-        path = root / f"records-{hashlib.blake2b(lines, digest_size=16).hexdigest()}.jsonl"
-        if not path.exists():
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_bytes(lines)
-            os.replace(tmp, path)
+        path = root / "records.jsonl"
+        with open(path, "wb") as fh:
+            for x in items:
+                fh.write((_record_line(dict(x)) + "\n").encode())
         yield [str(path)], {str(path): "the in-memory records"}
 
 
@@ -366,8 +362,9 @@ def _record_line(record: dict[str, Any]) -> str:
 
 
 def _memory_root(config: Any) -> Path | None:
-    """Return where in-memory inputs are kept: beside the cache when it is on (so hits work), else nowhere."""
-    if not config.cache:
+    """Return where in-memory inputs are written for a call: beside the cache when it is on and filled
+    (the disk the user chose for packcli's data), else the system's temporary directory."""
+    if not config.cache or config.dry_run:
         return None
     from packcli.cache import default_cache_dir
 
@@ -376,21 +373,20 @@ def _memory_root(config: Any) -> Path | None:
 
 @contextmanager
 def _memory_dir(cache_dir: str | os.PathLike[str] | None) -> Iterator[Path]:
-    if cache_dir is None:
-        with tempfile.TemporaryDirectory(prefix="packcli-inputs-") as tmp:
-            yield Path(tmp)
-        return
-    root = Path(cache_dir) / "inputs"
-    root.mkdir(parents=True, exist_ok=True)
-    yield root
+    """A temporary folder for one call's in-memory inputs; its name lets a later run remove it should
+    this process be killed (``safety.clean_stale_cache_dirs``)."""
+    from packcli.safety import owner_tag
+
+    where = None
+    if cache_dir is not None:
+        where = Path(cache_dir)
+        where.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".tmp-{owner_tag()}-inputs-", dir=where) as tmp:
+        yield Path(tmp)
 
 
 def _is_dataset(value: Any) -> bool:
     return type(value).__name__ == "Dataset" and hasattr(value, "save_to_disk")
-
-
-def _digest(records: list[Any]) -> str:
-    return hashlib.blake2b(json.dumps(records, default=str).encode(), digest_size=16).hexdigest()
 
 
 # -- errors in API terms ---------------------------------------------------------------------------

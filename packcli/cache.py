@@ -41,7 +41,7 @@ import numpy as np
 from packcli.errors import OutputError, PackcliError, first_line
 from packcli.safety import owner_tag
 
-CACHE_FORMAT = 6
+CACHE_FORMAT = 7  # 7: keyed by the inputs' contents (no path), the template's source; meta.made
 TOKEN_DTYPE = np.dtype("<i4")
 HASH_CHUNK = 1 << 20
 # Every key a finished store's meta.json has; one missing means the entry is damaged.

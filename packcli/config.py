@@ -82,6 +82,7 @@ class PackConfig:
     num_proc: int = 1
     cache: bool = True
     cache_dir: str | None = None
+    cache_max_size: str | None = None  # e.g. "10GB": after the run, least recently used entries are pruned
     rejects: str | None = None
     fix_turns: bool = False  # clean conversations (packcli.turns) before they are rendered
     fix_turns_log: str | None = None  # JSON lines: each record --fix-turns changed, and how
@@ -112,6 +113,10 @@ class PackConfig:
         self._check_padding()
         if self.fix_turns_log is not None and not self.fix_turns:
             raise UsageError("--fix-turns-log lists what --fix-turns changes; pass --fix-turns too")
+        if self.cache_max_size is not None:
+            from packcli.cachedir import parse_size
+
+            parse_size(self.cache_max_size, "--cache-max-size")
         unknown = set(self.fields) - set(DEFAULT_FIELDS)
         if unknown:
             raise UsageError(
@@ -240,7 +245,7 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
         "dry_run",
         "loss_weighting",
     ),
-    "run": ("num_proc", "cache", "cache_dir", "engine", "ray_address"),
+    "run": ("num_proc", "cache", "cache_dir", "cache_max_size", "engine", "ray_address"),
 }
 
 

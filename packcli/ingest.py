@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from packcli import pool, turns, worker
+from packcli import __version__, pool, turns, worker
 from packcli.bounds import max_token_bytes
 from packcli.cache import (
     TokenStore,
@@ -80,6 +80,7 @@ def tokenize_to_store(
     map_ordered: Callable[..., Iterator[Any]] | None = None,
     rule_out_long: bool = False,
     remote: Any = None,
+    before_finish: Callable[[], None] | None = None,
 ) -> TokenStore:
     """Tokenize every record of the sources into a token store at ``store_path``.
 
@@ -93,6 +94,9 @@ def tokenize_to_store(
     whose tokens are a segment (``segment``, ``segment_files``) instead of arrays; it may write the
     segments into ``directory`` (the store being made) or under ``remote.segment_root``. This process
     then reads no input and no token, and keeps the same accounting.
+
+    ``before_finish`` runs once every record is read, before the store is moved into place; what it
+    raises leaves no store (the run checks there that no input changed while it was read).
     """
     map_ordered = map_ordered or pool.map_ordered
     token_bytes = max_token_bytes(encoder.backend_json) if rule_out_long else None
@@ -220,6 +224,9 @@ def tokenize_to_store(
             # higher may use this store (see _cached_store).
             meta["ruled_out_over_bytes"] = ruled_out_bytes
             meta["ruled_out_max_len"] = config.max_len
+        meta["made"] = {"packcli_version": __version__, "time": round(time.time(), 3)}
+        if before_finish is not None:
+            before_finish()
         finishing = time.perf_counter()
         if remote is None:
             store = writer.finish(meta)

@@ -24,6 +24,7 @@ from packcli.cache import (
     default_cache_dir,
     find_store,
 )
+from packcli.cachedir import EntryLock, parse_size, prune, touch
 from packcli.config import PackConfig
 from packcli.contract import Progress, no_progress
 from packcli.engines import load_engine
@@ -35,8 +36,18 @@ from packcli.shard_formats import shard_format
 from packcli.shards import (
     write_manifest,
 )
-from packcli.sources import STDIN, InputSource, files_to_hash, fingerprint, forget_streams, is_uri, resolve_inputs
-from packcli.tokenize import Encoder, tokenizer_fingerprint
+from packcli.sources import (
+    STDIN,
+    InputSource,
+    changed_input,
+    files_to_hash,
+    fingerprint,
+    forget_streams,
+    is_uri,
+    resolve_inputs,
+    stamps,
+)
+from packcli.tokenize import DEFAULT_TOKENIZER, Encoder, builtin_name, read_chat_template, tokenizer_fingerprint
 from packcli.write import output_schema
 
 # Bumped whenever the same inputs and options would give other tokens, labels or store meta, so the cache
@@ -95,11 +106,16 @@ class TokenizedInputs:
     pad_id: int
     warnings: list[str] = field(default_factory=list)
     task: str = "sft"  # sft, preference or kto (packcli.preference.resolve_task)
+    key: str | None = None  # the cache entry's key (None with the cache off)
 
 
 @contextlib.contextmanager
 def tokenized_inputs(
-    config: PackConfig, progress: Progress | None = None, scratch: Path | None = None, rule_out_long: bool = False
+    config: PackConfig,
+    progress: Progress | None = None,
+    scratch: Path | None = None,
+    rule_out_long: bool = False,
+    fill_cache: bool = True,
 ) -> Iterator[TokenizedInputs]:
     """Yield the inputs of ``config`` tokenized into a token store: from the cache, or made now.
 
@@ -109,9 +125,20 @@ def tokenized_inputs(
 
     ``rule_out_long`` (pack with --overflow drop or error, local engine) drops records that certainly
     exceed --max-len before tokenizing them (see packcli.bounds).
+
+    ``fill_cache`` False (a dry run) uses an entry found but writes nothing into the cache: a store
+    made now is scratch, and the inputs' hashes are not remembered.
+
+    The key is of contents, never of paths: the inputs' content hashes in order, with the reader and
+    record format each was read with, and the tokenization options. An input that changes while it is
+    read (its stamp or its hash differ from those taken before) stops the run, and nothing is stored.
+    While the store is in use, the entry's lock is held (``packcli.cachedir``), so no prune removes it.
     """
     progress = progress or no_progress
+    if config.chat_template is not None and builtin_name(config.chat_template) is None:
+        read_chat_template(config.chat_template)  # an empty or unreadable template: before any input is read
     sources = resolve_inputs(list(config.inputs), config.split)
+    before = stamps(sources)  # before the format is sniffed and the contents hashed
     formats: dict[str, str | None] = {}
     for source in sources:
         seen: list[str] = []
@@ -134,6 +161,7 @@ def tokenized_inputs(
     )
     cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     memo = cache_root / HASH_MEMO if config.cache else None
+    remember = fill_cache
     # An engine may hash the input files elsewhere (the Ray engine: in tasks, not on the driver; nor
     # does it count records there).
     hashed = getattr(load_engine(config), "hash_files", None)
@@ -144,9 +172,9 @@ def tokenized_inputs(
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-inputs") as ahead:
         if hashed is not None:
             known = hashed(config, files_to_hash(sources, memo))
-            fingerprints = [fingerprint(s, memo, known) for s in sources]
+            fingerprints = [fingerprint(s, memo, known, remember) for s in sources]
         elif config.cache:
-            fingerprints = [fingerprint(s, memo) for s in sources]  # the cache key needs them first
+            fingerprints = [fingerprint(s, memo, None, remember) for s in sources]  # the key needs them first
         else:
             hashing = ahead.submit(lambda: [fingerprint(s, None) for s in sources])
         tokenizer_key = tokenizer_fingerprint(config.tokenizer, config.chat_template)
@@ -164,12 +192,18 @@ def tokenized_inputs(
         tokenizer_key = encoder.identity()["sha256"] + encoder.identity()["chat_template_sha256"]
     key = cache_key(
         {
-            "sources": [[s.display, s.kind, f] for s, f in zip(sources, fingerprints, strict=True)],
-            "formats": formats,
+            # Each input by its content, in order (sample_index follows it), with the reader its file type
+            # chose and the record format found: never its path, so that any spelling of a path, a copy,
+            # stdin or a preset run from elsewhere finds the same entry.
+            "inputs": [
+                [s.kind, s.compression, formats[s.display], f] for s, f in zip(sources, fingerprints, strict=True)
+            ],
             "fields": config.fields,
             # --limit N reads the first N records only (absent without it: earlier keys stay valid).
             **({"limit": config.limit} if config.limit is not None else {}),
             "tokenizer": tokenizer_key,  # the files of the tokenizer and template, hashed
+            # A template file, or none given (the tokenizer's own, else the default): never the same key.
+            "template": "file" if config.chat_template is not None else "none given",
             # The rest of the tokenization options: they decide tokens and labels; no other option does.
             "tokenization": {
                 k: v for k, v in config.group("tokenization").items() if k not in ("tokenizer", "chat_template")
@@ -184,31 +218,55 @@ def tokenized_inputs(
     limit = config.max_len if rule_out_long else None
     checker = getattr(load_engine(config), "digest_checker", None)  # who hashes a found entry's token files
     check = checker(config) if checker else None
-    store, state, warnings = _cached_store(cache_root / key, limit, check) if config.cache else (None, "off", [])
-    if store is None and any(s.kind == "hub" for s in sources) and not hub_reachable():
-        warnings.extend(
-            f"{s.display}: the Hugging Face Hub cannot be reached; read from the local Hugging Face cache"
-            for s in sources
-            if s.kind == "hub"
-        )
+    entry = cache_root / key
     with contextlib.ExitStack() as stack:
-        if store is None:
+        if config.cache and (fill_cache or entry.exists()):
+            lock = EntryLock(cache_root, key)
+            if lock.acquire():  # held while the entry is in use: no prune removes it
+                stack.callback(lock.release)
+        store, state, warnings = _cached_store(entry, limit, check) if config.cache else (None, "off", [])
+        if store is None and any(s.kind == "hub" for s in sources) and not hub_reachable():
+            warnings.extend(
+                f"{s.display}: the Hugging Face Hub cannot be reached; read from the local Hugging Face cache"
+                for s in sources
+                if s.kind == "hub"
+            )
+        if store is not None:
+            if fill_cache:
+                touch(entry)  # its last use, for pruning by age
+            _as_this_run(store, sources, config)
+        else:
             if encoder is None:
                 encoder = Encoder(config.tokenizer, config.chat_template, ingest.encode_options(config))
-            if config.cache:
-                store_path = cache_root / key
+            if config.cache and fill_cache:
+                store_path = entry
             else:
                 tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=".packcli-tokens-", dir=scratch))
                 store_path = Path(tmp) / "tokens"
             raise_if_stopped()
             engine = load_engine(config)
+
+            rehashed = getattr(engine, "rehash_files", None)  # the Ray engine: hashed by tasks, as before
+
+            def unchanged() -> None:
+                known = rehashed(config, files_to_hash(sources)) if rehashed is not None else None
+                moved = changed_input(sources, before, fingerprints, known)
+                if moved is not None:
+                    raise InputError(
+                        f"{moved}: the input changed while it was read (its size, time stamps or contents differ "
+                        "from before the run); nothing was cached or written; run again once it is no longer "
+                        "being written"
+                    )
+
             if rule_out_long:
                 store = engine.tokenize_to_store(
-                    config, sources, formats, encoder, store_path, progress, rule_out_long=True
+                    config, sources, formats, encoder, store_path, progress, rule_out_long=True, before_finish=unchanged
                 )
             else:
-                store = engine.tokenize_to_store(config, sources, formats, encoder, store_path, progress)
-            if not config.cache and hasattr(engine, "discard_store"):
+                store = engine.tokenize_to_store(
+                    config, sources, formats, encoder, store_path, progress, before_finish=unchanged
+                )
+            if not (config.cache and fill_cache) and hasattr(engine, "discard_store"):
                 stack.callback(engine.discard_store, store)  # a scratch store's tokens kept elsewhere
         yield TokenizedInputs(
             store=store,
@@ -220,7 +278,21 @@ def tokenized_inputs(
             pad_id=store.meta["pad_id"],
             warnings=warnings,
             task=task,
+            key=key if config.cache else None,
         )
+
+
+def _as_this_run(store: TokenStore, sources: list[InputSource], config: PackConfig) -> None:
+    """A found entry, made by a run whose inputs, tokenizer or template may have had other paths: its
+    metadata (in memory) names this run's, which the manifest, the rejects file and errors show."""
+    original = [s["path"] for s in store.meta["sources"]]
+    store.meta["sources"] = [{**m, "path": s.display} for m, s in zip(store.meta["sources"], sources, strict=True)]
+    store.meta["original_paths"] = original
+    tokenizer = dict(store.meta["tokenizer"])
+    tokenizer["name"] = config.tokenizer or DEFAULT_TOKENIZER
+    if config.chat_template is not None:
+        tokenizer["chat_template_source"] = str(config.chat_template)
+    store.meta["tokenizer"] = tokenizer
 
 
 def _cached_store(
@@ -249,6 +321,7 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
     progress = progress or no_progress
     started = time.perf_counter()
     forget_streams()  # stdin and FIFOs named by this run are read by this run
+    cap = cache_cap(config)  # a bad $PACKCLI_CACHE_MAX_SIZE is refused before any work
     engine = load_engine(config)
     # A filesystem URI (s3://, gs://, file://) has no rename: shards are written in place and the
     # manifest last, as the marker that the output is complete. Only the Ray engine writes there.
@@ -273,7 +346,8 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
     staged = prepared.staged if prepared else None
     try:
         scratch = staged.tmp if staged else None
-        with tokenized_inputs(config, progress, scratch=scratch, rule_out_long=True) as inputs:
+        fill = not config.dry_run  # a dry run writes nothing, into the cache neither
+        with tokenized_inputs(config, progress, scratch=scratch, rule_out_long=True, fill_cache=fill) as inputs:
             t1 = time.perf_counter()
             config = dataclasses.replace(config, task=inputs.task)  # the manifest records the task found
             seconds = dict(inputs.store.seconds)
@@ -315,6 +389,16 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
             prepared.release()
     if skipped:
         summary["skipped_dirs"] = sorted(set(skipped))
+    if cap is not None and config.cache and not config.dry_run:
+        cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
+        keep = frozenset({inputs.key}) if inputs.key else frozenset()
+        pruned = prune(cache_root, max_size=cap, keep=keep)
+        summary["cache_pruned"] = {
+            "entries": len(pruned["removed"]),
+            "bytes": pruned["bytes_freed"],
+            "bytes_left": pruned["bytes_after"],
+            "max_size": cap,
+        }
     summary["seconds"] = {
         "tokenize": round(t1 - started, 3),
         "plan": round(t2 - t1, 3),
@@ -324,6 +408,17 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
     summary["stage_seconds"] = _stage_seconds(seconds, t1 - started, t2 - t1, t3 - t2)
     summary["tokens_per_second"] = round(summary["tokens"] / max(t3 - started, 1e-9))
     return summary
+
+
+CACHE_MAX_SIZE_ENV = "PACKCLI_CACHE_MAX_SIZE"
+
+
+def cache_cap(config: PackConfig) -> int | None:
+    """The most bytes the cache may hold after a pack: --cache-max-size, else $PACKCLI_CACHE_MAX_SIZE."""
+    if config.cache_max_size is not None:
+        return parse_size(config.cache_max_size, "--cache-max-size")
+    value = os.environ.get(CACHE_MAX_SIZE_ENV)
+    return parse_size(value, f"${CACHE_MAX_SIZE_ENV}") if value else None
 
 
 def _stage_seconds(made: dict[str, float], until_plan: float, plan: float, write: float) -> dict[str, float]:
@@ -444,9 +539,10 @@ def _write_rejects(
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "w", encoding="utf-8") as out:
+            renamed = store.meta.get("original_paths", []) != [s["path"] for s in store.meta["sources"]]
             with open(store.path / "rejects.jsonl", encoding="utf-8") as early:
                 for line in early:
-                    out.write(line)
+                    out.write(_this_runs_source(line, store) if renamed else line)
             raws = _records_at(sources, [p[0] for p in planned], limit)
             for index, reason, r in planned:
                 source, _ = plan_module.source_of(store, index)
@@ -465,13 +561,15 @@ def _write_rejects(
 
 
 def _write_fix_log(path: Path, store: TokenStore) -> None:
-    """Copy the token store's list of the records --fix-turns changed to ``path``, atomically."""
+    """Copy the token store's list of the records --fix-turns changed to ``path``, atomically; from a
+    found cache entry made from other paths, each line names the input as this run names it."""
     tmp = path.with_name(safety.staging_prefix(path.name) + "fixes")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(store.path / ingest.TURN_FIXES, "rb") as src, open(tmp, "wb") as out:
-            while chunk := src.read(1 << 20):
-                out.write(chunk)
+        renamed = store.meta.get("original_paths", []) != [s["path"] for s in store.meta["sources"]]
+        with open(store.path / ingest.TURN_FIXES, encoding="utf-8") as src, open(tmp, "w", encoding="utf-8") as out:
+            for line in src:
+                out.write(_this_runs_source(line, store) if renamed else line)
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
@@ -479,6 +577,18 @@ def _write_fix_log(path: Path, store: TokenStore) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _this_runs_source(line: str, store: TokenStore) -> str:
+    """A rejects or fix-log line of a found cache entry, naming the input as this run names it."""
+    entry = json.loads(line)
+    entry["source"], _ = plan_module.source_of(store, int(entry["sample_index"]))
+    text = json.dumps(entry, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: kept escaped, as it was
+        text = json.dumps(entry)
+    return text + "\n"
 
 
 def _records_at(sources: list[InputSource], wanted: list[int], limit: int | None) -> dict[int, tuple[Any, bool]]:

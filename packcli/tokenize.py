@@ -62,16 +62,20 @@ def tokenizer_fingerprint(name: str | None, chat_template_file: str | None) -> s
         if path.is_file() and path.suffix in (".json", ".jinja", ".model", ".txt", ".tiktoken"):
             h.update(path.name.encode() + b"\0")
             h.update(path.read_bytes())
-    h.update(b"template\0")
-    if chat_template_file is not None and builtin_name(chat_template_file) is not None:
-        h.update(b"packcli:" + chat_template_file.encode() + b"\0")
+    # The template's source is keyed as well as its text: one of packcli's (named), a file (whatever its
+    # text), or none given (the tokenizer's own, in the files above, else one of packcli's: its files decide).
+    builtin = builtin_name(chat_template_file)
+    if builtin is not None:
+        h.update(b"packcli template\0" + builtin.encode() + b"\0" + builtin_template(builtin).encode())
     elif chat_template_file is not None:
         try:
-            h.update(Path(chat_template_file).read_bytes())
-        except OSError:
+            h.update(b"template file\0" + read_chat_template(chat_template_file).encode())
+        except TokenizerError:
             return None  # the Encoder reports it
-    for name in BUILTIN_TEMPLATES:  # a tokenizer without a template gets one of them (its files decide which)
-        h.update(builtin_template(name).encode())
+    else:
+        h.update(b"no template given\0")
+        for builtin in BUILTIN_TEMPLATES:
+            h.update(builtin_template(builtin).encode())
     return h.hexdigest()
 
 
@@ -100,6 +104,19 @@ def chatml_template() -> str:
     """Return packcli's ChatML template (with generation blocks): ``--chat-template chatml``, and the
     template of a tokenizer that has neither a chat template nor the default tokenizer's markers."""
     return builtin_template("chatml")
+
+
+def read_chat_template(path: str) -> str:
+    """Return the text of a chat template file; one that cannot be read, or is empty, is an error."""
+    try:
+        template = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TokenizerError(f"{path}: cannot read the chat template ({exc})") from exc
+    if not template.strip():
+        raise TokenizerError(
+            f"{path}: the chat template file is empty; give a Jinja chat template, or leave --chat-template out"
+        )
+    return template
 
 
 def load_tokenizer(name: str | None) -> Any:
@@ -192,10 +209,7 @@ class Encoder:
             template, self.template_name, self.template_origin = builtin_template(name), name, "packcli"
             source = f"packcli template '{name}'"
         elif chat_template_file is not None:
-            try:
-                template = Path(chat_template_file).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                raise TokenizerError(f"{chat_template_file}: cannot read the chat template ({exc})") from exc
+            template = read_chat_template(chat_template_file)
             source = self.template_name = str(chat_template_file)
             self.template_origin = "file"
         else:

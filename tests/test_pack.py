@@ -398,8 +398,11 @@ def test_every_command_and_flag_is_documented() -> None:
 
     from packcli.cli import app
 
-    commands = get_command(app).commands  # type: ignore[attr-defined]
-    assert set(commands) == {"pack", "stats", "inspect", "verify"}
+    commands = dict(get_command(app).commands)  # type: ignore[attr-defined]
+    assert set(commands) == {"pack", "stats", "inspect", "verify", "cache"}
+    group = commands.pop("cache")
+    commands |= {f"cache {name}": command for name, command in group.commands.items()}  # type: ignore[attr-defined]
+    assert {"cache ls", "cache prune"} <= set(commands)
     for name, command in commands.items():
         assert f"packcli {name}" in readme, f"packcli {name} is not in README.md"
         for param in command.params:
@@ -409,10 +412,13 @@ def test_every_command_and_flag_is_documented() -> None:
                     assert opt in (readme if name == "pack" else docs), f"{name} {opt} is not documented"
 
 
-def test_input_hash_memo_follows_the_file(tmp_path: Path) -> None:
+def test_input_hash_memo_follows_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
+    from packcli import sources
     from packcli.sources import InputSource, fingerprint
+
+    monkeypatch.setattr(sources, "RACY_NS", -(10**18))  # remember the file just written (see test_cache)
 
     data = tmp_path / "d.jsonl"
     data.write_text('{"text": "a"}\n')

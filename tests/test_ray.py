@@ -156,7 +156,7 @@ def test_ray_engine_writes_what_the_local_engine_writes(cluster: Any, corpus: Pa
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
         assert getattr(a, name).dtype == getattr(b, name).dtype
     assert len(a.meta["segments"]) == 1 and len(b.meta["segments"]) > 10
-    segments = ("segments", "files", "meta_sha256")
+    segments = ("segments", "files", "meta_sha256", "made")  # made: when, by which packcli
     assert {k: v for k, v in a.meta.items() if k not in segments} == {
         k: v for k, v in b.meta.items() if k not in segments
     }

@@ -168,6 +168,7 @@ def _usage_error(exc: Exception) -> str | None:
 
 
 def _register() -> None:
+    import packcli.cli.cache as cache
     import packcli.cli.pack as pack
     import packcli.cli.report as report
     from packcli.cli.options import PACK_PANELS, place
@@ -176,6 +177,12 @@ def _register() -> None:
     app.command("stats", cls=Command)(handle_errors(place(report.stats, report.STATS_PANELS)))
     for name, command in (("inspect", report.inspect), ("verify", report.verify)):
         app.command(name, cls=Command)(handle_errors(command))
+    cache_app = typer.Typer(
+        name="cache", help="See and prune the tokenization cache.", no_args_is_help=True, rich_markup_mode="markdown"
+    )
+    cache_app.command("ls", cls=Command)(handle_errors(cache.ls))
+    cache_app.command("prune", cls=Command)(handle_errors(cache.prune))
+    app.add_typer(cache_app)
 
 
 _register()

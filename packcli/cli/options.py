@@ -275,6 +275,7 @@ PACK_PANELS: dict[str, tuple[str, str | None]] = {
     "rejects": (OUTPUT, "FILE"),
     "fix_turns_log": (OUTPUT, "FILE"),
     "dry_run": (OUTPUT, None),
+    "cache_max_size": (RUN, "SIZE"),
     "engine": (RUN, choices("engine")),
     "ray_address": (RUN, "ADDRESS"),
 }

@@ -138,6 +138,15 @@ def pack(
     num_proc: NumProcOption = None,
     cache_dir: CacheDirOption = None,
     no_cache: NoCacheOption = False,
+    cache_max_size: Annotated[
+        str | None,
+        typer.Option(
+            "--cache-max-size",
+            help="After the run, prune the least recently used cache entries down to this size (e.g. 10GB); "
+            "never the entry this run used.",
+            show_default="$PACKCLI_CACHE_MAX_SIZE, else no limit",
+        ),
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and print the summary; write nothing.")] = False,
     engine: Annotated[str, typer.Option(help="Where tokenizing and writing run: local or ray.")] = "local",
     ray_address: Annotated[
@@ -186,6 +195,7 @@ def pack(
         "loss_weighting": loss_weighting,
         "overwrite": overwrite,
         "cache_dir": cache_dir,
+        "cache_max_size": cache_max_size,
         "dry_run": dry_run,
         "engine": engine,
         "ray_address": ray_address,

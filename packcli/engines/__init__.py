@@ -6,6 +6,7 @@ The run (``packcli.pipeline``) calls an engine; an engine calls the stages (``in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,6 +31,7 @@ class Engine(Protocol):
         store_path: Path,
         progress: Progress,
         rule_out_long: bool = False,
+        before_finish: Callable[[], None] | None = None,
     ) -> TokenStore:
         """Tokenize every record into a store at ``store_path`` (see ``ingest.tokenize_to_store``)."""
         ...
@@ -61,10 +63,20 @@ class LocalEngine:
         store_path: Path,
         progress: Progress,
         rule_out_long: bool = False,
+        before_finish: Callable[[], None] | None = None,
     ) -> TokenStore:
         from packcli.ingest import tokenize_to_store
 
-        return tokenize_to_store(config, sources, formats, encoder, store_path, progress, rule_out_long=rule_out_long)
+        return tokenize_to_store(
+            config,
+            sources,
+            formats,
+            encoder,
+            store_path,
+            progress,
+            rule_out_long=rule_out_long,
+            before_finish=before_finish,
+        )
 
     def write_output(
         self, config: PackConfig, store: TokenStore, plan: Plan, staged: Path | None, progress: Progress, pad_id: int

@@ -317,12 +317,17 @@ def _hash_token_file(path: str) -> bytes:
     return _pickled(file_digest(Path(path)))
 
 
-def hash_files(config: PackConfig, files: list[str]) -> dict[str, str]:
-    """The inputs' content hashes (for the cache key and the manifest), computed by tasks, one a file."""
+def hash_files(config: PackConfig, files: list[str], cpus: float = 1) -> dict[str, str]:
+    """The inputs' content hashes (for the cache key and the manifest), computed by tasks, one a file.
+
+    ``cpus`` 0: tasks that need no free CPU, for the check after the read, while the tokenizer actors
+    (kept warm for the shards) still hold every CPU of the cluster.
+    """
     if not files:
         return {}
     ensure_ray(config)
-    refs = [_hash_input.remote(f) for f in files]
+    task = _hash_input if cpus == 1 else _hash_input.options(num_cpus=cpus)
+    refs = [task.remote(f) for f in files]
     return {f: _fetch(ref) for f, ref in zip(files, refs, strict=True)}
 
 
@@ -541,6 +546,7 @@ def tokenize_to_store(
     encoder: Encoder,
     store_path: Path,
     progress: Progress,
+    before_finish: Callable[[], None] | None = None,
 ) -> TokenStore:
     """Tokenize every record of the sources on Ray into a token store at ``store_path``.
 
@@ -554,7 +560,9 @@ def tokenize_to_store(
     remote = ClusterTokenizing(config, sources, formats, encoder, store_path)
     remote.began = began
     try:
-        return ingest.tokenize_to_store(config, sources, formats, encoder, store_path, progress, remote=remote)
+        return ingest.tokenize_to_store(
+            config, sources, formats, encoder, store_path, progress, remote=remote, before_finish=before_finish
+        )
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             remote.pending.clear()  # stopping on request: at once, not after the running parts
@@ -693,9 +701,10 @@ class RayEngine:
         store_path: Path,
         progress: Progress,
         rule_out_long: bool = False,
+        before_finish: Callable[[], None] | None = None,
     ) -> TokenStore:
         # The early too-long rule needs the driver's renderer in every actor; the Ray engine tokenizes all.
-        return tokenize_to_store(config, sources, formats, encoder, store_path, progress)
+        return tokenize_to_store(config, sources, formats, encoder, store_path, progress, before_finish)
 
     def write_output(
         self, config: PackConfig, store: TokenStore, plan: Plan, staged: Path | None, progress: Progress, pad_id: int
@@ -704,6 +713,9 @@ class RayEngine:
 
     def hash_files(self, config: PackConfig, files: list[str]) -> dict[str, str]:
         return hash_files(config, files)
+
+    def rehash_files(self, config: PackConfig, files: list[str]) -> dict[str, str]:
+        return hash_files(config, files, cpus=0)
 
     def digest_checker(self, config: PackConfig) -> Callable[[str, dict[str, Any]], None]:
         return functools.partial(check_digests, config)

