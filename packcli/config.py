@@ -11,12 +11,11 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from packcli.errors import UsageError, too_many_digits
 from packcli.formats import DEFAULT_FIELDS, FORMATS, RESERVED_TEMPLATE_KWARGS
