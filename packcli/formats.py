@@ -318,21 +318,10 @@ class _Turns:
 
 # Role names of other tools and exports that name one chat role unambiguously (``--fix-turns`` renames
 # them in message lists; ShareGPT speakers are always mapped, by SHAREGPT_ROLES). Matched case-insensitively.
-ROLE_ALIASES: dict[str, str] = {
-    "system": "system",
-    "human": "user",
-    "user": "user",
-    "prompter": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "chatgpt": "assistant",
-    "model": "assistant",
-    "bot": "assistant",
-    "ai": "assistant",
-    "tool": "tool",
-    "function": "tool",
-    "observation": "tool",
-}
+# Left out: speakers only ShareGPT exports use, and roles templates know by their own name (Llama 3's
+# "ipython" is its tool role; "function_call" and "function_response" are parts of a turn elsewhere).
+_NOT_ALIASES = ("bing", "bard", "function_call", "function_response", "ipython")
+ROLE_ALIASES: dict[str, str] = {name: role for name, role in SHAREGPT_ROLES.items() if name not in _NOT_ALIASES}
 # Per-message training marks: "train" (true/false), and axolotl's "weight" (1/0).
 TRAIN_KEYS = ("train", "weight")
 

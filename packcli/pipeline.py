@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from packcli import __version__, accounting, ingest, preference, safety, staging, worker
 from packcli import plan as plan_module
@@ -533,52 +533,52 @@ def _write_rejects(
     only: their records are read again from the inputs, so that every entry has the same keys (see
     ``worker.reject``); a dropped piece is named by its ``piece_index`` beside its whole record.
     """
-    # A hidden name of this run's own, never a name a user file may have (FILE.tmp was).
-    tmp = path.with_name(safety.staging_prefix(path.name) + "rejects")
     planned = sorted(
         (int(store.sample_index[r]), reason, int(r)) for reason, rows in plan.drop_rows.items() for r in rows.tolist()
     )
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as out:
-            renamed = store.meta.get("original_paths", []) != [s["path"] for s in store.meta["sources"]]
-            with open(store.path / "rejects.jsonl", encoding="utf-8") as early:
-                for line in early:
-                    out.write(_this_runs_source(line, store) if renamed else line)
-            raws = _records_at(sources, [p[0] for p in planned], limit)
-            for index, reason, r in planned:
-                source, _ = plan_module.source_of(store, index)
-                err = RecordError(reason, f"{int(store.lengths[r])} tokens")
-                raw, raw_lines = raws[index]
-                position, piece = int(store.positions[r]), int(store.piece_index[r])
-                entry = worker.reject(index, source, position, err, raw, raw_lines, piece_index=piece)
-                out.write(json.dumps(entry, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise OutputError(f"{path}: cannot write the rejects file ({exc.strerror or exc})") from exc
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with _lines_file(path, "rejects", "the rejects file") as out:
+        _copy_store_lines(store, store.path / "rejects.jsonl", out)
+        raws = _records_at(sources, [p[0] for p in planned], limit)
+        for index, reason, r in planned:
+            source, _ = plan_module.source_of(store, index)
+            err = RecordError(reason, f"{int(store.lengths[r])} tokens")
+            raw, raw_lines = raws[index]
+            position, piece = int(store.positions[r]), int(store.piece_index[r])
+            entry = worker.reject(index, source, position, err, raw, raw_lines, piece_index=piece)
+            out.write(json.dumps(entry, ensure_ascii=False) + "\n")
 
 
 def _write_fix_log(path: Path, store: TokenStore) -> None:
-    """Copy the token store's list of the records --fix-turns changed to ``path``, atomically; from a
-    found cache entry made from other paths, each line names the input as this run names it."""
-    tmp = path.with_name(safety.staging_prefix(path.name) + "fixes")
+    """Copy the token store's list of the records --fix-turns changed to ``path``, atomically."""
+    with _lines_file(path, "fixes", "the --fix-turns-log file") as out:
+        _copy_store_lines(store, store.path / ingest.TURN_FIXES, out)
+
+
+@contextlib.contextmanager
+def _lines_file(path: Path, suffix: str, what: str) -> Iterator[TextIO]:
+    """Yield a text file that replaces ``path`` when the block ends; removed, and ``path`` untouched, on failure."""
+    # A hidden name of this run's own, never a name a user file may have (FILE.tmp was).
+    tmp = path.with_name(safety.staging_prefix(path.name) + suffix)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        renamed = store.meta.get("original_paths", []) != [s["path"] for s in store.meta["sources"]]
-        with open(store.path / ingest.TURN_FIXES, encoding="utf-8") as src, open(tmp, "w", encoding="utf-8") as out:
-            for line in src:
-                out.write(_this_runs_source(line, store) if renamed else line)
+        with open(tmp, "w", encoding="utf-8") as out:
+            yield out
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise OutputError(f"{path}: cannot write the --fix-turns-log file ({exc.strerror or exc})") from exc
+        raise OutputError(f"{path}: cannot write {what} ({exc.strerror or exc})") from exc
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _copy_store_lines(store: TokenStore, lines: Path, out: TextIO) -> None:
+    """Copy a JSON lines file of the token store; from a found cache entry made from other paths, each
+    line names the input as this run names it."""
+    renamed = store.meta.get("original_paths", []) != [s["path"] for s in store.meta["sources"]]
+    with open(lines, encoding="utf-8") as src:
+        for line in src:
+            out.write(_this_runs_source(line, store) if renamed else line)
 
 
 def _this_runs_source(line: str, store: TokenStore) -> str:
