@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from typer import rich_utils
 from typer.main import get_command
 from typer.testing import CliRunner
 
@@ -41,8 +42,15 @@ def render_help(path: list[str]) -> str:
     """``packcli PATH --help`` as a user sees it in a terminal WIDTH columns wide, without colour."""
     from packcli.cli import app
 
-    runner = CliRunner(env={"COLUMNS": str(WIDTH), "TERM": "dumb", "NO_COLOR": "1", "FORCE_COLOR": None})
-    result = runner.invoke(app, [*path, "--help"], prog_name="packcli", color=False)
+    # typer reads TERMINAL_WIDTH, GITHUB_ACTIONS, FORCE_COLOR and PY_COLORS once, at import: undo what they set.
+    saved = {name: getattr(rich_utils, name) for name in ("MAX_WIDTH", "FORCE_TERMINAL", "COLOR_SYSTEM")}
+    rich_utils.MAX_WIDTH, rich_utils.FORCE_TERMINAL, rich_utils.COLOR_SYSTEM = None, False, None
+    try:
+        runner = CliRunner(env={"COLUMNS": str(WIDTH), "TERM": "dumb", "NO_COLOR": "1", "FORCE_COLOR": None})
+        result = runner.invoke(app, [*path, "--help"], prog_name="packcli", color=False)
+    finally:
+        for name, value in saved.items():
+            setattr(rich_utils, name, value)
     if result.exit_code != 0:
         raise RuntimeError(f"packcli {' '.join(path)} --help exited {result.exit_code}: {result.output}")
     lines = [line.rstrip() for line in result.output.splitlines()]
