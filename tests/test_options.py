@@ -60,6 +60,7 @@ WRONG: dict[str, tuple[Any, Any]] = {
     "num_proc": ("4", 0),
     "cache": ("false", None),
     "cache_dir": (3, ""),
+    "cache_max_size": (10, "10XB"),
     "rejects": (3, ""),
     "fix_turns": ("true", None),
     "fix_turns_log": (3, ""),
@@ -71,6 +72,7 @@ WRONG: dict[str, tuple[Any, Any]] = {
 # Where the message does not start with the option's name, what it starts with.
 STARTS = {
     ("fields", 1): r"unknown field name\(s\) mesages \(did you mean messages\?\)",
+    ("cache_max_size", 1): r"cache_max_size takes a size such as 500MB, 10GB or 2GiB, not '10XB'",
     ("template_kwargs", 1): r"template keyword argument 'continue_final_message' leaves the last message open",
 }
 CASES = [
