@@ -7,7 +7,18 @@ packcli (and ``packcli --help``) stays fast.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the lazy loading below returns, for type checkers
+    from packcli.api import PackResult, inspect_row, pack, stats, verify
+    from packcli.errors import (
+        IncompatibleError,
+        InputError,
+        OutputError,
+        PackcliError,
+        TokenizerError,
+        UsageError,
+    )
 
 __version__ = "0.3.0"
 

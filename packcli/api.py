@@ -24,11 +24,15 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packcli.contract import Progress
 from packcli.errors import PackcliError, UsageError, reset_stop
 from packcli.shard_formats import format_of, read_shard
+
+if TYPE_CHECKING:
+    from packcli.report.inspect import InspectedRow
+    from packcli.report.verify import VerifyReport
 
 
 @dataclass(frozen=True)
@@ -184,7 +188,7 @@ def stats(
     return result
 
 
-def verify(directory: str | os.PathLike[str]) -> Any:
+def verify(directory: str | os.PathLike[str]) -> VerifyReport:
     """Check a packed output against its manifest and the output contract; return the report.
 
     The report's ``problems`` is empty when everything holds (``report.ok``).
@@ -203,7 +207,7 @@ def inspect_row(
     sample_index: int | None = None,
     tokenizer: str | os.PathLike[str] | None = None,
     max_tokens: int | None = None,
-) -> Any:
+) -> InspectedRow:
     """Decode one packed row (by row number, or the row that holds ``sample_index``) into its samples.
 
     With ``max_tokens``, only the first ``max_tokens`` tokens of each sample are decoded into text.
@@ -436,7 +440,11 @@ def api_terms(message: str, names: Mapping[str, str] | None = None) -> str:
     renamed = _OUTPUT_FLAG_RE.sub("output", renamed)
     for path, words in (names or {}).items():
         at_line = re.compile(re.escape(path) + r" line (\d+)")
-        renamed = at_line.sub(lambda m, w=words: f"{w}, index {int(m.group(1)) - 1}", renamed).replace(path, words)
+
+        def at_index(m: re.Match[str], w: str = words) -> str:
+            return f"{w}, index {int(m.group(1)) - 1}"
+
+        renamed = at_line.sub(at_index, renamed).replace(path, words)
     return renamed
 
 

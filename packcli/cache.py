@@ -194,24 +194,25 @@ class TokenReader:
         self.prefixes = [s["prefix"] for s in segments]
         self.seg_starts = np.zeros(len(segments) + 1, dtype=np.int64)
         np.cumsum([int(s["tokens"]) for s in segments], out=self.seg_starts[1:])
-        self._open: dict[int, tuple[Any, Any]] = {}
+        self._open: dict[int, tuple[Any, ...]] = {}
         self._fs: Any = None
         if is_uri(self.root):
             from pyarrow import fs as pafs
 
             self._fs, self._base = pafs.FileSystem.from_uri(self.root)
 
-    def _files(self, seg: int) -> tuple[Any, Any]:
+    def _files(self, seg: int) -> tuple[Any, ...]:
         if seg not in self._open:
             names = segment_files(self.prefixes[seg])
             if self._fs is None:
-                self._open[seg] = tuple(open(os.path.join(self.root, n), "rb") for n in names)  # type: ignore[assignment]  # noqa: SIM115
+                self._open[seg] = tuple(open(os.path.join(self.root, n), "rb") for n in names)  # noqa: SIM115
             else:
-                self._open[seg] = tuple(self._fs.open_input_file(f"{self._base.rstrip('/')}/{n}") for n in names)  # type: ignore[assignment]
+                self._open[seg] = tuple(self._fs.open_input_file(f"{self._base.rstrip('/')}/{n}") for n in names)
         return self._open[seg]
 
     def _read(self, fh: Any, out: np.ndarray, offset: int) -> bool:
-        view = memoryview(out).cast("B")
+        # numpy's stubs give ndarray __buffer__ only for Python 3.12+, though it has the buffer protocol.
+        view = memoryview(out).cast("B")  # type: ignore[arg-type]
         if self._fs is None:
             return os.preadv(fh.fileno(), [view], offset) == len(view)
         data = fh.read_at(len(view), offset)
@@ -379,7 +380,8 @@ class TokenStoreWriter:
             }
             if self._roles:
                 arrays["sample_role"] = np.concatenate(self._roles)
-            np.savez(self.tmp / "samples.npz", **arrays)
+            # numpy's stub types **kwds so that an array could land on its allow_pickle: bool parameter.
+            np.savez(self.tmp / "samples.npz", **arrays)  # type: ignore[arg-type]
             if self._segments:  # the tokens are in segments written elsewhere: no local token files
                 for name in TOKEN_FILES:
                     (self.tmp / name).unlink()

@@ -54,7 +54,8 @@ class ChatTemplate:
         from transformers.utils.chat_template_utils import render_jinja_template
 
         try:
-            rendered, indices = render_jinja_template(
+            # transformers annotates -> str; it returns (rendered conversations, generation indices).
+            out: tuple[list[str], list[list[tuple[int, int]]]] = render_jinja_template(  # type: ignore[assignment]
                 conversations=[messages],
                 tools=tools,
                 chat_template=self.template,
@@ -67,6 +68,7 @@ class ChatTemplate:
         except Exception as exc:  # a template may raise anything (raise_exception, TypeError, ...)
             first = first_line(exc)
             raise RecordError("template_error", f"the chat template raised: {first}") from exc
+        rendered, indices = out
         return rendered[0], (indices[0] if spans else [])
 
     def renderer(self, tools: list[Any] | None, kwargs: dict[str, Any]) -> Render:

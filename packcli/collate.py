@@ -145,8 +145,10 @@ class PackedCollator:
         labels = torch.cat([r.labels for r in parsed])
         positions = torch.cat([r.position_ids for r in parsed])
         lengths = torch.cat([r.seq_lengths for r in parsed])
-        unpadded = torch.cat([r.unpadded for r in parsed]) if parsed[0].unpadded is not None else None
-        weights = torch.cat([r.weights for r in parsed]) if parsed[0].weights is not None else None
+        # Every row has these columns or none has (checked in __call__).
+        has_unpadded, has_weights = parsed[0].unpadded is not None, parsed[0].weights is not None
+        unpadded = torch.cat([r.unpadded for r in parsed if r.unpadded is not None]) if has_unpadded else None
+        weights = torch.cat([r.weights for r in parsed if r.weights is not None]) if has_weights else None
         pad = self._round(len(ids)) - len(ids)
         if pad:
             ids = torch.cat([ids, torch.full((pad,), self.pad_token_id, dtype=torch.long)])
@@ -188,7 +190,7 @@ class PackedCollator:
             labels[k, :n] = r.labels
             positions[k, :n] = r.position_ids
             positions[k, n:] -= n  # the padding counts from 0 again: a segment of its own
-            if weights is not None:
+            if weights is not None and r.weights is not None:  # every row has them or none (see __call__)
                 weights[k, :n] = r.weights
         out = {"input_ids": ids, "labels": labels, "position_ids": positions}
         if weights is not None:

@@ -63,7 +63,7 @@ class Segments:
     def num_pairs(self) -> int:
         return len(self.chosen)
 
-    def last_token(self) -> torch.Tensor:
+    def last_token(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Return each sample's last token as (row, column) index tensors, e.g. for a reward head."""
         return self.row, self.start + self.length - 1
 
@@ -110,7 +110,11 @@ class PreferenceCollator:
         width = batch["input_ids"].shape[1]
         flat = self.packed.mode == "flatten"
         token_segment = torch.full((1 if flat else len(rows), width), -1, dtype=torch.long)
-        rows_of, starts, lengths, indices, roles = [], [], [], [], []
+        rows_of: list[int] = []
+        starts: list[int] = []
+        lengths: list[int] = []
+        indices: list[int] = []
+        roles: list[int] = []
         offset = 0
         for k, row in enumerate(rows):
             for name in ("seq_lengths", "sample_index", "sample_role"):

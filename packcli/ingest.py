@@ -6,7 +6,7 @@ import contextlib
 import json
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -106,12 +106,13 @@ def tokenize_to_store(
     ruled_out_bytes = config.max_len * token_bytes if token_bytes else None
     where, fix = _store_where_fix(config, store_path)
     writer = TokenStoreWriter(store_path, fix, where)
+    assert writer.tmp is not None  # set by the writer, or it raised
     counts: Counter[str] = Counter()
     left_out: Counter[str] = Counter()
     turns_fixed: Counter[str] = Counter()
     empty_answers = 0
     left_out_tokens: Counter[str] = Counter()
-    clock: Counter[str] = Counter()  # seconds by stage (see TokenStore.seconds)
+    clock: defaultdict[str, float] = defaultdict(float)  # seconds by stage (see TokenStore.seconds)
     began = time.perf_counter()
     records = 0
     records_split = pieces = 0
@@ -158,9 +159,10 @@ def tokenize_to_store(
                             "raise --max-len or pass --overflow split, truncate or drop"
                         )
                     if reject["reason"] not in POLICY_DROPS and config.on_error == "fail":
-                        where = worker.where(reject["source"], reject["unit"], reject["position"])
+                        where_record = worker.where(reject["source"], reject["unit"], reject["position"])
                         raise InputError(
-                            f"{where}: {reject['detail']}; fix the record, or pass --on-error skip to skip bad records"
+                            f"{where_record}: {reject['detail']}; "
+                            "fix the record, or pass --on-error skip to skip bad records"
                         )
                     counts[reject["reason"]] += 1
                     _write_line(rejects_file, json.dumps(reject, ensure_ascii=False), where, fix)
@@ -250,7 +252,7 @@ def tokenize_to_store(
         encoder.long_text_bytes = None
 
 
-def _timed(items: Iterator[Any], clock: Counter[str], key: str) -> Iterator[Any]:
+def _timed(items: Iterator[Any], clock: defaultdict[str, float], key: str) -> Iterator[Any]:
     """Yield from ``items``, adding the seconds spent getting each one to ``clock[key]``."""
     while True:
         t = time.perf_counter()

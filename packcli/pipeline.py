@@ -142,6 +142,7 @@ def tokenized_inputs(
     formats: dict[str, str | None] = {}
     for source in sources:
         seen: list[str] = []
+        fmt: str | None
         if config.format != "auto":
             fmt, unparsed = config.format, None
         else:

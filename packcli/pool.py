@@ -6,7 +6,7 @@ import itertools
 import multiprocessing
 import os
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -38,7 +38,7 @@ def _result(future: Future[Any]) -> Any:
             ) from exc
 
 
-def map_ordered(fn: Callable[..., Any], jobs: Iterator[tuple[Any, ...]], num_proc: int) -> Iterator[Any]:
+def map_ordered(fn: Callable[..., Any], jobs: Iterator[tuple[Any, ...]], num_proc: int) -> Generator[Any, None, None]:
     """Run ``fn`` over jobs, in worker processes when num_proc > 1, yielding results in job order.
 
     At most a few batches per worker are in flight, so memory does not grow with the input. When a

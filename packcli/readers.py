@@ -484,6 +484,7 @@ def _read_json_array(stream: _TextStream, pos: int, path: str, batch_size: int) 
             break
         record_no += 1
         fast = _decode_whole(stream, pos)
+        end: int | None
         if fast is not None:  # the common case: the element is whole in the window
             value, end = fast
         else:

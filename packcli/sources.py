@@ -267,7 +267,7 @@ def _files_below(root: Path, skipped: list[str]) -> list[Path]:
     from packcli.cache import is_cache_dir
     from packcli.safety import is_packcli_dir
 
-    files = []
+    files: list[Path] = []
     for directory, dirnames, filenames in os.walk(root):
         here = Path(directory)
         for name in sorted(dirnames):

@@ -150,7 +150,7 @@ def check_compatible(
         _check_task(root, found, task)
     max_id = manifest.get("max_token_id")
     max_id = max_id if isinstance(max_id, int) and not isinstance(max_id, bool) else None
-    recorded = manifest.get("tokenizer") if isinstance(manifest.get("tokenizer"), dict) else {}
+    recorded: dict[str, Any] = manifest["tokenizer"] if isinstance(manifest.get("tokenizer"), dict) else {}
     size = None
     if model is not None:
         size = embedding_size(model)
@@ -229,7 +229,7 @@ def embedding_size(model: Any) -> int:
     n = getattr(embedding, "num_embeddings", None)  # also under ZeRO-3, where the weight is partitioned
     if n is None:
         weight = getattr(embedding, "weight", None)
-        n = weight.shape[0] if getattr(weight, "ndim", 0) == 2 else None
+        n = weight.shape[0] if weight is not None and getattr(weight, "ndim", 0) == 2 else None
     if n is None:
         raise UsageError(
             f"cannot tell the input embedding size of {type(model).__name__}; pass model= that number (an int)"

@@ -120,7 +120,8 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
             if not (batch.raw_lines and raw_line_is_clean(item)):
                 check_sample(sample)
             if "rule_out" in _CONTEXT:
-                rule_out_too_long(sample, *_CONTEXT["rule_out"], render=encoder.chat.text)
+                max_len, token_bytes = _CONTEXT["rule_out"]
+                rule_out_too_long(sample, max_len, token_bytes, render=encoder.chat.text)
             samples.append(sample)
         except RecordError as err:
             if isinstance(err, UnusableRecord):
@@ -141,7 +142,12 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         if isinstance(sample, Sample) and sample.kind == "chat" and isinstance(result, tuple)
     )
     split: SplitRule | None = _CONTEXT.get("split")
-    kept_index, kept_pos, kept_piece, ids, labels, rejects = [], [], [], [], [], []
+    kept_index: list[int] = []
+    kept_pos: list[int] = []
+    kept_piece: list[int] = []
+    ids: list[Any] = []  # each an int32 array of token ids
+    labels: list[Any] = []
+    rejects: list[dict[str, Any]] = []
     roles: list[int] = []
     left_out: Counter[str] = Counter()
     left_out_tokens: Counter[str] = Counter()
@@ -164,8 +170,8 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
             if not pieces.pieces:
                 why = ", ".join(f"{n} {r}" for r, n in sorted(pieces.left_out.items()))
                 detail = f"the sample has {len(result[0])} tokens; no piece of it is kept ({why})"
-                err = RecordError("no_piece_left", detail)
-                rejects.append(reject(index, batch.source, batch.positions[k], err, raws[k], batch.raw_lines))
+                error = RecordError("no_piece_left", detail)
+                rejects.append(reject(index, batch.source, batch.positions[k], error, raws[k], batch.raw_lines))
                 continue
             kept = pieces.pieces
             pieces_made += len(kept)

@@ -54,6 +54,8 @@ def row_group_tables(
     """Yield the planned rows ``rows`` (row ids, in write order) as tables of at most ROW_GROUP_ROWS rows."""
     counts = np.diff(plan.row_start)
     starts = store.starts
+    roles = store.sample_role
+    assert roles is not None  # TokenStore.__post_init__ fills it
     for start in range(0, len(rows), ROW_GROUP_ROWS):
         group = rows[start : start + ROW_GROUP_ROWS]
         samples_per_row = counts[group]
@@ -79,7 +81,7 @@ def row_group_tables(
             pad_multiple=config.pad_multiple,
             pad_offset=config.pad_offset,
             loss_weighting=config.loss_weighting,
-            sample_role=store.sample_role[store_rows] if config.task in ("preference", "kto") else None,
+            sample_role=roles[store_rows] if config.task in ("preference", "kto") else None,
         )
         progress("write", len(group), len(plan.order.order))
         raise_if_stopped()

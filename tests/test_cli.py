@@ -145,9 +145,7 @@ def test_inspect_max_tokens_decodes_the_start_of_each_sample(tmp_path: Path, pac
     assert refused.exit_code == 2 and "--max-tokens must be at least 1" in refused.stderr
 
 
-def test_json_stays_alone_on_stdout_when_a_library_prints_there(
-    tmp_path: Path, pack: Any, monkeypatch: Any
-) -> None:
+def test_json_stays_alone_on_stdout_when_a_library_prints_there(tmp_path: Path, pack: Any, monkeypatch: Any) -> None:
     """--json writes one JSON document on stdout; a line a library prints during the run goes to stderr.
 
     Ray's driver, for one, prints a task's retry notice on stdout while the run goes on.

@@ -36,8 +36,20 @@ def test_every_reject_has_the_same_keys_and_its_record(tmp_path: Path, pack: Any
     rejects = tmp_path / "rejects.jsonl"
     summary = json.loads(
         pack(
-            lines, array, "--max-len", "64", "--world-size", "4", "--on-error", "skip",
-            "--rejects", rejects, "-o", tmp_path / "out", "--json", "-q",
+            lines,
+            array,
+            "--max-len",
+            "64",
+            "--world-size",
+            "4",
+            "--on-error",
+            "skip",
+            "--rejects",
+            rejects,
+            "-o",
+            tmp_path / "out",
+            "--json",
+            "-q",
         ).stdout
     )
     entries = [json.loads(line) for line in rejects.read_text().splitlines()]

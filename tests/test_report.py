@@ -146,8 +146,18 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     common = ["--max-len", MAX_LEN, "--cache-dir", root / "cache", "--num-proc", 1, "--quiet", "--on-error", "skip"]
     invoke("pack", root / "chat.jsonl", "-o", root / "out", "--rows-per-shard", 4, *common)
     invoke(
-        "pack", root / "chat.jsonl", "-o", root / "padded", "--pad-to-max", "--world-size", 4,
-        "--rank-remainder", "pad", "--rows-per-shard", 5, *common,
+        "pack",
+        root / "chat.jsonl",
+        "-o",
+        root / "padded",
+        "--pad-to-max",
+        "--world-size",
+        4,
+        "--rank-remainder",
+        "pad",
+        "--rows-per-shard",
+        5,
+        *common,
     )
     return root
 
@@ -235,8 +245,17 @@ def test_stats_table_goes_to_stdout(workdir: Path) -> None:
 def test_stats_on_raw_input_with_two_max_lens(workdir: Path) -> None:
     result = json.loads(
         invoke(
-            "stats", workdir / "chat.jsonl", "--max-len", f"512,{MAX_LEN}", "--json", "--on-error", "skip",
-            "--cache-dir", workdir / "cache", "--num-proc", 1,
+            "stats",
+            workdir / "chat.jsonl",
+            "--max-len",
+            f"512,{MAX_LEN}",
+            "--json",
+            "--on-error",
+            "skip",
+            "--cache-dir",
+            workdir / "cache",
+            "--num-proc",
+            1,
         ).stdout
     )
     assert set(result) == RAW_KEYS
@@ -260,8 +279,16 @@ def test_stats_on_raw_input_with_two_max_lens(workdir: Path) -> None:
 
 def test_stats_raw_table(workdir: Path) -> None:
     result = invoke(
-        "stats", workdir / "chat.jsonl", "--max-len", "512,1024", "--on-error", "skip",
-        "--cache-dir", workdir / "cache", "--num-proc", 1,
+        "stats",
+        workdir / "chat.jsonl",
+        "--max-len",
+        "512,1024",
+        "--on-error",
+        "skip",
+        "--cache-dir",
+        workdir / "cache",
+        "--num-proc",
+        1,
     )
     assert "what-if per max length" in result.stdout
     assert "sample length (tokens)" in result.stdout
@@ -301,8 +328,18 @@ def test_plot_html_is_self_contained(workdir: Path, tmp_path: Path) -> None:
 def test_plot_of_raw_input(workdir: Path, tmp_path: Path) -> None:
     plot = tmp_path / "raw.html"
     invoke(
-        "stats", workdir / "chat.jsonl", "--max-len", "512,1024", "--on-error", "skip",
-        "--cache-dir", workdir / "cache", "--num-proc", 1, "--plot", plot,
+        "stats",
+        workdir / "chat.jsonl",
+        "--max-len",
+        "512,1024",
+        "--on-error",
+        "skip",
+        "--cache-dir",
+        workdir / "cache",
+        "--num-proc",
+        1,
+        "--plot",
+        plot,
     )
     assert plot.stat().st_size > 0
     assert plot.read_text().count("<svg") == 4

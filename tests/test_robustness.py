@@ -886,10 +886,14 @@ def test_chat_rule_measures_the_very_text_the_encoder_encodes(base_tokenizer: An
         {"messages": [{"role": "user", "content": "\ud800"}, {"role": "assistant", "content": "a"}]},
         {"messages": [{"role": "user", "content": "\udfff x"}, {"role": "assistant", "content": "a"}]},
         # A tools cell given as JSON text whose string holds the escape: it is parsed again by the format.
-        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
-         "tools": json.dumps([{"name": "\ud800"}])},
-        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
-         "tools": [functools.reduce(lambda inner, _: {"a": inner}, range(120), "x")]},
+        {
+            "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+            "tools": json.dumps([{"name": "\ud800"}]),
+        },
+        {
+            "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+            "tools": [functools.reduce(lambda inner, _: {"a": inner}, range(120), "x")],
+        },
     ],
 )
 def test_the_byte_scan_never_passes_a_record_the_full_check_rejects(record: dict[str, Any]) -> None:

@@ -41,6 +41,8 @@ TWIN_RENDERS_OTHERWISE = {"qwen3", "qwen3_5_think", "qwen3_5_nothink", "qwen3_6"
 # The twin moves the next role's marker into the answer, so its tokens differ from the original's.
 TWIN_NOT_COMPARABLE = {"glm4moe"}
 N_CONVERSATIONS = 300
+
+
 def _corpus_module() -> Any:
     path = Path(__file__).parents[1] / "benchmarks" / "make_chat_corpus.py"
     spec = importlib.util.spec_from_file_location("make_chat_corpus", path)
@@ -223,7 +225,6 @@ def test_reasoning_and_tool_calls(name: str, model_tokenizer: tuple[str, Any]) -
         assert text not in trained, f"{name}: {text!r} is trained"
     for run, end in zip(runs, encoder.shape().end_markers * 3, strict=False):
         assert any(run.endswith(m) for m in encoder.shape().end_markers), (name, run[-30:], end)
-
 
 
 # Templates that render tool calls, and small tool-calling conversations in the shapes that datasets hold.

@@ -293,6 +293,7 @@ def place(command: Callable[..., Any], table: dict[str, tuple[str, str | None]])
     """
     signature = inspect.signature(command, eval_str=True)
     rank: dict[str, int] = {}
+    panel: str | None
     for name, param in signature.parameters.items():
         infos = [m for m in getattr(param.annotation, "__metadata__", ()) if isinstance(m, typer.models.OptionInfo)]
         for info in infos:

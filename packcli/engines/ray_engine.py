@@ -411,8 +411,8 @@ class ClusterTokenizing:
                 ray.get(ref)
             except ray.exceptions.RayError as exc:
                 raise _worker_error(exc) from exc
-        ready = time.perf_counter()
-        LAST_RUN.update(startup_seconds=ready - self.began, ready_at=ready, parts=len(parts), actors=n_actors)
+        ready_at = time.perf_counter()
+        LAST_RUN.update(startup_seconds=ready_at - self.began, ready_at=ready_at, parts=len(parts), actors=n_actors)
         nodes: set[str] = set()
         LAST_RUN["nodes"] = nodes
         window = 2 * n_actors  # parts in flight (or done, waiting for the parts before them)

@@ -7,6 +7,7 @@ per-shard row counts without reading other shards; a sample is found by scanning
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -155,7 +156,8 @@ def inspect_row(
     start = 0
     # Not strict: a damaged row still decodes as far as its columns agree (verify says what is wrong).
     piece_of = data.get("piece_index") or [0] * len(data["sample_index"])  # none before piece_index existed
-    role_of = data.get("sample_role") or [None] * len(data["sample_index"])  # preference and KTO outputs only
+    # sample_role: preference and KTO outputs only.
+    role_of: Sequence[int | None] = data.get("sample_role") or [None] * len(data["sample_index"])
     for index, piece, length, role in zip(data["sample_index"], piece_of, data["seq_lengths"], role_of, strict=False):
         seg_ids = ids[start : start + length]
         seg_trained = trained[start : start + length]
