@@ -30,3 +30,9 @@ def test_the_license_file_is_the_declared_license() -> None:
     text = (ROOT / "LICENSE").read_text(encoding="utf-8")
     assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
     assert text.lstrip().startswith("Apache License") and "Version 2.0, January 2004" in text
+
+
+def test_the_test_extra_is_the_dev_extra_with_torch_pinned() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    assert extras["test"] == ["packcli[dev]", "torch==2.13.0"]  # one list of test tools, not two copies
+    assert "packcli[docs]" in extras["dev"] and any(r.startswith("torch>=") for r in extras["dev"])
