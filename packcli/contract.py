@@ -1,7 +1,7 @@
 """The output contract every trainer reads: the shard schema, the label that means "no loss", the manifest.
 
 The one place these are defined; the writers, the read-side commands, the tokenizer and the collator
-import them from here (see the README's "The output contract").
+import them from here (see docs/guides/output.md, "The output contract").
 """
 
 from __future__ import annotations

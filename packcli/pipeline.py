@@ -425,7 +425,7 @@ def cache_cap(config: PackConfig) -> int | None:
 
 
 def _stage_seconds(made: dict[str, float], until_plan: float, plan: float, write: float) -> dict[str, float]:
-    """Where a run's time went, by stage (see the README's "The summary").
+    """Where a run's time went, by stage (see docs/reference/summary-and-manifest.md).
 
     ``made`` is what tokenize_to_store measured (empty on a cache hit): main-process seconds reading
     input and writing the store, and the workers' seconds decoding and tokenizing and their CPU

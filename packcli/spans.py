@@ -1,8 +1,8 @@
 """Where a chat template puts each assistant answer, for templates without ``{% generation %}`` blocks.
 
-The rule (the README states it too): assistant message i is trained from the end of its role header
-(what the template's generation prompt puts before an answer) through the template's end-of-turn
-marker, as the template renders message i **in the whole conversation**. Everything the model would
+The rule (docs/explanation/answer-spans.md states it too): assistant message i is trained from the end
+of its role header (what the template's generation prompt puts before an answer) through the template's
+end-of-turn marker, as the template renders message i **in the whole conversation**. Everything the model would
 generate after the generation prompt is trained: reasoning where the template shows it, the answer,
 tool calls, any channel or think tags around them. Whitespace after the marker, the next role's
 header, and all system, user and tool text are not.

@@ -43,7 +43,7 @@ _TRAIN_WITH = {
     "kto": "train it with packcli.dpo.PreferenceCollator and kto_loss",
 }
 # The special token whose value may differ: a trainer often sets it (pad = eos), and the padding's id is
-# never trained on (README, "The padding rule").
+# never trained on (docs/training.md, "The padding rule").
 _FREE_ROLES = ("pad_token",)
 
 
