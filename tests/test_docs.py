@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -65,3 +67,23 @@ def test_the_readme_library_example_runs(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setenv("PACKCLI_CACHE", str(tmp_path / "cache"))
     exec(compile(blocks[0], "README.md", "exec"), {})
     assert (tmp_path / "packed" / "manifest.json").exists()
+
+
+def page_sections(page: Path) -> dict[str, str]:
+    """A page's ``## `` sections by heading."""
+    parts = re.split(r"^## (.+)\n", page.read_text(encoding="utf-8"), flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def test_summary_and_manifest_keys_are_documented(pack: Any, chat_jsonl: Path, tmp_path: Path) -> None:
+    """Every top-level key of a run's --json summary and manifest.json is named on the reference page,
+    and the page's table of stage_seconds names exactly the keys the summary has."""
+    out = tmp_path / "out"
+    summary = json.loads(pack(chat_jsonl, "-o", out, "--max-len", "256", "--json").stdout)
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    sections = page_sections(ROOT / "docs" / "reference" / "summary-and-manifest.md")
+    for name, keys in (("The summary", summary), ("The manifest", manifest)):
+        missing = sorted(key for key in keys if f"`{key}`" not in sections[name])
+        assert not missing, f"keys not in docs/reference/summary-and-manifest.md, {name}: {missing}"
+    table = re.findall(r"^\| `(\w+)` \|", sections["The summary"], flags=re.M)
+    assert sorted(table) == sorted(summary["stage_seconds"]), "the stage_seconds table and the summary differ"
