@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -65,3 +67,45 @@ def test_the_readme_library_example_runs(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setenv("PACKCLI_CACHE", str(tmp_path / "cache"))
     exec(compile(blocks[0], "README.md", "exec"), {})
     assert (tmp_path / "packed" / "manifest.json").exists()
+
+
+def page_sections(page: Path) -> dict[str, str]:
+    """A page's ``## `` sections by heading."""
+    parts = re.split(r"^## (.+)\n", page.read_text(encoding="utf-8"), flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def test_summary_and_manifest_keys_are_documented(pack: Any, chat_jsonl: Path, tmp_path: Path) -> None:
+    """Every top-level key of a run's --json summary and manifest.json is named on the reference page,
+    and the page's table of stage_seconds names exactly the keys the summary has."""
+    out = tmp_path / "out"
+    summary = json.loads(pack(chat_jsonl, "-o", out, "--max-len", "256", "--json").stdout)
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    sections = page_sections(ROOT / "docs" / "reference" / "summary-and-manifest.md")
+    for name, keys in (("The summary", summary), ("The manifest", manifest)):
+        missing = sorted(key for key in keys if f"`{key}`" not in sections[name])
+        assert not missing, f"keys not in docs/reference/summary-and-manifest.md, {name}: {missing}"
+    table = re.findall(r"^\| `(\w+)` \|", sections["The summary"], flags=re.M)
+    assert sorted(table) == sorted(summary["stage_seconds"]), "the stage_seconds table and the summary differ"
+
+
+def python_blocks(page: str, marker: str) -> list[str]:
+    """The fenced python blocks of a docs page that hold ``marker``."""
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    return [block for block in re.findall(r"```python\n(.*?)```", text, flags=re.S) if marker in block]
+
+
+def test_the_docs_loading_examples_run(pack: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Getting started's and the training page's examples that load the shards run on the shipped example,
+    packed as Getting started packs it (the training page's OUT/ is that output)."""
+    monkeypatch.chdir(tmp_path)
+    pack(ROOT / "examples" / "chat.jsonl", "--max-len", "2048", "-o", "packed/", "--overwrite")
+    records = len((ROOT / "examples" / "chat.jsonl").read_text(encoding="utf-8").splitlines())
+    (started,) = python_blocks("getting-started.md", "load_dataset(")
+    names: dict[str, Any] = {}
+    exec(compile(started, "docs/getting-started.md", "exec"), names)
+    (loading,) = python_blocks("training.md", 'load_rows("OUT/")')
+    loaded: dict[str, Any] = {}
+    exec(compile(loading.replace('"OUT/"', '"packed/"'), "docs/training.md", "exec"), loaded)
+    assert len(names["ds"]) == len(loaded["rows"]) > 0
+    assert sorted({i for row in loaded["rows"]["sample_index"] for i in row}) == list(range(records))
