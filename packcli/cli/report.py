@@ -37,27 +37,11 @@ from packcli.cli.options import (
     given,
     merge_preset,
 )
+from packcli.config import OPTION_GROUPS
 
 RAW_ONLY = ("max_len", *TOKEN_PARAMETERS, "num_proc", "cache_dir", "no_cache")
 # The options of a raw-input stats run, by PackConfig name: what decides tokens, and the cache.
-STATS_OPTIONS = (
-    "inputs",
-    "split",
-    "limit",
-    "format",
-    "task",
-    "fields",
-    "tokenizer",
-    "chat_template",
-    "template_kwargs",
-    "train_on",
-    "add_eos",
-    "on_error",
-    "fix_turns",
-    "num_proc",
-    "cache",
-    "cache_dir",
-)
+STATS_OPTIONS = (*OPTION_GROUPS["input"], *OPTION_GROUPS["tokenization"], "num_proc", "cache", "cache_dir")
 STATS_PANELS: dict[str, tuple[str, str | None]] = {
     "max_len": (PACKING, "N[,N...]"),
     "batch_size": (PACKING, "N"),
