@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from packcli.packing import (
+from packcli.plan.packing import (
     best_fit_decreasing,
     first_fit_decreasing,
     lower_bound_l1,

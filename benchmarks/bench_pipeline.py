@@ -52,7 +52,7 @@ def stage_limit(data: Path, max_len: int, out: Path) -> None:
     import numpy as np
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
-    from packcli.tokenize import chatml_template, load_tokenizer
+    from packcli.tokenize.encoder import chatml_template, load_tokenizer
 
     tokenizer = load_tokenizer(None)
     template = _compile_jinja_template(chatml_template())
@@ -123,7 +123,7 @@ def stage_serial(data: Path, out: Path) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
-    from packcli.tokenize import chatml_template, load_tokenizer
+    from packcli.tokenize.encoder import chatml_template, load_tokenizer
 
     tokenizer = load_tokenizer(None)
     template = _compile_jinja_template(chatml_template())
@@ -150,7 +150,7 @@ def stage_trl(data: Path, max_len: int, num_proc: int, workdir: Path, out: Path)
     import trl
     from trl import pack_dataset
 
-    from packcli.tokenize import chatml_template, load_tokenizer
+    from packcli.tokenize.encoder import chatml_template, load_tokenizer
 
     datasets.disable_progress_bars()
     tokenizer = load_tokenizer(None)

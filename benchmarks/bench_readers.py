@@ -3,7 +3,7 @@
     python benchmarks/bench_readers.py [--mb 200]
 
 Writes a JSON array of about --mb megabytes (chat records of ~2 KB) as .json and .json.gz, and reads
-each in a fresh process with packcli's reader (packcli.readers.read_batches, no tokenizing), printing
+each in a fresh process with packcli's reader (packcli.io.readers.read_batches, no tokenizing), printing
 the records, seconds and the process's peak RSS. A reader that held the file would need at least
 its size in memory (twice, as bytes and as text).
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 
 READ = """
 import resource, sys, time
-from packcli.readers import read_batches
-from packcli.sources import resolve_inputs
+from packcli.io.readers import read_batches
+from packcli.io.sources import resolve_inputs
 t = time.perf_counter()
 n = sum(len(b.items) for b in read_batches(resolve_inputs([sys.argv[1]]), batch_size=256))
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024

@@ -6,12 +6,12 @@
 MODEL is a Hugging Face model name or local directory (``--tiny`` trains a small random Llama instead,
 to try the recipe without one). Every row holds whole pairs (chosen, then its rejected sample); one
 forward pass over a batch of rows gives every sample's summed log-probability of its completion
-(``packcli.dpo.sequence_logps_from_hidden``), the pairs keep apart in attention through
+(``packcli.train.dpo.sequence_logps_from_hidden``), the pairs keep apart in attention through
 ``position_ids`` with no attention mask and ``use_cache=False``, and the loss is averaged over the
 step's pairs. The reference model is a frozen copy of the starting model, run on the very same
 packed batch under ``torch.no_grad()``.
 
-Before the first step the output is checked (``packcli.training.check_compatible``): an SFT or KTO
+Before the first step the output is checked (``packcli.train.checks.check_compatible``): an SFT or KTO
 output, a model whose input embedding is smaller than the largest packed id, or another tokenizer than
 the one the output was packed with (``--tokenizer``, default the model's) is refused in one line.
 """
@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from packcli.dpo import PreferenceCollator, dpo_loss, pair_logps, sequence_logps_from_hidden
 from packcli.errors import PackcliError
-from packcli.training import RankStepSampler, check_compatible, load_rows, read_output_manifest
+from packcli.train.checks import RankStepSampler, check_compatible, load_rows, read_output_manifest
+from packcli.train.dpo import PreferenceCollator, dpo_loss, pair_logps, sequence_logps_from_hidden
 
 
 def tiny_llama(vocab_size: int, max_len: int) -> Any:

@@ -10,9 +10,9 @@ OUT is a ``packcli pack`` output directory and MODEL a Hugging Face model name o
 On several GPUs (``torchrun --nproc-per-node N`` or ``accelerate launch``) of an output packed with
 ``--world-size N``, :class:`PackedTrainer` shuffles whole steps of N rows instead of rows, so every
 rank still reads rows of the same size at the same step (the Trainer's own shuffle would undo that).
-Parquet and Arrow outputs are both read (``packcli.training.load_rows``). Before training, the output is
+Parquet and Arrow outputs are both read (``packcli.train.checks.load_rows``). Before training, the output is
 checked against the recipe (SFT), the model's input embedding and the tokenizer
-(``packcli.training.check_compatible``), each mismatch refused in one line.
+(``packcli.train.checks.check_compatible``), each mismatch refused in one line.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import torch
 from datasets import Dataset
 from transformers import PreTrainedModel, Trainer, TrainingArguments
 
-from packcli.collate import PackedCollator
 from packcli.errors import PackcliError
-from packcli.training import RankStepSampler, check_compatible
-from packcli.training import load_rows as _load_rows
+from packcli.train.checks import RankStepSampler, check_compatible
+from packcli.train.checks import load_rows as _load_rows
+from packcli.train.collate import PackedCollator
 
 
 def load_rows(

@@ -7,7 +7,7 @@ Each sample in a packed row sees only its own tokens: the batch carries per-samp
 no attention mask, and the model runs with ``use_cache=False``.
 
 Before the first step the output is checked against the recipe, the model and the tokenizer
-(``packcli.training.check_compatible``): a preference output, a model whose input embedding is smaller
+(``packcli.train.checks.check_compatible``): a preference output, a model whose input embedding is smaller
 than the largest packed id, or another tokenizer than the one the output was packed with is refused in
 one line.
 
@@ -29,10 +29,10 @@ import torch
 from datasets import Dataset
 from torch.utils.data import DataLoader
 
-from packcli.collate import PackedCollator
 from packcli.errors import PackcliError
-from packcli.training import RankStepSampler, check_compatible
-from packcli.training import load_rows as _load_rows
+from packcli.train.checks import RankStepSampler, check_compatible
+from packcli.train.checks import load_rows as _load_rows
+from packcli.train.collate import PackedCollator
 
 
 def load_rows(

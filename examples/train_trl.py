@@ -11,7 +11,7 @@ per-sample ``position_ids`` from ``seq_lengths``, keeps ``labels`` as they are, 
 flash-attention sample boundaries (``cu_seq_lens_*``) with no attention mask. SFTTrainer refuses a
 custom collator in padding-free mode, so PackedCollator is not used here; on packcli rows both make the
 same batch (TRL adds ``seq_idx``, which only linear-attention layers read). TRL's collator knows nothing of
-packcli, so the output is checked before training (``packcli.training.check_compatible``): a preference
+packcli, so the output is checked before training (``packcli.train.checks.check_compatible``): a preference
 output, a model whose input embedding is smaller than the largest packed id, or another tokenizer than the
 one the output was packed with is refused in one line.
 """
@@ -25,8 +25,8 @@ from typing import Any
 from datasets import Dataset
 
 from packcli.errors import PackcliError
-from packcli.training import check_compatible
-from packcli.training import load_rows as _load_rows
+from packcli.train.checks import check_compatible
+from packcli.train.checks import load_rows as _load_rows
 
 COLUMNS = ["input_ids", "labels", "seq_lengths"]
 

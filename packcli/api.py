@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from packcli.contract import Progress
 from packcli.errors import PackcliError, UsageError, reset_stop
-from packcli.shard_formats import format_of, read_shard
+from packcli.output.formats import format_of, read_shard
 
 if TYPE_CHECKING:
     from packcli.report.inspect import InspectedRow
@@ -124,7 +124,7 @@ def run(config: Any, progress: Progress | None = None) -> PackResult:
 
     Errors keep the core's wording (flags), for clients that speak flags; :func:`pack` renames them.
     """
-    from packcli.pipeline import run_pack
+    from packcli.run.pipeline import run_pack
 
     summary = run_pack(config, progress)
     return PackResult(
@@ -356,7 +356,7 @@ def _as_paths(inputs: Any, cache_dir: str | os.PathLike[str] | None) -> Iterator
 def _record_line(record: dict[str, Any]) -> str:
     """One in-memory record as a JSON line; one that JSON cannot hold (bytes, arrays) as the line the
     worker rejects with that reason (``records.UNUSABLE``)."""
-    from packcli.records import UNUSABLE, unusable_value
+    from packcli.records.checks import UNUSABLE, unusable_value
 
     err = unusable_value(record)
     if err is None:
@@ -370,7 +370,7 @@ def _memory_root(config: Any) -> Path | None:
     (the disk the user chose for packcli's data), else the system's temporary directory."""
     if not config.cache or config.dry_run:
         return None
-    from packcli.cache import default_cache_dir
+    from packcli.store.tokens import default_cache_dir
 
     return Path(config.cache_dir) if config.cache_dir is not None else default_cache_dir()
 
@@ -379,7 +379,7 @@ def _memory_root(config: Any) -> Path | None:
 def _memory_dir(cache_dir: str | os.PathLike[str] | None) -> Iterator[Path]:
     """A temporary folder for one call's in-memory inputs; its name lets a later run remove it should
     this process be killed (``safety.clean_stale_cache_dirs``)."""
-    from packcli.safety import owner_tag
+    from packcli.owned import owner_tag
 
     where = None
     if cache_dir is not None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from packcli.errors import UsageError, too_many_digits
-from packcli.formats import DEFAULT_FIELDS, FORMATS, RESERVED_TEMPLATE_KWARGS
+from packcli.records.formats import DEFAULT_FIELDS, FORMATS, RESERVED_TEMPLATE_KWARGS
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "format": ("auto", *FORMATS),
@@ -83,7 +83,7 @@ class PackConfig:
     cache_dir: str | None = None
     cache_max_size: str | None = None  # e.g. "10GB": after the run, least recently used entries are pruned
     rejects: str | None = None
-    fix_turns: bool = False  # clean conversations (packcli.turns) before they are rendered
+    fix_turns: bool = False  # clean conversations (packcli.records.turns) before they are rendered
     fix_turns_log: str | None = None  # JSON lines: each record --fix-turns changed, and how
     dry_run: bool = False
     engine: str = "local"
@@ -113,7 +113,7 @@ class PackConfig:
         if self.fix_turns_log is not None and not self.fix_turns:
             raise UsageError("--fix-turns-log lists what --fix-turns changes; pass --fix-turns too")
         if self.cache_max_size is not None:
-            from packcli.cachedir import parse_size
+            from packcli.store.cachedir import parse_size
 
             parse_size(self.cache_max_size, "--cache-max-size")
         unknown = set(self.fields) - set(DEFAULT_FIELDS)

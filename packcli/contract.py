@@ -40,7 +40,7 @@ OPTIONAL_COLUMNS = pa.schema(
 SAMPLE_ROLES = {0: "sft", 1: "chosen", 2: "rejected", 3: "desirable", 4: "undesirable"}
 
 
-# What manifest.json says for a trainer to check before the first step (packcli.training.check_compatible):
+# What manifest.json says for a trainer to check before the first step (packcli.train.checks.check_compatible):
 #   task                   sft, preference or kto (absent before preference data: sft)
 #   max_token_id           the largest input id in the shards, padding included (and per shard entry)
 #   tokenizer.vocab_size   len(tokenizer)

@@ -17,9 +17,9 @@ import pytest
 from typer.testing import CliRunner
 
 import packcli
-from packcli import ingest
 from packcli.cli import app
-from packcli.sources import fingerprint, resolve_inputs
+from packcli.io.sources import fingerprint, resolve_inputs
+from packcli.tokenize import ingest
 
 from .conftest import make_conversations, one_error_line, read_rows, write_jsonl
 
@@ -75,7 +75,7 @@ def test_an_input_rewritten_while_it_is_read_stops_the_run_and_caches_nothing(
 
 
 def test_a_change_that_keeps_the_stamp_is_found_by_the_hash(tmp_path: Path) -> None:
-    from packcli.sources import changed_input, stamps
+    from packcli.io.sources import changed_input, stamps
 
     data = write_jsonl(tmp_path / "d.jsonl", [{"text": "aaaa"}])
     sources = resolve_inputs([str(data)])
@@ -113,7 +113,7 @@ def test_an_empty_template_file_is_an_error_before_any_input_is_read(
 
 
 def test_a_template_file_never_shares_the_key_of_no_template(tmp_path: Path, pack: Any) -> None:
-    from packcli.tokenize import builtin_template
+    from packcli.tokenize.encoder import builtin_template
 
     data = write_jsonl(tmp_path / "d.jsonl", _records())
     same = tmp_path / "default.jinja"
@@ -211,7 +211,7 @@ def test_the_reader_and_the_order_of_inputs_stay_in_the_key(tmp_path: Path, pack
 
 
 def test_in_memory_inputs_hit_the_cache_and_are_not_kept(tmp_path: Path) -> None:
-    from packcli.cachedir import list_entries
+    from packcli.store.cachedir import list_entries
 
     cache = tmp_path / "c"
     records = _records()
@@ -283,7 +283,7 @@ def test_cache_prune_by_age_and_by_size(tmp_path: Path, pack: Any, cache_dir: Pa
 HOLD = """
 import sys, time
 from pathlib import Path
-from packcli.cachedir import EntryLock
+from packcli.store.cachedir import EntryLock
 lock = EntryLock(Path(sys.argv[1]), sys.argv[2])
 assert lock.acquire()
 print("held", flush=True)
@@ -312,9 +312,9 @@ def test_cache_prune_never_removes_an_entry_a_run_holds(tmp_path: Path, pack: An
 
 
 def test_a_run_holds_its_entry_while_it_uses_it(tmp_path: Path, cache_dir: Path) -> None:
-    from packcli.cachedir import EntryLock, list_entries
     from packcli.config import PackConfig
-    from packcli.pipeline import tokenized_inputs
+    from packcli.run.pipeline import tokenized_inputs
+    from packcli.store.cachedir import EntryLock, list_entries
 
     data = write_jsonl(tmp_path / "d.jsonl", _records())
     config = PackConfig(inputs=(str(data),), cache_dir=str(cache_dir), num_proc=1, max_len=256)
@@ -349,7 +349,7 @@ def test_pack_caps_the_cache_and_keeps_the_entry_it_used(
 
 
 def test_sizes_read_as_people_write_them() -> None:
-    from packcli.cachedir import parse_size
+    from packcli.store.cachedir import parse_size
 
     assert [parse_size(s, "x") for s in ("10GB", "500mb", "2GiB", "1.5K", "0", "7 B")] == [
         10**10,
@@ -364,7 +364,7 @@ def test_sizes_read_as_people_write_them() -> None:
 def test_a_template_copy_hits_and_the_manifest_names_this_runs_template(tmp_path: Path, pack: Any) -> None:
     """The key holds a template file's text, not its path: a copy elsewhere hits, and the manifest names the
     copy this run was given (never the path of the run that made the entry)."""
-    from packcli.tokenize import builtin_template
+    from packcli.tokenize.encoder import builtin_template
 
     data = write_jsonl(tmp_path / "d.jsonl", _records())
     first, second = tmp_path / "a.jinja", tmp_path / "sub" / "b.jinja"

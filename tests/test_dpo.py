@@ -20,8 +20,8 @@ from transformers import LlamaForCausalLM
 from typer.testing import CliRunner
 
 from packcli.cli import app
-from packcli.collate import IGNORE_INDEX
-from packcli.dpo import (
+from packcli.train.collate import IGNORE_INDEX
+from packcli.train.dpo import (
     PreferenceCollator,
     block_causal_mask,
     dpo_loss,
@@ -67,7 +67,7 @@ def kto_rows(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 def _vocab() -> int:
     from transformers import AutoTokenizer
 
-    from packcli.tokenize import default_tokenizer_dir
+    from packcli.tokenize.encoder import default_tokenizer_dir
 
     return len(AutoTokenizer.from_pretrained(default_tokenizer_dir()))
 
@@ -292,4 +292,4 @@ def test_dpo_imports_only_the_collator_and_the_contract() -> None:
 
     source = (Path(__file__).resolve().parents[1] / "packcli" / "dpo.py").read_text()
     imported = {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom) and node.module}
-    assert {m for m in imported if m.startswith("packcli")} == {"packcli.collate", "packcli.contract"}
+    assert {m for m in imported if m.startswith("packcli")} == {"packcli.train.collate", "packcli.contract"}

@@ -15,11 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packcli import worker, write
 from packcli.errors import RecordError
-from packcli.formats import DEFAULT_FIELDS
-from packcli.sources import RawBatch
-from packcli.tokenize import EncodeOptions, Encoder
+from packcli.io.sources import RawBatch
+from packcli.output import write
+from packcli.records.formats import DEFAULT_FIELDS
+from packcli.tokenize import worker
+from packcli.tokenize.encoder import EncodeOptions, Encoder
 
 from .conftest import make_conversations, one_error_line, read_rows, write_jsonl
 
@@ -180,7 +181,7 @@ ARRAY_AT = len(ARRAY.encode())  # the byte after the first array
 def test_json_array_with_more_than_one_array_is_one_line_not_a_loss(
     text: str, problem: str, chunk: int | None, pack: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from packcli import readers
+    from packcli.io import readers
 
     if chunk:
         monkeypatch.setattr(readers, "CHUNK", chunk)
@@ -204,7 +205,7 @@ def test_json_array_with_more_than_one_array_is_one_line_not_a_loss(
 def test_json_object_over_several_lines_says_what_a_json_file_must_be(
     text: str, chunk: int | None, pack: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from packcli import readers
+    from packcli.io import readers
 
     if chunk:
         monkeypatch.setattr(readers, "CHUNK", chunk)
@@ -547,8 +548,8 @@ def test_pool_gives_every_result_before_the_read_error(n_before: int, num_proc: 
     """The jobs read before an unreadable input are all run and given, in order, then its error."""
     import multiprocessing
 
-    from packcli import pool
     from packcli.errors import InputError
+    from packcli.procs import pool
 
     got = []
     with pytest.raises(InputError, match=f"after job {n_before}"):
@@ -562,7 +563,7 @@ def test_pool_stops_its_workers_when_the_consumer_closes_it_early() -> None:
     import contextlib
     import multiprocessing
 
-    from packcli import pool
+    from packcli.procs import pool
 
     with contextlib.closing(pool.map_ordered(_square, ((i,) for i in range(40)), 2)) as results:
         assert next(results) == 0

@@ -57,8 +57,8 @@ def test_every_text_format_reads_compressed_as_plain(
 ) -> None:
     """A .jsonl/.json/.csv compressed with gz, zst, bz2 or xz gives the very records of the plain file,
     and packs to the same tokens."""
-    from packcli.readers import read_batches
-    from packcli.sources import resolve_inputs
+    from packcli.io.readers import read_batches
+    from packcli.io.sources import resolve_inputs
 
     for kind, data in _texts(_records()).items():
         plain = tmp_path / f"plain-{kind}" / f"d.{kind}"
@@ -80,7 +80,7 @@ def test_every_text_format_reads_compressed_as_plain(
 
 
 def test_the_content_hash_is_of_the_compressed_bytes(tmp_path: Path) -> None:
-    from packcli.sources import fingerprint, resolve_inputs
+    from packcli.io.sources import fingerprint, resolve_inputs
 
     data = _texts(_records())["jsonl"]
     fast, best = tmp_path / "a" / "d.jsonl.gz", tmp_path / "b" / "d.jsonl.gz"
@@ -99,8 +99,8 @@ def test_the_content_hash_is_of_the_compressed_bytes(tmp_path: Path) -> None:
 def test_a_json_array_is_read_as_a_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With 64-character chunks, records that span chunks (escapes, multi-byte UTF-8, nesting) are whole,
     and the text held never grows with the file."""
-    from packcli import readers
-    from packcli.sources import InputSource
+    from packcli.io import readers
+    from packcli.io.sources import InputSource
 
     records = [{"text": f'é"\\{i}' + "数据😀" * (i % 7), "n": [[i], {"a": "]}"}]} for i in range(300)]
     path = tmp_path / "d.json.xz"
@@ -123,8 +123,8 @@ def test_csv_cells_with_newlines_across_blocks(tmp_path: Path, monkeypatch: pyte
     """Quoted cells holding newlines (RFC 4180) are read whole however the file is cut into blocks."""
     import csv
 
-    from packcli import readers
-    from packcli.sources import resolve_inputs
+    from packcli.io import readers
+    from packcli.io.sources import resolve_inputs
 
     answers = ["\n".join(f' "{i}" line {j}' for j in range(i % 9)) for i in range(120)]
     rows = [{"prompt": f"Question {i}:\nline two, with a comma", "completion": a} for i, a in enumerate(answers)]
@@ -198,7 +198,7 @@ def test_every_member_of_a_compressed_file_is_read_exactly(ext: str, monkeypatch
     import io
     import random
 
-    from packcli import readers
+    from packcli.io import readers
 
     monkeypatch.setattr(readers, "COMPRESSED_CHUNK", 1000)
     monkeypatch.setattr(readers, "MAX_OUTPUT", 4096)
@@ -360,7 +360,7 @@ def test_yaml_preset_names_inputs_and_fields(tmp_path: Path, cache_dir: Path) ->
 def test_a_preset_finds_its_tokenizer_directory_beside_it(tmp_path: Path, cache_dir: Path) -> None:
     import shutil
 
-    from packcli.tokenize import default_tokenizer_dir
+    from packcli.tokenize.encoder import default_tokenizer_dir
 
     presets = tmp_path / "presets"
     presets.mkdir()
@@ -415,7 +415,7 @@ def test_limit_reads_the_first_records_and_says_so(tmp_path: Path, cache_dir: Pa
 def test_stdin_from_a_terminal_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from packcli.sources import forget_streams, resolve_inputs
+    from packcli.io.sources import forget_streams, resolve_inputs
 
     class Tty:
         def isatty(self) -> bool:

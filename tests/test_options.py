@@ -274,7 +274,7 @@ def test_a_suggestion_never_names_what_was_passed(flags: list[str], hint: str, p
 
 
 def test_loss_hints_never_name_the_runs_own_settings() -> None:
-    from packcli.accounting import loss_words
+    from packcli.run.accounting import loss_words
 
     reasons = ["too_long", "truncated", "nothing_to_train_after_truncation", "world_size_remainder"]
     reasons += ["no_piece_left", "no_assistant_turn", "nothing_to_train", "invalid_json"]

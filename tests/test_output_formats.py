@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from packcli.contract import IGNORE_INDEX, SHARD_SCHEMA
-from packcli.shard_formats import format_of, read_shard
+from packcli.output.formats import format_of, read_shard
 
 from .conftest import one_error_line, read_rows
 
@@ -310,10 +310,10 @@ def test_split_cuts_pieces_that_fit_once_padded(pack: Any, chat_jsonl: Path, tmp
 
 
 def test_rejects_cannot_take_the_name_of_an_index_file(pack: Any, chat_jsonl: Path, tmp_path: Path) -> None:
-    from packcli import safety
-    from packcli.shard_formats import FORMATS
+    from packcli import owned
+    from packcli.output.formats import FORMATS
 
-    assert set(safety.INDEX_FILES) == {name for f in FORMATS.values() for name in f.index_files}
+    assert set(owned.INDEX_FILES) == {name for f in FORMATS.values() for name in f.index_files}
     out = tmp_path / "out"
     result = pack(chat_jsonl, "--output-format", "mds", "-o", out, "--rejects", out / "index.json", expect=2)
     assert "collides with a file packcli writes in the output" in one_error_line(result)
@@ -397,8 +397,8 @@ def _rewrite_shards(out: Path, edit: Any) -> None:
     """Rewrite every shard with ``edit(rows)`` applied, in its format; put new checksums (and index) in place."""
     import pyarrow as pa
 
-    from packcli.shard_formats import FORMATS, format_of
-    from packcli.shards import file_sha256
+    from packcli.output.formats import FORMATS, format_of
+    from packcli.output.rows import file_sha256
 
     manifest = json.loads((out / "manifest.json").read_text())
     fmt = format_of(out / manifest["shards"][0]["file"])

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packcli.shards import file_sha256
-from packcli.tokenize import builtin_template
+from packcli.output.rows import file_sha256
+from packcli.tokenize.encoder import builtin_template
 
 from .conftest import make_conversations, read_rows, write_jsonl
 
@@ -417,8 +417,8 @@ def test_every_command_and_flag_is_documented() -> None:
 def test_input_hash_memo_follows_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from packcli import sources
-    from packcli.sources import InputSource, fingerprint
+    from packcli.io import sources
+    from packcli.io.sources import InputSource, fingerprint
 
     monkeypatch.setattr(sources, "RACY_NS", -(10**18))  # remember the file just written (see test_cache)
 

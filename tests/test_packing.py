@@ -1,4 +1,4 @@
-"""Tests for packcli.packing: exact FFD/BFD against plain per-item references, bounds, row order."""
+"""Tests for packcli.plan.packing: exact FFD/BFD against plain per-item references, bounds, row order."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packcli.packing import (
+from packcli.plan.packing import (
     RowOrder,
     best_fit_decreasing,
     first_fit_decreasing,

@@ -20,7 +20,7 @@ import torch
 from transformers import LlamaForCausalLM
 from transformers.masking_utils import find_packed_sequence_indices
 
-from packcli.collate import IGNORE_INDEX, PackedCollator, weighted_loss
+from packcli.train.collate import IGNORE_INDEX, PackedCollator, weighted_loss
 
 from .test_trainer import REL_TOL, Stats, _forward_stats, _pack, _read_rows, _records, _rel, _tiny_model
 

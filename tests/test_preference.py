@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from packcli.cli import app
 from packcli.contract import IGNORE_INDEX
-from packcli.tokenize import builtin_template, chatml_template
+from packcli.tokenize.encoder import builtin_template, chatml_template
 
 from .conftest import one_error_line, read_rows, trl_templates, write_jsonl
 
@@ -263,7 +263,7 @@ def test_ffd_packs_each_pair_as_one_item(tmp_path: Path, pack: Any) -> None:
     """The rows are FFD's over the pairs' summed lengths, and the bounds are computed on those items."""
     import numpy as np
 
-    from packcli import packing
+    from packcli.plan import packing
 
     records = preference_records(200, seed=13)
     pack(write_jsonl(tmp_path / "pref.jsonl", records), "--max-len", 300, "-o", tmp_path / "out")
@@ -480,7 +480,7 @@ def test_other_output_formats_keep_the_roles(output_format: str, tmp_path: Path,
     data = write_jsonl(tmp_path / "pref.jsonl", preference_records(20))
     pack(data, "--max-len", 512, "-o", tmp_path / "out", "--output-format", output_format, "--pad-to-max")
     assert CliRunner().invoke(app, ["verify", str(tmp_path / "out")]).exit_code == 0
-    from packcli.training import load_rows
+    from packcli.train.checks import load_rows
 
     rows = load_rows(tmp_path / "out")
     for row in rows:

@@ -21,13 +21,14 @@ from ray.cluster_utils import Cluster
 from typer.testing import CliRunner
 
 import packcli
-from packcli import ingest, write
-from packcli import plan as plan_stage
-from packcli.cache import load_store
 from packcli.cli import app
 from packcli.config import PackConfig
 from packcli.errors import OutputError, UsageError
-from packcli.shards import file_sha256
+from packcli.output import write
+from packcli.output.rows import file_sha256
+from packcli.plan import planner as plan_stage
+from packcli.store.tokens import load_store
+from packcli.tokenize import ingest
 
 from .conftest import make_conversations, write_jsonl
 
@@ -106,8 +107,8 @@ def assert_same_shards(a: Path, b: Path) -> list[str]:
 
 
 def test_ray_engine_writes_what_the_local_engine_writes(cluster: Any, corpus: Path, tmp_path: Path) -> None:
-    from packcli import readers, sources
     from packcli.engines import ray_engine
+    from packcli.io import readers, sources
 
     outputs, stores = {}, {}
     # The same output and rejects paths for both engines (they are options in the manifest), moved aside.
@@ -425,7 +426,7 @@ def test_without_ray_the_engine_says_how_to_install_it(
     import packcli.engines
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
-    monkeypatch.delitem(sys.modules, "packcli.engines.ray_engine", raising=False)
+    monkeypatch.delitem(sys.modules, "packcli.engines.ray.engine", raising=False)
     monkeypatch.delattr(packcli.engines, "ray_engine", raising=False)
     result = run_pack(corpus, "-o", tmp_path / "out", "--engine", "ray", "--on-error", "skip", expect=2)
     assert "pip install 'packcli[ray]'" in result.stderr

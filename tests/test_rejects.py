@@ -55,7 +55,7 @@ def test_every_reject_has_the_same_keys_and_its_record(tmp_path: Path, pack: Any
     entries = [json.loads(line) for line in rejects.read_text().splitlines()]
     assert len(entries) == sum(summary["dropped"].values()) >= 4
     assert {e["reason"] for e in entries} == {"invalid_json", "too_long", "world_size_remainder"}
-    from packcli.safety import REJECT_KEYS
+    from packcli.owned import REJECT_KEYS
 
     assert REJECT_KEYS == KEYS  # what --rejects recognises as its own file is what it writes
     for entry in entries:

@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from packcli import bounds, ingest, shards, tokenize
-from packcli import cache as cache_mod
+from packcli.output import rows as shards
+from packcli.store import tokens as cache_mod
+from packcli.tokenize import bounds, ingest
+from packcli.tokenize import encoder as tokenize
 
 from .conftest import make_conversations, one_stderr_line, read_rows, write_jsonl
 
@@ -763,7 +765,7 @@ def test_stats_of_raw_input_counts_a_huge_integer(tmp_path: Path, cache_dir: Pat
 @pytest.fixture
 def encoded_sizes(monkeypatch: Any) -> list[int]:
     """Record the size of every sample that reaches the encoder (characters of text or messages)."""
-    from packcli.tokenize import Encoder
+    from packcli.tokenize.encoder import Encoder
 
     seen: list[int] = []
     real = Encoder.encode_batch
@@ -779,7 +781,7 @@ def encoded_sizes(monkeypatch: Any) -> list[int]:
 
 
 def _token_bytes(base_tokenizer: Any) -> int:
-    from packcli.bounds import max_token_bytes
+    from packcli.tokenize.bounds import max_token_bytes
 
     token_bytes = max_token_bytes(base_tokenizer.backend_tokenizer.to_str())
     assert token_bytes is not None  # the default tokenizer is byte-level BPE
@@ -844,9 +846,9 @@ def test_truncate_still_tokenizes_and_truncates_the_long_record(pack: Any, tmp_p
 
 
 def test_rule_never_drops_a_record_that_fits(base_tokenizer: Any) -> None:
-    from packcli.bounds import rule_out_too_long
     from packcli.errors import RecordError
-    from packcli.formats import Sample
+    from packcli.records.formats import Sample
+    from packcli.tokenize.bounds import rule_out_too_long
 
     token_bytes = _token_bytes(base_tokenizer)
     backend = base_tokenizer.backend_tokenizer
@@ -868,8 +870,8 @@ def test_rule_never_drops_a_record_that_fits(base_tokenizer: Any) -> None:
 
 
 def test_chat_rule_measures_the_very_text_the_encoder_encodes(base_tokenizer: Any) -> None:
-    from packcli.formats import DEFAULT_FIELDS, normalize
-    from packcli.tokenize import EncodeOptions, Encoder
+    from packcli.records.formats import DEFAULT_FIELDS, normalize
+    from packcli.tokenize.encoder import EncodeOptions, Encoder
 
     encoder = Encoder(None, None, EncodeOptions())
     record = {"messages": [{"role": "system", "content": "be brief"}, *GOOD["messages"]]}
@@ -900,8 +902,8 @@ def test_the_byte_scan_never_passes_a_record_the_full_check_rejects(record: dict
     """JSON lines skip the walk over the decoded record only when a byte scan proves it would pass."""
     from packcli.config import PackConfig
     from packcli.errors import RecordError
-    from packcli.formats import detect_format, normalize
-    from packcli.records import check_sample, raw_line_is_clean
+    from packcli.records.checks import check_sample, raw_line_is_clean
+    from packcli.records.formats import detect_format, normalize
 
     line = json.dumps(record).encode()  # ensure_ascii: the surrogate is written as an escape
     assert not raw_line_is_clean(line)
@@ -916,7 +918,7 @@ def test_the_byte_scan_never_passes_a_record_the_full_check_rejects(record: dict
 
 
 def test_the_byte_scan_passes_ordinary_lines() -> None:
-    from packcli.records import MAX_DEPTH, raw_line_is_clean
+    from packcli.records.checks import MAX_DEPTH, raw_line_is_clean
 
     for record in make_conversations(20, seed=3):
         assert raw_line_is_clean(json.dumps(record, ensure_ascii=False).encode())

@@ -25,8 +25,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from packcli import procs, safety, staging
+from packcli import owned
 from packcli.cli import app
+from packcli.output import staging
+from packcli.procs import lifetime as procs
 
 from .conftest import one_error_line, write_jsonl
 
@@ -79,7 +81,7 @@ def dead_pid() -> int:
 
 
 def host() -> str:
-    return safety.owner_tag().rsplit("-", 1)[0]
+    return owned.owner_tag().rsplit("-", 1)[0]
 
 
 # -- the user's files -------------------------------------------------------------------------------
@@ -222,7 +224,7 @@ REJECTS_TARGETS = {
 def test_rejects_never_overwrites_what_packcli_did_not_write(
     case: str, pack: Any, tmp_path: Path, monkeypatch: Any
 ) -> None:
-    from packcli import pipeline
+    from packcli.run import pipeline
 
     data = tmp_path / "a.jsonl"
     data.write_text(json.dumps(GOOD) + "\n{broken\n")
@@ -302,7 +304,7 @@ def test_overwrite_replaces_only_packcli_output(pack: Any, tmp_path: Path) -> No
 def test_a_file_put_into_the_output_during_the_run_is_kept(
     previous: str, added: str, pack: Any, tmp_path: Path, monkeypatch: Any
 ) -> None:
-    from packcli import pipeline
+    from packcli.run import pipeline
 
     data = tmp_path / "a.jsonl"
     data.write_text(json.dumps(GOOD) + "\n{broken\n")
@@ -786,7 +788,7 @@ def test_sigkill_at_random_points_loses_nothing(tmp_path: Path) -> None:
 KILLED_MID_REPLACE = """
 import errno, os, sys
 from pathlib import Path
-from packcli import staging
+from packcli.output import staging
 from packcli.cli._app import main
 
 out, kill_at, mode = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -884,9 +886,9 @@ def test_mount_point_output_killed_mid_replace_is_finished_by_the_next_run(
     _kill_mid_replace(tmp_path, out, kill_at, mode, *new)
     left = snapshot(out, skip=(".packcli*",))
     if kill_at == 0:  # before the journal: nothing was removed yet
-        assert left == previous and not (out / safety.REPLACE_JOURNAL).exists()
+        assert left == previous and not (out / owned.REPLACE_JOURNAL).exists()
     else:
-        assert (out / safety.REPLACE_JOURNAL).is_file()
+        assert (out / owned.REPLACE_JOURNAL).is_file()
         verified = CliRunner().invoke(app, ["verify", str(out), "-q"])
         assert verified.exit_code == 1
         assert one_error_line(verified) == (
@@ -942,12 +944,12 @@ def test_replace_that_cannot_be_finished_is_left_as_it_is(
     _as_mount_point(monkeypatch, out, "ismount")
     pack(*base)
     _kill_mid_replace(tmp_path, out, 3, "ismount", *base, "--seed", "1")
-    journal = out / safety.REPLACE_JOURNAL
+    journal = out / owned.REPLACE_JOURNAL
     staged = out / json.loads(journal.read_text())["staged"]
     if damage == "journal":
         journal.write_text('{"packcli_replace": 1, "staged": ')
         message = (
-            f"Error: volume: {safety.REPLACE_JOURNAL} is damaged, so the in-place replace it records cannot be "
+            f"Error: volume: {owned.REPLACE_JOURNAL} is damaged, so the in-place replace it records cannot be "
             "finished; move out what you need, empty the directory and pack again"
         )
     else:
@@ -975,9 +977,9 @@ def test_journal_cut_short_and_stale_staging_in_a_mount_point_are_cleared(
     expected = snapshot(out)
     pack(data, "--max-len", "64", "-o", out, "--overwrite", "-q")
     gone = dead_pid()
-    (out / (safety.REPLACE_JOURNAL + ".tmp")).write_text('{"packcli_replace": 1, "sta')  # killed writing it
-    (out / f"{safety.IN_PLACE_PREFIX}{host()}-{gone}-a1").mkdir()
-    (out / f"{safety.IN_PLACE_PREFIX}{host()}-{gone}-a1" / "manifest.json").write_text("{}")
+    (out / (owned.REPLACE_JOURNAL + ".tmp")).write_text('{"packcli_replace": 1, "sta')  # killed writing it
+    (out / f"{owned.IN_PLACE_PREFIX}{host()}-{gone}-a1").mkdir()
+    (out / f"{owned.IN_PLACE_PREFIX}{host()}-{gone}-a1" / "manifest.json").write_text("{}")
     pack(data, "--max-len", "96", "-o", out, "--overwrite", "-q")
     assert snapshot(out) == expected
 
@@ -985,19 +987,19 @@ def test_journal_cut_short_and_stale_staging_in_a_mount_point_are_cleared(
 def test_stale_cleanup_keeps_the_staged_copy_a_journal_names(tmp_path: Path) -> None:
     out = tmp_path / "volume"
     gone = dead_pid()
-    named, other = (out / f"{safety.IN_PLACE_PREFIX}{host()}-{gone}-{k}" for k in ("a1", "b2"))
+    named, other = (out / f"{owned.IN_PLACE_PREFIX}{host()}-{gone}-{k}" for k in ("a1", "b2"))
     for staged in (named, other):
         staged.mkdir(parents=True)
         (staged / "manifest.json").write_text("{}")
-    journal = safety.ReplaceJournal(named.name, ("shard-00000-of-00001.parquet",), ("manifest.json",))
-    (out / safety.REPLACE_JOURNAL).write_text(journal.to_json())
-    safety.clean_stale_output_dirs(out)
+    journal = owned.ReplaceJournal(named.name, ("shard-00000-of-00001.parquet",), ("manifest.json",))
+    (out / owned.REPLACE_JOURNAL).write_text(journal.to_json())
+    owned.clean_stale_output_dirs(out)
     assert named.is_dir() and not other.exists()
-    (out / safety.REPLACE_JOURNAL).write_text("{")  # unreadable: whatever it names might be the new output
+    (out / owned.REPLACE_JOURNAL).write_text("{")  # unreadable: whatever it names might be the new output
     other.mkdir()
-    safety.clean_stale_output_dirs(out)
+    owned.clean_stale_output_dirs(out)
     assert named.is_dir() and other.is_dir()
-    assert safety.is_packcli_dir(out)  # so a directory input holding it never reads its shards
+    assert owned.is_packcli_dir(out)  # so a directory input holding it never reads its shards
 
 
 def test_stream_copy_left_by_a_killed_run_is_removed_once_its_process_is_gone(

@@ -9,12 +9,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from packcli.cache import TokenStoreWriter, find_store
 from packcli.errors import InputError, RecordError
-from packcli.formats import DEFAULT_FIELDS, detect_format, normalize
-from packcli.readers import read_batches
-from packcli.shards import SHARD_SCHEMA, build_rows, read_shard, write_shard
-from packcli.sources import resolve_inputs
+from packcli.io.readers import read_batches
+from packcli.io.sources import resolve_inputs
+from packcli.output.rows import SHARD_SCHEMA, build_rows, read_shard, write_shard
+from packcli.records.formats import DEFAULT_FIELDS, detect_format, normalize
+from packcli.store.tokens import TokenStoreWriter, find_store
 
 from .conftest import write_jsonl
 
@@ -183,7 +183,7 @@ def test_a_new_shard_format_is_one_class(tmp_path: Path, monkeypatch: pytest.Mon
     """The registry is the only place that knows formats: a registered format is written and read back."""
     import pyarrow.feather as feather
 
-    from packcli import shard_formats
+    from packcli.output import formats as shard_formats
 
     class Feather(shard_formats.ArrowStreamFormat):
         name = "feather"
@@ -224,7 +224,7 @@ def test_every_option_has_one_concern_and_only_tokenization_keys_the_cache(tmp_p
     from dataclasses import fields
 
     from packcli.config import OPTION_GROUPS, PackConfig
-    from packcli.pipeline import tokenized_inputs
+    from packcli.run.pipeline import tokenized_inputs
 
     grouped = [name for names in OPTION_GROUPS.values() for name in names]
     assert sorted(grouped) == sorted(f.name for f in fields(PackConfig)) and len(grouped) == len(set(grouped))
@@ -253,7 +253,7 @@ def test_inputs_hashed_beside_the_tokenizer_load_hash_as_before(tmp_path: Path, 
 def test_a_remembered_record_count_is_counted_again_when_the_file_changes(tmp_path: Path) -> None:
     import os
 
-    from packcli.readers import count_records
+    from packcli.io.readers import count_records
 
     path = write_jsonl(tmp_path / "a.jsonl", [{"text": "x"}] * 3)
     (source,) = resolve_inputs([str(path)], None)

@@ -27,8 +27,8 @@ import pytest
 trl = pytest.importorskip("trl")  # a test dependency (pyproject's test extra): never skipped in CI
 
 from packcli.errors import RecordError, TokenizerError  # noqa: E402
-from packcli.formats import Sample  # noqa: E402
-from packcli.tokenize import IGNORE_INDEX, EncodeOptions, Encoder, default_tokenizer_dir  # noqa: E402
+from packcli.records.formats import Sample  # noqa: E402
+from packcli.tokenize.encoder import IGNORE_INDEX, EncodeOptions, Encoder, default_tokenizer_dir  # noqa: E402
 
 TRL_TEMPLATES = Path(trl.__file__).parent / "chat_templates"
 ORIGINALS = sorted(p.stem for p in TRL_TEMPLATES.glob("*.jinja") if not p.stem.endswith("_training"))
@@ -488,7 +488,7 @@ def test_one_rendering_for_all_answers_equals_one_per_answer(
     name: str, conversations: list[Any], model_tokenizer: tuple[str, Any]
 ) -> None:
     """The fast path (every answer perturbed in one rendering) finds the bodies one rendering each finds."""
-    from packcli import spans
+    from packcli.tokenize import spans
 
     encoder = Encoder(model_tokenizer[0], str(TRL_TEMPLATES / f"{name}.jinja"), EncodeOptions())
     render = encoder._renderer(None, encoder.template_kwargs)
@@ -615,7 +615,7 @@ def test_template_kwargs_in_a_preset(tmp_path: Path, pack: Any) -> None:
 
 
 def test_text_holding_a_perturbation_mark_falls_back_safely(model_tokenizer: tuple[str, Any]) -> None:
-    from packcli import spans
+    from packcli.tokenize import spans
 
     tok_dir, tokenizer = model_tokenizer
     encoder = Encoder(tok_dir, str(TRL_TEMPLATES / "qwen3.jinja"), EncodeOptions())

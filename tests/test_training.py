@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from packcli.errors import UsageError
-from packcli.training import RankStepSampler, load_rows, step_order
+from packcli.train.checks import RankStepSampler, load_rows, step_order
 
 
 def _batches(order: np.ndarray, batch_size: int) -> list[list[int]]:

@@ -1,5 +1,5 @@
 """The checks before the first training step: a packed output against the recipe's task, the model's input
-embedding and the tokenizer (packcli.training.check_compatible, and the loader, collators and examples
+embedding and the tokenizer (packcli.train.checks.check_compatible, and the loader, collators and examples
 that run it). Each refusal is one IncompatibleError line naming the output; the right pairing passes."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from transformers import AutoTokenizer
 from typer.testing import CliRunner
 
 from packcli.cli import app
-from packcli.collate import PackedCollator
-from packcli.dpo import PreferenceCollator
 from packcli.errors import IncompatibleError, PackcliError, UsageError
-from packcli.tokenize import default_tokenizer_dir
-from packcli.training import check_compatible, load_rows
+from packcli.tokenize.encoder import default_tokenizer_dir
+from packcli.train.checks import check_compatible, load_rows
+from packcli.train.collate import PackedCollator
+from packcli.train.dpo import PreferenceCollator
 
 from .conftest import make_conversations, read_rows, write_jsonl
 from .test_preference import preference_records

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from packcli.formats import DEFAULT_FIELDS, normalize
-from packcli.tokenize import builtin_template
+from packcli.records.formats import DEFAULT_FIELDS, normalize
+from packcli.tokenize.encoder import builtin_template
 
 from .conftest import one_error_line, read_rows, trl_templates, write_jsonl
 
@@ -196,7 +196,7 @@ def test_without_fix_turns_the_template_error_says_what_would_fix_it(
 
 
 def test_clean_rules() -> None:
-    from packcli.turns import clean
+    from packcli.records.turns import clean
 
     fields = dict(DEFAULT_FIELDS)
     record = {

@@ -103,7 +103,7 @@ def _on_signal(signum: int, frame: Any) -> None:
     from packcli.errors import _STOP, begin_stopping, request_stop, stop_at_once
 
     if _STOP.is_set():
-        procs = sys.modules.get("packcli.procs")  # loaded whenever a pool was started; no import here
+        procs = sys.modules.get("packcli.procs.lifetime")  # loaded whenever a pool was started; no import here
         if procs is not None:
             procs.kill_all()
         if begin_stopping():

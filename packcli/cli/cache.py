@@ -15,7 +15,7 @@ from packcli.cli.options import CacheDirOption, JsonFlag
 
 
 def _root(cache_dir: str | None) -> Path:
-    from packcli.cache import default_cache_dir
+    from packcli.store.tokens import default_cache_dir
 
     return Path(cache_dir) if cache_dir else default_cache_dir()
 
@@ -27,7 +27,7 @@ def ls(cache_dir: CacheDirOption = None, json_out: JsonFlag = False) -> None:
     """
     import time
 
-    from packcli.cachedir import list_entries
+    from packcli.store.cachedir import list_entries
 
     root = _root(cache_dir)
     now = time.time()
@@ -57,9 +57,9 @@ def prune(
 
     Example: packcli cache prune --older-than 14d --max-size 20GB
     """
-    from packcli.cachedir import parse_age, parse_size
-    from packcli.cachedir import prune as prune_cache
     from packcli.errors import UsageError
+    from packcli.store.cachedir import parse_age, parse_size
+    from packcli.store.cachedir import prune as prune_cache
 
     if older_than is None and max_size is None:
         raise UsageError("cache prune needs --older-than AGE, --max-size SIZE or both; see packcli cache ls")

@@ -220,7 +220,7 @@ def merge_preset(
     """
     from packcli.api import available_cores
     from packcli.config import load_config_file, parse_field_flags, parse_template_kwargs
-    from packcli.formats import DEFAULT_FIELDS
+    from packcli.records.formats import DEFAULT_FIELDS
 
     options: dict[str, Any] = load_config_file(config) if config else {}
     for name, value in flags.items():

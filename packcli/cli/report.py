@@ -98,8 +98,8 @@ def stats(
     """
     from packcli.config import PackConfig, option_problem
     from packcli.errors import InputError, UsageError
+    from packcli.io.sources import missing_input
     from packcli.report.stats import is_packed_output, output_stats, parse_max_lens, raw_stats
-    from packcli.sources import missing_input
 
     options: dict[str, Any] = {}
     if paths is None or not any(is_packed_output(Path(p)) for p in paths):

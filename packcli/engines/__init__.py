@@ -1,6 +1,6 @@
 """Engines: where tokenizing and shard writing run. One small interface, one class per engine.
 
-The run (``packcli.pipeline``) calls an engine; an engine calls the stages (``ingest``, ``plan``,
+The run (``packcli.run.pipeline``) calls an engine; an engine calls the stages (``ingest``, ``plan``,
 ``write``, ``worker``) and never the run.
 """
 
@@ -10,13 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from packcli.cache import TokenStore
 from packcli.config import PackConfig
 from packcli.contract import Progress
 from packcli.errors import UsageError
-from packcli.plan import Plan
-from packcli.sources import InputSource
-from packcli.tokenize import Encoder
+from packcli.io.sources import InputSource
+from packcli.plan.planner import Plan
+from packcli.store.tokens import TokenStore
+from packcli.tokenize.encoder import Encoder
 
 
 class Engine(Protocol):
@@ -65,7 +65,7 @@ class LocalEngine:
         rule_out_long: bool = False,
         before_finish: Callable[[], None] | None = None,
     ) -> TokenStore:
-        from packcli.ingest import tokenize_to_store
+        from packcli.tokenize.ingest import tokenize_to_store
 
         return tokenize_to_store(
             config,
@@ -81,7 +81,7 @@ class LocalEngine:
     def write_output(
         self, config: PackConfig, store: TokenStore, plan: Plan, staged: Path | None, progress: Progress, pad_id: int
     ) -> list[dict[str, Any]]:
-        from packcli.write import write_output
+        from packcli.output.write import write_output
 
         assert staged is not None  # the local engine writes only to local paths, through a staging directory
         return write_output(config, store, plan, staged, progress, pad_id)
@@ -98,7 +98,7 @@ def load_engine(config: PackConfig) -> Engine:
     if config.engine == "local":
         return LocalEngine()
     try:
-        from packcli.engines.ray_engine import RayEngine
+        from packcli.engines.ray.engine import RayEngine
     except ImportError as exc:
         raise UsageError("--engine ray needs Ray, which is not installed; pip install 'packcli[ray]'") from exc
     return RayEngine()

@@ -18,9 +18,9 @@ import pyarrow as pa
 
 from packcli.contract import IGNORE_INDEX, SAMPLE_ROLES
 from packcli.errors import InputError, OutputError, TokenizerError, UsageError, first_line
+from packcli.output.formats import shard_batches
+from packcli.output.rows import read_checked_manifest
 from packcli.report.stats import list_parts
-from packcli.shard_formats import shard_batches
-from packcli.shards import read_checked_manifest
 
 
 @dataclass
@@ -183,7 +183,7 @@ def inspect_row(
 
 
 def _load_decoder(name: str | None, sha256: str | None) -> tuple[Any, bool]:
-    from packcli.tokenize import EncodeOptions, Encoder
+    from packcli.tokenize.encoder import EncodeOptions, Encoder
 
     try:
         encoder = Encoder(name, None, EncodeOptions())

@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packcli import packing
 from packcli.config import option_problem
 from packcli.contract import IGNORE_INDEX, MANIFEST
 from packcli.errors import OutputError, UsageError, first_line
-from packcli.shard_formats import shard_batches
-from packcli.shards import read_checked_manifest
-from packcli.tokenize import DEFAULT_TOKENIZER
+from packcli.output.formats import shard_batches
+from packcli.output.rows import read_checked_manifest
+from packcli.plan import packing
+from packcli.tokenize.encoder import DEFAULT_TOKENIZER
 
 # Row fill bins in percent, right-closed: (0, 50], (50, 75], ... (99, 100]. Fine at the top, where
 # packed rows are; a uniform 10% grid would put nearly every row in one bin.
@@ -343,8 +343,8 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
     if not max_lens:
         raise UsageError("a raw input needs --max-len (e.g. --max-len 2048,4096,8192)")
     inputs = config.inputs
-    from packcli.pipeline import tokenized_inputs
-    from packcli.sources import forget_streams
+    from packcli.io.sources import forget_streams
+    from packcli.run.pipeline import tokenized_inputs
 
     forget_streams()  # stdin and FIFOs named by this run are read by this run
 
@@ -357,7 +357,7 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
         trainable = int(store.trainable.astype(np.int64).sum())
         meta = store.meta
         if meta.get("empty_answers"):
-            from packcli.accounting import empty_answers_warning
+            from packcli.run.accounting import empty_answers_warning
 
             warnings = [*warnings, empty_answers_warning(int(meta["empty_answers"]))]
         tokenizer_name = config.tokenizer or DEFAULT_TOKENIZER
@@ -402,10 +402,10 @@ def _kept_by_policy(
     """
     from dataclasses import replace
 
-    from packcli import accounting
     from packcli.errors import InputError
-    from packcli.pipeline import tokenized_inputs
-    from packcli.plan import make_plan
+    from packcli.plan.planner import make_plan
+    from packcli.run import accounting
+    from packcli.run.pipeline import tokenized_inputs
 
     def kept(cfg: Any, tokens: Any) -> dict[str, Any]:
         try:

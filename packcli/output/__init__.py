@@ -1,0 +1,1 @@
+"""Rows and shards: row layout, the shard formats, the manifest, output path rules and atomic staging."""

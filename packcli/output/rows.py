@@ -1,0 +1,353 @@
+"""Packed rows to shard files and a manifest, atomically; and the read side for stats and verify.
+
+A row is built from its samples' token data, read by offset from the token store,
+so only one shard's worth of tokens is in memory at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from packcli.contract import IGNORE_INDEX, MANIFEST, SHARD_SCHEMA, shard_schema
+from packcli.errors import OutputError
+from packcli.output.formats import FORMATS, shard_format
+from packcli.owned import REPLACE_JOURNAL, interrupted_replace_message
+from packcli.plan import packing
+
+EXTENSIONS = {name: f.extension for name, f in FORMATS.items()}
+
+
+def build_rows(
+    ids: np.ndarray,
+    labels: np.ndarray,
+    sample_lengths: np.ndarray,
+    samples_per_row: np.ndarray,
+    sample_index: np.ndarray,
+    pad_to: int | None = None,
+    pad_id: int = 0,
+    piece_index: np.ndarray | None = None,
+    pad_multiple: int = 1,
+    pad_offset: int = 0,
+    loss_weighting: str = "token",
+    sample_role: np.ndarray | None = None,
+) -> pa.Table:
+    """Return a table of packed rows from the samples' tokens, concatenated in row order.
+
+    ``sample_lengths`` are the samples' lengths in ``ids``/``labels``; ``samples_per_row`` how many
+    samples each row holds. With ``pad_to``, each row is padded with one extra segment
+    (sample_index -1, piece_index 0, labels -100, positions from 0) to that length. ``piece_index``
+    numbers the pieces of a record split by ``--overflow split`` (None: every sample is piece 0).
+
+    With ``pad_multiple`` above 1, every sample is first padded inside its own segment to a multiple
+    of it (``packing.pad_lengths``): pad tokens, labels -100, positions going on counting; its
+    ``seq_lengths`` entry is then the padded length and ``seq_lengths_unpadded`` holds the real one.
+    With ``loss_weighting`` sample or sqrt, ``loss_weights`` holds 1/n or 1/sqrt(n) on each of a
+    sample's n trained tokens and 0 elsewhere. ``sample_role`` (preference data) is written as the
+    ``sample_role`` column, 0 on a padding segment.
+    """
+    lengths = sample_lengths.astype(np.int64)
+    unpadded = None
+    if pad_multiple > 1:
+        padded = packing.pad_lengths(lengths, pad_multiple, pad_offset)
+        ids, labels = _pad_samples(ids, labels, lengths, padded, pad_id)
+        unpadded = lengths.astype(np.int32)
+        lengths = padded
+    weights = None if loss_weighting == "token" else loss_weights(labels, lengths, loss_weighting)
+    total = int(lengths.sum())
+    dst_starts = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=dst_starts[1:])
+    within = np.arange(total, dtype=np.int64) - np.repeat(dst_starts, lengths)
+    row_labels = labels
+    positions = within.astype(np.int32)
+    del within
+    row_sample_offsets = np.zeros(len(samples_per_row) + 1, dtype=np.int64)
+    np.cumsum(samples_per_row, out=row_sample_offsets[1:])
+    row_tokens = np.zeros(len(samples_per_row), dtype=np.int64)
+    if len(lengths):
+        row_tokens = np.add.reduceat(lengths, row_sample_offsets[:-1])
+        row_tokens[samples_per_row == 0] = 0
+    seq_lengths = lengths.astype(np.int32)
+    index = sample_index.astype(np.int64)
+    pieces = np.zeros(len(index), np.int32) if piece_index is None else piece_index.astype(np.int32)
+    row_tokens_before, samples_before = row_tokens, samples_per_row
+    if pad_to is not None:
+        ids, row_labels, positions, seq_lengths, index, pieces, row_tokens, samples_per_row = _pad_rows(
+            ids, row_labels, positions, seq_lengths, index, pieces, row_tokens, samples_per_row, pad_to, pad_id
+        )
+        weights, unpadded = _pad_optional(row_tokens_before, samples_before, pad_to, weights, unpadded)
+        if sample_role is not None:
+            sample_role = _pad_optional(row_tokens_before, samples_before, pad_to, None, sample_role)[1]
+    token_offsets = np.zeros(len(row_tokens) + 1, dtype=np.int64)
+    np.cumsum(row_tokens, out=token_offsets[1:])
+    seq_offsets = np.zeros(len(samples_per_row) + 1, dtype=np.int64)
+    np.cumsum(samples_per_row, out=seq_offsets[1:])
+    tok_off = _arrow(token_offsets, np.int32)
+    seq_off = _arrow(seq_offsets, np.int32)
+    columns = [
+        pa.ListArray.from_arrays(tok_off, _arrow(ids, np.int32)),
+        pa.ListArray.from_arrays(tok_off, _arrow(row_labels, np.int32)),
+        pa.ListArray.from_arrays(tok_off, _arrow(positions, np.int32)),
+        pa.ListArray.from_arrays(seq_off, _arrow(seq_lengths, np.int32)),
+        pa.ListArray.from_arrays(seq_off, _arrow(index, np.int64)),
+        pa.ListArray.from_arrays(seq_off, _arrow(pieces, np.int32)),
+    ]
+    optional = []
+    if unpadded is not None:
+        columns.append(pa.ListArray.from_arrays(seq_off, _arrow(unpadded, np.int32)))
+        optional.append("seq_lengths_unpadded")
+    if weights is not None:
+        columns.append(pa.ListArray.from_arrays(tok_off, _arrow(weights, np.float32)))
+        optional.append("loss_weights")
+    if sample_role is not None:
+        columns.append(pa.ListArray.from_arrays(seq_off, _arrow(sample_role, np.int8)))
+        optional.append("sample_role")
+    return pa.Table.from_arrays(columns, schema=shard_schema(optional) if optional else SHARD_SCHEMA)
+
+
+def _pad_samples(
+    ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray, padded: np.ndarray, pad_id: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return the samples' tokens and labels with each sample followed by its padding (labels -100)."""
+    total = int(padded.sum())
+    out_ids = np.full(total, pad_id, dtype=np.int32)
+    out_labels = np.full(total, IGNORE_INDEX, dtype=np.int32)
+    dst = np.arange(len(ids), dtype=np.int64) + np.repeat(
+        np.cumsum(padded) - padded - (np.cumsum(lengths) - lengths), lengths
+    )
+    out_ids[dst] = ids
+    out_labels[dst] = labels
+    return out_ids, out_labels
+
+
+def loss_weights(labels: np.ndarray, lengths: np.ndarray, loss_weighting: str) -> np.ndarray:
+    """Return each token's loss weight: 1/n (sample) or 1/sqrt(n) (sqrt) on a sample's n trained tokens, else 0.
+
+    ``lengths`` are the samples' lengths in ``labels`` (they sum to its length). The weight is computed
+    in float64 and rounded once to float32; ``verify`` recomputes it with this function.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    trained = labels != IGNORE_INDEX
+    ends = np.cumsum(lengths)
+    before = np.zeros(len(trained) + 1, dtype=np.int64)
+    np.cumsum(trained, out=before[1:])
+    counts = before[ends] - before[ends - lengths]
+    scale = np.sqrt(counts) if loss_weighting == "sqrt" else counts
+    per_sample = np.divide(1.0, scale, out=np.zeros(len(lengths)), where=counts > 0).astype(np.float32)
+    weights = np.repeat(per_sample, lengths)
+    weights[~trained] = 0.0
+    return weights
+
+
+def _pad_optional(
+    row_tokens: np.ndarray,
+    samples_per_row: np.ndarray,
+    pad_to: int,
+    weights: np.ndarray | None,
+    unpadded: np.ndarray | None,
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Place the optional columns as ``_pad_rows`` places the others: weight 0 on the row's padding,
+    real length 0 for its padding segment (it holds no real token)."""
+    pad = (pad_to - row_tokens).astype(np.int64)
+    if weights is not None:
+        dst = np.arange(len(weights), dtype=np.int64) + np.repeat(np.cumsum(pad) - pad, row_tokens)
+        out = np.zeros(len(row_tokens) * pad_to, dtype=np.float32)
+        out[dst] = weights
+        weights = out
+    if unpadded is not None:
+        has_pad = (pad > 0).astype(np.int64)
+        seg_dst = np.arange(len(unpadded), dtype=np.int64) + np.repeat(np.cumsum(has_pad) - has_pad, samples_per_row)
+        out_unpadded = np.zeros(int((samples_per_row + has_pad).sum()), dtype=np.int32)
+        out_unpadded[seg_dst] = unpadded
+        unpadded = out_unpadded
+    return weights, unpadded
+
+
+_ARROW_TYPES = {
+    np.dtype(np.int8): pa.int8(),
+    np.dtype(np.int32): pa.int32(),
+    np.dtype(np.int64): pa.int64(),
+    np.dtype(np.float32): pa.float32(),
+}
+
+
+def _arrow(values: np.ndarray, dtype: type) -> pa.Array:
+    """Wrap a numpy integer array as an Arrow array without a copy.
+
+    ``pa.array`` would do the same but first imports pandas to look for pandas types (0.2 s a process).
+    """
+    values = np.ascontiguousarray(values, dtype=dtype)
+    return pa.Array.from_buffers(_ARROW_TYPES[values.dtype], len(values), [None, pa.py_buffer(values)])
+
+
+def _pad_rows(
+    ids: np.ndarray,
+    labels: np.ndarray,
+    positions: np.ndarray,
+    seq_lengths: np.ndarray,
+    index: np.ndarray,
+    pieces: np.ndarray,
+    row_tokens: np.ndarray,
+    samples_per_row: np.ndarray,
+    pad_to: int,
+    pad_id: int,
+) -> tuple[np.ndarray, ...]:
+    pad = (pad_to - row_tokens).astype(np.int64)
+    n_rows = len(row_tokens)
+    # Tokens: each row's tokens followed by its padding.
+    dst = np.arange(len(ids), dtype=np.int64) + np.repeat(np.cumsum(pad) - pad, row_tokens)
+    size = n_rows * pad_to
+    out_ids = np.full(size, pad_id, dtype=np.int32)
+    out_labels = np.full(size, IGNORE_INDEX, dtype=np.int32)
+    out_pos = np.zeros(size, dtype=np.int32)
+    out_ids[dst] = ids
+    out_labels[dst] = labels
+    out_pos[dst] = positions
+    pad_start = np.arange(n_rows, dtype=np.int64) * pad_to + row_tokens
+    pad_within = np.arange(int(pad.sum()), dtype=np.int64) - np.repeat(np.cumsum(pad) - pad, pad)
+    out_pos[np.repeat(pad_start, pad) + pad_within] = pad_within.astype(np.int32)
+    # Segments: each row's samples followed by one padding segment where there is padding.
+    has_pad = (pad > 0).astype(np.int64)
+    new_counts = samples_per_row + has_pad
+    seg_dst = np.arange(len(seq_lengths), dtype=np.int64) + np.repeat(np.cumsum(has_pad) - has_pad, samples_per_row)
+    n_seg = int(new_counts.sum())
+    out_seq = np.zeros(n_seg, dtype=np.int32)
+    out_index = np.full(n_seg, -1, dtype=np.int64)
+    out_seq[seg_dst] = seq_lengths
+    out_index[seg_dst] = index
+    out_pieces = np.zeros(n_seg, dtype=np.int32)
+    out_pieces[seg_dst] = pieces
+    pad_seg = (np.cumsum(new_counts) - 1)[pad > 0]
+    out_seq[pad_seg] = pad[pad > 0]
+    return out_ids, out_labels, out_pos, out_seq, out_index, out_pieces, np.full(n_rows, pad_to, np.int64), new_counts
+
+
+def shard_name(i: int, n: int, output_format: str) -> str:
+    return f"shard-{i:05d}-of-{n:05d}{EXTENSIONS[output_format]}"
+
+
+ROW_GROUP_ROWS = 256
+
+
+def write_shard(
+    tables: Iterable[pa.Table], path: Path, output_format: str, schema: pa.Schema = SHARD_SCHEMA
+) -> dict[str, Any]:
+    """Write one shard from consecutive row groups and return its manifest entry.
+
+    Row groups are written as they come, so memory holds one row group whatever the shard size.
+    """
+    rows = tokens = 0
+    max_id = -1  # the largest input id (padding included): a model's embedding must be larger than it
+    writer = shard_format(output_format).writer(path, schema)
+    try:
+        for table in tables:
+            rows += table.num_rows
+            ids = table.column("input_ids").combine_chunks().flatten()
+            tokens += len(ids)
+            if len(ids):
+                max_id = max(max_id, int(ids.to_numpy().max()))
+            writer.write(table)
+    finally:
+        writer.close()
+    return {"file": path.name, "rows": rows, "tokens": tokens, "max_token_id": max_id, "sha256": file_sha256(path)}
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any], output: Path | None = None) -> None:
+    """Write manifest.json into ``directory`` atomically; ``output`` is the path errors name."""
+    path = directory / MANIFEST
+    tmp = directory / (MANIFEST + ".tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise OutputError(
+            f"{output or directory}: cannot write {MANIFEST} ({exc.strerror or exc}); "
+            "free disk space or choose another -o"
+        ) from exc
+
+
+# -- read side -------------------------------------------------------------------------------------
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """Return the manifest of a packed output directory."""
+    if os.path.lexists(directory / REPLACE_JOURNAL):  # its files are part old, part new: nothing to check yet
+        raise OutputError(interrupted_replace_message(str(directory)))
+    path = directory / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise OutputError(f"{directory}: no {MANIFEST}; is this a packcli output directory?") from exc
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: also an integer too long to convert
+        raise OutputError(f"{path}: cannot be read ({exc}); the output is damaged, pack again") from exc
+    if not isinstance(manifest, dict):
+        raise OutputError(f"{path}: is not a JSON object; the manifest is damaged, pack again")
+    return manifest
+
+
+def manifest_problems(manifest: dict[str, Any]) -> list[str]:
+    """Return what is missing or wrong in the manifest keys that stats, inspect and verify read.
+
+    A shard entry must name a bare file name: a path that leaves the output directory is refused, so
+    reading a manifest never reads (or checks) a file outside the output.
+    """
+
+    def is_int(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    problems = []
+    if not is_int(manifest.get("max_len")) or manifest["max_len"] < 1:
+        problems.append("lacks max_len" if "max_len" not in manifest else "max_len is not a positive integer")
+    for key, kind in (("counts", dict), ("tokenizer", dict)):
+        if key in manifest and not isinstance(manifest[key], kind):
+            problems.append(f"{key} is not an object")
+    entries = manifest.get("shards")
+    if not isinstance(entries, list):
+        problems.append("lacks shards" if entries is None else "shards is not a list")
+        return problems
+    for k, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            problems.append(f"shard entry {k} is not an object")
+            continue
+        missing = [key for key in ("file", "rows", "tokens", "sha256") if key not in entry]
+        if missing:
+            problems.append(f"shard entry {k} lacks {', '.join(missing)}")
+            continue
+        name = entry["file"]
+        if not isinstance(name, str) or not is_int(entry["rows"]) or not is_int(entry["tokens"]):
+            problems.append(f"shard entry {k} has a file, rows or tokens of the wrong type")
+        elif not name or name in (".", "..") or Path(name).name != name or "\\" in name:
+            problems.append(f"shard entry {k} names '{name}', outside the output directory")
+    return problems
+
+
+def read_checked_manifest(directory: Path) -> dict[str, Any]:
+    """Return the manifest of a packed output; raise OutputError naming the first thing wrong in it."""
+    manifest = read_manifest(directory)
+    problems = manifest_problems(manifest)
+    if problems:
+        raise OutputError(f"{directory / MANIFEST}: {problems[0]}; the manifest is damaged, pack again")
+    return manifest
+
+
+def read_shard(path: Path) -> pa.Table:
+    """Read one shard, in whatever registered format it is, as a table."""
+    from packcli.output.formats import read_shard as read
+
+    return read(path)

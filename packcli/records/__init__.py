@@ -1,0 +1,1 @@
+"""Records to samples: the input formats, preference pairs, per-record checks and turn cleaning."""

@@ -1,0 +1,298 @@
+"""What a run keeps and what it loses: the summary's counts, and the rule that makes loss loud.
+
+Every record read is packed (at least one of its samples is in a row) or dropped with a reason:
+``records_read == packed + sum(dropped)``. With ``--overflow split`` a record may become several
+samples (pieces); ``split`` counts the records split, the pieces made, and the pieces left out by
+reason, and ``samples`` counts every sample written. ``lost`` measures what did not reach the rows:
+records dropped, and tokens (of tokenized samples) dropped or cut off by truncation, and the tokens of
+pieces left out (``piece_too_short`` under ``--min-piece``, ``untrained_piece``). Token fractions are of
+every token tokenized: the samples stored and the pieces left out.
+
+When more than ``LOUD_FRACTION`` of the records or of the tokens is lost, the summary carries one
+warning naming the top reason and the option that would keep them; ``--max-drop-fraction F`` makes
+losing more than F an error instead (nothing is written).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from packcli.config import Hint, PackConfig, suggest
+from packcli.errors import InputError
+from packcli.plan import packing
+from packcli.plan.planner import Plan
+from packcli.store.tokens import TokenStore
+
+LOUD_FRACTION = 0.05
+
+# What keeps the records or tokens that a reason loses: alternatives, each the option setting it
+# passes (left out when the run has it already: see config.suggest) or None for another step.
+KEEP_THEM: dict[str, list[Hint]] = {
+    "too_long": [
+        (("overflow", "split"), "pass --overflow split to keep them as whole pieces"),
+        (("overflow", "truncate"), "pass --overflow truncate"),
+        (None, "raise --max-len"),
+    ],
+    "truncated": [
+        (("overflow", "split"), "pass --overflow split to keep the cut tokens as pieces"),
+        (None, "raise --max-len"),
+    ],
+    "nothing_to_train_after_truncation": [
+        (("overflow", "split"), "pass --overflow split"),
+        (("cut_side", "left"), "pass --truncate-side left"),
+        (None, "raise --max-len"),
+    ],
+    "world_size_remainder": [(("rank_remainder", "pad"), "pass --rank-remainder pad")],
+    "no_piece_left": [(None, "lower --min-piece"), (None, "check --train-on")],
+    "piece_too_short": [(None, "lower --min-piece")],
+    "untrained_piece": [
+        (("train_on", "all"), "these pieces train nothing under --train-on: pass --train-on all"),
+        (None, "raise --max-len"),
+    ],
+    "no_assistant_turn": [(("train_on", "all"), "pass --train-on all to train on them"), (None, "fix the records")],
+    "nothing_to_train": [(None, "check --train-on and the records' roles")],
+}
+# Preference and KTO records are never split: only their prompts are cut, from the left.
+KEEP_THEM_PAIRS: dict[str, list[Hint]] = {
+    "too_long": [
+        (None, "raise --max-len"),
+        (("overflow", "truncate"), "pass --overflow truncate to cut the prompts from the left"),
+    ],
+    "truncated": [(None, "raise --max-len (a record is cut only in its prompt, never split)")],
+}
+BAD_DATA: list[Hint] = [(None, "fix the records (list them with --rejects FILE)")]
+# Under --overflow split, what is still cut or dropped is an exchange that fits in no row on its own.
+KEEP_THEM_SPLIT: dict[str, list[Hint]] = {
+    "truncated": [(None, "raise --max-len: these exchanges do not fit in one row on their own")],
+    "nothing_to_train_after_truncation": [
+        (None, "raise --max-len"),
+        (
+            ("cut_side", "left"),
+            "leave out --truncate-side right (split cuts such an exchange from the left, keeping its answer)",
+        ),
+    ],
+}
+
+
+def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str) -> dict[str, Any]:
+    """Return the summary of a run from its token store and plan (counts, fill, bounds, loss)."""
+    dropped = Counter(store.meta["dropped"]) + Counter(_records_lost(store, plan))
+    records = int(store.meta["records_read"])
+    rows = len(plan.order.order)
+    packed = records - sum(dropped.values())
+    padded = int(sum(np.diff(plan.row_start)[plan.order.padded_rows])) if len(plan.order.padded_rows) else 0
+    remainder = plan.drop_rows.get("world_size_remainder", np.zeros(0, np.int64))
+    in_rows = _lengths_in_rows(store, plan)
+    tokens = plan.tokens - int(in_rows[remainder].sum())
+    row_tokens_padded = sum(
+        int(plan.lengths[plan.row_start[r] : plan.row_start[r + 1]].sum()) for r in plan.order.padded_rows
+    )
+    written_tokens = tokens + row_tokens_padded
+    capacity = rows * config.max_len
+    samples = len(plan.store_rows) - len(remainder)
+    out: dict[str, Any] = {
+        **made_with(config, store.meta["tokenizer"]),
+        "records_read": records,
+        "limit": config.limit,
+        "packed": packed,
+        "samples": samples,
+        "dropped": dict(sorted(dropped.items())),
+        "truncated": plan.truncated,
+        "duplicated": padded,
+    }
+    if "split" in store.meta:
+        split = dict(store.meta["split"])
+        # Exchanges too long for a row on their own, cut (from cut_side) and kept.
+        split["exchanges_cut"] = plan.truncated
+        split["cut_side"] = config.cut_side
+        if plan.drop_rows:
+            split["pieces_dropped_by_plan"] = _pieces_dropped(store, plan)
+        out["split"] = split
+    if "turns_fixed" in store.meta:  # --fix-turns: its changes by kind
+        out["turns_fixed"] = dict(store.meta["turns_fixed"])
+    out["empty_answers"] = int(store.meta.get("empty_answers", 0))
+    out |= {
+        "tokens": written_tokens,
+        "trainable_tokens": plan.trainable,
+        "rows": rows,
+        "max_len": config.max_len,
+        "fill": round(written_tokens / capacity, 6) if capacity else 0.0,
+        "lower_bound_l1": plan.bound_l1,
+        "lower_bound_l2": plan.bound_l2,
+        "rows_over_l2": plan.n_rows - plan.bound_l2,
+        "rows_over_l2_fraction": round(plan.n_rows / plan.bound_l2 - 1, 6) if plan.bound_l2 else 0.0,
+        "padding_tokens": capacity - written_tokens,
+        "alignment_padding_tokens": _alignment_padding(config, plan),
+        "rows_without_packing": samples,
+        "padding_tokens_without_packing": samples * config.max_len - tokens,
+        "algorithm": config.algorithm,
+        "world_size": config.world_size,
+        "rank_tokens": [int(x) for x in plan.order.rank_tokens],
+        "rank_token_spread": round(float(packing.rank_token_spread(plan.order.rank_tokens)), 6),
+        "cache": cache_state,
+        "output": None if config.dry_run else str(config.output),
+        "warnings": list(store.meta["tokenizer"].get("warnings", [])),
+    }
+    if out["empty_answers"]:
+        out["warnings"].append(empty_answers_warning(out["empty_answers"]))
+    out["lost"] = lost = _lost(store, plan, in_rows, dropped, records)
+    warning = loss_warning(lost, config)
+    if warning:
+        out["warnings"].append(warning)
+    return out
+
+
+def empty_answers_warning(n: int) -> str:
+    """The warning for trained answers that are empty or only whitespace (they teach an answer of nothing)."""
+    answers = "answer is" if n == 1 else "answers are"
+    return (
+        f"{n} trained {answers} empty or only whitespace (zero-width characters included): they teach the "
+        'model to answer with nothing; pass --fix-turns to drop them, or mark them "train": false'
+    )
+
+
+def made_with(config: PackConfig, identity: dict[str, Any]) -> dict[str, Any]:
+    """Return what the tokens were made with: the tokenizer, the template and where it came from, the task.
+
+    ``template_source`` is ``tokenizer`` (the tokenizer's own), ``file`` (a path), ``packcli`` (one of
+    packcli's templates, named) or ``default`` (packcli's template for a tokenizer without one).
+    """
+    from packcli.tokenize.encoder import DEFAULT_TOKENIZER, builtin_name
+
+    if config.chat_template is not None:
+        name = builtin_name(config.chat_template)
+        template, source = (name, "packcli") if name is not None else (config.chat_template, "file")
+    elif "chat_template" in identity:
+        template, source = identity["chat_template"], identity["chat_template_source"]
+    else:  # a cache entry made before the identity named its template (only ChatML was packcli's then)
+        old = identity.get("chat_template_source", "tokenizer")
+        template, source = ("tokenizer", "tokenizer") if old == "tokenizer" else ("chatml", "default")
+    return {
+        "tokenizer": config.tokenizer or DEFAULT_TOKENIZER,
+        "template": template,
+        "template_source": source,
+        "task": config.task,
+    }
+
+
+def _alignment_padding(config: PackConfig, plan: Plan) -> int:
+    """Return the padding tokens --pad-to-multiple-of adds to the samples of the rows written."""
+    if config.pad_multiple <= 1:
+        return 0
+    extra = packing.pad_lengths(plan.lengths, config.pad_multiple, config.pad_offset) - plan.lengths
+    per_row = np.add.reduceat(extra, plan.row_start[:-1]) if len(extra) else np.zeros(0, np.int64)
+    per_row[np.diff(plan.row_start) == 0] = 0
+    return int(per_row[plan.order.order].sum())
+
+
+def _lengths_in_rows(store: TokenStore, plan: Plan) -> np.ndarray:
+    """Return each store row's length as planned in its row (0 for samples in no row)."""
+    eff = np.zeros(len(store.lengths), dtype=np.int64)
+    eff[plan.store_rows] = plan.lengths
+    return eff
+
+
+def _records_lost(store: TokenStore, plan: Plan) -> dict[str, int]:
+    """Return, by reason, the records whose every sample the plan leaves out."""
+    if not plan.drop_rows:
+        return {}
+    kept = np.ones(len(store.lengths), dtype=bool)
+    for rows in plan.drop_rows.values():
+        kept[rows] = False
+    index = store.sample_index
+    still_there = np.unique(index[kept])
+    out: dict[str, int] = {}
+    for reason, rows in plan.drop_rows.items():
+        gone = np.setdiff1d(np.unique(index[rows]), still_there)
+        # A record with samples dropped for two reasons counts under the first (in plan order).
+        still_there = np.union1d(still_there, gone)
+        if len(gone):
+            out[reason] = len(gone)
+    return out
+
+
+def _pieces_dropped(store: TokenStore, plan: Plan) -> dict[str, int]:
+    """Return, by reason, the samples of split records the plan leaves out."""
+    split_records = np.unique(store.sample_index[store.piece_index > 0])
+    out = {}
+    for reason, rows in plan.drop_rows.items():
+        n = int(np.isin(store.sample_index[rows], split_records).sum())
+        if n:
+            out[reason] = n
+    return out
+
+
+def _lost(store: TokenStore, plan: Plan, in_rows: np.ndarray, dropped: Counter[str], records: int) -> dict[str, Any]:
+    """Return what did not reach the rows: records by reason, tokens by reason, and both fractions.
+
+    ``in_rows`` is each store row's length as planned (``_lengths_in_rows``).
+    """
+    tokens_by_reason: Counter[str] = Counter()
+    for reason, rows in plan.drop_rows.items():
+        # Samples in rows left out by --world-size lose what the rows held; the others all they had.
+        lengths = in_rows if reason == "world_size_remainder" else store.lengths
+        tokens_by_reason[reason] += int(lengths[rows].sum())
+    cut = int(store.lengths[plan.store_rows].sum()) - int(plan.lengths.sum())
+    if cut > 0:
+        tokens_by_reason["truncated"] += cut
+    # Pieces the split left out never reached the store: their tokens are counted where they were cut.
+    left_out = Counter({k: int(v) for k, v in store.meta.get("split", {}).get("tokens_left_out", {}).items()})
+    tokens_by_reason.update(+left_out)
+    total_tokens = int(store.lengths.sum()) + sum(left_out.values())
+    records_lost = sum(dropped.values())
+    tokens_lost = sum(tokens_by_reason.values())
+    return {
+        "records": records_lost,
+        "records_fraction": round(records_lost / records, 6) if records else 0.0,
+        "tokens": tokens_lost,
+        "tokens_fraction": round(tokens_lost / total_tokens, 6) if total_tokens else 0.0,
+        "records_by_reason": dict(sorted(dropped.items())),
+        "tokens_by_reason": dict(sorted(tokens_by_reason.items())),
+    }
+
+
+def _worst(lost: dict[str, Any]) -> tuple[str, str]:
+    """Return the measure (records or tokens) with the larger loss, and its top reason."""
+    by_records, by_tokens = lost["records_by_reason"], lost["tokens_by_reason"]
+    if lost["records_fraction"] >= lost["tokens_fraction"] and by_records:
+        return "records", max(by_records, key=lambda r: (by_records[r], r))
+    if by_tokens:
+        return "tokens", max(by_tokens, key=lambda r: (by_tokens[r], r))
+    return "records", max(by_records, key=lambda r: (by_records[r], r)) if by_records else ""
+
+
+def loss_words(lost: dict[str, Any], config: PackConfig) -> str:
+    """Describe the loss in one clause: how much, the top reason, and what keeps it."""
+    measure, reason = _worst(lost)
+    fraction = lost[f"{measure}_fraction"]
+    count = lost[f"{measure}_by_reason"].get(reason, 0)
+    what = "records" if measure == "records" else "tokens"
+    hints = KEEP_THEM | (KEEP_THEM_SPLIT if config.overflow == "split" else {})
+    if config.task in ("preference", "kto"):
+        hints = hints | KEEP_THEM_PAIRS
+    fix = suggest(config, hints.get(reason, BAD_DATA)) or "raise --max-len"
+    if reason == "too_long":
+        reason = f"too_long, over --max-len {config.max_len}"
+    return (
+        f"{fraction:.1%} of the {what} were lost ({lost['records']:,} records dropped, {lost['tokens']:,} tokens); "
+        f"top reason {reason} ({count:,} {what}): {fix}"
+    )
+
+
+def loss_warning(lost: dict[str, Any], config: PackConfig) -> str | None:
+    """Return the warning for a loss above LOUD_FRACTION of records or tokens, else None."""
+    if max(lost["records_fraction"], lost["tokens_fraction"]) <= LOUD_FRACTION:
+        return None
+    return loss_words(lost, config)
+
+
+def check_loss(config: PackConfig, summary: dict[str, Any]) -> None:
+    """Raise InputError when the run loses more than --max-drop-fraction of its records or tokens."""
+    limit = config.max_drop_fraction
+    lost = summary["lost"]
+    if limit is None or max(lost["records_fraction"], lost["tokens_fraction"]) <= limit:
+        return
+    raise InputError(f"{loss_words(lost, config)}; that is more than --max-drop-fraction {limit}")

@@ -1,0 +1,505 @@
+"""The on-disk store of tokenized samples, read by offset when shards are written.
+
+A finished store is a directory holding the token files (every kept sample's tokens, concatenated,
+little-endian int32, in one or more *segments*: a segment is a pair ``PREFIXinput_ids.bin`` and
+``PREFIXlabels.bin``; the local engine writes one, with the empty prefix; the Ray engine one per part of
+the inputs, written where it was tokenized, under ``segments/``),
+``samples.npz`` (per sample: sample_index, piece_index, length, trainable count, first trained position and record
+position, so the plan never reads token data) and ``meta.json`` (counts, dropped records by reason,
+sources). Rows are gathered from the token files by index, touching only the pages they need.
+The same layout serves as the tokenization cache, keyed by everything that
+changes tokens; entries are written to a temporary directory and renamed into place, so a killed run
+never leaves an entry that looks complete.
+
+``meta.json`` lists the segments in order (their prefix and token count: a sample's offset in the
+concatenation of the segments finds its segment) and records the size and sha256 of every other file
+of the store and a sha256 of its own content, written at ``finish``. The segments may live at a
+filesystem URI (``segment_root`` in meta.json, e.g. ``s3://bucket/out/.packcli-tokens/KEY``) rather
+than in the directory: a store whose tokens a cluster wrote to object storage. ``load_store`` checks
+all of them before a store is used (segments at a URI by size), so a damaged entry (changed bytes, a
+truncated or missing file, a meta.json that is not JSON or lacks a key) is reported as
+``DamagedStore`` and never read: the caller rebuilds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packcli.errors import OutputError, PackcliError, first_line
+from packcli.owned import owner_tag
+
+CACHE_FORMAT = 7  # 7: keyed by the inputs' contents (no path), the template's source; meta.made
+TOKEN_DTYPE = np.dtype("<i4")
+HASH_CHUNK = 1 << 20
+# Every key a finished store's meta.json has; one missing means the entry is damaged.
+META_KEYS = (
+    "tokenizer",
+    "pad_id",
+    "records_read",
+    "dropped",
+    "sources",
+    "source_starts",
+    "segments",
+    "files",
+    "meta_sha256",
+)
+ARRAYS = ("sample_index", "piece_index", "lengths", "trainable", "first_trained", "positions")
+TOKEN_FILES = ("input_ids.bin", "labels.bin")
+
+
+def segment_files(prefix: str) -> tuple[str, str]:
+    """The names of a segment's two token files (input ids, labels), relative to the segments' root."""
+    return prefix + TOKEN_FILES[0], prefix + TOKEN_FILES[1]
+
+
+def is_uri(path: str) -> bool:
+    """Whether a location is a filesystem URI (``s3://...``, ``file://...``) rather than a local path."""
+    head, sep, _ = path.partition("://")
+    return bool(sep) and head.replace("+", "").replace(".", "").replace("-", "").isalnum()
+
+
+def join(root: str, name: str) -> str:
+    """``root/name`` for a local path or a URI."""
+    return f"{root.rstrip('/')}/{name}" if is_uri(root) else os.path.join(root, name)
+
+
+class Digest:
+    """sha256 and size of bytes as they are written (a segment's checksum without reading it back)."""
+
+    def __init__(self) -> None:
+        self.sha = hashlib.sha256()
+        self.bytes = 0
+
+    def update(self, data: bytes) -> None:
+        self.sha.update(data)
+        self.bytes += len(data)
+
+    def entry(self) -> dict[str, Any]:
+        return {"bytes": self.bytes, "sha256": self.sha.hexdigest()}
+
+
+class DamagedStore(PackcliError):
+    """A store exists at the path but fails its checks; the message says which file and how."""
+
+
+def file_digest(path: Path) -> str:
+    """Return the sha256 of a file, read in 1 MiB chunks (memory does not grow with the file)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _meta_digest(meta: dict[str, Any]) -> str:
+    body = {k: v for k, v in meta.items() if k != "meta_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _write_error(path: Path, exc: OSError, fix: str) -> OutputError:
+    return OutputError(f"{path}: cannot write the token store ({exc.strerror or exc}); {fix}")
+
+
+def default_cache_dir() -> Path:
+    """Return $PACKCLI_CACHE, else $XDG_CACHE_HOME/packcli, else ~/.cache/packcli."""
+    if os.environ.get("PACKCLI_CACHE"):
+        return Path(os.environ["PACKCLI_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "packcli"
+
+
+def cache_key(parts: dict[str, Any]) -> str:
+    """Return a stable hex key for everything that decides the tokens."""
+    blob = json.dumps({"cache_format": CACHE_FORMAT, **parts}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:32]
+
+
+@dataclass
+class TokenStore:
+    """A finished store: per-sample arrays in memory, token data read by offset on demand (TokenReader)."""
+
+    path: Path
+    sample_index: np.ndarray  # int64, one per kept sample, ascending (a split record's pieces share it)
+    piece_index: np.ndarray  # int32: the piece of a split record (0 for a record kept whole)
+    lengths: np.ndarray  # int32
+    trainable: np.ndarray  # int32: tokens with a label
+    first_trained: np.ndarray  # int32: position of the first token with a label
+    positions: np.ndarray  # int32: line or record number in its source
+    meta: dict[str, Any]
+    # int8 per sample: its sample_role (packcli.records.preference.ROLES); all 0 (SFT) for a store without one.
+    sample_role: np.ndarray | None = None
+    # Seconds by stage of the run that made the store (read, decode, tokenize, store, cpu, wall); empty
+    # for a store found in the cache. Not saved.
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.sample_role is None:
+            self.sample_role = np.zeros(len(self.lengths), dtype=np.int8)
+
+    @functools.cached_property
+    def starts(self) -> np.ndarray:
+        """Offset of each sample's first token in the token files (int64)."""
+        starts = np.zeros(len(self.lengths), dtype=np.int64)
+        np.cumsum(self.lengths[:-1], out=starts[1:])
+        return starts
+
+    @property
+    def segment_root(self) -> str:
+        """Where the segments' files are: the store's directory, or the URI in meta.json."""
+        return self.meta.get("segment_root") or str(self.path)
+
+    def open_tokens(self) -> TokenReader:
+        """Open the token files for reading samples by offset."""
+        return TokenReader(self.segment_root, self.meta["segments"])
+
+
+class TokenReader:
+    """Reads samples' tokens from the segments' token files by offset (a local path or a URI).
+
+    Explicit reads rather than a memory map: rows gather samples from all over the files, and mapped
+    pages (with the pages the kernel maps around each fault) would count in the resident set, growing
+    with the data. Read pages stay in the page cache, which is not the process's memory. A segment's
+    files are opened on first use; a sample never spans two segments.
+    """
+
+    def __init__(self, root: str | Path, segments: list[dict[str, Any]]) -> None:
+        self.root = str(root)
+        self.prefixes = [s["prefix"] for s in segments]
+        self.seg_starts = np.zeros(len(segments) + 1, dtype=np.int64)
+        np.cumsum([int(s["tokens"]) for s in segments], out=self.seg_starts[1:])
+        self._open: dict[int, tuple[Any, ...]] = {}
+        self._fs: Any = None
+        if is_uri(self.root):
+            from pyarrow import fs as pafs
+
+            self._fs, self._base = pafs.FileSystem.from_uri(self.root)
+
+    def _files(self, seg: int) -> tuple[Any, ...]:
+        if seg not in self._open:
+            names = segment_files(self.prefixes[seg])
+            if self._fs is None:
+                self._open[seg] = tuple(open(os.path.join(self.root, n), "rb") for n in names)  # noqa: SIM115
+            else:
+                self._open[seg] = tuple(self._fs.open_input_file(f"{self._base.rstrip('/')}/{n}") for n in names)
+        return self._open[seg]
+
+    def _read(self, fh: Any, out: np.ndarray, offset: int) -> bool:
+        # numpy's stubs give ndarray __buffer__ only for Python 3.12+, though it has the buffer protocol.
+        view = memoryview(out).cast("B")  # type: ignore[arg-type]
+        if self._fs is None:
+            return os.preadv(fh.fileno(), [view], offset) == len(view)
+        data = fh.read_at(len(view), offset)
+        view[: len(data)] = data
+        return len(data) == len(view)
+
+    def gather(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Return the input_ids and labels of the samples at token offsets ``starts``, concatenated."""
+        total = int(lengths.sum())
+        ids = np.empty(total, dtype=TOKEN_DTYPE)
+        labels = np.empty(total, dtype=TOKEN_DTYPE)
+        size = TOKEN_DTYPE.itemsize
+        starts = np.asarray(starts, dtype=np.int64)
+        segs = np.searchsorted(self.seg_starts, starts, side="right") - 1
+        local = starts - self.seg_starts[np.clip(segs, 0, len(self.prefixes) - 1)] if len(self.prefixes) else starts
+        pos = 0
+        for seg, start, n in zip(segs.tolist(), local.tolist(), np.asarray(lengths).tolist(), strict=True):
+            if n == 0:
+                continue
+            if not 0 <= seg < len(self.prefixes):
+                raise DamagedStore(f"{self.root}: a sample lies outside the store's segments; run again")
+            for fh, out in zip(self._files(seg), (ids, labels), strict=True):
+                if not self._read(fh, out[pos : pos + n], start * size):
+                    # Not an OSError: that would read as a disk problem, and no disk fix helps.
+                    name = getattr(fh, "name", None) or join(self.root, segment_files(self.prefixes[seg])[0])
+                    raise DamagedStore(
+                        f"{name}: the token file became shorter than its index while in use; run again "
+                        "(a checked store is rebuilt)"
+                    )
+            pos += n
+        return ids, labels
+
+    def close(self) -> None:
+        for pair in self._open.values():
+            for fh in pair:
+                fh.close()
+        self._open.clear()
+
+    def __enter__(self) -> TokenReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class TokenStoreWriter:
+    """Streams tokenized batches into a temporary directory; ``finish`` moves it to its final path.
+
+    Every failure to write (a read-only or full disk, a path that is a file) is an OutputError that
+    names ``where`` and ends with ``fix``: the caller knows whether the store is the cache or scratch
+    space, and which path the user gave for it.
+    """
+
+    def __init__(self, final_path: Path, fix: str = "free disk space", where: Path | None = None) -> None:
+        self.final_path = final_path
+        self.fix = fix
+        self.where = where or final_path.parent
+        self._ids: Any = None
+        self._labels: Any = None
+        self.tmp: Path | None = None
+        try:
+            if final_path.parent.exists() and not final_path.parent.is_dir():
+                raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+            final_path.parent.mkdir(parents=True, exist_ok=True)
+            # The host and PID in the name let a later run remove it once this process is gone.
+            self.tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{owner_tag()}-", dir=final_path.parent))
+            self._ids = open(self.tmp / TOKEN_FILES[0], "wb")  # noqa: SIM115 - closed in finish/abort
+            self._labels = open(self.tmp / TOKEN_FILES[1], "wb")  # noqa: SIM115
+        except OSError as exc:
+            self.abort()
+            raise _write_error(self.where, exc, fix) from exc
+        self._arrays: dict[str, list[np.ndarray]] = {k: [] for k in ARRAYS}
+        self._roles: list[np.ndarray] = []
+        self._local_tokens = 0  # tokens written by add() into the one local segment (prefix "")
+        self._segments: list[dict[str, Any]] = []  # segments written elsewhere (add_segment), in order
+        self._segment_files: dict[str, dict[str, Any]] = {}
+
+    def add(
+        self,
+        sample_index: np.ndarray,
+        lengths: np.ndarray,
+        ids: np.ndarray,
+        labels: np.ndarray,
+        trainable: np.ndarray,
+        first_trained: np.ndarray,
+        positions: np.ndarray,
+        piece_index: np.ndarray | None = None,
+        sample_role: np.ndarray | None = None,
+    ) -> None:
+        if len(lengths) == 0:
+            return
+        assert not self._segments, "a store's samples are added by add() or by add_segment(), not both"
+        try:
+            self._ids.write(np.ascontiguousarray(ids, dtype=TOKEN_DTYPE).tobytes())
+            self._labels.write(np.ascontiguousarray(labels, dtype=TOKEN_DTYPE).tobytes())
+        except OSError as exc:
+            raise _write_error(self.where, exc, self.fix) from exc
+        self._local_tokens += len(ids)
+        self._add_arrays(sample_index, lengths, trainable, first_trained, positions, piece_index, sample_role)
+
+    def add_segment(
+        self,
+        segment: dict[str, Any],
+        files: dict[str, dict[str, Any]],
+        sample_index: np.ndarray,
+        lengths: np.ndarray,
+        trainable: np.ndarray,
+        first_trained: np.ndarray,
+        positions: np.ndarray,
+        piece_index: np.ndarray | None = None,
+        sample_role: np.ndarray | None = None,
+    ) -> None:
+        """Add samples whose tokens another process wrote as a segment (``{"prefix", "tokens"}``).
+
+        ``files`` gives the size and sha256 of the segment's two files, measured as they were written,
+        so that the store's checksums never need its tokens read back here.
+        """
+        if len(lengths) == 0:
+            return
+        assert self._local_tokens == 0, "a store's samples are added by add() or by add_segment(), not both"
+        assert int(segment["tokens"]) == int(np.asarray(lengths, dtype=np.int64).sum())
+        self._segments.append({"prefix": segment["prefix"], "tokens": int(segment["tokens"])})
+        self._segment_files.update(files)
+        self._add_arrays(sample_index, lengths, trainable, first_trained, positions, piece_index, sample_role)
+
+    def _add_arrays(
+        self,
+        sample_index: np.ndarray,
+        lengths: np.ndarray,
+        trainable: np.ndarray,
+        first_trained: np.ndarray,
+        positions: np.ndarray,
+        piece_index: np.ndarray | None,
+        sample_role: np.ndarray | None = None,
+    ) -> None:
+        if sample_role is not None or self._roles:
+            # Preference data: every sample's role is stored (a store without roles is all SFT).
+            self._roles.append(np.zeros(len(lengths), np.int8) if sample_role is None else sample_role)
+            if len(self._roles) == 1 and self._arrays["lengths"]:
+                self._roles.insert(0, np.zeros(sum(map(len, self._arrays["lengths"])), np.int8))
+        for key, value in (
+            ("sample_index", sample_index),
+            ("piece_index", np.zeros(len(lengths), np.int32) if piece_index is None else piece_index),
+            ("lengths", lengths),
+            ("trainable", trainable),
+            ("first_trained", first_trained),
+            ("positions", positions),
+        ):
+            self._arrays[key].append(value)
+
+    def finish(self, meta: dict[str, Any], segment_root: str | None = None, verify: bool = True) -> TokenStore:
+        """Close the files, record their checksums, move the store into place and return it.
+
+        ``segment_root``: the URI where the segments added by ``add_segment`` are (None: under the
+        store's directory). ``verify``: check the finished store by reading it whole (the local engine
+        does; the Ray engine, whose driver never reads tokens, does not).
+        """
+        assert self.tmp is not None
+        try:
+            self._ids.close()
+            self._labels.close()
+            arrays = {
+                k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64 if k == "sample_index" else np.int32))
+                for k, v in self._arrays.items()
+            }
+            if self._roles:
+                arrays["sample_role"] = np.concatenate(self._roles)
+            # numpy's stub types **kwds so that an array could land on its allow_pickle: bool parameter.
+            np.savez(self.tmp / "samples.npz", **arrays)  # type: ignore[arg-type]
+            if self._segments:  # the tokens are in segments written elsewhere: no local token files
+                for name in TOKEN_FILES:
+                    (self.tmp / name).unlink()
+                segments = self._segments
+            else:
+                segments = [{"prefix": "", "tokens": self._local_tokens}]
+            names = sorted(p.name for p in self.tmp.iterdir() if p.is_file())
+            files = {
+                name: {"bytes": (self.tmp / name).stat().st_size, "sha256": file_digest(self.tmp / name)}
+                for name in names
+            }
+            meta = {
+                **meta,
+                "segments": segments,
+                "files": dict(sorted({**files, **self._segment_files}.items())),
+                **({"segment_root": segment_root} if segment_root else {}),
+            }
+            meta["meta_sha256"] = _meta_digest(meta)
+            # Written last: a store without a whole meta.json fails its check and is rebuilt.
+            (self.tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+            if self.final_path.is_dir() and not self.final_path.is_symlink():
+                shutil.rmtree(self.final_path, ignore_errors=True)
+            elif self.final_path.exists() or self.final_path.is_symlink():
+                self.final_path.unlink()
+            try:
+                os.replace(self.tmp, self.final_path)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not self.final_path.is_dir():
+                    raise
+                # Another run finished the same entry in between: the same key, the same content.
+                # Theirs is used, and checked like any entry.
+                shutil.rmtree(self.tmp, ignore_errors=True)
+        except OSError as exc:
+            raise _write_error(self.where, exc, self.fix) from exc
+        return load_store(self.final_path, verify=verify)
+
+    def abort(self) -> None:
+        for fh in (self._ids, self._labels):
+            if fh is not None:
+                with contextlib.suppress(OSError):
+                    fh.close()
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def check_store(path: Path, check_digests: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Check a store's meta.json and the size and sha256 of each of its files; return the meta.
+
+    Raise DamagedStore naming the first problem. The cost is one sequential read of the store.
+    ``check_digests(directory, {token file: expected})`` hashes the local token files instead of this
+    process (the Ray engine has tasks do it, so that its driver never reads tokens); it raises
+    DamagedStore as this function does.
+    """
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except FileNotFoundError:
+        raise DamagedStore(f"{path}: meta.json is missing") from None
+    except (OSError, ValueError) as exc:
+        raise DamagedStore(f"{path}: meta.json cannot be read ({first_line(exc)})") from exc
+    if not isinstance(meta, dict):
+        raise DamagedStore(f"{path}: meta.json is not a JSON object")
+    missing = [k for k in META_KEYS if k not in meta]
+    if missing:
+        raise DamagedStore(f"{path}: meta.json lacks {', '.join(missing)}")
+    if meta["meta_sha256"] != _meta_digest(meta):
+        raise DamagedStore(f"{path}: meta.json does not match its checksum")
+    files, segments = meta["files"], meta["segments"]
+    try:
+        token_files = {name for seg in segments for name in segment_files(seg["prefix"])}
+    except (TypeError, KeyError):
+        raise DamagedStore(f"{path}: meta.json does not list the store's segments") from None
+    if not isinstance(files, dict) or not {"samples.npz", *token_files} <= set(files):
+        raise DamagedStore(f"{path}: meta.json does not list the store's files")
+    remote = meta.get("segment_root")
+    for name, expect in sorted(files.items()):
+        if remote and name in token_files:
+            _check_remote(join(remote, name), expect)
+            continue
+        file = path / name
+        try:
+            size = file.stat().st_size
+            if size != expect["bytes"]:
+                raise DamagedStore(f"{file}: has {size} bytes, meta.json says {expect['bytes']}")
+            if (check_digests is None or name not in token_files) and file_digest(file) != expect["sha256"]:
+                raise DamagedStore(f"{file}: sha256 differs from meta.json (changed bytes)")
+        except FileNotFoundError:
+            raise DamagedStore(f"{file}: is missing") from None
+        except OSError as exc:
+            raise DamagedStore(f"{file}: cannot be read ({exc.strerror or exc})") from exc
+    if check_digests is not None:
+        check_digests(str(path), {n: files[n] for n in sorted(token_files)})
+    return meta
+
+
+def _check_remote(uri: str, expect: dict[str, Any]) -> None:
+    """A segment file at a URI: present with its size (object stores keep their own checksums; reading
+    it back to hash it would cost a whole download)."""
+    from pyarrow import fs as pafs
+
+    try:
+        filesystem, where = pafs.FileSystem.from_uri(uri)
+        info = filesystem.get_file_info(where)
+    except (OSError, ValueError) as exc:
+        raise DamagedStore(f"{uri}: cannot be read ({first_line(exc)})") from exc
+    if info.type == pafs.FileType.NotFound:
+        raise DamagedStore(f"{uri}: is missing")
+    if info.size != expect["bytes"]:
+        raise DamagedStore(f"{uri}: has {info.size} bytes, meta.json says {expect['bytes']}")
+
+
+def load_store(
+    path: Path, verify: bool = True, check_digests: Callable[[str, dict[str, Any]], None] | None = None
+) -> TokenStore:
+    """Load a finished store's per-sample arrays and metadata, checked first unless ``verify`` is False."""
+    meta = check_store(path, check_digests) if verify else json.loads((path / "meta.json").read_text())
+    try:
+        with np.load(path / "samples.npz") as data:
+            arrays = {k: data[k] for k in ARRAYS}
+            if "sample_role" in data:
+                arrays["sample_role"] = data["sample_role"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise DamagedStore(f"{path / 'samples.npz'}: cannot be read ({first_line(exc)})") from exc
+    return TokenStore(path=path, meta=meta, **arrays)
+
+
+def find_store(path: Path, check_digests: Callable[[str, dict[str, Any]], None] | None = None) -> TokenStore | None:
+    """Return the checked store at ``path``, or None when there is none.
+
+    Raise DamagedStore when something is there but fails the checks: it must be rebuilt, not used.
+    """
+    if not path.exists() and not path.is_symlink():
+        return None
+    if not path.is_dir():
+        raise DamagedStore(f"{path}: is not a directory")
+    return load_store(path, check_digests=check_digests)

@@ -1,0 +1,266 @@
+"""A chat template: rendering as ``apply_chat_template`` renders, and the character spans to train on.
+
+With ``{% generation %}`` blocks the spans are the blocks; without them they are located in the
+rendering of the whole conversation (``packcli.tokenize.spans``). Also here: how the template takes content
+(strings, text parts, or both) and whether its markers are tokens of the tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from packcli.errors import RecordError, TokenizerError, first_line
+from packcli.records.formats import Sample
+from packcli.tokenize.spans import Render, TemplateShape, assistant_spans, learn_shape
+
+GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
+# Marker-looking substrings, for tokenizers that do not have a template's markers as added tokens.
+_MARKER_RE = re.compile(r"<\|[^<>|\s]{1,40}\|>|<｜[^<>\s]{1,40}｜>|</?[A-Za-z_][\w.-]{0,40}>|\[/?[A-Z_]{2,20}\]")
+_NON_TEXT_PARTS = ("image", "image_url", "input_image", "audio", "input_audio", "video", "video_url", "file")
+
+
+class ChatTemplate:
+    """One Jinja chat template with the keyword arguments it is rendered with."""
+
+    def __init__(self, template: str, source: str, template_kwargs: dict[str, Any], added_tokens: set[str]) -> None:
+        self.template = template
+        self.source = source
+        self.template_kwargs = template_kwargs
+        self.has_generation_blocks = bool(GENERATION_RE.search(template))
+        self._added = added_tokens
+        self._shapes: dict[str, TemplateShape | str] = {}  # str: why it could not be learned
+        self._parts: tuple[bool, bool] | None = None
+        try:
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+
+            _compile_jinja_template(template)
+        except Exception as exc:
+            first = first_line(exc, limit=10_000)
+            raise TokenizerError(f"the chat template does not compile ({first}); fix the template") from exc
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = False,
+        spans: bool = False,
+        tools: list[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """Return the rendered conversation and, with ``spans``, its generation-block character spans."""
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        try:
+            # transformers annotates -> str; it returns (rendered conversations, generation indices).
+            out: tuple[list[str], list[list[tuple[int, int]]]] = render_jinja_template(  # type: ignore[assignment]
+                conversations=[messages],
+                tools=tools,
+                chat_template=self.template,
+                return_assistant_tokens_mask=spans,
+                add_generation_prompt=add_generation_prompt,
+                **(self.template_kwargs if kwargs is None else kwargs),
+            )
+        except RecordError:
+            raise
+        except Exception as exc:  # a template may raise anything (raise_exception, TypeError, ...)
+            first = first_line(exc)
+            raise RecordError("template_error", f"the chat template raised: {first}") from exc
+        rendered, indices = out
+        return rendered[0], (indices[0] if spans else [])
+
+    def renderer(self, tools: list[Any] | None, kwargs: dict[str, Any]) -> Render:
+        def render(messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+            return self.render(messages, add_generation_prompt=add_generation_prompt, tools=tools, kwargs=kwargs)[0]
+
+        return render
+
+    def shape(self, kwargs: dict[str, Any] | None = None) -> TemplateShape:
+        """Return the template's assistant header and end markers (learned once per keyword arguments)."""
+        kwargs = self.template_kwargs if kwargs is None else kwargs
+        key = json.dumps(kwargs, sort_keys=True, default=str)
+        if key not in self._shapes:
+            try:
+                self._shapes[key] = learn_shape(self.renderer(None, kwargs), self.marker_spans, self.message)
+            except (RecordError, ValueError) as exc:
+                self._shapes[key] = exc.detail if isinstance(exc, RecordError) else str(exc)
+        shape = self._shapes[key]
+        if isinstance(shape, str):
+            if kwargs == self.template_kwargs:
+                # With the run's own keyword arguments this is the template's fault, not a record's: every
+                # conversation would be dropped for it, so the run stops and names the template.
+                raise TokenizerError(
+                    f"{self.source}: cannot learn where the chat template puts assistant answers ({shape}); "
+                    "use a chat template with {% generation %} blocks (--chat-template), or pass --train-on all"
+                )
+            raise RecordError(
+                "template_spans_not_found",
+                f"cannot learn where the template puts assistant answers with this record's "
+                f"chat_template_kwargs ({shape}); use a chat template with {{% generation %}} blocks",
+            )
+        return shape
+
+    def marker_spans(self, text: str) -> list[tuple[int, int]]:
+        """Return where the tokenizer's added tokens (or, failing those, marker-looking text) are in ``text``."""
+        found = []
+        for token in self._added:
+            at = text.find(token)
+            while at >= 0:
+                found.append((at, at + len(token)))
+                at = text.find(token, at + 1)
+        return found or [m.span() for m in _MARKER_RE.finditer(text)]
+
+    def marker_warnings(self, count_tokens: Callable[[str], int], tokenizer_name: str) -> list[str]:
+        """Return a warning when the template's markers are not single tokens (a template for another model)."""
+        try:
+            shape = self.shape()
+        except (RecordError, TokenizerError):
+            return []
+        markers = [m for text in (*shape.end_markers, shape.header) for m in _MARKER_RE.findall(text)]
+        split = [m for m in dict.fromkeys(markers) if count_tokens(m) > 1]
+        if not split:
+            return []
+        return [
+            f"the chat template's role markers ({', '.join(split)}) are not single tokens of tokenizer "
+            f"'{tokenizer_name}': the template is probably not this tokenizer's model's; check "
+            "--tokenizer and --chat-template"
+        ]
+
+    def content_mode(self) -> tuple[bool, bool]:
+        """Return whether the template renders string content, and whether it renders text parts itself."""
+        if self._parts is None:
+
+            def renders(content: Any) -> bool:
+                probe = [
+                    {"role": "user", "content": content("qzxpartprobezq")},
+                    {"role": "assistant", "content": content("qzxanswerzq")},
+                ]
+                try:
+                    text = self.render(probe)[0]
+                except RecordError:
+                    return False
+                return text.count("qzxpartprobezq") == 1 and "'type'" not in text and '"type"' not in text
+
+            self._parts = (renders(lambda t: t), renders(lambda t: [{"type": "text", "text": t}]))
+        return self._parts
+
+    def message(self, role: str, text: str) -> dict[str, Any]:
+        strings, parts = self.content_mode()
+        return {"role": role, "content": text if strings or not parts else [{"type": "text", "text": text}]}
+
+    def prepare(self, sample: Sample) -> list[dict[str, Any]]:
+        """Return the sample's messages as the template gets them (content parts joined or kept, nulls dropped).
+
+        As ``apply_chat_template`` does before rendering, every key of a message whose value is null is
+        dropped, ``content`` included (``"content": null`` on a tool call renders as a missing content);
+        nulls nested deeper (inside tool calls, say) are passed as they are.
+        """
+        strings, parts = self.content_mode()
+        messages = []
+        for i, m in enumerate(sample.messages or []):
+            message = {k: v for k, v in m.items() if v is not None}
+            content = message.get("content")
+            if isinstance(content, list):
+                kinds = [p.get("type") for p in content]
+                bad = next((k for k in kinds if k != "text"), None)
+                if bad is not None:
+                    why = "is not supported yet" if bad in _NON_TEXT_PARTS else "is unknown"
+                    raise RecordError(
+                        "unsupported_content_part",
+                        f"message {i} has a content part of type '{bad}', which {why}; only text parts are packed",
+                    )
+                if any(not isinstance(p.get("text"), str) for p in content):
+                    raise RecordError("wrong_type", f"message {i}: every text part needs a string 'text'")
+                if not parts:
+                    message["content"] = "\n".join(p["text"] for p in content)
+            elif isinstance(content, str) and parts and not strings:
+                # A template that only iterates parts (vision-language models): a string is one text part.
+                message["content"] = [{"type": "text", "text": content}]
+            messages.append(message)
+        return messages
+
+    def text(self, sample: Sample) -> str:
+        """Return the text of a conversation exactly as ``spans`` renders it for encoding."""
+        return self.render(self.prepare(sample), tools=sample.tools, kwargs=self._kwargs(sample))[0]
+
+    def _kwargs(self, sample: Sample) -> dict[str, Any]:
+        # A record's own chat_template_kwargs override the run's.
+        return self.template_kwargs | (sample.template_kwargs or {})
+
+    def spans(self, sample: Sample, train_on: str) -> tuple[str, list[tuple[int, int]]]:
+        """Return the rendered conversation and the character spans to train on (``--train-on``)."""
+        messages = self.prepare(sample)
+        kwargs = self._kwargs(sample)
+        tools = sample.tools
+        assistant_at = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        train_on = resolve_train_on(sample, train_on)
+        if train_on != "all" and not assistant_at:
+            raise RecordError("no_assistant_turn", "the conversation has no assistant message to train on")
+        which = trained_turns(sample, train_on)
+        # --train-on all trains the whole text but the answers marked "train": false (or "weight": 0).
+        masked = [i for i in assistant_at if i not in set(which)] if train_on == "all" else []
+        if self.has_generation_blocks:
+            text, spans = self.render(messages, spans=True, tools=tools, kwargs=kwargs)
+            if (train_on != "all" or masked) and len(spans) != len(assistant_at):
+                raise RecordError(
+                    "template_spans_mismatch",
+                    f"the template marked {len(spans)} generation blocks for {len(assistant_at)} assistant "
+                    "messages; put exactly one {% generation %} block around each assistant message",
+                )
+            by_turn = dict(zip(assistant_at, spans, strict=True)) if train_on != "all" or masked else {}
+            if train_on == "all":
+                return text, _outside([by_turn[i] for i in masked], len(text))
+            return text, [by_turn[i] for i in which]
+        text, _ = self.render(messages, tools=tools, kwargs=kwargs)
+        if train_on == "all":
+            if not masked:
+                return text, [(0, len(text))]
+            off = assistant_spans(self.renderer(tools, kwargs), messages, text, masked, self.shape(kwargs))
+            return text, _outside(off, len(text))
+        return text, assistant_spans(self.renderer(tools, kwargs), messages, text, which, self.shape(kwargs))
+
+
+def _outside(spans: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
+    """Return the parts of [0, n) that no span covers."""
+    out, at = [], 0
+    for a, b in sorted(spans):
+        if a > at:
+            out.append((at, a))
+        at = max(at, b)
+    if at < n:
+        out.append((at, n))
+    return out
+
+
+def resolve_train_on(sample: Sample, train_on: str) -> str:
+    """Return what ``--train-on auto`` means for this sample (completion for prompt/completion records)."""
+    if train_on == "auto":
+        return "completion" if sample.prompt_len is not None else "assistant"
+    return train_on
+
+
+def trained_turns(sample: Sample, train_on: str) -> list[int]:
+    """Return the indices of the assistant messages that ``--train-on`` trains (a piece says its own).
+
+    A message's own mark (``"train"``/``"weight"``, in ``sample.message_train``) overrides the rule for
+    that message: false (0) never trains it, true (1) trains it even where the rule would not.
+    """
+    messages = sample.messages or []
+    assistant_at = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    if sample.trained_turns is not None:
+        return [i for i in sample.trained_turns if i in set(assistant_at)]
+    train_on = resolve_train_on(sample, train_on)
+    if train_on == "last_assistant":
+        chosen = assistant_at[-1:]
+    elif train_on == "completion":
+        first = sample.prompt_len if sample.prompt_len is not None else (assistant_at[-1] if assistant_at else 0)
+        chosen = [i for i in assistant_at if i >= first]
+    else:
+        chosen = assistant_at
+    marks = sample.message_train
+    if marks is None:
+        return chosen
+    by_rule = set(chosen)
+    return [i for i in assistant_at if (i in by_rule if marks[i] is None else marks[i])]

@@ -1,0 +1,363 @@
+"""The worker side of tokenizing: one RawBatch of records in, one TokenizedBatch (flat arrays) out."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from packcli.errors import RecordError
+from packcli.io.sources import RawBatch
+from packcli.records import preference, turns
+from packcli.records.checks import UNUSABLE, UnusableRecord, check_sample, integer_too_long, raw_line_is_clean, too_deep
+from packcli.records.formats import PREFERENCE_FORMATS, Sample, detect_format, normalize
+from packcli.tokenize.bounds import rule_out_too_long
+from packcli.tokenize.chat_template import trained_turns
+from packcli.tokenize.encoder import Encoder
+from packcli.tokenize.split import Pieces, SplitRule, chunk_tokens, split_chat
+
+REJECT_RECORD_CHARS = 100_000
+
+
+@dataclass
+class TokenizedBatch:
+    """A worker's output for one RawBatch: kept samples as flat arrays, and the rejected records."""
+
+    source: str
+    unit: str  # what positions count: line or record
+    first_index: int
+    n_records: int
+    sample_index: np.ndarray
+    lengths: np.ndarray
+    trainable: np.ndarray
+    first_trained: np.ndarray
+    positions: np.ndarray
+    ids: np.ndarray
+    labels: np.ndarray
+    rejects: list[dict[str, Any]] = field(default_factory=list)
+    piece_index: np.ndarray | None = None  # per kept sample, when records were split (None: all 0)
+    records_split: int = 0
+    pieces_made: int = 0  # samples made from split records (pieces kept)
+    pieces_left_out: dict[str, int] = field(default_factory=dict)  # reason -> pieces
+    tokens_left_out: dict[str, int] = field(default_factory=dict)  # reason -> the tokens of those pieces
+    roles: np.ndarray | None = None  # int8 sample_role per kept sample, for preference data (None: all SFT)
+    # --fix-turns: its changes counted by kind (packcli.records.turns.KINDS), and one entry per record it changed.
+    turns_fixed: dict[str, int] = field(default_factory=dict)
+    turn_fixes: list[dict[str, Any]] = field(default_factory=list)
+    empty_answers: int = 0  # trained answers that are empty or whitespace only, in the samples kept
+    # Seconds this batch took in the worker: decode (parse, detect, normalise, check), tokenize (render,
+    # spans, encode, split) and cpu (the worker's CPU seconds for the batch, all threads).
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+# What the workers tokenize with: set by use() in the parent before the pool forks (so workers start
+# without loading anything), or in each Ray actor; released when the run is done.
+_CONTEXT: dict[str, Any] = {}
+
+
+def use(
+    encoder: Encoder,
+    fields: dict[str, str],
+    rule_out: tuple[int, int] | None = None,
+    split: SplitRule | None = None,
+    fix_turns: bool = False,
+) -> None:
+    """Set what ``tokenize_batch`` works with in this process (and in the workers forked from it).
+
+    ``rule_out`` is (max_len, the most bytes one token covers): the early too-long rule, measured on
+    the very text the encoder encodes (``ChatTemplate.text``). ``split`` cuts records longer than its
+    max_len into pieces (``--overflow split``, see packcli.tokenize.split). ``fix_turns`` cleans conversations
+    (packcli.records.turns).
+    """
+    _CONTEXT.clear()
+    _CONTEXT.update(encoder=encoder, fields=fields, fix_turns=fix_turns)
+    if rule_out is not None:
+        _CONTEXT["rule_out"] = rule_out
+    if split is not None:
+        _CONTEXT["split"] = split
+
+
+def release() -> None:
+    """Forget the encoder and fields set by ``use``."""
+    _CONTEXT.clear()
+
+
+def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
+    started, cpu_started = time.perf_counter(), time.process_time()
+    encoder: Encoder = _CONTEXT["encoder"]
+    fields: dict[str, str] = _CONTEXT["fields"]
+    errors = {pos: (reason, detail) for pos, reason, detail in batch.errors}
+    fix: bool = _CONTEXT.get("fix_turns", False)
+    samples: list[Any] = []
+    raws: list[Any] = []
+    changed: dict[int, list[dict[str, Any]]] = {}  # batch position -> the changes --fix-turns made
+    for item, pos in zip(batch.items, batch.positions, strict=True):
+        raws.append(item)
+        try:
+            if pos in errors:
+                raise RecordError(*errors[pos])
+            record = parse_line(item) if batch.raw_lines else item
+            record_format = fmt or detect_format(record, fields)
+            if record_format is None:
+                keys = ", ".join(map(str, record)) if isinstance(record, dict) else type(record).__name__
+                raise RecordError("unknown_format", f"no known record format fits the fields ({keys})")
+            if record_format in PREFERENCE_FORMATS:
+                members = preference.normalize_members(record, record_format, fields)
+                if not (batch.raw_lines and raw_line_is_clean(item)):
+                    for member in members.samples:
+                        check_sample(member)
+                samples.append(members)
+                continue
+            sample = normalize(record, record_format, fields, rename_roles=fix)
+            if fix:
+                sample, changes = turns.clean(sample)
+                if changes:
+                    changed[len(samples)] = changes
+            if not (batch.raw_lines and raw_line_is_clean(item)):
+                check_sample(sample)
+            if "rule_out" in _CONTEXT:
+                max_len, token_bytes = _CONTEXT["rule_out"]
+                rule_out_too_long(sample, max_len, token_bytes, render=encoder.chat.text)
+            samples.append(sample)
+        except RecordError as err:
+            if isinstance(err, UnusableRecord):
+                raws[-1] = err.record  # the rejects file shows the record, not the line standing for it
+            samples.append(err)
+    decoded = time.perf_counter()
+    results = preference.encode(encoder, samples)
+    if not fix:
+        _hint_fix_turns(encoder, samples, results)
+    fixed: Counter[str] = Counter()
+    fixes: list[dict[str, Any]] = []
+    for k, changes in changed.items():
+        fixed.update(turns.counts(changes))
+        fixes.append(_fix_entry(batch.first_index + k, batch.source, batch.positions[k], changes, raws[k], batch))
+    empty_answers = sum(
+        turns.blank_answers(sample, trained_turns(sample, encoder.options.train_on))
+        for sample, result in zip(samples, results, strict=True)
+        if isinstance(sample, Sample) and sample.kind == "chat" and isinstance(result, tuple)
+    )
+    split: SplitRule | None = _CONTEXT.get("split")
+    kept_index: list[int] = []
+    kept_pos: list[int] = []
+    kept_piece: list[int] = []
+    ids: list[Any] = []  # each an int32 array of token ids
+    labels: list[Any] = []
+    rejects: list[dict[str, Any]] = []
+    roles: list[int] = []
+    left_out: Counter[str] = Counter()
+    left_out_tokens: Counter[str] = Counter()
+    records_split = pieces_made = 0
+    for k, result in enumerate(results):
+        index = batch.first_index + k
+        if isinstance(result, RecordError):
+            rejects.append(reject(index, batch.source, batch.positions[k], result, raws[k], batch.raw_lines))
+            continue
+        if isinstance(result, list):  # a preference or KTO record: its samples, with their roles
+            kept = [(piece_ids, piece_labels) for piece_ids, piece_labels, _ in result]
+            roles.extend([0] * (len(kept_index) - len(roles)) + [role for _, _, role in result])
+        elif split is None or len(result[0]) <= split.max_len:
+            kept = [result]
+        else:
+            records_split += 1
+            pieces = _pieces(samples[k], result, split, encoder)
+            left_out.update(pieces.left_out)
+            left_out_tokens.update(pieces.left_out_tokens)
+            if not pieces.pieces:
+                why = ", ".join(f"{n} {r}" for r, n in sorted(pieces.left_out.items()))
+                detail = f"the sample has {len(result[0])} tokens; no piece of it is kept ({why})"
+                error = RecordError("no_piece_left", detail)
+                rejects.append(reject(index, batch.source, batch.positions[k], error, raws[k], batch.raw_lines))
+                continue
+            kept = pieces.pieces
+            pieces_made += len(kept)
+        for p, (piece_ids, piece_labels) in enumerate(kept):
+            kept_index.append(index)
+            kept_pos.append(batch.positions[k])
+            kept_piece.append(p)
+            ids.append(piece_ids)
+            labels.append(piece_labels)
+    encoded = time.perf_counter()
+    lengths = np.fromiter((len(x) for x in ids), dtype=np.int32, count=len(ids))
+    flat_ids = np.concatenate(ids) if ids else np.zeros(0, np.int32)
+    flat_labels = np.concatenate(labels) if labels else np.zeros(0, np.int32)
+    trainable, first_trained = label_stats(flat_labels, lengths)
+    return TokenizedBatch(
+        source=batch.source,
+        unit="line" if batch.raw_lines else "record",
+        first_index=batch.first_index,
+        n_records=len(batch.items),
+        sample_index=np.array(kept_index, dtype=np.int64),
+        lengths=lengths,
+        trainable=trainable,
+        first_trained=first_trained,
+        positions=np.array(kept_pos, dtype=np.int32),
+        ids=flat_ids,
+        labels=flat_labels,
+        rejects=rejects,
+        piece_index=np.array(kept_piece, dtype=np.int32) if records_split or roles else None,
+        roles=np.array(roles + [0] * (len(kept_index) - len(roles)), dtype=np.int8) if roles else None,
+        records_split=records_split,
+        pieces_made=pieces_made,
+        pieces_left_out=dict(left_out),
+        turns_fixed=dict(fixed),
+        turn_fixes=fixes,
+        empty_answers=empty_answers,
+        tokens_left_out=dict(left_out_tokens),
+        seconds={
+            "decode": decoded - started,
+            "tokenize": encoded - decoded,
+            "cpu": time.process_time() - cpu_started,
+        },
+    )
+
+
+def _hint_fix_turns(encoder: Encoder, samples: list[Any], results: list[Any]) -> None:
+    """Say, in a template's error, what --fix-turns would change, where the cleaned conversation renders.
+
+    Only conversations the template refused are cleaned and encoded again (one batch call).
+    """
+    candidates: list[tuple[int, Sample, list[dict[str, Any]]]] = []
+    for k, (sample, result) in enumerate(zip(samples, results, strict=True)):
+        if not (isinstance(result, RecordError) and result.reason == "template_error" and isinstance(sample, Sample)):
+            continue
+        try:
+            cleaned, changes = turns.clean(sample)
+        except RecordError:
+            continue
+        if changes:
+            candidates.append((k, cleaned, changes))
+    if not candidates:
+        return
+    again = encoder.encode_batch([cleaned for _, cleaned, _ in candidates])
+    for (k, _, changes), result in zip(candidates, again, strict=True):
+        if isinstance(result, tuple):
+            err = results[k]
+            results[k] = RecordError(err.reason, f"{err.detail}; --fix-turns {turns.describe(changes)}")
+
+
+def _fix_entry(
+    index: int, source: str, position: int, changes: list[dict[str, Any]], raw: Any, batch: RawBatch
+) -> dict[str, Any]:
+    """One entry of the --fix-turns-log file: where the record is, what was changed, and the record as read."""
+    text = record_text(raw, batch.raw_lines)
+    return {
+        "sample_index": index,
+        "source": source,
+        "position": position,
+        "unit": "line" if batch.raw_lines else "record",
+        "changes": changes,
+        "record": text[:REJECT_RECORD_CHARS],
+        "record_truncated": len(text) > REJECT_RECORD_CHARS,
+        "record_chars": len(text),
+    }
+
+
+def _pieces(sample: Any, whole: tuple[np.ndarray, np.ndarray], split: SplitRule, encoder: Encoder) -> Pieces:
+    if sample.kind == "chat":
+        encode = lambda piece: encoder.encode_batch([piece])[0]  # noqa: E731
+        return split_chat(sample, encoder.options.train_on, split, encode, len(whole[0]), encoder.count_tokens)
+    return chunk_tokens(whole[0], whole[1], split)
+
+
+def label_stats(labels: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return each sample's count of trained tokens and the position of its first trained token.
+
+    Every sample has at least one trained token (samples without are rejected before).
+    """
+    if not len(lengths):
+        return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    starts = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    trained = labels != -100
+    counts = np.add.reduceat(trained.astype(np.int64), starts).astype(np.int32)
+    hits = np.flatnonzero(trained)
+    owner = np.searchsorted(starts, hits, side="right") - 1
+    _, first_hit = np.unique(owner, return_index=True)
+    return counts, (hits[first_hit] - starts).astype(np.int32)
+
+
+def parse_line(line: bytes) -> Any:
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecordError("invalid_utf8", f"byte {exc.start} of the line is not UTF-8; re-encode the file") from exc
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecordError("invalid_json", _json_error(text, exc)) from exc
+    except ValueError as exc:  # the only other one: an integer past Python's digit limit
+        raise integer_too_long() from exc
+    except RecursionError as exc:  # the decoder recurses per nesting level
+        raise too_deep() from exc
+    if isinstance(record, dict) and UNUSABLE in record and isinstance(record[UNUSABLE], dict):
+        raise UnusableRecord(record[UNUSABLE])  # an in-memory record JSON could not hold (records.UNUSABLE)
+    return record
+
+
+def _json_error(text: str, exc: json.JSONDecodeError) -> str:
+    """Return what is wrong with a JSON line that does not decode, at the column of the record's text.
+
+    The line is decoded with its newline (stripping it would copy every line), so an error found at
+    the newline, as in a record cut short, is looked for again in the text without it.
+    """
+    record = text.rstrip("\r\n")
+    if len(record) < len(text):
+        try:
+            json.loads(record)
+        except json.JSONDecodeError as inner:
+            exc = inner
+    # Some of the decoder's messages end in "at" ("Unterminated string starting at"): say it once.
+    return f"invalid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})"
+
+
+def reject(
+    index: int, source: str, position: int, err: RecordError, raw: Any, raw_lines: bool, piece_index: int = 0
+) -> dict[str, Any]:
+    """One entry of the rejects file: where the record is, why it was left out, and the record itself.
+
+    Every entry has the same keys. A record longer than REJECT_RECORD_CHARS characters is given as its
+    prefix (``record_truncated`` true, ``record_chars`` its full length); its position finds it whole.
+    ``piece_index`` is 0 but for a piece of a record split by ``--overflow split``. A later run
+    recognises a rejects file it may replace by these keys (``safety.REJECT_KEYS``).
+    """
+    text = record_text(raw, raw_lines)
+    return {
+        "sample_index": index,
+        "piece_index": piece_index,
+        "source": source,
+        "position": position,
+        "unit": "line" if raw_lines else "record",
+        "reason": err.reason,
+        "detail": err.detail,
+        "record": text[:REJECT_RECORD_CHARS],
+        "record_truncated": len(text) > REJECT_RECORD_CHARS,
+        "record_chars": len(text),
+    }
+
+
+def record_text(raw: Any, raw_lines: bool) -> str:
+    """A raw record as the rejects file shows it: a JSON line as it was, other records as JSON text."""
+    if raw_lines and isinstance(raw, bytes):
+        return raw.decode("utf-8", errors="replace").rstrip("\n")
+    return raw if isinstance(raw, str) else _record_text(raw)
+
+
+def _record_text(record: Any) -> str:
+    """The record as JSON text for the rejects file, even when it cannot be written as UTF-8 as is."""
+    try:
+        text = json.dumps(record, ensure_ascii=False, default=str)
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: keep it escaped, as it was in the input
+        text = json.dumps(record, default=str)
+    except RecursionError:
+        text = "(nested too deep to show)"
+    return text
+
+
+def where(source: str, unit: str, position: int) -> str:
+    return f"{source} {unit} {position}"
