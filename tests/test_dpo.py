@@ -290,6 +290,6 @@ def test_train_dpo_example_runs(tmp_path: Path) -> None:
 def test_dpo_imports_only_the_collator_and_the_contract() -> None:
     import ast
 
-    source = (Path(__file__).resolve().parents[1] / "packcli" / "dpo.py").read_text()
+    source = (Path(__file__).resolve().parents[1] / "packcli" / "train" / "dpo.py").read_text()
     imported = {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom) and node.module}
     assert {m for m in imported if m.startswith("packcli")} == {"packcli.train.collate", "packcli.contract"}
