@@ -309,6 +309,32 @@ def test_split_cuts_pieces_that_fit_once_padded(pack: Any, chat_jsonl: Path, tmp
     assert any(p > 0 for r in rows for p in r["piece_index"])
 
 
+def test_the_format_registry_and_the_output_format_choices_agree() -> None:
+    from packcli.config import CHOICES
+    from packcli.output.formats import FORMATS
+
+    assert list(FORMATS) == list(CHOICES["output_format"])
+
+
+def test_a_registered_format_is_found_by_its_longest_extension(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from packcli.output import formats
+
+    monkeypatch.setattr(formats, "FORMATS", dict(formats.FORMATS))
+    monkeypatch.setattr(formats, "_BY_EXTENSION", dict(formats._BY_EXTENSION))
+
+    class Packed(formats.ArrowStreamFormat):
+        name = "packed-arrow"
+        extension = ".packed.arrow"
+
+    fmt = formats.register(Packed())
+    assert formats.shard_format("packed-arrow") is fmt
+    assert formats.format_of(tmp_path / "s.packed.arrow") is fmt
+    assert formats.format_of(tmp_path / "s.arrow").name == "arrow"
+    assert formats.format_of(tmp_path / "s.idx.parquet").name == "megatron"
+    with pytest.raises(ValueError, match=r"known: \.packed\.arrow, \.idx\.parquet, \.parquet, \.arrow, \.mds"):
+        formats.format_of(tmp_path / "s.csv")
+
+
 def test_rejects_cannot_take_the_name_of_an_index_file(pack: Any, chat_jsonl: Path, tmp_path: Path) -> None:
     from packcli import owned
     from packcli.output.formats import FORMATS
