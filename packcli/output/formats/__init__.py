@@ -9,10 +9,11 @@ and ``verify`` work on all of them.
 
 To add a format: write one module beside these with a ``ShardFormat`` subclass (its ``name``,
 ``extension``, ``writer``, ``batches`` and ``schema``; ``index_files``, ``write_index`` and
-``_index_problems`` when a trainer's reader opens a file beside the shards) and add an instance of
-it to ``_BUILT_IN`` below. Two lower layers name formats too and cannot import this registry: add the
-name to ``output_format``'s choices in ``config.py`` and any index file to ``owned.INDEX_FILES``;
-tests check that both agree with the registry.
+``_index_problems`` when a trainer's reader opens a file beside the shards; ``datasets_reader`` when
+``datasets`` opens the files as they are) and add an instance of it to ``_BUILT_IN`` below. Two
+lower layers name formats too and cannot import this registry: add the name to ``output_format``'s
+choices in ``config.py`` and any index file to ``owned.INDEX_FILES``; tests check that both agree
+with the registry.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ class ArrowStreamFormat(ShardFormat):
 
     name = "arrow"
     extension = ".arrow"
+    datasets_reader = "arrow"
 
     def writer(self, path: Path, schema: pa.Schema) -> ShardWriter:
         return _ArrowStreamWriter(path, schema)

@@ -31,6 +31,9 @@ class ShardFormat:
     extension: ClassVar[str]
     # Files the format keeps beside its shards (written once every shard is), e.g. MDS's index.json.
     index_files: ClassVar[tuple[str, ...]] = ()
+    # How ``datasets`` opens a shard as it is (memory-mapped): "parquet" (``Dataset.from_parquet``) or
+    # "arrow" (``Dataset.from_file``); None: training reads it back as packcli rows, in memory.
+    datasets_reader: ClassVar[str | None] = None
 
     def write_index(self, directory: Path, entries: list[dict[str, Any]], max_len: int) -> list[str]:
         """Write the format's index files for the shards ``entries`` in ``directory``; return their names."""

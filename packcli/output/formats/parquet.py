@@ -29,6 +29,7 @@ class ParquetFormat(ShardFormat):
 
     name = "parquet"
     extension = ".parquet"
+    datasets_reader = "parquet"
 
     def writer(self, path: Path, schema: pa.Schema) -> ShardWriter:
         return _ParquetWriter(path, schema)
