@@ -334,6 +334,14 @@ def test_a_registered_format_is_found_by_its_longest_extension(monkeypatch: pyte
     with pytest.raises(ValueError, match=r"known: \.packed\.arrow, \.idx\.parquet, \.parquet, \.arrow, \.mds"):
         formats.format_of(tmp_path / "s.csv")
 
+    class Renamed(formats.ArrowStreamFormat):
+        name = "packed-arrow"
+        extension = ".parrow"
+
+    formats.register(Renamed())  # a format registered again under its name leaves its old extension
+    with pytest.raises(ValueError, match=r"known: \.idx\.parquet, \.parquet, \.parrow, \.arrow, \.mds"):
+        formats.format_of(tmp_path / "s.csv")
+
 
 def test_training_reads_a_registered_format_through_the_registry(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path

@@ -62,17 +62,18 @@ _BY_EXTENSION: dict[str, ShardFormat] = {}
 
 
 def register(fmt: ShardFormat) -> ShardFormat:
-    """Add ``fmt`` to the registry under its name and extension; return it."""
+    """Add ``fmt`` to the registry under its name and extension (replacing a format of that name); return it."""
     FORMATS[fmt.name] = fmt
-    by_extension = sorted({**_BY_EXTENSION, fmt.extension: fmt}.items(), key=lambda item: -len(item[0]))
+    kept = {extension: f for extension, f in _BY_EXTENSION.items() if f.name != fmt.name}
+    by_extension = sorted({**kept, fmt.extension: fmt}.items(), key=lambda item: -len(item[0]))
     _BY_EXTENSION.clear()
     _BY_EXTENSION.update(by_extension)
     return fmt
 
 
 _BUILT_IN = (ParquetFormat(), ArrowStreamFormat(), MDSFormat(), MegatronFormat())
-for _fmt in _BUILT_IN:
-    register(_fmt)
+for built_in in _BUILT_IN:
+    register(built_in)
 
 
 def shard_format(name: str) -> ShardFormat:
