@@ -309,6 +309,84 @@ def test_split_cuts_pieces_that_fit_once_padded(pack: Any, chat_jsonl: Path, tmp
     assert any(p > 0 for r in rows for p in r["piece_index"])
 
 
+def test_the_format_registry_and_the_output_format_choices_agree() -> None:
+    from packcli.config import CHOICES
+    from packcli.output.formats import FORMATS
+
+    assert list(FORMATS) == list(CHOICES["output_format"])
+
+
+def test_a_registered_format_is_found_by_its_longest_extension(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from packcli.output import formats
+
+    monkeypatch.setattr(formats, "FORMATS", dict(formats.FORMATS))
+    monkeypatch.setattr(formats, "_BY_EXTENSION", dict(formats._BY_EXTENSION))
+
+    class Packed(formats.ArrowStreamFormat):
+        name = "packed-arrow"
+        extension = ".packed.arrow"
+
+    fmt = formats.register(Packed())
+    assert formats.shard_format("packed-arrow") is fmt
+    assert formats.format_of(tmp_path / "s.packed.arrow") is fmt
+    assert formats.format_of(tmp_path / "s.arrow").name == "arrow"
+    assert formats.format_of(tmp_path / "s.idx.parquet").name == "megatron"
+    with pytest.raises(ValueError, match=r"known: \.packed\.arrow, \.idx\.parquet, \.parquet, \.arrow, \.mds"):
+        formats.format_of(tmp_path / "s.csv")
+
+    class Renamed(formats.ArrowStreamFormat):
+        name = "packed-arrow"
+        extension = ".parrow"
+
+    formats.register(Renamed())  # a format registered again under its name leaves its old extension
+    with pytest.raises(ValueError, match=r"known: \.idx\.parquet, \.parquet, \.parrow, \.arrow, \.mds"):
+        formats.format_of(tmp_path / "s.csv")
+
+
+def test_training_reads_a_registered_format_through_the_registry(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A format that ``datasets`` cannot open as it is (here Feather) is read back as packcli rows."""
+    import pyarrow as pa
+    import pyarrow.feather as feather
+
+    from packcli.output import formats
+    from packcli.train.checks import load_rows
+
+    class Feather(formats.ShardFormat):
+        name = "feather"
+        extension = ".feather"
+
+        def writer(self, path: Path, schema: pa.Schema) -> formats.ShardWriter:
+            class _Writer:
+                def write(self, table: pa.Table) -> None:
+                    feather.write_feather(table, str(path))
+
+                def close(self) -> None:
+                    pass
+
+            return _Writer()
+
+        def batches(self, path: Path, columns: Any, batch_rows: int) -> Any:
+            yield from feather.read_table(str(path), columns=columns).to_batches(batch_rows)
+
+        def schema(self, path: Path) -> pa.Schema:
+            return feather.read_table(str(path)).schema
+
+    monkeypatch.setattr(formats, "FORMATS", dict(formats.FORMATS))
+    monkeypatch.setattr(formats, "_BY_EXTENSION", dict(formats._BY_EXTENSION))
+    fmt = formats.register(Feather())
+    rows = [
+        {"input_ids": [5, 6, 7], "labels": [-100, 6, 7], "position_ids": [0, 1, 2], "seq_lengths": [3]}
+        | {"sample_index": [0], "piece_index": [0]}
+    ]
+    writer = fmt.writer(tmp_path / "shard-00000-of-00001.feather", SHARD_SCHEMA)
+    writer.write(pa.Table.from_pylist(rows, schema=SHARD_SCHEMA))
+    writer.close()
+    (tmp_path / "manifest.json").write_text(json.dumps({"shards": [{"file": "shard-00000-of-00001.feather"}]}))
+    assert load_rows(tmp_path).to_list() == rows
+
+
 def test_rejects_cannot_take_the_name_of_an_index_file(pack: Any, chat_jsonl: Path, tmp_path: Path) -> None:
     from packcli import owned
     from packcli.output.formats import FORMATS

@@ -6,8 +6,8 @@ import re
 
 import numpy as np
 
+from packcli.report.figures import length_histogram
 from packcli.report.plot import _nice_ticks, plot_histograms, render_html
-from packcli.report.stats import length_histogram
 
 
 def test_an_outlier_gets_its_own_last_bin() -> None:

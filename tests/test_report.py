@@ -557,7 +557,7 @@ def test_verify_catches_a_sample_in_two_shards(workdir: Path, tmp_path: Path) ->
 
 def test_row_checks_pass_a_large_well_formed_batch() -> None:
     """Two million tokens in one batch of the row checks: no failure found, every token counted."""
-    from packcli.report.verify import _check_batch, _Expect, _ShardTotals
+    from packcli.report.row_checks import Expected, ShardTotals, check_batch
 
     rng = np.random.default_rng(0)
     n_rows, per_row, seg = 4000, 512, 64
@@ -578,8 +578,8 @@ def test_row_checks_pass_a_large_well_formed_batch() -> None:
         ],
         schema=SHARD_SCHEMA,
     )
-    totals = _ShardTotals()
-    _check_batch(batch, 0, _Expect(max_len=per_row, pad_to_max=False, vocab_size=1000), totals)
+    totals = ShardTotals()
+    check_batch(batch, 0, Expected(max_len=per_row, pad_to_max=False, vocab_size=1000), totals)
     assert totals.failures == {}
     assert totals.tokens == n_rows * per_row
 

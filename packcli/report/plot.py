@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from packcli.errors import OutputError, UsageError
-from packcli.report.stats import Histogram
+from packcli.report.figures import Histogram
 
 PLOT_SUFFIXES = (".html", ".htm", ".png")
 
@@ -41,7 +41,7 @@ def plot_histograms(result: dict[str, Any]) -> list[Histogram]:
     """Return the charts of a stats result: lengths, row fill (per max length), samples per row or drops.
 
     Sample lengths are binned up to the 99th percentile or the largest max length, whichever is
-    larger; longer samples share one last bin (see ``report.stats.length_histogram``), so that one
+    larger; longer samples share one last bin (see ``report.figures.length_histogram``), so that one
     outlier does not squeeze every other sample into one bar.
     """
     lh = result["length_histogram"]

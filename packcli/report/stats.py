@@ -1,35 +1,35 @@
 """Figures about packed rows (from an output directory) or about raw input before packing (a what-if).
 
-Both read sample lengths only: a packed output shard by shard and a batch of rows at a time, a raw
-input through the same reading, formatting and tokenization as ``packcli pack`` (and the same
-tokenization cache, so a later ``pack`` of the same input reuses it). Nothing here prints; the
-functions return plain dictionaries that the CLI renders or dumps as JSON.
+Both read sample lengths only: a packed output shard by shard and a batch of rows at a time (here),
+a raw input through the same reading, formatting and tokenization as ``packcli pack`` (``raw``, whose
+``raw_stats`` and ``parse_max_lens`` this module re-exports). The histograms, distributions and
+padding what-ifs both report are ``figures``. Nothing here prints; the functions return plain
+dictionaries that the CLI renders or dumps as JSON.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-from dataclasses import dataclass
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from packcli.config import option_problem
 from packcli.contract import IGNORE_INDEX, MANIFEST
-from packcli.errors import OutputError, UsageError, first_line
+from packcli.errors import OutputError, first_line
 from packcli.output.formats import shard_batches
 from packcli.output.rows import read_checked_manifest
-from packcli.plan import packing
-from packcli.tokenize.encoder import DEFAULT_TOKENIZER
+from packcli.report.figures import (
+    batch_padding,
+    check_batch_size,
+    distribution,
+    fill_histogram,
+    length_histogram,
+    row_bounds,
+)
+from packcli.report.raw import parse_max_lens, raw_stats
 
-# Row fill bins in percent, right-closed: (0, 50], (50, 75], ... (99, 100]. Fine at the top, where
-# packed rows are; a uniform 10% grid would put nearly every row in one bin.
-FILL_EDGES_PERCENT = (0, 50, 75, 90, 95, 98, 99, 100)
-LENGTH_BINS_TARGET = 24
+__all__ = ["is_packed_output", "list_parts", "output_stats", "parse_max_lens", "raw_stats"]
 
 
 # -- reading shards --------------------------------------------------------------------------------
@@ -40,91 +40,6 @@ def list_parts(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     offsets = column.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
     values = column.flatten().to_numpy(zero_copy_only=False)
     return np.diff(offsets), values
-
-
-# -- histograms ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Histogram:
-    """Counts over right-closed bins ``(edges[i], edges[i + 1]]`` with a label per bin."""
-
-    title: str
-    unit: str
-    edges: list[float]
-    labels: list[str]
-    counts: list[int]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"edges": self.edges, "labels": self.labels, "counts": self.counts}
-
-
-def length_histogram(lengths: np.ndarray, upper: int, title: str = "sample length (tokens)") -> Histogram:
-    """Return a histogram of token lengths over (0, upper] in power-of-two wide bins (about 16 of them)."""
-    upper = max(int(upper), 1)
-    width = 1 << max(0, math.ceil(math.log2(upper / LENGTH_BINS_TARGET))) if upper > LENGTH_BINS_TARGET else 1
-    n_bins = -(-upper // width)
-    edges = np.arange(n_bins + 1, dtype=np.int64) * width
-    longest = int(np.max(lengths)) if len(lengths) else 0
-    if longest > edges[-1]:  # longer samples share one last bin, labelled with their real range
-        edges = np.append(edges, longest)
-    counts = _right_closed_counts(np.asarray(lengths, dtype=np.int64), edges)
-    labels = [f"{int(a) + 1}-{int(b)}" if b - a > 1 else f"{int(b)}" for a, b in pairwise(edges)]
-    return Histogram(title, "samples", [int(e) for e in edges], labels, counts)
-
-
-def fill_histogram(row_tokens: np.ndarray, max_len: int, title: str = "row fill") -> Histogram:
-    """Return a histogram of row fill (tokens / max_len) over FILL_EDGES_PERCENT."""
-    edges = np.asarray(FILL_EDGES_PERCENT, dtype=np.int64)
-    # Compare in integers: tokens * 100 against edge * max_len, so 95% of 1000 is exactly 950.
-    scaled = np.asarray(row_tokens, dtype=np.int64) * 100
-    counts = _right_closed_counts(scaled, edges * int(max_len))
-    labels = [f"{a}-{b}%" for a, b in pairwise(edges)]
-    return Histogram(title, "rows", [e / 100 for e in FILL_EDGES_PERCENT], labels, counts)
-
-
-def _right_closed_counts(values: np.ndarray, edges: np.ndarray) -> list[int]:
-    # Bin i holds edges[i] < v <= edges[i + 1]; values at or below edges[0] go to the first bin.
-    bins = np.clip(np.searchsorted(edges, values, side="left") - 1, 0, len(edges) - 2)
-    return [int(c) for c in np.bincount(bins, minlength=len(edges) - 1)]
-
-
-def _distribution(values: np.ndarray) -> dict[str, float | int]:
-    if len(values) == 0:
-        return {"min": 0, "mean": 0.0, "median": 0.0, "p90": 0.0, "max": 0}
-    v = np.asarray(values, dtype=np.int64)
-    return {
-        "min": int(v.min()),
-        "mean": round(float(v.mean()), 3),
-        "median": float(np.median(v)),
-        "p90": float(np.percentile(v, 90)),
-        "max": int(v.max()),
-    }
-
-
-# -- padding what-ifs ------------------------------------------------------------------------------
-
-
-def batch_padding(lengths_in_order: np.ndarray, batch_size: int) -> int:
-    """Return the padding tokens when consecutive samples form batches padded to their longest sample."""
-    x = np.asarray(lengths_in_order, dtype=np.int64)
-    if len(x) == 0:
-        return 0
-    starts = np.arange(0, len(x), batch_size)
-    longest = np.maximum.reduceat(x, starts)
-    sizes = np.diff(np.append(starts, len(x)))
-    return int((longest * sizes).sum() - x.sum())
-
-
-def _bounds(lengths: np.ndarray, max_len: int, rows: int) -> dict[str, Any]:
-    l1 = packing.lower_bound_l1(lengths, max_len)
-    l2 = packing.lower_bound_l2(lengths, max_len)
-    return {
-        "lower_bound_l1": l1,
-        "lower_bound_l2": l2,
-        "rows_over_l2": rows - l2,
-        "rows_over_l2_fraction": round(rows / l2 - 1, 6) if l2 else 0.0,
-    }
 
 
 # -- stats of a packed output ----------------------------------------------------------------------
@@ -144,7 +59,7 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     tokens``. The row-count bounds are on the samples' padded lengths (what the plan packed); the
     lengths and what-ifs on their real lengths, each distinct sample once, in input order.
     """
-    _check_batch_size(batch_size)
+    check_batch_size(batch_size)
     manifest = read_checked_manifest(directory)
     max_len = int(manifest.get("max_len") or manifest.get("options", {}).get("max_len", 0))
     if max_len < 1:
@@ -226,9 +141,9 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
         _, item_of = np.unique(distinct[:, 0], return_inverse=True)
         item_lengths = np.bincount(item_of, weights=padded_lengths).astype(np.int64)
         pairs = _pair_stats(roles, item_of, distinct_lengths, _concat(row_pairs), batch_size)
-        bounds = _bounds(item_lengths, max_len, rows)
+        bounds = row_bounds(item_lengths, max_len, rows)
     else:
-        bounds = _bounds(padded_lengths, max_len, rows)
+        bounds = row_bounds(padded_lengths, max_len, rows)
     out = {
         "mode": "packed",
         "directory": str(directory),
@@ -251,7 +166,7 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
             "max": int(samples_per_row.max()) if rows else 0,
             "histogram": [{"samples": k, "rows": int(n)} for k, n in enumerate(spr_hist) if n],
         },
-        "sample_length": _distribution(distinct_lengths),
+        "sample_length": distribution(distinct_lengths),
         "length_histogram": length_histogram(distinct_lengths, max_len).to_dict(),
         "row_fill_histogram": fill_histogram(per_row, max_len).to_dict(),
         "records_read": int(counts.get("records_read", 0)),
@@ -305,162 +220,3 @@ def _pair_stats(
 
 def _concat(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
-
-
-# -- what-if on raw input --------------------------------------------------------------------------
-
-
-def _check_batch_size(batch_size: int) -> None:
-    problem = option_problem("batch_size", batch_size)  # the rule of the command line and the library
-    if problem:
-        raise UsageError(f"--batch-size {problem}")
-
-
-def parse_max_lens(value: str) -> list[int]:
-    """Parse ``--max-len 2048,4096`` into distinct integers >= 2, in the order given."""
-    out: list[int] = []
-    for part in value.split(","):
-        part = part.strip()
-        try:
-            n = int(part)
-        except ValueError:
-            raise UsageError(f"--max-len takes integers separated by commas (e.g. 2048,4096), not '{value}'") from None
-        if n < 2:
-            raise UsageError(f"--max-len must be at least 2, not {n}")
-        if n not in out:
-            out.append(n)
-    return out
-
-
-def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progress: Any = None) -> dict[str, Any]:
-    """Tokenize raw input as ``packcli pack`` would and return, per max length, packed versus unpacked.
-
-    ``config`` is a PackConfig (inputs, tokenizer, template, format, label and cache options).
-    Samples longer than a max length are counted as not fitting and left out of that line (what
-    ``--overflow drop`` does).
-    """
-    _check_batch_size(batch_size)
-    if not max_lens:
-        raise UsageError("a raw input needs --max-len (e.g. --max-len 2048,4096,8192)")
-    inputs = config.inputs
-    from packcli.io.sources import forget_streams
-    from packcli.run.pipeline import tokenized_inputs
-
-    forget_streams()  # stdin and FIFOs named by this run are read by this run
-
-    with tokenized_inputs(config, progress) as tokenized:
-        from dataclasses import replace
-
-        config = replace(config, task=tokenized.task)  # preference data: pairs are planned whole
-        store, cache_state, warnings = tokenized.store, tokenized.cache, tokenized.warnings
-        lengths = store.lengths.astype(np.int64)  # ascending sample_index: input order
-        trainable = int(store.trainable.astype(np.int64).sum())
-        meta = store.meta
-        if meta.get("empty_answers"):
-            from packcli.run.accounting import empty_answers_warning
-
-            warnings = [*warnings, empty_answers_warning(int(meta["empty_answers"]))]
-        tokenizer_name = config.tokenizer or DEFAULT_TOKENIZER
-        lines = [_what_if(lengths, m, batch_size) for m in max_lens]
-        for line in lines:
-            line["policies"] = _kept_by_policy(config, store, line["max_len"], trainable, progress)
-    # Bins up to the 99th percentile (or the largest max length): one outlier does not widen them all.
-    upper = max(int(np.percentile(lengths, 99)) if len(lengths) else 0, max(max_lens))
-    return {
-        "mode": "raw",
-        "inputs": list(inputs),
-        "tokenizer": tokenizer_name,
-        "cache": cache_state,
-        "records_read": int(meta["records_read"]),
-        "samples": len(lengths),
-        "dropped": dict(meta.get("dropped", {})),
-        **({"turns_fixed": dict(meta["turns_fixed"])} if "turns_fixed" in meta else {}),
-        **({"empty_answers": int(meta["empty_answers"])} if meta.get("empty_answers") else {}),
-        "tokens": int(lengths.sum()),
-        "trainable_tokens": trainable,
-        "sample_length": _distribution(lengths),
-        "length_histogram": length_histogram(lengths, upper).to_dict(),
-        "batch_size": batch_size,
-        "max_lens": lines,
-        **({"warnings": warnings} if warnings else {}),
-    }
-
-
-# What each --overflow policy keeps; truncate-left is --overflow truncate --truncate-side left.
-POLICIES = ("drop", "truncate", "truncate-left", "split")
-
-
-def _kept_by_policy(
-    config: Any, store: Any, max_len: int, trainable_total: int, progress: Any
-) -> dict[str, dict[str, Any]]:
-    """Return, per overflow policy, the records, samples, tokens and trainable tokens a pack would keep.
-
-    drop and truncate are planned from the store at hand; split cuts the records longer than
-    ``max_len`` as ``pack --overflow split`` does, which tokenizes the inputs again (into the cache,
-    so a ``pack --overflow split`` at that length afterwards is a cache hit). Where nothing is too long
-    all policies keep everything, and nothing is tokenized again.
-    """
-    from dataclasses import replace
-
-    from packcli.errors import InputError
-    from packcli.plan.planner import make_plan
-    from packcli.run import accounting
-    from packcli.run.pipeline import tokenized_inputs
-
-    def kept(cfg: Any, tokens: Any) -> dict[str, Any]:
-        try:
-            summary = accounting.summary(cfg, tokens, make_plan(cfg, tokens), "")
-        except InputError:  # nothing left to pack
-            summary = {"packed": 0, "samples": 0, "tokens": 0, "trainable_tokens": 0}
-        return {
-            "records": summary["packed"],
-            "samples": summary["samples"],
-            "tokens": summary["tokens"],
-            "trainable_tokens": summary["trainable_tokens"],
-            "trainable_fraction": round(summary["trainable_tokens"] / trainable_total, 6) if trainable_total else 0.0,
-        }
-
-    base = replace(config, max_len=max_len, world_size=1, pad_to_max=False)
-    out = {
-        "drop": kept(replace(base, overflow="drop"), store),
-        "truncate": kept(replace(base, overflow="truncate"), store),
-        "truncate-left": kept(replace(base, overflow="truncate", truncate_side="left"), store),
-    }
-    if config.task != "sft":
-        # A preference or KTO record is never split: the policy does not apply.
-        out["split"] = {**{k: 0 for k in out["drop"]}, "applies": False}
-    elif int(store.lengths.max(initial=0)) <= max_len:
-        out["split"] = dict(out["drop"])
-    else:
-        split = replace(base, overflow="split")
-        with tokenized_inputs(split, progress) as pieces:
-            out["split"] = kept(split, pieces.store)
-    return out
-
-
-def _what_if(lengths: np.ndarray, max_len: int, batch_size: int) -> dict[str, Any]:
-    fit = lengths[lengths <= max_len]
-    tokens = int(fit.sum())
-    if len(fit):
-        bins = packing.plan_rows(fit, max_len, "ffd")
-        row_tokens = np.bincount(bins, weights=fit).astype(np.int64)
-    else:
-        row_tokens = np.zeros(0, np.int64)
-    rows = len(row_tokens)
-    return {
-        "max_len": max_len,
-        "samples_fit": len(fit),
-        "samples_too_long": len(lengths) - len(fit),
-        "tokens": tokens,
-        "rows": rows,
-        "rows_without_packing": len(fit),
-        "padding_tokens": rows * max_len - tokens,
-        "padding_tokens_without_packing": len(fit) * max_len - tokens,
-        "padding_tokens_batch_padded": batch_padding(fit, batch_size),
-        "fill": round(tokens / (rows * max_len), 6) if rows else 0.0,
-        **_bounds(fit, max_len, rows),
-        "row_fill_histogram": fill_histogram(row_tokens, max_len).to_dict(),
-    }
-
-
-# -- pictures --------------------------------------------------------------------------------------

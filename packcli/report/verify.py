@@ -4,6 +4,9 @@ Each shard is checked for presence, checksum, row and token counts, schema, and 
 (lengths, seq_lengths, position_ids, labels, padding segments), a batch of rows at a time with numpy;
 only each row's sample_index values are kept across shards, for the uniqueness and count checks at
 the end. Problems are returned, not raised: a damaged output is a result, not an error.
+
+This module checks the output as a whole (the manifest, each shard's file, checksum, schema and
+counts, the samples across shards, the format's index files); the row checks are ``row_checks``.
 """
 
 from __future__ import annotations
@@ -17,50 +20,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packcli.contract import IGNORE_INDEX, MANIFEST, OPTIONAL_COLUMNS, SHARD_SCHEMA, Progress
+from packcli.contract import MANIFEST, OPTIONAL_COLUMNS, SHARD_SCHEMA, Progress
 from packcli.errors import first_line
 from packcli.output.formats import FORMATS, MISSING_INDEX, ShardFormat, format_of, shard_batches, shard_schema
-from packcli.output.rows import EXTENSIONS, file_sha256, loss_weights, manifest_problems, read_manifest
-from packcli.plan.packing import pad_lengths
-from packcli.report.stats import list_parts
+from packcli.output.rows import EXTENSIONS, file_sha256, manifest_problems, read_manifest
+from packcli.report.row_checks import CHECKS, WEIGHTING_RULES, Expected, ShardTotals, check_batch
 
 SHARD_FILE = re.compile(r"^shard-\d+-of-\d+(" + "|".join(re.escape(e) for e in EXTENSIONS.values()) + ")$")
 MAX_EXAMPLES = 5
-
-# Each row check: a key, and the message for the rows that fail it.
-CHECKS = {
-    "nulls": "hold null values",
-    "token_columns": "have input_ids, labels and position_ids of different lengths",
-    "segment_columns": "have seq_lengths, sample_index and piece_index of different lengths",
-    "empty": "are empty",
-    "too_long": "are longer than max_len {max_len}",
-    "not_padded": "are not padded to max_len {max_len} (the output was packed with --pad-to-max)",
-    "seq_lengths_positive": "have a seq_lengths value below 1",
-    "seq_lengths_sum": "have seq_lengths that do not sum to the row length",
-    "vocab": "have input_ids outside the tokenizer's vocabulary [0, {vocab_size})",
-    "positions": "have position_ids that do not run 0..n-1 restarting at every sample",
-    "first_label": "have a sample whose first label is not -100",
-    "labels": "have labels that differ from input_ids where they are not -100",
-    "sample_index": "have a sample_index below -1",
-    "padding_unexpected": "have a padding segment (sample_index -1) but the output was packed without --pad-to-max",
-    "padding_labels": "have a padding segment with labels other than -100",
-    "padding_not_last": "have a padding segment that is not the row's last segment",
-    "sample_index_order": "have (sample_index, piece_index) pairs that do not ascend within the row",
-    "piece_index": "have a piece_index below 0 (or other than 0 on a padding segment)",
-    "unpadded": "have seq_lengths_unpadded values that are not the real length of their segment",
-    "alignment": "have samples not padded to the multiple the output was packed with (--pad-to-multiple-of)",
-    "alignment_labels": "have labels other than -100 in a sample's alignment padding",
-    "sample_role": "have sample_role values that are not the task's (preference: 1 chosen, 2 rejected; kto: 3 "
-    "desirable, 4 undesirable; 0 on a padding segment), or not one per sample",
-    "pairs": "have a chosen sample not followed by its rejected sample (the same sample_index, piece 0 then 1), "
-    "or a rejected sample without its chosen one before it",
-    "loss_weights": "have loss_weights that are negative, not finite, of the wrong length or set where labels are -100",
-    "loss_weights_values": "have loss_weights that are not the {weighting} weighting the manifest records "
-    "(--loss-weighting {weighting}: {rule} on each of a sample's n trained tokens)",
-}
-WEIGHTING_RULES = {"sample": "1/n", "sqrt": "1/sqrt(n)"}
-# loss_weights are float32: a recomputed weight may differ from the stored one in its last bits only.
-WEIGHT_RTOL = 1e-6
 
 
 @dataclass(frozen=True)
@@ -112,37 +79,6 @@ class VerifyReport:
         }
 
 
-@dataclass
-class _Expect:
-    max_len: int
-    pad_to_max: bool
-    vocab_size: int | None
-    columns: tuple[str, ...] = tuple(SHARD_SCHEMA.names)
-    pad_multiple: int = 1
-    pad_offset: int = 0
-    task: str = "sft"
-    loss_weighting: str | None = None  # the manifest's --loss-weighting (None: not recorded)
-
-
-@dataclass
-class _ShardTotals:
-    rows: int = 0
-    tokens: int = 0  # every token in the rows, padding segments included (what the manifest's shard entry counts)
-    sample_tokens: int = 0  # real sample tokens: padding segments and alignment padding left out
-    alignment: int = 0  # alignment padding tokens
-    trainable: int = 0
-    failures: dict[str, list[int]] = field(default_factory=dict)  # check -> [count, first row]
-    index: list[np.ndarray] = field(default_factory=list)
-    pieces: list[np.ndarray] = field(default_factory=list)
-
-    def fail(self, check: str, bad_rows: np.ndarray, first_row: int) -> None:
-        rows = np.unique(bad_rows)
-        if len(rows) == 0:
-            return
-        seen = self.failures.setdefault(check, [0, int(rows[0]) + first_row])
-        seen[0] += len(rows)
-
-
 def verify_output(directory: Path, progress: Progress | None = None) -> VerifyReport:
     """Check every shard of a packed output against its manifest and the contract; return the report.
 
@@ -156,7 +92,7 @@ def verify_output(directory: Path, progress: Progress | None = None) -> VerifyRe
         return report
     options = manifest.get("options", {})
     listed_columns = manifest.get("columns")
-    expect = _Expect(
+    expect = Expected(
         max_len=int(manifest.get("max_len") or options.get("max_len") or 0),
         pad_to_max=bool(options.get("pad_to_max", False)),
         vocab_size=manifest.get("tokenizer", {}).get("vocab_size"),
@@ -266,8 +202,8 @@ def _pad_multiple(options: dict[str, Any]) -> int:
 
 
 def _check_shard(
-    directory: Path, entry: dict[str, Any], expect: _Expect, problems: list[Problem]
-) -> _ShardTotals | None:
+    directory: Path, entry: dict[str, Any], expect: Expected, problems: list[Problem]
+) -> ShardTotals | None:
     name = str(entry.get("file", ""))
     path = directory / name
     if not name or not path.is_file():
@@ -275,7 +211,7 @@ def _check_shard(
         return None
     if file_sha256(path) != entry.get("sha256"):
         problems.append(Problem(name, "sha256 differs from manifest.json: the file was changed or is damaged"))
-    totals = _ShardTotals()
+    totals = ShardTotals()
     try:
         schema = shard_schema(path)
         required = [f for f in SHARD_SCHEMA if f.name in expect.columns]
@@ -309,7 +245,7 @@ def _check_shard(
             )
         optional = [f.name for f in OPTIONAL_COLUMNS if f.name in schema.names and schema.field(f.name).type == f.type]
         for batch in shard_batches(path, [*[f.name for f in required], *optional]):
-            _check_batch(batch, totals.rows, expect, totals)
+            check_batch(batch, totals.rows, expect, totals)
             totals.rows += batch.num_rows
     except (OSError, pa.ArrowException) as exc:
         first = first_line(exc)
@@ -337,198 +273,6 @@ def _singular(message: str) -> str:
         if message.startswith(plural):
             return singular + message[len(plural) :]
     return message
-
-
-def _check_batch(batch: pa.RecordBatch, first_row: int, expect: _Expect, totals: _ShardTotals) -> None:
-    """Run the row checks on one batch of rows; record failing rows (shard row numbers) in ``totals``.
-
-    Token-sized work is a handful of comparisons over the flat columns; failing tokens and segments
-    are mapped back to their rows only when there are any.
-    """
-    n = batch.num_rows
-    cols = {name: batch.column(name) for name in expect.columns}
-    null_rows = np.zeros(n, dtype=bool)
-    for col in cols.values():
-        null_rows |= col.is_null().to_numpy(zero_copy_only=False)
-        if col.flatten().null_count:
-            seg_lengths, _ = list_parts(col)
-            nulls = col.flatten().is_null().to_numpy(zero_copy_only=False)
-            null_rows[np.repeat(np.arange(n), seg_lengths)[nulls]] = True
-    if null_rows.any():
-        totals.fail("nulls", np.flatnonzero(null_rows), first_row)
-        return
-    row_len, ids = list_parts(cols["input_ids"])
-    lab_len, labels = list_parts(cols["labels"])
-    pos_len, positions = list_parts(cols["position_ids"])
-    segs, seq_lengths = list_parts(cols["seq_lengths"])
-    idx_len, index = list_parts(cols["sample_index"])
-    if "piece_index" in cols:
-        piece_len, piece = list_parts(cols["piece_index"])
-    else:
-        piece_len, piece = idx_len, np.zeros(len(index), np.int32)
-    piece = piece.astype(np.int64)
-    seq_lengths = seq_lengths.astype(np.int64)
-    index = index.astype(np.int64)
-    totals.tokens += int(row_len.sum())
-    rows = np.arange(n)
-    row_end = np.cumsum(row_len)
-    seg_end = np.cumsum(segs)
-
-    def token_rows(mask: np.ndarray) -> np.ndarray:
-        return np.searchsorted(row_end, np.flatnonzero(mask), side="right")
-
-    def segment_rows(mask: np.ndarray) -> np.ndarray:
-        return np.searchsorted(seg_end, np.flatnonzero(mask), side="right")
-
-    token_ok = (lab_len == row_len) & (pos_len == row_len)
-    segment_ok = (idx_len == segs) & (piece_len == segs)
-    totals.fail("token_columns", rows[~token_ok], first_row)
-    totals.fail("segment_columns", rows[~segment_ok], first_row)
-    totals.fail("empty", rows[row_len == 0], first_row)
-    totals.fail("too_long", rows[row_len > expect.max_len], first_row)
-    if expect.pad_to_max:
-        totals.fail("not_padded", rows[row_len != expect.max_len], first_row)
-    if expect.vocab_size:
-        totals.fail("vocab", token_rows((ids < 0) | (ids >= expect.vocab_size)), first_row)
-    if not (token_ok.all() and segment_ok.all()):
-        return  # the columns do not line up; the checks below would only repeat this
-    labelled = labels != IGNORE_INDEX
-    totals.trainable += int(np.count_nonzero(labelled))
-    totals.fail("labels", token_rows(labelled & (labels != ids)), first_row)
-    totals.fail("sample_index", segment_rows(index < -1), first_row)
-    totals.fail("piece_index", segment_rows((piece < 0) | ((index == -1) & (piece != 0))), first_row)
-    totals.fail("seq_lengths_positive", segment_rows(seq_lengths < 1), first_row)
-    seg_row = np.repeat(rows, segs)
-    row_sums = np.bincount(seg_row, weights=seq_lengths, minlength=n).astype(np.int64)
-    totals.fail("seq_lengths_sum", rows[row_sums != row_len], first_row)
-    pad = index == -1
-    # The contract: a row's samples are in ascending (sample_index, piece_index) order (padding aside).
-    same_row = seg_row[1:] == seg_row[:-1]
-    real_pair = ~pad[1:] & ~pad[:-1]
-    unordered = np.zeros(len(index), dtype=bool)
-    before = (index[1:] < index[:-1]) | ((index[1:] == index[:-1]) & (piece[1:] <= piece[:-1]))
-    unordered[1:] = same_row & real_pair & before
-    totals.fail("sample_index_order", seg_row[unordered], first_row)
-    if pad.any():
-        if not expect.pad_to_max:
-            totals.fail("padding_unexpected", seg_row[pad], first_row)
-        is_last = np.zeros(len(index), dtype=bool)
-        is_last[seg_end[segs > 0] - 1] = True
-        totals.fail("padding_not_last", seg_row[pad & ~is_last], first_row)
-    totals.sample_tokens += int(row_len.sum()) - int(seq_lengths[pad].sum())
-    if "seq_lengths_unpadded" in batch.schema.names:
-        alignment = _check_unpadded(
-            batch, segs, seq_lengths, pad, row_sums == row_len, labelled, expect, totals, first_row
-        )
-        totals.sample_tokens -= alignment
-        totals.alignment += alignment
-    if "loss_weights" in batch.schema.names:
-        w_len, weights = list_parts(batch.column("loss_weights"))
-        bad_len = rows[w_len != row_len]
-        totals.fail("loss_weights", bad_len, first_row)
-        if len(bad_len) == 0:
-            bad = ~np.isfinite(weights) | (weights < 0) | ((weights != 0) & ~labelled)
-            totals.fail("loss_weights", token_rows(bad), first_row)
-            if expect.loss_weighting in WEIGHTING_RULES and (row_sums == row_len).all() and (seq_lengths > 0).all():
-                # Each segment's weights as the writer computes them, from its labels (padding segments: 0).
-                want = loss_weights(labels, seq_lengths, expect.loss_weighting)
-                if not np.array_equal(weights, want):  # the writer's own values are equal bit for bit
-                    wrong = ~np.isclose(weights, want, rtol=WEIGHT_RTOL, atol=0.0) & ~bad
-                    totals.fail("loss_weights_values", token_rows(wrong), first_row)
-    if "sample_role" in batch.schema.names:
-        _check_roles(batch, segs, index, piece, pad, seg_row, expect, totals, first_row)
-    totals.index.append(index[~pad])
-    totals.pieces.append(piece[~pad])
-    tiled = (row_sums == row_len) & (np.bincount(seg_row[seq_lengths < 1], minlength=n) == 0)
-    if not tiled.all():
-        # Positions and first labels can be placed only in rows whose segments tile the row.
-        keep_tokens = np.repeat(tiled, row_len)
-        keep_segments = np.repeat(tiled, segs)
-        rows, row_len, segs = rows[tiled], row_len[tiled], segs[tiled]
-        positions, labelled = positions[keep_tokens], labelled[keep_tokens]
-        seq_lengths, pad = seq_lengths[keep_segments], pad[keep_segments]
-        row_end = np.cumsum(row_len)
-        seg_row = np.repeat(rows, segs)
-    seg_start = np.cumsum(seq_lengths) - seq_lengths
-    # position_ids are 0 at every segment start and grow by one everywhere else.
-    starts = np.zeros(len(positions), dtype=bool)
-    starts[seg_start] = True
-    bad_position = np.zeros(len(positions), dtype=bool)
-    bad_position[seg_start] = positions[seg_start] != 0
-    if len(positions) > 1:
-        bad_position[1:] |= ~starts[1:] & (np.diff(positions) != 1)
-    totals.fail("positions", rows[token_rows(bad_position)], first_row)
-    totals.fail("first_label", seg_row[labelled[seg_start]], first_row)
-    if pad.any():
-        totals.fail("padding_labels", rows[token_rows(np.repeat(pad, seq_lengths) & labelled)], first_row)
-
-
-def _check_roles(
-    batch: pa.RecordBatch,
-    segs: np.ndarray,
-    index: np.ndarray,
-    piece: np.ndarray,
-    pad: np.ndarray,
-    seg_row: np.ndarray,
-    expect: _Expect,
-    totals: _ShardTotals,
-    first_row: int,
-) -> None:
-    """Check sample_role: one per sample, the task's values, and every pair whole and in order in its row."""
-    r_len, role = list_parts(batch.column("sample_role"))
-    if (r_len != segs).any():
-        totals.fail("sample_role", np.flatnonzero(r_len != segs), first_row)
-        return
-    role = role.astype(np.int64)
-    allowed = {"preference": (1, 2), "kto": (3, 4)}.get(expect.task, (0,))
-    bad = np.where(pad, role != 0, ~np.isin(role, allowed))
-    totals.fail("sample_role", seg_row[bad], first_row)
-    if expect.task == "kto":
-        totals.fail("pairs", seg_row[~pad & (piece != 0)], first_row)
-    if expect.task != "preference":
-        return
-    chosen, rejected = role == 1, role == 2
-    nxt = np.zeros(len(role), dtype=bool)  # the next segment is this chosen sample's rejected one
-    nxt[:-1] = (
-        rejected[1:] & (seg_row[1:] == seg_row[:-1]) & (index[1:] == index[:-1]) & (piece[:-1] == 0) & (piece[1:] == 1)
-    )
-    prev = np.zeros(len(role), dtype=bool)
-    prev[1:] = nxt[:-1] & chosen[:-1]
-    totals.fail("pairs", seg_row[(chosen & ~nxt) | (rejected & ~prev)], first_row)
-
-
-def _check_unpadded(
-    batch: pa.RecordBatch,
-    segs: np.ndarray,
-    seq_lengths: np.ndarray,
-    pad: np.ndarray,
-    tiled: np.ndarray,
-    labelled: np.ndarray,
-    expect: _Expect,
-    totals: _ShardTotals,
-    first_row: int,
-) -> int:
-    """Check seq_lengths_unpadded and the samples' alignment padding; return the padding tokens."""
-    rows = np.arange(batch.num_rows)
-    u_len, unpadded = list_parts(batch.column("seq_lengths_unpadded"))
-    if (u_len != segs).any():
-        totals.fail("segment_columns", rows[u_len != segs], first_row)
-        return 0
-    unpadded = unpadded.astype(np.int64)
-    seg_row = np.repeat(rows, segs)
-    wrong = (unpadded < 0) | (unpadded > seq_lengths) | ((unpadded == 0) != pad)
-    totals.fail("unpadded", seg_row[wrong], first_row)
-    if expect.pad_multiple > 1:
-        aligned = pad_lengths(np.maximum(unpadded, 1), expect.pad_multiple, expect.pad_offset) == seq_lengths
-        totals.fail("alignment", seg_row[~pad & ~aligned], first_row)
-    if tiled.all() and not wrong.any():
-        within = np.arange(int(seq_lengths.sum()), dtype=np.int64) - np.repeat(
-            np.cumsum(seq_lengths) - seq_lengths, seq_lengths
-        )
-        in_padding = within >= np.repeat(np.where(pad, seq_lengths, unpadded), seq_lengths)
-        token_row = np.repeat(seg_row, seq_lengths)
-        totals.fail("alignment_labels", token_row[in_padding & labelled], first_row)
-    return int((seq_lengths[~pad] - unpadded[~pad]).sum())
 
 
 def _check_samples(

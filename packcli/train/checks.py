@@ -88,14 +88,15 @@ def load_rows(
         raise OutputError(f"{root}: the output holds no shard (a dry run?); pack it again")
     from packcli.output.formats import format_of, read_shard
 
-    if format_of(files[0]).name in ("mds", "megatron"):
-        # Read back as packcli rows (in memory): these layouts are other trainers', not datasets' own.
+    reader = format_of(files[0]).datasets_reader
+    if reader is None:
+        # Read back as packcli rows (in memory): these layouts (MDS, Megatron's) are not datasets' own.
         import pyarrow as pa
         from datasets.table import InMemoryTable
 
         return Dataset(InMemoryTable(pa.concat_tables([read_shard(f) for f in files])))
     parts = [
-        Dataset.from_parquet(str(f), cache_dir=cache_dir) if f.suffix == ".parquet" else Dataset.from_file(str(f))
+        Dataset.from_parquet(str(f), cache_dir=cache_dir) if reader == "parquet" else Dataset.from_file(str(f))
         for f in files
     ]
     return concatenate_datasets(parts) if len(parts) > 1 else parts[0]
