@@ -24,7 +24,7 @@ from packcli.errors import OutputError, UsageError, first_line
 from packcli.output.formats import shard_batches
 from packcli.output.rows import read_checked_manifest
 from packcli.plan import packing
-from packcli.tokenize.encoder import DEFAULT_TOKENIZER
+from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER
 
 # Row fill bins in percent, right-closed: (0, 50], (50, 75], ... (99, 100]. Fine at the top, where
 # packed rows are; a uniform 10% grid would put nearly every row in one bin.
