@@ -72,8 +72,8 @@ class Encoder:
         self.eos_id = self.tokenizer.eos_token_id
         self.vocab_size = len(self.tokenizer)
         # A text of more UTF-8 bytes than this certainly has more tokens than a row holds: it is encoded by
-        # windows (``packcli.tokenize.long_text``), in bounded memory. Set by the run (--overflow truncate or split,
-        # with a tokenizer that bounds bytes per token); None: every text is encoded whole.
+        # windows (packcli.tokenize.long_text), in bounded memory. Set by the run (--overflow truncate or
+        # split, with a tokenizer that bounds bytes per token); None: every text is encoded whole.
         self.long_text_bytes: int | None = None
         self.warnings: list[str] = self.chat.marker_warnings(
             lambda text: len(self.backend.encode(text, add_special_tokens=False).ids), self.tokenizer_name
@@ -110,7 +110,7 @@ class Encoder:
         """The backend tokenizer as ``tokenizer.json`` text (made once: 0.1 s for a 128k vocabulary)."""
         return self.backend.to_str()
 
-    # -- the chat template (kept on the encoder for callers that render as it does) --------------------
+    # -- the chat template (self.chat), for callers that render as the encoder does ------------------
 
     @property
     def template(self) -> str:
