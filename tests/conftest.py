@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from packcli.cli import app
-from packcli.tokenize.encoder import default_tokenizer_dir
+from packcli.tokenize.tokenizer import default_tokenizer_dir
 
 TEMPLATES = Path(__file__).parent / "templates"
 TEMPLATE_MARKER_RE = re.compile(

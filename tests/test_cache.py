@@ -113,7 +113,7 @@ def test_an_empty_template_file_is_an_error_before_any_input_is_read(
 
 
 def test_a_template_file_never_shares_the_key_of_no_template(tmp_path: Path, pack: Any) -> None:
-    from packcli.tokenize.encoder import builtin_template
+    from packcli.tokenize.templates import builtin_template
 
     data = write_jsonl(tmp_path / "d.jsonl", _records())
     same = tmp_path / "default.jinja"
@@ -364,7 +364,7 @@ def test_sizes_read_as_people_write_them() -> None:
 def test_a_template_copy_hits_and_the_manifest_names_this_runs_template(tmp_path: Path, pack: Any) -> None:
     """The key holds a template file's text, not its path: a copy elsewhere hits, and the manifest names the
     copy this run was given (never the path of the run that made the entry)."""
-    from packcli.tokenize.encoder import builtin_template
+    from packcli.tokenize.templates import builtin_template
 
     data = write_jsonl(tmp_path / "d.jsonl", _records())
     first, second = tmp_path / "a.jinja", tmp_path / "sub" / "b.jinja"

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from packcli.output.rows import file_sha256
-from packcli.tokenize.encoder import builtin_template
+from packcli.tokenize.templates import builtin_template
 
 from .conftest import make_conversations, read_rows, write_jsonl
 

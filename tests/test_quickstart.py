@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from packcli.cli import app
 from packcli.contract import IGNORE_INDEX
-from packcli.tokenize.encoder import DEEPSEEK_MARKERS, EncodeOptions, Encoder, builtin_template
+from packcli.tokenize.encoder import EncodeOptions, Encoder
+from packcli.tokenize.templates import DEEPSEEK_MARKERS, builtin_template
 
 from .conftest import read_rows
 
@@ -60,7 +61,7 @@ def test_quickstart_prints_the_tokenizer_template_and_task(quickstart: tuple[Pat
 def test_quickstart_trains_no_whitespace_after_the_end_of_turn_marker(quickstart: tuple[Path, Any]) -> None:
     """Every trained run ends with the end-of-turn marker, as one token, and no trained token follows it."""
     cwd, _ = quickstart
-    from packcli.tokenize.encoder import load_tokenizer
+    from packcli.tokenize.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(None)
     marker_id = tokenizer.convert_tokens_to_ids(END_OF_TURN)
@@ -91,7 +92,7 @@ def test_quickstart_ids_and_labels_equal_apply_chat_template(quickstart: tuple[P
         "default",
     )
     assert manifest["task"] == "sft" and identity["warnings"] == []
-    from packcli.tokenize.encoder import load_tokenizer
+    from packcli.tokenize.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(None)
     template = builtin_template("deepseek")

@@ -176,7 +176,7 @@ def test_split_end_to_end_keeps_every_answer_and_counts(tmp_path: Path, pack: An
     assert sum(len(ps) - 1 for ps in by_record.values() if len(ps) > 1) == split["pieces"] - split["records_split"]
     # No answer is lost: every assistant message's words are trained somewhere (the tokenizer is byte-level,
     # so decoding the trained tokens of a record's pieces shows every answer).
-    from packcli.tokenize.encoder import load_tokenizer
+    from packcli.tokenize.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(None)
     trained: dict[int, str] = {}
@@ -372,7 +372,7 @@ def test_truncate_left_keeps_the_last_answer_of_a_conversation(tmp_path: Path, p
     left = json.loads(pack(data, *flags, "--truncate-side", "left", "-o", tmp_path / "left").stdout)
     right = pack(data, *flags, "-o", tmp_path / "right", expect=1)  # the head holds no answer
     assert "no sample left to pack" in right.stderr
-    from packcli.tokenize.encoder import load_tokenizer
+    from packcli.tokenize.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(None)
 
@@ -488,7 +488,7 @@ def test_a_record_certainly_too_long_is_encoded_by_windows_with_the_same_tokens(
 ) -> None:
     """A record over --max-len x (bytes a token) is encoded a window at a time (bounded memory), and its
     tokens and labels are those of the whole encoding: split writes every token of the text back."""
-    import packcli.tokenize.encoder as tokenize
+    from packcli.tokenize import long_text
 
     records = [
         {"text": _long_text(30_000, 1)},
@@ -507,7 +507,7 @@ def test_a_record_certainly_too_long_is_encoded_by_windows_with_the_same_tokens(
     if overflow == "truncate":
         flags += ["--truncate-side", "left"]
     joined: list[int] = []
-    windows = tokenize._encode_windows
+    windows = long_text.encode_windows
 
     def spy(backend: Any, text: str) -> Any:
         got = windows(backend, text)
@@ -515,12 +515,12 @@ def test_a_record_certainly_too_long_is_encoded_by_windows_with_the_same_tokens(
         joined.append(len(got.ids))
         return got
 
-    monkeypatch.setattr(tokenize, "WINDOW_CHARS", 8192)
-    monkeypatch.setattr(tokenize, "OVERLAP_CHARS", 1024)
-    monkeypatch.setattr(tokenize, "_encode_windows", spy)
+    monkeypatch.setattr(long_text, "WINDOW_CHARS", 8192)
+    monkeypatch.setattr(long_text, "OVERLAP_CHARS", 1024)
+    monkeypatch.setattr(long_text, "encode_windows", spy)
     bounded = json.loads(pack(*data, *flags, "-o", tmp_path / "bounded").stdout)
     assert len(joined) >= 3  # each long record (split: and its one long exchange again), by windows
-    monkeypatch.setattr(tokenize, "WINDOW_CHARS", 1 << 40)  # every text encoded whole, as before
+    monkeypatch.setattr(long_text, "WINDOW_CHARS", 1 << 40)  # every text encoded whole, as before
     whole = json.loads(pack(*data, *flags, "-o", tmp_path / "whole").stdout)
     assert read_rows(tmp_path / "bounded") == read_rows(tmp_path / "whole")
     assert {k: v for k, v in bounded.items() if k != "seconds" and "second" not in k and k != "output"} == {

@@ -26,9 +26,11 @@ import pytest
 
 trl = pytest.importorskip("trl")  # a test dependency (pyproject's test extra): never skipped in CI
 
+from packcli.contract import IGNORE_INDEX  # noqa: E402
 from packcli.errors import RecordError, TokenizerError  # noqa: E402
 from packcli.records.formats import Sample  # noqa: E402
-from packcli.tokenize.encoder import IGNORE_INDEX, EncodeOptions, Encoder, default_tokenizer_dir  # noqa: E402
+from packcli.tokenize.encoder import EncodeOptions, Encoder  # noqa: E402
+from packcli.tokenize.tokenizer import default_tokenizer_dir  # noqa: E402
 
 TRL_TEMPLATES = Path(trl.__file__).parent / "chat_templates"
 ORIGINALS = sorted(p.stem for p in TRL_TEMPLATES.glob("*.jinja") if not p.stem.endswith("_training"))
@@ -491,7 +493,7 @@ def test_one_rendering_for_all_answers_equals_one_per_answer(
     from packcli.tokenize import spans
 
     encoder = Encoder(model_tokenizer[0], str(TRL_TEMPLATES / f"{name}.jinja"), EncodeOptions())
-    render = encoder._renderer(None, encoder.template_kwargs)
+    render = encoder.chat.renderer(None, encoder.template_kwargs)
     fast = 0
     for messages in conversations[:80]:
         full = render(messages, False)
@@ -625,7 +627,7 @@ def test_text_holding_a_perturbation_mark_falls_back_safely(model_tokenizer: tup
         {"role": "user", "content": "Thanks, and in short?"},
         {"role": "assistant", "content": "Two of them."},
     ]
-    render = encoder._renderer(None, encoder.template_kwargs)
+    render = encoder.chat.renderer(None, encoder.template_kwargs)
     full = render(messages, False)
     assert spans._bodies_at_once(render, messages, full, [1, 3]) is None
     ids, labels = _encode_one(encoder, Sample("chat", messages=messages))

@@ -22,7 +22,7 @@ from packcli.report.figures import (
     length_histogram,
     row_bounds,
 )
-from packcli.tokenize.encoder import DEFAULT_TOKENIZER
+from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER
 
 
 def parse_max_lens(value: str) -> list[int]:

@@ -160,7 +160,8 @@ def made_with(config: PackConfig, identity: dict[str, Any]) -> dict[str, Any]:
     ``template_source`` is ``tokenizer`` (the tokenizer's own), ``file`` (a path), ``packcli`` (one of
     packcli's templates, named) or ``default`` (packcli's template for a tokenizer without one).
     """
-    from packcli.tokenize.encoder import DEFAULT_TOKENIZER, builtin_name
+    from packcli.tokenize.templates import builtin_name
+    from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER
 
     if config.chat_template is not None:
         name = builtin_name(config.chat_template)

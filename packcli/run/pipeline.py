@@ -51,7 +51,9 @@ from packcli.store.tokens import (
     find_store,
 )
 from packcli.tokenize import ingest, worker
-from packcli.tokenize.encoder import DEFAULT_TOKENIZER, Encoder, builtin_name, read_chat_template, tokenizer_fingerprint
+from packcli.tokenize.encoder import Encoder
+from packcli.tokenize.templates import builtin_name, read_chat_template
+from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER, tokenizer_fingerprint
 
 # Bumped whenever the same inputs and options would give other tokens, labels or store meta, so the cache
 # misses. 5: messages' own "train"/"weight" marks are read (and removed before rendering); 6: the tokens of

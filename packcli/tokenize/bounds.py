@@ -22,6 +22,7 @@ others are encoded 1 MiB of characters at a time.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from packcli.errors import RecordError
@@ -80,7 +81,7 @@ def utf8_length(text: str) -> int:
     return sum(len(text[i : i + CHUNK_CHARS].encode("utf-8")) for i in range(0, len(text), CHUNK_CHARS))
 
 
-def _string_size(value: Any, measure: Any) -> int:
+def _string_size(value: Any, measure: Callable[[str], int]) -> int:
     total = 0
     stack = [value]
     while stack:
@@ -94,7 +95,9 @@ def _string_size(value: Any, measure: Any) -> int:
     return total
 
 
-def rule_out_too_long(sample: Sample, max_len: int, token_bytes: int, render: Any = None) -> None:
+def rule_out_too_long(
+    sample: Sample, max_len: int, token_bytes: int, render: Callable[[Sample], str] | None = None
+) -> None:
     """Raise RecordError("too_long") when ``sample`` certainly has more than ``max_len`` tokens.
 
     Text and prompt/completion samples are encoded as they are, so their bytes are known. A chat is

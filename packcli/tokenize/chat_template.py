@@ -1,8 +1,10 @@
 """A chat template: rendering as ``apply_chat_template`` renders, and the character spans to train on.
 
 With ``{% generation %}`` blocks the spans are the blocks; without them they are located in the
-rendering of the whole conversation (``packcli.tokenize.spans``). Also here: how the template takes content
-(strings, text parts, or both) and whether its markers are tokens of the tokenizer.
+rendering of the whole conversation (``packcli.tokenize.spans``) by the template's shape, learned once
+per keyword arguments (``packcli.tokenize.template_shape``). Also here: how the template takes content
+(strings, text parts, or both), whether its markers are tokens of the tokenizer, and which assistant
+messages ``--train-on`` trains.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import Any
 
 from packcli.errors import RecordError, TokenizerError, first_line
 from packcli.records.formats import Sample
-from packcli.tokenize.spans import Render, TemplateShape, assistant_spans, learn_shape
+from packcli.tokenize.spans import assistant_spans
+from packcli.tokenize.template_shape import Render, TemplateShape, learn_shape
 
 GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
 # Marker-looking substrings, for tokenizers that do not have a template's markers as added tokens.

@@ -33,8 +33,6 @@ from packcli.errors import RecordError
 from packcli.records.formats import Sample
 from packcli.tokenize.chat_template import resolve_train_on, trained_turns
 
-SPLIT_SYSTEM = ("all", "first")
-
 Encoded = tuple[np.ndarray, np.ndarray]
 
 

