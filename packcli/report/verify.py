@@ -20,7 +20,8 @@ import pyarrow as pa
 from packcli.contract import IGNORE_INDEX, MANIFEST, OPTIONAL_COLUMNS, SHARD_SCHEMA, Progress
 from packcli.errors import first_line
 from packcli.output.formats import FORMATS, MISSING_INDEX, ShardFormat, format_of, shard_batches, shard_schema
-from packcli.output.rows import EXTENSIONS, file_sha256, loss_weights, manifest_problems, read_manifest
+from packcli.output.manifest import manifest_problems, read_manifest
+from packcli.output.rows import EXTENSIONS, file_sha256, loss_weights
 from packcli.plan.packing import pad_lengths
 from packcli.report.stats import list_parts
 
