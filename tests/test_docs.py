@@ -115,9 +115,7 @@ def test_every_field_of_the_typed_summary_and_manifest_is_documented() -> None:
     for name, types in documented.items():
         for cls in types:
             missing = [key for key in results.field_names(cls) if f"`{key}`" not in sections[name]]
-            assert not missing, (
-                f"{cls.__name__} fields not on the reference page, {name}: {missing}"
-            )
+            assert not missing, f"{cls.__name__} fields not on the reference page, {name}: {missing}"
     table = re.findall(r"^\| `(\w+)` \|", sections["The summary"], flags=re.M)
     assert sorted(table) == sorted(results.field_names(results.StageSeconds))
 
