@@ -72,6 +72,15 @@ def field_names(cls: type[DataclassInstance]) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
 
+def required_fields(cls: type[DataclassInstance]) -> tuple[str, ...]:
+    """The JSON keys a record type must have (``from_dict`` refuses data without one), in order."""
+    return tuple(
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    )
+
+
 # -- the run summary -------------------------------------------------------------------------------
 
 

@@ -25,7 +25,7 @@ from packcli.config import Hint, PackConfig, suggest
 from packcli.errors import InputError
 from packcli.plan import packing
 from packcli.plan.planner import Plan
-from packcli.results import Lost, RunSummary, Split
+from packcli.results import Lost, RunSummary, StoreMeta
 from packcli.store.tokens import TokenStore
 
 LOUD_FRACTION = 0.05
@@ -81,8 +81,9 @@ KEEP_THEM_SPLIT: dict[str, list[Hint]] = {
 
 def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str) -> RunSummary:
     """Return the summary of a run from its token store and plan (counts, fill, bounds, loss)."""
-    dropped = Counter(store.meta["dropped"]) + Counter(_records_lost(store, plan))
-    records = int(store.meta["records_read"])
+    meta = StoreMeta.from_dict(store.meta)
+    dropped = Counter(meta.dropped) + Counter(_records_lost(store, plan))
+    records = int(meta.records_read)
     rows = len(plan.order.order)
     packed = records - sum(dropped.values())
     padded = int(sum(np.diff(plan.row_start)[plan.order.padded_rows])) if len(plan.order.padded_rows) else 0
@@ -96,17 +97,16 @@ def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str)
     capacity = rows * config.max_len
     samples = len(plan.store_rows) - len(remainder)
     split = None
-    if "split" in store.meta:
-        split = Split.from_dict(store.meta["split"])
+    if meta.split is not None:
         # Exchanges too long for a row on their own, cut (from cut_side) and kept.
         split = dataclasses.replace(
-            split,
+            meta.split,
             exchanges_cut=plan.truncated,
             cut_side=config.cut_side,
             pieces_dropped_by_plan=_pieces_dropped(store, plan) if plan.drop_rows else None,
         )
-    empty_answers = int(store.meta.get("empty_answers", 0))
-    warnings = list(store.meta["tokenizer"].get("warnings", []))
+    empty_answers = int(meta.empty_answers or 0)
+    warnings = list(meta.tokenizer.get("warnings", []))
     if empty_answers:
         warnings.append(empty_answers_warning(empty_answers))
     lost = _lost(store, plan, in_rows, dropped, records)
@@ -114,7 +114,7 @@ def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str)
     if warning:
         warnings.append(warning)
     return RunSummary(
-        **made_with(config, store.meta["tokenizer"]),
+        **made_with(config, meta.tokenizer),
         records_read=records,
         limit=config.limit,
         packed=packed,
@@ -124,7 +124,7 @@ def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str)
         duplicated=padded,
         split=split,
         # --fix-turns: its changes by kind
-        turns_fixed=dict(store.meta["turns_fixed"]) if "turns_fixed" in store.meta else None,
+        turns_fixed=dict(meta.turns_fixed) if meta.turns_fixed is not None else None,
         empty_answers=empty_answers,
         tokens=written_tokens,
         trainable_tokens=plan.trainable,
@@ -244,7 +244,8 @@ def _lost(store: TokenStore, plan: Plan, in_rows: np.ndarray, dropped: Counter[s
     if cut > 0:
         tokens_by_reason["truncated"] += cut
     # Pieces the split left out never reached the store: their tokens are counted where they were cut.
-    left_out = Counter({k: int(v) for k, v in store.meta.get("split", {}).get("tokens_left_out", {}).items()})
+    split = StoreMeta.from_dict(store.meta).split
+    left_out = Counter({k: int(v) for k, v in (split.tokens_left_out if split else {}).items()})
     tokens_by_reason.update(+left_out)
     total_tokens = int(store.lengths.sum()) + sum(left_out.values())
     records_lost = sum(dropped.values())
