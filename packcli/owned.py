@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packcli.contract import MANIFEST
 from packcli.errors import OutputError
+from packcli.results import REJECT_KEYS as REJECT_ENTRY_KEYS
 
-MANIFEST = "manifest.json"
 LOCK_IN_OUTPUT = ".packcli.lock"
 IN_PLACE_PREFIX = ".packcli-partial-"
 # In a mount point's output, while its contents are replaced in place: what to remove, what to move in.
@@ -36,22 +37,9 @@ REPLACE_JOURNAL = ".packcli-replace.json"
 MANIFEST_KEYS = ("packcli_version", "options", "shards", "columns")
 # The files output formats keep beside their shards (shard_formats: MDS's index, Megatron's metadata).
 INDEX_FILES = ("index.json", "packing_metadata.json")
-# The keys of every entry of a rejects file (worker.reject): an existing file whose first line has
-# exactly these is a rejects file packcli wrote, which --rejects may replace.
-REJECT_KEYS = frozenset(
-    {
-        "sample_index",
-        "piece_index",
-        "source",
-        "position",
-        "unit",
-        "reason",
-        "detail",
-        "record",
-        "record_truncated",
-        "record_chars",
-    }
-)
+# The keys of every entry of a rejects file (packcli.results.RejectEntry): an existing file whose first
+# line has exactly these is a rejects file packcli wrote, which --rejects may replace.
+REJECT_KEYS = REJECT_ENTRY_KEYS
 # An entry holds at most 100,000 characters of its record; 8 MiB covers its line with any escaping.
 _REJECT_LINE_BYTES = 8 << 20
 

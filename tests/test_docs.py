@@ -78,6 +78,8 @@ def page_sections(page: Path) -> dict[str, str]:
 def test_summary_and_manifest_keys_are_documented(pack: Any, chat_jsonl: Path, tmp_path: Path) -> None:
     """Every top-level key of a run's --json summary and manifest.json is named on the reference page,
     and the page's table of stage_seconds names exactly the keys the summary has."""
+    from packcli import results
+
     out = tmp_path / "out"
     summary = json.loads(pack(chat_jsonl, "-o", out, "--max-len", "256", "--json").stdout)
     manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
@@ -87,6 +89,35 @@ def test_summary_and_manifest_keys_are_documented(pack: Any, chat_jsonl: Path, t
         assert not missing, f"keys not in docs/reference/summary-and-manifest.md, {name}: {missing}"
     table = re.findall(r"^\| `(\w+)` \|", sections["The summary"], flags=re.M)
     assert sorted(table) == sorted(summary["stage_seconds"]), "the stage_seconds table and the summary differ"
+    # The run's keys are the types' fields, in the types' order (the JSON is written from them).
+    for keys, cls in ((summary, results.RunSummary), (manifest, results.Manifest)):
+        assert [k for k in results.field_names(cls) if k in keys] == list(keys)
+
+
+def test_every_field_of_the_typed_summary_and_manifest_is_documented() -> None:
+    """Every field of the summary's and the manifest's types (and of the records nested in them) is named
+    in its section of the reference page, and the stage_seconds table names exactly StageSeconds' fields:
+    keys a real run leaves out (``split``, ``index_files``, ``rejects_file``...) are checked too."""
+    from packcli import results
+
+    sections = page_sections(ROOT / "docs" / "reference" / "summary-and-manifest.md")
+    documented = {
+        "The summary": (
+            results.RunSummary,
+            results.Split,
+            results.Lost,
+            results.Seconds,
+            results.StageSeconds,
+            results.CachePruned,
+        ),
+        "The manifest": (results.Manifest, results.Counts, results.ShardEntry, results.Lost),
+    }
+    for name, types in documented.items():
+        for cls in types:
+            missing = [key for key in results.field_names(cls) if f"`{key}`" not in sections[name]]
+            assert not missing, f"{cls.__name__} fields not on the reference page, {name}: {missing}"
+    table = re.findall(r"^\| `(\w+)` \|", sections["The summary"], flags=re.M)
+    assert sorted(table) == sorted(results.field_names(results.StageSeconds))
 
 
 def python_blocks(page: str, marker: str) -> list[str]:

@@ -23,6 +23,7 @@ LAYERS = [
     {"packcli.records"},
     {"packcli.procs"},
     {"packcli.owned"},
+    {"packcli.results"},  # the typed summary, manifest, store metadata and rejects entries
     {"packcli.contract", "packcli.errors"},
 ]
 

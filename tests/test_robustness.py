@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from packcli.output import manifest as output_manifest
 from packcli.output import rows as shards
 from packcli.store import tokens as cache_mod
 from packcli.tokenize import bounds, ingest
@@ -469,7 +470,7 @@ def test_disk_full_while_writing_the_manifest(chat: Path, pack: Any, tmp_path: P
     out = tmp_path / "out"
     pack(chat, "--max-len", "96", "-o", out, "-q")
     previous = digest(out)
-    monkeypatch.setattr(shards, "open", full_open("manifest.json.tmp"), raising=False)
+    monkeypatch.setattr(output_manifest, "open", full_open("manifest.json.tmp"), raising=False)
     result = pack(chat, "--max-len", "64", "-o", out, "--overwrite", expect=1)
     assert one_stderr_line(result) == (
         f"Error: {out}: cannot write manifest.json (No space left on device); free disk space or choose another -o"

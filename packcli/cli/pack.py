@@ -217,11 +217,11 @@ def pack(
 
     with console.progress_bars(enabled=not quiet) as progress:
         summary = api.run(cfg, progress).summary
-    for warning in summary["warnings"]:
+    for warning in summary.warnings:
         console.warning(warning)
-    for skipped in summary.get("skipped_dirs", []):
+    for skipped in summary.skipped_dirs or []:
         console.warning(f"{skipped}: skipped; a packcli output, staging directory or cache is never read as input")
     if json_out:
-        console.emit_json(summary)
+        console.emit_json(summary.to_dict())
     if not quiet:
         console.print_pack_summary(summary)

@@ -21,6 +21,8 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from packcli.results import RunSummary
+
 stderr = Console(stderr=True, highlight=False)
 stdout = Console(highlight=False, emoji=False)
 
@@ -119,55 +121,55 @@ TEMPLATE_SOURCES = {
 }
 
 
-def print_pack_summary(summary: dict[str, Any]) -> None:
+def print_pack_summary(summary: RunSummary) -> None:
     """Render the pack summary as a table on stderr."""
     table = Table(title="packcli pack", show_header=False, title_justify="left")
     table.add_column("what", style="bold")
     table.add_column("value", justify="right")
-    table.add_row("tokenizer", summary["tokenizer"])
-    table.add_row("template", f"{summary['template']} ({TEMPLATE_SOURCES[summary['template_source']]})")
-    table.add_row("task", summary["task"])
-    table.add_row("records read", _fmt(summary["records_read"]))
-    table.add_row("packed", _fmt(summary["packed"]))
-    for reason, count in summary["dropped"].items():
+    table.add_row("tokenizer", summary.tokenizer)
+    table.add_row("template", f"{summary.template} ({TEMPLATE_SOURCES[summary.template_source]})")
+    table.add_row("task", summary.task)
+    table.add_row("records read", _fmt(summary.records_read))
+    table.add_row("packed", _fmt(summary.packed))
+    for reason, count in summary.dropped.items():
         table.add_row(f"dropped: {reason}", _fmt(count))
-    split = summary.get("split")
+    split = summary.split
     if split:
-        table.add_row("samples", _fmt(summary["samples"]))
-        table.add_row("split", f"{split['records_split']:,} records into {split['pieces']:,} pieces")
-        for reason, count in split["pieces_left_out"].items():
+        table.add_row("samples", _fmt(summary.samples))
+        table.add_row("split", f"{split.records_split:,} records into {split.pieces:,} pieces")
+        for reason, count in split.pieces_left_out.items():
             table.add_row(f"pieces left out: {reason}", _fmt(count))
-    for kind, count in (summary.get("turns_fixed") or {}).items():
+    for kind, count in (summary.turns_fixed or {}).items():
         table.add_row(f"turns fixed: {kind}", _fmt(count))
-    if summary.get("empty_answers"):
-        table.add_row("empty answers trained", _fmt(summary["empty_answers"]))
-    if split is not None and "exchanges_cut" in split:
-        side = "the start of the prompt" if split["cut_side"] == "left" else "the end"
-        table.add_row("exchanges cut (one over --max-len)", f"{split['exchanges_cut']:,} (cut from {side})")
-    elif summary.get("truncated"):
-        table.add_row("truncated", _fmt(summary["truncated"]))
-    if summary.get("duplicated"):
-        table.add_row("duplicated (rank padding)", _fmt(summary["duplicated"]))
-    table.add_row("tokens", _fmt(summary["tokens"]))
-    table.add_row("trainable tokens", _fmt(summary["trainable_tokens"]))
-    table.add_row("rows", _fmt(summary["rows"]))
-    table.add_row("fill", f"{summary['fill']:.2%}")
+    if summary.empty_answers:
+        table.add_row("empty answers trained", _fmt(summary.empty_answers))
+    if split is not None and split.exchanges_cut is not None:
+        side = "the start of the prompt" if split.cut_side == "left" else "the end"
+        table.add_row("exchanges cut (one over --max-len)", f"{split.exchanges_cut:,} (cut from {side})")
+    elif summary.truncated:
+        table.add_row("truncated", _fmt(summary.truncated))
+    if summary.duplicated:
+        table.add_row("duplicated (rank padding)", _fmt(summary.duplicated))
+    table.add_row("tokens", _fmt(summary.tokens))
+    table.add_row("trainable tokens", _fmt(summary.trainable_tokens))
+    table.add_row("rows", _fmt(summary.rows))
+    table.add_row("fill", f"{summary.fill:.2%}")
     table.add_row(
         "rows over L2 bound",
-        f"{summary['rows_over_l2']:,} ({summary['rows_over_l2_fraction']:.3%}; L2 = {summary['lower_bound_l2']:,})",
+        f"{summary.rows_over_l2:,} ({summary.rows_over_l2_fraction:.3%}; L2 = {summary.lower_bound_l2:,})",
     )
-    without = summary["padding_tokens_without_packing"]
+    without = summary.padding_tokens_without_packing
     table.add_row(
         "padding saved",
-        f"{without - summary['padding_tokens']:,} tokens ({summary['rows_without_packing']:,} rows unpacked)",
+        f"{without - summary.padding_tokens:,} tokens ({summary.rows_without_packing:,} rows unpacked)",
     )
-    if summary["world_size"] > 1:
-        table.add_row("rank token spread", f"{summary['rank_token_spread']:.3%}")
-    table.add_row("cache", summary["cache"])
-    if "seconds" in summary:
-        table.add_row("time", f"{summary['seconds']['total']:.1f} s ({summary['tokens_per_second']:,} tokens/s)")
-    if summary.get("output"):
-        table.add_row("output", summary["output"])
+    if summary.world_size > 1:
+        table.add_row("rank token spread", f"{summary.rank_token_spread:.3%}")
+    table.add_row("cache", summary.cache)
+    if summary.seconds is not None:
+        table.add_row("time", f"{summary.seconds.total:.1f} s ({summary.tokens_per_second or 0:,} tokens/s)")
+    if summary.output:
+        table.add_row("output", summary.output)
     stderr.print(table)
 
 

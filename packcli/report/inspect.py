@@ -19,8 +19,9 @@ import pyarrow as pa
 from packcli.contract import IGNORE_INDEX, SAMPLE_ROLES
 from packcli.errors import InputError, OutputError, TokenizerError, UsageError, first_line
 from packcli.output.formats import shard_batches
-from packcli.output.rows import read_checked_manifest
+from packcli.output.manifest import read_checked_manifest
 from packcli.report.stats import list_parts
+from packcli.results import Counts, Manifest
 
 
 @dataclass
@@ -76,25 +77,25 @@ class InspectedRow:
         return out
 
 
-def locate_row(manifest: dict[str, Any], row: int) -> tuple[str, int]:
+def locate_row(manifest: Manifest, row: int) -> tuple[str, int]:
     """Return (shard file, row within the shard) of global row ``row``; raise UsageError when out of range."""
-    sizes = [int(e["rows"]) for e in manifest.get("shards", [])]
+    sizes = [e.rows for e in manifest.shards]
     total = sum(sizes)
     if not 0 <= row < total:
         span = f"0..{total - 1}" if total else "none"
         raise UsageError(f"--row {row} is out of range: the output has {total} rows ({span})")
     k = int(np.searchsorted(np.cumsum(sizes), row, side="right"))
-    return manifest["shards"][k]["file"], row - sum(sizes[:k])
+    return manifest.shards[k].file, row - sum(sizes[:k])
 
 
-def find_sample(directory: Path, manifest: dict[str, Any], sample_index: int) -> int:
+def find_sample(directory: Path, manifest: Manifest, sample_index: int) -> int:
     """Return the global row that holds ``sample_index`` (its first copy); raise InputError when none does."""
     if sample_index < 0:
         raise UsageError(f"--sample-index must be >= 0, not {sample_index}")
     first_row = 0
-    for entry in manifest.get("shards", []):
+    for entry in manifest.shards:
         try:
-            for batch in shard_batches(directory / entry["file"], ["sample_index"]):
+            for batch in shard_batches(directory / entry.file, ["sample_index"]):
                 segs, index = list_parts(batch.column("sample_index"))
                 hits = np.flatnonzero(index == sample_index)
                 if len(hits):
@@ -102,11 +103,12 @@ def find_sample(directory: Path, manifest: dict[str, Any], sample_index: int) ->
                     return first_row + int(row_of[hits[0]])
                 first_row += batch.num_rows
         except (OSError, pa.ArrowException) as exc:
-            raise _unreadable(directory, entry["file"], exc) from exc
-    counts = manifest.get("counts", {})
-    dropped = ", ".join(f"{reason} {n}" for reason, n in counts.get("dropped", {}).items()) or "none"
+            raise _unreadable(directory, entry.file, exc) from exc
+    counts = manifest.counts or Counts()
+    dropped = ", ".join(f"{reason} {n}" for reason, n in (counts.dropped or {}).items()) or "none"
+    records = "?" if counts.records_read is None else counts.records_read
     raise InputError(
-        f"sample_index {sample_index} is in no row: it numbers the {counts.get('records_read', '?')} input records "
+        f"sample_index {sample_index} is in no row: it numbers the {records} input records "
         f"from 0, and dropped records are in no row (dropped: {dropped}); pack with --rejects FILE to list them"
     )
 
@@ -147,7 +149,7 @@ def inspect_row(
         data = read_row(directory / shard, row_in_shard)
     except (OSError, pa.ArrowException) as exc:
         raise _unreadable(directory, shard, exc) from exc
-    identity = manifest.get("tokenizer", {})
+    identity = manifest.tokenizer or {}
     name = tokenizer or identity.get("name")
     decoder, matches = _load_decoder(name, identity.get("sha256"))
     ids = np.asarray(data["input_ids"], dtype=np.int64)
@@ -169,10 +171,10 @@ def inspect_row(
     return InspectedRow(
         directory=str(directory),
         row=row,
-        rows=sum(int(e["rows"]) for e in manifest.get("shards", [])),
+        rows=sum(e.rows for e in manifest.shards),
         shard=shard,
         row_in_shard=row_in_shard,
-        max_len=int(manifest.get("max_len", 0)),
+        max_len=manifest.max_len,
         tokens=len(ids),
         trained_tokens=int(trained.sum()),
         tokenizer=str(name),

@@ -119,14 +119,20 @@ def _kept_by_policy(
     def kept(cfg: Any, tokens: Any) -> dict[str, Any]:
         try:
             summary = accounting.summary(cfg, tokens, make_plan(cfg, tokens), "")
+            packed, samples, kept_tokens, trainable = (
+                summary.packed,
+                summary.samples,
+                summary.tokens,
+                summary.trainable_tokens,
+            )
         except InputError:  # nothing left to pack
-            summary = {"packed": 0, "samples": 0, "tokens": 0, "trainable_tokens": 0}
+            packed = samples = kept_tokens = trainable = 0
         return {
-            "records": summary["packed"],
-            "samples": summary["samples"],
-            "tokens": summary["tokens"],
-            "trainable_tokens": summary["trainable_tokens"],
-            "trainable_fraction": round(summary["trainable_tokens"] / trainable_total, 6) if trainable_total else 0.0,
+            "records": packed,
+            "samples": samples,
+            "tokens": kept_tokens,
+            "trainable_tokens": trainable,
+            "trainable_fraction": round(trainable / trainable_total, 6) if trainable_total else 0.0,
         }
 
     base = replace(config, max_len=max_len, world_size=1, pad_to_max=False)

@@ -18,7 +18,7 @@ import pyarrow as pa
 from packcli.contract import IGNORE_INDEX, MANIFEST
 from packcli.errors import OutputError, first_line
 from packcli.output.formats import shard_batches
-from packcli.output.rows import read_checked_manifest
+from packcli.output.manifest import read_checked_manifest
 from packcli.report.figures import (
     batch_padding,
     check_batch_size,
@@ -28,6 +28,7 @@ from packcli.report.figures import (
     row_bounds,
 )
 from packcli.report.raw import parse_max_lens, raw_stats
+from packcli.results import Counts
 
 __all__ = ["is_packed_output", "list_parts", "output_stats", "parse_max_lens", "raw_stats"]
 
@@ -61,9 +62,7 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     """
     check_batch_size(batch_size)
     manifest = read_checked_manifest(directory)
-    max_len = int(manifest.get("max_len") or manifest.get("options", {}).get("max_len", 0))
-    if max_len < 1:
-        raise OutputError(f"{directory / MANIFEST}: no max_len; the manifest is damaged, pack again")
+    max_len = manifest.max_len  # a positive integer: read_checked_manifest checks it
     row_tokens: list[np.ndarray] = []
     row_samples: list[np.ndarray] = []
     seq_index: list[np.ndarray] = []
@@ -74,14 +73,13 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     row_pairs: list[np.ndarray] = []
     trainable = 0
     segment_padding = 0
-    shards = manifest.get("shards", [])
+    shards = manifest.shards
+    listed = manifest.columns or []
     for entry in shards:
-        path = directory / entry["file"]
+        path = directory / entry.file
         try:
             columns = ["labels", "seq_lengths", "sample_index"]
-            columns += ["piece_index"] if "piece_index" in (manifest.get("columns") or []) else []
-            columns += ["sample_role"] if "sample_role" in (manifest.get("columns") or []) else []
-            columns += ["seq_lengths_unpadded"] if "seq_lengths_unpadded" in (manifest.get("columns") or []) else []
+            columns += [c for c in ("piece_index", "sample_role", "seq_lengths_unpadded") if c in listed]
             for batch in shard_batches(path, columns):
                 row_len, labels = list_parts(batch.column("labels"))
                 segs, lengths = list_parts(batch.column("seq_lengths"))
@@ -110,7 +108,7 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
                     row_pairs.append(np.bincount(seg_row[role == CHOSEN], minlength=len(segs)))
         except (OSError, pa.ArrowException, KeyError) as exc:
             raise OutputError(
-                f"{entry['file']}: cannot be read ({first_line(exc)}); run packcli verify {directory}"
+                f"{entry.file}: cannot be read ({first_line(exc)}); run packcli verify {directory}"
             ) from exc
     per_row = _concat(row_tokens)
     samples_per_row = _concat(row_samples)
@@ -132,7 +130,7 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     padding_tokens = capacity - tokens
     without = len(distinct) * max_len - int(distinct_lengths.sum())
     batched = batch_padding(distinct_lengths, batch_size)  # np.unique sorts: input order
-    counts = manifest.get("counts", {})
+    counts = manifest.counts or Counts()
     spr_hist = np.bincount(samples_per_row) if rows else np.zeros(0, np.int64)
     pairs = None
     if seq_role:
@@ -169,10 +167,10 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
         "sample_length": distribution(distinct_lengths),
         "length_histogram": length_histogram(distinct_lengths, max_len).to_dict(),
         "row_fill_histogram": fill_histogram(per_row, max_len).to_dict(),
-        "records_read": int(counts.get("records_read", 0)),
-        "dropped": dict(counts.get("dropped", {})),
-        "truncated": int(counts.get("truncated", 0)),
-        "duplicated": int(counts.get("duplicated", 0)),
+        "records_read": int(counts.records_read or 0),
+        "dropped": dict(counts.dropped or {}),
+        "truncated": int(counts.truncated or 0),
+        "duplicated": int(counts.duplicated or 0),
         "batch_size": batch_size,
         "rows_without_packing": len(distinct),
         "padding_tokens_without_packing": without,

@@ -23,7 +23,8 @@ import pyarrow as pa
 from packcli.contract import MANIFEST, OPTIONAL_COLUMNS, SHARD_SCHEMA, Progress
 from packcli.errors import first_line
 from packcli.output.formats import FORMATS, MISSING_INDEX, ShardFormat, format_of, shard_batches, shard_schema
-from packcli.output.rows import EXTENSIONS, file_sha256, manifest_problems, read_manifest
+from packcli.output.manifest import manifest_problems, read_manifest
+from packcli.output.rows import EXTENSIONS, file_sha256
 from packcli.report.row_checks import CHECKS, WEIGHTING_RULES, Expected, ShardTotals, check_batch
 
 SHARD_FILE = re.compile(r"^shard-\d+-of-\d+(" + "|".join(re.escape(e) for e in EXTENSIONS.values()) + ")$")

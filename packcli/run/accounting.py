@@ -15,6 +15,7 @@ losing more than F an error instead (nothing is written).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Any
 
@@ -24,6 +25,7 @@ from packcli.config import Hint, PackConfig, suggest
 from packcli.errors import InputError
 from packcli.plan import packing
 from packcli.plan.planner import Plan
+from packcli.results import Lost, RunSummary, StoreMeta
 from packcli.store.tokens import TokenStore
 
 LOUD_FRACTION = 0.05
@@ -77,10 +79,11 @@ KEEP_THEM_SPLIT: dict[str, list[Hint]] = {
 }
 
 
-def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str) -> dict[str, Any]:
+def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str) -> RunSummary:
     """Return the summary of a run from its token store and plan (counts, fill, bounds, loss)."""
-    dropped = Counter(store.meta["dropped"]) + Counter(_records_lost(store, plan))
-    records = int(store.meta["records_read"])
+    meta = StoreMeta.from_dict(store.meta)
+    dropped = Counter(meta.dropped) + Counter(_records_lost(store, plan))
+    records = int(meta.records_read)
     rows = len(plan.order.order)
     packed = records - sum(dropped.values())
     padded = int(sum(np.diff(plan.row_start)[plan.order.padded_rows])) if len(plan.order.padded_rows) else 0
@@ -93,56 +96,58 @@ def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str)
     written_tokens = tokens + row_tokens_padded
     capacity = rows * config.max_len
     samples = len(plan.store_rows) - len(remainder)
-    out: dict[str, Any] = {
-        **made_with(config, store.meta["tokenizer"]),
-        "records_read": records,
-        "limit": config.limit,
-        "packed": packed,
-        "samples": samples,
-        "dropped": dict(sorted(dropped.items())),
-        "truncated": plan.truncated,
-        "duplicated": padded,
-    }
-    if "split" in store.meta:
-        split = dict(store.meta["split"])
+    split = None
+    if meta.split is not None:
         # Exchanges too long for a row on their own, cut (from cut_side) and kept.
-        split["exchanges_cut"] = plan.truncated
-        split["cut_side"] = config.cut_side
-        if plan.drop_rows:
-            split["pieces_dropped_by_plan"] = _pieces_dropped(store, plan)
-        out["split"] = split
-    if "turns_fixed" in store.meta:  # --fix-turns: its changes by kind
-        out["turns_fixed"] = dict(store.meta["turns_fixed"])
-    out["empty_answers"] = int(store.meta.get("empty_answers", 0))
-    out |= {
-        "tokens": written_tokens,
-        "trainable_tokens": plan.trainable,
-        "rows": rows,
-        "max_len": config.max_len,
-        "fill": round(written_tokens / capacity, 6) if capacity else 0.0,
-        "lower_bound_l1": plan.bound_l1,
-        "lower_bound_l2": plan.bound_l2,
-        "rows_over_l2": plan.n_rows - plan.bound_l2,
-        "rows_over_l2_fraction": round(plan.n_rows / plan.bound_l2 - 1, 6) if plan.bound_l2 else 0.0,
-        "padding_tokens": capacity - written_tokens,
-        "alignment_padding_tokens": _alignment_padding(config, plan),
-        "rows_without_packing": samples,
-        "padding_tokens_without_packing": samples * config.max_len - tokens,
-        "algorithm": config.algorithm,
-        "world_size": config.world_size,
-        "rank_tokens": [int(x) for x in plan.order.rank_tokens],
-        "rank_token_spread": round(float(packing.rank_token_spread(plan.order.rank_tokens)), 6),
-        "cache": cache_state,
-        "output": None if config.dry_run else str(config.output),
-        "warnings": list(store.meta["tokenizer"].get("warnings", [])),
-    }
-    if out["empty_answers"]:
-        out["warnings"].append(empty_answers_warning(out["empty_answers"]))
-    out["lost"] = lost = _lost(store, plan, in_rows, dropped, records)
+        split = dataclasses.replace(
+            meta.split,
+            exchanges_cut=plan.truncated,
+            cut_side=config.cut_side,
+            pieces_dropped_by_plan=_pieces_dropped(store, plan) if plan.drop_rows else None,
+        )
+    empty_answers = int(meta.empty_answers or 0)
+    warnings = list(meta.tokenizer.get("warnings", []))
+    if empty_answers:
+        warnings.append(empty_answers_warning(empty_answers))
+    lost = _lost(store, plan, in_rows, dropped, records)
     warning = loss_warning(lost, config)
     if warning:
-        out["warnings"].append(warning)
-    return out
+        warnings.append(warning)
+    return RunSummary(
+        **made_with(config, meta.tokenizer),
+        records_read=records,
+        limit=config.limit,
+        packed=packed,
+        samples=samples,
+        dropped=dict(sorted(dropped.items())),
+        truncated=plan.truncated,
+        duplicated=padded,
+        split=split,
+        # --fix-turns: its changes by kind
+        turns_fixed=dict(meta.turns_fixed) if meta.turns_fixed is not None else None,
+        empty_answers=empty_answers,
+        tokens=written_tokens,
+        trainable_tokens=plan.trainable,
+        rows=rows,
+        max_len=config.max_len,
+        fill=round(written_tokens / capacity, 6) if capacity else 0.0,
+        lower_bound_l1=plan.bound_l1,
+        lower_bound_l2=plan.bound_l2,
+        rows_over_l2=plan.n_rows - plan.bound_l2,
+        rows_over_l2_fraction=round(plan.n_rows / plan.bound_l2 - 1, 6) if plan.bound_l2 else 0.0,
+        padding_tokens=capacity - written_tokens,
+        alignment_padding_tokens=_alignment_padding(config, plan),
+        rows_without_packing=samples,
+        padding_tokens_without_packing=samples * config.max_len - tokens,
+        algorithm=config.algorithm,
+        world_size=config.world_size,
+        rank_tokens=[int(x) for x in plan.order.rank_tokens],
+        rank_token_spread=round(float(packing.rank_token_spread(plan.order.rank_tokens)), 6),
+        cache=cache_state,
+        output=None if config.dry_run else str(config.output),
+        warnings=warnings,
+        lost=lost,
+    )
 
 
 def empty_answers_warning(n: int) -> str:
@@ -226,7 +231,7 @@ def _pieces_dropped(store: TokenStore, plan: Plan) -> dict[str, int]:
     return out
 
 
-def _lost(store: TokenStore, plan: Plan, in_rows: np.ndarray, dropped: Counter[str], records: int) -> dict[str, Any]:
+def _lost(store: TokenStore, plan: Plan, in_rows: np.ndarray, dropped: Counter[str], records: int) -> Lost:
     """Return what did not reach the rows: records by reason, tokens by reason, and both fractions.
 
     ``in_rows`` is each store row's length as planned (``_lengths_in_rows``).
@@ -240,36 +245,38 @@ def _lost(store: TokenStore, plan: Plan, in_rows: np.ndarray, dropped: Counter[s
     if cut > 0:
         tokens_by_reason["truncated"] += cut
     # Pieces the split left out never reached the store: their tokens are counted where they were cut.
-    left_out = Counter({k: int(v) for k, v in store.meta.get("split", {}).get("tokens_left_out", {}).items()})
+    split = StoreMeta.from_dict(store.meta).split
+    left_out = Counter({k: int(v) for k, v in (split.tokens_left_out if split else {}).items()})
     tokens_by_reason.update(+left_out)
     total_tokens = int(store.lengths.sum()) + sum(left_out.values())
     records_lost = sum(dropped.values())
     tokens_lost = sum(tokens_by_reason.values())
-    return {
-        "records": records_lost,
-        "records_fraction": round(records_lost / records, 6) if records else 0.0,
-        "tokens": tokens_lost,
-        "tokens_fraction": round(tokens_lost / total_tokens, 6) if total_tokens else 0.0,
-        "records_by_reason": dict(sorted(dropped.items())),
-        "tokens_by_reason": dict(sorted(tokens_by_reason.items())),
-    }
+    return Lost(
+        records=records_lost,
+        records_fraction=round(records_lost / records, 6) if records else 0.0,
+        tokens=tokens_lost,
+        tokens_fraction=round(tokens_lost / total_tokens, 6) if total_tokens else 0.0,
+        records_by_reason=dict(sorted(dropped.items())),
+        tokens_by_reason=dict(sorted(tokens_by_reason.items())),
+    )
 
 
-def _worst(lost: dict[str, Any]) -> tuple[str, str]:
+def _worst(lost: Lost) -> tuple[str, str]:
     """Return the measure (records or tokens) with the larger loss, and its top reason."""
-    by_records, by_tokens = lost["records_by_reason"], lost["tokens_by_reason"]
-    if lost["records_fraction"] >= lost["tokens_fraction"] and by_records:
+    by_records, by_tokens = lost.records_by_reason, lost.tokens_by_reason
+    if lost.records_fraction >= lost.tokens_fraction and by_records:
         return "records", max(by_records, key=lambda r: (by_records[r], r))
     if by_tokens:
         return "tokens", max(by_tokens, key=lambda r: (by_tokens[r], r))
     return "records", max(by_records, key=lambda r: (by_records[r], r)) if by_records else ""
 
 
-def loss_words(lost: dict[str, Any], config: PackConfig) -> str:
+def loss_words(lost: Lost, config: PackConfig) -> str:
     """Describe the loss in one clause: how much, the top reason, and what keeps it."""
     measure, reason = _worst(lost)
-    fraction = lost[f"{measure}_fraction"]
-    count = lost[f"{measure}_by_reason"].get(reason, 0)
+    by_records = measure == "records"
+    fraction = lost.records_fraction if by_records else lost.tokens_fraction
+    count = (lost.records_by_reason if by_records else lost.tokens_by_reason).get(reason, 0)
     what = "records" if measure == "records" else "tokens"
     hints = KEEP_THEM | (KEEP_THEM_SPLIT if config.overflow == "split" else {})
     if config.task in ("preference", "kto"):
@@ -278,22 +285,22 @@ def loss_words(lost: dict[str, Any], config: PackConfig) -> str:
     if reason == "too_long":
         reason = f"too_long, over --max-len {config.max_len}"
     return (
-        f"{fraction:.1%} of the {what} were lost ({lost['records']:,} records dropped, {lost['tokens']:,} tokens); "
+        f"{fraction:.1%} of the {what} were lost ({lost.records:,} records dropped, {lost.tokens:,} tokens); "
         f"top reason {reason} ({count:,} {what}): {fix}"
     )
 
 
-def loss_warning(lost: dict[str, Any], config: PackConfig) -> str | None:
+def loss_warning(lost: Lost, config: PackConfig) -> str | None:
     """Return the warning for a loss above LOUD_FRACTION of records or tokens, else None."""
-    if max(lost["records_fraction"], lost["tokens_fraction"]) <= LOUD_FRACTION:
+    if max(lost.records_fraction, lost.tokens_fraction) <= LOUD_FRACTION:
         return None
     return loss_words(lost, config)
 
 
-def check_loss(config: PackConfig, summary: dict[str, Any]) -> None:
+def check_loss(config: PackConfig, summary: RunSummary) -> None:
     """Raise InputError when the run loses more than --max-drop-fraction of its records or tokens."""
     limit = config.max_drop_fraction
-    lost = summary["lost"]
-    if limit is None or max(lost["records_fraction"], lost["tokens_fraction"]) <= limit:
+    lost = summary.lost
+    if limit is None or max(lost.records_fraction, lost.tokens_fraction) <= limit:
         return
     raise InputError(f"{loss_words(lost, config)}; that is more than --max-drop-fraction {limit}")

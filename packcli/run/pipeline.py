@@ -33,14 +33,13 @@ from packcli.io.sources import (
 )
 from packcli.output import guard, staging
 from packcli.output.formats import shard_format
-from packcli.output.rows import (
-    write_manifest,
-)
+from packcli.output.manifest import write_manifest
 from packcli.output.write import output_schema
 from packcli.plan import planner as plan_module
 from packcli.plan.planner import Plan, make_plan
 from packcli.records import preference
 from packcli.records.formats import accepted_fields, detect_format
+from packcli.results import CachePruned, Counts, Manifest, RunSummary, Seconds, ShardEntry, StageSeconds
 from packcli.run import accounting
 from packcli.store.cachedir import EntryLock, parse_size, prune, touch
 from packcli.store.tokens import (
@@ -324,7 +323,7 @@ def _cached_store(
     return store, ("miss" if store is None else "hit"), []
 
 
-def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, Any]:
+def run_pack(config: PackConfig, progress: Progress | None = None) -> RunSummary:
     """Run ``packcli pack`` and return its summary (also written into the manifest)."""
     progress = progress or no_progress
     started = time.perf_counter()
@@ -364,7 +363,7 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
             t2 = time.perf_counter()
             summary = accounting.summary(config, store, plan, inputs.cache)
             accounting.check_loss(config, summary)
-            summary["warnings"] = [*inputs.warnings, *summary["warnings"]]
+            summary = dataclasses.replace(summary, warnings=[*inputs.warnings, *summary.warnings])
             if not config.dry_run:
                 shards = engine.write_output(
                     config, store, plan, staged.tmp if staged else None, progress, inputs.pad_id
@@ -375,18 +374,15 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
                     _write_rejects(rejects, store, plan, inputs.sources, config.limit)
                 if config.fix_turns_log:
                     _write_fix_log(Path(config.fix_turns_log), store)
-                manifest = _manifest(config, inputs, summary, shards)
-                if index_files:
-                    manifest["index_files"] = index_files
-                if prepared and prepared.rejects_relative:
-                    manifest["rejects_file"] = prepared.rejects_relative.as_posix()
+                rejects_file = prepared.rejects_relative.as_posix() if prepared and prepared.rejects_relative else None
+                manifest = _manifest(config, inputs, summary, shards, index_files or None, rejects_file)
         if staged is not None:
             write_manifest(staged.tmp, manifest, Path(config.output))
             staged.commit()
         elif to_uri and not config.dry_run:
-            engine.write_manifest_uri(config.output, manifest)
+            engine.write_manifest_uri(config.output, manifest.to_dict())
         if not config.dry_run:
-            summary["shards"] = len(shards)
+            summary = dataclasses.replace(summary, shards=len(shards))
         t3 = time.perf_counter()
     except BaseException:
         if staged is not None:
@@ -396,26 +392,29 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
         if prepared is not None:
             prepared.release()
     if skipped:
-        summary["skipped_dirs"] = sorted(set(skipped))
+        summary = dataclasses.replace(summary, skipped_dirs=sorted(set(skipped)))
     if cap is not None and config.cache and not config.dry_run:
         cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
         keep = frozenset({inputs.key}) if inputs.key else frozenset()
         pruned = prune(cache_root, max_size=cap, keep=keep)
-        summary["cache_pruned"] = {
-            "entries": len(pruned["removed"]),
-            "bytes": pruned["bytes_freed"],
-            "bytes_left": pruned["bytes_after"],
-            "max_size": cap,
-        }
-    summary["seconds"] = {
-        "tokenize": round(t1 - started, 3),
-        "plan": round(t2 - t1, 3),
-        "write": round(t3 - t2, 3),
-        "total": round(t3 - started, 3),
-    }
-    summary["stage_seconds"] = _stage_seconds(seconds, t1 - started, t2 - t1, t3 - t2)
-    summary["tokens_per_second"] = round(summary["tokens"] / max(t3 - started, 1e-9))
-    return summary
+        cache_pruned = CachePruned(
+            entries=len(pruned["removed"]),
+            bytes=pruned["bytes_freed"],
+            bytes_left=pruned["bytes_after"],
+            max_size=cap,
+        )
+        summary = dataclasses.replace(summary, cache_pruned=cache_pruned)
+    return dataclasses.replace(
+        summary,
+        seconds=Seconds(
+            tokenize=round(t1 - started, 3),
+            plan=round(t2 - t1, 3),
+            write=round(t3 - t2, 3),
+            total=round(t3 - started, 3),
+        ),
+        stage_seconds=_stage_seconds(seconds, t1 - started, t2 - t1, t3 - t2),
+        tokens_per_second=round(summary.tokens / max(t3 - started, 1e-9)),
+    )
 
 
 CACHE_MAX_SIZE_ENV = "PACKCLI_CACHE_MAX_SIZE"
@@ -429,7 +428,7 @@ def cache_cap(config: PackConfig) -> int | None:
     return parse_size(value, f"${CACHE_MAX_SIZE_ENV}") if value else None
 
 
-def _stage_seconds(made: dict[str, float], until_plan: float, plan: float, write: float) -> dict[str, float]:
+def _stage_seconds(made: dict[str, float], until_plan: float, plan: float, write: float) -> StageSeconds:
     """Where a run's time went, by stage (see docs/reference/summary-and-manifest.md).
 
     ``made`` is what tokenize_to_store measured (empty on a cache hit): main-process seconds reading
@@ -447,7 +446,7 @@ def _stage_seconds(made: dict[str, float], until_plan: float, plan: float, write
         "workers_cpu": made.get("cpu", 0.0),
         "total": until_plan + plan + write,
     }
-    return {k: round(max(v, 0.0), 3) for k, v in stages.items()}
+    return StageSeconds(**{k: round(max(v, 0.0), 3) for k, v in stages.items()})
 
 
 def _prepare_output(config: PackConfig, skipped: list[str]) -> staging.PreparedOutput:
@@ -464,55 +463,61 @@ def _prepare_output(config: PackConfig, skipped: list[str]) -> staging.PreparedO
 
 
 def _manifest(
-    config: PackConfig, inputs: TokenizedInputs, summary: dict[str, Any], shards: list[dict[str, Any]]
-) -> dict[str, Any]:
-    task: dict[str, Any] = {"task": config.task}
-    if config.task != "sft":
-        task["sample_roles"] = {str(k): v for k, v in preference.ROLES.items()}
-    return {
-        "packcli_version": __version__,
-        **task,
-        "options": config.options(),
-        "tokenizer": inputs.tokenizer,
-        "inputs": [
+    config: PackConfig,
+    inputs: TokenizedInputs,
+    summary: RunSummary,
+    shards: list[dict[str, Any]],
+    index_files: list[str] | None = None,
+    rejects_file: str | None = None,
+) -> Manifest:
+    """The manifest of a run: how it was made (options, tokenizer, inputs), the summary's counts, its shards."""
+    entries = [ShardEntry.from_dict(s) for s in shards]
+    return Manifest(
+        packcli_version=__version__,
+        task=config.task,
+        sample_roles={str(k): v for k, v in preference.ROLES.items()} if config.task != "sft" else None,
+        options=config.options(),
+        tokenizer=inputs.tokenizer,
+        inputs=[
             {"path": s.display, "kind": s.kind, "format": inputs.formats[s.display], "blake2b": f}
             for s, f in zip(inputs.sources, inputs.fingerprints, strict=True)
         ],
-        "counts": {
-            k: summary[k]
-            for k in ("records_read", "packed", "samples", "dropped", "truncated", "duplicated", "split")
-            if k in summary
-        }
-        | ({"limit": config.limit} if config.limit is not None else {}),
-        "lost": summary["lost"],
-        **({"turns_fixed": summary["turns_fixed"]} if "turns_fixed" in summary else {}),
-        "empty_answers": summary["empty_answers"],
-        "warnings": summary["warnings"],
-        **{
-            k: summary[k]
-            for k in (
-                "tokens",
-                "trainable_tokens",
-                "rows",
-                "max_len",
-                "fill",
-                "lower_bound_l1",
-                "lower_bound_l2",
-                "rows_over_l2",
-                "rows_over_l2_fraction",
-                "padding_tokens",
-                "alignment_padding_tokens",
-                "algorithm",
-                "world_size",
-                "rank_tokens",
-                "rank_token_spread",
-            )
-        },
-        "columns": list(output_schema(config).names),  # as the shards read back (shard_formats)
+        counts=Counts(
+            records_read=summary.records_read,
+            packed=summary.packed,
+            samples=summary.samples,
+            dropped=summary.dropped,
+            truncated=summary.truncated,
+            duplicated=summary.duplicated,
+            split=summary.split,
+            limit=config.limit,
+        ),
+        lost=summary.lost,
+        turns_fixed=summary.turns_fixed,
+        empty_answers=summary.empty_answers,
+        warnings=summary.warnings,
+        tokens=summary.tokens,
+        trainable_tokens=summary.trainable_tokens,
+        rows=summary.rows,
+        max_len=summary.max_len,
+        fill=summary.fill,
+        lower_bound_l1=summary.lower_bound_l1,
+        lower_bound_l2=summary.lower_bound_l2,
+        rows_over_l2=summary.rows_over_l2,
+        rows_over_l2_fraction=summary.rows_over_l2_fraction,
+        padding_tokens=summary.padding_tokens,
+        alignment_padding_tokens=summary.alignment_padding_tokens,
+        algorithm=summary.algorithm,
+        world_size=summary.world_size,
+        rank_tokens=summary.rank_tokens,
+        rank_token_spread=summary.rank_token_spread,
+        columns=list(output_schema(config).names),  # as the shards read back (shard_formats)
         # A model's input embedding must have more rows than this (packcli.train.checks.check_compatible).
-        "max_token_id": max((int(s.get("max_token_id", -1)) for s in shards), default=-1),
-        "shards": shards,
-    }
+        max_token_id=max((s.max_token_id for s in entries if s.max_token_id is not None), default=-1),
+        shards=entries,
+        index_files=index_files,
+        rejects_file=rejects_file,
+    )
 
 
 def _write_index_files(config: PackConfig, directory: Path | None, shards: list[dict[str, Any]]) -> list[str]:

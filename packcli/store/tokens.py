@@ -40,22 +40,13 @@ import numpy as np
 
 from packcli.errors import OutputError, PackcliError, first_line
 from packcli.owned import owner_tag
+from packcli.results import StoreMeta, required_fields
 
 CACHE_FORMAT = 7  # 7: keyed by the inputs' contents (no path), the template's source; meta.made
 TOKEN_DTYPE = np.dtype("<i4")
 HASH_CHUNK = 1 << 20
-# Every key a finished store's meta.json has; one missing means the entry is damaged.
-META_KEYS = (
-    "tokenizer",
-    "pad_id",
-    "records_read",
-    "dropped",
-    "sources",
-    "source_starts",
-    "segments",
-    "files",
-    "meta_sha256",
-)
+# Every key a finished store's meta.json has (packcli.results.StoreMeta); one missing means the entry is damaged.
+META_KEYS = required_fields(StoreMeta)
 ARRAYS = ("sample_index", "piece_index", "lengths", "trainable", "first_trained", "positions")
 TOKEN_FILES = ("input_ids.bin", "labels.bin")
 

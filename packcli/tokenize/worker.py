@@ -16,6 +16,7 @@ from packcli.io.sources import RawBatch
 from packcli.records import preference, turns
 from packcli.records.checks import UNUSABLE, UnusableRecord, check_sample, integer_too_long, raw_line_is_clean, too_deep
 from packcli.records.formats import PREFERENCE_FORMATS, Sample, detect_format, normalize
+from packcli.results import RejectEntry
 from packcli.tokenize.bounds import rule_out_too_long
 from packcli.tokenize.chat_template import trained_turns
 from packcli.tokenize.encoder import Encoder
@@ -324,21 +325,22 @@ def reject(
     Every entry has the same keys. A record longer than REJECT_RECORD_CHARS characters is given as its
     prefix (``record_truncated`` true, ``record_chars`` its full length); its position finds it whole.
     ``piece_index`` is 0 but for a piece of a record split by ``--overflow split``. A later run
-    recognises a rejects file it may replace by these keys (``packcli.owned.REJECT_KEYS``).
+    recognises a rejects file it may replace by these keys (``packcli.results.REJECT_KEYS``).
     """
     text = record_text(raw, raw_lines)
-    return {
-        "sample_index": index,
-        "piece_index": piece_index,
-        "source": source,
-        "position": position,
-        "unit": "line" if raw_lines else "record",
-        "reason": err.reason,
-        "detail": err.detail,
-        "record": text[:REJECT_RECORD_CHARS],
-        "record_truncated": len(text) > REJECT_RECORD_CHARS,
-        "record_chars": len(text),
-    }
+    entry = RejectEntry(
+        sample_index=index,
+        piece_index=piece_index,
+        source=source,
+        position=position,
+        unit="line" if raw_lines else "record",
+        reason=err.reason,
+        detail=err.detail,
+        record=text[:REJECT_RECORD_CHARS],
+        record_truncated=len(text) > REJECT_RECORD_CHARS,
+        record_chars=len(text),
+    )
+    return entry.to_dict()
 
 
 def record_text(raw: Any, raw_lines: bool) -> str:

@@ -1,0 +1,429 @@
+"""The typed records a run hands on: its summary, the manifest and its shard entries, the token store's
+metadata and the rejects file's entries.
+
+Each is a dataclass whose ``to_dict()`` is the JSON packcli writes (the same keys in the same order:
+``--json``, ``manifest.json``, ``meta.json``, a rejects line) and whose ``from_dict()`` reads it back,
+raising :class:`DamagedResult` (one line: what is missing) when a key it needs is not there. A field
+that is ``None`` is left out of the JSON, as it was before it existed (a summary without ``split``, a
+manifest written before ``max_token_id``), unless the type names it in ``NULLS`` (the summary's
+``limit`` and ``output`` are written as null). The page that lists the keys
+(docs/reference/summary-and-manifest.md) is checked against these fields by tests/test_docs.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from packcli.errors import OutputError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
+
+
+class DamagedResult(OutputError):
+    """A summary, manifest, store metadata or rejects entry lacks a key it must have (or is no object)."""
+
+
+def _plain(value: Any) -> Any:
+    """A field's value as JSON data: nested records as dicts, containers copied."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _to_dict(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _to_dict(record: DataclassInstance) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    nulls: frozenset[str] = getattr(record, "NULLS", frozenset())
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if value is None and f.name not in nulls:
+            continue
+        out[f.name] = _plain(value)
+    return out
+
+
+def _from_dict(cls: type[T], data: object, what: str, convert: Mapping[str, Callable[[Any], Any]] | None = None) -> T:
+    """Build ``cls`` from JSON data: its fields by name (unknown keys ignored), ``convert`` applied to the
+    values it names; DamagedResult when ``data`` is no object or lacks a field without a default."""
+    if not isinstance(data, Mapping):
+        raise DamagedResult(f"{what} is not a JSON object")
+    convert = convert or {}
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            value = data[f.name]
+            kwargs[f.name] = convert[f.name](value) if f.name in convert and value is not None else value
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise DamagedResult(f"{what} lacks {f.name}")
+    return cls(**kwargs)
+
+
+def field_names(cls: type[DataclassInstance]) -> list[str]:
+    """The JSON keys a record type can have, in the order it writes them."""
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def required_fields(cls: type[DataclassInstance]) -> tuple[str, ...]:
+    """The JSON keys a record type must have (``from_dict`` refuses data without one), in order."""
+    return tuple(
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    )
+
+
+# -- the run summary -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Split:
+    """What ``--overflow split`` did: records split, pieces made and left out (the store's counts), and
+    what the plan cut or left out (in the summary only)."""
+
+    pieces: int
+    pieces_left_out: dict[str, int]
+    records_split: int
+    tokens_left_out: dict[str, int] = field(default_factory=dict)
+    exchanges_cut: int | None = None  # exchanges too long for a row on their own, cut and kept
+    cut_side: str | None = None
+    pieces_dropped_by_plan: dict[str, int] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> Split:
+        return _from_dict(cls, data, "split")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lost:
+    """What did not reach the rows: records and tokens, each in all, as a fraction and by reason."""
+
+    records: int
+    records_fraction: float
+    tokens: int
+    tokens_fraction: float
+    records_by_reason: dict[str, int]
+    tokens_by_reason: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> Lost:
+        return _from_dict(cls, data, "lost")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Seconds:
+    """Wall seconds of the run's three phases and in all."""
+
+    tokenize: float
+    plan: float
+    write: float
+    total: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> Seconds:
+        return _from_dict(cls, data, "seconds")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageSeconds:
+    """Where a run's time went, by stage (docs/reference/summary-and-manifest.md); worker stages are sums."""
+
+    prepare: float
+    read: float
+    decode: float
+    tokenize: float
+    store: float
+    plan: float
+    write: float
+    workers_cpu: float
+    total: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> StageSeconds:
+        return _from_dict(cls, data, "stage_seconds")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CachePruned:
+    """What the cache size cap removed after the run."""
+
+    entries: int
+    bytes: int
+    bytes_left: int
+    max_size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> CachePruned:
+        return _from_dict(cls, data, "cache_pruned")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSummary:
+    """The summary of a pack run, as ``packcli pack --json`` prints it (``records_read == packed +
+    sum(dropped)``). ``shards``, ``seconds`` and what follows are set once the output is written."""
+
+    NULLS: ClassVar[frozenset[str]] = frozenset({"limit", "output"})
+
+    tokenizer: str
+    template: str
+    template_source: str  # tokenizer | file | packcli | default
+    task: str  # sft | preference | kto
+    records_read: int
+    limit: int | None  # the --limit given (written as null without one)
+    packed: int
+    samples: int
+    dropped: dict[str, int]  # reason -> records
+    truncated: int
+    duplicated: int
+    split: Split | None = None
+    turns_fixed: dict[str, int] | None = None
+    empty_answers: int
+    tokens: int
+    trainable_tokens: int
+    rows: int
+    max_len: int
+    fill: float
+    lower_bound_l1: int
+    lower_bound_l2: int
+    rows_over_l2: int
+    rows_over_l2_fraction: float
+    padding_tokens: int
+    alignment_padding_tokens: int
+    rows_without_packing: int
+    padding_tokens_without_packing: int
+    algorithm: str
+    world_size: int
+    rank_tokens: list[int]
+    rank_token_spread: float
+    cache: str  # hit | miss | off | rebuilt
+    output: str | None  # None for a dry run (written as null)
+    warnings: list[str]
+    lost: Lost
+    shards: int | None = None  # absent from a dry run's summary
+    skipped_dirs: list[str] | None = None
+    cache_pruned: CachePruned | None = None
+    seconds: Seconds | None = None
+    stage_seconds: StageSeconds | None = None
+    tokens_per_second: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> RunSummary:
+        return _from_dict(
+            cls,
+            data,
+            "the summary",
+            {
+                "split": Split.from_dict,
+                "lost": Lost.from_dict,
+                "cache_pruned": CachePruned.from_dict,
+                "seconds": Seconds.from_dict,
+                "stage_seconds": StageSeconds.from_dict,
+            },
+        )
+
+    def __getitem__(self, key: str) -> Any:
+        """The value of a JSON key (``summary["fill"]``), as when the summary was a dict; KeyError when absent."""
+        return self.to_dict()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value of a JSON key, or ``default`` when the summary has none."""
+        return self.to_dict().get(key, default)
+
+
+# -- the manifest ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardEntry:
+    """One shard as the manifest lists it: a bare file name, its rows, tokens (padding included), largest
+    input id and sha256."""
+
+    file: str
+    rows: int
+    tokens: int
+    max_token_id: int | None = None  # absent from outputs written before it was recorded
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> ShardEntry:
+        return _from_dict(cls, data, "a shard entry")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Counts:
+    """The manifest's record counts (the summary's, under one key); ``split`` and ``limit`` when used."""
+
+    records_read: int | None = None
+    packed: int | None = None
+    samples: int | None = None
+    dropped: dict[str, int] | None = None
+    truncated: int | None = None
+    duplicated: int | None = None
+    split: Split | None = None
+    limit: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> Counts:
+        return _from_dict(cls, data, "counts", {"split": Split.from_dict})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    """``manifest.json``: how the output was made, what it holds, and its shards.
+
+    Only ``max_len`` and ``shards`` are needed to read an output; every other key is None when an older
+    (or foreign) manifest lacks it, and then left out again by ``to_dict``.
+    """
+
+    packcli_version: str | None = None
+    task: str | None = None  # absent before preference data: sft
+    sample_roles: dict[str, str] | None = None  # preference and KTO outputs
+    options: dict[str, Any] | None = None
+    tokenizer: dict[str, Any] | None = None
+    inputs: list[dict[str, Any]] | None = None
+    counts: Counts | None = None
+    lost: Lost | None = None
+    turns_fixed: dict[str, int] | None = None
+    empty_answers: int | None = None
+    warnings: list[str] | None = None
+    tokens: int | None = None
+    trainable_tokens: int | None = None
+    rows: int | None = None
+    max_len: int
+    fill: float | None = None
+    lower_bound_l1: int | None = None
+    lower_bound_l2: int | None = None
+    rows_over_l2: int | None = None
+    rows_over_l2_fraction: float | None = None
+    padding_tokens: int | None = None
+    alignment_padding_tokens: int | None = None
+    algorithm: str | None = None
+    world_size: int | None = None
+    rank_tokens: list[int] | None = None
+    rank_token_spread: float | None = None
+    columns: list[str] | None = None
+    max_token_id: int | None = None
+    shards: list[ShardEntry]
+    index_files: list[str] | None = None  # files a format keeps beside its shards (MDS's index.json)
+    rejects_file: str | None = None  # the rejects file, when written inside the output
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> Manifest:
+        def entries(value: Any) -> list[ShardEntry]:
+            if not isinstance(value, list):
+                raise DamagedResult("shards is not a list")
+            return [ShardEntry.from_dict(e) for e in value]
+
+        return _from_dict(
+            cls,
+            data,
+            "the manifest",
+            {"counts": Counts.from_dict, "lost": Lost.from_dict, "shards": entries},
+        )
+
+    @property
+    def files(self) -> list[str]:
+        """The shard files, in row order."""
+        return [entry.file for entry in self.shards]
+
+
+# -- the token store's meta.json -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreMeta:
+    """A token store's ``meta.json``: how its tokens were made, the records' counts, and its files.
+
+    Written with sorted keys (its checksum, ``meta_sha256``, is of that text less itself); a run that
+    finds an entry made from other paths names its own in memory (``original_paths`` keeps the old).
+    """
+
+    tokenizer: dict[str, Any]  # the tokenizer's identity (packcli.tokenize.encoder.Encoder.identity)
+    pad_id: int
+    records_read: int
+    dropped: dict[str, int]
+    sources: list[dict[str, Any]]  # path, kind, format, unit of each input
+    source_starts: list[int]  # the sample_index of each input's first record
+    segments: list[dict[str, Any]]
+    files: dict[str, dict[str, Any]]  # name -> bytes, sha256
+    meta_sha256: str
+    made: dict[str, Any] | None = None
+    split: Split | None = None
+    turns_fixed: dict[str, int] | None = None
+    empty_answers: int | None = None
+    ruled_out_over_bytes: int | None = None
+    ruled_out_max_len: int | None = None
+    segment_root: str | None = None
+    original_paths: list[str] | None = None  # in memory only (see above)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> StoreMeta:
+        return _from_dict(cls, data, "meta.json", {"split": Split.from_dict})
+
+
+# -- the rejects file ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class RejectEntry:
+    """One line of the rejects file: where the record is, why it was left out, and the record (its first
+    characters when long: ``record_truncated``, with ``record_chars`` its full length)."""
+
+    sample_index: int
+    piece_index: int
+    source: str
+    position: int
+    unit: str  # line | record
+    reason: str
+    detail: str
+    record: str
+    record_truncated: bool
+    record_chars: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> RejectEntry:
+        return _from_dict(cls, data, "a rejects entry")
+
+
+REJECT_KEYS = frozenset(field_names(RejectEntry))
