@@ -92,13 +92,14 @@ def run_pack(*args: Any, cache: Path | None = None, expect: int | None = 0) -> A
     return result
 
 
-def run_with(engine: Any, *inputs: Any, cache: Path, **options: Any) -> dict[str, Any]:
+def run_with(engine: Any, *inputs: Any, cache_env: Path | None = None, **options: Any) -> dict[str, Any]:
     """Run a pack through the library with the engine given, whose figures the test then reads."""
     from packcli.run.pipeline import run_pack as pack_run
 
     config = PackConfig(inputs=tuple(map(str, inputs)), engine="ray", num_proc=1, **options)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PACKCLI_CACHE", str(cache))  # not an option in the manifest, as with run_pack
+        if cache_env is not None:
+            patch.setenv("PACKCLI_CACHE", str(cache_env))  # not an option in the manifest, as with run_pack
         return pack_run(config, engine=engine)
 
 
@@ -131,7 +132,7 @@ def test_ray_engine_writes_what_the_local_engine_writes(cluster: Any, corpus: Pa
                 for module, name in ((sources, "file_blake2b"), (readers, "count_records"), (ingest, "count_records")):
                     patch.setattr(module, name, lambda *a: pytest.fail("the driver read a whole input"))
                 options = {"max_len": 512, "rows_per_shard": 7, "on_error": "skip", "rejects": str(rejects)}
-                summary = run_with(ray_engine, corpus, output=str(out), cache=cache, **options)
+                summary = run_with(ray_engine, corpus, output=str(out), cache_env=cache, **options)
             else:
                 summary = json.loads(run_pack(corpus, "-o", out, *flags, "--engine", engine, cache=cache).stdout)
         assert summary["cache"] == "miss"
@@ -389,7 +390,7 @@ def test_limit_reads_the_same_first_records(cluster: Any, corpus: Path, tmp_path
     local = json.loads(run_pack(corpus, "-o", tmp_path / "local", *flags).stdout)
     ray_engine = RayEngine()
     options = {"max_len": 512, "limit": 150, "on_error": "skip", "cache": False}
-    remote = run_with(ray_engine, corpus, output=str(tmp_path / "ray"), cache=tmp_path / "unused", **options)
+    remote = run_with(ray_engine, corpus, output=str(tmp_path / "ray"), **options)
     assert local["records_read"] == remote["records_read"] == 150
     assert local["dropped"] == remote["dropped"] and local["samples"] == remote["samples"]
     assert_same_shards(tmp_path / "local", tmp_path / "ray")
