@@ -44,7 +44,8 @@ from packcli.io.uri import is_uri
 from packcli.owned import owner_tag
 from packcli.store.tokens import Digest, join, segment_files
 from packcli.tokenize import ingest, worker
-from packcli.tokenize.encoder import Encoder
+from packcli.tokenize.encoder import EncodeOptions, Encoder
+from packcli.tokenize.split import SplitRule
 from packcli.tokenize.worker import TokenizedBatch
 
 STOP_WAIT = 10.0  # seconds a failed run waits for its running parts before it kills their actors
@@ -95,30 +96,46 @@ class SegmentWriter:
         return {"prefix": self.prefix, "tokens": self.tokens}, entries
 
 
+@dataclasses.dataclass(frozen=True)
+class TokenizerSettings:
+    """What every tokenizer actor of a run is made with (the run's options it needs, not the whole config)."""
+
+    root: str  # where the token segments go: the store's directory, or under the output URI
+    tokenizer: str | None  # as the driver names it (a local directory made absolute)
+    chat_template: str | None
+    options: EncodeOptions
+    fields: dict[str, str]
+    split: SplitRule | None
+    fix_turns: bool
+    identity: dict[str, Any]  # the driver's tokenizer identity, which every actor's must equal
+    batch_size: int
+    long_text_bytes: int | None
+
+
 class Tokenizer:
     """A tokenizer actor: loads the tokenizer and template once, then reads and tokenizes parts."""
 
-    def __init__(self, settings: dict[str, Any]) -> None:
+    def __init__(self, settings: TokenizerSettings) -> None:
         # One tokenizer thread per actor: the actors are the parallelism, as the local engine's processes are.
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        root = settings["root"]
+        root = settings.root
         if not is_uri(root) and not os.path.isdir(root):
             raise RayEngineError(
                 f"the token store {root} is not visible on Ray node {ray.util.get_node_ip_address()}; put "
                 "--cache-dir and the output on storage every node mounts at the same path, or write to an "
                 "output URI (-o s3://bucket/prefix), where the tokens go too"
             )
-        encoder = Encoder(settings["tokenizer"], settings["chat_template"], settings["options"])
-        own, expected = encoder.identity(), settings["identity"]
+        encoder = Encoder(settings.tokenizer, settings.chat_template, settings.options)
+        own, expected = encoder.identity(), settings.identity
         if (own["sha256"], own["chat_template_sha256"]) != (expected["sha256"], expected["chat_template_sha256"]):
             raise RayEngineError(
                 f"the tokenizer or chat template on Ray node {ray.util.get_node_ip_address()} differs from the "
                 "driver's; install the same tokenizer files on every node (or pass a Hub name)"
             )
-        worker.use(encoder, settings["fields"], split=settings["split"], fix_turns=settings["fix_turns"])
-        encoder.long_text_bytes = settings.get("long_text_bytes")
+        worker.use(encoder, settings.fields, split=settings.split, fix_turns=settings.fix_turns)
+        encoder.long_text_bytes = settings.long_text_bytes
         self.root = root
-        self.batch_size = settings["batch_size"]
+        self.batch_size = settings.batch_size
 
     def ready(self) -> bool:
         return True
@@ -245,20 +262,20 @@ class ClusterTokenizing:
         self.figures: dict[str, Any] = {}
         self.warm: list[Any] = []  # the actors, once every part is in: they write the shards next
 
-    def settings(self, root: str) -> dict[str, Any]:
+    def settings(self, root: str) -> TokenizerSettings:
         config = self.config
-        return {
-            "root": root,
-            "tokenizer": _absolute_if_local(config.tokenizer),
-            "chat_template": _absolute_if_local(config.chat_template),
-            "options": ingest.encode_options(config),
-            "fields": dict(config.fields),
-            "split": ingest.split_rule(config),
-            "fix_turns": config.fix_turns,
-            "identity": self.encoder.identity(),
-            "batch_size": ingest.BATCH_SIZE,
-            "long_text_bytes": ingest.long_text_bytes(config, self.encoder),
-        }
+        return TokenizerSettings(
+            root=root,
+            tokenizer=_absolute_if_local(config.tokenizer),
+            chat_template=_absolute_if_local(config.chat_template),
+            options=ingest.encode_options(config),
+            fields=dict(config.fields),
+            split=ingest.split_rule(config),
+            fix_turns=config.fix_turns,
+            identity=self.encoder.identity(),
+            batch_size=ingest.BATCH_SIZE,
+            long_text_bytes=ingest.long_text_bytes(config, self.encoder),
+        )
 
     def parts(self) -> list[ray_parts.Part]:
         parts = ray_parts.make_parts(self.sources, self.formats, ray_parts.part_bytes(self.sources, cluster_cpus()))
