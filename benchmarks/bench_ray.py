@@ -44,7 +44,10 @@ REPO = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, resource, sys, time
 from packcli.cli import main
-from packcli.engines import ray_engine
+from packcli.run import pipeline
+engines = []  # the run's engine, kept to read its figures (its last_run and received) afterwards
+load_engine = pipeline.load_engine
+pipeline.load_engine = lambda config: engines.append(load_engine(config)) or engines[-1]
 t0 = time.perf_counter()
 code = 0
 try:
@@ -52,8 +55,8 @@ try:
 except SystemExit as exc:
     code = exc.code or 0
 t1 = time.perf_counter()
-run = {k: v for k, v in ray_engine.LAST_RUN.items() if k != "nodes"}
-out = {"code": code, "t0": t0, "t1": t1, "ray": run, "received": dict(ray_engine.RECEIVED),
+run = {k: v for k, v in engines[0].last_run.items() if k != "nodes"}
+out = {"code": code, "t0": t0, "t1": t1, "ray": run, "received": dict(engines[0].received),
        "driver_maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 open(sys.argv[1], "w").write(json.dumps(out))
 """

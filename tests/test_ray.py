@@ -24,7 +24,6 @@ import packcli
 from packcli.cli import app
 from packcli.config import PackConfig
 from packcli.errors import OutputError, UsageError
-from packcli.output import write
 from packcli.output.rows import file_sha256
 from packcli.plan import planner as plan_stage
 from packcli.store.tokens import load_store
@@ -55,7 +54,7 @@ def cluster() -> Any:
 
 @pytest.fixture(autouse=True)
 def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
-    from packcli.engines import ray_parts
+    import packcli.engines.ray.parts as ray_parts
 
     monkeypatch.setattr(ingest, "BATCH_SIZE", BATCH)
     monkeypatch.setattr(ray_parts, "PART_BYTES", PART_BYTES)
@@ -93,6 +92,17 @@ def run_pack(*args: Any, cache: Path | None = None, expect: int | None = 0) -> A
     return result
 
 
+def run_with(engine: Any, *inputs: Any, cache_env: Path | None = None, **options: Any) -> dict[str, Any]:
+    """Run a pack through the library with the engine given, whose figures the test then reads."""
+    from packcli.run.pipeline import run_pack as pack_run
+
+    config = PackConfig(inputs=tuple(map(str, inputs)), engine="ray", num_proc=1, **options)
+    with pytest.MonkeyPatch.context() as patch:
+        if cache_env is not None:
+            patch.setenv("PACKCLI_CACHE", str(cache_env))  # not an option in the manifest, as with run_pack
+        return pack_run(config, engine=engine)
+
+
 def store_in(cache: Path) -> Path:
     [entry] = [p for p in cache.iterdir() if (p / "meta.json").is_file()]
     return entry
@@ -107,21 +117,24 @@ def assert_same_shards(a: Path, b: Path) -> list[str]:
 
 
 def test_ray_engine_writes_what_the_local_engine_writes(cluster: Any, corpus: Path, tmp_path: Path) -> None:
-    from packcli.engines import ray_engine
+    from packcli.engines.ray.engine import RayEngine
     from packcli.io import readers, sources
 
     outputs, stores = {}, {}
     # The same output and rejects paths for both engines (they are options in the manifest), moved aside.
     out, rejects = tmp_path / "out", tmp_path / "rejects.jsonl"
     flags = ["--max-len", "512", "--rows-per-shard", "7", "--on-error", "skip", "--rejects", rejects, "--json", "-q"]
+    ray_engine = RayEngine()  # made here to read its figures after the run
     for engine in ("local", "ray"):
         cache = tmp_path / f"cache-{engine}"
-        ray_engine.RECEIVED.update(bytes=0, objects=0)
         with pytest.MonkeyPatch.context() as patch:
             if engine == "ray":  # the driver neither hashes nor counts the inputs: tasks do, where they are
                 for module, name in ((sources, "file_blake2b"), (readers, "count_records"), (ingest, "count_records")):
                     patch.setattr(module, name, lambda *a: pytest.fail("the driver read a whole input"))
-            summary = json.loads(run_pack(corpus, "-o", out, *flags, "--engine", engine, cache=cache).stdout)
+                options = {"max_len": 512, "rows_per_shard": 7, "on_error": "skip", "rejects": str(rejects)}
+                summary = run_with(ray_engine, corpus, output=str(out), cache_env=cache, **options)
+            else:
+                summary = json.loads(run_pack(corpus, "-o", out, *flags, "--engine", engine, cache=cache).stdout)
         assert summary["cache"] == "miss"
         shutil.move(rejects, tmp_path / f"rejects-{engine}.jsonl")
         shutil.move(out, tmp_path / engine)
@@ -143,13 +156,13 @@ def test_ray_engine_writes_what_the_local_engine_writes(cluster: Any, corpus: Pa
         assert local_summary[key] == remote_summary[key]
 
     # The parts ran on both nodes, and the driver received metadata, not tokens.
-    run = ray_engine.LAST_RUN
+    run = ray_engine.last_run
     assert len(run["nodes"]) == 2 and run["parts"] > 10
     samples, tokens = len(load_store(stores["ray"]).lengths), local_summary["tokens"]
     allowed = BYTES_PER_SAMPLE * samples + BYTES_PER_PART * run["parts"] + BYTES_PER_SHARD * len(names)
     allowed += len(rejected.encode())  # the records rejected by the workers come with their text
-    assert ray_engine.RECEIVED["bytes"] <= allowed
-    assert ray_engine.RECEIVED["bytes"] < tokens  # the old design received 8 bytes a token
+    assert ray_engine.received["bytes"] <= allowed
+    assert ray_engine.received["bytes"] < tokens  # the old design received 8 bytes a token
 
     # The token stores: same arrays, tokens, rejects and metadata; Ray's tokens are one segment a part.
     a, b = load_store(stores["local"]), load_store(stores["ray"])
@@ -228,7 +241,9 @@ def test_bad_record_fails_with_the_same_message(cluster: Any, corpus: Path, tmp_
 
 
 def test_shards_to_a_filesystem_uri(cluster: Any, corpus: Path, tmp_path: Path) -> None:
-    from packcli.engines import ray_engine
+    from packcli.engines import LocalEngine
+    from packcli.engines.ray.engine import RayEngine
+    from packcli.run.options import plan_options, row_layout
 
     cache = tmp_path / "cache"
     run_pack(
@@ -247,9 +262,10 @@ def test_shards_to_a_filesystem_uri(cluster: Any, corpus: Path, tmp_path: Path) 
     store = load_store(store_in(cache))
     uri = (tmp_path / "remote").as_uri()  # file://...: the pyarrow filesystem path, as for s3:// or gs://
     config = PackConfig(inputs=(str(corpus),), output=uri, max_len=512, rows_per_shard=9, on_error="skip", engine="ray")
-    plan = plan_stage.make_plan(config, store)
+    plan = plan_stage.make_plan(plan_options(config), store)
+    ray_engine = RayEngine()
     ray_engine.check_uri_output(uri, overwrite=False)
-    entries = ray_engine.write_output(config, store, plan, tmp_path / "unused", lambda *a: None, 0)
+    entries = ray_engine.write_output(row_layout(config, 0), store, plan, tmp_path / "unused", lambda *a: None)
     local_manifest = json.loads((tmp_path / "local" / "manifest.json").read_text())
     assert entries == local_manifest["shards"]
     assert not (tmp_path / "remote" / "manifest.json").exists()  # the caller writes it last
@@ -264,9 +280,9 @@ def test_shards_to_a_filesystem_uri(cluster: Any, corpus: Path, tmp_path: Path) 
     # A shard that cannot be written: the default engine's error message.
     config = PackConfig(inputs=(str(corpus),), output=str(tmp_path / "out"), max_len=512, on_error="skip")
     errors = []
-    for engine in (write, ray_engine):
+    for engine in (LocalEngine(), RayEngine()):
         with pytest.raises(OutputError) as caught:
-            engine.write_output(config, store, plan, tmp_path / "missing", lambda *a: None, 0)
+            engine.write_output(row_layout(config, 0), store, plan, tmp_path / "missing", lambda *a: None)
         errors.append(str(caught.value))
     assert errors[0] == errors[1] and "cannot write a shard" in errors[0]
 
@@ -368,15 +384,17 @@ def test_the_nodes_run_this_packcli(cluster: Any) -> None:
 
 def test_limit_reads_the_same_first_records(cluster: Any, corpus: Path, tmp_path: Path) -> None:
     """--limit: a first pass counts each part's records; the parts after the limit are not read."""
-    from packcli.engines import ray_engine
+    from packcli.engines.ray.engine import RayEngine
 
     flags = ["--max-len", "512", "--limit", "150", "--on-error", "skip", "--json", "-q"]
     local = json.loads(run_pack(corpus, "-o", tmp_path / "local", *flags).stdout)
-    remote = json.loads(run_pack(corpus, "-o", tmp_path / "ray", *flags, "--engine", "ray").stdout)
+    ray_engine = RayEngine()
+    options = {"max_len": 512, "limit": 150, "on_error": "skip", "cache": False}
+    remote = run_with(ray_engine, corpus, output=str(tmp_path / "ray"), **options)
     assert local["records_read"] == remote["records_read"] == 150
     assert local["dropped"] == remote["dropped"] and local["samples"] == remote["samples"]
     assert_same_shards(tmp_path / "local", tmp_path / "ray")
-    assert ray_engine.LAST_RUN["parts"] < len(list((corpus).iterdir())) * 3  # not every part of the inputs
+    assert ray_engine.last_run["parts"] < len(list((corpus).iterdir())) * 3  # not every part of the inputs
 
 
 def test_an_empty_input_fails_as_locally(cluster: Any, corpus: Path, tmp_path: Path) -> None:
@@ -399,10 +417,10 @@ def test_a_killed_actor_is_restarted_and_its_parts_run_again(
     cluster: Any, corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Ray's own retries: an actor that dies mid-run is restarted, its parts run again, the output is the same."""
-    from packcli.engines import ray_engine
+    from packcli.engines.ray import tokenizing
 
     killed = []
-    numbered = ray_engine.ClusterTokenizing._numbered
+    numbered = tokenizing.ClusterTokenizing._numbered
 
     def kill_once(self: Any, *args: Any) -> Any:
         if not killed:
@@ -410,7 +428,7 @@ def test_a_killed_actor_is_restarted_and_its_parts_run_again(
             killed.append(True)
         return numbered(self, *args)
 
-    monkeypatch.setattr(ray_engine.ClusterTokenizing, "_numbered", kill_once)
+    monkeypatch.setattr(tokenizing.ClusterTokenizing, "_numbered", kill_once)
     flags = ["--max-len", "512", "--on-error", "skip", "--json", "-q"]
     local = json.loads(run_pack(corpus, "-o", tmp_path / "local", *flags).stdout)
     out = run_pack(corpus, "-o", tmp_path / "ray", *flags, "--engine", "ray").stdout
@@ -426,7 +444,8 @@ def test_without_ray_the_engine_says_how_to_install_it(
     import packcli.engines
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
-    monkeypatch.delitem(sys.modules, "packcli.engines.ray.engine", raising=False)
-    monkeypatch.delattr(packcli.engines, "ray_engine", raising=False)
+    for name in [m for m in sys.modules if m.startswith("packcli.engines.ray")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.delattr(packcli.engines, "ray", raising=False)
     result = run_pack(corpus, "-o", tmp_path / "out", "--engine", "ray", "--on-error", "skip", expect=2)
     assert "pip install 'packcli[ray]'" in result.stderr

@@ -12,6 +12,7 @@ import pytest
 from packcli.errors import InputError, RecordError
 from packcli.io.readers import read_batches
 from packcli.io.sources import resolve_inputs
+from packcli.output.layout import RowLayout
 from packcli.output.rows import SHARD_SCHEMA, build_rows, read_shard, write_shard
 from packcli.records.formats import DEFAULT_FIELDS, detect_format, normalize
 from packcli.store.tokens import TokenStoreWriter, find_store
@@ -158,7 +159,9 @@ def test_an_unfinished_store_is_not_found(tmp_path: Path) -> None:
 def test_build_rows_positions_restart_and_padding_is_its_own_segment() -> None:
     ids = np.arange(10, 17, dtype=np.int32)
     labels = ids.copy()
-    table = build_rows(ids, labels, np.array([3, 2, 2]), np.array([2, 1]), np.array([5, 7, 9]), pad_to=6, pad_id=0)
+    table = build_rows(
+        ids, labels, np.array([3, 2, 2]), np.array([2, 1]), np.array([5, 7, 9]), RowLayout(6, pad_to_max=True)
+    )
     rows = table.to_pylist()
     assert rows[0]["input_ids"] == [10, 11, 12, 13, 14, 0] and rows[0]["position_ids"] == [0, 1, 2, 0, 1, 0]
     assert rows[0]["seq_lengths"] == [3, 2, 1] and rows[0]["sample_index"] == [5, 7, -1]
@@ -169,7 +172,7 @@ def test_build_rows_positions_restart_and_padding_is_its_own_segment() -> None:
 @pytest.mark.parametrize("output_format", ["parquet", "arrow"])
 def test_write_and_read_a_shard(tmp_path: Path, output_format: str) -> None:
     table = build_rows(np.arange(6, dtype=np.int32), np.arange(6, dtype=np.int32), np.array([2, 4]), np.array([1, 1]),
-                       np.array([0, 1]))  # fmt: skip
+                       np.array([0, 1]), RowLayout(8))  # fmt: skip
     path = tmp_path / f"shard{'.parquet' if output_format == 'parquet' else '.arrow'}"
     entry = write_shard([table.slice(0, 1), table.slice(1, 1)], path, output_format)
     assert entry["rows"] == 2 and entry["tokens"] == 6 and len(entry["sha256"]) == 64
@@ -214,7 +217,7 @@ def test_a_new_shard_format_is_one_class(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setitem(shard_formats.FORMATS, fmt.name, fmt)
     monkeypatch.setitem(shard_formats._BY_EXTENSION, fmt.extension, fmt)
     table = build_rows(np.arange(4, dtype=np.int32), np.arange(4, dtype=np.int32), np.array([4]), np.array([1]),
-                       np.array([0]))  # fmt: skip
+                       np.array([0]), RowLayout(8))  # fmt: skip
     entry = write_shard([table], tmp_path / "s.feather", "feather")
     assert entry["rows"] == 1 and read_shard(tmp_path / "s.feather").to_pylist() == table.to_pylist()
     assert [b.num_rows for b in shard_formats.shard_batches(tmp_path / "s.feather")] == [1]

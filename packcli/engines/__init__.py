@@ -1,7 +1,8 @@
 """Engines: where tokenizing and shard writing run. One small interface, one class per engine.
 
-The run (``packcli.run.pipeline``) calls an engine; an engine calls the stages (``ingest``, ``plan``,
-``write``, ``worker``) and never the run.
+The run (``packcli.run.pipeline``) makes one engine per run (``load_engine``) and calls only the
+methods of ``Engine``; an engine calls the stages (``tokenize.ingest``, ``output.write``) and never the
+run. ``local`` runs them in worker processes on this machine, ``ray`` on a Ray cluster.
 """
 
 from __future__ import annotations
@@ -12,15 +13,35 @@ from typing import Any, Protocol
 
 from packcli.config import PackConfig
 from packcli.contract import Progress
+from packcli.engines.local import LocalEngine
 from packcli.errors import UsageError
 from packcli.io.sources import InputSource
+from packcli.output.layout import RowLayout
 from packcli.plan.planner import Plan
 from packcli.store.tokens import TokenStore
 from packcli.tokenize.encoder import Encoder
 
+__all__ = ["DigestChecker", "Engine", "LocalEngine", "load_engine"]
+
+# Checks a found cache entry's token files: (the entry's directory, its files' entries by name).
+DigestChecker = Callable[[str, dict[str, dict[str, Any]]], None]
+
 
 class Engine(Protocol):
-    """What an engine does: tokenize the inputs into a token store, and write the planned rows."""
+    """What an engine does for a run: hash and tokenize the inputs into a token store, write the planned rows."""
+
+    def hash_files(self, sources: list[InputSource], memo: Path | None) -> dict[str, str] | None:
+        """Return the content hashes of the inputs' files not remembered in ``memo``, by path, computed
+        where the engine reads them; or None: the run hashes them itself (and counts their records)."""
+        ...
+
+    def rehash_files(self, sources: list[InputSource]) -> dict[str, str] | None:
+        """Return the inputs' hashes again once they are read (did one change?); None: the run hashes them."""
+        ...
+
+    def digest_checker(self) -> DigestChecker | None:
+        """Return what checks a found cache entry's token files; None: the token store checks them here."""
+        ...
 
     def tokenize_to_store(
         self,
@@ -36,8 +57,12 @@ class Engine(Protocol):
         """Tokenize every record into a store at ``store_path`` (see ``ingest.tokenize_to_store``)."""
         ...
 
+    def discard_store(self, store: TokenStore) -> None:
+        """Remove what a store that is not kept left outside its directory (nothing, for most engines)."""
+        ...
+
     def write_output(
-        self, config: PackConfig, store: TokenStore, plan: Plan, staged: Path | None, progress: Progress, pad_id: int
+        self, layout: RowLayout, store: TokenStore, plan: Plan, staged: Path | None, progress: Progress
     ) -> list[dict[str, Any]]:
         """Write the plan's rows as shards (into ``staged``, or to a URI output); return their entries."""
         ...
@@ -50,55 +75,17 @@ class Engine(Protocol):
         """Write the manifest last at a filesystem-URI output, as the marker that the output is complete."""
         ...
 
-
-class LocalEngine:
-    """Worker processes on this machine (``--num-proc``)."""
-
-    def tokenize_to_store(
-        self,
-        config: PackConfig,
-        sources: list[InputSource],
-        formats: dict[str, str | None],
-        encoder: Encoder,
-        store_path: Path,
-        progress: Progress,
-        rule_out_long: bool = False,
-        before_finish: Callable[[], None] | None = None,
-    ) -> TokenStore:
-        from packcli.tokenize.ingest import tokenize_to_store
-
-        return tokenize_to_store(
-            config,
-            sources,
-            formats,
-            encoder,
-            store_path,
-            progress,
-            rule_out_long=rule_out_long,
-            before_finish=before_finish,
-        )
-
-    def write_output(
-        self, config: PackConfig, store: TokenStore, plan: Plan, staged: Path | None, progress: Progress, pad_id: int
-    ) -> list[dict[str, Any]]:
-        from packcli.output.write import write_output
-
-        assert staged is not None  # the local engine writes only to local paths, through a staging directory
-        return write_output(config, store, plan, staged, progress, pad_id)
-
-    def check_uri_output(self, output: str, overwrite: bool) -> None:
-        raise UsageError(f"-o {output}: a filesystem URI output needs --engine ray; or pass a local path")
-
-    def write_manifest_uri(self, output: str, manifest: dict[str, Any]) -> None:
-        raise UsageError(f"-o {output}: a filesystem URI output needs --engine ray; or pass a local path")
+    def close(self) -> None:
+        """Release what the engine still holds when the run ends, however it ends."""
+        ...
 
 
 def load_engine(config: PackConfig) -> Engine:
     """Return the engine ``config.engine`` names: local, or ray (which needs Ray installed)."""
     if config.engine == "local":
-        return LocalEngine()
+        return LocalEngine(config.num_proc)
     try:
         from packcli.engines.ray.engine import RayEngine
     except ImportError as exc:
         raise UsageError("--engine ray needs Ray, which is not installed; pip install 'packcli[ray]'") from exc
-    return RayEngine()
+    return RayEngine(config.ray_address, config.num_proc)

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from packcli.contract import IGNORE_INDEX, SHARD_SCHEMA, shard_schema
 from packcli.output.formats import FORMATS, shard_format
+from packcli.output.layout import RowLayout
 from packcli.plan import packing
 
 EXTENSIONS = {name: f.extension for name, f in FORMATS.items()}
@@ -27,36 +28,34 @@ def build_rows(
     sample_lengths: np.ndarray,
     samples_per_row: np.ndarray,
     sample_index: np.ndarray,
-    pad_to: int | None = None,
-    pad_id: int = 0,
+    layout: RowLayout,
     piece_index: np.ndarray | None = None,
-    pad_multiple: int = 1,
-    pad_offset: int = 0,
-    loss_weighting: str = "token",
     sample_role: np.ndarray | None = None,
 ) -> pa.Table:
     """Return a table of packed rows from the samples' tokens, concatenated in row order.
 
     ``sample_lengths`` are the samples' lengths in ``ids``/``labels``; ``samples_per_row`` how many
-    samples each row holds. With ``pad_to``, each row is padded with one extra segment
-    (sample_index -1, piece_index 0, labels -100, positions from 0) to that length. ``piece_index``
-    numbers the pieces of a record split by ``--overflow split`` (None: every sample is piece 0).
+    samples each row holds. With ``layout.pad_to_max``, each row is padded with one extra segment
+    (sample_index -1, piece_index 0, labels -100, positions from 0) to ``layout.max_len``, with
+    ``layout.pad_id``. ``piece_index`` numbers the pieces of a record split by ``--overflow split``
+    (None: every sample is piece 0).
 
-    With ``pad_multiple`` above 1, every sample is first padded inside its own segment to a multiple
-    of it (``packing.pad_lengths``): pad tokens, labels -100, positions going on counting; its
+    With ``layout.pad_multiple`` above 1, every sample is first padded inside its own segment to a
+    multiple of it (``packing.pad_lengths``): pad tokens, labels -100, positions going on counting; its
     ``seq_lengths`` entry is then the padded length and ``seq_lengths_unpadded`` holds the real one.
-    With ``loss_weighting`` sample or sqrt, ``loss_weights`` holds 1/n or 1/sqrt(n) on each of a
+    With ``layout.loss_weighting`` sample or sqrt, ``loss_weights`` holds 1/n or 1/sqrt(n) on each of a
     sample's n trained tokens and 0 elsewhere. ``sample_role`` (preference data) is written as the
     ``sample_role`` column, 0 on a padding segment.
     """
+    pad_to, pad_id, pad_multiple = layout.pad_to, layout.pad_id, layout.pad_multiple
     lengths = sample_lengths.astype(np.int64)
     unpadded = None
     if pad_multiple > 1:
-        padded = packing.pad_lengths(lengths, pad_multiple, pad_offset)
+        padded = packing.pad_lengths(lengths, pad_multiple, layout.pad_offset)
         ids, labels = _pad_samples(ids, labels, lengths, padded, pad_id)
         unpadded = lengths.astype(np.int32)
         lengths = padded
-    weights = None if loss_weighting == "token" else loss_weights(labels, lengths, loss_weighting)
+    weights = None if layout.loss_weighting == "token" else loss_weights(labels, lengths, layout.loss_weighting)
     total = int(lengths.sum())
     dst_starts = np.zeros(len(lengths), dtype=np.int64)
     np.cumsum(lengths[:-1], out=dst_starts[1:])

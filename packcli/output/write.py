@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from packcli.config import PackConfig
-from packcli.contract import IGNORE_INDEX, Progress, no_progress, shard_schema
+from packcli.contract import IGNORE_INDEX, Progress, no_progress
 from packcli.errors import OutputError, raise_if_stopped
+from packcli.output.layout import RowLayout
 from packcli.output.rows import (
     ROW_GROUP_ROWS,
     build_rows,
@@ -25,19 +25,6 @@ from packcli.store.tokens import (
     TokenStore,
 )
 
-
-def output_schema(config: PackConfig) -> Any:
-    """The columns the rows of ``config`` have: SHARD_SCHEMA and the optional columns it asks for."""
-    optional = []
-    if config.pad_multiple > 1:
-        optional.append("seq_lengths_unpadded")
-    if config.loss_weighting != "token":
-        optional.append("loss_weights")
-    if config.task in ("preference", "kto"):
-        optional.append("sample_role")
-    return shard_schema(optional)
-
-
 # Shard-writer state: set in the parent before the pool forks.
 _WRITE: dict[str, Any] = {}
 
@@ -47,8 +34,7 @@ def row_group_tables(
     store: TokenStore,
     plan: Plan,
     rows: np.ndarray,
-    config: PackConfig,
-    pad_id: int,
+    layout: RowLayout,
     progress: Progress = no_progress,
 ) -> Iterator[Any]:
     """Yield the planned rows ``rows`` (row ids, in write order) as tables of at most ROW_GROUP_ROWS rows."""
@@ -75,41 +61,37 @@ def row_group_tables(
             plan.lengths[pick],
             samples_per_row,
             store.sample_index[store_rows],
-            pad_to=config.max_len if config.pad_to_max else None,
-            pad_id=pad_id,
+            layout,
             piece_index=store.piece_index[store_rows],
-            pad_multiple=config.pad_multiple,
-            pad_offset=config.pad_offset,
-            loss_weighting=config.loss_weighting,
-            sample_role=roles[store_rows] if config.task in ("preference", "kto") else None,
+            sample_role=roles[store_rows] if layout.sample_roles else None,
         )
         progress("write", len(group), len(plan.order.order))
         raise_if_stopped()
 
 
 def _write_one_shard(s: int, progress: Progress = no_progress) -> dict[str, Any]:
-    config: PackConfig = _WRITE["config"]
-    per = config.rows_per_shard
-    path = _WRITE["staged"] / shard_name(s, _WRITE["n_shards"], config.output_format)
+    layout: RowLayout = _WRITE["layout"]
+    per = layout.rows_per_shard
+    path = _WRITE["staged"] / shard_name(s, _WRITE["n_shards"], layout.output_format)
     store, plan = _WRITE["store"], _WRITE["plan"]
     with store.open_tokens() as reader:
         rows = plan.order.order[s * per : (s + 1) * per]
-        tables = row_group_tables(reader, store, plan, rows, config, _WRITE["pad_id"], progress)
-        return write_shard(tables, path, config.output_format, output_schema(config))
+        tables = row_group_tables(reader, store, plan, rows, layout, progress)
+        return write_shard(tables, path, layout.output_format, layout.schema())
 
 
 def write_output(
-    config: PackConfig, store: TokenStore, plan: Plan, staged: Path, progress: Progress, pad_id: int
+    layout: RowLayout, store: TokenStore, plan: Plan, staged: Path, progress: Progress, num_proc: int
 ) -> list[dict[str, Any]]:
     """Write the planned rows as shards into ``staged``; return the manifest's shard entries.
 
-    Shards are written in parallel by up to --num-proc processes; each is the same file whichever
+    Shards are written in parallel by up to ``num_proc`` processes; each is the same file whichever
     process writes it.
     """
     n_rows = len(plan.order.order)
-    n_shards = max(1, -(-n_rows // config.rows_per_shard))
-    workers = min(config.num_proc, n_shards)
-    _WRITE.update(config=config, store=store, plan=plan, staged=staged, pad_id=pad_id, n_shards=n_shards)
+    n_shards = max(1, -(-n_rows // layout.rows_per_shard))
+    workers = min(num_proc, n_shards)
+    _WRITE.update(layout=layout, store=store, plan=plan, staged=staged, n_shards=n_shards)
     entries = []
     try:
         if workers <= 1:
@@ -122,7 +104,7 @@ def write_output(
                     progress("write", entry["rows"], n_rows)
     except OSError as exc:
         raise OutputError(
-            f"{config.output}: cannot write a shard ({exc.strerror or exc}); free disk space or choose another -o"
+            f"{layout.output}: cannot write a shard ({exc.strerror or exc}); free disk space or choose another -o"
         ) from exc
     finally:
         _WRITE.clear()

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packcli.config import PackConfig
 from packcli.errors import InputError
 from packcli.plan import packing
+from packcli.plan.options import PlanOptions
 from packcli.store.tokens import TokenStore
 from packcli.tokenize.worker import where
 
@@ -49,13 +49,13 @@ def groups(store: TokenStore) -> np.ndarray | None:
     return np.cumsum(~joins) - 1
 
 
-def fit(config: PackConfig, store: TokenStore, group: np.ndarray) -> Fit:
+def fit(options: PlanOptions, store: TokenStore, group: np.ndarray) -> Fit:
     """Apply --overflow to every item of ``group`` (see the module docstring)."""
     lengths = store.lengths.astype(np.int64)
-    padded = packing.pad_lengths(lengths, config.pad_multiple, config.pad_offset)
+    padded = packing.pad_lengths(lengths, options.pad_multiple, options.pad_offset)
     item_len = np.bincount(group, weights=padded).astype(np.int64)
-    member_over = np.bincount(group, weights=lengths > config.sample_limit).astype(bool)
-    over = np.flatnonzero((item_len > config.max_len) | member_over)
+    member_over = np.bincount(group, weights=lengths > options.sample_limit).astype(bool)
+    over = np.flatnonzero((item_len > options.max_len) | member_over)
     keep = np.ones(len(lengths), dtype=bool)
     skips = np.zeros(len(lengths), dtype=np.int64)
     drop_rows: dict[str, np.ndarray] = {}
@@ -63,21 +63,21 @@ def fit(config: PackConfig, store: TokenStore, group: np.ndarray) -> Fit:
     if not len(over):
         return Fit(keep, lengths, skips, 0, drop_rows)
     first_row = np.searchsorted(group, over)
-    if config.overflow == "error":
+    if options.overflow == "error":
         k = int(first_row[0])
         source, unit = _source_of(store, int(store.sample_index[k]))
         pair = int(np.count_nonzero(group == over[0])) > 1
         what = "the pair's samples have" if pair else "the sample has"
         raise InputError(
             f"{where(source, unit, int(store.positions[k]))}: {what} {item_len[over[0]]} tokens"
-            f"{' together' if pair else ''}, more than --max-len {config.max_len}"
+            f"{' together' if pair else ''}, more than --max-len {options.max_len}"
             f"{' (a pair is packed whole)' if pair else ''}; raise --max-len or pass --overflow truncate "
             "(cuts the prompt from the left) or drop"
         )
     dropped = []
     end_row = np.searchsorted(group, over, side="right")
     for a, b in zip(first_row.tolist(), end_row.tolist(), strict=True):
-        cut = _prompt_cut(config, lengths[a:b], store.first_trained[a:b]) if config.overflow == "truncate" else None
+        cut = _prompt_cut(options, lengths[a:b], store.first_trained[a:b]) if options.overflow == "truncate" else None
         if cut is None:
             dropped.append(np.arange(a, b))
             continue
@@ -90,7 +90,7 @@ def fit(config: PackConfig, store: TokenStore, group: np.ndarray) -> Fit:
     return Fit(keep, lengths - skips, skips, truncated, drop_rows)
 
 
-def _prompt_cut(config: PackConfig, lengths: np.ndarray, first_trained: np.ndarray) -> int | None:
+def _prompt_cut(options: PlanOptions, lengths: np.ndarray, first_trained: np.ndarray) -> int | None:
     """Return the fewest tokens to cut from the left of every sample so that they fit together, or None.
 
     At most up to each sample's first trained token, less one: the token before it stays, so every
@@ -98,11 +98,11 @@ def _prompt_cut(config: PackConfig, lengths: np.ndarray, first_trained: np.ndarr
     """
     most = int(first_trained.min()) - 1
     n = len(lengths)
-    cut = max(0, -(-(int(lengths.sum()) - config.max_len) // n))
+    cut = max(0, -(-(int(lengths.sum()) - options.max_len) // n))
     while cut <= most:
         kept = lengths - cut
-        padded = packing.pad_lengths(kept, config.pad_multiple, config.pad_offset)
-        if int(padded.sum()) <= config.max_len and int(kept.max()) <= config.sample_limit:
+        padded = packing.pad_lengths(kept, options.pad_multiple, options.pad_offset)
+        if int(padded.sum()) <= options.max_len and int(kept.max()) <= options.sample_limit:
             return cut
         cut += 1
     return None

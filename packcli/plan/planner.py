@@ -6,10 +6,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packcli.config import Hint, PackConfig, suggest
+from packcli.config import Hint
 from packcli.contract import IGNORE_INDEX
 from packcli.errors import InputError
 from packcli.plan import packing, pairs
+from packcli.plan.options import PlanOptions
 from packcli.store.tokens import (
     TokenStore,
 )
@@ -35,7 +36,7 @@ class Plan:
     alignment_padding: int = 0  # tokens added by --pad-to-multiple-of (all kept samples)
 
 
-def make_plan(config: PackConfig, store: TokenStore) -> Plan:
+def make_plan(options: PlanOptions, store: TokenStore) -> Plan:
     """Apply the overflow policy and compute the bin plan from the sample lengths alone.
 
     The samples of a preference or KTO record are one item (``packcli.plan.pairs``): packed in one row,
@@ -44,32 +45,32 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
     lengths = store.lengths.astype(np.int64)
     group = pairs.groups(store)
     # With --pad-to-multiple-of, a sample fits when its padded length does: at most sample_limit tokens.
-    max_len = config.sample_limit
+    max_len = options.sample_limit
     drop_rows: dict[str, np.ndarray] = {}
     too_long = lengths > max_len
     keep = ~too_long
     eff = np.minimum(lengths, max_len)
     truncated = 0
-    if config.overflow == "error" and too_long.any() and group is None:
+    if options.overflow == "error" and too_long.any() and group is None:
         k = int(np.flatnonzero(too_long)[0])
         source, unit = source_of(store, int(store.sample_index[k]))
         raise InputError(
             f"{where(source, unit, int(store.positions[k]))}: the sample has {lengths[k]} tokens, "
-            f"more than {_limit_text(config)}; raise --max-len or pass --overflow split, truncate or drop"
+            f"more than {_limit_text(options)}; raise --max-len or pass --overflow split, truncate or drop"
         )
     cut_rows = np.zeros(0, dtype=np.int64)
     trained_in_window = np.zeros(0, dtype=np.int64)
     skip = np.zeros(len(lengths), dtype=np.int64)
     if group is not None:
         # Preference data: whole records fit, are cut (their prompts, from the left) or are dropped.
-        fit = pairs.fit(config, store, group)
+        fit = pairs.fit(options, store, group)
         keep, eff, skip, truncated = fit.keep, fit.lengths, fit.skips, fit.truncated
         drop_rows.update(fit.drop_rows)
-    elif config.overflow in ("truncate", "split"):
+    elif options.overflow in ("truncate", "split"):
         # --overflow split leaves only exchanges that fit in no row on their own too long: they are
         # truncated as --overflow truncate does, from the left unless --truncate-side right is given.
         cut_rows = np.flatnonzero(too_long)
-        trained_in_window = _trained_in_windows(store, cut_rows, max_len, config.cut_side)
+        trained_in_window = _trained_in_windows(store, cut_rows, max_len, options.cut_side)
         nothing = np.zeros(len(lengths), dtype=bool)
         nothing[cut_rows[trained_in_window == 0]] = True
         keep = ~nothing
@@ -78,7 +79,7 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
             drop_rows["nothing_to_train_after_truncation"] = np.flatnonzero(nothing)
     elif too_long.any():
         drop_rows["too_long"] = np.flatnonzero(too_long)
-    if config.cut_side == "left" and group is None:
+    if options.cut_side == "left" and group is None:
         skip[too_long] = lengths[too_long] - max_len
     kept = np.flatnonzero(keep)
     if len(kept) == 0:
@@ -88,11 +89,11 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
                 hints.append((("overflow", "truncate"), "pass --overflow truncate"))
             else:
                 hints.append((("overflow", "split"), "pass --overflow split"))
-            if config.overflow != "drop" and group is None:
+            if options.overflow != "drop" and group is None:
                 hints.append((("cut_side", "left"), "pass --truncate-side left"))
             raise InputError(
                 f"no sample left to pack: all {len(lengths)} tokenized samples are longer than "
-                f"{_limit_text(config)} or have nothing to train on; {suggest(config, hints)}"
+                f"{_limit_text(options)} or have nothing to train on; {_suggest(options, hints)}"
             )
         reasons = ", ".join(f"{k}: {v}" for k, v in store.meta["dropped"].items())
         raise InputError(
@@ -101,15 +102,15 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
         )
     kept_len = eff[kept]
     # Rows are planned on the lengths as written: each sample padded to a multiple of --pad-to-multiple-of.
-    padded_len = packing.pad_lengths(kept_len, config.pad_multiple, config.pad_offset)
+    padded_len = packing.pad_lengths(kept_len, options.pad_multiple, options.pad_offset)
     items_len = padded_len
     if group is not None:
         # One item per record: its samples' padded lengths summed; each sample goes where its item goes.
         _, item_of = np.unique(group[kept], return_inverse=True)
         items_len = np.bincount(item_of, weights=padded_len).astype(np.int64)
-        bins = packing.plan_rows(items_len, config.max_len, config.algorithm)[item_of]
+        bins = packing.plan_rows(items_len, options.max_len, options.algorithm)[item_of]
     else:
-        bins = packing.plan_rows(padded_len, config.max_len, config.algorithm)
+        bins = packing.plan_rows(padded_len, options.max_len, options.algorithm)
     by_row = np.argsort(bins, kind="stable")
     store_rows = kept[by_row]
     row_lengths = kept_len[by_row]
@@ -118,11 +119,11 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
     row_start = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=row_start[1:])
     row_tokens = np.bincount(bins, weights=padded_len).astype(np.int64)
-    order = packing.order_rows(row_tokens, config.seed, config.world_size, config.rank_remainder)
+    order = packing.order_rows(row_tokens, options.seed, options.world_size, options.rank_remainder)
     if len(order.order) == 0:
         raise InputError(
             f"no sample left to pack: the {len(counts)} packed rows are fewer than --world-size "
-            f"{config.world_size}, and --rank-remainder drop leaves none; lower --world-size or pass "
+            f"{options.world_size}, and --rank-remainder drop leaves none; lower --world-size or pass "
             "--rank-remainder pad"
         )
     dropped_samples = np.zeros(0, dtype=np.int64)
@@ -143,18 +144,24 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
         tokens=int(kept_len.sum()),
         trainable=trainable,
         n_rows=len(counts),
-        bound_l1=packing.lower_bound_l1(items_len, config.max_len),
-        bound_l2=packing.lower_bound_l2(items_len, config.max_len),
+        bound_l1=packing.lower_bound_l1(items_len, options.max_len),
+        bound_l2=packing.lower_bound_l2(items_len, options.max_len),
         alignment_padding=int(padded_len.sum() - kept_len.sum()),
     )
 
 
-def _limit_text(config: PackConfig) -> str:
-    if config.sample_limit == config.max_len:
-        return f"--max-len {config.max_len}"
+def _suggest(options: PlanOptions, hints: list[Hint]) -> str:
+    """Join the hints (``A, or B``) that would change something: a suggestion never names what was passed."""
+    kept = [words for setting, words in hints if setting is None or getattr(options, setting[0]) != setting[1]]
+    return ", or ".join(kept)
+
+
+def _limit_text(options: PlanOptions) -> str:
+    if options.sample_limit == options.max_len:
+        return f"--max-len {options.max_len}"
     return (
-        f"{config.sample_limit}, the most that fits in --max-len {config.max_len} once padded to a multiple of "
-        f"{config.pad_multiple}"
+        f"{options.sample_limit}, the most that fits in --max-len {options.max_len} once padded to a multiple of "
+        f"{options.pad_multiple}"
     )
 
 

@@ -72,7 +72,7 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
         tokenizer_name = config.tokenizer or DEFAULT_TOKENIZER
         lines = [_what_if(lengths, m, batch_size) for m in max_lens]
         for line in lines:
-            line["policies"] = _kept_by_policy(config, store, line["max_len"], trainable, progress)
+            line["policies"] = _kept_by_policy(config, store, line["max_len"], trainable, progress, tokenized.sources)
     # Bins up to the 99th percentile (or the largest max length): one outlier does not widen them all.
     upper = max(int(np.percentile(lengths, 99)) if len(lengths) else 0, max(max_lens))
     return {
@@ -100,7 +100,7 @@ POLICIES = ("drop", "truncate", "truncate-left", "split")
 
 
 def _kept_by_policy(
-    config: Any, store: Any, max_len: int, trainable_total: int, progress: Any
+    config: Any, store: Any, max_len: int, trainable_total: int, progress: Any, sources: Any
 ) -> dict[str, dict[str, Any]]:
     """Return, per overflow policy, the records, samples, tokens and trainable tokens a pack would keep.
 
@@ -114,11 +114,12 @@ def _kept_by_policy(
     from packcli.errors import InputError
     from packcli.plan.planner import make_plan
     from packcli.run import accounting
+    from packcli.run.options import plan_options
     from packcli.run.pipeline import tokenized_inputs
 
     def kept(cfg: Any, tokens: Any) -> dict[str, Any]:
         try:
-            summary = accounting.summary(cfg, tokens, make_plan(cfg, tokens), "")
+            summary = accounting.summary(cfg, tokens, make_plan(plan_options(cfg), tokens), "")
             packed, samples, kept_tokens, trainable = (
                 summary.packed,
                 summary.samples,
@@ -148,7 +149,7 @@ def _kept_by_policy(
         out["split"] = dict(out["drop"])
     else:
         split = replace(base, overflow="split")
-        with tokenized_inputs(split, progress) as pieces:
+        with tokenized_inputs(split, progress, sources=sources) as pieces:
             out["split"] = kept(split, pieces.store)
     return out
 

@@ -9,7 +9,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from packcli import __version__
 from packcli.config import PackConfig
@@ -27,6 +27,7 @@ from packcli.tokenize import worker
 from packcli.tokenize.bounds import max_token_bytes
 from packcli.tokenize.encoder import EncodeOptions, Encoder
 from packcli.tokenize.split import SplitRule
+from packcli.tokenize.worker import TokenizedBatch
 
 # Reasons a record is left out by policy: always counted, never an error. Every other reason is bad
 # data, which stops the run unless --on-error skip.
@@ -46,6 +47,16 @@ POLICY_DROPS = frozenset(
 BATCH_SIZE = 256
 # In the token store: one JSON line per record --fix-turns changed (copied out by --fix-turns-log).
 TURN_FIXES = "turn_fixes.jsonl"
+
+
+class RemoteTokenizing(Protocol):
+    """An engine's tokenizing that reads the inputs and writes the tokens where it runs (the Ray engine's)."""
+
+    segment_root: str | None  # where the token segments are written; None: into the store's directory
+
+    def results(self, directory: Path) -> Iterator[TokenizedBatch]:
+        """Yield, in input order, batches whose tokens are a store segment (``segment``), not arrays."""
+        ...
 
 
 def encode_options(config: PackConfig) -> EncodeOptions:
@@ -82,7 +93,7 @@ def tokenize_to_store(
     progress: Progress,
     map_ordered: Callable[..., Iterator[Any]] | None = None,
     rule_out_long: bool = False,
-    remote: Any = None,
+    remote: RemoteTokenizing | None = None,
     before_finish: Callable[[], None] | None = None,
 ) -> TokenStore:
     """Tokenize every record of the sources into a token store at ``store_path``.
@@ -93,8 +104,8 @@ def tokenize_to_store(
     too_long before tokenizing (see packcli.tokenize.bounds); the store then lacks them, which its meta records.
 
     ``remote`` is an engine that reads and tokenizes the inputs itself and writes the tokens where it
-    makes them: ``remote.results(directory)`` yields, in input order, results like a TokenizedBatch
-    whose tokens are a segment (``segment``, ``segment_files``) instead of arrays; it may write the
+    makes them: ``remote.results(directory)`` yields, in input order, TokenizedBatch results whose
+    tokens are a segment (``segment``, ``segment_files``) instead of arrays; it may write the
     segments into ``directory`` (the store being made) or under ``remote.segment_root``. This process
     then reads no input and no token, and keeps the same accounting.
 
@@ -127,7 +138,7 @@ def tokenize_to_store(
     total = None if None in counted else sum(counted)  # type: ignore[arg-type]
     if config.limit is not None:
         total = min(total, config.limit) if total is not None else None
-    results: Iterator[Any] | None = None
+    results: Iterator[TokenizedBatch] | None = None
     try:
         with (
             _open_for_writing(rejects_path, where, fix) as rejects_file,
@@ -148,9 +159,9 @@ def tokenize_to_store(
                 left_out.update(result.pieces_left_out)
                 left_out_tokens.update(result.tokens_left_out)
                 pieces += result.pieces_made
-                turns_fixed.update(getattr(result, "turns_fixed", {}))
-                empty_answers += getattr(result, "empty_answers", 0)
-                for entry in getattr(result, "turn_fixes", []):
+                turns_fixed.update(result.turns_fixed)
+                empty_answers += result.empty_answers
+                for entry in result.turn_fixes:
                     _write_line(fixes_file, json.dumps(entry, ensure_ascii=False), where, fix)
                 starts.setdefault(result.source, result.first_index)
                 units.setdefault(result.source, result.unit)
@@ -169,7 +180,7 @@ def tokenize_to_store(
                         )
                     counts[reject["reason"]] += 1
                     _write_line(rejects_file, json.dumps(reject, ensure_ascii=False), where, fix)
-                if getattr(result, "segment", None) is not None:
+                if result.segment is not None:
                     writer.add_segment(
                         result.segment,
                         result.segment_files,

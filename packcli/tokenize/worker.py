@@ -54,6 +54,10 @@ class TokenizedBatch:
     # Seconds this batch took in the worker: decode (parse, detect, normalise, check), tokenize (render,
     # spans, encode, split) and cpu (the worker's CPU seconds for the batch, all threads).
     seconds: dict[str, float] = field(default_factory=dict)
+    # From an engine that writes the tokens where it makes them (the Ray engine): the token store segment
+    # that holds this batch's tokens, and its files' entries; ``ids`` and ``labels`` are then empty.
+    segment: dict[str, Any] | None = None
+    segment_files: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 # What the workers tokenize with: set by use() in the parent before the pool forks (so workers start

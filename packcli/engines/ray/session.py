@@ -2,49 +2,108 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import pickle
 import re
 import socket
 from typing import Any
 
 import ray
 
-from packcli.config import PackConfig
 from packcli.errors import PackcliError, first_line
 
-# Whether this process started the Ray instance it uses (then it also shuts it down).
-_STARTED_HERE = {"value": False}
+# Ray's own retries: a tokenizer actor that dies (a crashed or lost node) is restarted and its part run
+# again, a writer task that dies is run again. Both are idempotent: a part's segment and a shard are
+# written whole under a name of their own, so a second run overwrites the first.
+ACTOR_RESTARTS = 2
+TASK_RETRIES = 2
 
 
 class RayEngineError(PackcliError):
     """Ray could not be reached, or a worker failed outside of packcli's own error handling."""
 
 
-def ensure_ray(config: PackConfig) -> None:
-    """Connect to ``--ray-address``, or use the instance already running in this process, or start one.
+class RaySession:
+    """One run's use of Ray: the instance it connects to (or starts, and then stops), and what it received.
 
-    A local instance started here gets ``--num-proc`` CPUs. Tokenizer actors and writer tasks take one
-    CPU each, and there are as many actors as the instance or cluster has CPUs.
+    ``received`` counts the bytes and objects the driver fetched from the cluster: the measure behind
+    "the driver handles lengths, not tokens" (tests/test_ray.py checks it).
     """
-    if ray.is_initialized():
-        return
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
-    address = config.ray_address
-    if address is None and not os.environ.get("RAY_ADDRESS"):
-        # "local": a new instance, even where `ray start` left a cluster running on this machine
-        # (pass --ray-address auto to use that one).
-        address = "local"
-        kwargs["num_cpus"] = config.num_proc
-    elif address is not None:
-        _check_reachable(address)
-    try:
-        ray.init(address=address, **kwargs)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        first = first_line(exc)
-        where = "a local Ray instance" if address == "local" else f"the Ray cluster at {address or 'RAY_ADDRESS'}"
-        raise RayEngineError(f"cannot start or reach {where} ({first}); check --ray-address") from exc
-    _STARTED_HERE["value"] = True
+
+    def __init__(self, address: str | None = None, num_cpus: int = 1) -> None:
+        self.address, self.num_cpus = address, num_cpus
+        self.started_here = False  # this session started the Ray instance it uses (then it also stops it)
+        self.received = {"bytes": 0, "objects": 0}
+
+    def ensure(self) -> None:
+        """Connect to ``--ray-address``, or use the instance already running in this process, or start one.
+
+        A local instance started here gets ``--num-proc`` CPUs. Tokenizer actors and writer tasks take
+        one CPU each, and there are as many actors as the instance or cluster has CPUs.
+        """
+        if ray.is_initialized():
+            return
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
+        address = self.address
+        if address is None and not os.environ.get("RAY_ADDRESS"):
+            # "local": a new instance, even where `ray start` left a cluster running on this machine
+            # (pass --ray-address auto to use that one).
+            address = "local"
+            kwargs["num_cpus"] = self.num_cpus
+        elif address is not None:
+            _check_reachable(address)
+        try:
+            ray.init(address=address, **kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            first = first_line(exc)
+            where = "a local Ray instance" if address == "local" else f"the Ray cluster at {address or 'RAY_ADDRESS'}"
+            raise RayEngineError(f"cannot start or reach {where} ({first}); check --ray-address") from exc
+        self.started_here = True
+
+    def shutdown_if_started_here(self) -> None:
+        """Stop the Ray instance when this session started it."""
+        if self.started_here and ray.is_initialized():
+            ray.shutdown()
+        self.started_here = False
+
+    def fetch(self, ref: Any) -> Any:
+        """``ray.get`` of an object that a task returns pickled (bytes), counted in ``received``."""
+        try:
+            data = ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            raise worker_error(exc) from exc
+        self.received["bytes"] += len(data)
+        self.received["objects"] += 1
+        return pickle.loads(data)
+
+
+def pickled(value: Any) -> bytes:
+    """What a task returns: its result pickled, so that the driver counts the bytes it receives."""
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def worker_error(exc: BaseException) -> PackcliError:
+    """A packcli error raised in a worker keeps its message; anything else becomes one line."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, PackcliError) and not isinstance(cause, ray.exceptions.RayError):
+            return cause
+        cause = getattr(cause, "cause", None) or cause.__cause__
+    text = str(exc).strip().splitlines()
+    last = next((line.strip() for line in reversed(text) if line.strip()), type(exc).__name__)
+    ours = re.search(r"packcli\.[\w.]+Error: (.+)", str(exc))  # a packcli error that Ray kept only as text
+    if ours:
+        return RayEngineError(ours.group(1).strip())
+    return RayEngineError(f"a Ray worker failed ({last[:300]})")
+
+
+def kill(actors: list[Any]) -> None:
+    """Kill actors (without restarts), whatever state they are in."""
+    for a in actors:
+        with contextlib.suppress(Exception):
+            ray.kill(a, no_restart=True)
 
 
 def _check_reachable(address: str) -> None:
@@ -68,25 +127,5 @@ def _check_reachable(address: str) -> None:
     ) from error
 
 
-def shutdown_if_started_here() -> None:
-    if _STARTED_HERE["value"] and ray.is_initialized():
-        ray.shutdown()
-    _STARTED_HERE["value"] = False
-
-
 def cluster_cpus() -> int:
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
-
-
-def quiet_ray_data(context: Any) -> None:
-    context.execution_options.preserve_order = True
-    context.enable_progress_bars = False
-    for name in ("enable_operator_progress_bars", "enable_auto_log_stats"):
-        if hasattr(context, name):
-            setattr(context, name, False)
-    # Ray Data says at INFO/WARNING level that it shows no progress bars: packcli shows its own.
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
-    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
-
-
-# -- stage 1: tokenize on the cluster --------------------------------------------------------------

@@ -1,0 +1,80 @@
+"""The local engine (the default): worker processes on this machine (``--num-proc``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from packcli.config import PackConfig
+from packcli.contract import Progress
+from packcli.errors import UsageError
+from packcli.io.sources import InputSource
+from packcli.output.layout import RowLayout
+from packcli.plan.planner import Plan
+from packcli.store.tokens import TokenStore
+from packcli.tokenize.encoder import Encoder
+
+
+class LocalEngine:
+    """Worker processes on this machine: they tokenize the batches and write the shards (``--num-proc``).
+
+    The run reads and hashes the inputs itself, and the token store checks its own files.
+    """
+
+    def __init__(self, num_proc: int = 1) -> None:
+        self.num_proc = num_proc
+
+    def hash_files(self, sources: list[InputSource], memo: Path | None) -> None:
+        return None
+
+    def rehash_files(self, sources: list[InputSource]) -> None:
+        return None
+
+    def digest_checker(self) -> Callable[[str, dict[str, dict[str, Any]]], None] | None:
+        return None
+
+    def tokenize_to_store(
+        self,
+        config: PackConfig,
+        sources: list[InputSource],
+        formats: dict[str, str | None],
+        encoder: Encoder,
+        store_path: Path,
+        progress: Progress,
+        rule_out_long: bool = False,
+        before_finish: Callable[[], None] | None = None,
+    ) -> TokenStore:
+        from packcli.tokenize.ingest import tokenize_to_store
+
+        return tokenize_to_store(
+            config,
+            sources,
+            formats,
+            encoder,
+            store_path,
+            progress,
+            rule_out_long=rule_out_long,
+            before_finish=before_finish,
+        )
+
+    def discard_store(self, store: TokenStore) -> None:
+        return None  # its tokens are in its directory, which the run removes
+
+    def write_output(
+        self, layout: RowLayout, store: TokenStore, plan: Plan, staged: Path | None, progress: Progress
+    ) -> list[dict[str, Any]]:
+        from packcli.output.write import write_output
+
+        if staged is None:  # the local engine writes only to local paths, through a staging directory
+            raise UsageError(f"-o {layout.output}: a filesystem URI output needs --engine ray; or pass a local path")
+        return write_output(layout, store, plan, staged, progress, self.num_proc)
+
+    def check_uri_output(self, output: str, overwrite: bool) -> None:
+        raise UsageError(f"-o {output}: a filesystem URI output needs --engine ray; or pass a local path")
+
+    def write_manifest_uri(self, output: str, manifest: dict[str, Any]) -> None:
+        raise UsageError(f"-o {output}: a filesystem URI output needs --engine ray; or pass a local path")
+
+    def close(self) -> None:
+        return None

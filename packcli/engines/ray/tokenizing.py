@@ -1,0 +1,431 @@
+"""The Ray engine's tokenizing: parts of the inputs read and tokenized by actors; the tokens stay there.
+
+The inputs are cut into parts (JSON lines by byte range, Parquet by row group, other sources whole:
+``ray.parts``). A pool of tokenizer actors, one per CPU of the cluster, each loading the tokenizer once,
+reads its parts itself, tokenizes them with the local engine's per-batch function, and writes each
+part's tokens as one *segment* of the token store, where the store is (the store's directory, or under
+the output URI ``.../.packcli-tokens/``). The driver receives per part only the samples' metadata
+(relative index, length, trained count, first trained position, position, piece, role: 20 bytes a
+sample, 24 when records are split), the rejects and the segment's checksums; it numbers the parts'
+records (prefix sums of their counts) and runs the local engine's accounting loop (``ingest``), so
+counts, rejects, errors and the store's arrays are the local ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+
+import packcli.engines.ray.parts as ray_parts
+from packcli.config import PackConfig
+from packcli.engines.ray.session import (
+    ACTOR_RESTARTS,
+    TASK_RETRIES,
+    RayEngineError,
+    RaySession,
+    cluster_cpus,
+    kill,
+    pickled,
+    worker_error,
+)
+from packcli.engines.ray.writing import shard_job
+from packcli.errors import PackcliError, raise_if_stopped
+from packcli.io.sources import InputSource
+from packcli.io.uri import is_uri
+from packcli.owned import owner_tag
+from packcli.store.tokens import Digest, join, segment_files
+from packcli.tokenize import ingest, worker
+from packcli.tokenize.encoder import EncodeOptions, Encoder
+from packcli.tokenize.split import SplitRule
+from packcli.tokenize.worker import TokenizedBatch
+
+STOP_WAIT = 10.0  # seconds a failed run waits for its running parts before it kills their actors
+
+
+class SegmentWriter:
+    """Writes one part's tokens as a segment (two files) under a root that is a local path or a URI.
+
+    The sha256 and size of each file are measured as it is written, for the store's meta.json.
+    """
+
+    def __init__(self, root: str, prefix: str) -> None:
+        self.root, self.prefix = root, prefix
+        self.names = segment_files(prefix)
+        self.digests = (Digest(), Digest())
+        self.tokens = 0
+        self._files: list[Any] = []
+
+    def write(self, ids: np.ndarray, labels: np.ndarray) -> None:
+        if not len(ids):
+            return
+        if not self._files:
+            self._files = [self._open(name) for name in self.names]
+        for fh, digest, array in zip(self._files, self.digests, (ids, labels), strict=True):
+            data = np.ascontiguousarray(array, dtype="<i4").tobytes()
+            fh.write(data)
+            digest.update(data)
+        self.tokens += len(ids)
+
+    def _open(self, name: str) -> Any:
+        path = join(self.root, name)
+        if is_uri(self.root):
+            from pyarrow import fs as pafs
+
+            filesystem, where = pafs.FileSystem.from_uri(path)
+            filesystem.create_dir(where.rsplit("/", 1)[0], recursive=True)  # file:// needs it; S3 and GCS do not
+            return filesystem.open_output_stream(where)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return open(path, "wb")
+
+    def close(self) -> tuple[dict[str, Any] | None, dict[str, dict[str, Any]]]:
+        """Close the files; return the segment (None when the part kept no sample) and its files' entries."""
+        for fh in self._files:
+            fh.close()
+        if not self.tokens:
+            return None, {}
+        entries = {name: digest.entry() for name, digest in zip(self.names, self.digests, strict=True)}
+        return {"prefix": self.prefix, "tokens": self.tokens}, entries
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerSettings:
+    """What every tokenizer actor of a run is made with (the run's options it needs, not the whole config)."""
+
+    root: str  # where the token segments go: the store's directory, or under the output URI
+    tokenizer: str | None  # as the driver names it (a local directory made absolute)
+    chat_template: str | None
+    options: EncodeOptions
+    fields: dict[str, str]
+    split: SplitRule | None
+    fix_turns: bool
+    identity: dict[str, Any]  # the driver's tokenizer identity, which every actor's must equal
+    batch_size: int
+    long_text_bytes: int | None
+
+
+class Tokenizer:
+    """A tokenizer actor: loads the tokenizer and template once, then reads and tokenizes parts."""
+
+    def __init__(self, settings: TokenizerSettings) -> None:
+        # One tokenizer thread per actor: the actors are the parallelism, as the local engine's processes are.
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        root = settings.root
+        if not is_uri(root) and not os.path.isdir(root):
+            raise RayEngineError(
+                f"the token store {root} is not visible on Ray node {ray.util.get_node_ip_address()}; put "
+                "--cache-dir and the output on storage every node mounts at the same path, or write to an "
+                "output URI (-o s3://bucket/prefix), where the tokens go too"
+            )
+        encoder = Encoder(settings.tokenizer, settings.chat_template, settings.options)
+        own, expected = encoder.identity(), settings.identity
+        if (own["sha256"], own["chat_template_sha256"]) != (expected["sha256"], expected["chat_template_sha256"]):
+            raise RayEngineError(
+                f"the tokenizer or chat template on Ray node {ray.util.get_node_ip_address()} differs from the "
+                "driver's; install the same tokenizer files on every node (or pass a Hub name)"
+            )
+        worker.use(encoder, settings.fields, split=settings.split, fix_turns=settings.fix_turns)
+        encoder.long_text_bytes = settings.long_text_bytes
+        self.root = root
+        self.batch_size = settings.batch_size
+
+    def ready(self) -> bool:
+        return True
+
+    def write_shard(self, *args: Any) -> bytes:
+        """Write one shard (see ``writing.shard_job``) once the parts are done: the actor is already warm."""
+        return pickled(shard_job(*args))
+
+    def run(self, part: ray_parts.Part) -> bytes:
+        """Read and tokenize one part, write its tokens as a segment; return its metadata, pickled.
+
+        A problem with the data (a read error, a packcli error while tokenizing) is returned, after
+        the batches before it, for the driver to raise in input order; anything else fails the call.
+        """
+        began, cpu_began = time.perf_counter(), time.process_time()
+        segment = SegmentWriter(self.root, f"segments/{part.number:06d}-")
+        units = ray_parts.Units()
+        keys = ("index", "lengths", "trainable", "first", "pos", "piece", "role")
+        arrays: dict[str, list[np.ndarray]] = {k: [] for k in keys}
+        out: dict[str, Any] = {
+            "rejects": [],
+            "n_records": 0,
+            "records_split": 0,
+            "pieces_made": 0,
+            "turn_fixes": [],
+            "empty_answers": 0,
+        }
+        fixed: dict[str, int] = {}
+        left_out: dict[str, int] = {}
+        left_out_tokens: dict[str, int] = {}
+        seconds: dict[str, float] = {"decode": 0.0, "tokenize": 0.0}
+        unit, split, roles = "record", False, False
+        error: PackcliError | None = None
+        read = 0.0
+        try:
+            batches = ray_parts.read_part(part, self.batch_size, units)
+            while True:
+                t = time.perf_counter()
+                batch = next(batches, None)
+                read += time.perf_counter() - t
+                if batch is None:
+                    break
+                result = worker.tokenize_batch(batch, part.fmt)
+                segment.write(result.ids, result.labels)
+                unit = result.unit
+                out["n_records"] += result.n_records
+                out["records_split"] += result.records_split
+                out["pieces_made"] += result.pieces_made
+                out["rejects"].extend(result.rejects)
+                out["turn_fixes"].extend(result.turn_fixes)
+                out["empty_answers"] += result.empty_answers
+                for kind, n in result.turns_fixed.items():
+                    fixed[kind] = fixed.get(kind, 0) + n
+                for reason, n in result.pieces_left_out.items():
+                    left_out[reason] = left_out.get(reason, 0) + n
+                for reason, n in result.tokens_left_out.items():
+                    left_out_tokens[reason] = left_out_tokens.get(reason, 0) + n
+                for key in ("decode", "tokenize"):
+                    seconds[key] += result.seconds.get(key, 0.0)
+                split = split or result.piece_index is not None
+                roles = roles or result.roles is not None
+                n = len(result.lengths)
+                arrays["index"].append(result.sample_index.astype(np.int32))
+                arrays["lengths"].append(result.lengths)
+                arrays["trainable"].append(result.trainable)
+                arrays["first"].append(result.first_trained)
+                arrays["pos"].append(result.positions)
+                arrays["piece"].append(
+                    np.zeros(n, np.int32) if result.piece_index is None else result.piece_index.astype(np.int32)
+                )
+                arrays["role"].append(np.zeros(n, np.int8) if result.roles is None else result.roles.astype(np.int8))
+        except PackcliError as exc:
+            error = exc
+        seg, files = segment.close()
+        joined = {k: np.concatenate(v) if v else np.zeros(0, np.int32) for k, v in arrays.items()}
+        if not split:
+            joined["piece"] = None  # type: ignore[assignment]  # all 0: not sent
+        if not roles:
+            joined["role"] = None  # type: ignore[assignment]  # not preference data: not sent
+        seconds["read"] = read
+        seconds["cpu"] = time.process_time() - cpu_began
+        seconds["wall"] = time.perf_counter() - began
+        out.update(
+            arrays=joined,
+            unit=unit,
+            units=units.value,
+            pieces_left_out=left_out,
+            turns_fixed=fixed,
+            tokens_left_out=left_out_tokens,
+            seconds=seconds,
+            segment=seg,
+            files=files,
+            error=error,
+            node=ray.get_runtime_context().get_node_id(),
+        )
+        return pickled(out)
+
+
+@ray.remote(num_cpus=1, max_retries=TASK_RETRIES)
+def _count_part(part: ray_parts.Part) -> bytes:
+    return pickled(ray_parts.count_part(part))
+
+
+class ClusterTokenizing:
+    """The ``remote`` of ``ingest.tokenize_to_store``: parts tokenized by actors, results in input order."""
+
+    def __init__(
+        self, session: RaySession, config: PackConfig, sources: list[InputSource], formats: dict[str, str | None],
+        encoder: Encoder, store_path: Path,
+    ) -> None:  # fmt: skip
+        self.session = session
+        self.config, self.sources, self.formats, self.encoder = config, sources, formats, encoder
+        self.segment_root: str | None = None  # None: the segments are written into the store's directory
+        if is_uri(config.output) and not config.dry_run:
+            # The output's file system holds the tokens too: no node needs to see the driver's disk.
+            name = store_path.name if config.cache else f"tokens-{owner_tag()}-{uuid.uuid4().hex[:8]}"
+            self.segment_root = f"{config.output.rstrip('/')}/.packcli-tokens/{name}"
+        self.actors: list[Any] = []
+        self.pending: dict[Any, tuple[int, int]] = {}  # parts submitted, not yet fetched
+        self.running: Any = None
+        self.began = time.perf_counter()
+        # Seconds until every actor had loaded its tokenizer (start-up), parts, actors, and the Ray nodes
+        # the parts ran on (``RayEngine.last_run``).
+        self.figures: dict[str, Any] = {}
+        self.warm: list[Any] = []  # the actors, once every part is in: they write the shards next
+
+    def settings(self, root: str) -> TokenizerSettings:
+        config = self.config
+        return TokenizerSettings(
+            root=root,
+            tokenizer=_absolute_if_local(config.tokenizer),
+            chat_template=_absolute_if_local(config.chat_template),
+            options=ingest.encode_options(config),
+            fields=dict(config.fields),
+            split=ingest.split_rule(config),
+            fix_turns=config.fix_turns,
+            identity=self.encoder.identity(),
+            batch_size=ingest.BATCH_SIZE,
+            long_text_bytes=ingest.long_text_bytes(config, self.encoder),
+        )
+
+    def parts(self) -> list[ray_parts.Part]:
+        parts = ray_parts.make_parts(self.sources, self.formats, ray_parts.part_bytes(self.sources, cluster_cpus()))
+        if self.config.limit is None:
+            return parts
+        # --limit N: the first N records over all sources. A first pass counts each part's records, so
+        # that each part knows how many it reads; the parts after the N-th record are not read at all.
+        counts = [self.session.fetch(ref) for ref in [_count_part.remote(p) for p in parts]]
+        limited, left = [], self.config.limit
+        for part, count in zip(parts, counts, strict=True):
+            if left <= 0:
+                break
+            limited.append(dataclasses.replace(part, max_records=left))
+            left -= count
+        return limited
+
+    def results(self, directory: Path | None) -> Iterator[TokenizedBatch]:
+        self.running = self._results(directory)
+        return self.running
+
+    def close(self) -> None:
+        """Stop now, however the run ended: the pending parts are cancelled and the actors stopped."""
+        if self.running is not None:
+            self.running.close()
+        self.stop()
+
+    def _results(self, directory: Path | None) -> Iterator[TokenizedBatch]:
+        root = self.segment_root or str(Path(directory).resolve())  # type: ignore[arg-type]
+        parts = self.parts()
+        n_actors = max(1, min(cluster_cpus(), len(parts)))
+        actor = ray.remote(num_cpus=1, max_restarts=ACTOR_RESTARTS, max_task_retries=TASK_RETRIES)(Tokenizer)
+        settings = self.settings(root)
+        self.actors = [actor.remote(settings) for _ in range(n_actors)]
+        # Start-up ends when every actor has loaded its tokenizer: the cluster's fixed cost, apart.
+        for ref in [a.ready.remote() for a in self.actors]:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                raise worker_error(exc) from exc
+        ready_at = time.perf_counter()
+        self.figures.update(startup_seconds=ready_at - self.began, ready_at=ready_at, parts=len(parts), actors=n_actors)
+        nodes: set[str] = set()
+        self.figures["nodes"] = nodes
+        window = 2 * n_actors  # parts in flight (or done, waiting for the parts before them)
+        pending: dict[Any, tuple[int, int]] = self.pending
+        done: dict[int, dict[str, Any]] = {}
+        load = [0] * n_actors
+        submitted = 0
+        index = 0  # records of the parts before (sample_index of the next part's first record)
+        unit_base = 0  # lines or records of this source's parts before
+        source_records = 0
+        try:
+            for k, part in enumerate(parts):
+                while submitted < len(parts) and submitted < k + window:
+                    a = load.index(min(load))
+                    pending[self.actors[a].run.remote(parts[submitted])] = (submitted, a)
+                    load[a] += 1
+                    submitted += 1
+                while k not in done:
+                    raise_if_stopped()
+                    ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.2)
+                    for ref in ready:
+                        i, a = pending.pop(ref)
+                        load[a] -= 1
+                        done[i] = self.session.fetch(ref)
+                out = done.pop(k)
+                nodes.add(out.pop("node"))
+                if out["n_records"]:
+                    yield self._numbered(part, out, index, unit_base)
+                index += out["n_records"]
+                source_records += out["n_records"]
+                unit_base += out["units"]
+                if out["error"] is not None:
+                    raise out["error"]
+                if part.last_of_source:
+                    if part.kind != "whole" and source_records == 0 and part.max_records != 0:
+                        raise ray_parts.empty_source_error(part.source)
+                    unit_base = source_records = 0
+            # Every part is in: the actors, warm (imports done), write the shards next (write_output).
+            self.warm, self.actors = self.actors, []
+        finally:
+            self.stop()  # parts still pending die with their actors
+
+    def _numbered(self, part: ray_parts.Part, out: dict[str, Any], index: int, unit_base: int) -> TokenizedBatch:
+        arrays = out["arrays"]
+        for entry in (*out["rejects"], *out["turn_fixes"]):
+            entry["sample_index"] += index
+            entry["position"] += unit_base
+        return TokenizedBatch(
+            source=part.source.display,
+            unit=out["unit"],
+            first_index=index,
+            n_records=out["n_records"],
+            ids=np.zeros(0, np.int32),  # the tokens are in the segment, on the cluster
+            labels=np.zeros(0, np.int32),
+            sample_index=arrays["index"].astype(np.int64) + index,
+            lengths=arrays["lengths"],
+            trainable=arrays["trainable"],
+            first_trained=arrays["first"],
+            positions=arrays["pos"] + np.int32(unit_base),
+            piece_index=arrays["piece"],
+            roles=arrays["role"],
+            rejects=out["rejects"],
+            records_split=out["records_split"],
+            pieces_made=out["pieces_made"],
+            pieces_left_out=out["pieces_left_out"],
+            turns_fixed=out["turns_fixed"],
+            turn_fixes=out["turn_fixes"],
+            empty_answers=out["empty_answers"],
+            tokens_left_out=out["tokens_left_out"],
+            seconds=out["seconds"],
+            segment=out["segment"],
+            segment_files=out["files"],
+        )
+
+    def stop(self) -> None:
+        """Stop the actors (they give their CPUs back, to the next run or to other jobs).
+
+        Parts still queued are cancelled and the running ones (a part takes seconds) are let finish
+        first, for at most STOP_WAIT seconds: an actor killed with calls in flight has Ray's driver print
+        on standard output that it will retry them.
+        """
+        if self.pending and self.actors:
+            refs = list(self.pending)
+            for ref in refs:
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref)
+            with contextlib.suppress(Exception):
+                ray.wait(refs, num_returns=len(refs), timeout=STOP_WAIT)
+        self.pending.clear()
+        kill(self.actors)
+        self.actors = []
+
+    def discard(self) -> None:
+        """Remove segments written under the output URI (a failed run, or a store that is not kept)."""
+        if self.segment_root is not None:
+            remove_uri_dir(self.segment_root)
+
+
+def remove_uri_dir(uri: str) -> None:
+    """Remove a directory at a filesystem URI and all below it; nothing when it cannot be removed."""
+    from pyarrow import fs as pafs
+
+    with contextlib.suppress(OSError, ValueError):
+        filesystem, where = pafs.FileSystem.from_uri(uri)
+        filesystem.delete_dir(where)
+
+
+def _absolute_if_local(path: str | None) -> str | None:
+    """Tokenizer directories and template files as absolute paths: actors may run in another directory."""
+    if path is not None and os.path.exists(os.path.expanduser(path)):
+        return os.path.abspath(os.path.expanduser(path))
+    return path

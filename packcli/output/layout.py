@@ -1,0 +1,44 @@
+"""How the packed rows are laid out and written: the options of the row builder and the shard writers.
+
+A run builds one ``RowLayout`` once the token store is there (the pad id is the tokenizer's, the task
+the inputs'), and passes it to the writers, locally or in every Ray task, instead of the whole config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from packcli.contract import shard_schema
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """The options that decide a shard's rows and files: lengths, padding, optional columns, format."""
+
+    max_len: int
+    pad_id: int = 0
+    pad_to_max: bool = False  # every row padded to max_len with one padding segment
+    pad_multiple: int = 1  # every sample padded to a multiple of this (packing.pad_lengths)
+    pad_offset: int = 0  # 1 for Megatron's layout (a sample of n tokens runs as n - 1)
+    loss_weighting: str = "token"  # token: no loss_weights column; sample or sqrt: 1/n or 1/sqrt(n)
+    sample_roles: bool = False  # preference or KTO data: a sample_role column
+    output_format: str = "parquet"
+    rows_per_shard: int = 2048
+    output: str = ""  # the output as the user named it, for error messages
+
+    @property
+    def pad_to(self) -> int | None:
+        """The length every row is padded to (``--pad-to-max``), or None."""
+        return self.max_len if self.pad_to_max else None
+
+    def schema(self) -> Any:
+        """The columns the rows have: SHARD_SCHEMA and the optional columns this layout asks for."""
+        optional = []
+        if self.pad_multiple > 1:
+            optional.append("seq_lengths_unpadded")
+        if self.loss_weighting != "token":
+            optional.append("loss_weights")
+        if self.sample_roles:
+            optional.append("sample_role")
+        return shard_schema(optional)

@@ -1,0 +1,330 @@
+"""The tokenize step of a run: the inputs tokenized into a token store, found in the cache or made now.
+
+The run (``packcli.run.pipeline``) and ``packcli stats`` call ``tokenized_inputs``; it sniffs the
+inputs' record formats, keys the cache by the inputs' contents and the tokenization options, and has
+the run's engine tokenize on a miss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packcli import __version__, owned
+from packcli.config import PackConfig
+from packcli.contract import Progress, no_progress
+from packcli.engines import DigestChecker, Engine, load_engine
+from packcli.errors import InputError, RecordError, raise_if_stopped
+from packcli.io.readers import count_records, hub_reachable, read_batches
+from packcli.io.sources import (
+    InputSource,
+    changed_input,
+    fingerprint,
+    resolve_inputs,
+    stamps,
+)
+from packcli.records import preference
+from packcli.records.formats import accepted_fields, detect_format
+from packcli.store.cachedir import EntryLock, touch
+from packcli.store.tokens import (
+    DamagedStore,
+    TokenStore,
+    cache_key,
+    default_cache_dir,
+    find_store,
+)
+from packcli.tokenize import ingest, worker
+from packcli.tokenize.encoder import Encoder
+from packcli.tokenize.templates import builtin_name, read_chat_template
+from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER, tokenizer_fingerprint
+
+# Bumped whenever the same inputs and options would give other tokens, labels or store meta, so the cache
+# misses. 5: messages' own "train"/"weight" marks are read (and removed before rendering); 6: the tokens of
+# pieces left out by --overflow split are in the store meta.
+ENCODING_RULES = 6
+
+
+# -- stage 1: tokenize into the token store ---------------------------------------------------------
+
+
+def _sniff_format(
+    source: InputSource, fields: dict[str, str], seen: list[str] | None = None
+) -> tuple[str | None, str | None]:
+    """Return the record format of a source, from the fields of its first readable records.
+
+    When none of them could be parsed at all, also return why the first one could not (where and
+    what), since that, not the format, is the problem to report. ``seen`` receives the fields of the
+    records read (or what a record is, when it is no object), for the error that names them.
+    """
+    first_error = None
+    parsed = False
+    seen = [] if seen is None else seen
+    for batch in read_batches([source], batch_size=50):
+        errors = {pos: detail for pos, _, detail in batch.errors}
+        for item, pos in zip(batch.items, batch.positions, strict=True):
+            try:
+                if pos in errors:
+                    raise RecordError("", errors[pos])
+                record = worker.parse_line(item) if batch.raw_lines else item
+            except RecordError as err:
+                unit = "line" if batch.raw_lines else "record"
+                first_error = first_error or f"{worker.where(source.display, unit, pos)}: {err.detail}"
+                continue
+            parsed = True
+            for name in record if isinstance(record, dict) else [f"a {type(record).__name__}, not an object"]:
+                if str(name) not in seen:
+                    seen.append(str(name))
+            fmt = detect_format(record, fields)
+            if fmt is not None:
+                return fmt, None
+        break
+    return None, None if parsed else first_error
+
+
+@dataclass
+class TokenizedInputs:
+    """The inputs, tokenized: the token store and what the manifest says about how it was made."""
+
+    store: TokenStore
+    cache: str  # hit | miss | off | rebuilt (the entry found was damaged)
+    sources: list[InputSource]
+    fingerprints: list[str]
+    formats: dict[str, str | None]
+    tokenizer: dict[str, Any]  # the tokenizer's identity
+    pad_id: int
+    warnings: list[str] = field(default_factory=list)
+    task: str = "sft"  # sft, preference or kto (packcli.records.preference.resolve_task)
+    key: str | None = None  # the cache entry's key (None with the cache off)
+
+
+@contextlib.contextmanager
+def tokenized_inputs(
+    config: PackConfig,
+    progress: Progress | None = None,
+    scratch: Path | None = None,
+    rule_out_long: bool = False,
+    fill_cache: bool = True,
+    engine: Engine | None = None,
+    sources: list[InputSource] | None = None,
+) -> Iterator[TokenizedInputs]:
+    """Yield the inputs of ``config`` tokenized into a token store: from the cache, or made now.
+
+    With the cache on, the store is the cache entry (found, or made and kept); with it off, it is made
+    under ``scratch`` (a temporary directory when None) and removed afterwards. A cache hit loads no
+    tokenizer: the key hashes the tokenizer's files and the template when they are local.
+
+    ``rule_out_long`` (pack with --overflow drop or error, local engine) drops records that certainly
+    exceed --max-len before tokenizing them (see packcli.tokenize.bounds).
+
+    ``fill_cache`` False (a dry run) uses an entry found but writes nothing into the cache: a store
+    made now is scratch, and the inputs' hashes are not remembered.
+
+    The key is of contents, never of paths: the inputs' content hashes in order, with the reader and
+    record format each was read with, and the tokenization options. An input that changes while it is
+    read (its stamp or its hash differ from those taken before) stops the run, and nothing is stored.
+    While the store is in use, the entry's lock is held (``packcli.store.cachedir``), so no prune removes it.
+
+    ``engine`` is the run's (made here from ``config`` when None, and closed at the end); ``sources``
+    the run's inputs, resolved once (resolved here from ``config`` when None).
+    """
+    progress = progress or no_progress
+    with contextlib.ExitStack() as own:
+        if engine is None:
+            engine = load_engine(config)
+            own.callback(engine.close)
+        with _tokenized(config, progress, scratch, rule_out_long, fill_cache, engine, sources) as inputs:
+            yield inputs
+
+
+@contextlib.contextmanager
+def _tokenized(
+    config: PackConfig,
+    progress: Progress,
+    scratch: Path | None,
+    rule_out_long: bool,
+    fill_cache: bool,
+    engine: Engine,
+    given: list[InputSource] | None,
+) -> Iterator[TokenizedInputs]:
+    if config.chat_template is not None and builtin_name(config.chat_template) is None:
+        read_chat_template(config.chat_template)  # an empty or unreadable template: before any input is read
+    sources = given if given is not None else resolve_inputs(list(config.inputs), config.split)
+    before = stamps(sources)  # before the format is sniffed and the contents hashed
+    formats: dict[str, str | None] = {}
+    for source in sources:
+        seen: list[str] = []
+        fmt: str | None
+        if config.format != "auto":
+            fmt, unparsed = config.format, None
+        else:
+            fmt, unparsed = _sniff_format(source, config.fields, seen)
+        if fmt is None and unparsed is not None and config.on_error == "fail":
+            raise InputError(f"{unparsed}; fix the record, or pass --on-error skip to skip bad records")
+        if fmt is None and config.on_error == "fail":
+            shown = ", ".join(seen[:12]) + (f" and {len(seen) - 12} more" if len(seen) > 12 else "")
+            raise InputError(
+                f"{source.display}: cannot tell the record format from the fields of its first records "
+                f"({shown or 'none'}); a record needs {accepted_fields(config.fields)}; "
+                "pass --format, or --field to name the fields"
+            )
+        formats[source.display] = fmt
+    task, formats = preference.resolve_task(
+        config.task, formats, config.overflow, config.output_format, config.truncate_side
+    )
+    cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
+    memo = cache_root / owned.HASH_MEMO if config.cache else None
+    remember = fill_cache
+    encoder = None
+    # Reading the inputs through (hashing them, counting records for the progress bar) and loading the
+    # tokenizer each keep one core busy: where both are needed, they run side by side. The thread is
+    # joined before any worker process is forked.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-inputs") as ahead:
+        # An engine may hash the input files elsewhere (the Ray engine: in tasks, not on the driver; nor
+        # does it count records there).
+        known = engine.hash_files(sources, memo)
+        if known is not None:
+            fingerprints = [fingerprint(s, memo, known, remember) for s in sources]
+        elif config.cache:
+            fingerprints = [fingerprint(s, memo, None, remember) for s in sources]  # the key needs them first
+        else:
+            hashing = ahead.submit(lambda: [fingerprint(s, None) for s in sources])
+        tokenizer_key = tokenizer_fingerprint(config.tokenizer, config.chat_template)
+        store_needed = not config.cache or tokenizer_key is None
+        if store_needed:
+            counting = ahead.submit(lambda: [count_records(s) for s in sources]) if known is None else None
+            encoder = Encoder(config.tokenizer, config.chat_template, ingest.encode_options(config))
+            if counting is not None:
+                counting.result()
+        if not config.cache and known is None:
+            fingerprints = hashing.result()
+    raise_if_stopped()
+    if tokenizer_key is None:
+        assert encoder is not None
+        tokenizer_key = encoder.identity()["sha256"] + encoder.identity()["chat_template_sha256"]
+    key = cache_key(
+        {
+            # Each input by its content, in order (sample_index follows it), with the reader its file type
+            # chose and the record format found: never its path, so that any spelling of a path, a copy,
+            # stdin or a preset run from elsewhere finds the same entry.
+            "inputs": [
+                [s.kind, s.compression, formats[s.display], f] for s, f in zip(sources, fingerprints, strict=True)
+            ],
+            "fields": config.fields,
+            # --limit N reads the first N records only (absent without it: earlier keys stay valid).
+            **({"limit": config.limit} if config.limit is not None else {}),
+            "tokenizer": tokenizer_key,  # the files of the tokenizer and template, hashed
+            # A template file, or none given (the tokenizer's own, else the default): never the same key.
+            "template": "file" if config.chat_template is not None else "none given",
+            # The rest of the tokenization options: they decide tokens and labels; no other option does.
+            "tokenization": {
+                k: v for k, v in config.group("tokenization").items() if k not in ("tokenizer", "chat_template")
+            },
+            # Split records are cut by the tokenizer's workers, so how they are cut is in the key too.
+            "split": ingest.split_rule(config).__dict__ if config.overflow == "split" else None,
+            "encoding_rules": ENCODING_RULES,
+            "version": __version__,
+        }
+    )
+    rule_out_long = rule_out_long and config.engine == "local" and config.overflow in ("drop", "error")
+    limit = config.max_len if rule_out_long else None
+    check = engine.digest_checker()  # who hashes a found entry's token files (None: the store, here)
+    entry = cache_root / key
+    with contextlib.ExitStack() as stack:
+        if config.cache and (fill_cache or entry.exists()):
+            lock = EntryLock(cache_root, key)
+            if lock.acquire():  # held while the entry is in use: no prune removes it
+                stack.callback(lock.release)
+        store, state, warnings = _cached_store(entry, limit, check) if config.cache else (None, "off", [])
+        if store is None and any(s.kind == "hub" for s in sources) and not hub_reachable():
+            warnings.extend(
+                f"{s.display}: the Hugging Face Hub cannot be reached; read from the local Hugging Face cache"
+                for s in sources
+                if s.kind == "hub"
+            )
+        if store is not None:
+            if fill_cache:
+                touch(entry)  # its last use, for pruning by age
+            _as_this_run(store, sources, config)
+        else:
+            if encoder is None:
+                encoder = Encoder(config.tokenizer, config.chat_template, ingest.encode_options(config))
+            if config.cache and fill_cache:
+                store_path = entry
+            else:
+                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=".packcli-tokens-", dir=scratch))
+                store_path = Path(tmp) / "tokens"
+            raise_if_stopped()
+
+            def unchanged() -> None:
+                known = engine.rehash_files(sources)  # the Ray engine: hashed by tasks, as before
+                moved = changed_input(sources, before, fingerprints, known)
+                if moved is not None:
+                    raise InputError(
+                        f"{moved}: the input changed while it was read (its size, time stamps or contents differ "
+                        "from before the run); nothing was cached or written; run again once it is no longer "
+                        "being written"
+                    )
+
+            if rule_out_long:
+                store = engine.tokenize_to_store(
+                    config, sources, formats, encoder, store_path, progress, rule_out_long=True, before_finish=unchanged
+                )
+            else:
+                store = engine.tokenize_to_store(
+                    config, sources, formats, encoder, store_path, progress, before_finish=unchanged
+                )
+            if not (config.cache and fill_cache):
+                stack.callback(engine.discard_store, store)  # a scratch store's tokens kept elsewhere
+        yield TokenizedInputs(
+            store=store,
+            cache=state,
+            sources=sources,
+            fingerprints=fingerprints,
+            formats=formats,
+            tokenizer=store.meta["tokenizer"],
+            pad_id=store.meta["pad_id"],
+            warnings=warnings,
+            task=task,
+            key=key if config.cache else None,
+        )
+
+
+def _as_this_run(store: TokenStore, sources: list[InputSource], config: PackConfig) -> None:
+    """A found entry, made by a run whose inputs, tokenizer or template may have had other paths: its
+    metadata (in memory) names this run's, which the manifest, the rejects file and errors show."""
+    original = [s["path"] for s in store.meta["sources"]]
+    store.meta["sources"] = [{**m, "path": s.display} for m, s in zip(store.meta["sources"], sources, strict=True)]
+    store.meta["original_paths"] = original
+    tokenizer = dict(store.meta["tokenizer"])
+    tokenizer["name"] = config.tokenizer or DEFAULT_TOKENIZER
+    if config.chat_template is not None:  # the key holds the template's text, not its path
+        builtin = builtin_name(config.chat_template)
+        tokenizer["chat_template"] = builtin if builtin is not None else str(config.chat_template)
+        tokenizer["chat_template_source"] = "packcli" if builtin is not None else "file"
+    store.meta["tokenizer"] = tokenizer
+
+
+def _cached_store(
+    path: Path, rule_out_max_len: int | None, check_digests: DigestChecker | None = None
+) -> tuple[TokenStore | None, str, list[str]]:
+    """Return the checked cache entry at ``path`` (or None), the cache state, and warnings.
+
+    A damaged entry is never used: it is reported in one warning and made again (state "rebuilt").
+    An entry that left out long records untokenized serves only runs that would drop them too: a run
+    that truncates, or allows longer samples, makes the entry again (a miss).
+    """
+    try:
+        store = find_store(path, check_digests)
+    except DamagedStore as exc:
+        return None, "rebuilt", [f"the cache entry is damaged ({exc}); it is rebuilt"]
+    # The byte limit is max_len * L, and L is the same (the tokenizer is in the key): comparing max
+    # lengths compares limits.
+    ruled_out = store.meta.get("ruled_out_max_len") if store is not None else None
+    if ruled_out is not None and (rule_out_max_len is None or rule_out_max_len > ruled_out):
+        return None, "miss", []
+    return store, ("miss" if store is None else "hit"), []
