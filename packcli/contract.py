@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -61,6 +62,16 @@ def vocab_sha256(vocab: Mapping[str, int]) -> str:
     for token, i in vocab.items():
         table[i] = token
     return hashlib.sha256(json.dumps(table, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def file_sha256(path: str | Path) -> str:
+    """Return the sha256 of a file (a shard's in the manifest, a token store file's in its meta.json), read
+    in 1 MiB chunks so that memory does not grow with the file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def shard_schema(optional: tuple[str, ...] | list[str] = ()) -> pa.Schema:

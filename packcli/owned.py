@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packcli.contract import MANIFEST
 from packcli.errors import OutputError
 
-MANIFEST = "manifest.json"
 LOCK_IN_OUTPUT = ".packcli.lock"
 IN_PLACE_PREFIX = ".packcli-partial-"
 # In a mount point's output, while its contents are replaced in place: what to remove, what to move in.
@@ -308,7 +308,7 @@ def is_packcli_dir(path: Path) -> bool:
     )
 
 
-HASH_MEMO = "input-hashes.json"  # beside the entries: the inputs' hashes by file stamp (io.sources.fingerprint)
+HASH_MEMO = "input-hashes.json"  # beside the entries: the inputs' hashes by file stamp (io.fingerprint.fingerprint)
 
 
 def is_cache_dir(path: Path) -> bool:

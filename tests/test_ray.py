@@ -23,9 +23,9 @@ from typer.testing import CliRunner
 import packcli
 from packcli.cli import app
 from packcli.config import PackConfig
+from packcli.contract import file_sha256
 from packcli.errors import OutputError, UsageError
 from packcli.output import write
-from packcli.output.rows import file_sha256
 from packcli.plan import planner as plan_stage
 from packcli.store.tokens import load_store
 from packcli.tokenize import ingest
@@ -108,7 +108,7 @@ def assert_same_shards(a: Path, b: Path) -> list[str]:
 
 def test_ray_engine_writes_what_the_local_engine_writes(cluster: Any, corpus: Path, tmp_path: Path) -> None:
     from packcli.engines import ray_engine
-    from packcli.io import readers, sources
+    from packcli.io import fingerprint, readers
 
     outputs, stores = {}, {}
     # The same output and rejects paths for both engines (they are options in the manifest), moved aside.
@@ -119,7 +119,11 @@ def test_ray_engine_writes_what_the_local_engine_writes(cluster: Any, corpus: Pa
         ray_engine.RECEIVED.update(bytes=0, objects=0)
         with pytest.MonkeyPatch.context() as patch:
             if engine == "ray":  # the driver neither hashes nor counts the inputs: tasks do, where they are
-                for module, name in ((sources, "file_blake2b"), (readers, "count_records"), (ingest, "count_records")):
+                for module, name in (
+                    (fingerprint, "file_blake2b"),
+                    (readers, "count_records"),
+                    (ingest, "count_records"),
+                ):
                     patch.setattr(module, name, lambda *a: pytest.fail("the driver read a whole input"))
             summary = json.loads(run_pack(corpus, "-o", out, *flags, "--engine", engine, cache=cache).stdout)
         assert summary["cache"] == "miss"

@@ -6,7 +6,6 @@ so only one shard's worth of tokens is in memory at a time.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable
@@ -16,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packcli.contract import IGNORE_INDEX, MANIFEST, SHARD_SCHEMA, shard_schema
+from packcli.contract import IGNORE_INDEX, MANIFEST, SHARD_SCHEMA, file_sha256, shard_schema
 from packcli.errors import OutputError
 from packcli.output.formats import FORMATS, shard_format
 from packcli.owned import REPLACE_JOURNAL, interrupted_replace_message
@@ -257,14 +256,6 @@ def write_shard(
     finally:
         writer.close()
     return {"file": path.name, "rows": rows, "tokens": tokens, "max_token_id": max_id, "sha256": file_sha256(path)}
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any], output: Path | None = None) -> None:

@@ -19,18 +19,10 @@ from packcli.config import PackConfig
 from packcli.contract import Progress, no_progress
 from packcli.engines import load_engine
 from packcli.errors import InputError, OutputError, RecordError, UsageError, raise_if_stopped
+from packcli.io.fingerprint import changed_input, files_to_hash, fingerprint, stamps
 from packcli.io.readers import count_records, hub_reachable, read_batches
-from packcli.io.sources import (
-    STDIN,
-    InputSource,
-    changed_input,
-    files_to_hash,
-    fingerprint,
-    forget_streams,
-    is_uri,
-    resolve_inputs,
-    stamps,
-)
+from packcli.io.sources import STDIN, InputSource, forget_streams, resolve_inputs
+from packcli.io.uri import is_uri
 from packcli.output import guard, staging
 from packcli.output.formats import shard_format
 from packcli.output.rows import (
@@ -43,13 +35,9 @@ from packcli.records import preference
 from packcli.records.formats import accepted_fields, detect_format
 from packcli.run import accounting
 from packcli.store.cachedir import EntryLock, parse_size, prune, touch
-from packcli.store.tokens import (
-    DamagedStore,
-    TokenStore,
-    cache_key,
-    default_cache_dir,
-    find_store,
-)
+from packcli.store.integrity import DamagedStore
+from packcli.store.key import cache_key, default_cache_dir
+from packcli.store.tokens import TokenStore, find_store
 from packcli.tokenize import ingest, worker
 from packcli.tokenize.encoder import DEFAULT_TOKENIZER, Encoder, builtin_name, read_chat_template, tokenizer_fingerprint
 
@@ -331,7 +319,7 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
     engine = load_engine(config)
     # A filesystem URI (s3://, gs://, file://) has no rename: shards are written in place and the
     # manifest last, as the marker that the output is complete. Only the Ray engine writes there.
-    to_uri = "://" in config.output
+    to_uri = is_uri(config.output)
     if to_uri and config.engine != "ray":
         raise UsageError(f"-o {config.output}: a filesystem URI output needs --engine ray; or pass a local path")
     if to_uri and shard_format(config.output_format).index_files:

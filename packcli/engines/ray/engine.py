@@ -48,7 +48,7 @@ import ray
 
 import packcli.engines.ray.parts as ray_parts
 from packcli.config import PackConfig
-from packcli.contract import Progress
+from packcli.contract import Progress, file_sha256
 from packcli.engines.ray.session import (
     RayEngineError,
     cluster_cpus,
@@ -56,13 +56,15 @@ from packcli.engines.ray.session import (
     shutdown_if_started_here,
 )
 from packcli.errors import OutputError, PackcliError, raise_if_stopped
-from packcli.io.sources import InputSource, file_blake2b
-from packcli.io.uri import check_uri_output, is_uri, make_dirs, write_manifest_uri
+from packcli.io.fingerprint import file_blake2b
+from packcli.io.sources import InputSource
+from packcli.io.uri import check_uri_output, is_uri, join, make_dirs, write_manifest_uri
 from packcli.output import write
 from packcli.output.rows import shard_name, write_shard
 from packcli.owned import owner_tag
 from packcli.plan.planner import Plan
-from packcli.store.tokens import DamagedStore, Digest, TokenStore, file_digest, join, segment_files
+from packcli.store.integrity import DamagedStore, Digest, segment_files
+from packcli.store.tokens import TokenStore
 from packcli.tokenize import ingest, worker
 from packcli.tokenize.encoder import Encoder
 
@@ -315,7 +317,7 @@ def _hash_input(path: str) -> bytes:
 
 @ray.remote(num_cpus=1, max_retries=TASK_RETRIES)
 def _hash_token_file(path: str) -> bytes:
-    return _pickled(file_digest(Path(path)))
+    return _pickled(file_sha256(Path(path)))
 
 
 def hash_files(config: PackConfig, files: list[str], cpus: float = 1) -> dict[str, str]:

@@ -22,7 +22,8 @@ from typing import Any
 
 from packcli.errors import InputError
 from packcli.io import readers
-from packcli.io.sources import InputSource, RawBatch, input_size, is_uri, open_uri
+from packcli.io.sources import InputSource, RawBatch
+from packcli.io.uri import input_size, is_uri, open_uri
 
 # Bytes of JSON lines (or Parquet) per part at most: a part is the unit of work of one tokenizer call,
 # and one token segment. Smaller inputs are cut into about PARTS_PER_CPU parts per CPU of the cluster,
@@ -111,7 +112,7 @@ def read_part(part: Part, batch_size: int, units: Units) -> Iterator[RawBatch]:
     elif part.kind == "row_groups":
         batches = _read_row_groups(part, batch_size, units)
     else:
-        batches = readers._read_source(part.source, batch_size)
+        batches = readers.read_source(part.source, batch_size)
     yield from readers.number_batches(batches, 0, part.max_records)
 
 
