@@ -37,8 +37,9 @@ OPTIONAL_COLUMNS = pa.schema(
     ]
 )
 # sample_role values: what each sample of a preference or KTO output is (written with --task preference
-# or kto, and 0 on a --pad-to-max padding segment).
-SAMPLE_ROLES = {0: "sft", 1: "chosen", 2: "rejected", 3: "desirable", 4: "undesirable"}
+# or kto, and 0 on a --pad-to-max padding segment). The one definition of these numbers.
+SFT, CHOSEN, REJECTED, DESIRABLE, UNDESIRABLE = 0, 1, 2, 3, 4
+SAMPLE_ROLES = {SFT: "sft", CHOSEN: "chosen", REJECTED: "rejected", DESIRABLE: "desirable", UNDESIRABLE: "undesirable"}
 
 
 # What manifest.json says for a trainer to check before the first step (packcli.train.checks.check_compatible):

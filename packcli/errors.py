@@ -74,6 +74,11 @@ def first_line(exc: BaseException, limit: int | None = 200) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]
 
 
+def where(source: str, unit: str, position: int) -> str:
+    """Return the words that name a record in an error message: its source, ``line`` or ``record``, and its number."""
+    return f"{source} {unit} {position}"
+
+
 def request_stop() -> None:
     """Ask the running pack to stop at its next safe point (called from a signal handler)."""
     _STOP.set()

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from packcli.config import option_problem
-from packcli.contract import IGNORE_INDEX, MANIFEST
+from packcli.contract import CHOSEN, IGNORE_INDEX, MANIFEST
 from packcli.errors import OutputError, UsageError, first_line
 from packcli.output.formats import shard_batches
 from packcli.output.rows import read_checked_manifest
@@ -268,9 +268,6 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     if pairs is not None:
         out["preference"] = pairs
     return out
-
-
-CHOSEN = 1  # sample_role values (packcli.contract.SAMPLE_ROLES)
 
 
 def _pair_stats(

@@ -16,9 +16,9 @@ from typing import Any, TextIO
 
 from packcli import __version__, owned
 from packcli.config import PackConfig
-from packcli.contract import Progress, no_progress
+from packcli.contract import SAMPLE_ROLES, Progress, no_progress
 from packcli.engines import load_engine
-from packcli.errors import InputError, OutputError, RecordError, UsageError, raise_if_stopped
+from packcli.errors import InputError, OutputError, RecordError, UsageError, raise_if_stopped, where
 from packcli.io.fingerprint import changed_input, files_to_hash, fingerprint, stamps
 from packcli.io.readers import count_records, hub_reachable, read_batches
 from packcli.io.sources import STDIN, InputSource, forget_streams, resolve_inputs
@@ -29,7 +29,6 @@ from packcli.output.rows import (
     write_manifest,
 )
 from packcli.output.write import output_schema
-from packcli.plan import planner as plan_module
 from packcli.plan.planner import Plan, make_plan
 from packcli.records import preference
 from packcli.records.formats import accepted_fields, detect_format
@@ -71,7 +70,7 @@ def _sniff_format(
                 record = worker.parse_line(item) if batch.raw_lines else item
             except RecordError as err:
                 unit = "line" if batch.raw_lines else "record"
-                first_error = first_error or f"{worker.where(source.display, unit, pos)}: {err.detail}"
+                first_error = first_error or f"{where(source.display, unit, pos)}: {err.detail}"
                 continue
             parsed = True
             for name in record if isinstance(record, dict) else [f"a {type(record).__name__}, not an object"]:
@@ -454,7 +453,7 @@ def _manifest(
 ) -> dict[str, Any]:
     task: dict[str, Any] = {"task": config.task}
     if config.task != "sft":
-        task["sample_roles"] = {str(k): v for k, v in preference.ROLES.items()}
+        task["sample_roles"] = {str(k): v for k, v in SAMPLE_ROLES.items()}
     return {
         "packcli_version": __version__,
         **task,
@@ -532,7 +531,7 @@ def _write_rejects(
         _copy_store_lines(store, store.path / "rejects.jsonl", out)
         raws = _records_at(sources, [p[0] for p in planned], limit)
         for index, reason, r in planned:
-            source, _ = plan_module.source_of(store, index)
+            source, _ = store.source_of(index)
             err = RecordError(reason, f"{int(store.lengths[r])} tokens")
             raw, raw_lines = raws[index]
             position, piece = int(store.positions[r]), int(store.piece_index[r])
@@ -576,7 +575,7 @@ def _copy_store_lines(store: TokenStore, lines: Path, out: TextIO) -> None:
 def _this_runs_source(line: str, store: TokenStore) -> str:
     """A rejects or fix-log line of a found cache entry, naming the input as this run names it."""
     entry = json.loads(line)
-    entry["source"], _ = plan_module.source_of(store, int(entry["sample_index"]))
+    entry["source"], _ = store.source_of(int(entry["sample_index"]))
     text = json.dumps(entry, ensure_ascii=False)
     try:
         text.encode("utf-8")

@@ -63,7 +63,7 @@ class TokenStore:
     first_trained: np.ndarray  # int32: position of the first token with a label
     positions: np.ndarray  # int32: line or record number in its source
     meta: dict[str, Any]
-    # int8 per sample: its sample_role (packcli.records.preference.ROLES); all 0 (SFT) for a store without one.
+    # int8 per sample: its sample_role (packcli.contract.SAMPLE_ROLES); all 0 (SFT) for a store without one.
     sample_role: np.ndarray | None = None
     # Seconds by stage of the run that made the store (read, decode, tokenize, store, cpu, wall); empty
     # for a store found in the cache. Not saved.
@@ -84,6 +84,12 @@ class TokenStore:
     def segment_root(self) -> str:
         """Where the segments' files are: the store's directory, or the URI in meta.json."""
         return self.meta.get("segment_root") or str(self.path)
+
+    def source_of(self, sample_index: int) -> tuple[str, str]:
+        """Return the path of a sample's source and the unit of its positions there (line or record)."""
+        sources = self.meta["sources"]
+        k = int(np.searchsorted(np.asarray(self.meta["source_starts"]), sample_index, side="right")) - 1
+        return sources[max(k, 0)]["path"], sources[max(k, 0)]["unit"]
 
     def open_tokens(self) -> TokenReader:
         """Open the token files for reading samples by offset."""

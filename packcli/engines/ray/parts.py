@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from packcli.errors import InputError
+from packcli.errors import InputError, first_line
 from packcli.io import readers
 from packcli.io.sources import InputSource, RawBatch
 from packcli.io.uri import input_size, is_uri, open_uri
@@ -178,7 +178,7 @@ def _read_row_groups(part: Part, batch_size: int, units: Units) -> Iterator[RawB
     except OSError as exc:
         raise InputError(f"{source.display}: cannot read ({exc.strerror or exc}); check the file") from exc
     except (pa.ArrowInvalid, pa.ArrowException) as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        message = first_line(exc, limit=None)
         raise InputError(f"{source.display}: cannot be read as {source.kind} ({message}); check the file") from exc
     units.value = record_no
 
