@@ -22,6 +22,7 @@ from typing import Any
 
 from packcli.errors import InputError, first_line
 from packcli.io import readers
+from packcli.io.readers.tabular import raw_batches
 from packcli.io.sources import InputSource, RawBatch
 from packcli.io.uri import input_size, is_uri, open_uri
 
@@ -165,16 +166,10 @@ def _read_row_groups(part: Part, batch_size: int, units: Units) -> Iterator[RawB
     import pyarrow as pa
 
     source = part.source
-    record_no = 0
     try:
         groups = list(range(part.start, part.end))
-        for record_batch in readers.parquet_file(source.path).iter_batches(batch_size=batch_size, row_groups=groups):
-            n = record_batch.num_rows
-            if n == 0:
-                continue
-            rows = record_batch.to_pylist()
-            yield RawBatch(source.display, 0, rows, list(range(record_no + 1, record_no + n + 1)))
-            record_no += n
+        record_batches = readers.parquet_file(source.path).iter_batches(batch_size=batch_size, row_groups=groups)
+        record_no = yield from raw_batches(source, record_batches)
     except OSError as exc:
         raise InputError(f"{source.display}: cannot read ({exc.strerror or exc}); check the file") from exc
     except (pa.ArrowInvalid, pa.ArrowException) as exc:

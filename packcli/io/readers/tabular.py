@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +27,23 @@ def parquet_file(path: str) -> Any:
 
 
 def read_tabular(source: InputSource, batch_size: int) -> Iterator[RawBatch]:
+    """Yield a Parquet, Arrow, CSV, saved or Hub dataset's records as dicts, in batches of ``batch_size``."""
+    record_no = yield from raw_batches(source, _arrow_batches(source, batch_size))
+    if record_no == 0:
+        raise InputError(f"{source.display}: the input holds no records; remove it from the inputs")
+
+
+def raw_batches(source: InputSource, record_batches: Iterable[Any]) -> Generator[RawBatch, None, int]:
+    """Yield Arrow record batches of a source as batches of dicts, numbered from 1; return how many records."""
     record_no = 0
-    for record_batch in _arrow_batches(source, batch_size):
+    for record_batch in record_batches:
         n = record_batch.num_rows
         if n == 0:
             continue
         rows = record_batch.to_pylist()
         yield RawBatch(source.display, 0, rows, list(range(record_no + 1, record_no + n + 1)))
         record_no += n
-    if record_no == 0:
-        raise InputError(f"{source.display}: the input holds no records; remove it from the inputs")
+    return record_no
 
 
 def _arrow_batches(source: InputSource, batch_size: int) -> Iterator[Any]:
