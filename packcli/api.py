@@ -420,7 +420,7 @@ def _memory_root(config: Any) -> Path | None:
     (the disk the user chose for packcli's data), else the system's temporary directory."""
     if not config.cache or config.dry_run:
         return None
-    from packcli.store.tokens import default_cache_dir
+    from packcli.store.key import default_cache_dir
 
     return Path(config.cache_dir) if config.cache_dir is not None else default_cache_dir()
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from packcli.errors import UsageError, too_many_digits
+from packcli.io.uri import is_uri
 from packcli.records.formats import DEFAULT_FIELDS, FORMATS, RESERVED_TEMPLATE_KWARGS
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -356,7 +357,7 @@ def _check_depth(data: Any) -> None:
 
 def _beside_preset(path: str, output: str) -> str:
     """A preset's output directory, relative to the preset's directory as its inputs are (URIs as written)."""
-    if "://" in output or Path(output).is_absolute():
+    if is_uri(output) or Path(output).is_absolute():
         return output
     return str(Path(path).parent / output)
 

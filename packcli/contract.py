@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -36,8 +37,9 @@ OPTIONAL_COLUMNS = pa.schema(
     ]
 )
 # sample_role values: what each sample of a preference or KTO output is (written with --task preference
-# or kto, and 0 on a --pad-to-max padding segment).
-SAMPLE_ROLES = {0: "sft", 1: "chosen", 2: "rejected", 3: "desirable", 4: "undesirable"}
+# or kto, and 0 on a --pad-to-max padding segment). The one definition of these numbers.
+SFT, CHOSEN, REJECTED, DESIRABLE, UNDESIRABLE = 0, 1, 2, 3, 4
+SAMPLE_ROLES = {SFT: "sft", CHOSEN: "chosen", REJECTED: "rejected", DESIRABLE: "desirable", UNDESIRABLE: "undesirable"}
 
 
 # What manifest.json says for a trainer to check before the first step (packcli.train.checks.check_compatible):
@@ -61,6 +63,16 @@ def vocab_sha256(vocab: Mapping[str, int]) -> str:
     for token, i in vocab.items():
         table[i] = token
     return hashlib.sha256(json.dumps(table, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def file_sha256(path: str | Path) -> str:
+    """Return the sha256 of a file (a shard's in the manifest, a token store file's in its meta.json), read
+    in 1 MiB chunks so that memory does not grow with the file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def shard_schema(optional: tuple[str, ...] | list[str] = ()) -> pa.Schema:

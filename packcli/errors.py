@@ -65,12 +65,18 @@ def too_many_digits() -> str:
     return f"an integer of more than {sys.get_int_max_str_digits()} digits"
 
 
-def first_line(exc: BaseException, limit: int = 200) -> str:
-    """Return the first line of an exception's message (its type name when it has none), at most ``limit`` long.
+def first_line(exc: BaseException, limit: int | None = 200) -> str:
+    """Return the first line of an exception's message (its type name when it has none), at most ``limit`` long
+    (None: the whole line).
 
     Third-party errors (transformers, Jinja, Arrow) can be many lines long; packcli's messages are one.
     """
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]
+
+
+def where(source: str, unit: str, position: int) -> str:
+    """Return the words that name a record in an error message: its source, ``line`` or ``record``, and its number."""
+    return f"{source} {unit} {position}"
 
 
 def request_stop() -> None:

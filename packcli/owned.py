@@ -296,7 +296,7 @@ def is_packcli_dir(path: Path) -> bool:
     )
 
 
-HASH_MEMO = "input-hashes.json"  # beside the entries: the inputs' hashes by file stamp (io.sources.fingerprint)
+HASH_MEMO = "input-hashes.json"  # beside the entries: the inputs' hashes by file stamp (io.fingerprint.fingerprint)
 
 
 def is_cache_dir(path: Path) -> bool:

@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 import packcli
 from packcli.cli import app
-from packcli.io.sources import fingerprint, resolve_inputs
+from packcli.io.fingerprint import fingerprint
+from packcli.io.sources import resolve_inputs
 from packcli.tokenize import ingest
 
 from .conftest import make_conversations, one_error_line, read_rows, write_jsonl
@@ -75,7 +76,7 @@ def test_an_input_rewritten_while_it_is_read_stops_the_run_and_caches_nothing(
 
 
 def test_a_change_that_keeps_the_stamp_is_found_by_the_hash(tmp_path: Path) -> None:
-    from packcli.io.sources import changed_input, stamps
+    from packcli.io.fingerprint import changed_input, stamps
 
     data = write_jsonl(tmp_path / "d.jsonl", [{"text": "aaaa"}])
     sources = resolve_inputs([str(data)])

@@ -181,10 +181,10 @@ ARRAY_AT = len(ARRAY.encode())  # the byte after the first array
 def test_json_array_with_more_than_one_array_is_one_line_not_a_loss(
     text: str, problem: str, chunk: int | None, pack: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from packcli.io import readers
+    from packcli.io.readers import jsonl
 
     if chunk:
-        monkeypatch.setattr(readers, "CHUNK", chunk)
+        monkeypatch.setattr(jsonl, "CHUNK", chunk)
     data = tmp_path / "all.json"
     data.write_text(text, encoding="utf-8")
     for policy in ("fail", "skip"):  # not a bad record: the file's records cannot all be told apart
@@ -205,10 +205,10 @@ def test_json_array_with_more_than_one_array_is_one_line_not_a_loss(
 def test_json_object_over_several_lines_says_what_a_json_file_must_be(
     text: str, chunk: int | None, pack: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from packcli.io import readers
+    from packcli.io.readers import jsonl
 
     if chunk:
-        monkeypatch.setattr(readers, "CHUNK", chunk)
+        monkeypatch.setattr(jsonl, "CHUNK", chunk)
     data = tmp_path / "one.json"
     data.write_text(text)
     line = one_error_line(pack(data, "--max-len", "64", "-o", tmp_path / "o", expect=1))

@@ -95,3 +95,50 @@ def test_every_subpackage_has_a_layer() -> None:
     for package in packages:
         name = ".".join(package.relative_to(PACKAGE.parent).parts)
         assert _layer(name) is not None
+
+
+# Helpers and constants with one home: a second definition anywhere in the package is a copy that will
+# drift (they did: four tests of what a URI is, with four rules).
+ONE_HOME = {
+    "is_uri": "packcli.io.uri",
+    "open_uri": "packcli.io.uri",
+    "file_sha256": "packcli.contract",
+    "file_digest": None,  # the store's copy of file_sha256
+    "MANIFEST": "packcli.contract",
+    "SAMPLE_ROLES": "packcli.contract",
+    "CHOSEN": "packcli.contract",
+    "REJECTED": "packcli.contract",
+    "DESIRABLE": "packcli.contract",
+    "UNDESIRABLE": "packcli.contract",
+    "first_line": "packcli.errors",
+    "_first": None,  # a copy of first_line
+    "where": "packcli.errors",
+    "source_of": "packcli.store.tokens",
+    "_source_of": None,
+}
+
+
+def _definitions() -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        # The module's names and its classes' (not functions' local variables).
+        nodes = [*tree.body, *(n for c in tree.body if isinstance(c, ast.ClassDef) for n in c.body)]
+        for node in nodes:
+            names: list[str] = []
+            if isinstance(node, ast.FunctionDef | ast.ClassDef):
+                names = [node.name]
+            elif isinstance(node, ast.Assign):
+                for target in node.targets:
+                    elts = target.elts if isinstance(target, ast.Tuple) else [target]
+                    names += [e.id for e in elts if isinstance(e, ast.Name)]
+            for name in names:
+                found.setdefault(name, set()).add(module)
+    return found
+
+
+def test_shared_helpers_are_defined_once() -> None:
+    found = _definitions()
+    for name, home in ONE_HOME.items():
+        assert found.get(name, set()) == ({home} if home else set()), f"{name} is defined in {sorted(found[name])}"

@@ -80,7 +80,8 @@ def test_every_text_format_reads_compressed_as_plain(
 
 
 def test_the_content_hash_is_of_the_compressed_bytes(tmp_path: Path) -> None:
-    from packcli.io.sources import fingerprint, resolve_inputs
+    from packcli.io.fingerprint import fingerprint
+    from packcli.io.sources import resolve_inputs
 
     data = _texts(_records())["jsonl"]
     fast, best = tmp_path / "a" / "d.jsonl.gz", tmp_path / "b" / "d.jsonl.gz"
@@ -100,20 +101,21 @@ def test_a_json_array_is_read_as_a_stream(tmp_path: Path, monkeypatch: pytest.Mo
     """With 64-character chunks, records that span chunks (escapes, multi-byte UTF-8, nesting) are whole,
     and the text held never grows with the file."""
     from packcli.io import readers
+    from packcli.io.readers import jsonl
     from packcli.io.sources import InputSource
 
     records = [{"text": f'é"\\{i}' + "数据😀" * (i % 7), "n": [[i], {"a": "]}"}]} for i in range(300)]
     path = tmp_path / "d.json.xz"
     path.write_bytes(lzma.compress(json.dumps(records, ensure_ascii=False).encode()))
-    monkeypatch.setattr(readers, "CHUNK", 64)
+    monkeypatch.setattr(jsonl, "CHUNK", 64)
     held: list[int] = []
-    more = readers._TextStream.more
+    more = jsonl._TextStream.more
 
     def watch(self: Any) -> bool:
         held.append(len(self.buf))
         return more(self)
 
-    monkeypatch.setattr(readers._TextStream, "more", watch)
+    monkeypatch.setattr(jsonl._TextStream, "more", watch)
     batches = list(readers.read_batches([InputSource(str(path), "json", compression="xz")], batch_size=50))
     assert [r for b in batches for r in b.items] == records
     assert len(held) > 100 and max(held) < 64 * 4  # one record and a chunk or two, never the file
@@ -124,6 +126,7 @@ def test_csv_cells_with_newlines_across_blocks(tmp_path: Path, monkeypatch: pyte
     import csv
 
     from packcli.io import readers
+    from packcli.io.readers import tabular
     from packcli.io.sources import resolve_inputs
 
     answers = ["\n".join(f' "{i}" line {j}' for j in range(i % 9)) for i in range(120)]
@@ -134,7 +137,7 @@ def test_csv_cells_with_newlines_across_blocks(tmp_path: Path, monkeypatch: pyte
         writer.writeheader()
         writer.writerows(rows)
     assert path.stat().st_size > 20 * 256
-    monkeypatch.setattr(readers, "CSV_BLOCK", 256)  # the file spans many blocks, cut inside quoted cells
+    monkeypatch.setattr(tabular, "CSV_BLOCK", 256)  # the file spans many blocks, cut inside quoted cells
     read = [r for b in readers.read_batches(resolve_inputs([str(path)]), batch_size=50) for r in b.items]
     assert read == rows
     result = pack(path, "--max-len", "256", "-o", tmp_path / "out", "--json")
@@ -198,7 +201,7 @@ def test_every_member_of_a_compressed_file_is_read_exactly(ext: str, monkeypatch
     import io
     import random
 
-    from packcli.io import readers
+    from packcli.io.readers import compressed as readers
 
     monkeypatch.setattr(readers, "COMPRESSED_CHUNK", 1000)
     monkeypatch.setattr(readers, "MAX_OUTPUT", 4096)
@@ -453,3 +456,40 @@ def test_an_empty_input_path_is_refused(tmp_path: Path, cache_dir: Path) -> None
         "Error: an input path is empty (an unset shell variable?); pass files, directories or globs"
     )
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("location", "uri"),
+    [
+        ("s3://bucket/data/", True),
+        ("gs://bucket/a.jsonl", True),
+        ("file:///tmp/a.jsonl", True),
+        ("abfs+https://c/a", True),  # "+", "." and "-" inside a scheme
+        ("C://data/a.jsonl", False),  # a Windows drive, not a one-letter scheme
+        ("3s://bucket/a", False),  # a scheme starts with a letter
+        ("é3://bucket/a", False),  # and is ASCII
+        ("out/run://a", False),  # a "://" after a path's first part is part of the path
+        ("://bucket", False),  # no scheme at all
+        ("data.jsonl", False),
+        ("/abs/dir", False),
+        ("-", False),
+    ],
+)
+def test_one_rule_says_what_is_a_uri(location: str, uri: bool) -> None:
+    """A scheme of two or more ASCII characters (a letter first) then "://"; the copies this replaced
+    took a drive letter, a digit or non-ASCII first, or any "://" in the text, for a URI."""
+    from packcli.io.uri import is_uri
+
+    assert is_uri(location) is uri
+
+
+def test_uris_are_told_from_paths_in_one_place() -> None:
+    """No module of the package has its own test of what a URI is: they all ask packcli.io.uri."""
+    package = Path(packcli.__file__).parent
+    own = [
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if path != package / "io" / "uri.py"
+        and ('"://" in' in (text := path.read_text(encoding="utf-8")) or "def is_uri" in text)
+    ]
+    assert own == []

@@ -475,8 +475,8 @@ def _rewrite_shards(out: Path, edit: Any) -> None:
     """Rewrite every shard with ``edit(rows)`` applied, in its format; put new checksums (and index) in place."""
     import pyarrow as pa
 
+    from packcli.contract import file_sha256
     from packcli.output.formats import FORMATS, format_of
-    from packcli.output.rows import file_sha256
 
     manifest = json.loads((out / "manifest.json").read_text())
     fmt = format_of(out / manifest["shards"][0]["file"])

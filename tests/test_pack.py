@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packcli.output.rows import file_sha256
+from packcli.contract import file_sha256
 from packcli.tokenize.templates import builtin_template
 
 from .conftest import make_conversations, read_rows, write_jsonl
@@ -417,10 +417,11 @@ def test_every_command_and_flag_is_documented() -> None:
 def test_input_hash_memo_follows_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from packcli.io import sources
-    from packcli.io.sources import InputSource, fingerprint
+    from packcli.io import fingerprint as fingerprints
+    from packcli.io.fingerprint import fingerprint
+    from packcli.io.sources import InputSource
 
-    monkeypatch.setattr(sources, "RACY_NS", -(10**18))  # remember the file just written (see test_cache)
+    monkeypatch.setattr(fingerprints, "RACY_NS", -(10**18))  # remember the file just written (see test_cache)
 
     data = tmp_path / "d.jsonl"
     data.write_text('{"text": "a"}\n')

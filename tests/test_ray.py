@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 import packcli
 from packcli.cli import app
 from packcli.config import PackConfig
+from packcli.contract import file_sha256
 from packcli.errors import OutputError, UsageError
-from packcli.output.rows import file_sha256
 from packcli.plan import planner as plan_stage
 from packcli.store.tokens import load_store
 from packcli.tokenize import ingest
@@ -118,7 +118,7 @@ def assert_same_shards(a: Path, b: Path) -> list[str]:
 
 def test_ray_engine_writes_what_the_local_engine_writes(cluster: Any, corpus: Path, tmp_path: Path) -> None:
     from packcli.engines.ray.engine import RayEngine
-    from packcli.io import readers, sources
+    from packcli.io import fingerprint, readers
 
     outputs, stores = {}, {}
     # The same output and rejects paths for both engines (they are options in the manifest), moved aside.
@@ -129,7 +129,11 @@ def test_ray_engine_writes_what_the_local_engine_writes(cluster: Any, corpus: Pa
         cache = tmp_path / f"cache-{engine}"
         with pytest.MonkeyPatch.context() as patch:
             if engine == "ray":  # the driver neither hashes nor counts the inputs: tasks do, where they are
-                for module, name in ((sources, "file_blake2b"), (readers, "count_records"), (ingest, "count_records")):
+                for module, name in (
+                    (fingerprint, "file_blake2b"),
+                    (readers, "count_records"),
+                    (ingest, "count_records"),
+                ):
                     patch.setattr(module, name, lambda *a: pytest.fail("the driver read a whole input"))
                 options = {"max_len": 512, "rows_per_shard": 7, "on_error": "skip", "rejects": str(rejects)}
                 summary = run_with(ray_engine, corpus, output=str(out), cache_env=cache, **options)

@@ -15,7 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from packcli.cli import app, main
-from packcli.output.rows import SHARD_SCHEMA, file_sha256
+from packcli.contract import file_sha256
+from packcli.output.rows import SHARD_SCHEMA
 
 from .conftest import make_conversations, read_rows
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from packcli.contract import file_sha256
 from packcli.output import manifest as output_manifest
 from packcli.output import rows as shards
 from packcli.store import tokens as cache_mod
@@ -663,7 +664,7 @@ def _rewrite_first_shard(out: Path, change: Any) -> None:
     table = pq.read_table(path)
     pq.write_table(pa_table(change(table.to_pylist()), table.schema), path)
     manifest = json.loads((out / "manifest.json").read_text())
-    manifest["shards"][0]["sha256"] = shards.file_sha256(path)
+    manifest["shards"][0]["sha256"] = file_sha256(path)
     (out / "manifest.json").write_text(json.dumps(manifest))
 
 

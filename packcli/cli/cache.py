@@ -15,7 +15,7 @@ from packcli.cli.options import CacheDirOption, JsonFlag
 
 
 def _root(cache_dir: str | None) -> Path:
-    from packcli.store.tokens import default_cache_dir
+    from packcli.store.key import default_cache_dir
 
     return Path(cache_dir) if cache_dir else default_cache_dir()
 

@@ -1,26 +1,55 @@
-"""Outputs at a filesystem URI (``s3://``, ``gs://``, ``file://``), for the Ray engine.
+"""Filesystem URIs (``s3://``, ``gs://``, ``file://``): the one test of what is a URI, opening and sizing an
+input there, and outputs there, for the Ray engine.
 
-There is no rename there: shards are written in place and the manifest last, as the marker that the
+There is no rename at a URI: shards are written in place and the manifest last, as the marker that the
 output is complete; an overwrite first removes the old marker.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
 from collections.abc import Iterable
 from typing import Any
 
-import pyarrow as pa
-
 from packcli.errors import OutputError, UsageError
 
-_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+# A scheme (RFC 3986: a letter, then letters, digits, "+", "-" or ".") of two characters or more, then
+# "://". One letter is a Windows drive ("C://data" is a path there), and a "://" further on is part of
+# a path ("out/a://b").
+_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+://")
 
 
-def is_uri(output: str) -> bool:
-    """Return whether an output is a filesystem URI (``s3://...``) rather than a local path."""
-    return bool(_URI.match(output))
+def is_uri(location: str) -> bool:
+    """Return whether a location is a filesystem URI (``s3://bucket/data/``) rather than a local path."""
+    return _URI.match(location) is not None
+
+
+def join(root: str, name: str) -> str:
+    """``root/name`` for a local path or a URI."""
+    return f"{root.rstrip('/')}/{name}" if is_uri(root) else os.path.join(root, name)
+
+
+def open_uri(uri: str, random_access: bool = False) -> Any:
+    """Open an input at a URI for reading bytes (buffered; seekable with ``random_access``)."""
+    from pyarrow import fs as pafs
+
+    filesystem, where = pafs.FileSystem.from_uri(uri)
+    # compression=None: the bytes as stored (pyarrow would decompress by the name; packcli's readers do).
+    raw = filesystem.open_input_file(where) if random_access else filesystem.open_input_stream(where, compression=None)
+    return io.BufferedReader(raw, 1 << 20)
+
+
+def input_size(path: str) -> int:
+    """The size in bytes of an input file, a local path or a URI."""
+    if not is_uri(path):
+        return os.path.getsize(path)
+    from pyarrow import fs as pafs
+
+    filesystem, where = pafs.FileSystem.from_uri(path)
+    return int(filesystem.get_file_info(where).size)
 
 
 # -- the Ray instance ------------------------------------------------------------------------------
@@ -28,6 +57,7 @@ def is_uri(output: str) -> bool:
 
 def make_dirs(uri: str) -> None:
     """Create the URI's directory where the filesystem has directories (object stores need none)."""
+    import pyarrow as pa
     from pyarrow import fs as pafs
 
     try:
@@ -40,6 +70,7 @@ def make_dirs(uri: str) -> None:
 def check_uri_output(output: str, overwrite: bool) -> None:
     """Refuse a URI prefix that already holds files unless overwriting; with overwrite, remove its
     manifest first, so that the old output stops looking complete before any shard is replaced."""
+    import pyarrow as pa
     from pyarrow import fs as pafs
 
     try:
@@ -58,6 +89,7 @@ def write_manifest_uri(output: str, manifest: dict[str, Any], keep: Iterable[str
     """Write ``manifest.json`` under a URI prefix, after the shards (object stores have no rename, so the
     manifest is the completeness marker), then delete shard files of an earlier run not in ``keep``."""
 
+    import pyarrow as pa
     from pyarrow import fs as pafs
 
     try:

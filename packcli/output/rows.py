@@ -6,7 +6,6 @@ so only one shard's worth of tokens is in memory at a time.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packcli.contract import IGNORE_INDEX, SHARD_SCHEMA, shard_schema
+from packcli.contract import IGNORE_INDEX, SHARD_SCHEMA, file_sha256, shard_schema
 from packcli.output.formats import FORMATS, shard_format
 from packcli.output.layout import RowLayout
 from packcli.plan import packing
@@ -252,14 +251,6 @@ def write_shard(
     finally:
         writer.close()
     return {"file": path.name, "rows": rows, "tokens": tokens, "max_token_id": max_id, "sha256": file_sha256(path)}
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def read_shard(path: Path) -> pa.Table:

@@ -15,13 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packcli.errors import InputError
+from packcli.contract import CHOSEN, REJECTED
+from packcli.errors import InputError, where
 from packcli.plan import packing
 from packcli.plan.options import PlanOptions
 from packcli.store.tokens import TokenStore
-from packcli.tokenize.worker import where
-
-CHOSEN, REJECTED = 1, 2  # packcli.records.preference's roles (that module is the worker's, not the plan's)
 
 
 @dataclass
@@ -65,7 +63,7 @@ def fit(options: PlanOptions, store: TokenStore, group: np.ndarray) -> Fit:
     first_row = np.searchsorted(group, over)
     if options.overflow == "error":
         k = int(first_row[0])
-        source, unit = _source_of(store, int(store.sample_index[k]))
+        source, unit = store.source_of(int(store.sample_index[k]))
         pair = int(np.count_nonzero(group == over[0])) > 1
         what = "the pair's samples have" if pair else "the sample has"
         raise InputError(
@@ -106,9 +104,3 @@ def _prompt_cut(options: PlanOptions, lengths: np.ndarray, first_trained: np.nda
             return cut
         cut += 1
     return None
-
-
-def _source_of(store: TokenStore, sample_index: int) -> tuple[str, str]:
-    sources = store.meta["sources"]
-    k = int(np.searchsorted(np.asarray(store.meta["source_starts"]), sample_index, side="right")) - 1
-    return sources[max(k, 0)]["path"], sources[max(k, 0)]["unit"]

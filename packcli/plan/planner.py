@@ -8,13 +8,10 @@ import numpy as np
 
 from packcli.config import Hint
 from packcli.contract import IGNORE_INDEX
-from packcli.errors import InputError
+from packcli.errors import InputError, where
 from packcli.plan import packing, pairs
 from packcli.plan.options import PlanOptions
-from packcli.store.tokens import (
-    TokenStore,
-)
-from packcli.tokenize.worker import where
+from packcli.store.tokens import TokenStore
 
 
 @dataclass
@@ -53,7 +50,7 @@ def make_plan(options: PlanOptions, store: TokenStore) -> Plan:
     truncated = 0
     if options.overflow == "error" and too_long.any() and group is None:
         k = int(np.flatnonzero(too_long)[0])
-        source, unit = source_of(store, int(store.sample_index[k]))
+        source, unit = store.source_of(int(store.sample_index[k]))
         raise InputError(
             f"{where(source, unit, int(store.positions[k]))}: the sample has {lengths[k]} tokens, "
             f"more than {_limit_text(options)}; raise --max-len or pass --overflow split, truncate or drop"
@@ -186,10 +183,3 @@ def _trained_in_windows(store: TokenStore, rows: np.ndarray, max_len: int, side:
             trained = (labels != IGNORE_INDEX).reshape(len(part), max_len)[:, 1:]
             out[b : b + len(part)] = trained.sum(axis=1)
     return out
-
-
-def source_of(store: TokenStore, sample_index: int) -> tuple[str, str]:
-    """Return (source path, position unit: line or record) of a sample."""
-    sources = store.meta["sources"]
-    k = int(np.searchsorted(np.asarray(store.meta["source_starts"]), sample_index, side="right")) - 1
-    return sources[max(k, 0)]["path"], sources[max(k, 0)]["unit"]

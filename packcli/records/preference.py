@@ -9,8 +9,8 @@ A ``kto`` record (``prompt``, ``completion``, ``label`` a boolean) becomes one s
 the label is true.
 
 The samples of a record share its ``sample_index``; ``piece_index`` numbers them (0 chosen, 1
-rejected) and ``sample_role`` says what each is (``ROLES``). The plan keeps a record's samples in one
-row, adjacent, as one item of their summed length (``packcli.plan.pairs``).
+rejected) and ``sample_role`` says what each is (``packcli.contract.SAMPLE_ROLES``). The plan keeps a
+record's samples in one row, adjacent, as one item of their summed length (``packcli.plan.pairs``).
 """
 
 from __future__ import annotations
@@ -18,19 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from packcli.contract import SAMPLE_ROLES
+from packcli.contract import CHOSEN, DESIRABLE, REJECTED, SAMPLE_ROLES, UNDESIRABLE
 from packcli.errors import RecordError
 from packcli.records.formats import PREFERENCE_FORMATS, Sample, normalize
 
-# sample_role values (an int8 per sample in the shards; the manifest lists them too).
-SFT, CHOSEN, REJECTED, DESIRABLE, UNDESIRABLE = 0, 1, 2, 3, 4
-ROLES = SAMPLE_ROLES
-assert [ROLES[k] for k in (CHOSEN, REJECTED, DESIRABLE, UNDESIRABLE)] == [
-    "chosen",
-    "rejected",
-    "desirable",
-    "undesirable",
-]
 PAIR_ROLES = (CHOSEN, REJECTED)
 TASK_OF_FORMAT = {"preference": "preference", "kto": "kto"}
 
@@ -143,7 +134,7 @@ def encode(encoder: Any, items: list[Any]) -> list[Any]:
         failed = [(r, role) for r, role in zip(members, item.roles, strict=True) if isinstance(r, RecordError)]
         if failed:
             err, role = failed[0]
-            out[k] = RecordError(err.reason, f"{ROLES[role]}: {err.detail}") if len(item.roles) > 1 else err
+            out[k] = RecordError(err.reason, f"{SAMPLE_ROLES[role]}: {err.detail}") if len(item.roles) > 1 else err
         else:
             out[k] = [(ids, labels, role) for (ids, labels), role in zip(members, item.roles, strict=True)]
     return out

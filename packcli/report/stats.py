@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packcli.contract import IGNORE_INDEX, MANIFEST
+from packcli.contract import CHOSEN, IGNORE_INDEX, MANIFEST
 from packcli.errors import OutputError, first_line
 from packcli.output.formats import shard_batches
 from packcli.output.manifest import read_checked_manifest
@@ -181,9 +181,6 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     if pairs is not None:
         out["preference"] = pairs
     return out
-
-
-CHOSEN = 1  # sample_role values (packcli.contract.SAMPLE_ROLES)
 
 
 def _pair_stats(

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 
 from packcli import __version__, owned
 from packcli.config import PackConfig
-from packcli.contract import Progress, no_progress
+from packcli.contract import SAMPLE_ROLES, Progress, no_progress
 from packcli.engines import Engine, load_engine
 from packcli.errors import InputError, OutputError, RecordError, UsageError
 from packcli.io.readers import read_batches
@@ -22,15 +22,14 @@ from packcli.output import guard, staging
 from packcli.output.formats import shard_format
 from packcli.output.layout import RowLayout
 from packcli.output.manifest import write_manifest
-from packcli.plan import planner as plan_module
 from packcli.plan.planner import Plan, make_plan
-from packcli.records import preference
 from packcli.results import CachePruned, Counts, Manifest, RunSummary, Seconds, ShardEntry, StageSeconds
 from packcli.run import accounting
 from packcli.run.options import plan_options, row_layout
 from packcli.run.tokenized import TokenizedInputs, tokenized_inputs
 from packcli.store.cachedir import parse_size, prune
-from packcli.store.tokens import TokenStore, default_cache_dir
+from packcli.store.key import default_cache_dir
+from packcli.store.tokens import TokenStore
 from packcli.tokenize import ingest, worker
 
 __all__ = ["run_pack", "tokenized_inputs"]
@@ -56,7 +55,7 @@ def run_pack(config: PackConfig, progress: Progress | None = None, engine: Engin
 def _run(config: PackConfig, progress: Progress, engine: Engine, started: float, cap: int | None) -> RunSummary:
     # A filesystem URI (s3://, gs://, file://) has no rename: shards are written in place and the
     # manifest last, as the marker that the output is complete. Only the Ray engine writes there.
-    to_uri = "://" in config.output
+    to_uri = is_uri(config.output)
     if to_uri and config.engine != "ray":
         raise UsageError(f"-o {config.output}: a filesystem URI output needs --engine ray; or pass a local path")
     if to_uri and shard_format(config.output_format).index_files:
@@ -202,7 +201,7 @@ def _manifest(
     return Manifest(
         packcli_version=__version__,
         task=config.task,
-        sample_roles={str(k): v for k, v in preference.ROLES.items()} if config.task != "sft" else None,
+        sample_roles={str(k): v for k, v in SAMPLE_ROLES.items()} if config.task != "sft" else None,
         options=config.options(),
         tokenizer=inputs.tokenizer,
         inputs=[
@@ -278,7 +277,7 @@ def _write_rejects(
         _copy_store_lines(store, store.path / "rejects.jsonl", out)
         raws = _records_at(sources, [p[0] for p in planned], limit)
         for index, reason, r in planned:
-            source, _ = plan_module.source_of(store, index)
+            source, _ = store.source_of(index)
             err = RecordError(reason, f"{int(store.lengths[r])} tokens")
             raw, raw_lines = raws[index]
             position, piece = int(store.positions[r]), int(store.piece_index[r])
@@ -322,7 +321,7 @@ def _copy_store_lines(store: TokenStore, lines: Path, out: TextIO) -> None:
 def _this_runs_source(line: str, store: TokenStore) -> str:
     """A rejects or fix-log line of a found cache entry, naming the input as this run names it."""
     entry = json.loads(line)
-    entry["source"], _ = plan_module.source_of(store, int(entry["sample_index"]))
+    entry["source"], _ = store.source_of(int(entry["sample_index"]))
     text = json.dumps(entry, ensure_ascii=False)
     try:
         text.encode("utf-8")

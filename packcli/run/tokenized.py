@@ -19,25 +19,16 @@ from packcli import __version__, owned
 from packcli.config import PackConfig
 from packcli.contract import Progress, no_progress
 from packcli.engines import DigestChecker, Engine, load_engine
-from packcli.errors import InputError, RecordError, raise_if_stopped
+from packcli.errors import InputError, RecordError, raise_if_stopped, where
+from packcli.io.fingerprint import changed_input, fingerprint, stamps
 from packcli.io.readers import count_records, hub_reachable, read_batches
-from packcli.io.sources import (
-    InputSource,
-    changed_input,
-    fingerprint,
-    resolve_inputs,
-    stamps,
-)
+from packcli.io.sources import InputSource, resolve_inputs
 from packcli.records import preference
 from packcli.records.formats import accepted_fields, detect_format
 from packcli.store.cachedir import EntryLock, touch
-from packcli.store.tokens import (
-    DamagedStore,
-    TokenStore,
-    cache_key,
-    default_cache_dir,
-    find_store,
-)
+from packcli.store.integrity import DamagedStore
+from packcli.store.key import cache_key, default_cache_dir
+from packcli.store.tokens import TokenStore, find_store
 from packcli.tokenize import ingest, worker
 from packcli.tokenize.encoder import Encoder
 from packcli.tokenize.templates import builtin_name, read_chat_template
@@ -73,7 +64,7 @@ def _sniff_format(
                 record = worker.parse_line(item) if batch.raw_lines else item
             except RecordError as err:
                 unit = "line" if batch.raw_lines else "record"
-                first_error = first_error or f"{worker.where(source.display, unit, pos)}: {err.detail}"
+                first_error = first_error or f"{where(source.display, unit, pos)}: {err.detail}"
                 continue
             parsed = True
             for name in record if isinstance(record, dict) else [f"a {type(record).__name__}, not an object"]:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from packcli.errors import UsageError
-from packcli.io.sources import forget_missing
+from packcli.io.fingerprint import forget_missing
 from packcli.owned import HASH_MEMO, clean_stale_cache_dirs, owner_tag
 
 KEY_RE = re.compile(r"^[0-9a-f]{32}$")

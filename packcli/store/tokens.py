@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import hashlib
 import json
 import os
 import shutil
@@ -38,84 +37,18 @@ from typing import Any
 
 import numpy as np
 
-from packcli.errors import OutputError, PackcliError, first_line
+from packcli.contract import file_sha256
+from packcli.errors import OutputError, first_line
+from packcli.io.uri import is_uri, join
 from packcli.owned import owner_tag
-from packcli.results import StoreMeta, required_fields
+from packcli.store.integrity import TOKEN_FILES, DamagedStore, check_store, meta_digest, segment_files
 
-CACHE_FORMAT = 7  # 7: keyed by the inputs' contents (no path), the template's source; meta.made
 TOKEN_DTYPE = np.dtype("<i4")
-HASH_CHUNK = 1 << 20
-# Every key a finished store's meta.json has (packcli.results.StoreMeta); one missing means the entry is damaged.
-META_KEYS = required_fields(StoreMeta)
 ARRAYS = ("sample_index", "piece_index", "lengths", "trainable", "first_trained", "positions")
-TOKEN_FILES = ("input_ids.bin", "labels.bin")
-
-
-def segment_files(prefix: str) -> tuple[str, str]:
-    """The names of a segment's two token files (input ids, labels), relative to the segments' root."""
-    return prefix + TOKEN_FILES[0], prefix + TOKEN_FILES[1]
-
-
-def is_uri(path: str) -> bool:
-    """Whether a location is a filesystem URI (``s3://...``, ``file://...``) rather than a local path."""
-    head, sep, _ = path.partition("://")
-    return bool(sep) and head.replace("+", "").replace(".", "").replace("-", "").isalnum()
-
-
-def join(root: str, name: str) -> str:
-    """``root/name`` for a local path or a URI."""
-    return f"{root.rstrip('/')}/{name}" if is_uri(root) else os.path.join(root, name)
-
-
-class Digest:
-    """sha256 and size of bytes as they are written (a segment's checksum without reading it back)."""
-
-    def __init__(self) -> None:
-        self.sha = hashlib.sha256()
-        self.bytes = 0
-
-    def update(self, data: bytes) -> None:
-        self.sha.update(data)
-        self.bytes += len(data)
-
-    def entry(self) -> dict[str, Any]:
-        return {"bytes": self.bytes, "sha256": self.sha.hexdigest()}
-
-
-class DamagedStore(PackcliError):
-    """A store exists at the path but fails its checks; the message says which file and how."""
-
-
-def file_digest(path: Path) -> str:
-    """Return the sha256 of a file, read in 1 MiB chunks (memory does not grow with the file)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _meta_digest(meta: dict[str, Any]) -> str:
-    body = {k: v for k, v in meta.items() if k != "meta_sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def _write_error(path: Path, exc: OSError, fix: str) -> OutputError:
     return OutputError(f"{path}: cannot write the token store ({exc.strerror or exc}); {fix}")
-
-
-def default_cache_dir() -> Path:
-    """Return $PACKCLI_CACHE, else $XDG_CACHE_HOME/packcli, else ~/.cache/packcli."""
-    if os.environ.get("PACKCLI_CACHE"):
-        return Path(os.environ["PACKCLI_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "packcli"
-
-
-def cache_key(parts: dict[str, Any]) -> str:
-    """Return a stable hex key for everything that decides the tokens."""
-    blob = json.dumps({"cache_format": CACHE_FORMAT, **parts}, sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()[:32]
 
 
 @dataclass
@@ -130,7 +63,7 @@ class TokenStore:
     first_trained: np.ndarray  # int32: position of the first token with a label
     positions: np.ndarray  # int32: line or record number in its source
     meta: dict[str, Any]
-    # int8 per sample: its sample_role (packcli.records.preference.ROLES); all 0 (SFT) for a store without one.
+    # int8 per sample: its sample_role (packcli.contract.SAMPLE_ROLES); all 0 (SFT) for a store without one.
     sample_role: np.ndarray | None = None
     # Seconds by stage of the run that made the store (read, decode, tokenize, store, cpu, wall); empty
     # for a store found in the cache. Not saved.
@@ -151,6 +84,12 @@ class TokenStore:
     def segment_root(self) -> str:
         """Where the segments' files are: the store's directory, or the URI in meta.json."""
         return self.meta.get("segment_root") or str(self.path)
+
+    def source_of(self, sample_index: int) -> tuple[str, str]:
+        """Return the path of a sample's source and the unit of its positions there (line or record)."""
+        sources = self.meta["sources"]
+        k = int(np.searchsorted(np.asarray(self.meta["source_starts"]), sample_index, side="right")) - 1
+        return sources[max(k, 0)]["path"], sources[max(k, 0)]["unit"]
 
     def open_tokens(self) -> TokenReader:
         """Open the token files for reading samples by offset."""
@@ -367,7 +306,7 @@ class TokenStoreWriter:
                 segments = [{"prefix": "", "tokens": self._local_tokens}]
             names = sorted(p.name for p in self.tmp.iterdir() if p.is_file())
             files = {
-                name: {"bytes": (self.tmp / name).stat().st_size, "sha256": file_digest(self.tmp / name)}
+                name: {"bytes": (self.tmp / name).stat().st_size, "sha256": file_sha256(self.tmp / name)}
                 for name in names
             }
             meta = {
@@ -376,7 +315,7 @@ class TokenStoreWriter:
                 "files": dict(sorted({**files, **self._segment_files}.items())),
                 **({"segment_root": segment_root} if segment_root else {}),
             }
-            meta["meta_sha256"] = _meta_digest(meta)
+            meta["meta_sha256"] = meta_digest(meta)
             # Written last: a store without a whole meta.json fails its check and is rebuilt.
             (self.tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
             if self.final_path.is_dir() and not self.final_path.is_symlink():
@@ -402,71 +341,6 @@ class TokenStoreWriter:
                     fh.close()
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-def check_store(path: Path, check_digests: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Check a store's meta.json and the size and sha256 of each of its files; return the meta.
-
-    Raise DamagedStore naming the first problem. The cost is one sequential read of the store.
-    ``check_digests(directory, {token file: expected})`` hashes the local token files instead of this
-    process (the Ray engine has tasks do it, so that its driver never reads tokens); it raises
-    DamagedStore as this function does.
-    """
-    try:
-        meta = json.loads((path / "meta.json").read_text())
-    except FileNotFoundError:
-        raise DamagedStore(f"{path}: meta.json is missing") from None
-    except (OSError, ValueError) as exc:
-        raise DamagedStore(f"{path}: meta.json cannot be read ({first_line(exc)})") from exc
-    if not isinstance(meta, dict):
-        raise DamagedStore(f"{path}: meta.json is not a JSON object")
-    missing = [k for k in META_KEYS if k not in meta]
-    if missing:
-        raise DamagedStore(f"{path}: meta.json lacks {', '.join(missing)}")
-    if meta["meta_sha256"] != _meta_digest(meta):
-        raise DamagedStore(f"{path}: meta.json does not match its checksum")
-    files, segments = meta["files"], meta["segments"]
-    try:
-        token_files = {name for seg in segments for name in segment_files(seg["prefix"])}
-    except (TypeError, KeyError):
-        raise DamagedStore(f"{path}: meta.json does not list the store's segments") from None
-    if not isinstance(files, dict) or not {"samples.npz", *token_files} <= set(files):
-        raise DamagedStore(f"{path}: meta.json does not list the store's files")
-    remote = meta.get("segment_root")
-    for name, expect in sorted(files.items()):
-        if remote and name in token_files:
-            _check_remote(join(remote, name), expect)
-            continue
-        file = path / name
-        try:
-            size = file.stat().st_size
-            if size != expect["bytes"]:
-                raise DamagedStore(f"{file}: has {size} bytes, meta.json says {expect['bytes']}")
-            if (check_digests is None or name not in token_files) and file_digest(file) != expect["sha256"]:
-                raise DamagedStore(f"{file}: sha256 differs from meta.json (changed bytes)")
-        except FileNotFoundError:
-            raise DamagedStore(f"{file}: is missing") from None
-        except OSError as exc:
-            raise DamagedStore(f"{file}: cannot be read ({exc.strerror or exc})") from exc
-    if check_digests is not None:
-        check_digests(str(path), {n: files[n] for n in sorted(token_files)})
-    return meta
-
-
-def _check_remote(uri: str, expect: dict[str, Any]) -> None:
-    """A segment file at a URI: present with its size (object stores keep their own checksums; reading
-    it back to hash it would cost a whole download)."""
-    from pyarrow import fs as pafs
-
-    try:
-        filesystem, where = pafs.FileSystem.from_uri(uri)
-        info = filesystem.get_file_info(where)
-    except (OSError, ValueError) as exc:
-        raise DamagedStore(f"{uri}: cannot be read ({first_line(exc)})") from exc
-    if info.type == pafs.FileType.NotFound:
-        raise DamagedStore(f"{uri}: is missing")
-    if info.size != expect["bytes"]:
-        raise DamagedStore(f"{uri}: has {info.size} bytes, meta.json says {expect['bytes']}")
 
 
 def load_store(

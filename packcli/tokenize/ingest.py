@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from packcli import __version__
+from packcli import __version__, errors
 from packcli.config import PackConfig
 from packcli.contract import Progress
 from packcli.errors import InputError, OutputError
@@ -167,13 +167,13 @@ def tokenize_to_store(
                 units.setdefault(result.source, result.unit)
                 for reject in result.rejects:
                     if reject["reason"] == "too_long" and config.overflow == "error":
-                        where_record = worker.where(reject["source"], reject["unit"], reject["position"])
+                        where_record = errors.where(reject["source"], reject["unit"], reject["position"])
                         raise InputError(
                             f"{where_record}: {reject['detail']}; "
                             "raise --max-len or pass --overflow split, truncate or drop"
                         )
                     if reject["reason"] not in POLICY_DROPS and config.on_error == "fail":
-                        where_record = worker.where(reject["source"], reject["unit"], reject["position"])
+                        where_record = errors.where(reject["source"], reject["unit"], reject["position"])
                         raise InputError(
                             f"{where_record}: {reject['detail']}; "
                             "fix the record, or pass --on-error skip to skip bad records"

@@ -364,7 +364,3 @@ def _record_text(record: Any) -> str:
     except RecursionError:
         text = "(nested too deep to show)"
     return text
-
-
-def where(source: str, unit: str, position: int) -> str:
-    return f"{source} {unit} {position}"

@@ -30,11 +30,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from packcli.contract import IGNORE_INDEX, SAMPLE_ROLES
+from packcli.contract import CHOSEN, DESIRABLE, IGNORE_INDEX, REJECTED, UNDESIRABLE
 from packcli.train.collate import Mode, PackedCollator
-
-SFT, CHOSEN, REJECTED, DESIRABLE, UNDESIRABLE = 0, 1, 2, 3, 4
-assert SAMPLE_ROLES[CHOSEN] == "chosen" and SAMPLE_ROLES[UNDESIRABLE] == "undesirable"
 
 
 @dataclass

@@ -32,15 +32,17 @@ from typing import Any
 import ray
 
 from packcli.config import PackConfig
-from packcli.contract import Progress
+from packcli.contract import Progress, file_sha256
 from packcli.engines.ray.session import TASK_RETRIES, RaySession, kill, pickled
 from packcli.engines.ray.tokenizing import ClusterTokenizing, remove_uri_dir
 from packcli.engines.ray.writing import write_shards
-from packcli.io.sources import InputSource, file_blake2b, files_to_hash
+from packcli.io.fingerprint import file_blake2b, files_to_hash
+from packcli.io.sources import InputSource
 from packcli.io.uri import check_uri_output, write_manifest_uri
 from packcli.output.layout import RowLayout
 from packcli.plan.planner import Plan
-from packcli.store.tokens import DamagedStore, TokenStore, file_digest
+from packcli.store.integrity import DamagedStore
+from packcli.store.tokens import TokenStore
 from packcli.tokenize import ingest
 from packcli.tokenize.encoder import Encoder
 
@@ -52,7 +54,7 @@ def _hash_input(path: str) -> bytes:
 
 @ray.remote(num_cpus=1, max_retries=TASK_RETRIES)
 def _hash_token_file(path: str) -> bytes:
-    return pickled(file_digest(Path(path)))
+    return pickled(file_sha256(Path(path)))
 
 
 class RayEngine:

@@ -20,9 +20,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from packcli.errors import InputError
+from packcli.errors import InputError, first_line
 from packcli.io import readers
-from packcli.io.sources import InputSource, RawBatch, input_size, is_uri, open_uri
+from packcli.io.readers.tabular import raw_batches
+from packcli.io.sources import InputSource, RawBatch
+from packcli.io.uri import input_size, is_uri, open_uri
 
 # Bytes of JSON lines (or Parquet) per part at most: a part is the unit of work of one tokenizer call,
 # and one token segment. Smaller inputs are cut into about PARTS_PER_CPU parts per CPU of the cluster,
@@ -111,7 +113,7 @@ def read_part(part: Part, batch_size: int, units: Units) -> Iterator[RawBatch]:
     elif part.kind == "row_groups":
         batches = _read_row_groups(part, batch_size, units)
     else:
-        batches = readers._read_source(part.source, batch_size)
+        batches = readers.read_source(part.source, batch_size)
     yield from readers.number_batches(batches, 0, part.max_records)
 
 
@@ -164,20 +166,14 @@ def _read_row_groups(part: Part, batch_size: int, units: Units) -> Iterator[RawB
     import pyarrow as pa
 
     source = part.source
-    record_no = 0
     try:
         groups = list(range(part.start, part.end))
-        for record_batch in readers.parquet_file(source.path).iter_batches(batch_size=batch_size, row_groups=groups):
-            n = record_batch.num_rows
-            if n == 0:
-                continue
-            rows = record_batch.to_pylist()
-            yield RawBatch(source.display, 0, rows, list(range(record_no + 1, record_no + n + 1)))
-            record_no += n
+        record_batches = readers.parquet_file(source.path).iter_batches(batch_size=batch_size, row_groups=groups)
+        record_no = yield from raw_batches(source, record_batches)
     except OSError as exc:
         raise InputError(f"{source.display}: cannot read ({exc.strerror or exc}); check the file") from exc
     except (pa.ArrowInvalid, pa.ArrowException) as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        message = first_line(exc, limit=None)
         raise InputError(f"{source.display}: cannot be read as {source.kind} ({message}); check the file") from exc
     units.value = record_no
 

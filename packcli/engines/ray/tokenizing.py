@@ -40,9 +40,9 @@ from packcli.engines.ray.session import (
 from packcli.engines.ray.writing import shard_job
 from packcli.errors import PackcliError, raise_if_stopped
 from packcli.io.sources import InputSource
-from packcli.io.uri import is_uri
+from packcli.io.uri import is_uri, join
 from packcli.owned import owner_tag
-from packcli.store.tokens import Digest, join, segment_files
+from packcli.store.integrity import Digest, segment_files
 from packcli.tokenize import ingest, worker
 from packcli.tokenize.encoder import EncodeOptions, Encoder
 from packcli.tokenize.split import SplitRule

@@ -1,0 +1,94 @@
+"""Reading the inputs: each source as batches of raw records, in a fixed order, numbered from 0.
+
+JSON lines are handed on as raw bytes so that decoding and validation run in the worker processes;
+other formats give dicts. Every record gets its global ``sample_index``: sources in their sorted
+order, records in file order, every record counted.
+
+One module per kind of input: ``jsonl`` (JSON lines and JSON arrays), ``tabular`` (Parquet, Arrow,
+CSV, saved datasets), ``hub`` (Hub datasets); ``compressed`` opens a file and decompresses it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator, Iterator
+
+from packcli.errors import InputError, raise_if_stopped
+from packcli.io.readers.hub import hub_reachable
+from packcli.io.readers.jsonl import read_json, read_json_lines
+from packcli.io.readers.tabular import parquet_file, read_tabular
+from packcli.io.sources import InputSource, RawBatch
+
+__all__ = ["count_records", "hub_reachable", "number_batches", "parquet_file", "read_batches", "read_source"]
+
+# Record counts by (path, size, mtime_ns): a count made ahead of time (while the tokenizer loads) is
+# not made again when the tokenizing starts.
+_COUNTED: dict[tuple[str, int, int], int] = {}
+
+
+def count_records(source: InputSource) -> int | None:
+    """Return the number of records of a source when it is cheap to know (for progress), else None."""
+    try:
+        if source.kind == "jsonl" and source.compression is None:
+            st = os.stat(source.path)
+            key = (os.path.abspath(source.path), st.st_size, st.st_mtime_ns)
+            if key not in _COUNTED:
+                n = 0
+                with open(source.path, "rb") as fh:
+                    for i, line in enumerate(fh):
+                        n += bool(line.strip())
+                        if not i & 0xFFFF:
+                            raise_if_stopped()
+                _COUNTED[key] = n
+            return _COUNTED[key]
+        if source.kind == "parquet":
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(source.path).metadata.num_rows
+    except Exception:  # a file that cannot be read is reported by the reader, with its reason
+        return None
+    return None
+
+
+def read_batches(sources: list[InputSource], batch_size: int = 1000, limit: int | None = None) -> Iterator[RawBatch]:
+    """Yield the records of all sources in order, in batches, numbering them from 0.
+
+    With ``limit``, only the first ``limit`` records (over all sources, in that order) are read.
+    """
+    index = 0
+    for source in sources:
+        if limit is not None and index >= limit:
+            return
+        index = yield from number_batches(read_source(source, batch_size), index, limit)
+
+
+def number_batches(batches: Iterator[RawBatch], index: int, limit: int | None) -> Generator[RawBatch, None, int]:
+    """Yield ``batches`` numbered on from ``index`` (their ``first_index``), cut at ``limit`` records.
+
+    Returns the index after the last record yielded.
+    """
+    for batch in batches:
+        if limit is not None and index + len(batch.items) > limit:
+            keep = limit - index
+            batch.items, batch.positions = batch.items[:keep], batch.positions[:keep]
+            batch.errors = [e for e in batch.errors if e[0] in set(batch.positions)]
+        batch.first_index = index
+        index += len(batch.items)
+        if batch.items:
+            yield batch
+        if limit is not None and index >= limit:
+            break
+    return index
+
+
+def read_source(source: InputSource, batch_size: int) -> Iterator[RawBatch]:
+    """Yield one source's records in batches, by the reader of its kind, numbered from 0 within it."""
+    try:
+        if source.kind == "jsonl":
+            yield from read_json_lines(source, batch_size)
+        elif source.kind == "json":
+            yield from read_json(source, batch_size)
+        else:
+            yield from read_tabular(source, batch_size)
+    except OSError as exc:
+        raise InputError(f"{source.display}: cannot read ({exc.strerror or exc}); check the file") from exc

@@ -1,0 +1,293 @@
+"""JSON inputs: JSON lines (handed on as raw bytes, decoded in the workers) and JSON arrays, read as a stream."""
+
+from __future__ import annotations
+
+import codecs
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from packcli.errors import InputError
+from packcli.io.readers.compressed import open_input
+from packcli.io.sources import InputSource, RawBatch
+
+
+def read_json_lines(source: InputSource, batch_size: int) -> Iterator[RawBatch]:
+    path = source.display
+    items: list[bytes] = []
+    positions: list[int] = []
+    empty = True
+    with open_input(source) as fh:
+        for line_no, line in enumerate(fh, start=1):
+            if line_no == 1 and line.startswith(codecs.BOM_UTF8):
+                line = line[len(codecs.BOM_UTF8) :]  # Windows exports start with one
+            if not line.strip():
+                continue
+            empty = False
+            items.append(line)
+            positions.append(line_no)
+            if len(items) >= batch_size:
+                yield RawBatch(path, 0, items, positions, raw_lines=True)
+                items, positions = [], []
+    if items:
+        yield RawBatch(path, 0, items, positions, raw_lines=True)
+    if empty:
+        raise InputError(f"{path}: the file is empty; remove it from the inputs")
+
+
+CHUNK = 1 << 20
+_STRUCTURE = re.compile(r'["\[\]{}]')
+_IN_STRING = re.compile(r'["\\]')
+_SCALAR_END = re.compile(r"[\s,\]]")
+
+
+class _TextStream:
+    """A source's text, decoded from UTF-8 by chunks: a window ``buf`` that grows at its end on demand."""
+
+    def __init__(self, fh: Any, name: str) -> None:
+        self.fh = fh
+        self.name = name
+        self.decoder = codecs.getincrementaldecoder("utf-8")()
+        self.buf = ""
+        self.eof = False
+        self.bytes_read = 0
+        self.first = True
+        self.bom = 0  # bytes of the byte order mark skipped at the start
+        self.dropped_bytes = 0  # bytes of the text dropped from the start of ``buf``
+
+    def more(self) -> bool:
+        """Append the next chunk to ``buf``; return False at the end of the stream."""
+        if self.eof:
+            return False
+        data = self.fh.read(CHUNK)
+        if self.first and data.startswith(codecs.BOM_UTF8):
+            data = data[len(codecs.BOM_UTF8) :]  # Windows exports start with one
+            self.bom = len(codecs.BOM_UTF8)
+        self.first = False
+        try:
+            self.buf += self.decoder.decode(data, final=not data)
+        except UnicodeDecodeError as exc:
+            at = self.bytes_read + exc.start
+            raise InputError(f"{self.name}: byte {at} is not UTF-8; re-encode the file as UTF-8") from exc
+        self.bytes_read += len(data)
+        self.eof = not data
+        return True
+
+    def drop(self, pos: int) -> int:
+        """Forget the text before ``pos`` (already read); return where ``pos`` now is (0)."""
+        self.dropped_bytes += len(self.buf[:pos].encode("utf-8"))
+        self.buf = self.buf[pos:]
+        return 0
+
+    def byte_offset(self, pos: int) -> int:
+        """Return the offset in the file's bytes (from 0, a byte order mark counted) of ``buf[pos]``."""
+        return self.bom + self.dropped_bytes + len(self.buf[:pos].encode("utf-8"))
+
+
+def _value_end(stream: _TextStream, pos: int) -> int | None:
+    """Return the end of the JSON value that starts at ``pos`` (reading on as needed), or None if cut off.
+
+    Only brackets and strings are followed, so a value nested deeper than the decoder can go is still
+    delimited, and the scan goes on across chunks without starting over.
+    """
+    first = stream.buf[pos]
+    if first not in '[{"':
+        while True:
+            m = _SCALAR_END.search(stream.buf, pos)
+            if m:
+                return m.start()
+            if not stream.more():
+                return len(stream.buf)
+    depth = 0
+    in_string = False
+    i = pos
+    while True:
+        if in_string:
+            m = _IN_STRING.search(stream.buf, i)
+            if m is None:
+                i = len(stream.buf)
+            elif m.group() == "\\":
+                if m.end() >= len(stream.buf):  # the escaped character is in the next chunk
+                    i = m.start()
+                    if not stream.more():
+                        return None
+                    continue
+                i = m.end() + 1
+                continue
+            else:
+                in_string = False
+                i = m.end()
+                if depth == 0:
+                    return i
+                continue
+        else:
+            m = _STRUCTURE.search(stream.buf, i)
+            if m is None:
+                i = len(stream.buf)
+            else:
+                c = m.group()
+                i = m.end()
+                if c == '"':
+                    in_string = True
+                elif c in "[{":
+                    depth += 1
+                else:
+                    depth -= 1
+                    if depth == 0:
+                        return i
+                continue
+        if not stream.more():
+            return None
+
+
+def _skip_space(stream: _TextStream, pos: int) -> int:
+    while True:
+        while pos < len(stream.buf) and stream.buf[pos] in " \t\r\n":
+            pos += 1
+        if pos < len(stream.buf) or not stream.more():
+            return pos
+
+
+def read_json(source: InputSource, batch_size: int) -> Iterator[RawBatch]:
+    """Read a JSON array of records element by element, as a stream, or fall back to JSON lines.
+
+    Elements are delimited by a scan of brackets and strings and decoded one at a time, so that memory
+    holds one record (and a chunk), never the whole file, and a file cut off in the middle of a record
+    (a broken download) still gives every complete record before the cut; the cut itself is reported
+    as one bad record.
+    """
+    path = source.display
+    with open_input(source) as fh:
+        stream = _TextStream(fh, path)
+        pos = _skip_space(stream, 0)
+        if pos >= len(stream.buf):
+            raise InputError(f"{path}: the file is empty; remove it from the inputs")
+        if stream.buf[pos] != "[":
+            _refuse_object_over_lines(stream, pos, path)
+            lines_mode = True
+        else:
+            lines_mode = False
+            yield from _read_json_array(stream, pos + 1, path, batch_size)
+    if lines_mode:
+        # A .json file holding JSON lines, as many exports do.
+        yield from read_json_lines(source, batch_size)
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _refuse_object_over_lines(stream: _TextStream, pos: int, path: str) -> None:
+    """Raise InputError when a .json file that is no array starts with one object spread over lines.
+
+    Read as JSON lines, a pretty-printed object (``json.dump(record, f, indent=2)``, or ``jq`` without
+    ``-c``) is invalid JSON at line 1, which hides what the file should be. Only the first chunk is
+    looked at; an object longer than that is still known by a first line that is only ``{``.
+    """
+    if stream.buf[pos] != "{":
+        return
+    newline = stream.buf.find("\n", pos)
+    if newline == -1:
+        return
+    try:
+        value, end = _DECODER.raw_decode(stream.buf, pos)
+        spread = isinstance(value, dict) and end > newline
+    except (ValueError, RecursionError):  # not whole in the chunk, or a bad record: JSON lines report it
+        spread = stream.buf[pos:newline].strip() == "{"
+    if spread:
+        raise InputError(
+            f"{path}: the file starts with a JSON object spread over several lines; a .json file must be an "
+            "array of records or JSON lines (one record per line): put the records in [ ] or write each on one line"
+        )
+
+
+def _decode_whole(stream: _TextStream, pos: int) -> tuple[Any, int] | None:
+    """Decode the element at ``pos`` when it ends inside the window (not at its edge); else None.
+
+    None (cut by the window's edge, broken, or nested too deep) sends the element to the scan of
+    brackets and strings, which reads on as far as it goes and reports what is wrong.
+    """
+    try:
+        value, end = _DECODER.raw_decode(stream.buf, pos)
+    except (ValueError, RecursionError):  # ValueError: JSONDecodeError, or an integer too long to convert
+        return None
+    return (value, end) if end < len(stream.buf) or stream.eof else None
+
+
+def _read_json_array(stream: _TextStream, pos: int, path: str, batch_size: int) -> Iterator[RawBatch]:
+    record_no = 0
+    batch = RawBatch(path, 0, [], [])
+    while True:
+        if pos > CHUNK:
+            pos = stream.drop(pos)
+        pos = _skip_space(stream, pos)
+        if pos < len(stream.buf) and stream.buf[pos] == "]":
+            break
+        if pos >= len(stream.buf):
+            batch.errors.append((record_no + 1, "truncated_file", "the JSON array is cut off (missing ']')"))
+            batch.items.append(None)
+            batch.positions.append(record_no + 1)
+            break
+        record_no += 1
+        fast = _decode_whole(stream, pos)
+        end: int | None
+        if fast is not None:  # the common case: the element is whole in the window
+            value, end = fast
+        else:
+            end = _value_end(stream, pos)
+            if end is None:
+                batch.errors.append((record_no, "truncated_file", "the JSON array is cut off in this record"))
+                batch.items.append(None)
+                batch.positions.append(record_no)
+                break
+            try:
+                value = json.loads(stream.buf[pos:end])
+            except json.JSONDecodeError as exc:
+                # The element's end is known (its brackets and strings balance): it is one bad record,
+                # and the elements after it are still read (stopping here lost them uncounted).
+                where = stream.byte_offset(pos + exc.pos)
+                batch.errors.append(
+                    (record_no, "invalid_json", f"invalid JSON ({exc.msg} at byte {where} of the file)")
+                )
+                value = None
+            except ValueError:  # an integer past Python's digit limit: this record only, as below
+                from packcli.records.checks import integer_too_long
+
+                err = integer_too_long()
+                batch.errors.append((record_no, err.reason, err.detail))
+                value = None
+            except RecursionError:
+                # The decoder recurses per nesting level: this element is one bad record, and the
+                # elements after it are still read.
+                from packcli.records.checks import too_deep
+
+                err = too_deep()
+                batch.errors.append((record_no, err.reason, err.detail))
+                value = None
+        pos = _skip_space(stream, end)
+        batch.items.append(value)
+        batch.positions.append(record_no)
+        if pos < len(stream.buf) and stream.buf[pos] == ",":
+            pos += 1
+        elif pos < len(stream.buf) and stream.buf[pos] != "]":
+            # Without this check, two records run together would be read as one and the rest skipped.
+            found = stream.buf[pos : pos + 20].split("\n")[0]
+            raise InputError(
+                f"{path}: record {record_no} of the JSON array is followed by '{found}' at byte "
+                f"{stream.byte_offset(pos)}, not by ',' or ']'; fix the file (a missing ','?)"
+            )
+        if len(batch.items) >= batch_size:
+            yield batch
+            batch = RawBatch(path, 0, [], [])
+    if pos < len(stream.buf) and stream.buf[pos] == "]":
+        after = _skip_space(stream, pos + 1)
+        if after < len(stream.buf):
+            # As `cat a.json b.json` makes: everything after the first array would be lost.
+            raise InputError(
+                f"{path}: the file has data after its closing ] (at byte {stream.byte_offset(after)}, after "
+                f"record {record_no}): concatenated JSON arrays? merge them into one array or convert to JSON lines"
+            )
+    if batch.items:
+        yield batch
+    elif record_no == 0 and not batch.errors:
+        raise InputError(f"{path}: the JSON array is empty; remove it from the inputs")

@@ -1,0 +1,118 @@
+"""What a finished store's meta.json vouches for, and the checks that find a damaged store before it is read.
+
+``meta.json`` records the size and sha256 of every file of the store (and of segments at a URI, their
+size) and a sha256 of its own content; ``check_store`` compares them with what is on disk and raises
+``DamagedStore`` naming the first difference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from packcli.contract import file_sha256
+from packcli.errors import PackcliError, first_line
+from packcli.io.uri import join
+from packcli.results import StoreMeta, required_fields
+
+# Every key a finished store's meta.json has (packcli.results.StoreMeta); one missing means the entry is damaged.
+META_KEYS = required_fields(StoreMeta)
+TOKEN_FILES = ("input_ids.bin", "labels.bin")
+
+
+def segment_files(prefix: str) -> tuple[str, str]:
+    """The names of a segment's two token files (input ids, labels), relative to the segments' root."""
+    return prefix + TOKEN_FILES[0], prefix + TOKEN_FILES[1]
+
+
+class Digest:
+    """sha256 and size of bytes as they are written (a segment's checksum without reading it back)."""
+
+    def __init__(self) -> None:
+        self.sha = hashlib.sha256()
+        self.bytes = 0
+
+    def update(self, data: bytes) -> None:
+        self.sha.update(data)
+        self.bytes += len(data)
+
+    def entry(self) -> dict[str, Any]:
+        return {"bytes": self.bytes, "sha256": self.sha.hexdigest()}
+
+
+class DamagedStore(PackcliError):
+    """A store exists at the path but fails its checks; the message says which file and how."""
+
+
+def meta_digest(meta: dict[str, Any]) -> str:
+    """Return the sha256 of a meta.json's content but its own checksum (``meta_sha256``)."""
+    body = {k: v for k, v in meta.items() if k != "meta_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def check_store(path: Path, check_digests: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Check a store's meta.json and the size and sha256 of each of its files; return the meta.
+
+    Raise DamagedStore naming the first problem. The cost is one sequential read of the store.
+    ``check_digests(directory, {token file: expected})`` hashes the local token files instead of this
+    process (the Ray engine has tasks do it, so that its driver never reads tokens); it raises
+    DamagedStore as this function does.
+    """
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except FileNotFoundError:
+        raise DamagedStore(f"{path}: meta.json is missing") from None
+    except (OSError, ValueError) as exc:
+        raise DamagedStore(f"{path}: meta.json cannot be read ({first_line(exc)})") from exc
+    if not isinstance(meta, dict):
+        raise DamagedStore(f"{path}: meta.json is not a JSON object")
+    missing = [k for k in META_KEYS if k not in meta]
+    if missing:
+        raise DamagedStore(f"{path}: meta.json lacks {', '.join(missing)}")
+    if meta["meta_sha256"] != meta_digest(meta):
+        raise DamagedStore(f"{path}: meta.json does not match its checksum")
+    files, segments = meta["files"], meta["segments"]
+    try:
+        token_files = {name for seg in segments for name in segment_files(seg["prefix"])}
+    except (TypeError, KeyError):
+        raise DamagedStore(f"{path}: meta.json does not list the store's segments") from None
+    if not isinstance(files, dict) or not {"samples.npz", *token_files} <= set(files):
+        raise DamagedStore(f"{path}: meta.json does not list the store's files")
+    remote = meta.get("segment_root")
+    for name, expect in sorted(files.items()):
+        if remote and name in token_files:
+            _check_remote(join(remote, name), expect)
+            continue
+        file = path / name
+        try:
+            size = file.stat().st_size
+            if size != expect["bytes"]:
+                raise DamagedStore(f"{file}: has {size} bytes, meta.json says {expect['bytes']}")
+            if (check_digests is None or name not in token_files) and file_sha256(file) != expect["sha256"]:
+                raise DamagedStore(f"{file}: sha256 differs from meta.json (changed bytes)")
+        except FileNotFoundError:
+            raise DamagedStore(f"{file}: is missing") from None
+        except OSError as exc:
+            raise DamagedStore(f"{file}: cannot be read ({exc.strerror or exc})") from exc
+    if check_digests is not None:
+        check_digests(str(path), {n: files[n] for n in sorted(token_files)})
+    return meta
+
+
+def _check_remote(uri: str, expect: dict[str, Any]) -> None:
+    """A segment file at a URI: present with its size (object stores keep their own checksums; reading
+    it back to hash it would cost a whole download)."""
+    from pyarrow import fs as pafs
+
+    try:
+        filesystem, where = pafs.FileSystem.from_uri(uri)
+        info = filesystem.get_file_info(where)
+    except (OSError, ValueError) as exc:
+        raise DamagedStore(f"{uri}: cannot be read ({first_line(exc)})") from exc
+    if info.type == pafs.FileType.NotFound:
+        raise DamagedStore(f"{uri}: is missing")
+    if info.size != expect["bytes"]:
+        raise DamagedStore(f"{uri}: has {info.size} bytes, meta.json says {expect['bytes']}")
