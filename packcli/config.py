@@ -15,24 +15,51 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
-from packcli.errors import UsageError, too_many_digits
-from packcli.records.formats import DEFAULT_FIELDS, FORMATS, RESERVED_TEMPLATE_KWARGS
+from packcli.errors import Opt, UsageError, too_many_digits
+from packcli.records.formats import DEFAULT_FIELDS, RESERVED_TEMPLATE_KWARGS
 
-CHOICES: dict[str, tuple[str, ...]] = {
-    "format": ("auto", *FORMATS),
-    "task": ("auto", "sft", "preference", "kto"),
-    "train_on": ("auto", "all", "assistant", "last_assistant", "completion"),
-    "overflow": ("drop", "truncate", "split", "error"),
-    "truncate_side": ("auto", "right", "left"),  # auto: see PackConfig.cut_side; a pair's prompt from the left
-    "split_system": ("all", "first"),
-    "on_error": ("fail", "skip"),
-    "output_format": ("parquet", "arrow", "mds", "megatron"),
-    "algorithm": ("ffd", "bfd"),
-    "rank_remainder": ("drop", "pad"),
-    "engine": ("local", "ray"),
-    "loss_weighting": ("token", "sample", "sqrt"),
+# The choices of every choice option, declared once as Literal types: type checkers read them in
+# ``packcli.pack``'s signature, and CHOICES (the values the CLI, presets and the library accept) and the
+# help's metavars come from them.
+RecordFormat = Literal[
+    "auto", "messages", "conversations", "prompt_completion", "alpaca", "text", "tokenized", "preference", "kto"
+]
+Task = Literal["auto", "sft", "preference", "kto"]
+TrainOn = Literal["auto", "all", "assistant", "last_assistant", "completion"]
+Overflow = Literal["drop", "truncate", "split", "error"]
+TruncateSide = Literal["auto", "right", "left"]  # auto: see PackConfig.cut_side; a pair's prompt from the left
+SplitSystem = Literal["all", "first"]
+OnError = Literal["fail", "skip"]
+OutputFormat = Literal["parquet", "arrow", "mds", "megatron"]
+Algorithm = Literal["ffd", "bfd"]
+RankRemainder = Literal["drop", "pad"]
+EngineName = Literal["local", "ray"]
+LossWeighting = Literal["token", "sample", "sqrt"]
+
+CHOICE_TYPES: dict[str, Any] = {
+    "format": RecordFormat,
+    "task": Task,
+    "train_on": TrainOn,
+    "overflow": Overflow,
+    "truncate_side": TruncateSide,
+    "split_system": SplitSystem,
+    "on_error": OnError,
+    "output_format": OutputFormat,
+    "algorithm": Algorithm,
+    "rank_remainder": RankRemainder,
+    "engine": EngineName,
+    "loss_weighting": LossWeighting,
+}
+CHOICES: dict[str, tuple[str, ...]] = {name: get_args(kind) for name, kind in CHOICE_TYPES.items()}
+
+# The command line's flag of each option, where it is not ``--`` and the name with dashes (see flag()).
+FLAGS = {
+    "fields": "--field",
+    "template_kwargs": "--template-kwarg",
+    "cache": "--no-cache",  # the flag turns the cache off
+    "add_eos": "--add-eos/--no-add-eos",
 }
 
 # The chat templates packcli ships (packcli/templates/NAME.jinja), named with --chat-template NAME.
@@ -55,28 +82,28 @@ class PackConfig:
     chat_template: str | None = None
     split: str | None = None
     limit: int | None = None
-    format: str = "auto"
-    task: str = "auto"  # what the records train (sft, preference, kto); auto: from their format
+    format: RecordFormat = "auto"
+    task: Task = "auto"  # what the records train (sft, preference, kto); auto: from their format
     fields: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_FIELDS))
-    train_on: str = "auto"
+    train_on: TrainOn = "auto"
     add_eos: bool = True
-    overflow: str = "drop"
-    truncate_side: str = "auto"  # auto: right for --overflow truncate, left for split's fallback (cut_side)
-    split_system: str = "all"
+    overflow: Overflow = "drop"
+    truncate_side: TruncateSide = "auto"  # auto: right for --overflow truncate, left for split's fallback (cut_side)
+    split_system: SplitSystem = "all"
     min_piece: int = 0
     max_drop_fraction: float | None = None
-    on_error: str = "fail"
-    algorithm: str = "ffd"
+    on_error: OnError = "fail"
+    algorithm: Algorithm = "ffd"
     seed: int = 0
     world_size: int = 1
-    rank_remainder: str = "drop"
+    rank_remainder: RankRemainder = "drop"
     rows_per_shard: int = 2048
-    output_format: str = "parquet"
+    output_format: OutputFormat = "parquet"
     pad_to_max: bool = False
     pad_to_multiple_of: int = 1
     context_parallel: int = 1
     tensor_parallel: int = 1
-    loss_weighting: str = "token"
+    loss_weighting: LossWeighting = "token"
     overwrite: bool = False
     num_proc: int = 1
     cache: bool = True
@@ -86,7 +113,7 @@ class PackConfig:
     fix_turns: bool = False  # clean conversations (packcli.records.turns) before they are rendered
     fix_turns_log: str | None = None  # JSON lines: each record --fix-turns changed, and how
     dry_run: bool = False
-    engine: str = "local"
+    engine: EngineName = "local"
     ray_address: str | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -96,26 +123,40 @@ class PackConfig:
         for f in fields(self):
             problem = option_problem(f.name, getattr(self, f.name))
             if problem:
-                raise UsageError(f"{flag(f.name)} {problem}")
+                raise UsageError(problem, option=f.name)
         # Fields not named keep their default names, for callers that rename only some (the library).
         object.__setattr__(self, "fields", {**DEFAULT_FIELDS, **self.fields})
         object.__setattr__(self, "template_kwargs", dict(self.template_kwargs))
         self._check_template_kwargs()
         if self.min_piece > self.max_len:
-            raise UsageError(f"--min-piece must be between 0 and --max-len {self.max_len}, not {self.min_piece}")
+            raise UsageError(
+                "must be between 0 and ", Opt("max_len"), f" {self.max_len}, not {self.min_piece}", option="min_piece"
+            )
         if self.pad_to_max and self.max_len > PAD_TO_MAX_LIMIT:
             gib = self.max_len * PADDED_ROW_BYTES_PER_TOKEN / (1 << 30)
             raise UsageError(
-                f"--max-len {self.max_len} with --pad-to-max: every row would be {self.max_len} tokens, about "
-                f"{gib:.0f} GiB of memory to build; with --pad-to-max, --max-len must be at most {PAD_TO_MAX_LIMIT}"
+                f"{self.max_len} with ",
+                Opt("pad_to_max"),
+                f": every row would be {self.max_len} tokens, about {gib:.0f} GiB of memory to build; with ",
+                Opt("pad_to_max"),
+                ", ",
+                Opt("max_len"),
+                f" must be at most {PAD_TO_MAX_LIMIT}",
+                option="max_len",
             )
         self._check_padding()
         if self.fix_turns_log is not None and not self.fix_turns:
-            raise UsageError("--fix-turns-log lists what --fix-turns changes; pass --fix-turns too")
+            raise UsageError(
+                "lists what ",
+                Opt("fix_turns"),
+                " changes",
+                option="fix_turns_log",
+                hint=("pass ", Opt("fix_turns"), " too"),
+            )
         if self.cache_max_size is not None:
             from packcli.store.cachedir import parse_size
 
-            parse_size(self.cache_max_size, "--cache-max-size")
+            parse_size(self.cache_max_size, "cache_max_size")
         unknown = set(self.fields) - set(DEFAULT_FIELDS)
         if unknown:
             raise UsageError(
@@ -143,23 +184,32 @@ class PackConfig:
     def _check_padding(self) -> None:
         if self.pad_multiple > 1 and self.sample_limit < 1:
             raise UsageError(
-                f"--max-len {self.max_len} is too short for samples padded to a multiple of {self.pad_multiple}; "
-                "raise --max-len"
+                f"{self.max_len} is too short for samples padded to a multiple of {self.pad_multiple}",
+                option="max_len",
+                hint=("raise ", Opt("max_len")),
             )
         if self.pad_to_max and self.max_len % self.pad_multiple:
             raise UsageError(
-                f"--pad-to-max with samples padded to a multiple of {self.pad_multiple}: the row's padding would "
-                f"not be a multiple of it; make --max-len ({self.max_len}) a multiple of {self.pad_multiple}"
+                f"with samples padded to a multiple of {self.pad_multiple}: the row's padding would not be a "
+                "multiple of it",
+                option="pad_to_max",
+                hint=("make ", Opt("max_len"), f" ({self.max_len}) a multiple of {self.pad_multiple}"),
             )
         if self.output_format == "megatron" and self.pad_to_max:
             raise UsageError(
-                "--pad-to-max does not apply to --output-format megatron: its collate function pads rows itself "
-                "(pad_to_max_length); drop --pad-to-max"
+                "does not apply to ",
+                Opt("output_format", "megatron"),
+                ": its collate function pads rows itself (pad_to_max_length)",
+                option="pad_to_max",
+                hint=("drop ", Opt("pad_to_max")),
             )
         if self.output_format == "megatron" and self.loss_weighting != "token":
             raise UsageError(
-                f"--loss-weighting {self.loss_weighting} does not apply to --output-format megatron: its dataset "
-                "reads only loss_mask; write parquet, arrow or mds for loss weights"
+                Opt("loss_weighting", self.loss_weighting),
+                " does not apply to ",
+                Opt("output_format", "megatron"),
+                ": its dataset reads only loss_mask",
+                hint="write parquet, arrow or mds for loss weights",
             )
 
     @property
@@ -283,7 +333,7 @@ def load_config_file(path: str) -> dict[str, Any]:
             data = tomllib.loads(text)
         _check_depth(data)
     except FileNotFoundError as exc:
-        raise UsageError(f"{path}: no such config file; check the --config path") from exc
+        raise UsageError(f"{path}: no such config file", hint=("check the ", Opt("config"), " path")) from exc
     except _PresetLimit as exc:
         raise UsageError(f"{path}: {exc}; fix the preset") from exc
     except RecursionError as exc:
@@ -444,6 +494,8 @@ _EXPECTED = {
 
 def declared_type(name: str) -> str:
     """Return the declared type of option ``name`` as written in PackConfig (``int | None``...)."""
+    if name in CHOICES:
+        return "str"  # a Literal of CHOICE_TYPES: its values are checked on their own
     for f in fields(PackConfig):
         if f.name == name:
             return str(f.type)
@@ -550,8 +602,8 @@ def suggest(config: PackConfig, hints: Iterable[Hint]) -> str:
 
 
 def flag(name: str) -> str:
-    """Return the flag of an option name: ``max_len`` -> ``--max-len``."""
-    return "--" + name.replace("_", "-")
+    """Return the flag of an option name: ``max_len`` -> ``--max-len`` (``FLAGS`` holds the others)."""
+    return FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
 def parse_field_flags(values: list[str]) -> dict[str, str]:

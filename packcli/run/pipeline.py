@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from packcli import __version__, owned
-from packcli.config import PackConfig
+from packcli.config import PackConfig, Task
 from packcli.contract import Progress, no_progress
 from packcli.engines import load_engine
 from packcli.errors import InputError, OutputError, RecordError, UsageError, raise_if_stopped
@@ -355,7 +355,7 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
         fill = not config.dry_run  # a dry run writes nothing, into the cache neither
         with tokenized_inputs(config, progress, scratch=scratch, rule_out_long=True, fill_cache=fill) as inputs:
             t1 = time.perf_counter()
-            config = dataclasses.replace(config, task=inputs.task)  # the manifest records the task found
+            config = dataclasses.replace(config, task=cast(Task, inputs.task))  # the manifest records the task found
             seconds = dict(inputs.store.seconds)
             store = inputs.store
             plan = make_plan(config, store)
@@ -422,7 +422,7 @@ CACHE_MAX_SIZE_ENV = "PACKCLI_CACHE_MAX_SIZE"
 def cache_cap(config: PackConfig) -> int | None:
     """The most bytes the cache may hold after a pack: --cache-max-size, else $PACKCLI_CACHE_MAX_SIZE."""
     if config.cache_max_size is not None:
-        return parse_size(config.cache_max_size, "--cache-max-size")
+        return parse_size(config.cache_max_size, "cache_max_size")
     value = os.environ.get(CACHE_MAX_SIZE_ENV)
     return parse_size(value, f"${CACHE_MAX_SIZE_ENV}") if value else None
 
