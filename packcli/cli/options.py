@@ -220,7 +220,7 @@ def merge_preset(
     relative to the current directory.
     """
     from packcli.api import available_cores
-    from packcli.config import load_config_file, parse_field_flags, parse_template_kwargs
+    from packcli.config_presets import load_config_file, parse_field_flags, parse_template_kwargs
     from packcli.records.formats import DEFAULT_FIELDS
 
     options: dict[str, Any] = load_config_file(config) if config else {}
