@@ -475,11 +475,12 @@ _KEYWORDS = {"field": "fields", "template_kwarg": "template_kwargs", "no_cache":
 
 
 def api_terms(message: str, names: Mapping[str, str] | None = None) -> str:
-    """Return a core message (an error's or a warning's) in the library's terms.
+    """Return a core message written with flags (a warning's, or an error without option fields) in the
+    library's terms, and with in-memory inputs named as the caller passed them (``in_memory_terms``).
 
     Flags become keyword arguments (``--max-len`` -> ``max_len``, ``--overflow split`` ->
-    ``overflow="split"``), and the files in-memory inputs were written to become what the caller
-    passed (``names``: path -> words), their lines as the list's indices (from 0).
+    ``overflow="split"``). Errors that carry their options as fields (``PackcliError.structured``)
+    need none of this: ``str()`` renders them in Python's terms.
     """
     renamed = _CHOICE_RE.sub(_choice_terms, message)
 
@@ -491,26 +492,38 @@ def api_terms(message: str, names: Mapping[str, str] | None = None) -> str:
 
     renamed = _FLAG_RE.sub(keyword, renamed)
     renamed = _OUTPUT_FLAG_RE.sub("output", renamed)
+    return in_memory_terms(renamed, names)
+
+
+def in_memory_terms(message: str, names: Mapping[str, str] | None) -> str:
+    """Name the files in-memory inputs were written to as what the caller passed (``names``: path ->
+    words), their lines as the list's indices (from 0)."""
     for path, words in (names or {}).items():
         at_line = re.compile(re.escape(path) + r" line (\d+)")
 
         def at_index(m: re.Match[str], w: str = words) -> str:
             return f"{w}, index {int(m.group(1)) - 1}"
 
-        renamed = at_line.sub(at_index, renamed).replace(path, words)
-    return renamed
+        message = at_line.sub(at_index, message).replace(path, words)
+    return message
 
 
 @contextmanager
 def _api_terms(names: Mapping[str, str] | None = None) -> Iterator[None]:
-    """Re-raise packcli errors with option names (``max_len``) where the core names flags (``--max-len``)."""
+    """Re-raise packcli errors in the library's terms, with in-memory inputs named as the caller passed them."""
     try:
         yield
     except PackcliError as exc:
-        if exc.structured and not names:
-            raise  # its option and hint are fields: str() names them in Python already
-        message = str(exc)
-        renamed = api_terms(message, names)
-        if renamed == message:
+        if exc.structured:  # its options are fields or Opt parts: only the in-memory paths to rename
+            if not names:
+                raise
+            parts = tuple(in_memory_terms(p, names) if isinstance(p, str) else p for p in exc.message)
+            hint = tuple(in_memory_terms(p, names) if isinstance(p, str) else p for p in exc.hint)
+            if (parts, hint) == (exc.message, exc.hint):
+                raise
+            raise type(exc)(*parts, option=exc.option, hint=hint) from exc
+        text = str(exc)
+        renamed = api_terms(text, names)
+        if renamed == text:
             raise
         raise type(exc)(renamed) from exc

@@ -8,7 +8,7 @@ import numpy as np
 
 from packcli.config import Hint, PackConfig, suggest
 from packcli.contract import IGNORE_INDEX
-from packcli.errors import InputError
+from packcli.errors import InputError, Opt, Part
 from packcli.plan import packing, pairs
 from packcli.store.tokens import (
     TokenStore,
@@ -54,8 +54,9 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
         k = int(np.flatnonzero(too_long)[0])
         source, unit = source_of(store, int(store.sample_index[k]))
         raise InputError(
-            f"{where(source, unit, int(store.positions[k]))}: the sample has {lengths[k]} tokens, "
-            f"more than {_limit_text(config)}; raise --max-len or pass --overflow split, truncate or drop"
+            f"{where(source, unit, int(store.positions[k]))}: the sample has {lengths[k]} tokens, more than ",
+            *_limit_parts(config),
+            hint=("raise ", Opt("max_len"), " or pass ", Opt("overflow", "split", "truncate", "drop")),
         )
     cut_rows = np.zeros(0, dtype=np.int64)
     trained_in_window = np.zeros(0, dtype=np.int64)
@@ -146,6 +147,17 @@ def make_plan(config: PackConfig, store: TokenStore) -> Plan:
         bound_l1=packing.lower_bound_l1(items_len, config.max_len),
         bound_l2=packing.lower_bound_l2(items_len, config.max_len),
         alignment_padding=int(padded_len.sum() - kept_len.sum()),
+    )
+
+
+def _limit_parts(config: PackConfig) -> tuple[Part, ...]:
+    """The most tokens a sample may have, as message parts (``_limit_text``'s words)."""
+    if config.sample_limit == config.max_len:
+        return (Opt("max_len"), f" {config.max_len}")
+    return (
+        f"{config.sample_limit}, the most that fits in ",
+        Opt("max_len"),
+        f" {config.max_len} once padded to a multiple of {config.pad_multiple}",
     )
 
 
