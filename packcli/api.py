@@ -293,7 +293,7 @@ def _check_call_options(**values: Any) -> None:
     for name, value in values.items():
         problem = option_problem(name, value)
         if problem:
-            raise UsageError(f"{name} {problem}")
+            raise UsageError(problem, option=name)
 
 
 def _check_directory(directory: Any) -> None:
@@ -341,7 +341,7 @@ def _max_lens(max_len: Any) -> list[int]:
     for value in lens:
         problem = option_problem("max_len", value)
         if problem:
-            raise UsageError(f"max_len {problem}")
+            raise UsageError(problem, option="max_len")
     return list(dict.fromkeys(lens))
 
 

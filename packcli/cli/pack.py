@@ -170,7 +170,7 @@ def pack(
     Example: packcli pack data.jsonl --max-len 4096 -o out/
     """
     params = dict(locals())
-    from packcli.errors import UsageError
+    from packcli.errors import Opt, UsageError
 
     flags = {name: params[name] for name in _AS_GIVEN}
     options = merge_preset(ctx, config, flags, field, template_kwarg, num_proc, no_cache)
@@ -182,9 +182,13 @@ def pack(
     cfg = PackConfig(inputs=tuple(inputs) if inputs else preset_inputs, **options)
     for name, modes in _OVERFLOW_ONLY.items():
         if given(ctx, name) and cfg.overflow not in modes:
-            flag, which = "--" + name.replace("_", "-"), " or ".join(modes)
-            raise UsageError(f"{flag} applies to --overflow {which} only (this run uses {cfg.overflow}); "
-                             f"pass --overflow {modes[0]}, or leave {flag} out")  # fmt: skip
+            raise UsageError(
+                "applies to ",
+                Opt("overflow", *modes),
+                f" only (this run uses {cfg.overflow})",
+                option=name,
+                hint=("pass ", Opt("overflow", modes[0]), ", or leave ", Opt(name), " out"),
+            )
 
     import packcli.cli.render as console
 
