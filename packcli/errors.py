@@ -53,7 +53,7 @@ def joined(words: list[str]) -> str:
 
 def render(parts: Iterable[Part], terms: Terms = python_term) -> str:
     """Join message parts into text, each option named by ``terms``."""
-    return "".join(p if isinstance(p, str) else terms(p) for p in parts)
+    return "".join(terms(p) if isinstance(p, Opt) else str(p) for p in parts)
 
 
 class PackcliError(Exception):
