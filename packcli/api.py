@@ -16,6 +16,7 @@ whose messages name options by their Python names (``max_len``), not by their fl
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 import re
@@ -26,6 +27,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from packcli.config import (
+    Algorithm,
+    EngineName,
+    LossWeighting,
+    OnError,
+    OutputFormat,
+    Overflow,
+    RankRemainder,
+    RecordFormat,
+    SplitSystem,
+    Task,
+    TrainOn,
+    TruncateSide,
+)
 from packcli.contract import Progress
 from packcli.errors import PackcliError, UsageError, reset_stop
 from packcli.output.formats import format_of, read_shard
@@ -146,34 +161,68 @@ class PackResult:
         return concatenate_datasets(parts) if len(parts) > 1 else parts[0]
 
 
+PathArg = str | os.PathLike[str]
+
+
 def pack(
     inputs: str | os.PathLike[str] | Sequence[Any] | Any,
     max_len: int = 4096,
-    output: str | os.PathLike[str] = "packed",
+    output: PathArg = "packed",
     *,
+    tokenizer: PathArg | None = None,
+    chat_template: PathArg | None = None,
+    split: str | None = None,
+    limit: int | None = None,
+    format: RecordFormat = "auto",
+    task: Task = "auto",
     fields: Mapping[str, str] | None = None,
-    template_kwargs: Mapping[str, Any] | None = None,
+    train_on: TrainOn = "auto",
+    add_eos: bool = True,
+    overflow: Overflow = "drop",
+    truncate_side: TruncateSide = "auto",
+    split_system: SplitSystem = "all",
+    min_piece: int = 0,
+    max_drop_fraction: float | None = None,
+    on_error: OnError = "fail",
+    algorithm: Algorithm = "ffd",
+    seed: int = 0,
+    world_size: int = 1,
+    rank_remainder: RankRemainder = "drop",
+    rows_per_shard: int = 2048,
+    output_format: OutputFormat = "parquet",
+    pad_to_max: bool = False,
+    pad_to_multiple_of: int = 1,
+    context_parallel: int = 1,
+    tensor_parallel: int = 1,
+    loss_weighting: LossWeighting = "token",
+    overwrite: bool = False,
     num_proc: int | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    **options: Any,
+    cache: bool = True,
+    cache_dir: PathArg | None = None,
+    cache_max_size: str | None = None,
+    rejects: PathArg | None = None,
+    fix_turns: bool = False,
+    fix_turns_log: PathArg | None = None,
+    dry_run: bool = False,
+    engine: EngineName = "local",
+    ray_address: str | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> PackResult:
     """Tokenize and pack ``inputs`` into shards under ``output``; return what was done.
 
-    ``options`` are the other options of ``packcli pack`` by their Python names (``tokenizer``,
-    ``chat_template``, ``format``, ``train_on``, ``overflow``, ``on_error``, ``seed``, ``world_size``,
-    ``overwrite``, ``cache``, ``dry_run``...). ``fields`` renames only the fields it names. Every option
-    is checked (its type and value, by the command line's rules) before anything is read or written.
+    The keywords are the options of ``packcli pack`` by their Python names (``PackConfig``'s fields,
+    with the same defaults; a test holds them equal). ``num_proc=None`` is the available cores;
+    ``fields`` renames only the fields it names. Every option is checked (its type and value, by the
+    command line's rules) before anything is read or written.
     """
     from packcli.config import PackConfig
 
-    _check_options(options)
+    given = {name: value for name, value in locals().items() if name in _PACK_OPTIONS}
     inputs = _listed(inputs)
-    given = {"max_len": max_len, "output": output, "cache_dir": cache_dir, **options}
     given["num_proc"] = available_cores() if num_proc is None else num_proc
-    if fields is not None:
-        given["fields"] = fields
-    if template_kwargs is not None:
-        given["template_kwargs"] = template_kwargs
+    for name in ("fields", "template_kwargs"):
+        if given[name] is None:
+            del given[name]
     with _api_terms():
         config = PackConfig(inputs=(), **_path_strings(given))
     _check_inputs(inputs)
@@ -183,6 +232,10 @@ def pack(
     # Warnings, like errors, name the keyword arguments (truncate_side="left"), not the flags.
     warnings = [api_terms(w, names) for w in result.warnings]
     return dataclasses.replace(result, summary=dataclasses.replace(result.summary, warnings=warnings))
+
+
+# pack()'s keywords: every option of PackConfig but its inputs (tests/test_options.py holds them equal).
+_PACK_OPTIONS = frozenset(inspect.signature(pack).parameters) - {"inputs"}
 
 
 def run(config: Any, progress: Progress | None = None) -> PackResult:
@@ -276,7 +329,7 @@ def inspect_row(
 # -- checks, before any work ---------------------------------------------------------------------------
 
 # Options that name a path: os.PathLike is as good as a string (the command line's are strings).
-_PATH_OPTIONS = ("output", "cache_dir", "rejects", "chat_template", "tokenizer")
+_PATH_OPTIONS = ("output", "cache_dir", "rejects", "chat_template", "tokenizer", "fix_turns_log")
 
 
 def _path_strings(options: dict[str, Any]) -> dict[str, Any]:
@@ -290,7 +343,7 @@ def _check_call_options(**values: Any) -> None:
     for name, value in values.items():
         problem = option_problem(name, value)
         if problem:
-            raise UsageError(f"{name} {problem}")
+            raise UsageError(problem, option=name)
 
 
 def _check_directory(directory: Any) -> None:
@@ -338,7 +391,7 @@ def _max_lens(max_len: Any) -> list[int]:
     for value in lens:
         problem = option_problem("max_len", value)
         if problem:
-            raise UsageError(f"max_len {problem}")
+            raise UsageError(problem, option="max_len")
     return list(dict.fromkeys(lens))
 
 
@@ -472,11 +525,12 @@ _KEYWORDS = {"field": "fields", "template_kwarg": "template_kwargs", "no_cache":
 
 
 def api_terms(message: str, names: Mapping[str, str] | None = None) -> str:
-    """Return a core message (an error's or a warning's) in the library's terms.
+    """Return a core message written with flags (a warning's, or an error without option fields) in the
+    library's terms, and with in-memory inputs named as the caller passed them (``in_memory_terms``).
 
     Flags become keyword arguments (``--max-len`` -> ``max_len``, ``--overflow split`` ->
-    ``overflow="split"``), and the files in-memory inputs were written to become what the caller
-    passed (``names``: path -> words), their lines as the list's indices (from 0).
+    ``overflow="split"``). Errors that carry their options as fields (``PackcliError.structured``)
+    need none of this: ``str()`` renders them in Python's terms.
     """
     renamed = _CHOICE_RE.sub(_choice_terms, message)
 
@@ -488,24 +542,38 @@ def api_terms(message: str, names: Mapping[str, str] | None = None) -> str:
 
     renamed = _FLAG_RE.sub(keyword, renamed)
     renamed = _OUTPUT_FLAG_RE.sub("output", renamed)
+    return in_memory_terms(renamed, names)
+
+
+def in_memory_terms(message: str, names: Mapping[str, str] | None) -> str:
+    """Name the files in-memory inputs were written to as what the caller passed (``names``: path ->
+    words), their lines as the list's indices (from 0)."""
     for path, words in (names or {}).items():
         at_line = re.compile(re.escape(path) + r" line (\d+)")
 
         def at_index(m: re.Match[str], w: str = words) -> str:
             return f"{w}, index {int(m.group(1)) - 1}"
 
-        renamed = at_line.sub(at_index, renamed).replace(path, words)
-    return renamed
+        message = at_line.sub(at_index, message).replace(path, words)
+    return message
 
 
 @contextmanager
 def _api_terms(names: Mapping[str, str] | None = None) -> Iterator[None]:
-    """Re-raise packcli errors with option names (``max_len``) where the core names flags (``--max-len``)."""
+    """Re-raise packcli errors in the library's terms, with in-memory inputs named as the caller passed them."""
     try:
         yield
     except PackcliError as exc:
-        message = str(exc)
-        renamed = api_terms(message, names)
-        if renamed == message:
+        if exc.structured:  # its options are fields or Opt parts: only the in-memory paths to rename
+            if not names:
+                raise
+            parts = tuple(in_memory_terms(p, names) if isinstance(p, str) else p for p in exc.message)
+            hint = tuple(in_memory_terms(p, names) if isinstance(p, str) else p for p in exc.hint)
+            if (parts, hint) == (exc.message, exc.hint):
+                raise
+            raise type(exc)(*parts, option=exc.option, hint=hint) from exc
+        text = str(exc)
+        renamed = api_terms(text, names)
+        if renamed == text:
             raise
         raise type(exc)(renamed) from exc

@@ -1,9 +1,9 @@
-"""The frozen options of a pack run, and presets loaded from config files (TOML, YAML or JSON).
+"""The frozen options of a pack run, declared once: their types, defaults, choices and rules.
 
-A config file holds the same names as the ``pack`` flags (``max_len``, ``train_on``, ...) plus a
-``[fields]`` table that renames record fields, and may name its ``inputs`` (paths relative to the
-file). Flags given on the command line override the file; inputs given on the command line replace
-the preset's.
+``PackConfig``'s fields are the options (a preset's keys and ``packcli.pack``'s keywords; the flag of
+each is ``flag(name)``); their choices are the Literal types of ``CHOICE_TYPES``; ``option_problem``
+is the rule of one value, applied alike to flags, presets and the library's calls. Presets are read by
+``packcli.config_presets``.
 """
 
 from __future__ import annotations
@@ -11,29 +11,53 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
-from packcli.errors import UsageError, too_many_digits
-from packcli.io.uri import is_uri
-from packcli.records.formats import DEFAULT_FIELDS, FORMATS, RESERVED_TEMPLATE_KWARGS
+from packcli.errors import Opt, UsageError, too_many_digits
+from packcli.records.formats import DEFAULT_FIELDS, RESERVED_TEMPLATE_KWARGS
 
-CHOICES: dict[str, tuple[str, ...]] = {
-    "format": ("auto", *FORMATS),
-    "task": ("auto", "sft", "preference", "kto"),
-    "train_on": ("auto", "all", "assistant", "last_assistant", "completion"),
-    "overflow": ("drop", "truncate", "split", "error"),
-    "truncate_side": ("auto", "right", "left"),  # auto: see PackConfig.cut_side; a pair's prompt from the left
-    "split_system": ("all", "first"),
-    "on_error": ("fail", "skip"),
-    "output_format": ("parquet", "arrow", "mds", "megatron"),
-    "algorithm": ("ffd", "bfd"),
-    "rank_remainder": ("drop", "pad"),
-    "engine": ("local", "ray"),
-    "loss_weighting": ("token", "sample", "sqrt"),
+# The choices of every choice option, declared once as Literal types: type checkers read them in
+# ``packcli.pack``'s signature, and CHOICES (the values the CLI, presets and the library accept) and the
+# help's metavars come from them.
+RecordFormat = Literal[
+    "auto", "messages", "conversations", "prompt_completion", "alpaca", "text", "tokenized", "preference", "kto"
+]
+Task = Literal["auto", "sft", "preference", "kto"]
+TrainOn = Literal["auto", "all", "assistant", "last_assistant", "completion"]
+Overflow = Literal["drop", "truncate", "split", "error"]
+TruncateSide = Literal["auto", "right", "left"]  # auto: see PackConfig.cut_side; a pair's prompt from the left
+SplitSystem = Literal["all", "first"]
+OnError = Literal["fail", "skip"]
+OutputFormat = Literal["parquet", "arrow", "mds", "megatron"]
+Algorithm = Literal["ffd", "bfd"]
+RankRemainder = Literal["drop", "pad"]
+EngineName = Literal["local", "ray"]
+LossWeighting = Literal["token", "sample", "sqrt"]
+
+CHOICE_TYPES: dict[str, Any] = {
+    "format": RecordFormat,
+    "task": Task,
+    "train_on": TrainOn,
+    "overflow": Overflow,
+    "truncate_side": TruncateSide,
+    "split_system": SplitSystem,
+    "on_error": OnError,
+    "output_format": OutputFormat,
+    "algorithm": Algorithm,
+    "rank_remainder": RankRemainder,
+    "engine": EngineName,
+    "loss_weighting": LossWeighting,
+}
+CHOICES: dict[str, tuple[str, ...]] = {name: get_args(kind) for name, kind in CHOICE_TYPES.items()}
+
+# The command line's flag of each option, where it is not ``--`` and the name with dashes (see flag()).
+FLAGS = {
+    "fields": "--field",
+    "template_kwargs": "--template-kwarg",
+    "cache": "--no-cache",  # the flag turns the cache off
+    "add_eos": "--add-eos/--no-add-eos",
 }
 
 # The chat templates packcli ships (packcli/templates/NAME.jinja), named with --chat-template NAME.
@@ -56,28 +80,28 @@ class PackConfig:
     chat_template: str | None = None
     split: str | None = None
     limit: int | None = None
-    format: str = "auto"
-    task: str = "auto"  # what the records train (sft, preference, kto); auto: from their format
+    format: RecordFormat = "auto"
+    task: Task = "auto"  # what the records train (sft, preference, kto); auto: from their format
     fields: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_FIELDS))
-    train_on: str = "auto"
+    train_on: TrainOn = "auto"
     add_eos: bool = True
-    overflow: str = "drop"
-    truncate_side: str = "auto"  # auto: right for --overflow truncate, left for split's fallback (cut_side)
-    split_system: str = "all"
+    overflow: Overflow = "drop"
+    truncate_side: TruncateSide = "auto"  # auto: right for --overflow truncate, left for split's fallback (cut_side)
+    split_system: SplitSystem = "all"
     min_piece: int = 0
     max_drop_fraction: float | None = None
-    on_error: str = "fail"
-    algorithm: str = "ffd"
+    on_error: OnError = "fail"
+    algorithm: Algorithm = "ffd"
     seed: int = 0
     world_size: int = 1
-    rank_remainder: str = "drop"
+    rank_remainder: RankRemainder = "drop"
     rows_per_shard: int = 2048
-    output_format: str = "parquet"
+    output_format: OutputFormat = "parquet"
     pad_to_max: bool = False
     pad_to_multiple_of: int = 1
     context_parallel: int = 1
     tensor_parallel: int = 1
-    loss_weighting: str = "token"
+    loss_weighting: LossWeighting = "token"
     overwrite: bool = False
     num_proc: int = 1
     cache: bool = True
@@ -87,7 +111,7 @@ class PackConfig:
     fix_turns: bool = False  # clean conversations (packcli.records.turns) before they are rendered
     fix_turns_log: str | None = None  # JSON lines: each record --fix-turns changed, and how
     dry_run: bool = False
-    engine: str = "local"
+    engine: EngineName = "local"
     ray_address: str | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -97,26 +121,40 @@ class PackConfig:
         for f in fields(self):
             problem = option_problem(f.name, getattr(self, f.name))
             if problem:
-                raise UsageError(f"{flag(f.name)} {problem}")
+                raise UsageError(problem, option=f.name)
         # Fields not named keep their default names, for callers that rename only some (the library).
         object.__setattr__(self, "fields", {**DEFAULT_FIELDS, **self.fields})
         object.__setattr__(self, "template_kwargs", dict(self.template_kwargs))
         self._check_template_kwargs()
         if self.min_piece > self.max_len:
-            raise UsageError(f"--min-piece must be between 0 and --max-len {self.max_len}, not {self.min_piece}")
+            raise UsageError(
+                "must be between 0 and ", Opt("max_len"), f" {self.max_len}, not {self.min_piece}", option="min_piece"
+            )
         if self.pad_to_max and self.max_len > PAD_TO_MAX_LIMIT:
             gib = self.max_len * PADDED_ROW_BYTES_PER_TOKEN / (1 << 30)
             raise UsageError(
-                f"--max-len {self.max_len} with --pad-to-max: every row would be {self.max_len} tokens, about "
-                f"{gib:.0f} GiB of memory to build; with --pad-to-max, --max-len must be at most {PAD_TO_MAX_LIMIT}"
+                f"{self.max_len} with ",
+                Opt("pad_to_max"),
+                f": every row would be {self.max_len} tokens, about {gib:.0f} GiB of memory to build; with ",
+                Opt("pad_to_max"),
+                ", ",
+                Opt("max_len"),
+                f" must be at most {PAD_TO_MAX_LIMIT}",
+                option="max_len",
             )
         self._check_padding()
         if self.fix_turns_log is not None and not self.fix_turns:
-            raise UsageError("--fix-turns-log lists what --fix-turns changes; pass --fix-turns too")
+            raise UsageError(
+                "lists what ",
+                Opt("fix_turns"),
+                " changes",
+                option="fix_turns_log",
+                hint=("pass ", Opt("fix_turns"), " too"),
+            )
         if self.cache_max_size is not None:
             from packcli.store.cachedir import parse_size
 
-            parse_size(self.cache_max_size, "--cache-max-size")
+            parse_size(self.cache_max_size, "cache_max_size")
         unknown = set(self.fields) - set(DEFAULT_FIELDS)
         if unknown:
             raise UsageError(
@@ -144,23 +182,32 @@ class PackConfig:
     def _check_padding(self) -> None:
         if self.pad_multiple > 1 and self.sample_limit < 1:
             raise UsageError(
-                f"--max-len {self.max_len} is too short for samples padded to a multiple of {self.pad_multiple}; "
-                "raise --max-len"
+                f"{self.max_len} is too short for samples padded to a multiple of {self.pad_multiple}",
+                option="max_len",
+                hint=("raise ", Opt("max_len")),
             )
         if self.pad_to_max and self.max_len % self.pad_multiple:
             raise UsageError(
-                f"--pad-to-max with samples padded to a multiple of {self.pad_multiple}: the row's padding would "
-                f"not be a multiple of it; make --max-len ({self.max_len}) a multiple of {self.pad_multiple}"
+                f"with samples padded to a multiple of {self.pad_multiple}: the row's padding would not be a "
+                "multiple of it",
+                option="pad_to_max",
+                hint=("make ", Opt("max_len"), f" ({self.max_len}) a multiple of {self.pad_multiple}"),
             )
         if self.output_format == "megatron" and self.pad_to_max:
             raise UsageError(
-                "--pad-to-max does not apply to --output-format megatron: its collate function pads rows itself "
-                "(pad_to_max_length); drop --pad-to-max"
+                "does not apply to ",
+                Opt("output_format", "megatron"),
+                ": its collate function pads rows itself (pad_to_max_length)",
+                option="pad_to_max",
+                hint=("drop ", Opt("pad_to_max")),
             )
         if self.output_format == "megatron" and self.loss_weighting != "token":
             raise UsageError(
-                f"--loss-weighting {self.loss_weighting} does not apply to --output-format megatron: its dataset "
-                "reads only loss_mask; write parquet, arrow or mds for loss weights"
+                Opt("loss_weighting", self.loss_weighting),
+                " does not apply to ",
+                Opt("output_format", "megatron"),
+                ": its dataset reads only loss_mask",
+                hint="write parquet, arrow or mds for loss weights",
             )
 
     @property
@@ -249,154 +296,6 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 
-# A preset holds options, not data: what it may be, so that reading one is instant whatever the file.
-MAX_PRESET_BYTES = 1 << 20
-MAX_PRESET_DEPTH = 32  # tables and lists within each other (a template keyword's value may nest a few)
-
-
-class _PresetLimit(Exception):
-    """A preset past a limit of this module (its words, for the one line the user reads)."""
-
-
-def load_config_file(path: str) -> dict[str, Any]:
-    """Read a preset (.toml, .yaml/.yml or .json); return its options with field renames merged over the defaults.
-
-    ``inputs`` (a path or a list of them) and ``output`` are returned relative to the current
-    directory: a preset's paths are relative to the preset file. A preset is at most
-    ``MAX_PRESET_BYTES`` and ``MAX_PRESET_DEPTH`` levels deep, and YAML aliases (``*name``) are
-    refused: their expansion ("billion laughs") would make a 1 KB file gigabytes.
-    """
-    import yaml
-
-    p = Path(path)
-    try:
-        with open(p, "rb") as fh:
-            raw = fh.read(MAX_PRESET_BYTES + 1)
-        if len(raw) > MAX_PRESET_BYTES:
-            raise _PresetLimit(f"is larger than {MAX_PRESET_BYTES >> 20} MiB; a preset holds options, not data")
-        text = raw.decode("utf-8")
-        if p.suffix.lower() == ".json":
-            data = json.loads(text)
-        elif p.suffix.lower() in (".yaml", ".yml"):
-            data = yaml.load(text, Loader=_preset_yaml_loader())  # a SafeLoader, aliases refused
-            data = {} if data is None else data
-        else:
-            data = tomllib.loads(text)
-        _check_depth(data)
-    except FileNotFoundError as exc:
-        raise UsageError(f"{path}: no such config file; check the --config path") from exc
-    except _PresetLimit as exc:
-        raise UsageError(f"{path}: {exc}; fix the preset") from exc
-    except RecursionError as exc:
-        raise UsageError(f"{path}: nested more than {MAX_PRESET_DEPTH} levels deep; fix the preset") from exc
-    except yaml.YAMLError as exc:
-        raise UsageError(f"{path}: not a valid YAML file ({' '.join(str(exc).split())}); fix it") from exc
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
-        raise UsageError(f"{path}: not a valid config file ({exc}); fix it") from exc
-    except ValueError as exc:  # the parsers' only other one: an integer past Python's digit limit
-        raise UsageError(f"{path}: holds {too_many_digits()}; fix the preset") from exc
-    if not isinstance(data, dict):
-        raise UsageError(
-            f"{path}: a preset must be an object of option = value, not {describe_value(data)}; fix the file"
-        )
-    known = {f.name for f in fields(PackConfig)}
-    data = {str(k).replace("-", "_"): v for k, v in data.items() if k != "description"}
-    unknown = set(data) - known
-    if unknown:
-        raise UsageError(
-            f"{path}: unknown option(s) {', '.join(sorted(unknown))}{did_you_mean(unknown, known)}; "
-            "see packcli pack --help"
-        )
-    if "inputs" in data:
-        data["inputs"] = _preset_inputs(path, data["inputs"])
-    for key, value in data.items():
-        if key != "inputs":
-            _check_type(path, key, value)
-    if "output" in data:
-        data["output"] = _beside_preset(path, data["output"])
-    if "fields" in data:
-        data["fields"] = {**DEFAULT_FIELDS, **data["fields"]}
-    return data
-
-
-def _preset_yaml_loader() -> type:
-    """Return YAML's safe loader with aliases refused and nesting bounded (see ``load_config_file``)."""
-    import yaml
-
-    class PresetLoader(yaml.SafeLoader):
-        depth = 0
-
-        def compose_node(self, parent: Any, index: Any) -> Any:
-            if self.check_event(yaml.AliasEvent):
-                event = self.peek_event()
-                raise _PresetLimit(
-                    f"line {event.start_mark.line + 1}: YAML alias *{event.anchor}; a preset takes no aliases "
-                    "(its values are written out in full)"
-                )
-            self.depth += 1
-            if self.depth > MAX_PRESET_DEPTH:
-                raise _PresetLimit(f"nested more than {MAX_PRESET_DEPTH} levels deep")
-            try:
-                return super().compose_node(parent, index)
-            finally:
-                self.depth -= 1
-
-    return PresetLoader
-
-
-def _check_depth(data: Any) -> None:
-    """Raise _PresetLimit when tables and lists nest more than MAX_PRESET_DEPTH levels (without recursion)."""
-    stack = [(data, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, dict | list):
-            if depth > MAX_PRESET_DEPTH:
-                raise _PresetLimit(f"nested more than {MAX_PRESET_DEPTH} levels deep")
-            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
-
-
-def _beside_preset(path: str, output: str) -> str:
-    """A preset's output directory, relative to the preset's directory as its inputs are (URIs as written)."""
-    if is_uri(output) or Path(output).is_absolute():
-        return output
-    return str(Path(path).parent / output)
-
-
-def _preset_inputs(path: str, value: Any) -> tuple[str, ...]:
-    """A preset's inputs (a string or a list of strings), each relative to the preset's directory."""
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list) or not items or not all(isinstance(v, str) and v for v in items):
-        raise UsageError(
-            f"{path}: 'inputs' must be a path or a list of paths, not {describe_value(value)}; fix the preset"
-        )
-    base = Path(path).parent
-    out = []
-    for item in items:
-        # stdin, absolute paths and Hub names (owner/name, not a path beside the preset) stay as written.
-        hub = item.count("/") == 1 and not item.startswith((".", "~")) and not Path(item).suffix
-        hub = hub and not (base / item).exists()
-        out.append(item if item == "-" or Path(item).is_absolute() or hub else str(base / item))
-    return tuple(out)
-
-
-def parse_template_kwargs(values: list[str]) -> dict[str, Any]:
-    """Parse ``--template-kwarg KEY=VALUE`` flags; VALUE is JSON (``false``, ``"high"``) or else a string."""
-    out: dict[str, Any] = {}
-    for value in values:
-        name, sep, raw = value.partition("=")
-        if not sep or not name.strip():
-            raise UsageError(f"--template-kwarg takes KEY=VALUE (e.g. enable_thinking=false), not '{value}'")
-        try:
-            out[name.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[name.strip()] = raw
-        except ValueError as exc:  # an integer past Python's digit limit
-            raise UsageError(
-                f"--template-kwarg {name.strip()}: the value is {too_many_digits()}; quote it to pass it as a string"
-            ) from exc
-    return out
-
-
 # -- the rule of every option, declared once ------------------------------------------------------
 # PackConfig checks its fields with it, presets their values, the library the options of its calls
 # (stats' batch_size, inspect_row's row...), so that the command line, a preset and a Python call
@@ -445,6 +344,8 @@ _EXPECTED = {
 
 def declared_type(name: str) -> str:
     """Return the declared type of option ``name`` as written in PackConfig (``int | None``...)."""
+    if name in CHOICES:
+        return "str"  # a Literal of CHOICE_TYPES: its values are checked on their own
     for f in fields(PackConfig):
         if f.name == name:
             return str(f.type)
@@ -528,17 +429,6 @@ def describe_value(value: Any) -> str:
     return "null" if value is None else f"a value of type {type(value).__name__}"
 
 
-def _check_type(path: str, key: str, value: Any) -> None:
-    """Refuse a preset value of the wrong type or out of range: a string "false" is not false.
-
-    Flags are typed by their parser; preset values are checked with the same rule as PackConfig's, so
-    a preset cannot turn on --overwrite or the cache by spelling false as a string.
-    """
-    problem = option_problem(key, value)
-    if problem:
-        raise UsageError(f"{path}: '{key}' {problem}; fix the preset")
-
-
 # A hint of an error or a warning: (option, value) it would set, or None for a step that is no option,
 # and its words. ``suggest`` leaves out those that set what the run already has.
 Hint = tuple[tuple[str, Any] | None, str]
@@ -551,16 +441,5 @@ def suggest(config: PackConfig, hints: Iterable[Hint]) -> str:
 
 
 def flag(name: str) -> str:
-    """Return the flag of an option name: ``max_len`` -> ``--max-len``."""
-    return "--" + name.replace("_", "-")
-
-
-def parse_field_flags(values: list[str]) -> dict[str, str]:
-    """Parse ``--field NAME=FIELD`` flags."""
-    out = {}
-    for value in values:
-        name, sep, target = value.partition("=")
-        if not sep or not name or not target:
-            raise UsageError(f"--field takes NAME=FIELD (e.g. messages=dialog), not '{value}'")
-        out[name.strip()] = target.strip()
-    return out
+    """Return the flag of an option name: ``max_len`` -> ``--max-len`` (``FLAGS`` holds the others)."""
+    return FLAGS.get(name, "--" + name.replace("_", "-"))

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 _STOP = threading.Event()
 _STOPPING = threading.Event()
@@ -13,10 +16,82 @@ _STOPPING = threading.Event()
 _BLOCKING = [0]
 
 
+@dataclass(frozen=True)
+class Opt:
+    """An option named in a message: rendered as its flag on the command line, by its name in Python.
+
+    ``Opt("max_len")`` reads ``--max-len`` or ``max_len``; with values, ``Opt("overflow", "split",
+    "drop")`` reads ``--overflow split or drop`` or ``overflow="split" or "drop"``, and a boolean
+    ``Opt("cache", False)`` reads ``--no-cache`` or ``cache=False``.
+    """
+
+    name: str
+    values: tuple[Any, ...] = ()
+
+    def __init__(self, name: str, *values: Any) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "values", values)
+
+
+# A message as parts: text, and the options it names (rendered by the reader's terms).
+Part = str | Opt
+Terms = Callable[[Opt], str]
+
+
+def python_term(opt: Opt) -> str:
+    """Return how Python names an option: ``max_len``, ``overflow="split" or "drop"``, ``cache=False``."""
+    if not opt.values:
+        return opt.name
+    shown = [json.dumps(v) if isinstance(v, str) else repr(v) for v in opt.values]
+    return f"{opt.name}={joined(shown)}"
+
+
+def joined(words: list[str]) -> str:
+    """Return ``a``, ``a or b``, ``a, b or c``."""
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def render(parts: Iterable[Part], terms: Terms = python_term) -> str:
+    """Join message parts into text, each option named by ``terms``."""
+    return "".join(terms(p) if isinstance(p, Opt) else str(p) for p in parts)
+
+
 class PackcliError(Exception):
-    """A known failure: the message is one line that names what went wrong and how to fix it."""
+    """A known failure: the message is one line that names what went wrong and how to fix it.
+
+    ``option`` is the option at fault (its Python name), ``hint`` what to do about it; both are fields,
+    so that each client names options its own way: ``str(error)`` speaks Python (``max_len must be
+    ...``), the command line renders it with flags (``--max-len must be ...``; ``cli/_app.py``). The
+    message and the hint are text and :class:`Opt` parts.
+    """
 
     exit_code = 1
+
+    def __init__(self, *message: Part, option: str | None = None, hint: str | Sequence[Part] | None = None) -> None:
+        self.message: tuple[Part, ...] = message
+        self.option = option
+        self.hint: tuple[Part, ...] = (hint,) if isinstance(hint, str) else tuple(hint or ())
+        super().__init__(self.render())
+
+    def render(self, terms: Terms = python_term) -> str:
+        """Return the one-line message with options named by ``terms`` (Python's names by default)."""
+        head: list[Part] = [Opt(self.option), " "] if self.option else []
+        tail: list[Part] = ["; ", *self.hint] if self.hint else []
+        return render([*head, *self.message, *tail], terms)
+
+    @property
+    def structured(self) -> bool:
+        """Whether every option the message names is a field or an :class:`Opt` (none written as a flag)."""
+        return bool(self.option or self.hint or any(isinstance(p, Opt) for p in self.message))
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keyword fields survive a trip to and from a worker process
+        return (_rebuild, (type(self), self.message, self.option, self.hint))
+
+
+def _rebuild(
+    cls: type[PackcliError], message: tuple[Part, ...], option: str | None, hint: tuple[Part, ...]
+) -> PackcliError:
+    return cls(*message, option=option, hint=hint)
 
 
 class UsageError(PackcliError):

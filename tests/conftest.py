@@ -22,6 +22,26 @@ TEMPLATE_MARKER_RE = re.compile(
 )
 
 
+# The test tiers (markers registered in pyproject.toml), by module: CI runs them all; ``-m quick`` runs the
+# tests in none of them, for the edit-test loop (docs/development.md).
+TIERS: dict[str, set[str]] = {
+    "slow": {"test_safety", "test_robustness"},
+    "ray": {"test_ray"},
+    "torch": {"test_trainer", "test_training", "test_training_checks", "test_dpo", "test_parallel"},
+    "templates": {"test_templates"},
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+        for marker, modules in TIERS.items():
+            if module in modules:
+                item.add_marker(marker)
+        if not any(item.get_closest_marker(marker) for marker in TIERS):
+            item.add_marker("quick")
+
+
 def trl_templates() -> Path:
     """The official chat templates the trl package ships (test data; trl is in the test extra)."""
     import trl

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import packcli
-from packcli.errors import request_stop
+from packcli.errors import render, request_stop
 
-from .conftest import make_conversations, read_rows
+from .conftest import make_conversations, one_error_line, read_rows
 
 ROOT = Path(__file__).parents[1]
 
@@ -55,10 +57,8 @@ def test_partial_field_renames_and_errors_in_api_terms(tmp_path: Path) -> None:
     assert result.packed == 10
     with pytest.raises(packcli.UsageError, match=r"^max_len must be between 2 and"):
         packcli.pack(records, max_len=1, output=tmp_path / "b", cache=False)
-    with pytest.raises(
-        packcli.UsageError, match=r"^unknown option\(s\) max_length \(did you mean max_len\?\); known: "
-    ):
-        packcli.pack(records, max_length=1024, output=tmp_path / "b", cache=False)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'max_length'"):
+        packcli.pack(records, max_length=1024, output=tmp_path / "b", cache=False)  # type: ignore[call-arg]
     with pytest.raises(packcli.UsageError, match="list of records"):
         packcli.pack([1, 2, 3], output=tmp_path / "c", cache=False)
     long = [{"messages": [{"role": "user", "content": "many words " * 40}, {"role": "assistant", "content": "ok"}]}]
@@ -72,7 +72,6 @@ def test_partial_field_renames_and_errors_in_api_terms(tmp_path: Path) -> None:
 def test_bytes_and_arrays_in_records_are_reasons_of_their_own(tmp_path: Path) -> None:
     """Bytes were packed as the text "b'...'" and arrays turned into strings refused as such: each is now a
     reason of its own, one line naming the value, counted with on_error="skip"."""
-    import json
 
     import numpy as np
 
@@ -143,3 +142,29 @@ def test_warnings_name_keyword_arguments_not_flags(tmp_path: Path) -> None:
     [warning] = result.warnings
     assert warning.endswith('pass overflow="split", or pass truncate_side="left", or raise max_len'), warning
     assert "--" not in warning and result.summary["warnings"] == result.warnings
+
+
+def test_errors_carry_the_option_and_hint_each_client_names_its_way(tmp_path: Path, pack: Callable[..., Any]) -> None:
+    """The option and the hint are fields of the error, not words to rewrite: Python reads ``max_len``, the
+    command line ``--max-len``, from the same error (pickled, as from a worker, it keeps them)."""
+    import pickle
+
+    from packcli.cli.options import cli_message
+
+    records = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}]
+    with pytest.raises(packcli.UsageError) as err:
+        packcli.pack(records, max_len=100, min_piece=500, output=tmp_path / "o", cache=False)
+    assert err.value.option == "min_piece"
+    assert str(err.value) == "min_piece must be between 0 and max_len 100, not 500"
+    assert cli_message(err.value) == "--min-piece must be between 0 and --max-len 100, not 500"
+    long = [{"messages": [{"role": "user", "content": "many words " * 40}, {"role": "assistant", "content": "ok"}]}]
+    with pytest.raises(packcli.InputError) as err2:
+        packcli.pack(long, max_len=16, overflow="error", output=tmp_path / "o", cache=False)
+    assert render(err2.value.hint) == 'raise max_len or pass overflow="split", "truncate" or "drop"'
+    assert cli_message(err2.value).endswith("; raise --max-len or pass --overflow split, truncate or drop")
+    again = pickle.loads(pickle.dumps(err2.value))
+    assert (type(again), str(again), again.hint) == (packcli.InputError, str(err2.value), err2.value.hint)
+    data = tmp_path / "long.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in long))
+    line = one_error_line(pack(data, "--max-len", "16", "--overflow", "error", "-o", tmp_path / "c", expect=1))
+    assert line.endswith("tokens, more than --max-len 16; raise --max-len or pass --overflow split, truncate or drop")

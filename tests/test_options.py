@@ -7,6 +7,7 @@ template keyword that would leave samples incomplete is refused, identical answe
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from dataclasses import fields
@@ -182,9 +183,14 @@ def test_stats_verify_and_inspect_check_their_options(call: Any, message: str, t
     assert str(err.value).startswith(message), str(err.value)
 
 
-def test_unknown_keyword_gets_a_did_you_mean(tmp_path: Path) -> None:
+def test_unknown_keyword_is_refused_before_any_work(tmp_path: Path) -> None:
+    """pack() names every option in its signature: a typo is Python's TypeError (and a type checker's error,
+    tests/test_typing.py); stats(), whose options pass through to the run, answers with a did-you-mean."""
+    with pytest.raises(TypeError, match="unexpected keyword argument 'max_length'"):
+        packcli.pack(RECORDS, output=tmp_path / "o", max_length=1024, cache=False)  # type: ignore[call-arg]
+    assert not (tmp_path / "o").exists()
     with pytest.raises(packcli.UsageError) as err:
-        packcli.pack(RECORDS, output=tmp_path / "o", max_length=1024, num_prc=2, cache=False)
+        packcli.stats(RECORDS, max_len=64, max_length=1024, num_prc=2, cache=False)
     assert str(err.value).startswith(
         "unknown option(s) max_length, num_prc (did you mean max_length -> max_len, num_prc -> num_proc?); known: "
     )
@@ -274,6 +280,7 @@ def test_a_suggestion_never_names_what_was_passed(flags: list[str], hint: str, p
 
 
 def test_loss_hints_never_name_the_runs_own_settings() -> None:
+    from packcli.results import Lost
     from packcli.run.accounting import loss_words
 
     reasons = ["too_long", "truncated", "nothing_to_train_after_truncation", "world_size_remainder"]
@@ -295,7 +302,7 @@ def test_loss_hints_never_name_the_runs_own_settings() -> None:
                             "records_by_reason": {reason: 1},
                             "tokens_by_reason": {reason: 9},
                         }
-                        words = loss_words(lost, config).split("): ", 1)[1]
+                        words = loss_words(Lost.from_dict(lost), config).split("): ", 1)[1]
                         assert words and not any(f"pass {o}" in words or f"or {o}" in words for o in own), (
                             config,
                             reason,
@@ -346,3 +353,61 @@ def test_identical_answers_are_no_pair(kind: str, pack: Any, tmp_path: Path) -> 
     assert summary["dropped"] == {"identical_completions": 2} and summary["packed"] == 3
     line = one_error_line(pack(data, "--max-len", 256, "--dry-run", expect=1))
     assert "line 3" in line and "'chosen' and 'rejected' are the same" in line, line
+
+
+# -- one declaration per option --------------------------------------------------------------------------
+
+# The pack flags that set no PackConfig field, and the fields whose CLI default differs by its form.
+NOT_OPTIONS = {"inputs", "config", "json_out", "quiet", "help"}
+CLI_FORM = {"fields": None, "template_kwargs": None, "num_proc": None, "cache": False}  # repeatable or --no-cache
+API_FORM = {"fields": None, "template_kwargs": None, "num_proc": None}  # None: the defaults, or the cores
+
+
+def test_every_option_has_one_flag_and_one_keyword_as_declared() -> None:
+    """Each PackConfig field has exactly one flag of ``packcli pack`` and one keyword of ``packcli.pack``, with
+    its default and its choices (the Literal type of config.CHOICE_TYPES), and is in the docs' options table."""
+    from dataclasses import MISSING
+
+    from typer.main import get_command
+
+    from packcli.api import pack
+    from packcli.cli import app
+    from packcli.cli.options import choices
+    from packcli.config import CHOICE_TYPES, CHOICES, flag
+
+    declared = {
+        f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        for f in fields(PackConfig)
+        if f.name != "inputs"
+    }
+    command = get_command(app).commands["pack"]  # type: ignore[attr-defined]
+    table = (Path(__file__).parents[1] / "docs" / "reference" / "pack-options.md").read_text()
+    owner: dict[str, str] = {}  # CLI parameter -> the field it sets
+    for name, default in declared.items():
+        first = flag(name).split("/")[0]
+        [param] = [p for p in command.params if first in p.opts]
+        assert param.name not in owner, (name, param.name)
+        owner[param.name] = name
+        assert param.default == CLI_FORM.get(name, default), name
+        assert f"`{first}" in table, f"{first} is not in docs/reference/pack-options.md"
+        if name in CHOICES:
+            assert param.metavar == choices(name), name
+    assert {p.name for p in command.params} - set(owner) == NOT_OPTIONS - {"help"}
+
+    signature = inspect.signature(pack, eval_str=True)
+    keywords = {n: p for n, p in signature.parameters.items() if n != "inputs"}
+    assert sorted(keywords) == sorted(declared)
+    for name, param in keywords.items():
+        assert param.default == API_FORM.get(name, declared[name]), name
+        if name in CHOICES:
+            assert param.annotation == CHOICE_TYPES[name], name
+
+
+def test_choices_come_from_their_literal_types() -> None:
+    from typing import get_args
+
+    from packcli.config import CHOICE_TYPES, CHOICES
+    from packcli.records.formats import FORMATS
+
+    assert {name: get_args(kind) for name, kind in CHOICE_TYPES.items()} == CHOICES
+    assert CHOICES["format"] == ("auto", *FORMATS)

@@ -20,7 +20,9 @@ THIRD_PARTY = (
 SNIPPET = """\
 import packcli
 
-reveal_type(packcli.pack(["x.jsonl"], max_len=1, output="o", max_lenn=4096))
+reveal_type(packcli.pack(["x.jsonl"], max_len=1, output="o", overflow="split"))
+packcli.pack(["x.jsonl"], max_lenn=4096)
+packcli.pack(["x.jsonl"], overflow="cut")
 reveal_type(packcli.verify("o"))
 reveal_type(packcli.inspect_row("o", row=0))
 reveal_type(packcli.stats("o"))
@@ -40,7 +42,11 @@ def test_the_public_api_has_concrete_types(tmp_path: Path) -> None:
     out, err, status = mypy_api.run(
         ["--no-incremental", "--config-file", str(config), "--follow-imports", "silent", str(snippet)]
     )
-    assert status == 0, out + err
+    assert status == 1, out + err  # the two calls below, and nothing else
+    errors = [line.split(": error: ")[1] for line in out.splitlines() if ": error: " in line]
+    assert len(errors) == 2, out
+    assert errors[0].startswith('Unexpected keyword argument "max_lenn" for "pack"'), out
+    assert errors[1].startswith('Argument "overflow" to "pack" has incompatible type "Literal[\'cut\']"'), out
     revealed = re.findall(r'Revealed type is "([^"]+)"', out)
     assert revealed == [
         "packcli.api.PackResult",

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from packcli import __version__
+from packcli.cli.options import cli_message
 from packcli.errors import Interrupted, PackcliError, UsageError
 
 
@@ -87,7 +88,7 @@ def handle_errors(command: Callable[..., None]) -> Callable[..., None]:
             with console.stdout_for_json(bool(kwargs.get("json_out"))):
                 command(*args, **kwargs)
         except PackcliError as exc:
-            console.error(str(exc))
+            console.error(cli_message(exc))
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             console.error("interrupted; the previous output, if any, was left as it was")
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         if isinstance(code, int) and code:
             sys.exit(code)
     except PackcliError as exc:
-        console.error(str(exc))
+        console.error(cli_message(exc))
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         console.error(str(Interrupted("interrupted; the previous output, if any, was left as it was")))

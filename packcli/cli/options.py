@@ -17,6 +17,7 @@ import typer
 
 from packcli.config import BUILTIN_TEMPLATES, CHOICES
 from packcli.config import flag as flag  # declared beside the options it names; imported from here too
+from packcli.errors import Opt, PackcliError, joined
 
 INPUT = "Input"
 TOKENS = "Tokenizer & template"
@@ -219,7 +220,7 @@ def merge_preset(
     relative to the current directory.
     """
     from packcli.api import available_cores
-    from packcli.config import load_config_file, parse_field_flags, parse_template_kwargs
+    from packcli.config_presets import load_config_file, parse_field_flags, parse_template_kwargs
     from packcli.records.formats import DEFAULT_FIELDS
 
     options: dict[str, Any] = load_config_file(config) if config else {}
@@ -308,6 +309,20 @@ def place(command: Callable[..., Any], table: dict[str, tuple[str, str | None]])
     params = sorted(signature.parameters.values(), key=lambda p: rank.get(p.name, 0))
     command.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
     return command
+
+
+def cli_term(opt: Opt) -> str:
+    """Return how the command line names an option: ``--max-len``, ``--overflow split or drop``, ``--no-cache``."""
+    dashed = opt.name.replace("_", "-")
+    if len(opt.values) == 1 and isinstance(opt.values[0], bool):
+        return f"--{dashed}" if opt.values[0] else f"--no-{dashed}"
+    name = "--output" if opt.name == "output" else flag(opt.name)
+    return f"{name} {joined([str(v) for v in opt.values])}" if opt.values else name
+
+
+def cli_message(error: PackcliError) -> str:
+    """Return an error's one line as the command line shows it: options named by their flags."""
+    return error.render(cli_term)
 
 
 def given(ctx: typer.Context, name: str) -> bool:

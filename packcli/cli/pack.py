@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 import typer
@@ -28,6 +29,15 @@ from packcli.cli.options import (
     TrainOnOption,
     given,
     merge_preset,
+)
+from packcli.config import PackConfig
+
+# The options whose parameter here has their own name, passed on as given; the others of PackConfig come
+# from --field, --template-kwarg, --num-proc and --no-cache (merge_preset).
+_AS_GIVEN = tuple(
+    f.name
+    for f in dataclasses.fields(PackConfig)
+    if f.name not in ("inputs", "fields", "template_kwargs", "num_proc", "cache")
 )
 
 # Options that only some --overflow modes read: given with another mode, they would do nothing.
@@ -159,47 +169,10 @@ def pack(
 
     Example: packcli pack data.jsonl --max-len 4096 -o out/
     """
-    from packcli.config import PackConfig
-    from packcli.errors import UsageError
+    params = dict(locals())
+    from packcli.errors import Opt, UsageError
 
-    flags = {
-        "max_len": max_len,
-        "output": output,
-        "tokenizer": tokenizer,
-        "chat_template": chat_template,
-        "split": split,
-        "limit": limit,
-        "format": format,
-        "task": task,
-        "train_on": train_on,
-        "add_eos": add_eos,
-        "overflow": overflow,
-        "truncate_side": truncate_side,
-        "split_system": split_system,
-        "min_piece": min_piece,
-        "max_drop_fraction": max_drop_fraction,
-        "on_error": on_error,
-        "rejects": rejects,
-        "fix_turns": fix_turns,
-        "fix_turns_log": fix_turns_log,
-        "algorithm": algorithm,
-        "seed": seed,
-        "world_size": world_size,
-        "rank_remainder": rank_remainder,
-        "rows_per_shard": rows_per_shard,
-        "output_format": output_format,
-        "pad_to_max": pad_to_max,
-        "pad_to_multiple_of": pad_to_multiple_of,
-        "context_parallel": context_parallel,
-        "tensor_parallel": tensor_parallel,
-        "loss_weighting": loss_weighting,
-        "overwrite": overwrite,
-        "cache_dir": cache_dir,
-        "cache_max_size": cache_max_size,
-        "dry_run": dry_run,
-        "engine": engine,
-        "ray_address": ray_address,
-    }
+    flags = {name: params[name] for name in _AS_GIVEN}
     options = merge_preset(ctx, config, flags, field, template_kwarg, num_proc, no_cache)
     preset_inputs = options.pop("inputs", None)
     if not inputs and not preset_inputs:
@@ -209,9 +182,13 @@ def pack(
     cfg = PackConfig(inputs=tuple(inputs) if inputs else preset_inputs, **options)
     for name, modes in _OVERFLOW_ONLY.items():
         if given(ctx, name) and cfg.overflow not in modes:
-            flag, which = "--" + name.replace("_", "-"), " or ".join(modes)
-            raise UsageError(f"{flag} applies to --overflow {which} only (this run uses {cfg.overflow}); "
-                             f"pass --overflow {modes[0]}, or leave {flag} out")  # fmt: skip
+            raise UsageError(
+                "applies to ",
+                Opt("overflow", *modes),
+                f" only (this run uses {cfg.overflow})",
+                option=name,
+                hint=("pass ", Opt("overflow", modes[0]), ", or leave ", Opt(name), " out"),
+            )
 
     import packcli.cli.render as console
 

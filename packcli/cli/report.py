@@ -144,7 +144,7 @@ def stats(
     for name, value in (("num_proc", num_proc), ("batch_size", batch_size)):
         problem = value is not None and option_problem(name, value)  # the rule pack and the library apply
         if problem:
-            raise UsageError(f"{flag(name)} {problem}")
+            raise UsageError(problem, option=name)
     if plot is not None:
         from packcli.report.plot import check_plot_path
 

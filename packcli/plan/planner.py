@@ -8,7 +8,7 @@ import numpy as np
 
 from packcli.config import Hint
 from packcli.contract import IGNORE_INDEX
-from packcli.errors import InputError, where
+from packcli.errors import InputError, Opt, Part, where
 from packcli.plan import packing, pairs
 from packcli.plan.options import PlanOptions
 from packcli.store.tokens import TokenStore
@@ -52,8 +52,9 @@ def make_plan(options: PlanOptions, store: TokenStore) -> Plan:
         k = int(np.flatnonzero(too_long)[0])
         source, unit = store.source_of(int(store.sample_index[k]))
         raise InputError(
-            f"{where(source, unit, int(store.positions[k]))}: the sample has {lengths[k]} tokens, "
-            f"more than {_limit_text(options)}; raise --max-len or pass --overflow split, truncate or drop"
+            f"{where(source, unit, int(store.positions[k]))}: the sample has {lengths[k]} tokens, more than ",
+            *_limit_parts(options),
+            hint=("raise ", Opt("max_len"), " or pass ", Opt("overflow", "split", "truncate", "drop")),
         )
     cut_rows = np.zeros(0, dtype=np.int64)
     trained_in_window = np.zeros(0, dtype=np.int64)
@@ -151,6 +152,17 @@ def _suggest(options: PlanOptions, hints: list[Hint]) -> str:
     """Join the hints (``A, or B``) that would change something: a suggestion never names what was passed."""
     kept = [words for setting, words in hints if setting is None or getattr(options, setting[0]) != setting[1]]
     return ", or ".join(kept)
+
+
+def _limit_parts(options: PlanOptions) -> tuple[Part, ...]:
+    """The most tokens a sample may have, as message parts (``_limit_text``'s words)."""
+    if options.sample_limit == options.max_len:
+        return (Opt("max_len"), f" {options.max_len}")
+    return (
+        f"{options.sample_limit}, the most that fits in ",
+        Opt("max_len"),
+        f" {options.max_len} once padded to a multiple of {options.pad_multiple}",
+    )
 
 
 def _limit_text(options: PlanOptions) -> str:

@@ -9,10 +9,10 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from packcli import __version__, owned
-from packcli.config import PackConfig
+from packcli.config import PackConfig, Task
 from packcli.contract import SAMPLE_ROLES, Progress, no_progress
 from packcli.engines import Engine, load_engine
 from packcli.errors import InputError, OutputError, RecordError, UsageError
@@ -83,7 +83,9 @@ def _run(config: PackConfig, progress: Progress, engine: Engine, started: float,
             config, progress, scratch=scratch, rule_out_long=True, fill_cache=fill, engine=engine, sources=sources
         ) as inputs:
             t1 = time.perf_counter()
-            found = dataclasses.replace(config, task=inputs.task)  # the summary and manifest record the task found
+            found = dataclasses.replace(
+                config, task=cast(Task, inputs.task)
+            )  # the summary and manifest record the task found
             seconds = dict(inputs.store.seconds)
             store = inputs.store
             plan = make_plan(plan_options(config), store)
@@ -149,7 +151,7 @@ CACHE_MAX_SIZE_ENV = "PACKCLI_CACHE_MAX_SIZE"
 def cache_cap(config: PackConfig) -> int | None:
     """The most bytes the cache may hold after a pack: --cache-max-size, else $PACKCLI_CACHE_MAX_SIZE."""
     if config.cache_max_size is not None:
-        return parse_size(config.cache_max_size, "--cache-max-size")
+        return parse_size(config.cache_max_size, "cache_max_size")
     value = os.environ.get(CACHE_MAX_SIZE_ENV)
     return parse_size(value, f"${CACHE_MAX_SIZE_ENV}") if value else None
 

@@ -54,11 +54,15 @@ AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def parse_size(text: str, what: str) -> int:
-    """``10GB`` -> 10,000,000,000 bytes (KB, MB, GB, TB are powers of 1000; KiB, MiB, GiB, TiB of 1024)."""
+    """``10GB`` -> 10,000,000,000 bytes (KB, MB, GB, TB are powers of 1000; KiB, MiB, GiB, TiB of 1024).
+
+    ``what`` is the option (``cache_max_size``) or the words (``$PACKCLI_CACHE_MAX_SIZE``) that gave it.
+    """
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in SIZE_UNITS:
-        raise UsageError(f"{what} takes a size such as 500MB, 10GB or 2GiB, not '{text}'")
+        problem = f"takes a size such as 500MB, 10GB or 2GiB, not '{text}'"
+        raise UsageError(problem, option=what) if what.isidentifier() else UsageError(f"{what} {problem}")
     return int(float(match.group(1)) * SIZE_UNITS[unit])
 
 
