@@ -33,6 +33,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rank_remainder": ("drop", "pad"),
     "engine": ("local", "ray"),
     "loss_weighting": ("token", "sample", "sqrt"),
+    "mix_by": ("tokens", "trainable", "records"),  # --mix: what a share is a share of
+    "dedup": ("off", "exact"),  # --dedup exact: records whose normalised content repeats are dropped
 }
 
 # The chat templates packcli ships (packcli/templates/NAME.jinja), named with --chat-template NAME.
@@ -89,6 +91,10 @@ class PackConfig:
     engine: str = "local"
     ray_address: str | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # -- mixtures (packcli.plan.mix): PATH=SHARE or PATH=Nx per source; the inputs are their paths
+    mix: tuple[str, ...] = ()
+    mix_by: str = "tokens"
+    dedup: str = "off"  # packcli.plan.dedup
 
     def __post_init__(self) -> None:
         # Each option on its own first (type, choices, range: the rule presets and the library apply
@@ -101,6 +107,7 @@ class PackConfig:
         object.__setattr__(self, "fields", {**DEFAULT_FIELDS, **self.fields})
         object.__setattr__(self, "template_kwargs", dict(self.template_kwargs))
         self._check_template_kwargs()
+        self._check_mix()
         if self.min_piece > self.max_len:
             raise UsageError(f"--min-piece must be between 0 and --max-len {self.max_len}, not {self.min_piece}")
         if self.pad_to_max and self.max_len > PAD_TO_MAX_LIMIT:
@@ -139,6 +146,32 @@ class PackConfig:
                     f"template keyword argument '{name}' holds {describe_value(value)}, which JSON cannot write; "
                     "give strings, numbers, booleans, null, lists and tables"
                 ) from exc
+
+    def _check_mix(self) -> None:
+        """--mix: each PATH=SHARE or PATH=Nx well formed, the shares summing right; the inputs are its paths."""
+        if not self.mix:
+            return
+        specs = [parse_mix(value) for value in self.mix]
+        paths = tuple(path for path, _, _ in specs)
+        if not self.inputs:
+            object.__setattr__(self, "inputs", paths)
+        elif self.inputs != paths:
+            raise UsageError("--mix names the inputs: pass them with --mix PATH=SHARE only, not also as inputs")
+        if len(set(paths)) != len(paths):
+            raise UsageError("--mix names an input twice; give each PATH once")
+        shares = sum(value for _, kind, value in specs if kind == "share")
+        epochs = any(kind == "epochs" for _, kind, _ in specs)
+        if epochs and any(kind == "share" for _, kind, _ in specs) and shares >= 1 - MIX_SUM_TOLERANCE:
+            raise UsageError(
+                f"--mix shares sum to {shares:g} beside Nx sources; with Nx sources the shares must sum to less "
+                "than 1 (the Nx sources fill the rest)"
+            )
+        if not epochs and abs(shares - 1) > MIX_SUM_TOLERANCE:
+            raise UsageError(f"--mix shares sum to {shares:g}; they must sum to 1 (or give a source as Nx)")
+        if self.task in ("preference", "kto"):
+            raise UsageError("--mix applies to SFT records; preference and KTO records are not mixed yet")
+        if self.engine != "local":
+            raise UsageError("--mix runs with --engine local only; leave out --engine ray")
 
     def _check_padding(self) -> None:
         if self.pad_multiple > 1 and self.sample_limit < 1:
@@ -219,6 +252,9 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
         "fix_turns",
     ),
     "packing": (
+        "mix",
+        "mix_by",
+        "dedup",
         "max_len",
         "overflow",
         "truncate_side",
@@ -300,6 +336,8 @@ def load_config_file(path: str) -> dict[str, Any]:
         )
     known = {f.name for f in fields(PackConfig)}
     data = {str(k).replace("-", "_"): v for k, v in data.items() if k != "description"}
+    if "sources" in data or "mix" in data:  # -- mixtures: a preset's sources, as --mix PATH=SHARE values
+        data["mix"] = _preset_sources(path, data.pop("sources", None), data.get("mix"))
     unknown = set(data) - known
     if unknown:
         raise UsageError(
@@ -376,6 +414,59 @@ def _preset_inputs(path: str, value: Any) -> tuple[str, ...]:
         hub = hub and not (base / item).exists()
         out.append(item if item == "-" or Path(item).is_absolute() or hub else str(base / item))
     return tuple(out)
+
+
+MIX_SUM_TOLERANCE = 1e-6
+
+
+def parse_mix(value: str) -> tuple[str, str, float]:
+    """Parse one ``--mix PATH=SHARE`` or ``--mix PATH=Nx``; return (path, "share" or "epochs", number).
+
+    The last ``=`` splits: a path may hold one. A share is above 0 and at most 1; epochs above 0.
+    """
+    path, sep, raw = value.rpartition("=")
+    raw = raw.strip()
+    epochs = raw.lower().endswith("x")
+    try:
+        number = float(raw[:-1] if epochs else raw)
+    except ValueError:
+        number = math.nan
+    if not sep or not path or not math.isfinite(number):
+        raise UsageError(f"--mix takes PATH=SHARE (e.g. chat.jsonl=0.7) or PATH=Nx (e.g. code/=2x), not '{value}'")
+    if epochs and number <= 0:
+        raise UsageError(f"--mix {value}: the epochs must be above 0 (e.g. 0.5x, 2x)")
+    if not epochs and not 0 < number <= 1:
+        raise UsageError(f"--mix {value}: the share must be above 0 and at most 1 (e.g. 0.7)")
+    return path, "epochs" if epochs else "share", number
+
+
+def _preset_sources(path: str, sources: Any, mix: Any) -> tuple[str, ...]:
+    """A preset's ``sources`` list (``{path, share}`` or ``{path, epochs}`` tables) or ``mix`` list, as
+    ``--mix`` values with each path relative to the preset's directory."""
+    if sources is not None and mix is not None:
+        raise UsageError(f"{path}: give 'sources' or 'mix', not both; fix the preset")
+    if mix is not None:
+        if not isinstance(mix, list) or not all(isinstance(v, str) for v in mix):
+            raise UsageError(f"{path}: 'mix' must be a list of PATH=SHARE strings, not {describe_value(mix)}")
+        entries = [(parse_mix(v)[0], v.rpartition("=")[2]) for v in mix]
+    else:
+        good = isinstance(sources, list) and bool(sources) and all(_source_entry(s) for s in sources)
+        if not good:
+            raise UsageError(
+                f"{path}: 'sources' must be a list of tables each with a path and a share or epochs "
+                "(e.g. {path: chat.jsonl, share: 0.7}); fix the preset"
+            )
+        entries = [(s["path"], f"{s['share']!r}" if "share" in s else f"{s['epochs']!r}x") for s in sources]
+    paths = _preset_inputs(path, [p for p, _ in entries])
+    return tuple(f"{p}={w}" for p, (_, w) in zip(paths, entries, strict=True))
+
+
+def _source_entry(entry: Any) -> bool:
+    """Whether a preset ``sources`` entry is a table of a path and a number, its share or its epochs."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+        return False
+    weights = set(entry) - {"path"}
+    return len(weights) == 1 and weights <= {"share", "epochs"} and _has_type("float", entry[weights.pop()])
 
 
 def parse_template_kwargs(values: list[str]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from packcli.output.rows import (
     shard_name,
     write_shard,
 )
+from packcli.plan import mix
 from packcli.plan.planner import Plan
 from packcli.procs import pool
 from packcli.store.tokens import (
@@ -35,6 +36,8 @@ def output_schema(config: PackConfig) -> Any:
         optional.append("loss_weights")
     if config.task in ("preference", "kto"):
         optional.append("sample_role")
+    if config.mix:  # -- mixtures
+        optional.append("source")
     return shard_schema(optional)
 
 
@@ -82,6 +85,7 @@ def row_group_tables(
             pad_offset=config.pad_offset,
             loss_weighting=config.loss_weighting,
             sample_role=roles[store_rows] if config.task in ("preference", "kto") else None,
+            source=mix.source_ids(store, store_rows) if config.mix else None,  # -- mixtures
         )
         progress("write", len(group), len(plan.order.order))
         raise_if_stopped()

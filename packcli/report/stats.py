@@ -227,6 +227,8 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
         item_lengths = np.bincount(item_of, weights=padded_lengths).astype(np.int64)
         pairs = _pair_stats(roles, item_of, distinct_lengths, _concat(row_pairs), batch_size)
         bounds = _bounds(item_lengths, max_len, rows)
+    elif isinstance(manifest.get("mix"), dict):  # -- mixtures: the plan packed every copy of a repeated record
+        bounds = _bounds(lengths, max_len, rows)
     else:
         bounds = _bounds(padded_lengths, max_len, rows)
     out = {
@@ -267,6 +269,8 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     }
     if pairs is not None:
         out["preference"] = pairs
+    if isinstance(manifest.get("mix"), dict):  # -- mixtures: the manifest's per-source accounting
+        out["mix"] = manifest["mix"]
     return out
 
 

@@ -54,6 +54,9 @@ CHECKS = {
     "desirable, 4 undesirable; 0 on a padding segment), or not one per sample",
     "pairs": "have a chosen sample not followed by its rejected sample (the same sample_index, piece 0 then 1), "
     "or a rejected sample without its chosen one before it",
+    # -- mixtures
+    "source": "have source values that are not the manifest's mix source of their sample_index (-1 on a padding "
+    "segment), or not one per sample",
     "loss_weights": "have loss_weights that are negative, not finite, of the wrong length or set where labels are -100",
     "loss_weights_values": "have loss_weights that are not the {weighting} weighting the manifest records "
     "(--loss-weighting {weighting}: {rule} on each of a sample's n trained tokens)",
@@ -122,6 +125,8 @@ class _Expect:
     pad_offset: int = 0
     task: str = "sft"
     loss_weighting: str | None = None  # the manifest's --loss-weighting (None: not recorded)
+    # -- mixtures: each input's first sample_index and its mix source (None: no --mix)
+    mix_inputs: tuple[np.ndarray, np.ndarray] | None = None
 
 
 @dataclass
@@ -166,6 +171,7 @@ def verify_output(directory: Path, progress: Progress | None = None) -> VerifyRe
         pad_offset=1 if options.get("output_format") == "megatron" else 0,
         task=str(manifest.get("task") or "sft"),
         loss_weighting=str(options["loss_weighting"]) if "loss_weighting" in options else None,
+        mix_inputs=_mix_inputs(manifest),
     )
     entries = manifest.get("shards")
     if not isinstance(entries, list) or expect.max_len < 1:
@@ -406,7 +412,9 @@ def _check_batch(batch: pa.RecordBatch, first_row: int, expect: _Expect, totals:
     same_row = seg_row[1:] == seg_row[:-1]
     real_pair = ~pad[1:] & ~pad[:-1]
     unordered = np.zeros(len(index), dtype=bool)
-    before = (index[1:] < index[:-1]) | ((index[1:] == index[:-1]) & (piece[1:] <= piece[:-1]))
+    # (--mix: a repeated record's copies that no swap could part are equal neighbours)
+    equal_bad = piece[1:] < piece[:-1] if expect.mix_inputs is not None else piece[1:] <= piece[:-1]
+    before = (index[1:] < index[:-1]) | ((index[1:] == index[:-1]) & equal_bad)
     unordered[1:] = same_row & real_pair & before
     totals.fail("sample_index_order", seg_row[unordered], first_row)
     if pad.any():
@@ -435,6 +443,8 @@ def _check_batch(batch: pa.RecordBatch, first_row: int, expect: _Expect, totals:
                 if not np.array_equal(weights, want):  # the writer's own values are equal bit for bit
                     wrong = ~np.isclose(weights, want, rtol=WEIGHT_RTOL, atol=0.0) & ~bad
                     totals.fail("loss_weights_values", token_rows(wrong), first_row)
+    if "source" in batch.schema.names:  # -- mixtures
+        _check_source(batch, segs, index, pad, seg_row, expect, totals, first_row)
     if "sample_role" in batch.schema.names:
         _check_roles(batch, segs, index, piece, pad, seg_row, expect, totals, first_row)
     totals.index.append(index[~pad])
@@ -461,6 +471,43 @@ def _check_batch(batch: pa.RecordBatch, first_row: int, expect: _Expect, totals:
     totals.fail("first_label", seg_row[labelled[seg_start]], first_row)
     if pad.any():
         totals.fail("padding_labels", rows[token_rows(np.repeat(pad, seq_lengths) & labelled)], first_row)
+
+
+def _mix_inputs(manifest: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """-- mixtures: each input's first sample_index, ascending, and its source, from the manifest's ``mix``."""
+    if "mix" not in manifest:
+        return None
+    sources = manifest["mix"].get("sources") if isinstance(manifest["mix"], dict) else None
+    try:
+        assert isinstance(sources, list)
+        pairs = sorted((int(r[0]), m) for m, s in enumerate(sources) for r in s["sample_index"])
+    except (AssertionError, TypeError, ValueError, KeyError, IndexError, AttributeError):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)  # no sample can match: every source value fails
+    return np.array([p[0] for p in pairs], dtype=np.int64), np.array([p[1] for p in pairs], dtype=np.int64)
+
+
+def _check_source(
+    batch: pa.RecordBatch,
+    segs: np.ndarray,
+    index: np.ndarray,
+    pad: np.ndarray,
+    seg_row: np.ndarray,
+    expect: _Expect,
+    totals: _ShardTotals,
+    first_row: int,
+) -> None:
+    """-- mixtures: one source per sample, the manifest's source of its sample_index, -1 on padding."""
+    src_len, source = list_parts(batch.column("source"))
+    bad_len = np.flatnonzero(src_len != segs)
+    if len(bad_len):
+        totals.fail("source", bad_len, first_row)
+        return
+    want = np.full(len(index), -1, dtype=np.int64)
+    if expect.mix_inputs is not None and len(expect.mix_inputs[0]):
+        firsts, owners = expect.mix_inputs
+        at = np.searchsorted(firsts, index[~pad], side="right") - 1
+        want[~pad] = np.where(at >= 0, owners[np.clip(at, 0, None)], -2)
+    totals.fail("source", seg_row[source.astype(np.int64) != want], first_row)
 
 
 def _check_roles(
@@ -552,7 +599,8 @@ def _check_samples(
     same_index = sorted_index[1:] == sorted_index[:-1]
     repeat = np.flatnonzero(same_index & (sorted_pieces[1:] == sorted_pieces[:-1])) + 1
     distinct = len(index) - int(np.count_nonzero(same_index))
-    allowed = int(counts.get("duplicated", 0))
+    repeats = int(manifest.get("mix", {}).get("repeats", 0)) if isinstance(manifest.get("mix"), dict) else 0
+    allowed = int(counts.get("duplicated", 0)) + repeats  # rank padding, and --mix's repeated records
     if len(repeat) > allowed or (complete and len(repeat) != allowed):
         for r in repeat[:MAX_EXAMPLES]:
             value, piece = int(sorted_index[r]), int(sorted_pieces[r])
@@ -562,7 +610,11 @@ def _check_samples(
             name = f"sample_index {value}" + (f" piece {piece}" if piece else "")
             problems.append(Problem(again, f"{name} appears {where}"))
         what = f"{len(repeat)} repeated (sample_index, piece_index) pair" + ("s" if len(repeat) != 1 else "")
-        expected = f"manifest.json counts {allowed} duplicated by rank padding" if allowed else "each must appear once"
+        expected = (
+            f"manifest.json counts {allowed} duplicated by rank padding or repeated by --mix"
+            if allowed
+            else "each must appear once"
+        )
         problems.append(Problem(MANIFEST, f"{what}; {expected}"))
     packed = counts.get("packed")
     if packed is not None and distinct != packed:
@@ -570,7 +622,7 @@ def _check_samples(
         if not complete:
             message += " (the missing or unreadable shards hold the rest)"
         problems.append(Problem(MANIFEST, message))
-    held = len(index) - len(repeat)
+    held = len(index) - len(repeat) + repeats  # -- mixtures: a repeated record's copies are samples
     samples = counts.get("samples")  # pieces of split records are samples of their own
     if samples is not None and complete and held != samples:
         problems.append(Problem(MANIFEST, f"the shards hold {held} samples, manifest.json counts {samples}"))

@@ -37,6 +37,7 @@ from packcli.output.rows import (
     write_manifest,
 )
 from packcli.output.write import output_schema
+from packcli.plan import dedup, mix
 from packcli.plan import planner as plan_module
 from packcli.plan.planner import Plan, make_plan
 from packcli.records import preference
@@ -358,9 +359,24 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
             config = dataclasses.replace(config, task=inputs.task)  # the manifest records the task found
             seconds = dict(inputs.store.seconds)
             store = inputs.store
+            # -- dedup (packcli.plan.dedup), then mixtures (packcli.plan.mix): the plan packs their view of the store
+            deduped = dedup.drop_duplicates(store) if config.dedup == "exact" else None
+            store = deduped.view if deduped is not None else store
+            mixed = mix.choose(config, store, mix.mix_of_inputs(config)) if config.mix else None
+            store = mixed.view if mixed is not None else store
             plan = make_plan(config, store)
+            if mixed is not None:
+                mix.part_repeats(config, mixed, plan)
+            # -- end mixtures
             t2 = time.perf_counter()
             summary = accounting.summary(config, store, plan, inputs.cache)
+            if deduped is not None:  # -- dedup
+                summary["dedup"] = dedup.summary(deduped)
+            if mixed is not None:  # -- mixtures: records left out by the mix are neither packed nor dropped
+                summary["mix"] = mix.accounting(config, mixed, plan)
+                summary["packed"] -= summary["mix"]["records_left_out"]
+                if mixed.repeats_in_same_row:
+                    summary["warnings"].append(mix.same_row_warning(mixed.repeats_in_same_row))
             accounting.check_loss(config, summary)
             summary["warnings"] = [*inputs.warnings, *summary["warnings"]]
             if not config.dry_run:
@@ -370,10 +386,15 @@ def run_pack(config: PackConfig, progress: Progress | None = None) -> dict[str, 
                 index_files = _write_index_files(config, staged.tmp if staged else None, shards)
                 if config.rejects:
                     rejects = prepared.rejects_path(config.rejects) if prepared else Path(config.rejects)
-                    _write_rejects(rejects, store, plan, inputs.sources, config.limit)
+                    extra = deduped.rejects if deduped is not None else []  # -- dedup
+                    _write_rejects(rejects, store, plan, inputs.sources, config.limit, extra)
                 if config.fix_turns_log:
                     _write_fix_log(Path(config.fix_turns_log), store)
                 manifest = _manifest(config, inputs, summary, shards)
+                if "mix" in summary:  # -- mixtures: the sources the source column names, and their accounting
+                    manifest["mix"] = summary["mix"]
+                if "dedup" in summary:  # -- dedup
+                    manifest["dedup"] = summary["dedup"]
                 if index_files:
                     manifest["index_files"] = index_files
                 if prepared and prepared.rejects_relative:
@@ -528,7 +549,12 @@ def _write_index_files(config: PackConfig, directory: Path | None, shards: list[
 
 
 def _write_rejects(
-    path: Path, store: TokenStore, plan: Plan, sources: list[InputSource], limit: int | None = None
+    path: Path,
+    store: TokenStore,
+    plan: Plan,
+    sources: list[InputSource],
+    limit: int | None = None,
+    extra: list[tuple[int, int, RecordError]] | None = None,
 ) -> None:
     """Write every dropped record (with reason and input position) to a JSON lines file, atomically.
 
@@ -542,7 +568,8 @@ def _write_rejects(
     )
     with _lines_file(path, "rejects", "the rejects file") as out:
         _copy_store_lines(store, store.path / "rejects.jsonl", out)
-        raws = _records_at(sources, [p[0] for p in planned], limit)
+        extra = extra or []  # -- dedup: (sample_index, position, error) of records dropped before the plan
+        raws = _records_at(sources, [p[0] for p in planned] + [e[0] for e in extra], limit)
         for index, reason, r in planned:
             source, _ = plan_module.source_of(store, index)
             err = RecordError(reason, f"{int(store.lengths[r])} tokens")
@@ -550,6 +577,12 @@ def _write_rejects(
             position, piece = int(store.positions[r]), int(store.piece_index[r])
             entry = worker.reject(index, source, position, err, raw, raw_lines, piece_index=piece)
             out.write(json.dumps(entry, ensure_ascii=False) + "\n")
+        for index, position, err in extra:  # -- dedup
+            source, _ = plan_module.source_of(store, index)
+            raw, raw_lines = raws[index]
+            out.write(
+                json.dumps(worker.reject(index, source, position, err, raw, raw_lines), ensure_ascii=False) + "\n"
+            )
 
 
 def _write_fix_log(path: Path, store: TokenStore) -> None:
