@@ -100,6 +100,8 @@ def pack(
     from packcli.config import PackConfig
 
     _check_options(options)
+    if isinstance(options.get("mix"), list):  # -- mixtures: mix=["chat.jsonl=0.7", ...], the --mix values
+        options["mix"] = tuple(options["mix"])
     inputs = _listed(inputs)
     given = {"max_len": max_len, "output": output, "cache_dir": cache_dir, **options}
     given["num_proc"] = available_cores() if num_proc is None else num_proc
@@ -109,6 +111,8 @@ def pack(
         given["template_kwargs"] = template_kwargs
     with _api_terms():
         config = PackConfig(inputs=(), **_path_strings(given))
+    if config.mix and inputs is None:  # -- mixtures: the recipe names the inputs (pass inputs=None)
+        inputs = list(config.inputs)
     _check_inputs(inputs)
     reset_stop()
     with _as_paths(inputs, _memory_root(config)) as (paths, names), _api_terms(names):

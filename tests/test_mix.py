@@ -211,3 +211,18 @@ def test_a_source_may_be_a_directory_and_an_input_belongs_to_one_source(
     assert second["available"]["records"] == 12 and verify_output(out).ok
     clash = run(pack, sources, tmp_path / "o2", "--mix", f"{code}=0.5", "--mix", f"{code / 'a.jsonl'}=0.5", expect=2)
     assert "both hold" in one_error_line(clash) and "give each input to one source" in one_error_line(clash)
+
+
+def test_the_library_takes_the_recipe(sources: dict[str, Path], tmp_path: Path) -> None:
+    import packcli
+
+    recipe = [f"{sources['short']}=0.5", f"{sources['long']}=2x"]
+    result = packcli.pack(None, 1024, tmp_path / "out", mix=recipe, cache_dir=sources["cache"], num_proc=1)
+    long = result.summary["mix"]["sources"][1]
+    assert long["repeats"] == 20 and long["realised"]["samples"] == 40
+    # With an Nx source the shares are of the whole: short is 0.5 of it, repeated as often as needed.
+    short = result.summary["mix"]["sources"][0]
+    assert short["target"] == long["available"]["tokens"] * 2 and short["repeats"] > 0
+    assert packcli.verify(result.output).ok
+    with pytest.raises(packcli.UsageError, match=r"^mix shares sum to 0\.9; they must sum to 1"):
+        packcli.pack(None, mix=[f"{sources['short']}=0.5", f"{sources['long']}=0.4"], output=tmp_path / "o2")
