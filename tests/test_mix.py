@@ -226,3 +226,14 @@ def test_the_library_takes_the_recipe(sources: dict[str, Path], tmp_path: Path) 
     assert packcli.verify(result.output).ok
     with pytest.raises(packcli.UsageError, match=r"^mix shares sum to 0\.9; they must sum to 1"):
         packcli.pack(None, mix=[f"{sources['short']}=0.5", f"{sources['long']}=0.4"], output=tmp_path / "o2")
+
+
+def test_repeats_are_parted_with_several_ranks(pack: Any, sources: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    recipe = ["--mix", f"{sources['short']}=2x", "--mix", f"{sources['long']}=0.3", "--max-len", "512"]
+    summary = pack(*recipe, "--world-size", "4", "--rank-remainder", "pad", "-o", out, "--json", "-q")
+    mix = json.loads(summary.stdout)["mix"]
+    assert mix["repeats"] == 60 and mix["repeats_in_same_row"] == 0
+    for row in read_rows(out):
+        assert len(row["sample_index"]) == len(set(row["sample_index"]))
+    assert verify_output(out).ok

@@ -20,7 +20,8 @@ within half a record of its target, and the same seed and recipe choose the same
 
 Repeats: a record's copies are adjacent in the plan's input; after the plan, a copy that shares a row
 with another copy of its record is swapped with a sample of another row (one of the same padded length
-first, so rows keep their lengths; with one rank, any that fits both rows) that holds no copy of it;
+first, so rows keep their lengths; else, unless --world-size leaves rows out, any that fits both rows,
+and the rows' order is made again) that holds no copy of it;
 copies that no such swap can part are counted (``repeats_in_same_row``).
 """
 
@@ -235,18 +236,20 @@ def part_repeats(config: PackConfig, mix: Mix, plan: Plan) -> None:
 
     touched: set[int] = set()
     stuck = 0
-    one_rank = config.world_size == 1
+    # Rows may change lengths when the row order can be made again without changing what is written: one
+    # rank, or no rows left out by --world-size (then the order is made again from the new row lengths).
+    free = config.world_size == 1 or not len(plan.order.dropped_rows)
+    resized = False
     for p in conflicts.tolist():
         a = int(row_of[p])
-        if a in fixed:
-            stuck += 1
+        if a in fixed:  # a row --world-size leaves out: not written
             continue
         kp, lp = int(pos_key[p]), int(padded[p])
         if keys_of(a).get(kp, 0) < 2:  # parted already (this position took another sample in a swap)
             continue
         room_a = config.max_len - int(row_tokens[a])
         # Same padded length first, then (one rank only) the nearest lengths that fit row a.
-        tries = _lengths_to_try(lp, room_a, lengths_known if one_rank else None)
+        tries = _lengths_to_try(lp, room_a, lengths_known if free else None)
         done = False
         looked = 0
         for length in tries:
@@ -272,6 +275,7 @@ def part_repeats(config: PackConfig, mix: Mix, plan: Plan) -> None:
                 row_of_keys_b[kp] = 1
                 row_tokens[a] += length - lp
                 row_tokens[b] += lp - length
+                resized = resized or length != lp
                 by_length[length].remove(q)
                 by_length[length].append(p)
                 by_length[lp].remove(p)
@@ -289,6 +293,8 @@ def part_repeats(config: PackConfig, mix: Mix, plan: Plan) -> None:
         plan.store_rows[lo:hi] = plan.store_rows[order]
         plan.lengths[lo:hi] = plan.lengths[order]
         plan.skips[lo:hi] = plan.skips[order]
+    if resized and config.world_size > 1:  # the ranks' balance, from the rows' new lengths
+        plan.order = packing.order_rows(row_tokens, config.seed, config.world_size, config.rank_remainder)
     mix.repeats_in_same_row = stuck
 
 
