@@ -29,8 +29,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from packcli.config import (
     Algorithm,
+    Dedup,
     EngineName,
     LossWeighting,
+    MixBy,
     OnError,
     OutputFormat,
     Overflow,
@@ -165,7 +167,7 @@ PathArg = str | os.PathLike[str]
 
 
 def pack(
-    inputs: str | os.PathLike[str] | Sequence[Any] | Any,
+    inputs: str | os.PathLike[str] | Sequence[Any] | Any | None,
     max_len: int = 4096,
     output: PathArg = "packed",
     *,
@@ -186,6 +188,9 @@ def pack(
     on_error: OnError = "fail",
     algorithm: Algorithm = "ffd",
     seed: int = 0,
+    mix: Sequence[str] = (),
+    mix_by: MixBy = "tokens",
+    dedup: Dedup = "off",
     world_size: int = 1,
     rank_remainder: RankRemainder = "drop",
     rows_per_shard: int = 2048,
@@ -218,6 +223,8 @@ def pack(
     from packcli.config import PackConfig
 
     given = {name: value for name, value in locals().items() if name in _PACK_OPTIONS}
+    if isinstance(mix, list):  # ["chat.jsonl=0.7", "code/=2x"]: the --mix values
+        given["mix"] = tuple(mix)
     inputs = _listed(inputs)
     given["num_proc"] = available_cores() if num_proc is None else num_proc
     for name in ("fields", "template_kwargs"):
@@ -225,6 +232,8 @@ def pack(
             del given[name]
     with _api_terms():
         config = PackConfig(inputs=(), **_path_strings(given))
+    if config.mix and inputs is None:  # -- mixtures: the recipe names the inputs (pass inputs=None)
+        inputs = list(config.inputs)
     _check_inputs(inputs)
     reset_stop()
     with _as_paths(inputs, _memory_root(config)) as (paths, names), _api_terms(names):

@@ -35,6 +35,8 @@ Algorithm = Literal["ffd", "bfd"]
 RankRemainder = Literal["drop", "pad"]
 EngineName = Literal["local", "ray"]
 LossWeighting = Literal["token", "sample", "sqrt"]
+MixBy = Literal["tokens", "trainable", "records"]  # --mix: what a share is a share of
+Dedup = Literal["off", "exact"]  # --dedup exact: records whose normalised content repeats are dropped
 
 CHOICE_TYPES: dict[str, Any] = {
     "format": RecordFormat,
@@ -49,6 +51,8 @@ CHOICE_TYPES: dict[str, Any] = {
     "rank_remainder": RankRemainder,
     "engine": EngineName,
     "loss_weighting": LossWeighting,
+    "mix_by": MixBy,
+    "dedup": Dedup,
 }
 CHOICES: dict[str, tuple[str, ...]] = {name: get_args(kind) for name, kind in CHOICE_TYPES.items()}
 
@@ -114,6 +118,10 @@ class PackConfig:
     engine: EngineName = "local"
     ray_address: str | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # -- mixtures (packcli.plan.mix): PATH=SHARE or PATH=Nx per source; the inputs are their paths
+    mix: tuple[str, ...] = ()
+    mix_by: MixBy = "tokens"
+    dedup: Dedup = "off"  # packcli.plan.dedup
 
     def __post_init__(self) -> None:
         # Each option on its own first (type, choices, range: the rule presets and the library apply
@@ -126,6 +134,7 @@ class PackConfig:
         object.__setattr__(self, "fields", {**DEFAULT_FIELDS, **self.fields})
         object.__setattr__(self, "template_kwargs", dict(self.template_kwargs))
         self._check_template_kwargs()
+        self._check_mix()
         if self.min_piece > self.max_len:
             raise UsageError(
                 "must be between 0 and ", Opt("max_len"), f" {self.max_len}, not {self.min_piece}", option="min_piece"
@@ -178,6 +187,32 @@ class PackConfig:
                     f"template keyword argument '{name}' holds {describe_value(value)}, which JSON cannot write; "
                     "give strings, numbers, booleans, null, lists and tables"
                 ) from exc
+
+    def _check_mix(self) -> None:
+        """--mix: each PATH=SHARE or PATH=Nx well formed, the shares summing right; the inputs are its paths."""
+        if not self.mix:
+            return
+        specs = [parse_mix(value) for value in self.mix]
+        paths = tuple(path for path, _, _ in specs)
+        if not self.inputs:
+            object.__setattr__(self, "inputs", paths)
+        elif self.inputs != paths:
+            raise UsageError("--mix names the inputs: pass them with --mix PATH=SHARE only, not also as inputs")
+        if len(set(paths)) != len(paths):
+            raise UsageError("--mix names an input twice; give each PATH once")
+        shares = sum(value for _, kind, value in specs if kind == "share")
+        epochs = any(kind == "epochs" for _, kind, _ in specs)
+        if epochs and any(kind == "share" for _, kind, _ in specs) and shares >= 1 - MIX_SUM_TOLERANCE:
+            raise UsageError(
+                f"--mix shares sum to {shares:g} beside Nx sources; with Nx sources the shares must sum to less "
+                "than 1 (the Nx sources fill the rest)"
+            )
+        if not epochs and abs(shares - 1) > MIX_SUM_TOLERANCE:
+            raise UsageError(f"--mix shares sum to {shares:g}; they must sum to 1 (or give a source as Nx)")
+        if self.task in ("preference", "kto"):
+            raise UsageError("--mix applies to SFT records; preference and KTO records are not mixed yet")
+        if self.engine != "local":
+            raise UsageError("--mix runs with --engine local only; leave out --engine ray")
 
     def _check_padding(self) -> None:
         if self.pad_multiple > 1 and self.sample_limit < 1:
@@ -267,6 +302,9 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
         "fix_turns",
     ),
     "packing": (
+        "mix",
+        "mix_by",
+        "dedup",
         "max_len",
         "overflow",
         "truncate_side",
@@ -294,6 +332,30 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "run": ("num_proc", "cache", "cache_dir", "cache_max_size", "engine", "ray_address"),
 }
+
+
+MIX_SUM_TOLERANCE = 1e-6
+
+
+def parse_mix(value: str) -> tuple[str, str, float]:
+    """Parse one ``--mix PATH=SHARE`` or ``--mix PATH=Nx``; return (path, "share" or "epochs", number).
+
+    The last ``=`` splits: a path may hold one. A share is above 0 and at most 1; epochs above 0.
+    """
+    path, sep, raw = value.rpartition("=")
+    raw = raw.strip()
+    epochs = raw.lower().endswith("x")
+    try:
+        number = float(raw[:-1] if epochs else raw)
+    except ValueError:
+        number = math.nan
+    if not sep or not path or not math.isfinite(number):
+        raise UsageError(f"--mix takes PATH=SHARE (e.g. chat.jsonl=0.7) or PATH=Nx (e.g. code/=2x), not '{value}'")
+    if epochs and number <= 0:
+        raise UsageError(f"--mix {value}: the epochs must be above 0 (e.g. 0.5x, 2x)")
+    if not epochs and not 0 < number <= 1:
+        raise UsageError(f"--mix {value}: the share must be above 0 and at most 1 (e.g. 0.7)")
+    return path, "epochs" if epochs else "share", number
 
 
 # -- the rule of every option, declared once ------------------------------------------------------
@@ -359,7 +421,7 @@ def option_problem(name: str, value: Any) -> str | None:
     by their parser; presets and the library give any value, and bool, a subclass of int, is no integer.
     """
     declared = declared_type(name)
-    if not _has_type(declared, value):
+    if not has_type(declared, value):
         return f"must be {_EXPECTED[declared]}, not {describe_value(value)}"
     if name in NOT_EMPTY and value == "":
         return "must not be an empty string"
@@ -382,7 +444,7 @@ def _number(value: float) -> str:
         return too_many_digits()
 
 
-def _has_type(declared: str, value: Any) -> bool:
+def has_type(declared: str, value: Any) -> bool:
     if value is None and declared.endswith("| None"):
         return True
     base = declared.removesuffix(" | None")

@@ -14,7 +14,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from packcli.config import PackConfig, describe_value, did_you_mean, option_problem
+from packcli.config import PackConfig, describe_value, did_you_mean, has_type, option_problem, parse_mix
 from packcli.errors import Opt, UsageError, too_many_digits
 from packcli.io.uri import is_uri
 from packcli.records.formats import DEFAULT_FIELDS
@@ -71,6 +71,8 @@ def load_config_file(path: str) -> dict[str, Any]:
         )
     known = {f.name for f in fields(PackConfig)}
     data = {str(k).replace("-", "_"): v for k, v in data.items() if k != "description"}
+    if "sources" in data or "mix" in data:  # a preset's sources, as --mix PATH=SHARE values
+        data["mix"] = _preset_sources(path, data.pop("sources", None), data.get("mix"))
     unknown = set(data) - known
     if unknown:
         raise UsageError(
@@ -187,3 +189,32 @@ def parse_field_flags(values: list[str]) -> dict[str, str]:
             raise UsageError(f"--field takes NAME=FIELD (e.g. messages=dialog), not '{value}'")
         out[name.strip()] = target.strip()
     return out
+
+
+def _preset_sources(path: str, sources: Any, mix: Any) -> tuple[str, ...]:
+    """A preset's ``sources`` list (``{path, share}`` or ``{path, epochs}`` tables) or ``mix`` list, as
+    ``--mix`` values with each path relative to the preset's directory."""
+    if sources is not None and mix is not None:
+        raise UsageError(f"{path}: give 'sources' or 'mix', not both; fix the preset")
+    if mix is not None:
+        if not isinstance(mix, list) or not all(isinstance(v, str) for v in mix):
+            raise UsageError(f"{path}: 'mix' must be a list of PATH=SHARE strings, not {describe_value(mix)}")
+        entries = [(parse_mix(v)[0], v.rpartition("=")[2]) for v in mix]
+    else:
+        good = isinstance(sources, list) and bool(sources) and all(_source_entry(s) for s in sources)
+        if not good:
+            raise UsageError(
+                f"{path}: 'sources' must be a list of tables each with a path and a share or epochs "
+                "(e.g. {path: chat.jsonl, share: 0.7}); fix the preset"
+            )
+        entries = [(s["path"], f"{s['share']!r}" if "share" in s else f"{s['epochs']!r}x") for s in sources]
+    paths = _preset_inputs(path, [p for p, _ in entries])
+    return tuple(f"{p}={w}" for p, (_, w) in zip(paths, entries, strict=True))
+
+
+def _source_entry(entry: Any) -> bool:
+    """Whether a preset ``sources`` entry is a table of a path and a number, its share or its epochs."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+        return False
+    weights = set(entry) - {"path"}
+    return len(weights) == 1 and weights <= {"share", "epochs"} and has_type("float", entry[weights.pop()])

@@ -34,6 +34,8 @@ OPTIONAL_COLUMNS = pa.schema(
         ("seq_lengths_unpadded", pa.list_(pa.int32())),
         ("loss_weights", pa.list_(pa.float32())),
         ("sample_role", pa.list_(pa.int8())),
+        # --mix: per sample, beside sample_index, its source (manifest mix.sources[i]; -1 on padding)
+        ("source", pa.list_(pa.int16())),
     ]
 )
 # sample_role values: what each sample of a preference or KTO output is (written with --task preference

@@ -222,6 +222,8 @@ class RunSummary:
     output: str | None  # None for a dry run (written as null)
     warnings: list[str]
     lost: Lost
+    dedup: dict[str, Any] | None = None  # --dedup exact: mode, duplicates, by_source
+    mix: dict[str, Any] | None = None  # --mix: the recipe, and per source what was asked and what was given
     shards: int | None = None  # absent from a dry run's summary
     skipped_dirs: list[str] | None = None
     cache_pruned: CachePruned | None = None
@@ -336,6 +338,8 @@ class Manifest:
     columns: list[str] | None = None
     max_token_id: int | None = None
     shards: list[ShardEntry]
+    mix: dict[str, Any] | None = None  # --mix: as in the summary; the sources the source column numbers
+    dedup: dict[str, Any] | None = None  # --dedup exact: as in the summary
     index_files: list[str] | None = None  # files a format keeps beside its shards (MDS's index.json)
     rejects_file: str | None = None  # the rejects file, when written inside the output
 

@@ -69,11 +69,15 @@ WRONG: dict[str, tuple[Any, Any]] = {
     "engine": (None, "spark"),
     "ray_address": (3, ""),
     "template_kwargs": ([1], {"continue_final_message": True}),
+    "mix": ("d.jsonl=0.5", ("d.jsonl=half",)),
+    "mix_by": (1, "bytes"),
+    "dedup": (True, "fuzzy"),
 }
 # Where the message does not start with the option's name, what it starts with.
 STARTS = {
     ("fields", 1): r"unknown field name\(s\) mesages \(did you mean messages\?\)",
     ("cache_max_size", 1): r"cache_max_size takes a size such as 500MB, 10GB or 2GiB, not '10XB'",
+    ("mix", 1): r"mix takes PATH=SHARE \(e\.g\. chat\.jsonl=0\.7\) or PATH=Nx",
     ("template_kwargs", 1): r"template keyword argument 'continue_final_message' leaves the last message open",
 }
 CASES = [
@@ -359,7 +363,13 @@ def test_identical_answers_are_no_pair(kind: str, pack: Any, tmp_path: Path) -> 
 
 # The pack flags that set no PackConfig field, and the fields whose CLI default differs by its form.
 NOT_OPTIONS = {"inputs", "config", "json_out", "quiet", "help"}
-CLI_FORM = {"fields": None, "template_kwargs": None, "num_proc": None, "cache": False}  # repeatable or --no-cache
+CLI_FORM = {
+    "fields": None,
+    "template_kwargs": None,
+    "mix": None,
+    "num_proc": None,
+    "cache": False,
+}  # repeatable, or --no-cache
 API_FORM = {"fields": None, "template_kwargs": None, "num_proc": None}  # None: the defaults, or the cores
 
 

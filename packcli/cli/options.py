@@ -257,6 +257,9 @@ PACK_PANELS: dict[str, tuple[str, str | None]] = {
     "overflow": (PACKING, choices("overflow")),
     "algorithm": (PACKING, choices("algorithm")),
     "seed": (PACKING, "N"),
+    "mix": (PACKING, "PATH=SHARE"),  # -- mixtures
+    "mix_by": (PACKING, choices("mix_by")),
+    "dedup": (PACKING, choices("dedup")),
     "world_size": (PACKING, "N"),
     "rank_remainder": (PACKING, choices("rank_remainder")),
     "pad_to_max": (PACKING, None),

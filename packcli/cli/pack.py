@@ -109,7 +109,26 @@ def pack(
         typer.Option("--fix-turns-log", help="With --fix-turns: write each record it changed, and how, to this file."),
     ] = None,
     algorithm: Annotated[str, typer.Option(help="Packing: ffd (first-fit-decreasing) or bfd (best-fit).")] = "ffd",
-    seed: Annotated[int, typer.Option(help="Seed of the row order.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the row order (and of the records --mix samples).")] = 0,
+    # -- mixtures (packcli.plan.mix)
+    mix: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--mix",
+            help="A source and its weight: PATH=SHARE (of the output, by --mix-by) or PATH=Nx (N epochs); "
+            "repeatable, instead of INPUTS.",
+        ),
+    ] = None,
+    mix_by: Annotated[
+        str, typer.Option("--mix-by", help="What --mix shares are shares of: tokens, trainable tokens or records.")
+    ] = "tokens",
+    dedup: Annotated[
+        str,
+        typer.Option(
+            "--dedup",
+            help="exact: drop records whose normalised content repeats an earlier one (across inputs, first kept).",
+        ),
+    ] = "off",
     world_size: Annotated[
         int, typer.Option("--world-size", help="Balance rows and tokens over N data-parallel ranks.")
     ] = 1,
@@ -173,13 +192,16 @@ def pack(
     from packcli.errors import Opt, UsageError
 
     flags = {name: params[name] for name in _AS_GIVEN}
+    flags["mix"] = tuple(mix or ())
     options = merge_preset(ctx, config, flags, field, template_kwarg, num_proc, no_cache)
     preset_inputs = options.pop("inputs", None)
-    if not inputs and not preset_inputs:
+    if options.get("mix"):  # -- mixtures: --mix names the inputs
+        preset_inputs = () if given(ctx, "mix") or inputs else preset_inputs
+    if not inputs and not preset_inputs and not options.get("mix"):
         raise UsageError(
             "no input given; pass files, directories, globs or Hub names, or name inputs in a --config preset"
         )
-    cfg = PackConfig(inputs=tuple(inputs) if inputs else preset_inputs, **options)
+    cfg = PackConfig(inputs=tuple(inputs) if inputs else (preset_inputs or ()), **options)
     for name, modes in _OVERFLOW_ONLY.items():
         if given(ctx, name) and cfg.overflow not in modes:
             raise UsageError(

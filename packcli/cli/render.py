@@ -171,6 +171,30 @@ def print_pack_summary(summary: RunSummary) -> None:
     if summary.output:
         table.add_row("output", summary.output)
     stderr.print(table)
+    if summary.mix is not None:
+        stderr.print(mix_table(summary.mix))
+
+
+def mix_table(mix: dict[str, Any]) -> Table:
+    """-- mixtures: per source, the share asked for and the shares the rows hold, repeats, left out."""
+    table = Table(title=f"mix (by {mix['by']}, seed {mix['seed']})", title_justify="left")
+    for name in ("source", "asked", "tokens", "trainable", "records", "epochs", "repeats", "left out"):
+        table.add_column(name, justify="left" if name == "source" else "right")
+    for s in mix["sources"]:
+        kind, value = next(iter(s["requested"].items()))
+        asked = f"{value:g}x" if kind == "epochs" else f"{value:.1%}"
+        real, share = s["realised"], s["realised_share"]
+        table.add_row(
+            s["name"],
+            asked,
+            f"{real['tokens']:,} ({share['tokens']:.1%})",
+            f"{real['trainable_tokens']:,} ({share['trainable_tokens']:.1%})",
+            f"{real['records']:,} ({share['records']:.1%})",
+            f"{s['epochs']:.2f}",
+            f"{s['repeats']:,}",
+            f"{s['left_out']['records']:,}",
+        )
+    return table
 
 
 BAR_WIDTH = 32
@@ -218,6 +242,8 @@ def print_packed_stats(r: dict[str, Any]) -> None:
     if r["duplicated"]:
         table.add_row("duplicated (rank padding)", f"{r['duplicated']:,}")
     out.print(table)
+    if "mix" in r:  # -- mixtures
+        out.print(mix_table(r["mix"]))
 
     saved = Table(title="what packing saved (padding tokens)", title_justify="left")
     saved.add_column("layout")

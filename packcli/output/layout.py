@@ -23,6 +23,7 @@ class RowLayout:
     pad_offset: int = 0  # 1 for Megatron's layout (a sample of n tokens runs as n - 1)
     loss_weighting: str = "token"  # token: no loss_weights column; sample or sqrt: 1/n or 1/sqrt(n)
     sample_roles: bool = False  # preference or KTO data: a sample_role column
+    sources: bool = False  # --mix: a source column (packcli.plan.mix)
     output_format: str = "parquet"
     rows_per_shard: int = 2048
     output: str = ""  # the output as the user named it, for error messages
@@ -41,4 +42,6 @@ class RowLayout:
             optional.append("loss_weights")
         if self.sample_roles:
             optional.append("sample_role")
+        if self.sources:
+            optional.append("source")
         return shard_schema(optional)

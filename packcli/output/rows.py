@@ -30,6 +30,7 @@ def build_rows(
     layout: RowLayout,
     piece_index: np.ndarray | None = None,
     sample_role: np.ndarray | None = None,
+    source: np.ndarray | None = None,
 ) -> pa.Table:
     """Return a table of packed rows from the samples' tokens, concatenated in row order.
 
@@ -79,6 +80,10 @@ def build_rows(
         weights, unpadded = _pad_optional(row_tokens_before, samples_before, pad_to, weights, unpadded)
         if sample_role is not None:
             sample_role = _pad_optional(row_tokens_before, samples_before, pad_to, None, sample_role)[1]
+        if source is not None:  # -- mixtures: -1 on a padding segment
+            shifted = _pad_optional(row_tokens_before, samples_before, pad_to, None, source.astype(np.int32) + 1)[1]
+            assert shifted is not None
+            source = shifted - 1
     token_offsets = np.zeros(len(row_tokens) + 1, dtype=np.int64)
     np.cumsum(row_tokens, out=token_offsets[1:])
     seq_offsets = np.zeros(len(samples_per_row) + 1, dtype=np.int64)
@@ -103,6 +108,9 @@ def build_rows(
     if sample_role is not None:
         columns.append(pa.ListArray.from_arrays(seq_off, _arrow(sample_role, np.int8)))
         optional.append("sample_role")
+    if source is not None:  # -- mixtures
+        columns.append(pa.ListArray.from_arrays(seq_off, _arrow(source, np.int16)))
+        optional.append("source")
     return pa.Table.from_arrays(columns, schema=shard_schema(optional) if optional else SHARD_SCHEMA)
 
 
@@ -166,6 +174,7 @@ def _pad_optional(
 
 _ARROW_TYPES = {
     np.dtype(np.int8): pa.int8(),
+    np.dtype(np.int16): pa.int16(),
     np.dtype(np.int32): pa.int32(),
     np.dtype(np.int64): pa.int64(),
     np.dtype(np.float32): pa.float32(),

@@ -18,6 +18,7 @@ from packcli.output.rows import (
     shard_name,
     write_shard,
 )
+from packcli.plan import mix
 from packcli.plan.planner import Plan
 from packcli.procs import pool
 from packcli.store.tokens import (
@@ -64,6 +65,7 @@ def row_group_tables(
             layout,
             piece_index=store.piece_index[store_rows],
             sample_role=roles[store_rows] if layout.sample_roles else None,
+            source=mix.source_ids(store, store_rows) if layout.sources else None,
         )
         progress("write", len(group), len(plan.order.order))
         raise_if_stopped()

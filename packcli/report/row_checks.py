@@ -45,6 +45,8 @@ CHECKS = {
     "desirable, 4 undesirable; 0 on a padding segment), or not one per sample",
     "pairs": "have a chosen sample not followed by its rejected sample (the same sample_index, piece 0 then 1), "
     "or a rejected sample without its chosen one before it",
+    "source": "have source values that are not the manifest's mix source of their sample_index (-1 on a padding "
+    "segment), or not one per sample",
     "loss_weights": "have loss_weights that are negative, not finite, of the wrong length or set where labels are -100",
     "loss_weights_values": "have loss_weights that are not the {weighting} weighting the manifest records "
     "(--loss-weighting {weighting}: {rule} on each of a sample's n trained tokens)",
@@ -66,6 +68,8 @@ class Expected:
     pad_offset: int = 0
     task: str = "sft"
     loss_weighting: str | None = None  # the manifest's --loss-weighting (None: not recorded)
+    # --mix: each input's first sample_index and its mix source (None: no --mix)
+    mix_inputs: tuple[np.ndarray, np.ndarray] | None = None
 
 
 @dataclass
@@ -156,7 +160,9 @@ def check_batch(batch: pa.RecordBatch, first_row: int, expect: Expected, totals:
     same_row = seg_row[1:] == seg_row[:-1]
     real_pair = ~pad[1:] & ~pad[:-1]
     unordered = np.zeros(len(index), dtype=bool)
-    before = (index[1:] < index[:-1]) | ((index[1:] == index[:-1]) & (piece[1:] <= piece[:-1]))
+    # (--mix: a repeated record's copies that no swap could part are equal neighbours)
+    equal_bad = piece[1:] < piece[:-1] if expect.mix_inputs is not None else piece[1:] <= piece[:-1]
+    before = (index[1:] < index[:-1]) | ((index[1:] == index[:-1]) & equal_bad)
     unordered[1:] = same_row & real_pair & before
     totals.fail("sample_index_order", seg_row[unordered], first_row)
     if pad.any():
@@ -185,6 +191,8 @@ def check_batch(batch: pa.RecordBatch, first_row: int, expect: Expected, totals:
                 if not np.array_equal(weights, want):  # the writer's own values are equal bit for bit
                     wrong = ~np.isclose(weights, want, rtol=WEIGHT_RTOL, atol=0.0) & ~bad
                     totals.fail("loss_weights_values", token_rows(wrong), first_row)
+    if "source" in batch.schema.names:
+        _check_source(batch, segs, index, pad, seg_row, expect, totals, first_row)
     if "sample_role" in batch.schema.names:
         _check_roles(batch, segs, index, piece, pad, seg_row, expect, totals, first_row)
     totals.index.append(index[~pad])
@@ -211,6 +219,30 @@ def check_batch(batch: pa.RecordBatch, first_row: int, expect: Expected, totals:
     totals.fail("first_label", seg_row[labelled[seg_start]], first_row)
     if pad.any():
         totals.fail("padding_labels", rows[token_rows(np.repeat(pad, seq_lengths) & labelled)], first_row)
+
+
+def _check_source(
+    batch: pa.RecordBatch,
+    segs: np.ndarray,
+    index: np.ndarray,
+    pad: np.ndarray,
+    seg_row: np.ndarray,
+    expect: Expected,
+    totals: ShardTotals,
+    first_row: int,
+) -> None:
+    """--mix: one source per sample, the manifest's source of its sample_index, -1 on padding."""
+    src_len, source = list_parts(batch.column("source"))
+    bad_len = np.flatnonzero(src_len != segs)
+    if len(bad_len):
+        totals.fail("source", bad_len, first_row)
+        return
+    want = np.full(len(index), -1, dtype=np.int64)
+    if expect.mix_inputs is not None and len(expect.mix_inputs[0]):
+        firsts, owners = expect.mix_inputs
+        at = np.searchsorted(firsts, index[~pad], side="right") - 1
+        want[~pad] = np.where(at >= 0, owners[np.clip(at, 0, None)], -2)
+    totals.fail("source", seg_row[source.astype(np.int64) != want], first_row)
 
 
 def _check_roles(

@@ -140,6 +140,8 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
         item_lengths = np.bincount(item_of, weights=padded_lengths).astype(np.int64)
         pairs = _pair_stats(roles, item_of, distinct_lengths, _concat(row_pairs), batch_size)
         bounds = row_bounds(item_lengths, max_len, rows)
+    elif manifest.mix is not None:  # --mix: the plan packed every copy of a repeated record
+        bounds = row_bounds(lengths, max_len, rows)
     else:
         bounds = row_bounds(padded_lengths, max_len, rows)
     out = {
@@ -180,6 +182,8 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     }
     if pairs is not None:
         out["preference"] = pairs
+    if manifest.mix is not None:  # --mix: the manifest's per-source accounting
+        out["mix"] = manifest.mix
     return out
 
 

@@ -103,6 +103,7 @@ def verify_output(directory: Path, progress: Progress | None = None) -> VerifyRe
         pad_offset=1 if options.get("output_format") == "megatron" else 0,
         task=str(manifest.get("task") or "sft"),
         loss_weighting=str(options["loss_weighting"]) if "loss_weighting" in options else None,
+        mix_inputs=_mix_inputs(manifest),
     )
     entries = manifest.get("shards")
     if not isinstance(entries, list) or expect.max_len < 1:
@@ -276,6 +277,19 @@ def _singular(message: str) -> str:
     return message
 
 
+def _mix_inputs(manifest: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """--mix: each input's first sample_index, ascending, and its source, from the manifest's ``mix``."""
+    if "mix" not in manifest:
+        return None
+    sources = manifest["mix"].get("sources") if isinstance(manifest["mix"], dict) else None
+    try:
+        assert isinstance(sources, list)
+        pairs = sorted((int(r[0]), m) for m, s in enumerate(sources) for r in s["sample_index"])
+    except (AssertionError, TypeError, ValueError, KeyError, IndexError, AttributeError):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)  # no sample can match: every source value fails
+    return np.array([p[0] for p in pairs], dtype=np.int64), np.array([p[1] for p in pairs], dtype=np.int64)
+
+
 def _check_samples(
     index: np.ndarray,
     pieces: np.ndarray,
@@ -297,7 +311,8 @@ def _check_samples(
     same_index = sorted_index[1:] == sorted_index[:-1]
     repeat = np.flatnonzero(same_index & (sorted_pieces[1:] == sorted_pieces[:-1])) + 1
     distinct = len(index) - int(np.count_nonzero(same_index))
-    allowed = int(counts.get("duplicated", 0))
+    repeats = int(manifest.get("mix", {}).get("repeats", 0)) if isinstance(manifest.get("mix"), dict) else 0
+    allowed = int(counts.get("duplicated", 0)) + repeats  # rank padding, and --mix's repeated records
     if len(repeat) > allowed or (complete and len(repeat) != allowed):
         for r in repeat[:MAX_EXAMPLES]:
             value, piece = int(sorted_index[r]), int(sorted_pieces[r])
@@ -307,7 +322,11 @@ def _check_samples(
             name = f"sample_index {value}" + (f" piece {piece}" if piece else "")
             problems.append(Problem(again, f"{name} appears {where}"))
         what = f"{len(repeat)} repeated (sample_index, piece_index) pair" + ("s" if len(repeat) != 1 else "")
-        expected = f"manifest.json counts {allowed} duplicated by rank padding" if allowed else "each must appear once"
+        expected = (
+            f"manifest.json counts {allowed} duplicated by rank padding or repeated by --mix"
+            if allowed
+            else "each must appear once"
+        )
         problems.append(Problem(MANIFEST, f"{what}; {expected}"))
     packed = counts.get("packed")
     if packed is not None and distinct != packed:
@@ -315,7 +334,7 @@ def _check_samples(
         if not complete:
             message += " (the missing or unreadable shards hold the rest)"
         problems.append(Problem(MANIFEST, message))
-    held = len(index) - len(repeat)
+    held = len(index) - len(repeat) + repeats  # -- mixtures: a repeated record's copies are samples
     samples = counts.get("samples")  # pieces of split records are samples of their own
     if samples is not None and complete and held != samples:
         problems.append(Problem(MANIFEST, f"the shards hold {held} samples, manifest.json counts {samples}"))

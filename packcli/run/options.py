@@ -37,6 +37,7 @@ def row_layout(config: PackConfig, pad_id: int) -> RowLayout:
         pad_offset=config.pad_offset,
         loss_weighting=config.loss_weighting,
         sample_roles=config.task in ("preference", "kto"),
+        sources=bool(config.mix),
         output_format=config.output_format,
         rows_per_shard=config.rows_per_shard,
         output=config.output,

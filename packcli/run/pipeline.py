@@ -17,11 +17,13 @@ from packcli.contract import SAMPLE_ROLES, Progress, no_progress
 from packcli.engines import Engine, load_engine
 from packcli.errors import InputError, OutputError, RecordError, UsageError
 from packcli.io.readers import read_batches
-from packcli.io.sources import STDIN, InputSource, forget_streams, is_uri, resolve_inputs
+from packcli.io.sources import STDIN, InputSource, forget_streams, resolve_inputs
+from packcli.io.uri import is_uri
 from packcli.output import guard, staging
 from packcli.output.formats import shard_format
 from packcli.output.layout import RowLayout
 from packcli.output.manifest import write_manifest
+from packcli.plan import dedup, mix
 from packcli.plan.planner import Plan, make_plan
 from packcli.results import CachePruned, Counts, Manifest, RunSummary, Seconds, ShardEntry, StageSeconds
 from packcli.run import accounting
@@ -88,9 +90,25 @@ def _run(config: PackConfig, progress: Progress, engine: Engine, started: float,
             )  # the summary and manifest record the task found
             seconds = dict(inputs.store.seconds)
             store = inputs.store
+            # --dedup exact, then --mix: the plan packs their view of the store (packcli.plan.dedup, .mix)
+            deduped = dedup.drop_duplicates(store) if config.dedup == "exact" else None
+            store = deduped.view if deduped is not None else store
+            mixed = mix.choose(config, store, mix.mix_of_inputs(config)) if config.mix else None
+            store = mixed.view if mixed is not None else store
             plan = make_plan(plan_options(config), store)
+            if mixed is not None:
+                mix.part_repeats(config, mixed, plan)
             t2 = time.perf_counter()
             summary = accounting.summary(found, store, plan, inputs.cache)
+            if deduped is not None:
+                summary = dataclasses.replace(summary, dedup=dedup.summary(deduped))
+            if mixed is not None:  # records left out by the mix are neither packed nor dropped
+                mixing = mix.accounting(config, mixed, plan)
+                warnings = summary.warnings
+                if mixed.repeats_in_same_row:
+                    warnings = [*warnings, mix.same_row_warning(mixed.repeats_in_same_row)]
+                packed = summary.packed - mixing["records_left_out"]
+                summary = dataclasses.replace(summary, mix=mixing, packed=packed, warnings=warnings)
             accounting.check_loss(found, summary)
             summary = dataclasses.replace(summary, warnings=[*inputs.warnings, *summary.warnings])
             if not config.dry_run:
@@ -99,7 +117,8 @@ def _run(config: PackConfig, progress: Progress, engine: Engine, started: float,
                 index_files = _write_index_files(config, staged.tmp if staged else None, shards)
                 if config.rejects:
                     rejects = prepared.rejects_path(config.rejects) if prepared else Path(config.rejects)
-                    _write_rejects(rejects, store, plan, inputs.sources, config.limit)
+                    extra = deduped.rejects if deduped is not None else []  # -- dedup
+                    _write_rejects(rejects, store, plan, inputs.sources, config.limit, extra)
                 if config.fix_turns_log:
                     _write_fix_log(Path(config.fix_turns_log), store)
                 rejects_file = prepared.rejects_relative.as_posix() if prepared and prepared.rejects_relative else None
@@ -243,6 +262,8 @@ def _manifest(
         # A model's input embedding must have more rows than this (packcli.train.checks.check_compatible).
         max_token_id=max((s.max_token_id for s in entries if s.max_token_id is not None), default=-1),
         shards=entries,
+        mix=summary.mix,
+        dedup=summary.dedup,
         index_files=index_files,
         rejects_file=rejects_file,
     )
@@ -263,7 +284,12 @@ def _write_index_files(config: PackConfig, directory: Path | None, shards: list[
 
 
 def _write_rejects(
-    path: Path, store: TokenStore, plan: Plan, sources: list[InputSource], limit: int | None = None
+    path: Path,
+    store: TokenStore,
+    plan: Plan,
+    sources: list[InputSource],
+    limit: int | None = None,
+    extra: list[tuple[int, int, RecordError]] | None = None,
 ) -> None:
     """Write every dropped record (with reason and input position) to a JSON lines file, atomically.
 
@@ -277,7 +303,8 @@ def _write_rejects(
     )
     with _lines_file(path, "rejects", "the rejects file") as out:
         _copy_store_lines(store, store.path / "rejects.jsonl", out)
-        raws = _records_at(sources, [p[0] for p in planned], limit)
+        extra = extra or []  # -- dedup: (sample_index, position, error) of records dropped before the plan
+        raws = _records_at(sources, [p[0] for p in planned] + [e[0] for e in extra], limit)
         for index, reason, r in planned:
             source, _ = store.source_of(index)
             err = RecordError(reason, f"{int(store.lengths[r])} tokens")
@@ -285,6 +312,12 @@ def _write_rejects(
             position, piece = int(store.positions[r]), int(store.piece_index[r])
             entry = worker.reject(index, source, position, err, raw, raw_lines, piece_index=piece)
             out.write(json.dumps(entry, ensure_ascii=False) + "\n")
+        for index, position, err in extra:  # -- dedup
+            source, _ = store.source_of(index)
+            raw, raw_lines = raws[index]
+            out.write(
+                json.dumps(worker.reject(index, source, position, err, raw, raw_lines), ensure_ascii=False) + "\n"
+            )
 
 
 def _write_fix_log(path: Path, store: TokenStore) -> None:

@@ -8,7 +8,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-CACHE_FORMAT = 7  # 7: keyed by the inputs' contents (no path), the template's source; meta.made
+# 7: keyed by the inputs' contents (no path), the template's source; meta.made. 8: samples.npz holds each
+# sample's record content key (content_key, for --dedup exact).
+CACHE_FORMAT = 8
 
 
 def default_cache_dir() -> Path:

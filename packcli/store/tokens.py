@@ -68,6 +68,8 @@ class TokenStore:
     # Seconds by stage of the run that made the store (read, decode, tokenize, store, cpu, wall); empty
     # for a store found in the cache. Not saved.
     seconds: dict[str, float] = field(default_factory=dict)
+    # uint64 (n, 2) per sample: its record's content key (packcli.records.dedup); None in a store without.
+    content_key: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.sample_role is None:
@@ -202,6 +204,8 @@ class TokenStoreWriter:
             raise _write_error(self.where, exc, fix) from exc
         self._arrays: dict[str, list[np.ndarray]] = {k: [] for k in ARRAYS}
         self._roles: list[np.ndarray] = []
+        self._keys: list[np.ndarray] = []  # -- dedup: content keys, while every batch gave them
+        self._keys_whole = True
         self._local_tokens = 0  # tokens written by add() into the one local segment (prefix "")
         self._segments: list[dict[str, Any]] = []  # segments written elsewhere (add_segment), in order
         self._segment_files: dict[str, dict[str, Any]] = {}
@@ -217,9 +221,11 @@ class TokenStoreWriter:
         positions: np.ndarray,
         piece_index: np.ndarray | None = None,
         sample_role: np.ndarray | None = None,
+        content_keys: np.ndarray | None = None,
     ) -> None:
         if len(lengths) == 0:
             return
+        self._add_keys(content_keys, len(lengths))
         assert not self._segments, "a store's samples are added by add() or by add_segment(), not both"
         try:
             self._ids.write(np.ascontiguousarray(ids, dtype=TOKEN_DTYPE).tobytes())
@@ -240,6 +246,7 @@ class TokenStoreWriter:
         positions: np.ndarray,
         piece_index: np.ndarray | None = None,
         sample_role: np.ndarray | None = None,
+        content_keys: np.ndarray | None = None,
     ) -> None:
         """Add samples whose tokens another process wrote as a segment (``{"prefix", "tokens"}``).
 
@@ -248,11 +255,19 @@ class TokenStoreWriter:
         """
         if len(lengths) == 0:
             return
+        self._add_keys(content_keys, len(lengths))
         assert self._local_tokens == 0, "a store's samples are added by add() or by add_segment(), not both"
         assert int(segment["tokens"]) == int(np.asarray(lengths, dtype=np.int64).sum())
         self._segments.append({"prefix": segment["prefix"], "tokens": int(segment["tokens"])})
         self._segment_files.update(files)
         self._add_arrays(sample_index, lengths, trainable, first_trained, positions, piece_index, sample_role)
+
+    def _add_keys(self, keys: np.ndarray | None, n: int) -> None:
+        """-- dedup: keep the batch's content keys; a batch without them leaves the store without any."""
+        if keys is None or len(keys) != n:
+            self._keys_whole = False
+        elif self._keys_whole:
+            self._keys.append(keys)
 
     def _add_arrays(
         self,
@@ -296,6 +311,8 @@ class TokenStoreWriter:
             }
             if self._roles:
                 arrays["sample_role"] = np.concatenate(self._roles)
+            if self._keys_whole:  # -- dedup
+                arrays["content_key"] = np.concatenate(self._keys) if self._keys else np.zeros((0, 2), "<u8")
             # numpy's stub types **kwds so that an array could land on its allow_pickle: bool parameter.
             np.savez(self.tmp / "samples.npz", **arrays)  # type: ignore[arg-type]
             if self._segments:  # the tokens are in segments written elsewhere: no local token files
@@ -353,6 +370,8 @@ def load_store(
             arrays = {k: data[k] for k in ARRAYS}
             if "sample_role" in data:
                 arrays["sample_role"] = data["sample_role"]
+            if "content_key" in data:  # -- dedup
+                arrays["content_key"] = data["content_key"]
     except (OSError, ValueError, KeyError) as exc:
         raise DamagedStore(f"{path / 'samples.npz'}: cannot be read ({first_line(exc)})") from exc
     return TokenStore(path=path, meta=meta, **arrays)

@@ -191,6 +191,7 @@ def tokenize_to_store(
                         result.positions,
                         result.piece_index,
                         result.roles,
+                        content_keys=getattr(result, "content_keys", None),  # -- dedup
                     )
                 else:
                     writer.add(
@@ -203,6 +204,7 @@ def tokenize_to_store(
                         result.positions,
                         result.piece_index,
                         result.roles,
+                        content_keys=result.content_keys,  # -- dedup
                     )
                 clock["store"] += time.perf_counter() - stored
                 progress("tokenize", result.n_records, total)

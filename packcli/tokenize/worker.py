@@ -15,6 +15,7 @@ from packcli.errors import RecordError
 from packcli.io.sources import RawBatch
 from packcli.records import preference, turns
 from packcli.records.checks import UNUSABLE, UnusableRecord, check_sample, integer_too_long, raw_line_is_clean, too_deep
+from packcli.records.dedup import content_key
 from packcli.records.formats import PREFERENCE_FORMATS, Sample, detect_format, normalize
 from packcli.results import RejectEntry
 from packcli.tokenize.bounds import rule_out_too_long
@@ -51,6 +52,8 @@ class TokenizedBatch:
     turns_fixed: dict[str, int] = field(default_factory=dict)
     turn_fixes: list[dict[str, Any]] = field(default_factory=list)
     empty_answers: int = 0  # trained answers that are empty or whitespace only, in the samples kept
+    # --dedup exact: per kept sample, its record's content key (packcli.records.dedup), uint64 (n, 2)
+    content_keys: np.ndarray | None = None
     # Seconds this batch took in the worker: decode (parse, detect, normalise, check), tokenize (render,
     # spans, encode, split) and cpu (the worker's CPU seconds for the batch, all threads).
     seconds: dict[str, float] = field(default_factory=dict)
@@ -155,6 +158,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
     labels: list[Any] = []
     rejects: list[dict[str, Any]] = []
     roles: list[int] = []
+    content_keys: list[bytes] = []  # -- dedup: per kept sample, its record's content key
     left_out: Counter[str] = Counter()
     left_out_tokens: Counter[str] = Counter()
     records_split = pieces_made = 0
@@ -181,6 +185,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
                 continue
             kept = pieces.pieces
             pieces_made += len(kept)
+        content_keys.extend([content_key(samples[k])] * len(kept))  # -- dedup
         for p, (piece_ids, piece_labels) in enumerate(kept):
             kept_index.append(index)
             kept_pos.append(batch.positions[k])
@@ -214,6 +219,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         turn_fixes=fixes,
         empty_answers=empty_answers,
         tokens_left_out=dict(left_out_tokens),
+        content_keys=np.frombuffer(b"".join(content_keys), dtype="<u8").reshape(-1, 2).copy(),  # -- dedup
         seconds={
             "decode": decoded - started,
             "tokenize": encoded - decoded,

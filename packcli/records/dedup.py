@@ -1,0 +1,31 @@
+"""The content key of a normalised record, for ``--dedup exact``.
+
+Two records are the same content when their normalised samples are equal: the messages (roles and
+contents, tools, the record's template arguments and training marks) of a chat record, the prompt
+and completion, the text, or the token ids, whatever the raw bytes, field names or input format
+they came from. The key is a 16-byte BLAKE2b of the sample's fields as canonical JSON (sorted keys);
+the roles a record renamed (``renamed``) are how it was read, not what it holds, and are left out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+KEY_BYTES = 16
+
+
+def _fields(sample: Any) -> Any:
+    body = dataclasses.asdict(sample)
+    body.pop("renamed", None)
+    return body
+
+
+def content_key(sample: Any) -> bytes:
+    """The content key of a normalised sample, or of a preference record's members (``.samples``)."""
+    members = getattr(sample, "samples", None)
+    body = [_fields(m) for m in members] if members is not None else _fields(sample)
+    text = json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=KEY_BYTES).digest()

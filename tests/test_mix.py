@@ -1,0 +1,239 @@
+"""Mixtures (--mix PATH=SHARE, PATH=Nx): token shares, whole-record repeats, same bytes, re-mixing from the cache."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from packcli.report.verify import verify_output
+
+from .conftest import make_conversations, one_error_line, read_rows, write_jsonl
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A source of short conversations, one of long ones, and a cache shared by the module's runs."""
+    root = tmp_path_factory.mktemp("mix")
+    short = [{"messages": m} for m in make_conversations(60, seed=1, max_turns=2, max_words=15)]
+    long = [{"messages": m} for m in make_conversations(20, seed=2, max_turns=4, max_words=80)]
+    return {
+        "short": write_jsonl(root / "short.jsonl", short),
+        "long": write_jsonl(root / "long.jsonl", long),
+        "cache": root / "cache",
+        "root": root,
+    }
+
+
+def run(pack: Any, sources: dict[str, Path], out: Path, *args: Any, expect: int = 0, cache: Path | None = None) -> Any:
+    cache = cache or sources["cache"]
+    result = pack(*args, "--max-len", "1024", "-o", out, "--cache-dir", cache, "--json", "-q", expect=expect)
+    return json.loads(result.stdout) if expect == 0 else result
+
+
+def per_source(rows: list[dict[str, Any]]) -> tuple[Counter[int], Counter[tuple[int, int]]]:
+    """Tokens per source, and copies per (source, sample_index), from the shards' columns."""
+    tokens: Counter[int] = Counter()
+    copies: Counter[tuple[int, int]] = Counter()
+    for row in rows:
+        assert len(row["source"]) == len(row["sample_index"])
+        for src, index, n in zip(row["source"], row["sample_index"], row["seq_lengths"], strict=True):
+            if index < 0:  # a --pad-to-max padding segment
+                assert src == -1
+                continue
+            tokens[src] += n
+            copies[(src, index)] += 1
+    return tokens, copies
+
+
+def test_token_shares_are_met_within_one_record(pack: Any, sources: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    summary = run(pack, sources, out, "--mix", f"{sources['short']}=0.7", "--mix", f"{sources['long']}=0.3")
+    rows = read_rows(out)
+    tokens, copies = per_source(rows)
+    total = sum(tokens.values())
+    longest = max(n for row in rows for n in row["seq_lengths"])
+    for m, share in enumerate((0.7, 0.3)):
+        assert abs(tokens[m] - share * total) <= longest, (tokens, total, longest)
+    mix = summary["mix"]
+    assert [s["realised"]["tokens"] for s in mix["sources"]] == [tokens[0], tokens[1]]
+    # Shares only: the largest output that repeats nothing, so the scarcer source (short, for 0.7) is used whole.
+    assert mix["repeats"] == 0 and max(copies.values()) == 1
+    assert mix["sources"][0]["left_out"]["records"] == 0 and mix["sources"][0]["realised"]["records"] == 60
+    left = mix["sources"][1]["left_out"]["records"]
+    assert left > 0 and summary["packed"] + left == summary["records_read"] == 80
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["mix"]["sources"][1]["name"] == str(sources["long"])
+    assert "source" in manifest["columns"] and verify_output(out).ok
+
+
+def test_2x_gives_every_record_exactly_twice_never_in_one_row(
+    pack: Any, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    summary = run(
+        pack, sources, out, "--mix", f"{sources['short']}=2x", "--mix", f"{sources['long']}=1x", "--pad-to-max"
+    )
+    rows = read_rows(out)
+    _, copies = per_source(rows)
+    assert {n for (src, _), n in copies.items() if src == 0} == {2} and len([k for k in copies if k[0] == 0]) == 60
+    assert {n for (src, _), n in copies.items() if src == 1} == {1}
+    for row in rows:  # a row never holds two copies of a record
+        real = [i for i in row["sample_index"] if i >= 0]
+        assert len(real) == len(set(real))
+    mix = summary["mix"]
+    assert mix["repeats"] == 60 and mix["repeats_in_same_row"] == 0 and summary["samples"] == 140
+    assert [s["epochs"] for s in mix["sources"]] == [2.0, 1.0]
+    assert verify_output(out).ok
+
+
+def test_same_seed_same_bytes_and_a_new_recipe_is_a_cache_hit(
+    pack: Any, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    recipe = ["--mix", f"{sources['short']}=0.5", "--mix", f"{sources['long']}=0.5", "--seed", "3"]
+    first = run(pack, sources, tmp_path / "a", *recipe, cache=tmp_path / "own-cache")
+    again = run(pack, sources, tmp_path / "b", *recipe, cache=tmp_path / "own-cache")
+    assert first["cache"] == "miss" and again["cache"] == "hit"
+    shards = sorted(p.name for p in (tmp_path / "a").glob("shard-*"))
+    assert shards and all((tmp_path / "a" / s).read_bytes() == (tmp_path / "b" / s).read_bytes() for s in shards)
+    # Another weight re-packs from the cache: no tokenization, and another output.
+    remix = ["--mix", f"{sources['short']}=0.2", "--mix", f"{sources['long']}=0.8", "--seed", "3"]
+    other = run(pack, sources, tmp_path / "c", *remix, cache=tmp_path / "own-cache")
+    assert other["cache"] == "hit" and other["stage_seconds"]["tokenize"] == 0.0
+    assert [s["requested_share"] for s in other["mix"]["sources"]] == [0.2, 0.8]
+    assert other["mix"]["sources"][1]["realised"]["records"] == 20  # long is now the scarce one: whole
+    # Another seed samples other records of the source that is cut.
+    seeded = run(pack, sources, tmp_path / "d", *recipe[:-1], "4", cache=tmp_path / "own-cache")
+    kept = [{i for r in read_rows(tmp_path / x) for i, s in zip(r["sample_index"], r["source"], strict=True) if s == 1}
+            for x in ("a", "d")]  # fmt: skip
+    assert kept[0] != kept[1] and seeded["cache"] == "hit"
+
+
+def test_a_preset_sources_list_is_the_same_recipe(pack: Any, sources: dict[str, Path], tmp_path: Path) -> None:
+    preset = sources["root"] / "recipe.yaml"
+    preset.write_text("sources:\n  - {path: short.jsonl, share: 0.6}\n  - {path: long.jsonl, share: 0.4}\n")
+    run(pack, sources, tmp_path / "a", "--config", preset)
+    run(pack, sources, tmp_path / "b", "--mix", f"{sources['short']}=0.6", "--mix", f"{sources['long']}=0.4")
+    a, b = (
+        pq.read_table(tmp_path / "a" / "shard-00000-of-00001.parquet"),
+        pq.read_table(tmp_path / "b" / "shard-00000-of-00001.parquet"),
+    )
+    assert a.equals(b)
+
+
+@pytest.mark.parametrize(
+    ("weights", "words"),
+    [
+        (("0.5", "0.4"), "--mix shares sum to 0.9; they must sum to 1 (or give a source as Nx)"),
+        (("2x", "1"), "--mix shares sum to 1 beside Nx sources; with Nx sources the shares must sum to less than 1"),
+        (("0.5", "half"), "--mix takes PATH=SHARE (e.g. chat.jsonl=0.7) or PATH=Nx (e.g. code/=2x), not"),
+        (("0x", "1"), "the epochs must be above 0"),
+        (("1.5", "0.5"), "the share must be above 0 and at most 1"),
+    ],
+)
+def test_a_bad_recipe_is_one_line_naming_mix(
+    pack: Any, sources: dict[str, Path], tmp_path: Path, weights: tuple[str, str], words: str
+) -> None:
+    args = ["--mix", f"{sources['short']}={weights[0]}", "--mix", f"{sources['long']}={weights[1]}"]
+    result = run(pack, sources, tmp_path / "out", *args, expect=2)
+    assert words in one_error_line(result)
+    assert not (tmp_path / "out").exists()
+
+
+def test_mix_and_inputs_together_are_refused(pack: Any, sources: dict[str, Path], tmp_path: Path) -> None:
+    result = run(pack, sources, tmp_path / "out", str(sources["short"]), "--mix", f"{sources['long']}=1", expect=2)
+    assert "--mix names the inputs" in one_error_line(result)
+
+
+def test_dedup_exact_drops_repeated_content_across_inputs(pack: Any, tmp_path: Path) -> None:
+    chats = [{"messages": m} for m in make_conversations(12, seed=5, max_turns=2, max_words=12)]
+    first = [*chats[:8]]
+    first[5] = chats[0]  # a repeat within an input
+    first[7] = chats[3]
+    same = {"prompt": "2 + 2?", "completion": "4."}
+    # Repeats of the first input's records as other bytes (no spaces), and a pair with its keys reordered.
+    second = [chats[1], chats[9], {"messages": chats[2]["messages"]}]
+    a = write_jsonl(tmp_path / "a.jsonl", first)
+    b = tmp_path / "b.jsonl"
+    b.write_text("".join(json.dumps(r, separators=(",", ":"), ensure_ascii=False) + "\n" for r in second))
+    c = write_jsonl(tmp_path / "c.jsonl", [same, dict(reversed(list(same.items())))])
+    out, rejects = tmp_path / "out", tmp_path / "rejects.jsonl"
+    args = [a, b, c, "--max-len", "1024", "-o", out, "--json", "-q", "--dedup", "exact", "--rejects", rejects]
+    summary = json.loads(pack(*args).stdout)
+    assert summary["dedup"]["by_source"] == {str(a): 2, str(b): 2, str(c): 1}
+    assert summary["dropped"] == {"duplicate": 5} and summary["packed"] == 13 - 5
+    kept = sorted(i for row in read_rows(out) for i in row["sample_index"])
+    assert kept == [0, 1, 2, 3, 4, 6, 9, 11]
+    entries = [json.loads(line) for line in rejects.read_text().splitlines()]
+    named = {e["sample_index"]: e["detail"] for e in entries if e["reason"] == "duplicate"}
+    assert named == {
+        5: f"the same content as {a} line 1 (sample_index 0)",
+        7: f"the same content as {a} line 4 (sample_index 3)",
+        8: f"the same content as {a} line 2 (sample_index 1)",
+        10: f"the same content as {a} line 3 (sample_index 2)",
+        12: f"the same content as {c} line 1 (sample_index 11)",
+    }
+    # Without --dedup every record is packed (from the same cache entry: the keys are in the store).
+    again = json.loads(pack(a, b, c, "--max-len", "1024", "-o", tmp_path / "all", "--json", "-q").stdout)
+    assert again["packed"] == 13 and again["cache"] == "hit" and "dedup" not in again
+    assert verify_output(out).ok
+
+
+def test_verify_checks_the_source_column_against_the_manifest(
+    pack: Any, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    run(pack, sources, out, "--mix", f"{sources['short']}=0.5", "--mix", f"{sources['long']}=0.5")
+    assert verify_output(out).ok
+    manifest = json.loads((out / "manifest.json").read_text())
+    first, second = manifest["mix"]["sources"]
+    first["sample_index"], second["sample_index"] = second["sample_index"], first["sample_index"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    problems = [p.message for p in verify_output(out).problems]
+    assert len(problems) == 1 and "have source values that are not the manifest's mix source" in problems[0]
+
+
+def test_a_source_may_be_a_directory_and_an_input_belongs_to_one_source(
+    pack: Any, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    write_jsonl(code / "a.jsonl", [{"messages": m} for m in make_conversations(6, seed=7, max_turns=1)])
+    write_jsonl(code / "b.jsonl", [{"messages": m} for m in make_conversations(6, seed=8, max_turns=1)])
+    out = tmp_path / "out"
+    summary = run(pack, sources, out, "--mix", f"{sources['short']}=0.5", "--mix", f"{code}/=0.5")
+    second = summary["mix"]["sources"][1]
+    assert second["name"] == f"{code}/" and len(second["inputs"]) == 2 and len(second["sample_index"]) == 2
+    assert second["available"]["records"] == 12 and verify_output(out).ok
+    clash = run(pack, sources, tmp_path / "o2", "--mix", f"{code}=0.5", "--mix", f"{code / 'a.jsonl'}=0.5", expect=2)
+    assert "both hold" in one_error_line(clash) and "give each input to one source" in one_error_line(clash)
+
+
+def test_the_library_takes_the_recipe(sources: dict[str, Path], tmp_path: Path) -> None:
+    import packcli
+
+    recipe = [f"{sources['short']}=0.5", f"{sources['long']}=2x"]
+    result = packcli.pack(None, 1024, tmp_path / "out", mix=recipe, cache_dir=sources["cache"], num_proc=1)
+    long = result.summary["mix"]["sources"][1]
+    assert long["repeats"] == 20 and long["realised"]["samples"] == 40
+    # With an Nx source the shares are of the whole: short is 0.5 of it, repeated as often as needed.
+    short = result.summary["mix"]["sources"][0]
+    assert short["target"] == long["available"]["tokens"] * 2 and short["repeats"] > 0
+    assert packcli.verify(result.output).ok
+    with pytest.raises(packcli.UsageError, match=r"^mix shares sum to 0\.9; they must sum to 1"):
+        packcli.pack(None, mix=[f"{sources['short']}=0.5", f"{sources['long']}=0.4"], output=tmp_path / "o2")
+
+
+def test_repeats_are_parted_with_several_ranks(pack: Any, sources: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    recipe = ["--mix", f"{sources['short']}=2x", "--mix", f"{sources['long']}=0.3", "--max-len", "512"]
+    summary = pack(*recipe, "--world-size", "4", "--rank-remainder", "pad", "-o", out, "--json", "-q")
+    mix = json.loads(summary.stdout)["mix"]
+    assert mix["repeats"] == 60 and mix["repeats_in_same_row"] == 0
+    for row in read_rows(out):
+        assert len(row["sample_index"]) == len(set(row["sample_index"]))
+    assert verify_output(out).ok
