@@ -17,7 +17,7 @@ LAYERS = [
     {"packcli.output", "packcli.train", "packcli.collate", "packcli.dpo", "packcli.training"},
     {"packcli.plan"},
     {"packcli.tokenize"},
-    {"packcli.config", "packcli.config_presets"},
+    {"packcli.config"},
     {"packcli.store"},
     {"packcli.io"},
     {"packcli.records"},

@@ -220,7 +220,7 @@ def merge_preset(
     relative to the current directory.
     """
     from packcli.api import available_cores
-    from packcli.config_presets import load_config_file, parse_field_flags, parse_template_kwargs
+    from packcli.config.presets import load_config_file, parse_field_flags, parse_template_kwargs
     from packcli.records.formats import DEFAULT_FIELDS
 
     options: dict[str, Any] = load_config_file(config) if config else {}
@@ -257,7 +257,7 @@ PACK_PANELS: dict[str, tuple[str, str | None]] = {
     "overflow": (PACKING, choices("overflow")),
     "algorithm": (PACKING, choices("algorithm")),
     "seed": (PACKING, "N"),
-    "mix": (PACKING, "PATH=SHARE"),  # -- mixtures
+    "mix": (PACKING, "PATH=SHARE"),
     "mix_by": (PACKING, choices("mix_by")),
     "dedup": (PACKING, choices("dedup")),
     "world_size": (PACKING, "N"),

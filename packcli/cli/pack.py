@@ -110,7 +110,7 @@ def pack(
     ] = None,
     algorithm: Annotated[str, typer.Option(help="Packing: ffd (first-fit-decreasing) or bfd (best-fit).")] = "ffd",
     seed: Annotated[int, typer.Option(help="Seed of the row order (and of the records --mix samples).")] = 0,
-    # -- mixtures (packcli.plan.mix)
+    # --mix (packcli.plan.mix)
     mix: Annotated[
         list[str] | None,
         typer.Option(
@@ -195,7 +195,7 @@ def pack(
     flags["mix"] = tuple(mix or ())
     options = merge_preset(ctx, config, flags, field, template_kwarg, num_proc, no_cache)
     preset_inputs = options.pop("inputs", None)
-    if options.get("mix"):  # -- mixtures: --mix names the inputs
+    if options.get("mix"):  # --mix names the inputs
         preset_inputs = () if given(ctx, "mix") or inputs else preset_inputs
     if not inputs and not preset_inputs and not options.get("mix"):
         raise UsageError(

@@ -176,7 +176,7 @@ def print_pack_summary(summary: RunSummary) -> None:
 
 
 def mix_table(mix: dict[str, Any]) -> Table:
-    """-- mixtures: per source, the share asked for and the shares the rows hold, repeats, left out."""
+    """per source, the share asked for and the shares the rows hold, repeats, left out."""
     table = Table(title=f"mix (by {mix['by']}, seed {mix['seed']})", title_justify="left")
     for name in ("source", "asked", "tokens", "trainable", "records", "epochs", "repeats", "left out"):
         table.add_column(name, justify="left" if name == "source" else "right")
@@ -242,7 +242,7 @@ def print_packed_stats(r: dict[str, Any]) -> None:
     if r["duplicated"]:
         table.add_row("duplicated (rank padding)", f"{r['duplicated']:,}")
     out.print(table)
-    if "mix" in r:  # -- mixtures
+    if "mix" in r:
         out.print(mix_table(r["mix"]))
 
     saved = Table(title="what packing saved (padding tokens)", title_justify="left")

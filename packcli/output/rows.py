@@ -80,7 +80,7 @@ def build_rows(
         weights, unpadded = _pad_optional(row_tokens_before, samples_before, pad_to, weights, unpadded)
         if sample_role is not None:
             sample_role = _pad_optional(row_tokens_before, samples_before, pad_to, None, sample_role)[1]
-        if source is not None:  # -- mixtures: -1 on a padding segment
+        if source is not None:  # -1 on a padding segment
             shifted = _pad_optional(row_tokens_before, samples_before, pad_to, None, source.astype(np.int32) + 1)[1]
             assert shifted is not None
             source = shifted - 1
@@ -108,7 +108,7 @@ def build_rows(
     if sample_role is not None:
         columns.append(pa.ListArray.from_arrays(seq_off, _arrow(sample_role, np.int8)))
         optional.append("sample_role")
-    if source is not None:  # -- mixtures
+    if source is not None:
         columns.append(pa.ListArray.from_arrays(seq_off, _arrow(source, np.int16)))
         optional.append("source")
     return pa.Table.from_arrays(columns, schema=shard_schema(optional) if optional else SHARD_SCHEMA)

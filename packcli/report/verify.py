@@ -334,7 +334,7 @@ def _check_samples(
         if not complete:
             message += " (the missing or unreadable shards hold the rest)"
         problems.append(Problem(MANIFEST, message))
-    held = len(index) - len(repeat) + repeats  # -- mixtures: a repeated record's copies are samples
+    held = len(index) - len(repeat) + repeats  # a repeated record's copies are samples
     samples = counts.get("samples")  # pieces of split records are samples of their own
     if samples is not None and complete and held != samples:
         problems.append(Problem(MANIFEST, f"the shards hold {held} samples, manifest.json counts {samples}"))

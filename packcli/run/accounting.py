@@ -56,7 +56,7 @@ KEEP_THEM: dict[str, list[Hint]] = {
     ],
     "no_assistant_turn": [(("train_on", "all"), "pass --train-on all to train on them"), (None, "fix the records")],
     "nothing_to_train": [(None, "check --train-on and the records' roles")],
-    # -- dedup: records whose normalised content repeats an earlier one (--dedup exact)
+    # records whose normalised content repeats an earlier one (--dedup exact)
     "duplicate": [(("dedup", "off"), "they repeat earlier records; leave out --dedup to keep them")],
 }
 # Preference and KTO records are never split: only their prompts are cut, from the left.

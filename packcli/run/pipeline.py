@@ -117,7 +117,7 @@ def _run(config: PackConfig, progress: Progress, engine: Engine, started: float,
                 index_files = _write_index_files(config, staged.tmp if staged else None, shards)
                 if config.rejects:
                     rejects = prepared.rejects_path(config.rejects) if prepared else Path(config.rejects)
-                    extra = deduped.rejects if deduped is not None else []  # -- dedup
+                    extra = deduped.rejects if deduped is not None else []
                     _write_rejects(rejects, store, plan, inputs.sources, config.limit, extra)
                 if config.fix_turns_log:
                     _write_fix_log(Path(config.fix_turns_log), store)
@@ -303,7 +303,7 @@ def _write_rejects(
     )
     with _lines_file(path, "rejects", "the rejects file") as out:
         _copy_store_lines(store, store.path / "rejects.jsonl", out)
-        extra = extra or []  # -- dedup: (sample_index, position, error) of records dropped before the plan
+        extra = extra or []  # (sample_index, position, error) of records dropped before the plan
         raws = _records_at(sources, [p[0] for p in planned] + [e[0] for e in extra], limit)
         for index, reason, r in planned:
             source, _ = store.source_of(index)
@@ -312,7 +312,7 @@ def _write_rejects(
             position, piece = int(store.positions[r]), int(store.piece_index[r])
             entry = worker.reject(index, source, position, err, raw, raw_lines, piece_index=piece)
             out.write(json.dumps(entry, ensure_ascii=False) + "\n")
-        for index, position, err in extra:  # -- dedup
+        for index, position, err in extra:
             source, _ = store.source_of(index)
             raw, raw_lines = raws[index]
             out.write(

@@ -204,7 +204,7 @@ class TokenStoreWriter:
             raise _write_error(self.where, exc, fix) from exc
         self._arrays: dict[str, list[np.ndarray]] = {k: [] for k in ARRAYS}
         self._roles: list[np.ndarray] = []
-        self._keys: list[np.ndarray] = []  # -- dedup: content keys, while every batch gave them
+        self._keys: list[np.ndarray] = []  # content keys, while every batch gave them
         self._keys_whole = True
         self._local_tokens = 0  # tokens written by add() into the one local segment (prefix "")
         self._segments: list[dict[str, Any]] = []  # segments written elsewhere (add_segment), in order
@@ -263,7 +263,7 @@ class TokenStoreWriter:
         self._add_arrays(sample_index, lengths, trainable, first_trained, positions, piece_index, sample_role)
 
     def _add_keys(self, keys: np.ndarray | None, n: int) -> None:
-        """-- dedup: keep the batch's content keys; a batch without them leaves the store without any."""
+        """keep the batch's content keys; a batch without them leaves the store without any."""
         if keys is None or len(keys) != n:
             self._keys_whole = False
         elif self._keys_whole:
@@ -311,7 +311,7 @@ class TokenStoreWriter:
             }
             if self._roles:
                 arrays["sample_role"] = np.concatenate(self._roles)
-            if self._keys_whole:  # -- dedup
+            if self._keys_whole:
                 arrays["content_key"] = np.concatenate(self._keys) if self._keys else np.zeros((0, 2), "<u8")
             # numpy's stub types **kwds so that an array could land on its allow_pickle: bool parameter.
             np.savez(self.tmp / "samples.npz", **arrays)  # type: ignore[arg-type]
@@ -370,7 +370,7 @@ def load_store(
             arrays = {k: data[k] for k in ARRAYS}
             if "sample_role" in data:
                 arrays["sample_role"] = data["sample_role"]
-            if "content_key" in data:  # -- dedup
+            if "content_key" in data:
                 arrays["content_key"] = data["content_key"]
     except (OSError, ValueError, KeyError) as exc:
         raise DamagedStore(f"{path / 'samples.npz'}: cannot be read ({first_line(exc)})") from exc

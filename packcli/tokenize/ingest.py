@@ -191,7 +191,7 @@ def tokenize_to_store(
                         result.positions,
                         result.piece_index,
                         result.roles,
-                        content_keys=getattr(result, "content_keys", None),  # -- dedup
+                        content_keys=result.content_keys,
                     )
                 else:
                     writer.add(
@@ -204,7 +204,7 @@ def tokenize_to_store(
                         result.positions,
                         result.piece_index,
                         result.roles,
-                        content_keys=result.content_keys,  # -- dedup
+                        content_keys=result.content_keys,
                     )
                 clock["store"] += time.perf_counter() - stored
                 progress("tokenize", result.n_records, total)

@@ -158,7 +158,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
     labels: list[Any] = []
     rejects: list[dict[str, Any]] = []
     roles: list[int] = []
-    content_keys: list[bytes] = []  # -- dedup: per kept sample, its record's content key
+    content_keys: list[bytes] = []  # per kept sample, its record's content key
     left_out: Counter[str] = Counter()
     left_out_tokens: Counter[str] = Counter()
     records_split = pieces_made = 0
@@ -185,7 +185,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
                 continue
             kept = pieces.pieces
             pieces_made += len(kept)
-        content_keys.extend([content_key(samples[k])] * len(kept))  # -- dedup
+        content_keys.extend([content_key(samples[k])] * len(kept))
         for p, (piece_ids, piece_labels) in enumerate(kept):
             kept_index.append(index)
             kept_pos.append(batch.positions[k])
@@ -219,7 +219,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         turn_fixes=fixes,
         empty_answers=empty_answers,
         tokens_left_out=dict(left_out_tokens),
-        content_keys=np.frombuffer(b"".join(content_keys), dtype="<u8").reshape(-1, 2).copy(),  # -- dedup
+        content_keys=np.frombuffer(b"".join(content_keys), dtype="<u8").reshape(-1, 2).copy(),
         seconds={
             "decode": decoded - started,
             "tokenize": encoded - decoded,

@@ -3,19 +3,19 @@
 ``PackConfig``'s fields are the options (a preset's keys and ``packcli.pack``'s keywords; the flag of
 each is ``flag(name)``); their choices are the Literal types of ``CHOICE_TYPES``; ``option_problem``
 is the rule of one value, applied alike to flags, presets and the library's calls. Presets are read by
-``packcli.config_presets``.
+``packcli.config.presets``.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args
 
-from packcli.errors import Opt, UsageError, too_many_digits
+from packcli.config.values import EXPECTED, describe_value, did_you_mean, has_type, number
+from packcli.errors import Opt, UsageError
 from packcli.records.formats import DEFAULT_FIELDS, RESERVED_TEMPLATE_KWARGS
 
 # The choices of every choice option, declared once as Literal types: type checkers read them in
@@ -118,7 +118,7 @@ class PackConfig:
     engine: EngineName = "local"
     ray_address: str | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
-    # -- mixtures (packcli.plan.mix): PATH=SHARE or PATH=Nx per source; the inputs are their paths
+    # --mix (packcli.plan.mix): PATH=SHARE or PATH=Nx per source; the inputs are their paths
     mix: tuple[str, ...] = ()
     mix_by: MixBy = "tokens"
     dedup: Dedup = "off"  # packcli.plan.dedup
@@ -391,17 +391,6 @@ CALL_OPTIONS: dict[str, str] = {
     "sample_index": "int | None",
     "max_tokens": "int | None",
 }
-_EXPECTED = {
-    "bool": "true or false (a boolean)",
-    "int": "an integer",
-    "str": "a string",
-    "str | None": "a string",
-    "int | None": "an integer",
-    "float | None": "a number",
-    "dict[str, str]": "a table of name = field strings",
-    "dict[str, Any]": "a table of name = value",
-    "tuple[str, ...]": "a list of paths",
-}
 
 
 def declared_type(name: str) -> str:
@@ -422,7 +411,7 @@ def option_problem(name: str, value: Any) -> str | None:
     """
     declared = declared_type(name)
     if not has_type(declared, value):
-        return f"must be {_EXPECTED[declared]}, not {describe_value(value)}"
+        return f"must be {EXPECTED[declared]}, not {describe_value(value)}"
     if name in NOT_EMPTY and value == "":
         return "must not be an empty string"
     if name in CHOICES and value not in CHOICES[name]:
@@ -430,65 +419,10 @@ def option_problem(name: str, value: Any) -> str | None:
     if name in RANGES and value is not None:
         low, high = RANGES[name]
         if high is None and value < low:
-            return f"must be at least {low}, not {_number(value)}"
+            return f"must be at least {low}, not {number(value)}"
         if high is not None and not low <= value <= high:  # NaN is in no range
-            return f"must be between {low} and {high}, not {_number(value)}"
+            return f"must be between {low} and {high}, not {number(value)}"
     return None
-
-
-def _number(value: float) -> str:
-    """A number as the messages show it: its digits, or the words for one past Python's digit limit."""
-    try:
-        return str(value)
-    except ValueError:
-        return too_many_digits()
-
-
-def has_type(declared: str, value: Any) -> bool:
-    if value is None and declared.endswith("| None"):
-        return True
-    base = declared.removesuffix(" | None")
-    if base == "bool":
-        return isinstance(value, bool)
-    if base == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if base == "float":
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if base == "str":
-        return isinstance(value, str)
-    if base == "tuple[str, ...]":
-        return isinstance(value, tuple) and all(isinstance(v, str) for v in value)
-    if base == "dict[str, Any]":
-        return isinstance(value, Mapping) and all(isinstance(k, str) for k in value)
-    # dict[str, str]: the field renames
-    return isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
-
-
-def did_you_mean(unknown: Iterable[str], known: Iterable[str]) -> str:
-    """Return `` (did you mean max_len?)`` for the unknown names close to a known one, else ``""``."""
-    known = list(known)
-    guesses = [f"{u} -> {m[0]}" for u in sorted(unknown) if (m := difflib.get_close_matches(u, known, n=1))]
-    if not guesses:
-        return ""
-    if len(guesses) == 1:
-        return f" (did you mean {guesses[0].split(' -> ')[1]}?)"
-    return f" (did you mean {', '.join(guesses)}?)"
-
-
-def describe_value(value: Any) -> str:
-    """How a value reads, for error messages: 'the string "false"', 'the number 2048.5'..."""
-    if isinstance(value, bool):
-        return f"the boolean {str(value).lower()}"
-    if isinstance(value, str):
-        shown = value if len(value) <= 60 else value[:57] + "..."
-        return f"the string {json.dumps(shown)}"
-    if isinstance(value, int | float):
-        return f"the number {_number(value)}"
-    if isinstance(value, Mapping):
-        return "a table"
-    if isinstance(value, list | tuple):
-        return "a list"
-    return "null" if value is None else f"a value of type {type(value).__name__}"
 
 
 # A hint of an error or a warning: (option, value) it would set, or None for a step that is no option,

@@ -1,0 +1,78 @@
+"""What a value is, in the words of the messages: its type checked, and described when it is refused."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from packcli.errors import too_many_digits
+
+# What each declared type of an option must be, in words.
+EXPECTED = {
+    "bool": "true or false (a boolean)",
+    "int": "an integer",
+    "str": "a string",
+    "str | None": "a string",
+    "int | None": "an integer",
+    "float | None": "a number",
+    "dict[str, str]": "a table of name = field strings",
+    "dict[str, Any]": "a table of name = value",
+    "tuple[str, ...]": "a list of paths",
+}
+
+
+def number(value: float) -> str:
+    """A number as the messages show it: its digits, or the words for one past Python's digit limit."""
+    try:
+        return str(value)
+    except ValueError:
+        return too_many_digits()
+
+
+def has_type(declared: str, value: Any) -> bool:
+    if value is None and declared.endswith("| None"):
+        return True
+    base = declared.removesuffix(" | None")
+    if base == "bool":
+        return isinstance(value, bool)
+    if base == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if base == "float":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if base == "str":
+        return isinstance(value, str)
+    if base == "tuple[str, ...]":
+        return isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+    if base == "dict[str, Any]":
+        return isinstance(value, Mapping) and all(isinstance(k, str) for k in value)
+    # dict[str, str]: the field renames
+    return isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+def did_you_mean(unknown: Iterable[str], known: Iterable[str]) -> str:
+    """Return `` (did you mean max_len?)`` for the unknown names close to a known one, else ``""``."""
+    known = list(known)
+    guesses = [f"{u} -> {m[0]}" for u in sorted(unknown) if (m := difflib.get_close_matches(u, known, n=1))]
+    if not guesses:
+        return ""
+    if len(guesses) == 1:
+        return f" (did you mean {guesses[0].split(' -> ')[1]}?)"
+    return f" (did you mean {', '.join(guesses)}?)"
+
+
+def describe_value(value: Any) -> str:
+    """How a value reads, for error messages: 'the string "false"', 'the number 2048.5'..."""
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, str):
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        return f"the string {json.dumps(shown)}"
+    if isinstance(value, int | float):
+        return f"the number {number(value)}"
+    if isinstance(value, Mapping):
+        return "a table"
+    if isinstance(value, list | tuple):
+        return "a list"
+    return "null" if value is None else f"a value of type {type(value).__name__}"
