@@ -202,3 +202,21 @@ def test_the_library_takes_the_eval_options(sources: dict[str, Path], tmp_path: 
     assert result.summary["eval"]["records"] == 6 and packcli.verify(tmp_path / "out" / "eval").ok
     with pytest.raises(packcli.UsageError, match="both given"):
         packcli.pack(sources["short"], output=tmp_path / "o2", eval_fraction=0.2, eval_records=3)
+
+
+def test_duplicates_reach_neither_side_and_stats_reads_the_eval_output(
+    pack: Any, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    from packcli.report.stats import output_stats
+
+    records = [{"messages": m} for m in make_conversations(20, seed=5, max_turns=2, max_words=12)]
+    data = write_jsonl(tmp_path / "dup.jsonl", records + records[:5])  # 20..24 repeat 0..4
+    out = tmp_path / "out"
+    summary = run(pack, sources, out, data, "--dedup", "exact", "--eval-fraction", "0.25")
+    train = {i for i, _ in indices(out)}
+    held = {i for i, _ in indices(out / "eval")}
+    assert summary["dropped"] == {"duplicate": 5} and summary["eval"]["records"] == 5  # round(0.25 * 20)
+    assert not train & held and train | held == set(range(20))
+    stats = output_stats(out / "eval")
+    assert stats["rows"] == summary["eval"]["rows"] and stats["records"] == 5
+    assert stats["tokens"] == summary["eval"]["tokens"]
