@@ -189,6 +189,9 @@ def test_refusals_are_one_line_and_a_dry_run_writes_nothing(
     assert "--engine local only" in one_error_line(ray)
     pairs = run(pack, sources, out, sources["short"], "--eval-records", "3", "--task", "preference", expect=2)
     assert "preference and KTO" in one_error_line(pairs)
+    few = run(pack, sources, out, sources["short"], "--eval-records", "1", "--world-size", "2", expect=1)
+    assert one_error_line(few).startswith("Error: the eval split (1 record): no sample left to pack")
+    assert not out.exists()
     dry = run(pack, sources, out, sources["short"], "--eval-records", "3", "--dry-run")
     assert dry["eval"]["records"] == 3 and dry["packed"] == 27 and not out.exists()
 

@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 from packcli.config import PackConfig, parse_mix
+from packcli.errors import PackcliError
 from packcli.plan import holdout, mix
 from packcli.plan.planner import Plan, make_plan
 from packcli.results import RunSummary
@@ -38,9 +39,16 @@ def split(config: PackConfig, store: TokenStore) -> holdout.Holdout:
 
 def plan(config: PackConfig, held: holdout.Holdout, cache_state: str) -> tuple[Plan, RunSummary]:
     """Plan the eval records as the training records are planned; return the plan and the eval summary."""
-    eval_plan = make_plan(plan_options(config), held.eval)
-    eval_summary = accounting.summary(config, held.eval, eval_plan, cache_state)
-    accounting.check_loss(config, eval_summary)
+    try:
+        eval_plan = make_plan(plan_options(config), held.eval)
+        eval_summary = accounting.summary(config, held.eval, eval_plan, cache_state)
+        accounting.check_loss(config, eval_summary)
+    except PackcliError as exc:  # say which output it is about
+        if exc.option is not None:
+            raise
+        n = sum(held.records)
+        what = f"the eval split ({n} record{'s' if n != 1 else ''}): "
+        raise type(exc)(what, *exc.message, hint=exc.hint) from exc
     return eval_plan, eval_summary
 
 
