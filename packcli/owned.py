@@ -250,7 +250,36 @@ def own_files(directory: Path, manifest: dict[str, Any]) -> set[str]:
     parts = rejects_parts(manifest)
     if parts and not foreign_on_rejects_path(directory, parts):
         names.add(parts[0])
+    if names_eval(manifest) and not foreign_in_eval(directory):
+        names.add(EVAL_DIR)
     return names
+
+
+EVAL_DIR = "eval"  # the eval split's output, inside the output (packcli.plan.holdout)
+
+
+def names_eval(manifest: dict[str, Any]) -> bool:
+    """Whether a manifest names an eval split written inside its output (``eval/``)."""
+    section = manifest.get("eval")
+    return isinstance(section, dict) and section.get("path") == EVAL_DIR
+
+
+def foreign_in_eval(directory: Path) -> set[str]:
+    """The paths (relative, with ``/``) in ``directory``'s ``eval/`` that packcli did not write.
+
+    ``eval/`` is packcli's when it is a directory (no symlink) holding a manifest packcli wrote and
+    only what that manifest names; a missing ``eval/`` holds nothing foreign.
+    """
+    path = directory / EVAL_DIR
+    if not os.path.lexists(path):
+        return set()
+    if path.is_symlink() or not path.is_dir():
+        return {EVAL_DIR}
+    manifest = read_own_manifest(path)
+    entries = {p.name for p in path.iterdir()}
+    if manifest is None or names_eval(manifest):  # an eval output holds no eval output of its own
+        return {f"{EVAL_DIR}/{name}" for name in entries} or {EVAL_DIR}
+    return {f"{EVAL_DIR}/{name}" for name in entries - own_files(path, manifest)}
 
 
 def rejects_parts(manifest: dict[str, Any]) -> tuple[str, ...]:

@@ -183,7 +183,8 @@ class CachePruned:
 @dataclass(frozen=True, kw_only=True)
 class RunSummary:
     """The summary of a pack run, as ``packcli pack --json`` prints it (``records_read == packed +
-    sum(dropped)``). ``shards``, ``seconds`` and what follows are set once the output is written."""
+    sum(dropped)``, plus ``mix.records_left_out`` and ``eval.records`` when they are there). ``shards``,
+    ``seconds`` and what follows are set once the output is written."""
 
     NULLS: ClassVar[frozenset[str]] = frozenset({"limit", "output"})
 
@@ -224,6 +225,7 @@ class RunSummary:
     lost: Lost
     dedup: dict[str, Any] | None = None  # --dedup exact: mode, duplicates, by_source
     mix: dict[str, Any] | None = None  # --mix: the recipe, and per source what was asked and what was given
+    eval: dict[str, Any] | None = None  # --eval-fraction/--eval-records: the records held out into eval/
     shards: int | None = None  # absent from a dry run's summary
     skipped_dirs: list[str] | None = None
     cache_pruned: CachePruned | None = None
@@ -340,6 +342,7 @@ class Manifest:
     shards: list[ShardEntry]
     mix: dict[str, Any] | None = None  # --mix: as in the summary; the sources the source column numbers
     dedup: dict[str, Any] | None = None  # --dedup exact: as in the summary
+    eval: dict[str, Any] | None = None  # the eval split: as in the summary (its own manifest in eval/)
     index_files: list[str] | None = None  # files a format keeps beside its shards (MDS's index.json)
     rejects_file: str | None = None  # the rejects file, when written inside the output
 

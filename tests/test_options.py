@@ -72,6 +72,8 @@ WRONG: dict[str, tuple[Any, Any]] = {
     "mix": ("d.jsonl=0.5", ("d.jsonl=half",)),
     "mix_by": (1, "bytes"),
     "dedup": (True, "fuzzy"),
+    "eval_fraction": ("0.1", 1.5),
+    "eval_records": ("3", 0),
 }
 # Where the message does not start with the option's name, what it starts with.
 STARTS = {

@@ -198,6 +198,8 @@ def pack(
     mix: Sequence[str] = (),
     mix_by: MixBy = "tokens",
     dedup: Dedup = "off",
+    eval_fraction: float | None = None,
+    eval_records: int | None = None,
     world_size: int = 1,
     rank_remainder: RankRemainder = "drop",
     rows_per_shard: int = 2048,

@@ -260,6 +260,8 @@ PACK_PANELS: dict[str, tuple[str, str | None]] = {
     "mix": (PACKING, "PATH=SHARE"),
     "mix_by": (PACKING, choices("mix_by")),
     "dedup": (PACKING, choices("dedup")),
+    "eval_fraction": (PACKING, "F"),
+    "eval_records": (PACKING, "N"),
     "world_size": (PACKING, "N"),
     "rank_remainder": (PACKING, choices("rank_remainder")),
     "pad_to_max": (PACKING, None),

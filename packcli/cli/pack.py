@@ -129,6 +129,22 @@ def pack(
             help="exact: drop records whose normalised content repeats an earlier one (across inputs, first kept).",
         ),
     ] = "off",
+    eval_fraction: Annotated[
+        float | None,
+        typer.Option(
+            "--eval-fraction",
+            help="Hold out this fraction of each source's records (seeded) and pack them into OUT/eval/.",
+            show_default=False,
+        ),
+    ] = None,
+    eval_records: Annotated[
+        int | None,
+        typer.Option(
+            "--eval-records",
+            help="Hold out N records (shared by the sources in proportion to their records) into OUT/eval/.",
+            show_default=False,
+        ),
+    ] = None,
     world_size: Annotated[
         int, typer.Option("--world-size", help="Balance rows and tokens over N data-parallel ranks.")
     ] = 1,

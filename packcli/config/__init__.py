@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args
 
-from packcli.config.values import EXPECTED, describe_value, did_you_mean, has_type, number
+from packcli.config.values import EVAL_OPTIONS, EXPECTED, check_eval, describe_value, did_you_mean, has_type, number
 from packcli.errors import Opt, UsageError
 from packcli.records.formats import DEFAULT_FIELDS, RESERVED_TEMPLATE_KWARGS
 
@@ -122,6 +122,8 @@ class PackConfig:
     mix: tuple[str, ...] = ()
     mix_by: MixBy = "tokens"
     dedup: Dedup = "off"  # packcli.plan.dedup
+    eval_fraction: float | None = None  # --eval-fraction / --eval-records: packcli.plan.holdout
+    eval_records: int | None = None
 
     def __post_init__(self) -> None:
         # Each option on its own first (type, choices, range: the rule presets and the library apply
@@ -135,6 +137,7 @@ class PackConfig:
         object.__setattr__(self, "template_kwargs", dict(self.template_kwargs))
         self._check_template_kwargs()
         self._check_mix()
+        check_eval(self.eval_fraction, self.eval_records, self.task, self.engine)
         if self.min_piece > self.max_len:
             raise UsageError(
                 "must be between 0 and ", Opt("max_len"), f" {self.max_len}, not {self.min_piece}", option="min_piece"
@@ -280,8 +283,9 @@ class PackConfig:
         return (self.max_len - offset) // m * m + offset
 
     def options(self) -> dict[str, Any]:
-        """Return the options as plain JSON values, for the manifest."""
-        return {f.name: getattr(self, f.name) for f in fields(self)} | {"inputs": list(self.inputs)}
+        """Return the options as plain JSON values, for the manifest (the eval options only when given)."""
+        kept = [f.name for f in fields(self) if f.name not in EVAL_OPTIONS or getattr(self, f.name) is not None]
+        return {name: getattr(self, name) for name in kept} | {"inputs": list(self.inputs)}
 
     def group(self, concern: str) -> dict[str, Any]:
         """Return the options of one concern (see ``OPTION_GROUPS``) by name."""
@@ -305,6 +309,8 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
         "mix",
         "mix_by",
         "dedup",
+        "eval_fraction",
+        "eval_records",
         "max_len",
         "overflow",
         "truncate_side",
@@ -377,6 +383,7 @@ RANGES: dict[str, tuple[float, float | None]] = {
     "seed": (0, None),  # refused, not wrapped
     "limit": (1, 1 << 62),
     "max_drop_fraction": (0, 1),
+    "eval_records": (1, TOP),
     "batch_size": (1, TOP),
     "row": (0, None),
     "sample_index": (0, None),

@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from packcli.errors import too_many_digits
+from packcli.errors import UsageError, too_many_digits
 
 # What each declared type of an option must be, in words.
 EXPECTED = {
@@ -76,3 +76,21 @@ def describe_value(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "a list"
     return "null" if value is None else f"a value of type {type(value).__name__}"
+
+
+EVAL_OPTIONS = ("eval_fraction", "eval_records")  # the eval split's (in the manifest's options only when given)
+
+
+def check_eval(fraction: float | None, records: int | None, task: str, engine: str) -> None:
+    """Refuse --eval-fraction / --eval-records that do not go together, with each other or with the run."""
+    problem = None
+    if fraction is not None and records is not None:
+        problem = "--eval-fraction and --eval-records both given; pass one of them"
+    elif fraction is not None and not 0 < fraction < 1:
+        problem = f"--eval-fraction must be above 0 and below 1, not {number(fraction)}"
+    elif (fraction is not None or records is not None) and task in ("preference", "kto"):
+        problem = "--eval-fraction and --eval-records apply to SFT records; preference and KTO records not yet"
+    elif (fraction is not None or records is not None) and engine != "local":
+        problem = "--eval-fraction and --eval-records run with --engine local only; leave out --engine ray"
+    if problem:
+        raise UsageError(problem)

@@ -14,15 +14,18 @@ from pathlib import Path
 from packcli.errors import OutputError, UsageError
 from packcli.owned import (
     _REJECT_LINE_BYTES,
+    EVAL_DIR,
     INDEX_FILES,
     LOCK_IN_OUTPUT,
     MANIFEST,
     REJECT_KEYS,
     REPLACE_JOURNAL,
+    foreign_in_eval,
     foreign_on_rejects_path,
     interrupted_replace_message,
     is_packcli_dir,
     is_staging_name,
+    names_eval,
     own_files,
     read_own_manifest,
     rejects_parts,
@@ -56,6 +59,8 @@ def replaceable(output: Path, display: str, overwrite: bool) -> set[str]:
     parts = rejects_parts(manifest)
     if parts and parts[0] in foreign:  # name what the rejects file's directory holds, not the directory
         foreign = (foreign - {parts[0]}) | foreign_on_rejects_path(output, parts)
+    if EVAL_DIR in foreign and names_eval(manifest):  # likewise for the eval split's directory
+        foreign = (foreign - {EVAL_DIR}) | foreign_in_eval(output)
     if foreign:
         raise UsageError(
             f"{display}: holds files packcli did not write ({_some(foreign)}); move them out or choose another -o"
@@ -79,6 +84,8 @@ def check_still_replaceable(output: Path, display: str, old: set[str]) -> None:
         inside = foreign_on_rejects_path(output, parts)
         if inside:
             added = (added - {parts[0]}) | inside
+    if manifest is not None and names_eval(manifest) and EVAL_DIR in entries:
+        added |= foreign_in_eval(output) - {EVAL_DIR}
     if added:
         raise UsageError(
             f"{display}: {_some(added)} appeared in the output during the run, and packcli did not write them; "

@@ -23,10 +23,10 @@ from packcli.output import guard, staging
 from packcli.output.formats import shard_format
 from packcli.output.layout import RowLayout
 from packcli.output.manifest import write_manifest
-from packcli.plan import dedup, mix
+from packcli.plan import dedup, holdout, mix
 from packcli.plan.planner import Plan, make_plan
 from packcli.results import CachePruned, Counts, Manifest, RunSummary, Seconds, ShardEntry, StageSeconds
-from packcli.run import accounting
+from packcli.run import accounting, evalsplit
 from packcli.run.options import plan_options, row_layout
 from packcli.run.tokenized import TokenizedInputs, tokenized_inputs
 from packcli.store.cachedir import parse_size, prune
@@ -93,6 +93,8 @@ def _run(config: PackConfig, progress: Progress, engine: Engine, started: float,
             # --dedup exact, then --mix: the plan packs their view of the store (packcli.plan.dedup, .mix)
             deduped = dedup.drop_duplicates(store) if config.dedup == "exact" else None
             store = deduped.view if deduped is not None else store
+            held = evalsplit.split(config, store) if evalsplit.wanted(config) else None  # before the mix
+            store = held.train if held is not None else store
             mixed = mix.choose(config, store, mix.mix_of_inputs(config)) if config.mix else None
             store = mixed.view if mixed is not None else store
             plan = make_plan(plan_options(config), store)
@@ -110,6 +112,9 @@ def _run(config: PackConfig, progress: Progress, engine: Engine, started: float,
                 packed = summary.packed - mixing["records_left_out"]
                 summary = dataclasses.replace(summary, mix=mixing, packed=packed, warnings=warnings)
             accounting.check_loss(found, summary)
+            if held is not None:
+                eval_plan, eval_summary = evalsplit.plan(found, held, inputs.cache)
+                summary = evalsplit.account(summary, held, eval_summary)
             summary = dataclasses.replace(summary, warnings=[*inputs.warnings, *summary.warnings])
             if not config.dry_run:
                 layout = row_layout(found, inputs.pad_id)
@@ -123,6 +128,8 @@ def _run(config: PackConfig, progress: Progress, engine: Engine, started: float,
                     _write_fix_log(Path(config.fix_turns_log), store)
                 rejects_file = prepared.rejects_relative.as_posix() if prepared and prepared.rejects_relative else None
                 manifest = _manifest(found, inputs, summary, shards, layout, index_files or None, rejects_file)
+                if held is not None and staged is not None:  # inside the staged output: all of it appears at once
+                    _write_eval(found, inputs, engine, layout, held, eval_plan, eval_summary, staged.tmp, progress)
         if staged is not None:
             write_manifest(staged.tmp, manifest, Path(config.output))
             staged.commit()
@@ -264,9 +271,31 @@ def _manifest(
         shards=entries,
         mix=summary.mix,
         dedup=summary.dedup,
+        eval=summary.eval,
         index_files=index_files,
         rejects_file=rejects_file,
     )
+
+
+def _write_eval(
+    config: PackConfig,
+    inputs: TokenizedInputs,
+    engine: Engine,
+    layout: RowLayout,
+    held: holdout.Holdout,
+    plan: Plan,
+    summary: RunSummary,
+    staged: Path,
+    progress: Progress,
+) -> None:
+    """Write the eval records' shards and manifest into ``eval/`` of the staged output (no source column)."""
+    directory = staged / holdout.PATH
+    directory.mkdir()
+    layout = dataclasses.replace(layout, sources=False)
+    shards = engine.write_output(layout, held.eval, plan, directory, progress)
+    index_files = _write_index_files(config, directory, shards)
+    manifest = _manifest(config, inputs, summary, shards, layout, index_files or None)
+    write_manifest(directory, manifest, Path(config.output) / holdout.PATH)
 
 
 def _write_index_files(config: PackConfig, directory: Path | None, shards: list[dict[str, Any]]) -> list[str]:
