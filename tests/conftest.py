@@ -22,13 +22,135 @@ TEMPLATE_MARKER_RE = re.compile(
 )
 
 
-# The test tiers (markers registered in pyproject.toml), by module: CI runs them all; ``-m quick`` runs the
-# tests in none of them, for the edit-test loop (docs/development.md).
+# The test tiers (markers registered in pyproject.toml), by module (and single slow tests by SLOW_TESTS below):
+# CI runs them all; ``-m quick`` runs the tests in none of them, for the edit-test loop (docs/development.md).
 TIERS: dict[str, set[str]] = {
     "slow": {"test_safety", "test_robustness"},
     "ray": {"test_ray"},
     "torch": {"test_trainer", "test_training", "test_training_checks", "test_dpo", "test_parallel"},
     "templates": {"test_templates"},
+}
+
+
+# Single tests of otherwise quick modules (a name marks all its parameters, ``name[id]`` one) that take about
+# two seconds or more, or repeat a case another parameter covers, while a quick test still covers their
+# module: ``slow``. CI runs them with the rest.
+SLOW_TESTS: dict[str, set[str]] = {
+    "test_api": {
+        "test_bytes_and_arrays_in_records_are_reasons_of_their_own",
+        "test_partial_field_renames_and_errors_in_api_terms",
+        "test_the_docs_example_runs",
+        "test_errors_carry_the_option_and_hint_each_client_names_its_way",
+    },
+    "test_cache": {
+        "test_the_reader_and_the_order_of_inputs_stay_in_the_key",
+        "test_a_template_file_never_shares_the_key_of_no_template",
+        "test_a_dry_run_fills_no_cache",
+        "test_cache_prune_by_age_and_by_size",
+        "test_pack_caps_the_cache_and_keeps_the_entry_it_used",
+        "test_an_input_rewritten_while_it_is_read_stops_the_run_and_caches_nothing",
+        "test_cache_ls_says_what_made_each_entry",
+        "test_cache_prune_never_removes_an_entry_a_run_holds",
+    },
+    "test_cli": {
+        "test_inspect_max_tokens_decodes_the_start_of_each_sample",
+        "test_stats_takes_field_format_and_config",
+    },
+    "test_errors": {
+        "test_fuzz_no_record_raises",
+        "test_bad_record_fails_with_one_line_or_is_skipped[invalid_json0]",
+        "test_bad_record_fails_with_one_line_or_is_skipped[wrong_type2]",
+        "test_bad_record_fails_with_one_line_or_is_skipped[wrong_type3]",
+        "test_bad_record_fails_with_one_line_or_is_skipped[wrong_type4]",
+        "test_bad_record_fails_with_one_line_or_is_skipped[unknown_role5]",
+        "test_bad_record_fails_with_one_line_or_is_skipped[wrong_type6]",
+        "test_bad_record_fails_with_one_line_or_is_skipped[not_an_object7]",
+        "test_truncated_json_array_recovers_complete_records",
+        "test_tokenizer_not_found_and_template_that_raises",
+        "test_a_broken_element_of_a_json_array_is_one_bad_record",
+        "test_invalid_utf8",
+        "test_signal_mid_run_leaves_nothing_that_looks_complete",
+    },
+    "test_inputs": {
+        "test_a_cut_or_damaged_compressed_file_is_an_error_never_a_shorter_file",
+        "test_every_text_format_reads_compressed_as_plain[gz-jsonl]",
+        "test_every_text_format_reads_compressed_as_plain[xz-jsonl]",
+        "test_every_text_format_reads_compressed_as_plain[bz2-json]",
+        "test_yaml_preset_names_inputs_and_fields",
+        "test_a_fifo_is_read_as_a_stream",
+        "test_stdin_is_read_as_json_lines",
+        "test_limit_reads_the_first_records_and_says_so",
+        "test_a_cached_hub_dataset_loads_offline",
+    },
+    "test_options": {
+        "test_truncate_side_right_is_refused_for_preference_data",
+        "test_identical_answers_are_no_pair",
+        "test_stats_verify_and_inspect_check_their_options[-max_len1]",
+        "test_stats_verify_and_inspect_check_their_options[-batch_size1]",
+        "test_a_suggestion_never_names_what_was_passed[truncate]",
+        "test_a_suggestion_never_names_what_was_passed[split-right]",
+    },
+    "test_output_formats": {
+        "test_mds_rows_equal_the_parquet_rows[extra1]",
+        "test_megatron_samples_and_masks_round_trip[2]",
+    },
+    "test_pack": {
+        "test_every_file_type_gives_the_same_samples",
+        "test_text_prompt_completion_alpaca_and_tokenized",
+        "test_same_bytes_whatever_num_proc_and_cache",
+        "test_field_flags_and_config_presets",
+        "test_directory_and_glob_inputs_number_records_in_sorted_file_order",
+        "test_sharegpt_equals_messages",
+        "test_seed_shuffles_rows_not_contents",
+        "test_world_size_balances_ranks",
+    },
+    "test_preference": {
+        "test_bad_preference_records_name_the_record_and_the_fix",
+        "test_templates_without_generation_blocks_train_as_sft_does",
+        "test_stats_and_inspect_show_pairs",
+        "test_string_pairs_are_encoded_like_prompt_completion",
+        "test_kto_roles_follow_the_label",
+        "test_implicit_prompt_gives_the_explicit_form",
+        "test_ids_and_labels_equal_apply_chat_template[qwen2_5_training]",
+        "test_ids_and_labels_equal_apply_chat_template[llama3_training]",
+        "test_too_long_pairs_drop_whole_and_are_counted",
+        "test_truncate_cuts_the_prompt_from_the_left_for_both",
+        "test_other_output_formats_keep_the_roles[mds]",
+    },
+    "test_quickstart": {
+        "test_summary_names_a_template_given_by_name_or_file",
+        "test_a_preset_names_a_packcli_template",
+    },
+    "test_rejects": {"test_writing_the_rejects_file_never_touches_a_file_beside_it"},
+    "test_report": {"test_stats_on_raw_input_with_two_max_lens"},
+    "test_split": {
+        "test_a_record_certainly_too_long_is_encoded_by_windows_with_the_same_tokens",
+        "test_text_chunks_concatenate_back_and_min_piece",
+        "test_loss_is_loud_and_max_drop_fraction_fails",
+        "test_stats_shows_what_each_policy_keeps_as_pack_would",
+        "test_split_cuts_an_exchange_too_long_on_its_own_from_the_left_and_keeps_its_answer",
+        "test_truncate_left_keeps_the_last_answer_of_a_conversation",
+        "test_truncate_left_keeps_the_end_and_the_completion",
+        "test_pieces_are_the_template_applied_to_runs_of_whole_exchanges[all-gptoss]",
+        "test_pieces_are_the_template_applied_to_runs_of_whole_exchanges[first-gptoss]",
+        "test_pieces_are_the_template_applied_to_runs_of_whole_exchanges[all-qwen3]",
+        "test_pieces_are_the_template_applied_to_runs_of_whole_exchanges[first-qwen3]",
+        "test_pieces_are_the_template_applied_to_runs_of_whole_exchanges[all-deepseekv3]",
+        "test_pieces_are_the_template_applied_to_runs_of_whole_exchanges[first-deepseekv3]",
+        "test_pieces_are_the_template_applied_to_runs_of_whole_exchanges[first-phi3]",
+        "test_pieces_are_the_template_applied_to_runs_of_whole_exchanges[all-llama3]",
+    },
+    "test_stages": {
+        "test_inputs_hashed_beside_the_tokenizer_load_hash_as_before",
+        "test_every_option_has_one_concern_and_only_tokenization_keys_the_cache",
+    },
+    "test_tokenize": {"test_fast_loading_path_equals_autotokenizer"},
+    "test_turns": {
+        "test_a_message_marked_untrained_is_masked[mark1]",
+        "test_without_fix_turns_the_template_error_says_what_would_fix_it",
+        "test_real_style_conversations_pack_with_strict_templates",
+        "test_an_empty_answer_is_counted_and_warned",
+    },
 }
 
 
@@ -38,6 +160,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for marker, modules in TIERS.items():
             if module in modules:
                 item.add_marker(marker)
+        slow = SLOW_TESTS.get(module, set())
+        if item.name in slow or getattr(item, "originalname", item.name) in slow:
+            item.add_marker("slow")
         if not any(item.get_closest_marker(marker) for marker in TIERS):
             item.add_marker("quick")
 
