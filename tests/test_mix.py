@@ -237,3 +237,51 @@ def test_repeats_are_parted_with_several_ranks(pack: Any, sources: dict[str, Pat
     for row in read_rows(out):
         assert len(row["sample_index"]) == len(set(row["sample_index"]))
     assert verify_output(out).ok
+
+
+def test_the_content_key_is_the_canonical_json_of_the_normalised_sample() -> None:
+    """The key hashes the sample's fields but the roles it renamed, as sorted JSON: records of every
+    format, with tools, template arguments and training marks, and preference pairs as their members."""
+    import dataclasses
+    import hashlib
+
+    from packcli.records.dedup import content_key
+    from packcli.records.formats import DEFAULT_FIELDS, detect_format, normalize
+    from packcli.records.preference import normalize_members
+
+    def reference(sample: Any) -> bytes:
+        members = getattr(sample, "samples", None)
+        bodies = [dataclasses.asdict(m) for m in (members if members is not None else [sample])]
+        for body in bodies:
+            body.pop("renamed")
+        body = bodies if members is not None else bodies[0]
+        text = json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+    fields = dict(DEFAULT_FIELDS)
+    chat = {
+        "messages": [
+            {"role": "user", "content": "héllo, world: 1"},
+            {"role": "assistant", "content": "hi", "train": False},
+            {"role": "user", "content": [{"type": "text", "text": "more"}]},
+            {"role": "assistant", "content": "ok"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"b": 1, "a": [1, 2]}}}],
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    records = [
+        chat,
+        {"prompt": "p", "completion": "c"},
+        {"instruction": "i", "input": "x", "output": "o"},
+        {"text": "plain text"},
+        {"input_ids": [1, 2, 3], "labels": [-100, 2, 3]},
+    ]
+    keys = set()
+    for record in records:
+        sample = normalize(record, str(detect_format(record, fields)), fields)
+        assert content_key(sample) == reference(sample)
+        keys.add(content_key(sample))
+    pair = {"prompt": "p", "chosen": "a", "rejected": "b"}
+    members = normalize_members(pair, str(detect_format(pair, fields)), fields)
+    assert content_key(members) == reference(members)
+    assert len(keys | {content_key(members)}) == len(records) + 1

@@ -17,10 +17,10 @@ from typing import Any
 KEY_BYTES = 16
 
 
-def _fields(sample: Any) -> Any:
-    body = dataclasses.asdict(sample)
-    body.pop("renamed", None)
-    return body
+def _fields(sample: Any) -> dict[str, Any]:
+    """The sample's fields but ``renamed``, as they are: JSON writes tuples as lists, as asdict's copy
+    would be written, without copying every message first (this runs once per record, in the worker)."""
+    return {f.name: getattr(sample, f.name) for f in dataclasses.fields(sample) if f.name != "renamed"}
 
 
 def content_key(sample: Any) -> bytes:
