@@ -17,6 +17,7 @@ LAYERS = [
     {"packcli.output", "packcli.train", "packcli.collate", "packcli.dpo", "packcli.training"},
     {"packcli.plan"},
     {"packcli.tokenize"},
+    {"packcli.vision"},  # what an image becomes in tokens, asked of the processor
     {"packcli.config"},
     {"packcli.store"},
     {"packcli.io"},
