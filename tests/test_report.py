@@ -499,6 +499,21 @@ def test_verify_catches_a_missing_shard(workdir: Path, tmp_path: Path) -> None:
     assert any(line.startswith("manifest.json: the shards hold") for line in lines)
 
 
+def test_verify_catches_a_wrong_largest_id_in_the_manifest(workdir: Path, tmp_path: Path) -> None:
+    # Trainers check the model's embedding size against max_token_id: a value too small must not pass verify.
+    out = copy_output(workdir, tmp_path)
+    manifest = manifest_of(out)
+    real = manifest["max_token_id"]
+    assert real == max(entry["max_token_id"] for entry in manifest["shards"])
+    manifest["max_token_id"] = real - 1
+    manifest["shards"][0]["max_token_id"] += 1
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    lines = invoke("verify", out, expect=1).stderr.splitlines()
+    name, said = manifest["shards"][0]["file"], manifest["shards"][0]["max_token_id"]
+    assert f"{name}: has {said - 1} as its largest id, manifest.json says {said}" in lines
+    assert f"manifest.json: says the largest id is {real - 1}, the shards hold {real}" in lines
+
+
 def rewrite_shard(out: Path, k: int, edit: Any) -> str:
     """Rewrite shard k with ``edit(rows)`` applied and put its new checksum in the manifest."""
     manifest = manifest_of(out)

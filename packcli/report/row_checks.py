@@ -81,6 +81,7 @@ class ShardTotals:
     sample_tokens: int = 0  # real sample tokens: padding segments and alignment padding left out
     alignment: int = 0  # alignment padding tokens
     trainable: int = 0
+    max_id: int | None = None  # the largest input id, padding included (the manifest's max_token_id)
     failures: dict[str, list[int]] = field(default_factory=dict)  # check -> [count, first row]
     index: list[np.ndarray] = field(default_factory=list)
     pieces: list[np.ndarray] = field(default_factory=list)
@@ -124,6 +125,8 @@ def check_batch(batch: pa.RecordBatch, first_row: int, expect: Expected, totals:
     seq_lengths = seq_lengths.astype(np.int64)
     index = index.astype(np.int64)
     totals.tokens += int(row_len.sum())
+    if len(ids):
+        totals.max_id = max(int(ids.max()), totals.max_id if totals.max_id is not None else -1)
     rows = np.arange(n)
     row_end = np.cumsum(row_len)
     seg_end = np.cumsum(segs)

@@ -114,6 +114,7 @@ def verify_output(directory: Path, progress: Progress | None = None) -> VerifyRe
     piece_parts: list[np.ndarray] = []
     shard_ids: list[np.ndarray] = []
     sample_tokens = trainable = 0
+    max_ids: list[int] = []
     for k, entry in enumerate(entries):
         name = str(entry.get("file", ""))
         listed.add(name)
@@ -128,6 +129,8 @@ def verify_output(directory: Path, progress: Progress | None = None) -> VerifyRe
         sample_tokens += totals.sample_tokens
         report.alignment_padding_tokens += totals.alignment
         trainable += totals.trainable
+        if totals.max_id is not None:
+            max_ids.append(totals.max_id)
         if totals.index:
             part = np.concatenate(totals.index)
             index_parts.append(part)
@@ -145,6 +148,12 @@ def verify_output(directory: Path, progress: Progress | None = None) -> VerifyRe
     report.records, report.samples = _check_samples(index, pieces, owner, entries, manifest, report.problems, complete)
     if complete:
         _check_totals(manifest, report, sample_tokens, trainable)
+        largest = max(max_ids, default=None)
+        if manifest.get("max_token_id") is not None and manifest["max_token_id"] != largest:
+            # Trainers size the embedding check by it (packcli.train.checks): a wrong value passes a model too small.
+            report.problems.append(
+                Problem(MANIFEST, f"says the largest id is {manifest['max_token_id']}, the shards hold {largest}")
+            )
     _check_index_files(directory, manifest, entries, expect.max_len, report, complete)
     return report
 
@@ -267,6 +276,10 @@ def _check_shard(
         problems.append(Problem(name, f"has {totals.rows} rows, manifest.json says {entry.get('rows')}"))
     if entry.get("tokens") != totals.tokens:
         problems.append(Problem(name, f"has {totals.tokens} tokens, manifest.json says {entry.get('tokens')}"))
+    if entry.get("max_token_id") is not None and entry["max_token_id"] != totals.max_id:
+        problems.append(
+            Problem(name, f"has {totals.max_id} as its largest id, manifest.json says {entry['max_token_id']}")
+        )
     return totals
 
 
