@@ -135,7 +135,7 @@ def train(
     sampler = RankStepSampler(rows, world, rank=rank if world > 1 else None, seed=seed)
     # The collator checks the model's image token id and merge size against the processor at once, and
     # each image's features against its tokens in every batch.
-    collate = VisionCollator(processor, mode, pad_token_id=pad_token_id, model=model)  # type: ignore[arg-type]
+    collate = VisionCollator(processor, mode, pad_token_id=pad_token_id, model=model)
     loader = DataLoader(rows, batch_size=batch_size, sampler=sampler, collate_fn=collate)
     optimizer = torch.optim.AdamW((p for p in model.parameters() if p.requires_grad), lr=lr)
     losses: list[float] = []

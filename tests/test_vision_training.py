@@ -278,7 +278,7 @@ def test_mrope_positions_of_images_back_to_back_and_bad_rows() -> None:
 # -- 2. the collator: layout and the check of every image's features against its tokens --------------
 
 
-def _rope(batch: dict[str, Any], rows: list[dict[str, Any]], image_token_id: int) -> list[np.ndarray]:
+def _rope(rows: list[dict[str, Any]], image_token_id: int) -> list[np.ndarray]:
     """Each row's mRoPE positions as mrope_positions gives them from the row's own columns."""
     return [
         mrope_positions(
@@ -298,7 +298,7 @@ def test_flatten_layout(proc: VisionProcessor, rows: list[dict[str, Any]], image
     positions = batch["position_ids"]
     assert positions.shape == (4, 1, total) and positions.dtype == torch.int64
     assert torch.equal(positions[0], text["position_ids"])  # row 0: the text positions, restarting per sample
-    assert positions[1:, 0].numpy().tolist() == np.concatenate(_rope(batch, rows, image_token_id), axis=1).tolist()
+    assert positions[1:, 0].numpy().tolist() == np.concatenate(_rope(rows, image_token_id), axis=1).tolist()
     grids = [g for r in rows for g in r["image_grid"]]
     assert batch["image_grid_thw"].tolist() == grids and batch["image_grid_thw"].dtype == torch.int64
     assert batch["pixel_values"].shape == (sum(int(np.prod(g)) for g in grids), 3 * 2 * 14 * 14)
@@ -314,7 +314,7 @@ def test_padded_layout(proc: VisionProcessor, rows: list[dict[str, Any]], image_
     batch = VisionCollator(proc, "padded", pad_token_id=7, image_token_id=image_token_id)(rows)
     width = max(len(r["input_ids"]) for r in rows)
     assert batch["input_ids"].shape == (2, width) and batch["position_ids"].shape == (4, 2, width)
-    for k, (row, rope) in enumerate(zip(rows, _rope(batch, rows, image_token_id), strict=True)):
+    for k, (row, rope) in enumerate(zip(rows, _rope(rows, image_token_id), strict=True)):
         n = len(row["input_ids"])
         assert batch["position_ids"][0, k, :n].tolist() == row["position_ids"]
         assert batch["position_ids"][1:, k, :n].numpy().tolist() == rope.tolist()
@@ -447,6 +447,48 @@ def test_the_model_is_checked_against_the_processor(proc: VisionProcessor, qwen_
         VisionCollator(proc, model=model)
 
 
+def test_a_family_without_mrope_gets_pixel_values_and_text_positions(
+    proc: VisionProcessor, samples: list[Sample], image_token_id: int
+) -> None:
+    """LLaVA-style: a fixed count per image, pixel_values only, the text collator's positions."""
+    from transformers import CLIPImageProcessorPil
+
+    clip = CLIPImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
+    llava = dataclasses.replace(
+        proc, family="llava", image_processor=clip, rule=lambda _, h, w: ImageTokens(3, proc.image_token * 3)
+    )
+
+    def fixed(sample: Sample) -> Sample:  # every image becomes 3 image tokens
+        ids, labels, offsets = list(sample.ids), list(sample.labels), []
+        for offset, measured in sorted(zip(sample.offsets, sample.measured, strict=True), reverse=True):
+            ids[offset : offset + measured.count] = [image_token_id] * 3
+            labels[offset : offset + measured.count] = [IGNORE_INDEX] * 3
+        for offset in sample.offsets:
+            offsets.append(
+                offset - sum(m.count - 3 for o, m in zip(sample.offsets, sample.measured, strict=True) if o < offset)
+            )
+        return dataclasses.replace(
+            sample, ids=ids, labels=labels, offsets=offsets, measured=[ImageTokens(3, "")] * len(offsets)
+        )
+
+    rows = [_pack([fixed(s) for s in samples[:3]], [0, 1, 2]), _pack([fixed(s) for s in samples[3:]], [3, 4])]
+    batch = VisionCollator(llava, image_token_id=image_token_id)(rows)
+    text = PackedCollator("flatten")(rows)
+    assert set(batch) == {"input_ids", "labels", "position_ids", "pixel_values"}
+    assert torch.equal(batch["position_ids"], text["position_ids"])
+    assert batch["pixel_values"].shape == (sum(len(r["image_refs"]) for r in rows), 3, 28, 28)
+    other = dataclasses.replace(llava, rule=lambda _, h, w: ImageTokens(4, proc.image_token * 4))
+    with pytest.raises(IncompatibleError) as exc:
+        VisionCollator(other, image_token_id=image_token_id)(rows)
+    assert _one_line(exc).startswith(
+        f"row 0 of the batch, sample 0 (sample_index 0), image 0 ({samples[0].paths[0]}): "
+    )
+    assert str(exc.value).endswith(
+        "the llava processor gives 4 image features, the row holds 3 image tokens; "
+        "pack the data again with this processor"
+    )
+
+
 # -- 3. loss parity on a tiny Qwen2-VL-family model --------------------------------------------------
 
 
@@ -541,6 +583,10 @@ def test_positions_left_unpacked_change_the_loss(
         diffs = _relative(_forward_stats(model, batch["labels"], [flat], **inputs), alone)
     assert diffs[0] <= REL_TOL  # the first sample of the batch has nothing before it to see
     later = diffs[1:]
+    print(
+        f"\n{model.config.model_type} {model.config._attn_implementation} {variant}: later samples off by "
+        f"{min(later):.1e} to {max(later):.1e} relative"
+    )
     assert min(later) > 10 * REL_TOL, f"{variant}: a later sample's loss moved by only {min(later):.2e}"
     assert float(np.median(later)) > LEAK, f"{variant}: the later samples' losses moved by {np.median(later):.2e}"
 
