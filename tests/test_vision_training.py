@@ -488,6 +488,15 @@ def test_a_family_without_mrope_gets_pixel_values_and_text_positions(
         "pack the data again with this processor"
     )
 
+    def refuse(_: VisionProcessor, height: int, width: int) -> ImageTokens:
+        raise ValueError("too small")
+
+    with pytest.raises(IncompatibleError) as exc:
+        VisionCollator(dataclasses.replace(llava, rule=refuse), image_token_id=image_token_id)(rows)
+    assert _one_line(exc).endswith(
+        "image 0 (" + samples[0].paths[0] + "): the llava image processor refuses a 56x84 image: too small"
+    )
+
 
 # -- 3. loss parity on a tiny Qwen2-VL-family model --------------------------------------------------
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from packcli.contract import IGNORE_INDEX
-from packcli.errors import IncompatibleError, InputError
+from packcli.errors import IncompatibleError, InputError, RecordError
 from packcli.train.mrope import mrope_positions
 from packcli.vision import ImageRef, VisionProcessor, load_processor
 
@@ -170,9 +170,9 @@ class VisionCollator:
         boundaries: also return the text collator's flash-attention varlen kwargs (``cu_seq_lens_q``,
             ``cu_seq_lens_k``, ``max_length_q``, ``max_length_k``, flatten mode). Off by default:
             Qwen2-VL's vision tower passes the model's keyword arguments on to its own flash-attention
-            call, which sets ``cu_seq_lens_q`` itself, so ``model(**batch)`` would fail with them; the
-            text positions (row 0 of ``position_ids``) carry the same boundaries for every
-            attention implementation. Take them out of the batch before calling the model.
+            call, which sets ``cu_seq_lens_q`` itself, so ``model(**batch)`` would fail with them. The
+            text positions (row 0 of ``position_ids``) carry the same boundaries to sdpa, eager and flex,
+            and to flash attention in flatten mode. Take them out of the batch before calling the model.
 
     The batch: ``input_ids``, ``labels`` (int64, [1, T] or [B, T]), ``position_ids`` ((4, B, T) for
     Qwen2-VL-family processors, see the module's docstring; [B, T] otherwise), and when the batch has
@@ -264,7 +264,10 @@ class VisionCollator:
                     )
                 grids.append(grid)
             else:
-                count = self.processor.measure(*size).count
+                try:
+                    count = self.processor.measure(*size).count
+                except RecordError as exc:
+                    raise IncompatibleError(f"{image.name}: {exc.detail}") from None
                 if count != image.tokens:
                     raise IncompatibleError(
                         f"{image.name}: the {self.processor.family} processor gives {count} image features, "
