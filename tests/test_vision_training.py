@@ -216,9 +216,24 @@ def _random_sample(
     return [int(x) for x in ids], grids
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+def _qwen3_vl(qwen_dir: Path) -> Any:
+    """A tiny Qwen3-VL (only its get_rope_index is used), with the Qwen2.5-VL processor's token ids."""
+    from transformers import Qwen3VLConfig, Qwen3VLModel
+
+    ids = RECIPE.tiny_model(qwen_dir).config
+    text = {"vocab_size": 1000, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    text |= {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8}
+    text |= {"rope_parameters": {"rope_type": "default", "mrope_section": [2, 1, 1], "mrope_interleaved": True}}
+    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 32}
+    vision |= {"patch_size": 16, "spatial_merge_size": 2, "deepstack_visual_indexes": [0]}
+    tokens = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    config = Qwen3VLConfig(text_config=text, vision_config=vision, **{k: getattr(ids, k) for k in tokens})
+    return Qwen3VLModel(config)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_mrope_positions_equal_get_rope_index_on_each_sample_alone(family: str, qwen_dir: Path, tokenizer: Any) -> None:
-    model = RECIPE.tiny_model(qwen_dir, family=family).model
+    model = _qwen3_vl(qwen_dir) if family == "qwen3_vl" else RECIPE.tiny_model(qwen_dir, family=family).model
     config = model.config
     assert config.vision_config.spatial_merge_size == 2
     rng = np.random.default_rng(7)
@@ -491,6 +506,8 @@ def test_a_family_without_mrope_gets_pixel_values_and_text_positions(
     def refuse(_: VisionProcessor, height: int, width: int) -> ImageTokens:
         raise ValueError("too small")
 
+    with pytest.raises(IncompatibleError, match="the model takes mRoPE positions, which packcli computes for qwen2_vl"):
+        VisionCollator(llava, model=RECIPE.tiny_model(proc.name))  # its positions would leak across samples
     with pytest.raises(IncompatibleError) as exc:
         VisionCollator(dataclasses.replace(llava, rule=refuse), image_token_id=image_token_id)(rows)
     assert _one_line(exc).endswith(

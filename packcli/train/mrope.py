@@ -38,8 +38,8 @@ def mrope_positions(
     templates of the family always write ``<|vision_start|>`` before an image and ``<|vision_end|>``
     after it, which are ordinary text here). No image crosses a sample boundary.
 
-    Equal, on each sample alone, to ``Qwen2VLModel.get_rope_index`` (and Qwen2.5-VL's, for images) of
-    transformers 5.24: a text run counts on from the current position; an image of grid (t, h, w)
+    Equal, on each sample alone, to ``Qwen2VLModel.get_rope_index`` (and Qwen2.5-VL's and Qwen3-VL's,
+    for images) of transformers 5.24: a text run counts on from the current position; an image of grid (t, h, w)
     starting at position p gets (p + i, p + y, p + x) for its merged patch (i, y, x), row-major; the
     next token continues at p + max(h, w) // spatial_merge_size.
 

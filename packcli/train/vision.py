@@ -49,8 +49,9 @@ IMAGE_COLUMNS: tuple[str, ...] = (
     "image_offsets",
     "image_sample",
 )
-# The families whose positions are three-dimensional (mRoPE) and whose image processor gives a grid.
-MROPE_FAMILIES: tuple[str, ...] = ("qwen2_vl",)
+# The families whose positions are three-dimensional (mRoPE) and whose image processor gives a grid:
+# Qwen2-VL and Qwen2.5-VL, and Qwen3-VL, whose get_rope_index places images by the same rule.
+MROPE_FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen3_vl")
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,7 @@ class VisionCollator:
         self.boundaries = boundaries
         self.mrope = self.processor.family in MROPE_FAMILIES
         self.merge_size = int(getattr(self.processor.image_processor, "merge_size", 1) or 1)
-        config = getattr(model, "config", None)
+        config: Any = getattr(model, "config", None)
         model_token = getattr(config, "image_token_id", None)
         if image_token_id is None and model_token is not None:
             image_token_id = int(model_token)
@@ -213,6 +214,13 @@ class VisionCollator:
 
             image_token_id = self.processor.token_id(load_tokenizer(self.processor.name))
         self.image_token_id = int(image_token_id)
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else None
+        rope = getattr(text_config, "rope_parameters", None)
+        if isinstance(rope, dict) and "mrope_section" in rope and not self.mrope:
+            raise IncompatibleError(
+                f"the model takes mRoPE positions, which packcli computes for {', '.join(MROPE_FAMILIES)} "
+                f"processors, not {self.processor.family}; pass the model's processor"
+            )
         vision = getattr(config, "vision_config", None)
         model_merge = getattr(vision, "spatial_merge_size", None)
         if self.mrope and model_merge is not None and int(model_merge) != self.merge_size:
