@@ -232,7 +232,7 @@ def _qwen3_vl(qwen_dir: Path) -> Any:
 
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
-def test_mrope_positions_equal_get_rope_index_on_each_sample_alone(family: str, qwen_dir: Path, tokenizer: Any) -> None:
+def test_mrope_positions_equal_get_rope_index_on_each_sample_alone(family: str, qwen_dir: Path) -> None:
     model = _qwen3_vl(qwen_dir) if family == "qwen3_vl" else RECIPE.tiny_model(qwen_dir, family=family).model
     config = model.config
     assert config.vision_config.spatial_merge_size == 2
