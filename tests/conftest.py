@@ -27,7 +27,14 @@ TEMPLATE_MARKER_RE = re.compile(
 TIERS: dict[str, set[str]] = {
     "slow": {"test_safety", "test_robustness"},
     "ray": {"test_ray"},
-    "torch": {"test_trainer", "test_training", "test_training_checks", "test_dpo", "test_parallel"},
+    "torch": {
+        "test_trainer",
+        "test_training",
+        "test_training_checks",
+        "test_dpo",
+        "test_parallel",
+        "test_vision_training",
+    },
     "templates": {"test_templates"},
 }
 
