@@ -44,7 +44,7 @@ from tests.vision import (
 # (width, height): tiny, small, square, very wide, very tall, large, odd, and at tile and pinpoint edges.
 SIZES = [
     (7, 10),
-    (28, 28),
+    (100, 3),
     (224, 224),
     (336, 336),
     (2000, 20),
@@ -231,6 +231,32 @@ def test_smolvlm_text_equals_the_processors_expansion_of_the_image_processors_ou
     ids = tok(rendered.replace("<image>", measured.text, 1))["input_ids"]
     assert ids == tok(rendered.replace("<image>", text, 1))["input_ids"]
     assert ids.count(tok.convert_tokens_to_ids("<image>")) == measured.count == 81 * (rows * cols + 1)
+
+
+@pytest.mark.parametrize("model", ["llava", "llava_next", "idefics3"])
+def test_two_images_of_different_sizes_expand_in_order_as_the_processor_does(
+    model: str, request: pytest.FixtureRequest, images: dict[tuple[int, int], Path]
+) -> None:
+    from PIL import Image
+
+    built: Built = request.getfixturevalue(model)
+    two = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "Compare."}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "The first is wider."}]},
+    ]
+    rendered = built.tok.apply_chat_template(two, chat_template=built.proc.chat_template, tokenize=False)
+    paths = [images[2000, 20], images[333, 517]]
+    measured = [built.proc.measure(*image_size(ImageRef(path=str(path)))) for path in paths]
+    between = rendered.split(built.proc.image_token)
+    assert len(between) == 3
+    expanded = between[0] + measured[0].text + between[1] + measured[1].text + between[2]
+    pixels = []
+    for path in paths:
+        with Image.open(path) as im:
+            pixels.append(im.convert("RGB"))
+    ids = list(built.hf(text=rendered, images=pixels)["input_ids"][0])
+    assert ids == built.hf.tokenizer(expanded)["input_ids"]
+    assert ids.count(built.hf.image_token_id) == measured[0].count + measured[1].count
 
 
 def _tiles_both_ways(cls: str, config: dict[str, Any], sizes: list[tuple[int, int]]) -> list[tuple[int, int]]:
