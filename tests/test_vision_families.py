@@ -325,6 +325,48 @@ def _keep(data: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(
+    ("model", "cls", "image_cls", "image", "config", "change"),
+    [
+        (
+            "idefics3",
+            "Idefics3Processor",
+            "Idefics3ImageProcessorPil",
+            IDEFICS3_IMAGE_CONFIG,
+            IDEFICS3_PROCESSOR_CONFIG,
+            {"do_image_splitting": False},
+        ),
+        (
+            "llava_next",
+            "LlavaNextProcessor",
+            "LlavaNextImageProcessorPil",
+            LLAVA_NEXT_IMAGE_CONFIG,
+            LLAVA_NEXT_PROCESSOR_CONFIG,
+            {"size": {"height": 336, "width": 336}},
+        ),
+    ],
+)
+def test_other_configurations_the_rule_follows_equal_the_processor_on_the_pixels(
+    model: str,
+    cls: str,
+    image_cls: str,
+    image: dict[str, Any],
+    config: dict[str, Any],
+    change: dict[str, Any],
+    request: pytest.FixtureRequest,
+    images: dict[tuple[int, int], Path],
+    tmp_path: Path,
+) -> None:
+    source: Built = request.getfixturevalue(model)
+    directory = _variant(source.directory, tmp_path / "variant", lambda d: d.update(change), _keep)
+    built = _build(directory, _hf_processor(directory, cls, image_cls, {**image, **change}, config))
+    for size in [(2000, 20), (333, 517), (1456, 365)]:
+        measured, pixels = _measure_and_pixels(built, images[size])
+        _assert_processor_ids(built, measured, pixels)
+        if model == "idefics3":  # not split: the whole image alone
+            assert measured.grid == (0, 0) and measured.count == 169
+
+
+@pytest.mark.parametrize(
     ("model", "image", "processor", "message"),
     [
         ("llava", _keep, lambda d: d.update(vision_feature_select_strategy="defualt"), "is 'defualt'"),
