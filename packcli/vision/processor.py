@@ -104,7 +104,8 @@ def processor_files(directory: Path) -> tuple[str | None, dict[str, Any], str | 
 def load_processor(name: str) -> VisionProcessor:
     """Load a saved processor directory, or raise a one-line TokenizerError naming what it lacks.
 
-    The tokenizer is the same directory's, loaded by the caller (``packcli.tokenize.tokenizer``); the chat
+    The tokenizer is the same directory's, loaded by the caller (``packcli.tokenize.tokenizer``); the families
+    whose processor class is built here (LLaVA, LLaVA-NeXT, Idefics3) load their own copy for it. The chat
     template is the processor's (``chat_template.jinja``, ``chat_template.json`` or processor_config.json),
     None when it has none (then the tokenizer's own).
     """
