@@ -2,10 +2,11 @@
 
 ``load_processor(NAME_OR_DIR)`` reads a saved processor (``save_pretrained``: tokenizer files, image
 processor config, chat template, ``processor_config.json``) and picks its family by the processor class
-it names. Each family answers one question, ``measure(height, width)``: how many tokens an image of that
-size becomes and the text that replaces its placeholder, computed by the image processor's own
-functions (``get_number_of_image_patches``, ``smart_resize``...) from the size alone. The image
-processor is loaded with the PIL backend, so packing needs neither torchvision nor PyTorch.
+it names (``packcli.vision.families.FAMILIES``). Each family answers one question, ``measure(height,
+width)``: how many tokens an image of that size becomes and the text that replaces its placeholder, asked
+of the processor class where it constructs here, else of the image processor's and the processor
+module's own functions, from the size alone. The image processor is loaded with the PIL backend, so
+packing needs no torchvision.
 """
 
 from __future__ import annotations
@@ -13,27 +14,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from packcli.errors import RecordError, TokenizerError, first_line
+from packcli.vision.families import FAMILIES, ImageTokens, Rule
 
-
-@dataclass(frozen=True)
-class ImageTokens:
-    """What one image becomes in the token sequence.
-
-    ``count`` image tokens (the placeholder token repeated, which the model fills with the image's
-    features); ``text`` replaces the image's placeholder in the rendered conversation (for most
-    families ``image_token * count``; Idefics3 adds row/column markers); ``grid`` is the image's size
-    parameters as the model takes them (Qwen2-VL: ``image_grid_thw``; empty where there are none).
-    """
-
-    count: int
-    text: str
-    grid: tuple[int, ...] = ()
+__all__ = ["FAMILIES", "ImageTokens", "VisionProcessor", "load_processor", "processor_files"]
 
 
 @dataclass
@@ -47,8 +35,11 @@ class VisionProcessor:
     image_token: str
     # True: an image's token count depends on its size (read from the header); False: it is fixed.
     needs_size: bool
-    rule: Callable[[VisionProcessor, int, int], ImageTokens] = field(repr=False)
+    rule: Rule = field(repr=False)
     config: dict[str, Any] = field(default_factory=dict, repr=False)
+    # The processor class built from the directory where it constructs here (its functions answer the
+    # rule), or the parts of it the rule reads; None for a family whose rule needs neither.
+    processor: Any = field(default=None, repr=False)
 
     def measure(self, height: int, width: int) -> ImageTokens:
         """Return what an image of this size becomes, or raise RecordError when the processor refuses it."""
@@ -78,39 +69,6 @@ class VisionProcessor:
             "image_token": self.image_token,
         }
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def _qwen2_vl(proc: VisionProcessor, height: int, width: int) -> ImageTokens:
-    """Qwen2-VL / Qwen2.5-VL: dynamic resolution, (height, width) resized to 28-pixel units.
-
-    The count is the image processor's ``get_number_of_image_patches`` over ``merge_size**2``, as
-    ``Qwen2VLProcessor`` expands ``<|image_pad|>`` (``image_grid_thw.prod() // merge_size**2``); the grid
-    is the image processor's own ``smart_resize`` in patches, one temporal patch per image.
-    """
-    import importlib
-
-    ip = proc.image_processor
-    module = importlib.import_module(type(ip).__module__)
-    patch, merge = int(ip.patch_size), int(ip.merge_size)
-    resized_h, resized_w = module.smart_resize(
-        height, width, patch * merge, min_pixels=ip.size["shortest_edge"], max_pixels=ip.size["longest_edge"]
-    )
-    grid = (1, resized_h // patch, resized_w // patch)
-    patches = int(ip.get_number_of_image_patches(height, width, {}))
-    if patches != grid[1] * grid[2]:  # the two functions of the image processor disagree: never guess
-        raise RecordError(
-            "image_refused",
-            f"the image processor gives {patches} patches for a {width}x{height} image, its grid {grid}",
-        )
-    count = patches // merge**2
-    return ImageTokens(count, proc.image_token * count, grid)
-
-
-# Processor class (as processor_config.json names it) -> (family, image token default, needs size, rule).
-FAMILIES: dict[str, tuple[str, str, bool, Callable[[VisionProcessor, int, int], ImageTokens]]] = {
-    "Qwen2VLProcessor": ("qwen2_vl", "<|image_pad|>", True, _qwen2_vl),
-    "Qwen2_5_VLProcessor": ("qwen2_vl", "<|image_pad|>", True, _qwen2_vl),
-}
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -146,7 +104,8 @@ def processor_files(directory: Path) -> tuple[str | None, dict[str, Any], str | 
 def load_processor(name: str) -> VisionProcessor:
     """Load a saved processor directory, or raise a one-line TokenizerError naming what it lacks.
 
-    The tokenizer is the same directory's, loaded by the caller (``packcli.tokenize.tokenizer``); the chat
+    The tokenizer is the same directory's, loaded by the caller (``packcli.tokenize.tokenizer``); the families
+    whose processor class is built here (LLaVA, LLaVA-NeXT, Idefics3) load their own copy for it. The chat
     template is the processor's (``chat_template.jinja``, ``chat_template.json`` or processor_config.json),
     None when it has none (then the tokenizer's own).
     """
@@ -165,7 +124,7 @@ def load_processor(name: str) -> VisionProcessor:
     if cls not in FAMILIES:
         known = ", ".join(sorted(FAMILIES))
         raise TokenizerError(f"processor '{name}' is a {cls}, which packcli does not know; known: {known}")
-    family, default_token, needs_size, rule = FAMILIES[cls]
+    family = FAMILIES[cls]
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     from transformers import AutoImageProcessor
 
@@ -175,14 +134,23 @@ def load_processor(name: str) -> VisionProcessor:
         raise TokenizerError(
             f"cannot load the image processor of '{name}': {first_line(exc)}; check the directory"
         ) from None
-    token = str(config.get("image_token") or default_token)
-    return VisionProcessor(
+    held = family.prepare(directory, image_processor, config) if family.prepare is not None else None
+    token = str(getattr(held, "image_token", None) or config.get("image_token") or family.image_token)
+    processor = VisionProcessor(
         name=name,
-        family=family,
+        family=family.name,
         image_processor=image_processor,
         chat_template=template,
         image_token=token,
-        needs_size=needs_size,
-        rule=rule,
+        needs_size=family.needs_size,
+        rule=family.rule,
         config=config,
+        processor=held,
     )
+    try:  # one image now, so that a processor whose functions do not answer fails here, not mid-run
+        processor.rule(processor, 336, 336)
+    except Exception as exc:  # any failure of the processor's own code on a plain size
+        raise TokenizerError(
+            f"processor '{name}' ({cls}) cannot measure a 336x336 image: {first_line(exc)}; check its configuration"
+        ) from None
+    return processor
