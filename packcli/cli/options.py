@@ -280,6 +280,8 @@ PACK_PANELS: dict[str, tuple[str, str | None]] = {
     "overwrite": (OUTPUT, None),
     "rejects": (OUTPUT, "FILE"),
     "fix_turns_log": (OUTPUT, "FILE"),
+    "processor": (TOKENS, "DIR"),
+    "embed_images": (OUTPUT, None),
     "dry_run": (OUTPUT, None),
     "cache_max_size": (RUN, "SIZE"),
     "engine": (RUN, choices("engine")),
