@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import packcli
 from tests.vision import make_image, make_qwen2_vl_processor
 
 from .conftest import one_error_line, write_jsonl
@@ -327,3 +329,159 @@ def test_without_a_processor_an_image_part_is_refused_naming_the_option(tmp_path
     data = write_jsonl(tmp_path / "d.jsonl", [{"messages": messages}])
     result = pack(data, "-o", tmp_path / "out", expect=1)
     assert "pass --processor DIR to pack images" in one_error_line(result)
+
+
+def _image_messages(path: str, text: str, answer: str) -> list[dict[str, Any]]:
+    return [
+        {"role": "user", "content": [{"type": "image", "image": path}, {"type": "text", "text": text}]},
+        {"role": "assistant", "content": answer},
+    ]
+
+
+def test_a_missing_image_or_a_count_mismatch_is_one_line_or_a_counted_skip(
+    procs: dict[str, Path], tmp_path: Path, pack: Any
+) -> None:
+    make_image(tmp_path / "a.png", 64, 64)
+    good = {"messages": _image_messages("a.png", "q", "a")}
+    missing = {"messages": _image_messages("gone.png", "q", "a")}
+    mismatch = {
+        "images": ["a.png", "a.png"],
+        "messages": [
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "one image part"}]},
+            {"role": "assistant", "content": "a"},
+        ],
+    }
+    data = write_jsonl(tmp_path / "d.jsonl", [good, missing, mismatch])
+    result = pack(data, "-o", tmp_path / "out", "--processor", procs["training"], expect=1)
+    line = one_error_line(result)
+    assert "d.jsonl line 2" in line and str(tmp_path / "gone.png") in line and "does not exist" in line
+    result = pack(
+        data,
+        "-o",
+        tmp_path / "out",
+        "--processor",
+        procs["training"],
+        "--on-error",
+        "skip",
+        "--rejects",
+        tmp_path / "rejects.jsonl",
+    )
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["counts"]["packed"] == 1
+    assert manifest["counts"]["dropped"] == {"image_count_mismatch": 1, "image_missing": 1}
+    rejects = [json.loads(line) for line in (tmp_path / "rejects.jsonl").read_text().splitlines()]
+    assert [r["position"] for r in rejects] == [2, 3]
+    assert "lists 2 images but its messages place 1" in rejects[1]["detail"]
+
+
+def _row_images_are_whole(rows: list[dict[str, Any]], pad_id: int) -> int:
+    """Check every image of the rows lies whole in its row and untrained; return how many there are."""
+    n = 0
+    for row in rows:
+        starts = [sum(row["seq_lengths"][:j]) for j in range(len(row["seq_lengths"]))]
+        for off, count, j in zip(row["image_offsets"], row["image_tokens"], row["image_sample"], strict=True):
+            assert starts[j] <= off and off + count <= starts[j] + row["seq_lengths"][j]
+            assert row["input_ids"][off : off + count] == [pad_id] * count
+            assert row["input_ids"][off - 1] != pad_id and row["input_ids"][off + count] != pad_id
+            assert set(row["labels"][off : off + count]) == {-100}
+            n += 1
+        assert row["input_ids"].count(pad_id) == sum(row["image_tokens"])
+    return n
+
+
+def test_split_pieces_carry_their_own_images(
+    procs: dict[str, Path], reference: Reference, tmp_path: Path, pack: Any
+) -> None:
+    paths = [make_image(tmp_path / f"{k}.png", 200 + 28 * k, 150) for k in range(4)]
+    messages: list[dict[str, Any]] = []
+    for k, path in enumerate(paths):
+        messages += _image_messages(str(path), f"question {k} " * 20, f"answer {k} " * 20)
+    data = write_jsonl(tmp_path / "d.jsonl", [{"messages": messages}])
+    out = tmp_path / "out"
+    pack(data, "-o", out, "--processor", procs["training"], "--max-len", "300", "--overflow", "split")
+    rows = _rows(out)
+    assert len(rows) > 1 and all(len(row["input_ids"]) <= 300 for row in rows)
+    assert _row_images_are_whole(rows, reference.pad_id) == 4
+    assert sorted(ref for row in rows for ref in row["image_refs"]) == sorted(map(str, paths))
+
+
+def test_truncate_that_would_cut_an_image_is_a_counted_drop(
+    procs: dict[str, Path], reference: Reference, tmp_path: Path, pack: Any
+) -> None:
+    first = make_image(tmp_path / "first.png", 280, 280)  # 100 image tokens
+    late = {  # its image begins inside the first 150 tokens and ends after them: truncation would cut it
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello " * 20},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "word " * 40}, {"type": "image", "image": str(first)}],
+            },
+            {"role": "assistant", "content": "ok"},
+        ]
+    }
+    early = {"messages": _image_messages(str(first), "q", "answer " * 300)}  # the image stays whole
+    data = write_jsonl(tmp_path / "d.jsonl", [late, early])
+    out = tmp_path / "out"
+    pack(data, "-o", out, "--processor", procs["training"], "--max-len", "150", "--overflow", "truncate")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"]["dropped"] == {"image_cut": 1}
+    rows = _rows(out)
+    assert [row["sample_index"] for row in rows] == [[1]]
+    assert _row_images_are_whole(rows, reference.pad_id) == 1
+
+
+def test_a_cache_hit_is_not_reused_once_an_image_changed(procs: dict[str, Path], tmp_path: Path) -> None:
+    path = make_image(tmp_path / "a.png", 300, 200)
+    data = write_jsonl(tmp_path / "d.jsonl", [{"messages": _image_messages("a.png", "q", "a")}])
+    given: dict[str, Any] = {"processor": procs["training"], "num_proc": 1, "cache_dir": tmp_path / "cache"}
+    first = packcli.pack(data, 1024, tmp_path / "one", **given)
+    again = packcli.pack(data, 1024, tmp_path / "two", **given)
+    assert (first.summary.cache, again.summary.cache) == ("miss", "hit")
+    assert _rows(tmp_path / "two")[0]["image_grid"] == [[1, 14, 22]]
+    make_image(path, 600, 400)
+    stamp = path.stat().st_mtime + 10
+    os.utime(path, (stamp, stamp))
+    changed = packcli.pack(data, 1024, tmp_path / "three", **given)
+    assert changed.summary.cache == "rebuilt"
+    assert any("a.png changed since the cache entry was made" in w for w in changed.summary.warnings)
+    assert _rows(tmp_path / "three")[0]["image_grid"] == [[1, 28, 42]]
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--engine", "ray"], "the Ray engine with images is not supported yet"),
+        (["--dedup", "exact"], "--dedup exact with images is not supported yet"),
+        (["--eval-records", "1"], "images are not packed with --eval-records yet"),
+        (["--tokenizer", "other"], "--tokenizer names tokenizer 'other', but the processor's tokenizer"),
+    ],
+)
+def test_what_images_are_not_packed_with_is_refused_in_one_line(
+    extra: list[str], words: str, procs: dict[str, Path], tmp_path: Path, pack: Any
+) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", [{"messages": _image_messages("a.png", "q", "a")}])
+    result = pack(data, "-o", tmp_path / "out", "--processor", procs["training"], *extra, expect=2)
+    assert words in one_error_line(result)
+    assert not (tmp_path / "out").exists()
+
+
+def test_embed_images_without_a_processor_is_refused(tmp_path: Path, pack: Any) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", [{"text": "a b"}])
+    result = pack(data, "-o", tmp_path / "out", "--embed-images", expect=2)
+    assert "--embed-images applies to images, which are packed with --processor" in one_error_line(result)
+
+
+def test_an_image_in_an_answer_is_never_trained(
+    procs: dict[str, Path], reference: Reference, tmp_path: Path, pack: Any
+) -> None:
+    path = make_image(tmp_path / "a.png", 120, 90)
+    messages = [
+        {"role": "user", "content": "draw it"},
+        {"role": "assistant", "content": [{"type": "text", "text": "here:"}, {"type": "image", "image": "a.png"}]},
+    ]
+    data = write_jsonl(tmp_path / "d.jsonl", [{"messages": messages}])
+    pack(data, "-o", tmp_path / "out", "--processor", procs["training"])
+    sample = _samples(_rows(tmp_path / "out"))[0]
+    _check_sample(reference, sample, messages, [str(path)])
+    assert any(label != -100 for label in sample["labels"][sample["images"][0]["offset"] + 1 :])
