@@ -485,3 +485,60 @@ def test_an_image_in_an_answer_is_never_trained(
     sample = _samples(_rows(tmp_path / "out"))[0]
     _check_sample(reference, sample, messages, [str(path)])
     assert any(label != -100 for label in sample["labels"][sample["images"][0]["offset"] + 1 :])
+
+
+def test_truncate_from_the_left_moves_the_images_offsets(
+    procs: dict[str, Path], reference: Reference, tmp_path: Path, pack: Any
+) -> None:
+    image = make_image(tmp_path / "a.png", 280, 280)  # 100 image tokens
+    tail = {  # the cut from the left keeps its image, which moves 100 or so tokens towards the row's start
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "word " * 100}, {"type": "image", "image": "a.png"}]},
+            {"role": "assistant", "content": "ok " * 10},
+        ]
+    }
+    head = {"messages": _image_messages("a.png", "q " * 100, "answer " * 10)}  # a left cut would cut its image
+    data = write_jsonl(tmp_path / "d.jsonl", [tail, head])
+    out = tmp_path / "out"
+    args = ["--max-len", "150", "--overflow", "truncate", "--truncate-side", "left"]
+    pack(data, "-o", out, "--processor", procs["training"], *args)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"]["dropped"] == {"image_cut": 1} and manifest["counts"]["truncated"] == 1
+    rows = _rows(out)
+    assert [row["sample_index"] for row in rows] == [[0]]
+    assert _row_images_are_whole(rows, reference.pad_id) == 1
+    assert rows[0]["image_refs"] == [str(image)]
+
+
+def test_every_image_form_becomes_one_kind_of_part(tmp_path: Path) -> None:
+    from packcli.errors import RecordError
+    from packcli.records.formats import DEFAULT_FIELDS, normalize
+    from packcli.records.images import IMAGE_KEY, attach_images, sample_images
+
+    parts = [
+        {"type": "image", "image": "a.png"},
+        {"type": "image", "path": "sub/b.png"},
+        {"type": "image", "url": "file:///abs/c.png"},
+        {"type": "image_url", "image_url": {"url": "d.png"}},
+        {"type": "image", "image": {"bytes": b"\x89PNG", "path": "ignored.png"}},
+        {"type": "image"},
+        {"type": "text", "text": "<image> stays text: the record's images are taken by the part above"},
+    ]
+    record = {"images": [{"bytes": None, "path": "e.png"}], "messages": [{"role": "user", "content": parts}]}
+    sample = attach_images(normalize(record, "messages", DEFAULT_FIELDS), record, str(tmp_path))
+    assert sample_images(sample) == [
+        {"path": str(tmp_path / "a.png")},
+        {"path": str(tmp_path / "sub" / "b.png")},
+        {"path": "/abs/c.png"},
+        {"path": str(tmp_path / "d.png")},
+        {"bytes": b"\x89PNG"},
+        {"path": str(tmp_path / "e.png")},
+    ]
+    content = (sample.messages or [])[0]["content"]
+    assert [p["type"] for p in content] == ["image"] * 6 + ["text"] and all(IMAGE_KEY in p for p in content[:6])
+    remote = {"messages": [{"role": "user", "content": [{"type": "image", "url": "https://x/y.png"}]}]}
+    with pytest.raises(RecordError, match="is not a local file; download the images"):
+        attach_images(normalize(remote, "messages", DEFAULT_FIELDS), remote, str(tmp_path))
+    text_only = {"messages": [{"role": "user", "content": "an <image> without images is text"}]}
+    normalised = normalize(text_only, "messages", DEFAULT_FIELDS)
+    assert attach_images(normalised, text_only, str(tmp_path)) is normalised
