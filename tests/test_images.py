@@ -542,3 +542,24 @@ def test_every_image_form_becomes_one_kind_of_part(tmp_path: Path) -> None:
     text_only = {"messages": [{"role": "user", "content": "an <image> without images is text"}]}
     normalised = normalize(text_only, "messages", DEFAULT_FIELDS)
     assert attach_images(normalised, text_only, str(tmp_path)) is normalised
+
+
+def test_a_split_piece_whose_cut_would_cut_its_image_is_left_out_and_counted(
+    procs: dict[str, Path], reference: Reference, tmp_path: Path, pack: Any
+) -> None:
+    make_image(tmp_path / "a.png", 280, 280)  # 100 image tokens
+    messages = [
+        *_image_messages("a.png", "first", "short answer"),
+        # Too long on its own: split's fallback cuts it from the left, where its image is.
+        *_image_messages("a.png", "word " * 200, "long answer"),
+    ]
+    data = write_jsonl(tmp_path / "d.jsonl", [{"messages": messages}])
+    out = tmp_path / "out"
+    pack(data, "-o", out, "--processor", procs["training"], "--max-len", "200", "--overflow", "split")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"]["dropped"] == {}
+    assert manifest["counts"]["split"]["pieces_left_out"] == {"piece_image_cut": 1}
+    rows = _rows(out)
+    assert [(row["sample_index"], row["piece_index"]) for row in rows] == [([0], [0])]
+    assert _row_images_are_whole(rows, reference.pad_id) == 1
+    assert manifest["lost"]["tokens_by_reason"]["piece_image_cut"] > 200
