@@ -563,3 +563,11 @@ def test_a_split_piece_whose_cut_would_cut_its_image_is_left_out_and_counted(
     assert [(row["sample_index"], row["piece_index"]) for row in rows] == [([0], [0])]
     assert _row_images_are_whole(rows, reference.pad_id) == 1
     assert manifest["lost"]["tokens_by_reason"]["piece_image_cut"] > 200
+
+
+def test_preference_records_found_with_a_processor_are_refused(
+    procs: dict[str, Path], tmp_path: Path, pack: Any
+) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "q", "chosen": "a", "rejected": "b"}])
+    result = pack(data, "-o", tmp_path / "out", "--processor", procs["training"], expect=2)
+    assert "preference data with images is not supported yet; leave out --processor" in one_error_line(result)

@@ -19,7 +19,7 @@ from packcli import __version__, owned
 from packcli.config import PackConfig
 from packcli.contract import Progress, no_progress
 from packcli.engines import DigestChecker, Engine, load_engine
-from packcli.errors import InputError, RecordError, raise_if_stopped, where
+from packcli.errors import InputError, Opt, RecordError, UsageError, raise_if_stopped, where
 from packcli.io.fingerprint import changed_input, fingerprint, stamps
 from packcli.io.readers import count_records, hub_reachable, read_batches
 from packcli.io.sources import InputSource, resolve_inputs
@@ -168,6 +168,13 @@ def _tokenized(
     task, formats = preference.resolve_task(
         config.task, formats, config.overflow, config.output_format, config.truncate_side
     )
+    if config.processor is not None and task != "sft":
+        found = next(fmt for fmt in formats.values() if fmt in ("preference", "kto"))
+        raise UsageError(
+            f"the inputs are {found} records, and {task} data with images is not supported yet; leave out ",
+            Opt("processor"),
+            " or pack SFT records",
+        )
     cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     memo = cache_root / owned.HASH_MEMO if config.cache else None
     remember = fill_cache
