@@ -571,3 +571,18 @@ def test_preference_records_found_with_a_processor_are_refused(
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "q", "chosen": "a", "rejected": "b"}])
     result = pack(data, "-o", tmp_path / "out", "--processor", procs["training"], expect=2)
     assert "preference data with images is not supported yet; leave out --processor" in one_error_line(result)
+
+
+def test_a_presets_processor_is_read_beside_the_preset(procs: dict[str, Path], tmp_path: Path, pack: Any) -> None:
+    import shutil
+
+    (tmp_path / "conf").mkdir()
+    shutil.copytree(procs["training"], tmp_path / "conf" / "proc")
+    make_image(tmp_path / "a.png", 56, 56)
+    data = write_jsonl(tmp_path / "d.jsonl", [{"messages": _image_messages("a.png", "q", "a")}])
+    preset = tmp_path / "conf" / "preset.toml"
+    preset.write_text('processor = "proc"\n')
+    pack(data, "-o", tmp_path / "out", "--config", preset)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["options"]["processor"] == str(tmp_path / "conf" / "proc")
+    assert _rows(tmp_path / "out")[0]["image_tokens"] == [4]

@@ -216,8 +216,8 @@ def merge_preset(
 
     ``flags`` are option values by PackConfig name; a flag left at its default does not override the
     preset. ``--field`` and ``--template-kwarg`` add to the preset's. The preset's ``inputs`` and
-    ``chat_template``, and its ``tokenizer`` when that names a directory beside the preset, come back
-    relative to the current directory.
+    ``chat_template`` and ``processor``, and its ``tokenizer`` when that names a directory beside the preset,
+    come back relative to the current directory.
     """
     from packcli.api import available_cores
     from packcli.config.presets import load_config_file, parse_field_flags, parse_template_kwargs
@@ -246,6 +246,10 @@ def merge_preset(
         beside = Path(config).parent / tokenizer
         if beside.is_dir():
             options["tokenizer"] = str(beside.resolve())
+    processor = options.get("processor")
+    if processor and config and not given(ctx, "processor") and not Path(processor).is_absolute():
+        # A processor is a directory: one named in a preset is beside the preset, as its template is.
+        options["processor"] = str((Path(config).parent / processor).resolve())
     return options
 
 
