@@ -586,3 +586,18 @@ def test_a_presets_processor_is_read_beside_the_preset(procs: dict[str, Path], t
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["options"]["processor"] == str(tmp_path / "conf" / "proc")
     assert _rows(tmp_path / "out")[0]["image_tokens"] == [4]
+
+
+def test_image_offsets_count_the_samples_padding(
+    procs: dict[str, Path], reference: Reference, tmp_path: Path, pack: Any
+) -> None:
+    for k in range(3):
+        make_image(tmp_path / f"{k}.png", 56 + 28 * k, 56)
+    records = [{"messages": _image_messages(f"{k}.png", f"q{k}", f"a{k}")} for k in range(3)]
+    data = write_jsonl(tmp_path / "d.jsonl", records)
+    out = tmp_path / "out"
+    pack(data, "-o", out, "--processor", procs["training"], "--pad-to-multiple-of", "64", "--pad-to-max")
+    rows = _rows(out)
+    assert len(rows) == 1 and len(rows[0]["seq_lengths"]) == 4  # three samples and the row's padding
+    assert _row_images_are_whole(rows, reference.pad_id) == 3
+    assert rows[0]["image_sample"] == [0, 1, 2] and all(n % 64 == 0 for n in rows[0]["seq_lengths"][:3])
