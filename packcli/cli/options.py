@@ -133,6 +133,16 @@ TokenizerOption = Annotated[
         rich_help_panel=TOKENS,
     ),
 ]
+ProcessorOption = Annotated[
+    str | None,
+    typer.Option(
+        "--processor",
+        metavar="DIR",
+        help="A saved vision-language processor (Qwen2-VL, Qwen2.5-VL): pack images with their exact "
+        "token counts; its tokenizer and chat template are the run's.",
+        rich_help_panel=TOKENS,
+    ),
+]
 ChatTemplateOption = Annotated[
     str | None,
     typer.Option(
@@ -197,6 +207,7 @@ TOKEN_PARAMETERS = (
     "fix_turns",
     "tokenizer",
     "chat_template",
+    "processor",
     "train_on",
     "template_kwarg",
     "add_eos",
@@ -284,7 +295,6 @@ PACK_PANELS: dict[str, tuple[str, str | None]] = {
     "overwrite": (OUTPUT, None),
     "rejects": (OUTPUT, "FILE"),
     "fix_turns_log": (OUTPUT, "FILE"),
-    "processor": (TOKENS, "DIR"),
     "embed_images": (OUTPUT, None),
     "dry_run": (OUTPUT, None),
     "cache_max_size": (RUN, "SIZE"),

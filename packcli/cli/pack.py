@@ -21,6 +21,7 @@ from packcli.cli.options import (
     NoCacheOption,
     NumProcOption,
     OnErrorOption,
+    ProcessorOption,
     QuietFlag,
     SplitOption,
     TaskOption,
@@ -59,15 +60,7 @@ def pack(
     output: Annotated[str, typer.Option("--output", "-o", help="Output directory.")] = "packed",
     tokenizer: TokenizerOption = None,
     chat_template: ChatTemplateOption = None,
-    processor: Annotated[
-        str | None,
-        typer.Option(
-            "--processor",
-            metavar="DIR",
-            help="A saved vision-language processor (Qwen2-VL, Qwen2.5-VL): pack images with their exact "
-            "token counts; its tokenizer and chat template are the run's.",
-        ),
-    ] = None,
+    processor: ProcessorOption = None,
     embed_images: Annotated[
         bool, typer.Option("--embed-images", help="With --processor: write each image's bytes into the rows.")
     ] = False,
