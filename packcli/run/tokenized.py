@@ -251,8 +251,8 @@ def _tokenized(
         if store is not None and config.processor is not None:
             moved_image = changed_image(load_images(store.path))
             if moved_image is not None:
-                store, state = None, "rebuilt"
-                warnings.append(f"image {moved_image} changed since the cache entry was made; the entry is rebuilt")
+                store, state = None, "miss"
+                warnings.append(f"image {moved_image} changed since the cache entry was made; the entry is made again")
         if store is None and any(s.kind == "hub" for s in sources) and not hub_reachable():
             warnings.extend(
                 f"{s.display}: the Hugging Face Hub cannot be reached; read from the local Hugging Face cache"
