@@ -41,6 +41,28 @@ def image_info(image: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     return ImageRef(data=image["bytes"]), {"path": None, "bytes": image["bytes"]}
 
 
+# (path, bytes, mtime_ns) -> (height, width): an image file named by several samples is sized once per
+# process (sizing a PNG reads its whole file, for an EXIF chunk after the pixels).
+_SIZES: dict[tuple[str, int, int], tuple[int, int]] = {}
+_SIZES_MAX = 100_000
+
+
+def _size(ref: Any, record: dict[str, Any]) -> tuple[int, int]:
+    from packcli.vision import image_size
+
+    stat = record.get("stat")
+    if record.get("path") is None or stat is None:
+        return image_size(ref)
+    key = (record["path"], stat[0], stat[1])
+    size = _SIZES.get(key)
+    if size is None:
+        size = image_size(ref)
+        if len(_SIZES) >= _SIZES_MAX:
+            _SIZES.clear()
+        _SIZES[key] = size
+    return size
+
+
 def _places(text: str, token: str) -> list[int]:
     at, out = text.find(token), []
     while at >= 0:
@@ -71,8 +93,6 @@ def expand_images(vision: Any, sample: Sample, text: str, spans: list[tuple[int,
     Raises RecordError ``image_count_mismatch`` when the text's image tokens are not one per image,
     and the image's own errors (missing, unreadable, refused by the processor) naming it.
     """
-    from packcli.vision import image_size
-
     token = vision.image_token
     images = sample_images(sample)
     at = _places(text, token)
@@ -90,7 +110,7 @@ def expand_images(vision: Any, sample: Sample, text: str, spans: list[tuple[int,
     for k, (place, image) in enumerate(zip(at, images, strict=True)):
         ref, record = image_info(image)
         try:
-            height, width = image_size(ref)
+            height, width = _size(ref, record)
             tokens = vision.measure(height, width)
         except RecordError as err:
             raise RecordError(err.reason, f"image {k + 1}: {err.detail}") from None
