@@ -74,6 +74,8 @@ WRONG: dict[str, tuple[Any, Any]] = {
     "dedup": (True, "fuzzy"),
     "eval_fraction": ("0.1", 1.5),
     "eval_records": ("3", 0),
+    "processor": (3, ""),
+    "embed_images": ("true", None),
 }
 # Where the message does not start with the option's name, what it starts with.
 STARTS = {

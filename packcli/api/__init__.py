@@ -221,6 +221,8 @@ def pack(
     engine: EngineName = "local",
     ray_address: str | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
+    processor: PathArg | None = None,
+    embed_images: bool = False,
 ) -> PackResult:
     """Tokenize and pack ``inputs`` into shards under ``output``; return what was done.
 

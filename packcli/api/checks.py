@@ -10,7 +10,7 @@ from packcli.api.memory import is_dataset
 from packcli.errors import UsageError
 
 # Options that name a path: os.PathLike is as good as a string (the command line's are strings).
-PATH_OPTIONS = ("output", "cache_dir", "rejects", "chat_template", "tokenizer", "fix_turns_log")
+PATH_OPTIONS = ("output", "cache_dir", "rejects", "chat_template", "tokenizer", "fix_turns_log", "processor")
 
 
 def path_strings(options: dict[str, Any]) -> dict[str, Any]:

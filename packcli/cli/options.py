@@ -133,6 +133,16 @@ TokenizerOption = Annotated[
         rich_help_panel=TOKENS,
     ),
 ]
+ProcessorOption = Annotated[
+    str | None,
+    typer.Option(
+        "--processor",
+        metavar="DIR",
+        help="A saved vision-language processor (Qwen2-VL, Qwen2.5-VL): pack images with their exact "
+        "token counts; its tokenizer and chat template are the run's.",
+        rich_help_panel=TOKENS,
+    ),
+]
 ChatTemplateOption = Annotated[
     str | None,
     typer.Option(
@@ -197,6 +207,7 @@ TOKEN_PARAMETERS = (
     "fix_turns",
     "tokenizer",
     "chat_template",
+    "processor",
     "train_on",
     "template_kwarg",
     "add_eos",
@@ -216,8 +227,8 @@ def merge_preset(
 
     ``flags`` are option values by PackConfig name; a flag left at its default does not override the
     preset. ``--field`` and ``--template-kwarg`` add to the preset's. The preset's ``inputs`` and
-    ``chat_template``, and its ``tokenizer`` when that names a directory beside the preset, come back
-    relative to the current directory.
+    ``chat_template`` and ``processor``, and its ``tokenizer`` when that names a directory beside the preset,
+    come back relative to the current directory.
     """
     from packcli.api import available_cores
     from packcli.config.presets import load_config_file, parse_field_flags, parse_template_kwargs
@@ -246,6 +257,10 @@ def merge_preset(
         beside = Path(config).parent / tokenizer
         if beside.is_dir():
             options["tokenizer"] = str(beside.resolve())
+    processor = options.get("processor")
+    if processor and config and not given(ctx, "processor") and not Path(processor).is_absolute():
+        # A processor is a directory: one named in a preset is beside the preset, as its template is.
+        options["processor"] = str((Path(config).parent / processor).resolve())
     return options
 
 
@@ -280,6 +295,7 @@ PACK_PANELS: dict[str, tuple[str, str | None]] = {
     "overwrite": (OUTPUT, None),
     "rejects": (OUTPUT, "FILE"),
     "fix_turns_log": (OUTPUT, "FILE"),
+    "embed_images": (OUTPUT, None),
     "dry_run": (OUTPUT, None),
     "cache_max_size": (RUN, "SIZE"),
     "engine": (RUN, choices("engine")),

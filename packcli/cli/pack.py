@@ -21,6 +21,7 @@ from packcli.cli.options import (
     NoCacheOption,
     NumProcOption,
     OnErrorOption,
+    ProcessorOption,
     QuietFlag,
     SplitOption,
     TaskOption,
@@ -59,6 +60,10 @@ def pack(
     output: Annotated[str, typer.Option("--output", "-o", help="Output directory.")] = "packed",
     tokenizer: TokenizerOption = None,
     chat_template: ChatTemplateOption = None,
+    processor: ProcessorOption = None,
+    embed_images: Annotated[
+        bool, typer.Option("--embed-images", help="With --processor: write each image's bytes into the rows.")
+    ] = False,
     config: ConfigOption = None,
     split: SplitOption = None,
     limit: LimitOption = None,

@@ -118,6 +118,7 @@ TEMPLATE_SOURCES = {
     "file": "file",
     "packcli": "packcli's",
     "default": "packcli's default for this tokenizer",
+    "processor": "the processor's (--processor)",
 }
 
 

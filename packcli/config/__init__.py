@@ -124,6 +124,9 @@ class PackConfig:
     dedup: Dedup = "off"  # packcli.plan.dedup
     eval_fraction: float | None = None  # --eval-fraction / --eval-records: packcli.plan.holdout
     eval_records: int | None = None
+    # --processor DIR: a saved vision-language processor; images are packed (packcli.tokenize.images)
+    processor: str | None = None
+    embed_images: bool = False  # the rows carry each image's bytes (image_bytes), not only its path
 
     def __post_init__(self) -> None:
         # Each option on its own first (type, choices, range: the rule presets and the library apply
@@ -155,6 +158,7 @@ class PackConfig:
                 option="max_len",
             )
         self._check_padding()
+        self._check_processor()
         if self.fix_turns_log is not None and not self.fix_turns:
             raise UsageError(
                 "lists what ",
@@ -190,6 +194,47 @@ class PackConfig:
                     f"template keyword argument '{name}' holds {describe_value(value)}, which JSON cannot write; "
                     "give strings, numbers, booleans, null, lists and tables"
                 ) from exc
+
+    def _check_processor(self) -> None:
+        """--processor: its directory's tokenizer is the run's; the combinations images are not packed with."""
+        if self.processor is None:
+            if self.embed_images:
+                raise UsageError("applies to images, which are packed with ", Opt("processor"), option="embed_images")
+            return
+        import os
+
+        if self.tokenizer is not None and os.path.realpath(self.tokenizer) != os.path.realpath(self.processor):
+            raise UsageError(
+                f"names tokenizer '{self.tokenizer}', but the processor's tokenizer (in {self.processor}) "
+                "gives the image tokens",
+                option="tokenizer",
+                hint=("leave out ", Opt("tokenizer"), " with ", Opt("processor")),
+            )
+        object.__setattr__(self, "tokenizer", self.processor)
+        refused: list[tuple[str, Any, str]] = [
+            ("engine", "ray", "the Ray engine"),
+            ("task", "preference", "preference data"),
+            ("task", "kto", "KTO data"),
+            ("format", "preference", "preference data"),
+            ("format", "kto", "KTO data"),
+            ("dedup", "exact", "--dedup exact"),
+            ("output_format", "mds", "MDS shards"),
+            ("output_format", "megatron", "Megatron shards"),
+        ]
+        for name, value, what in refused:
+            if getattr(self, name) == value:
+                raise UsageError(
+                    f"{what} with images is not supported yet; leave out ",
+                    Opt(name, value),
+                    " or ",
+                    Opt("processor"),
+                    option="processor",
+                )
+        for name in ("mix", "eval_fraction", "eval_records"):
+            if getattr(self, name):
+                raise UsageError(
+                    "images are not packed with ", Opt(name), " yet; leave out one of the two", option="processor"
+                )
 
     def _check_mix(self) -> None:
         """--mix: each PATH=SHARE or PATH=Nx well formed, the shares summing right; the inputs are its paths."""
@@ -304,6 +349,7 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
         "add_eos",
         "on_error",
         "fix_turns",
+        "processor",
     ),
     "packing": (
         "mix",
@@ -335,6 +381,7 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
         "fix_turns_log",
         "dry_run",
         "loss_weighting",
+        "embed_images",
     ),
     "run": ("num_proc", "cache", "cache_dir", "cache_max_size", "engine", "ray_address"),
 }
@@ -390,7 +437,17 @@ RANGES: dict[str, tuple[float, float | None]] = {
     "max_tokens": (1, None),
 }
 # Options that name a path, a tokenizer, a split or an address: an empty string names nothing.
-NOT_EMPTY = ("output", "tokenizer", "chat_template", "split", "rejects", "fix_turns_log", "cache_dir", "ray_address")
+NOT_EMPTY = (
+    "output",
+    "tokenizer",
+    "processor",
+    "chat_template",
+    "split",
+    "rejects",
+    "fix_turns_log",
+    "cache_dir",
+    "ray_address",
+)
 # Options of the library's calls that are not PackConfig's, by their declared type.
 CALL_OPTIONS: dict[str, str] = {
     "batch_size": "int",

@@ -27,6 +27,9 @@ class RowLayout:
     output_format: str = "parquet"
     rows_per_shard: int = 2048
     output: str = ""  # the output as the user named it, for error messages
+    images: bool = False  # --processor: the image columns (packcli.output.images)
+    image_bytes: bool = False  # with them, image_bytes (--embed-images, or images that came as bytes)
+    embed_images: bool = False  # --embed-images: the bytes of images given by path too
 
     @property
     def pad_to(self) -> int | None:
@@ -44,4 +47,10 @@ class RowLayout:
             optional.append("sample_role")
         if self.sources:
             optional.append("source")
-        return shard_schema(optional)
+        schema = shard_schema(optional)
+        if self.images:
+            from packcli.output.images import image_fields
+
+            for f in image_fields(self.image_bytes):
+                schema = schema.append(f)
+        return schema

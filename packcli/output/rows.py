@@ -31,6 +31,8 @@ def build_rows(
     piece_index: np.ndarray | None = None,
     sample_role: np.ndarray | None = None,
     source: np.ndarray | None = None,
+    images: list[list[dict[str, Any]]] | None = None,
+    skips: np.ndarray | None = None,
 ) -> pa.Table:
     """Return a table of packed rows from the samples' tokens, concatenated in row order.
 
@@ -45,7 +47,9 @@ def build_rows(
     ``seq_lengths`` entry is then the padded length and ``seq_lengths_unpadded`` holds the real one.
     With ``layout.loss_weighting`` sample or sqrt, ``loss_weights`` holds 1/n or 1/sqrt(n) on each of a
     sample's n trained tokens and 0 elsewhere. ``sample_role`` (preference data) is written as the
-    ``sample_role`` column, 0 on a padding segment.
+    ``sample_role`` column, 0 on a padding segment. ``images`` (a run with a processor) holds each
+    sample's images, written as the image columns (packcli.output.images); ``skips`` the tokens cut from
+    each sample's start.
     """
     pad_to, pad_id, pad_multiple = layout.pad_to, layout.pad_id, layout.pad_multiple
     lengths = sample_lengths.astype(np.int64)
@@ -73,6 +77,12 @@ def build_rows(
     index = sample_index.astype(np.int64)
     pieces = np.zeros(len(index), np.int32) if piece_index is None else piece_index.astype(np.int32)
     row_tokens_before, samples_before = row_tokens, samples_per_row
+    image_arrays: list[pa.Array] = []
+    if images is not None:
+        from packcli.output.images import image_columns
+
+        cut = np.zeros(len(lengths), np.int64) if skips is None else skips
+        image_arrays = image_columns(images, lengths, cut, samples_per_row, layout.image_bytes, layout.embed_images)
     if pad_to is not None:
         ids, row_labels, positions, seq_lengths, index, pieces, row_tokens, samples_per_row = _pad_rows(
             ids, row_labels, positions, seq_lengths, index, pieces, row_tokens, samples_per_row, pad_to, pad_id
@@ -111,6 +121,8 @@ def build_rows(
     if source is not None:
         columns.append(pa.ListArray.from_arrays(seq_off, _arrow(source, np.int16)))
         optional.append("source")
+    if images is not None:
+        return pa.Table.from_arrays(columns + image_arrays, schema=layout.schema())
     return pa.Table.from_arrays(columns, schema=shard_schema(optional) if optional else SHARD_SCHEMA)
 
 

@@ -21,6 +21,7 @@ from packcli.output.rows import (
 from packcli.plan import mix
 from packcli.plan.planner import Plan
 from packcli.procs import pool
+from packcli.store.images import load_images
 from packcli.store.tokens import (
     TokenReader,
     TokenStore,
@@ -43,6 +44,7 @@ def row_group_tables(
     starts = store.starts
     roles = store.sample_role
     assert roles is not None  # TokenStore.__post_init__ fills it
+    table = load_images(store.path) if layout.images else None
     for start in range(0, len(rows), ROW_GROUP_ROWS):
         group = rows[start : start + ROW_GROUP_ROWS]
         samples_per_row = counts[group]
@@ -66,6 +68,8 @@ def row_group_tables(
             piece_index=store.piece_index[store_rows],
             sample_role=roles[store_rows] if layout.sample_roles else None,
             source=mix.source_ids(store, store_rows) if layout.sources else None,
+            images=[table.get(int(k), []) for k in store_rows] if table is not None else None,
+            skips=plan.skips[pick],
         )
         progress("write", len(group), len(plan.order.order))
         raise_if_stopped()

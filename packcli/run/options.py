@@ -27,8 +27,11 @@ def plan_options(config: PackConfig) -> PlanOptions:
     )
 
 
-def row_layout(config: PackConfig, pad_id: int) -> RowLayout:
-    """Return how the rows are built and written; ``config.task`` is the task found (never ``auto``)."""
+def row_layout(config: PackConfig, pad_id: int, embedded_images: int = 0) -> RowLayout:
+    """Return how the rows are built and written; ``config.task`` is the task found (never ``auto``).
+
+    ``embedded_images``: the images of the token store that came as bytes (they need ``image_bytes``).
+    """
     return RowLayout(
         max_len=config.max_len,
         pad_id=pad_id,
@@ -41,4 +44,7 @@ def row_layout(config: PackConfig, pad_id: int) -> RowLayout:
         output_format=config.output_format,
         rows_per_shard=config.rows_per_shard,
         output=config.output,
+        images=config.processor is not None,
+        image_bytes=config.processor is not None and (config.embed_images or embedded_images > 0),
+        embed_images=config.embed_images,
     )

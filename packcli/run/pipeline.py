@@ -117,7 +117,8 @@ def _run(config: PackConfig, progress: Progress, engine: Engine, started: float,
                 summary = evalsplit.account(summary, held, eval_summary)
             summary = dataclasses.replace(summary, warnings=[*inputs.warnings, *summary.warnings])
             if not config.dry_run:
-                layout = row_layout(found, inputs.pad_id)
+                embedded = (store.meta["tokenizer"].get("processor") or {}).get("images", {}).get("embedded", 0)
+                layout = row_layout(found, inputs.pad_id, embedded)
                 shards = engine.write_output(layout, store, plan, staged.tmp if staged else None, progress)
                 index_files = _write_index_files(config, staged.tmp if staged else None, shards)
                 if config.rejects:

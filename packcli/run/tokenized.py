@@ -19,13 +19,14 @@ from packcli import __version__, owned
 from packcli.config import PackConfig
 from packcli.contract import Progress, no_progress
 from packcli.engines import DigestChecker, Engine, load_engine
-from packcli.errors import InputError, RecordError, raise_if_stopped, where
+from packcli.errors import InputError, Opt, RecordError, UsageError, raise_if_stopped, where
 from packcli.io.fingerprint import changed_input, fingerprint, stamps
 from packcli.io.readers import count_records, hub_reachable, read_batches
 from packcli.io.sources import InputSource, resolve_inputs
 from packcli.records import preference
 from packcli.records.formats import accepted_fields, detect_format
 from packcli.store.cachedir import EntryLock, touch
+from packcli.store.images import changed_image, load_images
 from packcli.store.integrity import DamagedStore
 from packcli.store.key import cache_key, default_cache_dir
 from packcli.store.tokens import TokenStore, find_store
@@ -167,6 +168,13 @@ def _tokenized(
     task, formats = preference.resolve_task(
         config.task, formats, config.overflow, config.output_format, config.truncate_side
     )
+    if config.processor is not None and task != "sft":
+        found = next(fmt for fmt in formats.values() if fmt in ("preference", "kto"))
+        raise UsageError(
+            f"the inputs are {found} records, and {task} data with images is not supported yet; leave out ",
+            Opt("processor"),
+            " or pack SFT records",
+        )
     cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     memo = cache_root / owned.HASH_MEMO if config.cache else None
     remember = fill_cache
@@ -188,7 +196,7 @@ def _tokenized(
         store_needed = not config.cache or tokenizer_key is None
         if store_needed:
             counting = ahead.submit(lambda: [count_records(s) for s in sources]) if known is None else None
-            encoder = Encoder(config.tokenizer, config.chat_template, ingest.encode_options(config))
+            encoder = Encoder(config.tokenizer, config.chat_template, ingest.encode_options(config), config.processor)
             if counting is not None:
                 counting.result()
         if not config.cache and known is None:
@@ -213,8 +221,17 @@ def _tokenized(
             "template": "file" if config.chat_template is not None else "none given",
             # The rest of the tokenization options: they decide tokens and labels; no other option does.
             "tokenization": {
-                k: v for k, v in config.group("tokenization").items() if k not in ("tokenizer", "chat_template")
+                k: v
+                for k, v in config.group("tokenization").items()
+                if k not in ("tokenizer", "chat_template", "processor")
             },
+            # --processor: what decides the image tokens, and the cut that leaves out samples whose image it
+            # would cut (absent without it: text keys stay valid).
+            **(
+                {"processor": processor_key(config, encoder), "image_window": ingest.image_window(config)}
+                if config.processor is not None
+                else {}
+            ),
             # Split records are cut by the tokenizer's workers, so how they are cut is in the key too.
             "split": ingest.split_rule(config).__dict__ if config.overflow == "split" else None,
             "encoding_rules": ENCODING_RULES,
@@ -231,6 +248,11 @@ def _tokenized(
             if lock.acquire():  # held while the entry is in use: no prune removes it
                 stack.callback(lock.release)
         store, state, warnings = _cached_store(entry, limit, check) if config.cache else (None, "off", [])
+        if store is not None and config.processor is not None:
+            moved_image = changed_image(load_images(store.path))
+            if moved_image is not None:
+                store, state = None, "miss"
+                warnings.append(f"image {moved_image} changed since the cache entry was made; the entry is made again")
         if store is None and any(s.kind == "hub" for s in sources) and not hub_reachable():
             warnings.extend(
                 f"{s.display}: the Hugging Face Hub cannot be reached; read from the local Hugging Face cache"
@@ -243,7 +265,9 @@ def _tokenized(
             _as_this_run(store, sources, config)
         else:
             if encoder is None:
-                encoder = Encoder(config.tokenizer, config.chat_template, ingest.encode_options(config))
+                encoder = Encoder(
+                    config.tokenizer, config.chat_template, ingest.encode_options(config), config.processor
+                )
             if config.cache and fill_cache:
                 store_path = entry
             else:
@@ -283,6 +307,16 @@ def _tokenized(
             task=task,
             key=key if config.cache else None,
         )
+
+
+def processor_key(config: PackConfig, encoder: Encoder | None) -> str:
+    """Return the identity of the run's processor (``VisionProcessor.identity``), loading it if need be."""
+    if encoder is not None and encoder.vision is not None:
+        return str(encoder.vision.identity())
+    from packcli.vision import load_processor
+
+    assert config.processor is not None
+    return load_processor(config.processor).identity()
 
 
 def _as_this_run(store: TokenStore, sources: list[InputSource], config: PackConfig) -> None:

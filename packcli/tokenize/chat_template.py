@@ -16,6 +16,7 @@ from typing import Any
 
 from packcli.errors import RecordError, TokenizerError, first_line
 from packcli.records.formats import Sample
+from packcli.records.images import IMAGE_KEY
 from packcli.tokenize.spans import assistant_spans
 from packcli.tokenize.template_shape import Render, TemplateShape, learn_shape
 
@@ -36,6 +37,8 @@ class ChatTemplate:
         self._added = added_tokens
         self._shapes: dict[str, TemplateShape | str] = {}  # str: why it could not be learned
         self._parts: tuple[bool, bool] | None = None
+        # A run with a processor: image parts (packcli.records.images) render as {"type": "image"}.
+        self.images = False
         try:
             from transformers.utils.chat_template_utils import _compile_jinja_template
 
@@ -166,18 +169,23 @@ class ChatTemplate:
             message = {k: v for k, v in m.items() if v is not None}
             content = message.get("content")
             if isinstance(content, list):
+                if self.images:
+                    content = [{"type": "image"} if IMAGE_KEY in p else p for p in content]
+                    message["content"] = content
                 kinds = [p.get("type") for p in content]
-                bad = next((k for k in kinds if k != "text"), None)
+                bad = next((k for k in kinds if k != "text" and not (self.images and k == "image")), None)
                 if bad is not None:
                     why = "is not supported yet" if bad in _NON_TEXT_PARTS else "is unknown"
+                    fix = "; pass --processor DIR to pack images" if bad in ("image", "image_url") else ""
                     raise RecordError(
                         "unsupported_content_part",
-                        f"message {i} has a content part of type '{bad}', which {why}; only text parts are packed",
+                        f"message {i} has a content part of type '{bad}', which {why}; only text parts are packed"
+                        + fix,
                     )
-                if any(not isinstance(p.get("text"), str) for p in content):
+                if any(not isinstance(p.get("text"), str) for p in content if p.get("type") != "image"):
                     raise RecordError("wrong_type", f"message {i}: every text part needs a string 'text'")
                 if not parts:
-                    message["content"] = "\n".join(p["text"] for p in content)
+                    message["content"] = "\n".join(p["text"] for p in content if p.get("type") != "image")
             elif isinstance(content, str) and parts and not strings:
                 # A template that only iterates parts (vision-language models): a string is one text part.
                 message["content"] = [{"type": "text", "text": content}]

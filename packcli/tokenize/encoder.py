@@ -26,9 +26,10 @@ from packcli.errors import RecordError
 from packcli.records.formats import Sample
 from packcli.tokenize import long_text
 from packcli.tokenize.chat_template import ChatTemplate
+from packcli.tokenize.images import Encoded, expand_images, image_tokens_masked
 from packcli.tokenize.long_text import NO_AFFIXES, Affixes, Joined
 from packcli.tokenize.template_shape import TemplateShape
-from packcli.tokenize.templates import choose_template
+from packcli.tokenize.templates import TemplateChoice, choose_template
 from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER, load_tokenizer, plain_backend, tokenizer_sha256
 
 
@@ -57,18 +58,35 @@ class EncodeOptions:
 class Encoder:
     """Turns Samples into (input_ids, labels) int32 arrays, in batches."""
 
-    def __init__(self, tokenizer_name: str | None, chat_template_file: str | None, options: EncodeOptions) -> None:
+    def __init__(
+        self,
+        tokenizer_name: str | None,
+        chat_template_file: str | None,
+        options: EncodeOptions,
+        processor: str | None = None,
+    ) -> None:
         self.tokenizer_name = tokenizer_name or DEFAULT_TOKENIZER
+        # --processor DIR: its tokenizer (the run's tokenizer is DIR), its chat template, its image rule.
+        self.vision: Any = None
+        if processor is not None:
+            from packcli.vision import load_processor
+
+            self.vision = load_processor(processor)
         self.tokenizer = load_tokenizer(tokenizer_name)
         self.backend, self.overrides = plain_backend(self.tokenizer.backend_tokenizer)
         self.options = options
         added = {t.content for t in self.tokenizer.added_tokens_decoder.values() if t.content}
-        choice = choose_template(chat_template_file, self.tokenizer.chat_template, added)
+        if self.vision is not None and chat_template_file is None and self.vision.chat_template:
+            choice = TemplateChoice(self.vision.chat_template, "processor", "processor", f"processor '{processor}'")
+        else:
+            choice = choose_template(chat_template_file, self.tokenizer.chat_template, added)
         template, source = choice.text, choice.source
         # The manifest's chat_template and chat_template_source (templates.TemplateChoice).
         self.template_name, self.template_origin = choice.name, choice.origin
         kwargs = dict(self.tokenizer.special_tokens_map) | options.kwargs()
         self.chat = ChatTemplate(template, source, kwargs, added)
+        self.chat.images = self.vision is not None
+        self.image_token_id = self.vision.token_id(self.tokenizer) if self.vision is not None else None
         self.eos_id = self.tokenizer.eos_token_id
         self.vocab_size = len(self.tokenizer)
         # A text of more UTF-8 bytes than this certainly has more tokens than a row holds: it is encoded by
@@ -142,7 +160,10 @@ class Encoder:
             if isinstance(sample, RecordError):
                 continue
             try:
-                if sample.kind == "chat":
+                if self.vision is not None and sample.kind == "chat":
+                    text, spans = self.chat.spans(sample, self.options.train_on)
+                    results[i] = self._encode_images(sample, text, spans)
+                elif sample.kind == "chat":
                     text, spans = self.chat.spans(sample, self.options.train_on)
                     jobs[False].append((i, text, spans, False))
                 elif sample.kind == "prompt_completion":
@@ -171,7 +192,7 @@ class Encoder:
                 if not text:
                     results[i] = RecordError("empty", "the sample's text is empty")
                     continue
-                mask = _span_mask(enc, spans, len(ids), len(text))
+                mask = span_mask(enc, spans, len(ids), len(text))
                 if (
                     eos
                     and self.options.add_eos
@@ -181,10 +202,30 @@ class Encoder:
                     ids = np.append(ids, np.int32(self.eos_id))
                     mask = np.append(mask, bool(spans) and spans[-1][1] >= len(text))
                 try:
-                    results[i] = _finish(ids, mask)
+                    results[i] = finish(ids, mask)
                 except RecordError as err:
                     results[i] = err
         return results
+
+    def _encode_images(self, sample: Sample, text: str, spans: list[tuple[int, int]]) -> Encoded:
+        """Encode a conversation of a run with a processor as the processor does (``packcli.tokenize.images``).
+
+        Special tokens are added unless the text starts with the BOS token, as
+        ``ProcessorMixin.apply_chat_template`` decides; image tokens are never trained.
+        """
+        expanded = expand_images(self.vision, sample, text, spans)
+        bos = self.tokenizer.bos_token
+        add_special = not (bos is not None and expanded.text.startswith(bos))
+        enc = self.backend.encode(expanded.text, add_special_tokens=add_special)
+        ids = np.asarray(enc.ids, dtype=np.int32)
+        if not len(ids):
+            raise RecordError("empty", "the sample's text is empty")
+        mask = span_mask(enc, expanded.spans, len(ids), len(expanded.text))
+        assert self.image_token_id is not None
+        images = image_tokens_masked(enc, ids, mask, expanded, self.image_token_id)
+        out = Encoded(finish(ids, mask))
+        out.images = images
+        return out
 
     def count_tokens(self, sample: Sample) -> int | None:
         """Return a conversation's token count, labels aside (None when the template cannot render it).
@@ -223,15 +264,15 @@ class Encoder:
             )
         ids = ids.astype(np.int32)
         if sample.labels is None:
-            return _finish(ids, np.ones(len(ids), dtype=bool))
+            return finish(ids, np.ones(len(ids), dtype=bool))
         labels = np.asarray(sample.labels, dtype=np.int64)
         trained = labels != IGNORE_INDEX
         if np.any(labels[trained] != ids[trained]):
             raise RecordError("bad_labels", "labels must equal input_ids where they are not -100 (unshifted labels)")
-        return _finish(ids, trained)
+        return finish(ids, trained)
 
 
-def _finish(ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def finish(ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if len(ids) == 0:
         raise RecordError("empty", "the sample has no tokens")
     labels = np.where(mask, ids, IGNORE_INDEX).astype(np.int32)
@@ -241,7 +282,7 @@ def _finish(ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ids, labels
 
 
-def _span_mask(enc: Any, spans: list[tuple[int, int]], n_tokens: int, n_chars: int) -> np.ndarray:
+def span_mask(enc: Any, spans: list[tuple[int, int]], n_tokens: int, n_chars: int) -> np.ndarray:
     """Mark every token whose character span overlaps one of ``spans`` (the rule transformers uses).
 
     Offsets are monotone, so the tokens overlapping [a, b) run from the first token containing

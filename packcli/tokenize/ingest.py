@@ -19,6 +19,7 @@ from packcli.io.readers import count_records, read_batches
 from packcli.io.sources import InputSource
 from packcli.procs import pool
 from packcli.records import turns
+from packcli.store.images import IMAGES_FILE, image_line
 from packcli.store.tokens import (
     TokenStore,
     TokenStoreWriter,
@@ -41,6 +42,7 @@ POLICY_DROPS = frozenset(
         "too_long",
         "nothing_to_train_after_truncation",
         "no_piece_left",
+        "image_cut",
         "world_size_remainder",
     }
 )
@@ -70,6 +72,29 @@ def split_rule(config: PackConfig) -> SplitRule | None:
         return None
     # Pieces are cut to the most a sample may hold once padded (--pad-to-multiple-of): --max-len without it.
     return SplitRule(config.sample_limit, config.split_system, config.min_piece)
+
+
+def image_window(config: PackConfig) -> tuple[int, str] | None:
+    """Return (the most tokens a sample keeps, the side it is cut from) when samples may be cut, with a processor.
+
+    Under --overflow truncate (and split, whose pieces too long on their own are cut), a sample whose
+    cut would cut an image's tokens is left out instead (reason ``image_cut``).
+    """
+    if config.processor is None or config.overflow not in ("truncate", "split"):
+        return None
+    return config.sample_limit, config.cut_side
+
+
+def processor_identity(encoder: Encoder) -> dict[str, Any]:
+    """Return what the manifest records of the run's processor."""
+    vision = encoder.vision
+    return {
+        "dir": vision.name,
+        "family": vision.family,
+        "image_token": vision.image_token,
+        "image_token_id": encoder.image_token_id,
+        "sha256": vision.identity(),
+    }
 
 
 def long_text_bytes(config: PackConfig, encoder: Encoder) -> int | None:
@@ -115,7 +140,14 @@ def tokenize_to_store(
     map_ordered = map_ordered or pool.map_ordered
     token_bytes = max_token_bytes(encoder.backend_json) if rule_out_long else None
     rule_out = (config.max_len, token_bytes) if token_bytes else None
-    worker.use(encoder, config.fields, rule_out, split_rule(config), fix_turns=config.fix_turns)
+    worker.use(
+        encoder,
+        config.fields,
+        rule_out,
+        split_rule(config),
+        fix_turns=config.fix_turns,
+        image_window=image_window(config),
+    )
     encoder.long_text_bytes = long_text_bytes(config, encoder)
     ruled_out_bytes = config.max_len * token_bytes if token_bytes else None
     where, fix = _store_where_fix(config, store_path)
@@ -131,6 +163,9 @@ def tokenize_to_store(
     records = 0
     records_split = pieces = 0
     rejects_path = writer.tmp / "rejects.jsonl"
+    n_stored = 0  # samples stored so far: the image table's sample numbers
+    image_counts: Counter[str] = Counter()
+    images_file: Any = None
     fixes_path = writer.tmp / TURN_FIXES
     starts: dict[str, int] = {}
     units: dict[str, str] = {}
@@ -141,6 +176,7 @@ def tokenize_to_store(
     results: Iterator[TokenizedBatch] | None = None
     try:
         with (
+            contextlib.ExitStack() as stack,
             _open_for_writing(rejects_path, where, fix) as rejects_file,
             _open_for_writing(fixes_path, where, fix) as fixes_file,
         ):
@@ -180,6 +216,18 @@ def tokenize_to_store(
                         )
                     counts[reject["reason"]] += 1
                     _write_line(rejects_file, json.dumps(reject, ensure_ascii=False), where, fix)
+                if result.images is not None:
+                    for j, images in enumerate(result.images):
+                        if not images:
+                            continue
+                        if images_file is None:
+                            images_file = stack.enter_context(_open_for_writing(writer.tmp / IMAGES_FILE, where, fix))
+                        _write_line(images_file, image_line(n_stored + j, images), where, fix)
+                        image_counts["samples"] += 1
+                        image_counts["images"] += len(images)
+                        image_counts["image_tokens"] += sum(im["tokens"] for im in images)
+                        image_counts["embedded"] += sum(im.get("bytes") is not None for im in images)
+                n_stored += len(result.lengths)
                 if result.segment is not None:
                     writer.add_segment(
                         result.segment,
@@ -229,6 +277,12 @@ def tokenize_to_store(
             meta["turns_fixed"] = {kind: turns_fixed[kind] for kind in turns.KINDS}
         if empty_answers:
             meta["empty_answers"] = empty_answers
+        if encoder.vision is not None:
+            meta["tokenizer"] = {
+                **encoder.identity(),
+                "processor": processor_identity(encoder)
+                | {"images": {k: image_counts[k] for k in ("samples", "images", "image_tokens", "embedded")}},
+            }
         if config.overflow == "split":
             meta["split"] = {
                 "records_split": records_split,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -17,10 +18,12 @@ from packcli.records import preference, turns
 from packcli.records.checks import UNUSABLE, UnusableRecord, check_sample, integer_too_long, raw_line_is_clean, too_deep
 from packcli.records.dedup import content_key
 from packcli.records.formats import PREFERENCE_FORMATS, Sample, detect_format, normalize
+from packcli.records.images import attach_images
 from packcli.results import RejectEntry
 from packcli.tokenize.bounds import rule_out_too_long
 from packcli.tokenize.chat_template import trained_turns
 from packcli.tokenize.encoder import Encoder
+from packcli.tokenize.images import window_cuts_image
 from packcli.tokenize.split import Pieces, SplitRule, chunk_tokens, split_chat
 
 REJECT_RECORD_CHARS = 100_000
@@ -61,6 +64,8 @@ class TokenizedBatch:
     # that holds this batch's tokens, and its files' entries; ``ids`` and ``labels`` are then empty.
     segment: dict[str, Any] | None = None
     segment_files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # A run with a processor: per kept sample, its images (packcli.tokenize.images); None without one.
+    images: list[tuple[dict[str, Any], ...]] | None = None
 
 
 # What the workers tokenize with: set by use() in the parent before the pool forks (so workers start
@@ -74,13 +79,15 @@ def use(
     rule_out: tuple[int, int] | None = None,
     split: SplitRule | None = None,
     fix_turns: bool = False,
+    image_window: tuple[int, str] | None = None,
 ) -> None:
     """Set what ``tokenize_batch`` works with in this process (and in the workers forked from it).
 
     ``rule_out`` is (max_len, the most bytes one token covers): the early too-long rule, measured on
     the very text the encoder encodes (``ChatTemplate.text``). ``split`` cuts records longer than its
     max_len into pieces (``--overflow split``, see packcli.tokenize.split). ``fix_turns`` cleans conversations
-    (packcli.records.turns).
+    (packcli.records.turns). ``image_window`` is (the most tokens a sample keeps, the side it is cut from)
+    under --overflow truncate or split: a sample with images that the cut would cut an image of is left out.
     """
     _CONTEXT.clear()
     _CONTEXT.update(encoder=encoder, fields=fields, fix_turns=fix_turns)
@@ -88,6 +95,8 @@ def use(
         _CONTEXT["rule_out"] = rule_out
     if split is not None:
         _CONTEXT["split"] = split
+    if image_window is not None:
+        _CONTEXT["image_window"] = image_window
 
 
 def release() -> None:
@@ -101,6 +110,8 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
     fields: dict[str, str] = _CONTEXT["fields"]
     errors = {pos: (reason, detail) for pos, reason, detail in batch.errors}
     fix: bool = _CONTEXT.get("fix_turns", False)
+    vision = encoder.vision is not None
+    base = os.path.dirname(os.path.abspath(batch.source)) if vision else ""
     samples: list[Any] = []
     raws: list[Any] = []
     changed: dict[int, list[dict[str, Any]]] = {}  # batch position -> the changes --fix-turns made
@@ -122,6 +133,8 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
                 samples.append(members)
                 continue
             sample = normalize(record, record_format, fields, rename_roles=fix)
+            if vision:
+                sample = attach_images(sample, record, base)
             if fix:
                 sample, changes = turns.clean(sample)
                 if changes:
@@ -159,6 +172,8 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
     rejects: list[dict[str, Any]] = []
     roles: list[int] = []
     content_keys: list[bytes] = []  # per kept sample, its record's content key
+    kept_images: list[tuple[dict[str, Any], ...]] = []
+    window: tuple[int, str] | None = _CONTEXT.get("image_window")
     left_out: Counter[str] = Counter()
     left_out_tokens: Counter[str] = Counter()
     records_split = pieces_made = 0
@@ -171,6 +186,13 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
             kept = [(piece_ids, piece_labels) for piece_ids, piece_labels, _ in result]
             roles.extend([0] * (len(kept_index) - len(roles)) + [role for _, _, role in result])
         elif split is None or len(result[0]) <= split.max_len:
+            if window is not None and window_cuts_image(getattr(result, "images", ()), len(result[0]), *window):
+                error = RecordError(
+                    "image_cut",
+                    f"the sample has {len(result[0])} tokens; cutting it to {window[0]} would cut an image's tokens",
+                )
+                rejects.append(reject(index, batch.source, batch.positions[k], error, raws[k], batch.raw_lines))
+                continue
             kept = [result]
         else:
             records_split += 1
@@ -184,8 +206,22 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
                 rejects.append(reject(index, batch.source, batch.positions[k], error, raws[k], batch.raw_lines))
                 continue
             kept = pieces.pieces
+            if window is not None:
+                cut = [p for p in kept if window_cuts_image(getattr(p, "images", ()), len(p[0]), *window)]
+                if cut:
+                    left_out["piece_image_cut"] += len(cut)
+                    left_out_tokens["piece_image_cut"] += sum(len(p[0]) for p in cut)
+                    kept = [p for p in kept if not any(p is c for c in cut)]
+                if not kept:
+                    error = RecordError(
+                        "image_cut", f"the sample has {len(result[0])} tokens; every piece cuts an image"
+                    )
+                    rejects.append(reject(index, batch.source, batch.positions[k], error, raws[k], batch.raw_lines))
+                    continue
             pieces_made += len(kept)
         content_keys.extend([content_key(samples[k])] * len(kept))
+        if vision:
+            kept_images.extend(getattr(piece, "images", ()) for piece in kept)
         for p, (piece_ids, piece_labels) in enumerate(kept):
             kept_index.append(index)
             kept_pos.append(batch.positions[k])
@@ -219,6 +255,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         turn_fixes=fixes,
         empty_answers=empty_answers,
         tokens_left_out=dict(left_out_tokens),
+        images=kept_images if vision else None,
         content_keys=np.frombuffer(b"".join(content_keys), dtype="<u8").reshape(-1, 2).copy(),
         seconds={
             "decode": decoded - started,

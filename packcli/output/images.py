@@ -1,0 +1,74 @@
+"""The image columns of a row: each image of the row's samples, in row order, and where its tokens are.
+
+Written when the run has a processor (``--processor``); the collator reads them by these names:
+
+- ``image_refs`` list<string>: the image's absolute path, null when it came as bytes;
+- ``image_bytes`` list<binary>: its bytes (only with ``--embed-images``, or when some image came as
+  bytes; null where not embedded);
+- ``image_sizes`` list<list<int32>>: [height, width] as the processor sees it (EXIF orientation applied);
+- ``image_grid`` list<list<int32>>: the image's size parameters (Qwen2-VL: ``image_grid_thw``);
+- ``image_tokens`` list<int32>: the image tokens it becomes;
+- ``image_offsets`` list<int32>: the position in the row of its first token;
+- ``image_sample`` list<int32>: the index of its sample in the row's ``seq_lengths``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+IMAGE_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
+    ("image_refs", pa.list_(pa.string())),
+    ("image_bytes", pa.list_(pa.binary())),
+    ("image_sizes", pa.list_(pa.list_(pa.int32()))),
+    ("image_grid", pa.list_(pa.list_(pa.int32()))),
+    ("image_tokens", pa.list_(pa.int32())),
+    ("image_offsets", pa.list_(pa.int32())),
+    ("image_sample", pa.list_(pa.int32())),
+)
+
+
+def image_fields(with_bytes: bool) -> list[pa.Field]:
+    """Return the image columns' fields (``image_bytes`` only ``with_bytes``)."""
+    return [pa.field(name, kind) for name, kind in IMAGE_COLUMNS if with_bytes or name != "image_bytes"]
+
+
+def image_columns(
+    images: list[list[dict[str, Any]]],
+    lengths: np.ndarray,
+    skips: np.ndarray,
+    samples_per_row: np.ndarray,
+    with_bytes: bool,
+    embed: bool,
+) -> list[pa.Array]:
+    """Return the image columns of rows holding samples of ``lengths`` (in row order), ``samples_per_row`` each.
+
+    ``images`` holds each sample's images (offsets within the sample as stored); ``skips`` the tokens
+    cut from each sample's start (--truncate-side left), which move its images' offsets.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    starts = np.cumsum(lengths) - lengths
+    row_first = np.cumsum(samples_per_row) - samples_per_row
+    values: dict[str, list[list[Any]]] = {name: [] for name, _ in IMAGE_COLUMNS}
+    for r, (first, count) in enumerate(zip(row_first.tolist(), np.asarray(samples_per_row).tolist(), strict=True)):
+        row: dict[str, list[Any]] = {name: [] for name, _ in IMAGE_COLUMNS}
+        row_start = int(starts[first]) if count else 0
+        for j in range(first, first + count):
+            for image in images[j]:
+                row["image_refs"].append(image.get("path"))
+                data = image.get("bytes")
+                if data is None and embed and image.get("path") is not None:
+                    data = Path(image["path"]).read_bytes()
+                row["image_bytes"].append(data)
+                row["image_sizes"].append([int(x) for x in image["size"]])
+                row["image_grid"].append([int(x) for x in image["grid"]])
+                row["image_tokens"].append(int(image["tokens"]))
+                row["image_offsets"].append(int(starts[j]) - row_start + int(image["offset"]) - int(skips[j]))
+                row["image_sample"].append(j - first)
+        for name in values:
+            values[name].append(row[name])
+        del r
+    return [pa.array(values[name], type=kind) for name, kind in IMAGE_COLUMNS if with_bytes or name != "image_bytes"]
