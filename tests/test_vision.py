@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,3 +72,27 @@ def test_an_unknown_processor_is_refused_in_one_line(tmp_path: Path, qwen_dir: P
     with pytest.raises(TokenizerError, match="is a FancyVLProcessor, which packcli does not know; known: ") as err:
         load_processor(str(tmp_path / "p"))
     assert "\n" not in str(err.value)
+
+
+def test_a_png_is_sized_from_its_chunk_headers_without_decoding_its_pixels(tmp_path: Path, monkeypatch: Any) -> None:
+    from PIL import Image, ImageFile
+
+    plain = make_image(tmp_path / "plain.png", 640, 480)
+    turned = tmp_path / "turned.png"
+    exif = Image.Exif()
+    exif[0x0112] = 8
+    Image.open(plain).save(turned, exif=exif)
+    loads: list[str] = []
+    real_load = ImageFile.ImageFile.load
+
+    def counted(self: Any) -> Any:
+        loads.append(self.format)
+        return real_load(self)
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", counted)
+    assert image_size(ImageRef(path=str(plain))) == (480, 640)
+    assert loads == []  # the pixels were not decoded
+    assert image_size(ImageRef(data=plain.read_bytes())) == (480, 640)
+    assert loads == []
+    # With an EXIF chunk, PIL reads it as the processors' loader does: the size turns.
+    assert image_size(ImageRef(path=str(turned))) == (640, 480)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from packcli.errors import RecordError
 
@@ -43,7 +45,10 @@ def image_size(ref: ImageRef) -> tuple[int, int]:
         source = io.BytesIO(ref.data) if ref.data is not None else Path(str(ref.path))
         with Image.open(source) as im:  # lazy: reads the header, not the pixels
             width, height = im.size
-            orientation = im.getexif().get(_ORIENTATION, 1)
+            # A PNG's EXIF may follow its pixels, and PIL decodes the whole image to look for it: look at
+            # the chunk headers first, and ask PIL only when there is one (then exactly as the loader does).
+            exif = im.format != "PNG" or _png_may_hold_exif(im.fp)
+            orientation = im.getexif().get(_ORIENTATION, 1) if exif else 1
     except FileNotFoundError:
         raise RecordError(
             "image_missing",
@@ -56,3 +61,35 @@ def image_size(ref: ImageRef) -> tuple[int, int]:
     if orientation in _TURNED:
         width, height = height, width
     return height, width
+
+
+_PNG_TEXT = (b"tEXt", b"zTXt", b"iTXt")
+_RAW_EXIF = b"Raw profile type exif"  # EXIF kept in a text chunk, which PIL also reads
+
+
+def _png_may_hold_exif(fh: Any) -> bool:
+    """Return whether a PNG has an EXIF chunk (``eXIf``, or a raw-profile text chunk), reading chunk headers only.
+
+    True also when the chunks cannot be walked to ``IEND`` (a cut file): then PIL decides, as it would.
+    """
+    at = fh.tell()
+    try:
+        fh.seek(8)  # the signature
+        while True:
+            head = fh.read(8)
+            if len(head) < 8:
+                return True
+            length, kind = struct.unpack(">I4s", head)
+            if kind == b"IEND":
+                return False
+            if kind == b"eXIf":
+                return True
+            skip = length + 4  # the chunk's data and its CRC
+            if kind in _PNG_TEXT:
+                key = fh.read(min(length, len(_RAW_EXIF) + 1))
+                if key.split(b"\0")[0] == _RAW_EXIF:
+                    return True
+                skip -= len(key)
+            fh.seek(skip, 1)
+    finally:
+        fh.seek(at)
