@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import weakref
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -143,6 +146,62 @@ def test_token_store_round_trip(tmp_path: Path) -> None:
     assert got_ids.tolist() == ids[8:10].tolist() + ids[0:3].tolist()
     assert got_labels.tolist() == labels[8:10].tolist() + labels[0:3].tolist()
     assert not list(tmp_path.glob(".tmp-*"))  # the staging directory became the store
+
+
+def test_finishing_a_store_never_reads_its_token_files_back(tmp_path: Path, monkeypatch: Any) -> None:
+    """The token files are hashed as they are written: finish and the load after it read none of them
+    (they are the bulk of a run's bytes), and the checksums are those of the bytes, so a later lookup
+    of the entry checks them."""
+    from packcli.store import integrity, tokens
+
+    hashed: list[str] = []
+    real = tokens.file_sha256
+
+    def counted(path: Any) -> str:
+        hashed.append(Path(path).name)
+        return real(path)
+
+    monkeypatch.setattr(tokens, "file_sha256", counted)
+    monkeypatch.setattr(integrity, "file_sha256", counted)
+    writer = TokenStoreWriter(tmp_path / "store")
+    batches = [np.arange(5, dtype=np.int32), np.arange(100, 103, dtype=np.int32)]
+    for i, ids in enumerate(batches):
+        one = np.array([1], np.int32)
+        writer.add(np.array([i]), np.array([len(ids)], np.int32), ids, -ids, one, one, one)
+    meta = {k: 0 for k in ("tokenizer", "pad_id", "records_read", "dropped", "sources", "source_starts")}
+    store = writer.finish(meta)
+    assert hashed == ["samples.npz"]
+    ids = np.concatenate(batches).astype("<i4").tobytes()
+    assert store.meta["files"]["input_ids.bin"] == {"bytes": len(ids), "sha256": hashlib.sha256(ids).hexdigest()}
+    labels = (-np.concatenate(batches)).astype("<i4").tobytes()
+    assert store.meta["files"]["labels.bin"]["sha256"] == hashlib.sha256(labels).hexdigest()
+    assert find_store(tmp_path / "store") is not None  # the checksums hold when the entry is read
+    assert sorted(hashed[1:]) == ["input_ids.bin", "labels.bin", "samples.npz"]
+
+
+def test_finishing_a_store_keeps_its_per_sample_arrays_once(tmp_path: Path, monkeypatch: Any) -> None:
+    """The driver's memory at scale is the per-sample arrays: finish lets the batches go as it joins
+    them and hands on the joined arrays, never a second copy loaded back from samples.npz."""
+    from packcli.store import tokens
+
+    loads: list[Any] = []
+    real_load = np.load
+    monkeypatch.setattr(tokens.np, "load", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    writer = TokenStoreWriter(tmp_path / "store")
+    for i in range(3):
+        ids = np.arange(4, dtype=np.int32)
+        one, first = np.array([1], np.int32), np.array([1], np.int32)
+        writer.add(np.array([i]), np.array([4], np.int32), ids, ids, one, first, np.array([i], np.int32))
+    del one, first
+    batches = [weakref.ref(part) for parts in writer._arrays.values() for part in parts]
+    meta = {k: 0 for k in ("tokenizer", "pad_id", "records_read", "dropped", "sources", "source_starts")}
+    store = writer.finish(meta)
+    assert loads == [] and not any(writer._arrays.values())  # nothing read back, no batch kept by the writer
+    assert len(batches) == 18 and all(ref() is None for ref in batches)  # the batches' arrays are freed
+    assert store.sample_index.tolist() == [0, 1, 2] and store.positions.tolist() == [0, 1, 2]
+    again = find_store(tmp_path / "store")
+    assert again is not None and again.lengths.tolist() == store.lengths.tolist() == [4, 4, 4]
+    assert again.lengths.dtype == store.lengths.dtype and again.sample_index.dtype == store.sample_index.dtype
 
 
 def test_an_unfinished_store_is_not_found(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ from packcli.contract import file_sha256
 from packcli.errors import OutputError, first_line
 from packcli.io.uri import is_uri, join
 from packcli.owned import owner_tag
-from packcli.store.integrity import TOKEN_FILES, DamagedStore, check_store, meta_digest, segment_files
+from packcli.store.integrity import TOKEN_FILES, DamagedStore, Digest, check_store, meta_digest, segment_files
 
 TOKEN_DTYPE = np.dtype("<i4")
 ARRAYS = ("sample_index", "piece_index", "lengths", "trainable", "first_trained", "positions")
@@ -209,6 +209,8 @@ class TokenStoreWriter:
         self._local_tokens = 0  # tokens written by add() into the one local segment (prefix "")
         self._segments: list[dict[str, Any]] = []  # segments written elsewhere (add_segment), in order
         self._segment_files: dict[str, dict[str, Any]] = {}
+        # The token files' sizes and sha256, taken as they are written: finish never reads them back.
+        self._digests = {TOKEN_FILES[0]: Digest(), TOKEN_FILES[1]: Digest()}
 
     def add(
         self,
@@ -228,8 +230,10 @@ class TokenStoreWriter:
         self._add_keys(content_keys, len(lengths))
         assert not self._segments, "a store's samples are added by add() or by add_segment(), not both"
         try:
-            self._ids.write(np.ascontiguousarray(ids, dtype=TOKEN_DTYPE).tobytes())
-            self._labels.write(np.ascontiguousarray(labels, dtype=TOKEN_DTYPE).tobytes())
+            for fh, name, values in ((self._ids, TOKEN_FILES[0], ids), (self._labels, TOKEN_FILES[1], labels)):
+                data = np.ascontiguousarray(values, dtype=TOKEN_DTYPE).tobytes()
+                fh.write(data)
+                self._digests[name].update(data)
         except OSError as exc:
             raise _write_error(self.where, exc, self.fix) from exc
         self._local_tokens += len(ids)
@@ -298,34 +302,46 @@ class TokenStoreWriter:
         """Close the files, record their checksums, move the store into place and return it.
 
         ``segment_root``: the URI where the segments added by ``add_segment`` are (None: under the
-        store's directory). ``verify``: check the finished store by reading it whole (the local engine
-        does; the Ray engine, whose driver never reads tokens, does not).
+        store's directory). The store moved into place is not read back: its token files' checksums
+        were taken from the bytes as they were written. ``verify``: when another run finished the same
+        entry first, check theirs by reading it whole (the local engine does; the Ray engine, whose
+        driver never reads tokens, does not).
         """
         assert self.tmp is not None
+        theirs = False
         try:
             self._ids.close()
             self._labels.close()
-            arrays = {
-                k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64 if k == "sample_index" else np.int32))
-                for k, v in self._arrays.items()
-            }
+            # Each per-sample array joined from its batches, which are let go at once: the peak is the
+            # arrays once plus one of them, not twice over (10M samples: about 45 bytes each).
+            arrays: dict[str, Any] = {}
+            for k in ARRAYS:
+                parts = self._arrays.pop(k)
+                arrays[k] = (
+                    np.concatenate(parts) if parts else np.zeros(0, np.int64 if k == "sample_index" else np.int32)
+                )
+                parts.clear()
             if self._roles:
                 arrays["sample_role"] = np.concatenate(self._roles)
+                self._roles.clear()
             if self._keys_whole:
                 arrays["content_key"] = np.concatenate(self._keys) if self._keys else np.zeros((0, 2), "<u8")
-            # numpy's stub types **kwds so that an array could land on its allow_pickle: bool parameter.
-            np.savez(self.tmp / "samples.npz", **arrays)  # type: ignore[arg-type]
+                self._keys.clear()
+            np.savez(self.tmp / "samples.npz", **arrays)
+            written = {}  # the token files, hashed as they were written
             if self._segments:  # the tokens are in segments written elsewhere: no local token files
                 for name in TOKEN_FILES:
                     (self.tmp / name).unlink()
                 segments = self._segments
             else:
                 segments = [{"prefix": "", "tokens": self._local_tokens}]
-            names = sorted(p.name for p in self.tmp.iterdir() if p.is_file())
+                written = {name: digest.entry() for name, digest in self._digests.items()}
+            names = sorted(p.name for p in self.tmp.iterdir() if p.is_file() and p.name not in written)
             files = {
                 name: {"bytes": (self.tmp / name).stat().st_size, "sha256": file_sha256(self.tmp / name)}
                 for name in names
             }
+            files.update(written)
             meta = {
                 **meta,
                 "segments": segments,
@@ -347,9 +363,14 @@ class TokenStoreWriter:
                 # Another run finished the same entry in between: the same key, the same content.
                 # Theirs is used, and checked like any entry.
                 shutil.rmtree(self.tmp, ignore_errors=True)
+                theirs = True
         except OSError as exc:
             raise _write_error(self.where, exc, self.fix) from exc
-        return load_store(self.final_path, verify=verify)
+        if theirs:
+            return load_store(self.final_path, verify=verify)
+        # This run's entry: the arrays in memory are those just saved (not loaded again from samples.npz).
+        meta = json.loads((self.final_path / "meta.json").read_text())
+        return TokenStore(path=self.final_path, meta=meta, **arrays)
 
     def abort(self) -> None:
         for fh in (self._ids, self._labels):
