@@ -193,15 +193,38 @@ def test_finishing_a_store_keeps_its_per_sample_arrays_once(tmp_path: Path, monk
         one, first = np.array([1], np.int32), np.array([1], np.int32)
         writer.add(np.array([i]), np.array([4], np.int32), ids, ids, one, first, np.array([i], np.int32))
     del one, first
-    batches = [weakref.ref(part) for parts in writer._arrays.values() for part in parts]
+    batches = [weakref.ref(part) for column in writer._arrays.values() for part in column.pending]
     meta = {k: 0 for k in ("tokenizer", "pad_id", "records_read", "dropped", "sources", "source_starts")}
     store = writer.finish(meta)
-    assert loads == [] and not any(writer._arrays.values())  # nothing read back, no batch kept by the writer
+    assert loads == [] and not any(c.chunks or c.pending for c in writer._arrays.values())  # nothing kept
     assert len(batches) == 18 and all(ref() is None for ref in batches)  # the batches' arrays are freed
     assert store.sample_index.tolist() == [0, 1, 2] and store.positions.tolist() == [0, 1, 2]
     again = find_store(tmp_path / "store")
     assert again is not None and again.lengths.tolist() == store.lengths.tolist() == [4, 4, 4]
     assert again.lengths.dtype == store.lengths.dtype and again.sample_index.dtype == store.sample_index.dtype
+
+
+def test_the_store_writer_holds_chunks_not_one_array_per_batch(tmp_path: Path, monkeypatch: Any) -> None:
+    """A worker's batch is 256 samples: 10M samples are 40,000 batches. The writer joins them into chunks
+    as they come, so it holds a few large arrays per column (returned to the system when freed), not
+    tens of thousands of small ones (which stay in the heap), and the store is the same."""
+    from packcli.store import tokens
+
+    monkeypatch.setattr(tokens, "CHUNK_SAMPLES", 100)
+    writer = TokenStoreWriter(tmp_path / "store")
+    for b in range(60):  # 60 batches of 7 samples: 420 samples
+        lengths = np.full(7, 2, np.int32)
+        ids = np.arange(14, dtype=np.int32) + b
+        roles = np.full(7, b % 3, np.int8) if b >= 5 else None  # roles from the sixth batch on
+        index = np.arange(b * 7, b * 7 + 7)
+        writer.add(index, lengths, ids, ids, lengths - 1, lengths - 1, index.astype(np.int32), sample_role=roles)
+    held = [len(c.chunks) + len(c.pending) for c in (*writer._arrays.values(), writer._roles)]
+    assert max(held) <= 420 // 100 + 100 // 7 + 1, held  # 4 chunks and the batches since the last
+    meta = {k: 0 for k in ("tokenizer", "pad_id", "records_read", "dropped", "sources", "source_starts")}
+    store = writer.finish(meta)
+    assert store.sample_index.tolist() == list(range(420)) and store.positions.tolist() == list(range(420))
+    assert store.sample_role is not None
+    assert store.sample_role.tolist() == [0] * 35 + [b % 3 for b in range(5, 60) for _ in range(7)]
 
 
 def test_an_unfinished_store_is_not_found(tmp_path: Path) -> None:
