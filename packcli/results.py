@@ -145,11 +145,13 @@ class Seconds:
 class StageSeconds:
     """Where a run's time went, by stage (docs/reference/summary-and-manifest.md); worker stages are sums.
 
-    ``hash``, ``summary``, ``finish`` and ``prune`` are 0 in a summary written before they were measured.
+    ``hash``, ``tokenize_wall``, ``summary``, ``finish`` and ``prune`` are 0 in a summary written before
+    they were measured.
     """
 
     prepare: float
     hash: float = 0.0
+    tokenize_wall: float = 0.0
     read: float
     decode: float
     tokenize: float

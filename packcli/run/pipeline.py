@@ -211,6 +211,7 @@ def _stage_seconds(
     stages = {
         "prepare": tokenized - started - made.get("wall", 0.0),  # inputs, hashes, tokenizer, cache lookup
         "hash": hashing,
+        "tokenize_wall": made.get("wall", 0.0),  # the main process, from the first batch to the store in place
         "read": made.get("read", 0.0),
         "decode": made.get("decode", 0.0),
         "tokenize": made.get("tokenize", 0.0),
