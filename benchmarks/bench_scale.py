@@ -20,7 +20,7 @@ no JSON encoder (the pool needs no escaping): 10M records take about a minute, f
   sample with the template): per-sample overhead dominates, as it does at scale.
 - ``long``: like real chat, mostly short turns with a lognormal tail: a record's size in characters is
   lognormal (median 600, sigma 1.2), capped at 60,000, spread over 1 + size // 3,000 exchanges (the
-  answer takes three quarters of each); about 1% of records are longer than 4,096 tokens and dropped
+  answer takes three quarters of each); 0.35% of records are longer than 4,096 tokens and dropped
   as too long.
 
 Deterministic: block ``b`` of 10,000 records is drawn from its own generator seeded by ``(seed, b)``,
