@@ -143,15 +143,24 @@ class Seconds:
 
 @dataclass(frozen=True, kw_only=True)
 class StageSeconds:
-    """Where a run's time went, by stage (docs/reference/summary-and-manifest.md); worker stages are sums."""
+    """Where a run's time went, by stage (docs/reference/summary-and-manifest.md); worker stages are sums.
+
+    ``hash``, ``tokenize_wall``, ``summary``, ``finish`` and ``prune`` are 0 in a summary written before
+    they were measured.
+    """
 
     prepare: float
+    hash: float = 0.0
+    tokenize_wall: float = 0.0
     read: float
     decode: float
     tokenize: float
     store: float
     plan: float
+    summary: float = 0.0
     write: float
+    finish: float = 0.0
+    prune: float = 0.0
     workers_cpu: float
     total: float
 

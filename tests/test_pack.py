@@ -453,14 +453,22 @@ def test_trainable_tokens_count_what_is_written(pack: Any, chat_jsonl: Path, tmp
 
 
 def test_stage_seconds_say_where_the_time_went(pack: Any, tmp_path: Path, chat_jsonl: Path) -> None:
-    stages = {"prepare", "read", "decode", "tokenize", "store", "plan", "write", "workers_cpu", "total"}
+    stages = {"prepare", "hash", "tokenize_wall", "read", "decode", "tokenize", "store", "plan", "summary"}
+    stages |= {"write", "finish", "prune", "workers_cpu", "total"}
     miss = json.loads(pack(chat_jsonl, "--max-len", 512, "-o", tmp_path / "a", "--json", "-q").stdout)
     hit = json.loads(pack(chat_jsonl, "--max-len", 512, "-o", tmp_path / "b", "--json", "-q").stdout)
     assert (miss["cache"], hit["cache"]) == ("miss", "hit")
     for summary in (miss, hit):
         seconds = summary["stage_seconds"]
         assert set(seconds) == stages and min(seconds.values()) >= 0
-        assert seconds["total"] >= seconds["prepare"] + seconds["plan"] + seconds["write"] - 0.01
+        # The main process's stages, one after another, are the whole run (each rounded to 1 ms).
+        main = ("prepare", "tokenize_wall", "plan", "summary", "write", "finish", "prune")
+        assert abs(seconds["total"] - sum(seconds[k] for k in main)) <= 0.01
+    assert hit["stage_seconds"]["tokenize_wall"] == 0
+    made = miss["stage_seconds"]
+    assert made["tokenize_wall"] >= made["read"] + made["store"]
+    assert miss["stage_seconds"]["hash"] <= miss["stage_seconds"]["prepare"] + 0.001
+    assert miss["stage_seconds"]["write"] > 0 and miss["stage_seconds"]["finish"] > 0
     assert miss["stage_seconds"]["tokenize"] > 0 and miss["stage_seconds"]["workers_cpu"] > 0
     assert all(hit["stage_seconds"][k] == 0 for k in ("read", "decode", "tokenize", "store", "workers_cpu"))
     # Timings stay out of the manifest: the same run writes the same bytes.

@@ -491,3 +491,35 @@ def test_rank_token_spread() -> None:
     assert rank_token_spread(np.array([10, 10, 10])) == 0.0
     assert rank_token_spread(np.array([5, 15])) == pytest.approx(1.0)
     assert rank_token_spread(np.array([0, 0])) == 0.0
+
+
+def test_the_plan_holds_a_few_arrays_per_sample_at_its_peak() -> None:
+    """At 10M samples every int64 array as long as the store is 80 MB: the plan keeps three (store rows,
+    lengths, skips) and never more than about eight at once (it held seventeen at its peak)."""
+    import tracemalloc
+    from pathlib import Path
+
+    from packcli.plan.options import PlanOptions
+    from packcli.plan.planner import make_plan
+    from packcli.store.tokens import TokenStore
+
+    n = 50_000
+    lengths = np.random.default_rng(0).integers(20, 200, n).astype(np.int32)
+    store = TokenStore(
+        path=Path("unused"),
+        sample_index=np.arange(n, dtype=np.int64),
+        piece_index=np.zeros(n, np.int32),
+        lengths=lengths,
+        trainable=lengths // 2,
+        first_trained=np.ones(n, np.int32),
+        positions=np.arange(n, dtype=np.int32),
+        meta={"sources": [{"path": "a", "unit": "line"}], "source_starts": [0], "dropped": {}, "records_read": n},
+    )
+    tracemalloc.start()
+    try:
+        plan = make_plan(PlanOptions(max_len=4096, sample_limit=4096), store)
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert plan.n_rows == len(plan.row_start) - 1 and plan.tokens == int(lengths.sum())
+    assert held < 28 * n and peak < 64 * n, (held / n, peak / n)

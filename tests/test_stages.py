@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import weakref
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -143,6 +146,85 @@ def test_token_store_round_trip(tmp_path: Path) -> None:
     assert got_ids.tolist() == ids[8:10].tolist() + ids[0:3].tolist()
     assert got_labels.tolist() == labels[8:10].tolist() + labels[0:3].tolist()
     assert not list(tmp_path.glob(".tmp-*"))  # the staging directory became the store
+
+
+def test_finishing_a_store_never_reads_its_token_files_back(tmp_path: Path, monkeypatch: Any) -> None:
+    """The token files are hashed as they are written: finish and the load after it read none of them
+    (they are the bulk of a run's bytes), and the checksums are those of the bytes, so a later lookup
+    of the entry checks them."""
+    from packcli.store import integrity, tokens
+
+    hashed: list[str] = []
+    real = tokens.file_sha256
+
+    def counted(path: Any) -> str:
+        hashed.append(Path(path).name)
+        return real(path)
+
+    monkeypatch.setattr(tokens, "file_sha256", counted)
+    monkeypatch.setattr(integrity, "file_sha256", counted)
+    writer = TokenStoreWriter(tmp_path / "store")
+    batches = [np.arange(5, dtype=np.int32), np.arange(100, 103, dtype=np.int32)]
+    for i, ids in enumerate(batches):
+        one = np.array([1], np.int32)
+        writer.add(np.array([i]), np.array([len(ids)], np.int32), ids, -ids, one, one, one)
+    meta = {k: 0 for k in ("tokenizer", "pad_id", "records_read", "dropped", "sources", "source_starts")}
+    store = writer.finish(meta)
+    assert hashed == ["samples.npz"]
+    ids = np.concatenate(batches).astype("<i4").tobytes()
+    assert store.meta["files"]["input_ids.bin"] == {"bytes": len(ids), "sha256": hashlib.sha256(ids).hexdigest()}
+    labels = (-np.concatenate(batches)).astype("<i4").tobytes()
+    assert store.meta["files"]["labels.bin"]["sha256"] == hashlib.sha256(labels).hexdigest()
+    assert find_store(tmp_path / "store") is not None  # the checksums hold when the entry is read
+    assert sorted(hashed[1:]) == ["input_ids.bin", "labels.bin", "samples.npz"]
+
+
+def test_finishing_a_store_keeps_its_per_sample_arrays_once(tmp_path: Path, monkeypatch: Any) -> None:
+    """The driver's memory at scale is the per-sample arrays: finish lets the batches go as it joins
+    them and hands on the joined arrays, never a second copy loaded back from samples.npz."""
+    from packcli.store import tokens
+
+    loads: list[Any] = []
+    real_load = np.load
+    monkeypatch.setattr(tokens.np, "load", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    writer = TokenStoreWriter(tmp_path / "store")
+    for i in range(3):
+        ids = np.arange(4, dtype=np.int32)
+        one, first = np.array([1], np.int32), np.array([1], np.int32)
+        writer.add(np.array([i]), np.array([4], np.int32), ids, ids, one, first, np.array([i], np.int32))
+    del one, first
+    batches = [weakref.ref(part) for column in writer._arrays.values() for part in column.pending]
+    meta = {k: 0 for k in ("tokenizer", "pad_id", "records_read", "dropped", "sources", "source_starts")}
+    store = writer.finish(meta)
+    assert loads == [] and not any(c.chunks or c.pending for c in writer._arrays.values())  # nothing kept
+    assert len(batches) == 18 and all(ref() is None for ref in batches)  # the batches' arrays are freed
+    assert store.sample_index.tolist() == [0, 1, 2] and store.positions.tolist() == [0, 1, 2]
+    again = find_store(tmp_path / "store")
+    assert again is not None and again.lengths.tolist() == store.lengths.tolist() == [4, 4, 4]
+    assert again.lengths.dtype == store.lengths.dtype and again.sample_index.dtype == store.sample_index.dtype
+
+
+def test_the_store_writer_holds_chunks_not_one_array_per_batch(tmp_path: Path, monkeypatch: Any) -> None:
+    """A worker's batch is 256 samples: 10M samples are 40,000 batches. The writer joins them into chunks
+    as they come, so it holds a few large arrays per column (returned to the system when freed), not
+    tens of thousands of small ones (which stay in the heap), and the store is the same."""
+    from packcli.store import tokens
+
+    monkeypatch.setattr(tokens, "CHUNK_SAMPLES", 100)
+    writer = TokenStoreWriter(tmp_path / "store")
+    for b in range(60):  # 60 batches of 7 samples: 420 samples
+        lengths = np.full(7, 2, np.int32)
+        ids = np.arange(14, dtype=np.int32) + b
+        roles = np.full(7, b % 3, np.int8) if b >= 5 else None  # roles from the sixth batch on
+        index = np.arange(b * 7, b * 7 + 7)
+        writer.add(index, lengths, ids, ids, lengths - 1, lengths - 1, index.astype(np.int32), sample_role=roles)
+    held = [len(c.chunks) + len(c.pending) for c in (*writer._arrays.values(), writer._roles)]
+    assert max(held) <= 420 // 100 + 100 // 7 + 1, held  # 4 chunks and the batches since the last
+    meta = {k: 0 for k in ("tokenizer", "pad_id", "records_read", "dropped", "sources", "source_starts")}
+    store = writer.finish(meta)
+    assert store.sample_index.tolist() == list(range(420)) and store.positions.tolist() == list(range(420))
+    assert store.sample_role is not None
+    assert store.sample_role.tolist() == [0] * 35 + [b % 3 for b in range(5, 60) for _ in range(7)]
 
 
 def test_an_unfinished_store_is_not_found(tmp_path: Path) -> None:

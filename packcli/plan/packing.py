@@ -522,7 +522,13 @@ def lower_bound_l2(lengths: np.ndarray, capacity: int) -> int:
         return total - prefix[np.searchsorted(x, v, side="left")]
 
     half = cap // 2  # an integer size w is "> C / 2" exactly when w > half
-    k = np.unique(np.concatenate([[0], x[x <= half]])).astype(np.int64)
+    # 0 and the distinct sizes <= half, ascending (sizes are >= 1), from a view of the sorted sizes:
+    # no copy of them (a bool per item only).
+    small = x[: int(np.searchsorted(x, half, side="right"))]
+    first = np.ones(small.size, dtype=bool)
+    np.not_equal(small[1:], small[:-1], out=first[1:])
+    k = np.concatenate([[0], small[first]]).astype(np.int64)
+    del small, first
     big = cap - k + 1  # J1: sizes >= big
     above_half = np.array([half + 1], dtype=np.int64)
     n_big_and_mid = int(count_ge(above_half)[0])  # |J1| + |J2|

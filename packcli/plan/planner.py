@@ -99,8 +99,15 @@ def make_plan(options: PlanOptions, store: TokenStore) -> Plan:
             "list them with --on-error skip --rejects FILE"
         )
     kept_len = eff[kept]
+    # The plan holds a few arrays per kept sample: every temporary as long as the store goes as soon as
+    # it has served (10M samples: 80 MB each).
+    del eff, keep, too_long, lengths
     # Rows are planned on the lengths as written: each sample padded to a multiple of --pad-to-multiple-of.
-    padded_len = packing.pad_lengths(kept_len, options.pad_multiple, options.pad_offset)
+    padded_len = (
+        kept_len
+        if options.pad_multiple <= 1
+        else packing.pad_lengths(kept_len, options.pad_multiple, options.pad_offset)
+    )
     items_len = padded_len
     if group is not None:
         # One item per record: its samples' padded lengths summed; each sample goes where its item goes.
@@ -109,14 +116,17 @@ def make_plan(options: PlanOptions, store: TokenStore) -> Plan:
         bins = packing.plan_rows(items_len, options.max_len, options.algorithm)[item_of]
     else:
         bins = packing.plan_rows(padded_len, options.max_len, options.algorithm)
+    counts = np.bincount(bins)
+    row_tokens = np.bincount(bins, weights=padded_len).astype(np.int64)
     by_row = np.argsort(bins, kind="stable")
+    del bins
     store_rows = kept[by_row]
     row_lengths = kept_len[by_row]
+    del by_row
     row_skips = skip[store_rows]
-    counts = np.bincount(bins)
+    del skip
     row_start = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=row_start[1:])
-    row_tokens = np.bincount(bins, weights=padded_len).astype(np.int64)
     order = packing.order_rows(row_tokens, options.seed, options.world_size, options.rank_remainder)
     if len(order.order) == 0:
         raise InputError(
@@ -128,9 +138,12 @@ def make_plan(options: PlanOptions, store: TokenStore) -> Plan:
     if len(order.dropped_rows):
         dropped_samples = np.concatenate([store_rows[row_start[r] : row_start[r + 1]] for r in order.dropped_rows])
         drop_rows["world_size_remainder"] = dropped_samples
-    trainable_per_sample = store.trainable.astype(np.int64)
-    trainable_per_sample[cut_rows] = trained_in_window
-    trainable = int(trainable_per_sample[kept].sum() - trainable_per_sample[dropped_samples].sum())
+    trainable = _trainable(store.trainable, kept, cut_rows, trained_in_window, dropped_samples)
+    tokens = int(kept_len.sum())
+    del kept, kept_len
+    bound_l1 = packing.lower_bound_l1(items_len, options.max_len)
+    bound_l2 = packing.lower_bound_l2(items_len, options.max_len)
+    alignment = int(padded_len.sum()) - tokens
     return Plan(
         store_rows=store_rows,
         lengths=row_lengths,
@@ -139,13 +152,29 @@ def make_plan(options: PlanOptions, store: TokenStore) -> Plan:
         order=order,
         drop_rows=drop_rows,
         truncated=truncated,
-        tokens=int(kept_len.sum()),
+        tokens=tokens,
         trainable=trainable,
         n_rows=len(counts),
-        bound_l1=packing.lower_bound_l1(items_len, options.max_len),
-        bound_l2=packing.lower_bound_l2(items_len, options.max_len),
-        alignment_padding=int(padded_len.sum() - kept_len.sum()),
+        bound_l1=bound_l1,
+        bound_l2=bound_l2,
+        alignment_padding=alignment,
     )
+
+
+def _trainable(
+    per_sample: np.ndarray, kept: np.ndarray, cut: np.ndarray, in_window: np.ndarray, dropped: np.ndarray
+) -> int:
+    """Return the trained tokens of the kept samples less those of ``dropped``; a cut sample (store rows
+    ``cut``, all kept or dropped by the plan) counts the trained tokens of its window (``in_window``).
+
+    Summed from the int32 counts without an int64 copy of them (numpy sums int32 in int64).
+    """
+    trainable = int(per_sample[kept].sum()) - int(per_sample[dropped].sum())
+    if len(cut):
+        change = np.zeros(len(per_sample), dtype=np.int64)  # rare: truncated samples only
+        change[cut] = in_window.astype(np.int64) - per_sample[cut]
+        trainable += int(change[kept].sum()) - int(change[dropped].sum())
+    return trainable
 
 
 def _suggest(options: PlanOptions, hints: list[Hint]) -> str:

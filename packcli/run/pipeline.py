@@ -67,6 +67,7 @@ def _run(config: PackConfig, progress: Progress, engine: Engine, started: float,
             "does not support yet; write to a local path, or use parquet or arrow"
         )
     skipped: list[str] = []
+    marks: dict[str, float] = {}  # when the summary and the shards were done (see _stage_seconds)
     prepared = None
     sources = None  # resolved once: here for a local output (checked against them), else when tokenizing
     if not config.dry_run:
@@ -116,10 +117,12 @@ def _run(config: PackConfig, progress: Progress, engine: Engine, started: float,
                 eval_plan, eval_summary = evalsplit.plan(found, held, inputs.cache)
                 summary = evalsplit.account(summary, held, eval_summary)
             summary = dataclasses.replace(summary, warnings=[*inputs.warnings, *summary.warnings])
+            marks["summary"] = time.perf_counter()
             if not config.dry_run:
                 embedded = (store.meta["tokenizer"].get("processor") or {}).get("images", {}).get("embedded", 0)
                 layout = row_layout(found, inputs.pad_id, embedded)
                 shards = engine.write_output(layout, store, plan, staged.tmp if staged else None, progress)
+                marks["shards"] = time.perf_counter()
                 index_files = _write_index_files(config, staged.tmp if staged else None, shards)
                 if config.rejects:
                     rejects = prepared.rejects_path(config.rejects) if prepared else Path(config.rejects)
@@ -159,16 +162,17 @@ def _run(config: PackConfig, progress: Progress, engine: Engine, started: float,
             max_size=cap,
         )
         summary = dataclasses.replace(summary, cache_pruned=cache_pruned)
+    t4 = time.perf_counter()
     return dataclasses.replace(
         summary,
         seconds=Seconds(
             tokenize=round(t1 - started, 3),
             plan=round(t2 - t1, 3),
-            write=round(t3 - t2, 3),
-            total=round(t3 - started, 3),
+            write=round(t4 - t2, 3),
+            total=round(t4 - started, 3),
         ),
-        stage_seconds=_stage_seconds(seconds, t1 - started, t2 - t1, t3 - t2),
-        tokens_per_second=round(summary.tokens / max(t3 - started, 1e-9)),
+        stage_seconds=_stage_seconds(seconds, inputs.hash_seconds, started, t1, t2, marks, t3, t4),
+        tokens_per_second=round(summary.tokens / max(t4 - started, 1e-9)),
     )
 
 
@@ -183,23 +187,43 @@ def cache_cap(config: PackConfig) -> int | None:
     return parse_size(value, f"${CACHE_MAX_SIZE_ENV}") if value else None
 
 
-def _stage_seconds(made: dict[str, float], until_plan: float, plan: float, write: float) -> StageSeconds:
+def _stage_seconds(
+    made: dict[str, float],
+    hashing: float,
+    started: float,
+    tokenized: float,
+    planned: float,
+    marks: dict[str, float],
+    written: float,
+    ended: float,
+) -> StageSeconds:
     """Where a run's time went, by stage (see docs/reference/summary-and-manifest.md).
 
     ``made`` is what tokenize_to_store measured (empty on a cache hit): main-process seconds reading
     input and writing the store, and the workers' seconds decoding and tokenizing and their CPU
     seconds, summed over workers (so with N workers they may add up to N times the wall time).
+    ``hashing`` is the seconds spent reading the inputs through before tokenizing (hashes, record
+    counts), in the main process or beside the tokenizer's loading. The clock readings: the run's
+    start, the store ready, the plan made, ``marks`` (the summary's accounting done, the shards
+    written: absent from a dry run), the output in place, and the end (after the cache's pruning).
     """
+    counted = marks.get("summary", written)
+    shards = marks.get("shards", counted)
     stages = {
-        "prepare": until_plan - made.get("wall", 0.0),  # inputs, hashes, tokenizer, cache lookup
+        "prepare": tokenized - started - made.get("wall", 0.0),  # inputs, hashes, tokenizer, cache lookup
+        "hash": hashing,
+        "tokenize_wall": made.get("wall", 0.0),  # the main process, from the first batch to the store in place
         "read": made.get("read", 0.0),
         "decode": made.get("decode", 0.0),
         "tokenize": made.get("tokenize", 0.0),
         "store": made.get("store", 0.0),
-        "plan": plan,
-        "write": write,
+        "plan": planned - tokenized,
+        "summary": counted - planned,
+        "write": shards - counted,
+        "finish": written - shards,
+        "prune": ended - written,
         "workers_cpu": made.get("cpu", 0.0),
-        "total": until_plan + plan + write,
+        "total": ended - started,
     }
     return StageSeconds(**{k: round(max(v, 0.0), 3) for k, v in stages.items()})
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from packcli import __version__, owned
 from packcli.config import PackConfig
@@ -39,6 +40,8 @@ from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER, tokenizer_fingerprint
 # misses. 5: messages' own "train"/"weight" marks are read (and removed before rendering); 6: the tokens of
 # pieces left out by --overflow split are in the store meta.
 ENCODING_RULES = 6
+
+T = TypeVar("T")
 
 
 # -- stage 1: tokenize into the token store ---------------------------------------------------------
@@ -92,6 +95,7 @@ class TokenizedInputs:
     warnings: list[str] = field(default_factory=list)
     task: str = "sft"  # sft, preference or kto (packcli.records.preference.resolve_task)
     key: str | None = None  # the cache entry's key (None with the cache off)
+    hash_seconds: float = 0.0  # reading the inputs through before tokenizing: hashes, record counts
 
 
 @contextlib.contextmanager
@@ -179,6 +183,15 @@ def _tokenized(
     memo = cache_root / owned.HASH_MEMO if config.cache else None
     remember = fill_cache
     encoder = None
+    spent: list[float] = []  # seconds of each pass reading the inputs through (hashes, record counts)
+
+    def timed(work: Callable[[], T]) -> T:
+        began = time.perf_counter()
+        try:
+            return work()
+        finally:
+            spent.append(time.perf_counter() - began)
+
     # Reading the inputs through (hashing them, counting records for the progress bar) and loading the
     # tokenizer each keep one core busy: where both are needed, they run side by side. The thread is
     # joined before any worker process is forked.
@@ -189,13 +202,14 @@ def _tokenized(
         if known is not None:
             fingerprints = [fingerprint(s, memo, known, remember) for s in sources]
         elif config.cache:
-            fingerprints = [fingerprint(s, memo, None, remember) for s in sources]  # the key needs them first
+            # the key needs them first
+            fingerprints = timed(lambda: [fingerprint(s, memo, None, remember) for s in sources])
         else:
-            hashing = ahead.submit(lambda: [fingerprint(s, None) for s in sources])
+            hashing = ahead.submit(timed, lambda: [fingerprint(s, None) for s in sources])
         tokenizer_key = tokenizer_fingerprint(config.tokenizer, config.chat_template)
         store_needed = not config.cache or tokenizer_key is None
         if store_needed:
-            counting = ahead.submit(lambda: [count_records(s) for s in sources]) if known is None else None
+            counting = ahead.submit(timed, lambda: [count_records(s) for s in sources]) if known is None else None
             encoder = Encoder(config.tokenizer, config.chat_template, ingest.encode_options(config), config.processor)
             if counting is not None:
                 counting.result()
@@ -306,6 +320,7 @@ def _tokenized(
             warnings=warnings,
             task=task,
             key=key if config.cache else None,
+            hash_seconds=sum(spent),
         )
 
 
