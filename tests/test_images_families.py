@@ -148,7 +148,8 @@ def test_a_family_whose_expansion_is_not_a_run_is_refused_in_one_line(family: st
     make = make_idefics3_processor if family == "idefics3" else make_smolvlm_processor
     directory = make(tmp_path / "proc")
     data, _ = _corpus(tmp_path)
-    result = pack(data, "-o", tmp_path / "out", "--processor", directory, expect=None)
+    skip = ["--on-error", "skip"] if family == "smolvlm" else []  # not a record's fault: never a counted skip
+    result = pack(data, "-o", tmp_path / "out", "--processor", directory, *skip, expect=None)
     assert result.exit_code != 0
     line = one_error_line(result)
     assert f"packcli measures {family} images exactly but does not pack them yet" in line
