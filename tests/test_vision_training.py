@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import math
 import shutil
 from pathlib import Path
@@ -121,9 +122,12 @@ def _answer(text: str) -> dict[str, Any]:
     return {"role": "assistant", "content": text}
 
 
+Case = tuple[list[dict[str, Any]], list[Path]]  # a conversation (image parts {"type": "image"}) and its images
+
+
 @pytest.fixture(scope="module")
-def samples(proc: VisionProcessor, tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> list[Sample]:
-    """Five samples: 0, 1 and 2 images, text before, between and after them, images of different sizes."""
+def cases(tmp_path_factory: pytest.TempPathFactory) -> list[Case]:
+    """Five conversations: 0, 1 and 2 images, text before, between and after them, images of different sizes."""
     d = tmp_path_factory.mktemp("images")
 
     def image(width: int, height: int, **kw: Any) -> Path:
@@ -131,7 +135,7 @@ def samples(proc: VisionProcessor, tokenizer: Any, tmp_path_factory: pytest.Temp
         return make_image(d / f"{width}x{height}.{suffix}", width, height, **kw)
 
     turned = image(90, 60, exif_orientation=6)  # the processor sees it 60 wide, 90 high
-    cases = [
+    return [
         ([_user("<image>", "What is in the picture?"), _answer("A cat on a mat, sleeping.")], [image(56, 84)]),
         ([{"role": "user", "content": "Say hello in French."}, _answer("Bonjour tout le monde.")], []),
         (
@@ -152,6 +156,11 @@ def samples(proc: VisionProcessor, tokenizer: Any, tmp_path_factory: pytest.Temp
             [turned, image(70, 70)],
         ),
     ]
+
+
+@pytest.fixture(scope="module")
+def samples(proc: VisionProcessor, tokenizer: Any, cases: list[Case]) -> list[Sample]:
+    """The five conversations rendered and expanded."""
     built = [_render(proc, tokenizer, messages, paths) for messages, paths in cases]
     counts = [m.count for s in built for m in s.measured]
     assert len(set(counts)) >= 5, f"the images should differ in size: {counts}"
@@ -542,23 +551,25 @@ def _forward_stats(model: Any, labels: torch.Tensor, lengths: list[list[int]], *
     return stats
 
 
-@pytest.fixture(scope="module")
-def alone(model: Any, proc: VisionProcessor, samples: list[Sample]) -> list[Stats]:
-    """Each sample run alone, the model computing its own positions (get_rope_index) from mm_token_type_ids."""
+def _alone_stats(model: Any, proc: VisionProcessor, ids: list[int], labels: list[int], paths: list[str]) -> Stats:
+    """One sample run alone, the model computing its own positions (get_rope_index) from mm_token_type_ids;
+    ``labels`` unshifted, its first token never trained."""
     from PIL import Image, ImageOps
 
-    result = []
+    tensor = torch.tensor(ids)[None]
+    inputs: dict[str, Any] = {"input_ids": tensor}
+    if paths:
+        images = [ImageOps.exif_transpose(Image.open(p)).convert("RGB") for p in paths]
+        features = proc.image_processor(images=images, return_tensors="pt")
+        inputs |= dict(features) | {"mm_token_type_ids": (tensor == model.config.image_token_id).int()}
     with torch.no_grad():
-        for sample in samples:
-            ids = torch.tensor(sample.ids)[None]
-            inputs: dict[str, Any] = {"input_ids": ids}
-            if sample.paths:
-                images = [ImageOps.exif_transpose(Image.open(p)).convert("RGB") for p in sample.paths]
-                features = proc.image_processor(images=images, return_tensors="pt")
-                inputs |= dict(features) | {"mm_token_type_ids": (ids == model.config.image_token_id).int()}
-            labels = torch.tensor([IGNORE_INDEX, *sample.labels[1:]])[None]
-            result += _forward_stats(model, labels, [[len(sample.ids)]], **inputs)
-    return result
+        return _forward_stats(model, torch.tensor([IGNORE_INDEX, *labels[1:]])[None], [[len(ids)]], **inputs)[0]
+
+
+@pytest.fixture(scope="module")
+def alone(model: Any, proc: VisionProcessor, samples: list[Sample]) -> list[Stats]:
+    """Each sample run alone (``_alone_stats``)."""
+    return [_alone_stats(model, proc, s.ids, s.labels, s.paths) for s in samples]
 
 
 def _relative(stats: list[Stats], alone: list[Stats]) -> list[float]:
@@ -615,6 +626,55 @@ def test_positions_left_unpacked_change_the_loss(
     )
     assert min(later) > 10 * REL_TOL, f"{variant}: a later sample's loss moved by only {min(later):.2e}"
     assert float(np.median(later)) > LEAK, f"{variant}: the later samples' losses moved by {np.median(later):.2e}"
+
+
+def _packed_corpus(cases: list[Case], root: Path, pack: Any, qwen_dir: Path) -> Any:
+    """The conversations, and text-only ones mixed in, packed by ``packcli pack --processor`` into rows of
+    several samples each; the rows as the recipe reads them (``load_rows``)."""
+    text = [
+        [{"role": "user", "content": f"Count to {n}."}, _answer(" ".join(str(k) for k in range(1, n + 1)))]
+        for n in (3, 9)
+    ]
+    records = [{"images": [str(p) for p in paths], "messages": messages} for messages, paths in cases]
+    records += [{"messages": messages} for messages in text]
+    data = root / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    out = root / "out"
+    pack(data, "-o", out, "--processor", qwen_dir, "--max-len", "160")
+    return RECIPE.load_rows(out, cache_dir=str(root / "datasets"))
+
+
+@pytest.mark.parametrize("mode", ["flatten", "padded"])
+def test_packed_loss_equals_alone_on_real_pack_output(
+    mode: str, model: Any, proc: VisionProcessor, cases: list[Case], qwen_dir: Path, tmp_path: Path, pack: Any
+) -> None:
+    """Rows written by ``packcli pack --processor`` and read by the recipe: each sample's loss in its row
+    equals its loss alone (its ids, labels and images as the row holds them, the model's own positions)."""
+    dataset = _packed_corpus(cases, tmp_path, pack, qwen_dir)
+    rows = [dataset[k] for k in range(len(dataset))]
+    assert len(rows) > 1 and all(len(r["input_ids"]) <= 160 for r in rows)
+    assert any(len(r["seq_lengths"]) > 2 and r["image_refs"] for r in rows)  # several samples, images among them
+    assert sorted(i for r in rows for i in r["sample_index"]) == list(range(len(cases) + 2))
+    alone: list[Stats] = []
+    for row in rows:
+        start = 0
+        for j, n in enumerate(row["seq_lengths"]):
+            paths = [ref for ref, s in zip(row["image_refs"], row["image_sample"], strict=True) if s == j]
+            index = row["sample_index"][j]
+            assert paths == [str(p) for p in (cases[index][1] if index < len(cases) else [])]
+            ids, labels = row["input_ids"][start : start + n], row["labels"][start : start + n]
+            alone.append(_alone_stats(model, proc, ids, labels, paths))
+            start += n
+    batch = VisionCollator(proc, mode, model=model)(rows)
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    lengths = [[n for r in rows for n in r["seq_lengths"]]] if mode == "flatten" else [r["seq_lengths"] for r in rows]
+    with torch.no_grad():
+        diffs = _relative(_forward_stats(model, batch["labels"], lengths, **inputs), alone)
+    print(
+        f"\n{model.config.model_type} {model.config._attn_implementation} {mode}, packcli pack rows "
+        f"{[list(r['sample_index']) for r in rows]}: max relative difference packed vs alone {max(diffs):.2e}"
+    )
+    assert max(diffs) <= REL_TOL, f"a sample's packed loss differs from its alone loss by {max(diffs):.2e}"
 
 
 # -- 4. the recipe -----------------------------------------------------------------------------------

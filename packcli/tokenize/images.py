@@ -90,11 +90,14 @@ class Expanded:
 def expand_images(vision: Any, sample: Sample, text: str, spans: list[tuple[int, int]]) -> Expanded:
     """Return the rendered ``text`` with its k-th image token replaced by the k-th image's expansion.
 
-    Raises RecordError ``image_count_mismatch`` when the text's image tokens are not one per image,
+    Raises TokenizerError for a family whose images are not packed (``VisionProcessor.check_packable``),
+    RecordError ``image_count_mismatch`` when the text's image tokens are not one per image,
     and the image's own errors (missing, unreadable, refused by the processor) naming it.
     """
     token = vision.image_token
     images = sample_images(sample)
+    if images:
+        vision.check_packable()
     at = _places(text, token)
     if len(at) != len(images):
         raise RecordError(

@@ -56,13 +56,18 @@ Prepare = Callable[[Path, Any, dict[str, Any]], Any]
 @dataclass(frozen=True)
 class Family:
     """One processor family: its name, default placeholder token, whether the count depends on the
-    image's size, its rule, and how its processor is made ready when loaded (None: nothing to make)."""
+    image's size, its rule, how its processor is made ready when loaded (None: nothing to make), and
+    whether its images are packed."""
 
     name: str
     image_token: str
     needs_size: bool
     rule: Rule
     prepare: Prepare | None = None
+    # True: an image becomes a pure run of image tokens (``ImageTokens.text`` is the token repeated), the
+    # shape packed rows hold; False (Idefics3, SmolVLM: tile markers and newlines around the runs): measured
+    # exactly, not packed yet.
+    packs: bool = True
 
 
 def _refuse(directory: Path, cls: str, what: str) -> TokenizerError:
@@ -301,6 +306,6 @@ FAMILIES: dict[str, Family] = {
     "Qwen2_5_VLProcessor": Family("qwen2_vl", "<|image_pad|>", True, _qwen2_vl),
     "LlavaProcessor": Family("llava", "<image>", False, _llava, _prepare_llava),
     "LlavaNextProcessor": Family("llava_next", "<image>", True, _llava_next, _prepare_llava_next),
-    "Idefics3Processor": Family("idefics3", "<image>", True, _idefics3, _prepare_idefics3),
-    "SmolVLMProcessor": Family("smolvlm", "<image>", True, _smolvlm, _prepare_smolvlm),
+    "Idefics3Processor": Family("idefics3", "<image>", True, _idefics3, _prepare_idefics3, packs=False),
+    "SmolVLMProcessor": Family("smolvlm", "<image>", True, _smolvlm, _prepare_smolvlm, packs=False),
 }
