@@ -9,7 +9,9 @@ template). Then, in paired rounds, times:
 - ``header``: what packcli reads of each image, its size from the file header (``image_size``);
 - ``decode``: what processor-based preprocessing does per image: load it (EXIF applied), decode it to
   RGB and run the image processor to learn its grid;
-- ``pack``: ``packcli pack --processor DIR --no-cache`` end to end (tokenize, plan, write).
+- ``pack``: ``packcli pack --processor DIR --no-cache`` end to end (tokenize, plan, write), and the
+  same corpus with every record twice: the difference is the cost per sample, the start-up aside
+  (loading transformers, which imports PyTorch when it is installed, and the processor).
 
 and prints the pack's rows, fill and the L1/L2 row bounds. Seconds are per 1,000 samples.
 
@@ -146,13 +148,17 @@ def main() -> int:
         processor = make_qwen2_vl_processor(folder / "processor", max_pixels=args.max_pixels)
         paths = _image_paths(data)
         per_k = 1000 / args.samples
-        header, decode, pack = [], [], []
+        double = data.with_name("data2.jsonl")  # every record twice: the pack's cost per sample, start-up aside
+        double.write_text(data.read_text(encoding="utf-8") * 2, encoding="utf-8")
+        header, decode, pack, marginal = [], [], [], []
         summary: dict = {}
         for _ in range(args.rounds):
             header.append(time_header(paths) * per_k)
             decode.append(time_decode(paths, processor) * per_k)
             seconds, summary = time_pack(data, processor, args.max_len, folder / "out")
+            twice, _ = time_pack(double, processor, args.max_len, folder / "out2")
             pack.append(seconds * per_k)
+            marginal.append((twice - seconds) * per_k)
         ratios = sorted(d / h for d, h in zip(decode, header, strict=True))
         print(
             f"{args.samples:,} samples, {len(paths):,} image references ({args.images} files), max-len {args.max_len}"
@@ -163,6 +169,7 @@ def main() -> int:
             ("header (packcli)", header),
             ("decode + image processor", decode),
             ("pack end to end", pack),
+            ("pack, per sample beyond start-up", marginal),
         ):
             print(f"| {name} | {statistics.median(values):.3f} | {min(values):.3f}-{max(values):.3f} |")
         print(f"decode / header, in-round: median {statistics.median(ratios):.1f}x ({ratios[0]:.1f}-{ratios[-1]:.1f})")
