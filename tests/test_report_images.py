@@ -1,0 +1,166 @@
+"""verify, inspect and stats on an image-text output (packed with --processor)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from packcli.cli import app
+from packcli.output.rows import file_sha256
+from tests.vision import make_image, make_qwen2_vl_processor
+
+from .conftest import write_jsonl
+
+# (width, height) of each sample's first image; sample 1 has a second image.
+SIZES = [(300, 200), (56, 90), (120, 77), (64, 64)]
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One output: four samples with images (one with two), three text-only samples, two rows."""
+    root = tmp_path_factory.mktemp("images")
+    proc = make_qwen2_vl_processor(root / "proc", training_template=True)
+    records = []
+    for k, (w, h) in enumerate(SIZES):
+        make_image(root / f"i{k}.png", w, h)
+        content: list[dict[str, Any]] = [{"type": "image", "image": f"i{k}.png"}, {"type": "text", "text": f"q {k}?"}]
+        if k == 1:
+            make_image(root / "j.png", 40, 50)
+            content.append({"type": "image", "image": "j.png"})
+        records.append({"messages": [{"role": "user", "content": content}, {"role": "assistant", "content": f"a {k}"}]})
+    for k in range(3):
+        records.append({"messages": [{"role": "user", "content": f"text {k}"}, {"role": "assistant", "content": "ok"}]})
+    data = write_jsonl(root / "d.jsonl", records)
+    out = root / "out"
+    args = ["pack", str(data), "-o", str(out), "--processor", str(proc), "--max-len", "256", "--num-proc", "1"]
+    result = CliRunner().invoke(app, [*args, "--no-cache"])
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    return out
+
+
+def invoke(*args: Any, expect: int = 0) -> Any:
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    assert result.exit_code == expect, (result.stdout, result.stderr, result.exception)
+    return result
+
+
+def rows_of(out: Path) -> list[dict[str, Any]]:
+    return [r for shard in sorted(out.glob("shard-*.parquet")) for r in pq.read_table(shard).to_pylist()]
+
+
+def copy_output(out: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    return copy
+
+
+def rewrite_shard(out: Path, edit: Callable[[list[dict[str, Any]]], None]) -> str:
+    """Rewrite the first shard with ``edit(rows)`` applied, and put its new checksum in the manifest."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    name = manifest["shards"][0]["file"]
+    table = pq.read_table(out / name)
+    rows = table.to_pylist()
+    edit(rows)
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), out / name)
+    manifest["shards"][0]["sha256"] = file_sha256(out / name)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return name
+
+
+def first_with_image(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(r for r in rows if r["image_refs"])
+
+
+def test_verify_checks_a_good_image_output(packed: Path) -> None:
+    result = invoke("verify", packed)
+    assert "5 images" in result.stdout and "with their images" in result.stdout
+    data = json.loads(invoke("verify", packed, "--json").stdout)
+    assert data["ok"] and data["images"] == sum(len(r["image_refs"]) for r in rows_of(packed))
+
+
+def _count(rows: list[dict[str, Any]]) -> None:
+    first_with_image(rows)["image_tokens"][0] += 4
+
+
+def _offset(rows: list[dict[str, Any]]) -> None:
+    row = first_with_image(rows)
+    row["image_offsets"][0] = row["seq_lengths"][0] + 2  # into the row's next sample
+
+
+def _trained(rows: list[dict[str, Any]]) -> None:
+    row = first_with_image(rows)
+    at = row["image_offsets"][0]
+    row["labels"][at] = row["input_ids"][at]
+
+
+def _grid(rows: list[dict[str, Any]]) -> None:
+    row = first_with_image(rows)
+    t, h, w = row["image_grid"][0]
+    row["image_grid"][0] = [t, w, h]  # the same count, a grid the processor does not give for the size
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (_count, "of the row are not all the image token"),
+        (_offset, "are not inside its sample"),
+        (_trained, "its image tokens are trained"),
+        (_grid, "whose token count or grid is not what the processor gives for their size"),
+    ],
+    ids=["count", "offset", "trained", "grid"],
+)
+def test_verify_catches_a_damaged_image_behind_a_valid_checksum(
+    packed: Path, tmp_path: Path, edit: Callable[[list[dict[str, Any]]], None], expected: str
+) -> None:
+    out = copy_output(packed, tmp_path)
+    name = rewrite_shard(out, edit)
+    result = invoke("verify", out, expect=1)
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith(f"{name}: 1 row has images") and "(first: row 0: sample 0" in lines[0], lines
+    assert expected in lines[0]
+    assert "sha256" not in result.stderr
+
+
+def test_verify_counts_the_manifests_image_tokens_against_the_shards(packed: Path, tmp_path: Path) -> None:
+    out = copy_output(packed, tmp_path)
+    manifest = json.loads((out / "manifest.json").read_text())
+    held = manifest["tokenizer"]["processor"]["images"]["image_tokens"]
+    manifest["tokenizer"]["processor"]["images"]["image_tokens"] = held + 1
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    result = invoke("verify", out, expect=1)
+    assert f"manifest.json: counts {held + 1} image tokens, the shards hold {held}" in result.stderr.splitlines()
+
+
+def test_verify_catches_an_image_file_replaced_by_one_of_another_size(packed: Path, tmp_path: Path) -> None:
+    out = copy_output(packed, tmp_path)
+    image = Path(first_with_image(rows_of(out))["image_refs"][0])
+    saved = image.read_bytes()
+    try:
+        make_image(image, 400, 100)
+        result = invoke("verify", out, expect=1)
+    finally:
+        image.write_bytes(saved)
+    line = result.stderr.splitlines()[0]
+    assert "has another size now than when packed" in line and "is 400x100 now" in line
+
+
+def test_verify_without_the_processor_directory_says_so_and_checks_the_rest(packed: Path, tmp_path: Path) -> None:
+    out = copy_output(packed, tmp_path)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["tokenizer"]["processor"]["dir"] = str(tmp_path / "gone")
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    result = invoke("verify", out, expect=1)
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith(f"manifest.json: tokenizer.processor: cannot load processor '{tmp_path / 'gone'}'")
+    assert "not checked against its rule" in lines[0] and len(lines) == 2  # the problem and the total
+    assert "Traceback" not in result.stderr
+    name = rewrite_shard(out, _trained)  # the other image checks still run
+    assert any(x.startswith(f"{name}: 1 row has images") for x in invoke("verify", out, expect=1).stderr.splitlines())
