@@ -164,3 +164,40 @@ def test_verify_without_the_processor_directory_says_so_and_checks_the_rest(pack
     assert "Traceback" not in result.stderr
     name = rewrite_shard(out, _trained)  # the other image checks still run
     assert any(x.startswith(f"{name}: 1 row has images") for x in invoke("verify", out, expect=1).stderr.splitlines())
+
+
+def test_inspect_shows_each_image_as_one_piece(packed: Path) -> None:
+    rows = rows_of(packed)
+    row = first_with_image(rows)
+    k = rows.index(row)
+    result = invoke("inspect", packed, "--row", k, "--no-pager")
+    grid = row["image_grid"][0]
+    label = f"<image 1: {grid[1]}x{grid[2]} patches, {row['image_tokens'][0]} tokens>"
+    assert label in result.stdout
+    assert "<|image_pad|>" not in result.stdout
+    n = len(row["image_refs"])
+    assert result.stdout.count("<image ") == n and f"<image {n}: " in result.stdout
+
+
+def test_inspect_json_gives_each_segments_images(packed: Path) -> None:
+    rows = rows_of(packed)
+    for k, row in enumerate(rows):
+        data = json.loads(invoke("inspect", packed, "--row", k, "--json").stdout)
+        want = [
+            {
+                "image": j + 1,
+                "ref": row["image_refs"][j],
+                "size": row["image_sizes"][j],
+                "grid": row["image_grid"][j],
+                "tokens": row["image_tokens"][j],
+                "offset": row["image_offsets"][j],
+            }
+            for j in range(len(row["image_refs"]))
+        ]
+        got = [im | {"sample": s} for s, seg in enumerate(data["segments"]) for im in seg["images"]]
+        assert [{k: v for k, v in im.items() if k != "sample"} for im in got] == want
+        assert [im["sample"] for im in got] == row["image_sample"]
+        pieces = [p for seg in data["segments"] for p in seg["pieces"] if "image" in p]
+        assert [(p["image"], p["tokens"], p["trained"]) for p in pieces] == [
+            (j + 1, row["image_tokens"][j], False) for j in range(len(row["image_refs"]))
+        ]

@@ -201,6 +201,7 @@ def mix_table(mix: dict[str, Any]) -> Table:
 BAR_WIDTH = 32
 TRAINED_STYLE = "bold green"
 MASKED_STYLE = "dim"
+IMAGE_STYLE = "magenta"  # an image's tokens, shown as one piece: <image 3: 28x40 patches, 280 tokens>
 # Without colour (a pipe, NO_COLOR) trained runs are bracketed instead.
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
 
@@ -383,7 +384,9 @@ def print_row(result: Any) -> None:
         out.rule(Text(title, style=style), align="left")
         body = Text()
         for piece in seg.pieces:
-            if piece.trained:
+            if getattr(piece, "image", None) is not None:
+                body.append(piece.text, style=IMAGE_STYLE)
+            elif piece.trained:
                 body.append(_bracketed(piece.text) if marks else piece.text, style=TRAINED_STYLE)
             else:
                 body.append(piece.text, style=MASKED_STYLE)
