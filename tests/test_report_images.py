@@ -201,3 +201,23 @@ def test_inspect_json_gives_each_segments_images(packed: Path) -> None:
         assert [(p["image"], p["tokens"], p["trained"]) for p in pieces] == [
             (j + 1, row["image_tokens"][j], False) for j in range(len(row["image_refs"]))
         ]
+
+
+def test_stats_counts_the_images_the_rows_hold(packed: Path) -> None:
+    rows = rows_of(packed)
+    data = json.loads(invoke("stats", packed, "--json").stdout)
+    per_row = [len(r["image_refs"]) for r in rows]
+    image_tokens = sum(sum(r["image_tokens"]) for r in rows)
+    tokens = sum(len(r["input_ids"]) for r in rows)
+    assert data["images"] == {
+        "images": sum(per_row),
+        "samples": sum(len(set(r["image_sample"])) for r in rows),
+        "image_tokens": image_tokens,
+        "image_token_share": round(image_tokens / tokens, 6),
+        "per_row": {"max": max(per_row), "mean": round(sum(per_row) / len(rows), 3)},
+        "embedded": sum(ref is None for r in rows for ref in r["image_refs"]),
+        "referenced": sum(ref is not None for r in rows for ref in r["image_refs"]),
+    }
+    assert data["images"]["images"] == len(SIZES) + 1 and data["images"]["referenced"] == len(SIZES) + 1
+    text = invoke("stats", packed).stdout
+    assert f"{image_tokens} ({image_tokens / tokens:.1%} of tokens)" in text

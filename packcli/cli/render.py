@@ -236,6 +236,12 @@ def print_packed_stats(r: dict[str, Any]) -> None:
             "padding, pairs padded",
             f"{pref['padding_tokens_padded_pairs']:,} tokens in batches of {r['batch_size']} records",
         )
+    if "images" in r:
+        im = r["images"]
+        table.add_row("images", f"{im['images']:,} in {im['samples']:,} samples")
+        table.add_row("image tokens", f"{im['image_tokens']:,} ({im['image_token_share']:.1%} of tokens)")
+        table.add_row("images per row", f"mean {im['per_row']['mean']:.2f} / max {im['per_row']['max']}")
+        table.add_row("images embedded", f"{im['embedded']:,} (by path: {im['referenced']:,})")
     table.add_row("records read", f"{r['records_read']:,}")
     for reason, n in r["dropped"].items():
         table.add_row(f"dropped: {reason}", f"{n:,}")
