@@ -221,3 +221,37 @@ def test_stats_counts_the_images_the_rows_hold(packed: Path) -> None:
     assert data["images"]["images"] == len(SIZES) + 1 and data["images"]["referenced"] == len(SIZES) + 1
     text = invoke("stats", packed).stdout
     assert f"{image_tokens} ({image_tokens / tokens:.1%} of tokens)" in text
+
+
+@pytest.mark.parametrize(
+    ("grid", "words"),
+    [((1, 28, 40), "28x40 patches"), ((2, 28, 40), "2x28x40 patches"), ((2, 3), "2x3 tiles"), ((), "640x480 pixels")],
+)
+def test_grid_words_name_each_familys_grid(grid: tuple[int, ...], words: str) -> None:
+    from packcli.report.images import grid_words
+
+    assert grid_words(grid, (480, 640)) == words
+
+
+def test_embedded_images_are_counted_and_their_bytes_checked(packed: Path, tmp_path: Path, pack: Any) -> None:
+    manifest = json.loads((packed / "manifest.json").read_text())
+    image = make_image(tmp_path / "a.png", 300, 200)
+    messages = [
+        {"role": "user", "content": [{"type": "image", "image": "a.png"}, {"type": "text", "text": "q"}]},
+        {"role": "assistant", "content": "a"},
+    ]
+    data = write_jsonl(tmp_path / "d.jsonl", [{"messages": messages}] * 2)
+    out = tmp_path / "embedded"
+    pack(data, "-o", out, "--processor", manifest["tokenizer"]["processor"]["dir"], "--embed-images")
+    stats = json.loads(invoke("stats", out, "--json").stdout)["images"]
+    assert (stats["images"], stats["embedded"], stats["referenced"]) == (2, 2, 0)
+    invoke("verify", out)
+    other = make_image(tmp_path / "b.png", 100, 400).read_bytes()
+
+    def replace_bytes(rows: list[dict[str, Any]]) -> None:
+        first_with_image(rows)["image_bytes"][0] = other
+
+    image.unlink()  # the bytes in the row are what is read, not the file
+    name = rewrite_shard(out, replace_bytes)
+    line = invoke("verify", out, expect=1).stderr.splitlines()[0]
+    assert line.startswith(f"{name}: 1 row has images whose file has another size now") and "is 100x400 now" in line

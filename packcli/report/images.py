@@ -20,7 +20,7 @@ from packcli.output.images import IMAGE_COLUMNS as IMAGE_FIELDS
 from packcli.train.vision import RowImage, row_images
 from packcli.vision import ImageRef, VisionProcessor, image_size, load_processor
 
-__all__ = ["IMAGE_COLUMNS", "ImageChecker", "RowImage", "grid_words", "has_images", "image_label", "row_images"]
+__all__ = ["IMAGE_COLUMNS", "ImageChecker", "RowImage", "grid_words", "image_label", "row_images"]
 
 # The columns every image-text row has (``image_bytes`` only when some image is embedded).
 IMAGE_COLUMNS = tuple(name for name, _ in IMAGE_FIELDS if name != "image_bytes")
@@ -42,11 +42,6 @@ def image_label(image: RowImage) -> str:
     The number is the image's place in its row, from 1.
     """
     return f"<image {image.index + 1}: {grid_words(image.grid, image.size)}, {image.tokens} tokens>"
-
-
-def has_images(columns: list[str] | tuple[str, ...] | None) -> bool:
-    """Return whether an output's columns are those of image-text rows."""
-    return bool(columns) and all(c in (columns or ()) for c in IMAGE_COLUMNS)
 
 
 @dataclass

@@ -36,6 +36,11 @@ __all__ = ["is_packed_output", "list_parts", "output_stats", "parse_max_lens", "
 # -- reading shards --------------------------------------------------------------------------------
 
 
+def has_images(columns: list[str] | tuple[str, ...] | None) -> bool:
+    """Return whether an output's columns are those of image-text rows."""
+    return bool(columns) and all(c in (columns or ()) for c in ("image_refs", "image_tokens", "image_sample"))
+
+
 def list_parts(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Return (per-row lengths, flat values) of a list column, as numpy arrays."""
     offsets = column.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
@@ -77,7 +82,7 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     segment_padding = 0
     shards = manifest.shards
     listed = manifest.columns or []
-    images_listed = all(c in listed for c in ("image_refs", "image_tokens", "image_sample"))
+    images_listed = has_images(listed)
     for entry in shards:
         path = directory / entry.file
         try:
