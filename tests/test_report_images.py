@@ -255,3 +255,17 @@ def test_embedded_images_are_counted_and_their_bytes_checked(packed: Path, tmp_p
     name = rewrite_shard(out, replace_bytes)
     line = invoke("verify", out, expect=1).stderr.splitlines()[0]
     assert line.startswith(f"{name}: 1 row has images whose file has another size now") and "is 100x400 now" in line
+
+
+def test_verify_catches_an_image_token_in_a_row_without_images(packed: Path, tmp_path: Path) -> None:
+    out = copy_output(packed, tmp_path)
+    token = json.loads((out / "manifest.json").read_text())["tokenizer"]["processor"]["image_token_id"]
+    rows = rows_of(out)
+    k = next(i for i, r in enumerate(rows) if not r["image_refs"])
+
+    def stray(rows: list[dict[str, Any]]) -> None:
+        rows[k]["input_ids"][1] = token  # a masked token: labels stay -100
+
+    name = rewrite_shard(out, stray)
+    lines = invoke("verify", out, expect=1).stderr.splitlines()
+    assert lines[0] == f"{name}: 1 row has image tokens but no images (first: row {k})"
