@@ -224,13 +224,20 @@ def test_stats_counts_the_images_the_rows_hold(packed: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("grid", "words"),
-    [((1, 28, 40), "28x40 patches"), ((2, 28, 40), "2x28x40 patches"), ((2, 3), "2x3 tiles"), ((), "640x480 pixels")],
+    ("grid", "family", "words"),
+    [
+        ((1, 28, 40), "qwen2_vl", "28x40 patches"),
+        ((2, 28, 40), "qwen2_vl", "2x28x40 patches"),
+        ((2, 3), "idefics3", "2x3 tiles"),
+        ((480, 640), "llava_next", "640x480 pixels"),
+        ((480, 640), None, "640x480 pixels"),
+        ((), "llava", "640x480 pixels"),
+    ],
 )
-def test_grid_words_name_each_familys_grid(grid: tuple[int, ...], words: str) -> None:
+def test_grid_words_name_each_familys_grid(grid: tuple[int, ...], family: str | None, words: str) -> None:
     from packcli.report.images import grid_words
 
-    assert grid_words(grid, (480, 640)) == words
+    assert grid_words(grid, (480, 640), family) == words
 
 
 def test_embedded_images_are_counted_and_their_bytes_checked(packed: Path, tmp_path: Path, pack: Any) -> None:

@@ -26,22 +26,30 @@ __all__ = ["IMAGE_COLUMNS", "ImageChecker", "RowImage", "grid_words", "image_lab
 IMAGE_COLUMNS = tuple(name for name, _ in IMAGE_FIELDS if name != "image_bytes")
 
 
-def grid_words(grid: tuple[int, ...], size: tuple[int, int]) -> str:
-    """Return an image's size parameters in words: patches (t, h, w grids), tiles (rows, cols), or pixels."""
+# The families whose grid is the image's own size (LLaVA-NeXT: image_sizes), not tiles.
+SIZE_GRIDS = ("llava_next",)
+
+
+def grid_words(grid: tuple[int, ...], size: tuple[int, int], family: str | None = None) -> str:
+    """Return an image's size parameters in words: patches (t, h, w grids), tiles (rows, cols), or pixels.
+
+    ``size`` is (height, width); pixels are written width x height. A two-number grid is tiles unless
+    the family's grid is the image's size (LLaVA-NeXT), or, family unknown, it equals the size.
+    """
     if len(grid) == 3:
         t, h, w = grid
         return f"{h}x{w} patches" if t == 1 else f"{t}x{h}x{w} patches"
-    if len(grid) == 2:
+    if len(grid) == 2 and family not in SIZE_GRIDS and tuple(grid) != tuple(size):
         return f"{grid[0]}x{grid[1]} tiles"
     return f"{size[1]}x{size[0]} pixels"
 
 
-def image_label(image: RowImage) -> str:
+def image_label(image: RowImage, family: str | None = None) -> str:
     """How ``inspect`` shows an image in place of its tokens: ``<image 3: 28x40 patches, 280 tokens>``.
 
     The number is the image's place in its row, from 1.
     """
-    return f"<image {image.index + 1}: {grid_words(image.grid, image.size)}, {image.tokens} tokens>"
+    return f"<image {image.index + 1}: {grid_words(image.grid, image.size, family)}, {image.tokens} tokens>"
 
 
 @dataclass

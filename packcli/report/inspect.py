@@ -171,13 +171,14 @@ def inspect_row(
     # sample_role: preference and KTO outputs only.
     role_of: Sequence[int | None] = data.get("sample_role") or [None] * len(data["sample_index"])
     images = _images(data, manifest)
+    family = ((manifest.tokenizer or {}).get("processor") or {}).get("family")
     for k, (index, piece, length, role) in enumerate(
         zip(data["sample_index"], piece_of, data["seq_lengths"], role_of, strict=False)
     ):
         seg_ids = ids[start : start + length]
         seg_trained = trained[start : start + length]
         own = [im for im in images or () if im.sample == k]
-        segment = _segment(decoder, int(index), start, seg_ids, seg_trained, max_tokens, own)
+        segment = _segment(decoder, int(index), start, seg_ids, seg_trained, max_tokens, own, family)
         segment.piece_index = int(piece)
         segment.role = SAMPLE_ROLES.get(int(role)) if role is not None else None
         if images is not None:
@@ -241,6 +242,7 @@ def _segment(
     trained: np.ndarray,
     max_tokens: int | None = None,
     images: Sequence[RowImage] = (),
+    family: str | None = None,
 ) -> Segment:
     padding = index == -1
     all_ids, all_trained = ids, trained
@@ -261,14 +263,14 @@ def _segment(
             if b > a:
                 held = image_at.get(a)
                 if held is not None:
-                    pieces.append(Piece(False, image_label(held), b - a, held.index + 1))
+                    pieces.append(Piece(False, image_label(held, family), b - a, held.index + 1))
                 else:
                     pieces.append(Piece(bool(trained[a]), _decode(decoder, ids[a:b]), b - a))
     text = "" if padding else _decode(decoder, ids)
     if image_at and not padding:  # the text between the images decoded, each image as its label
         cut_at = sorted({0, len(ids), *image_at, *(min(a + image_at[a].tokens, len(ids)) for a in image_at)})
         text = "".join(
-            image_label(image_at[a]) if a in image_at else _decode(decoder, ids[a:b])
+            image_label(image_at[a], family) if a in image_at else _decode(decoder, ids[a:b])
             for a, b in pairwise(cut_at)
             if b > a
         )
