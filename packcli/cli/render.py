@@ -201,6 +201,7 @@ def mix_table(mix: dict[str, Any]) -> Table:
 BAR_WIDTH = 32
 TRAINED_STYLE = "bold green"
 MASKED_STYLE = "dim"
+IMAGE_STYLE = "magenta"  # an image's tokens, shown as one piece: <image 3: 28x40 patches, 280 tokens>
 # Without colour (a pipe, NO_COLOR) trained runs are bracketed instead.
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
 
@@ -235,6 +236,12 @@ def print_packed_stats(r: dict[str, Any]) -> None:
             "padding, pairs padded",
             f"{pref['padding_tokens_padded_pairs']:,} tokens in batches of {r['batch_size']} records",
         )
+    if "images" in r:
+        im = r["images"]
+        table.add_row("images", f"{im['images']:,} in {im['samples']:,} samples")
+        table.add_row("image tokens", f"{im['image_tokens']:,} ({im['image_token_share']:.1%} of tokens)")
+        table.add_row("images per row", f"mean {im['per_row']['mean']:.2f} / max {im['per_row']['max']}")
+        table.add_row("images embedded", f"{im['embedded']:,} (by path: {im['referenced']:,})")
     table.add_row("records read", f"{r['records_read']:,}")
     for reason, n in r["dropped"].items():
         table.add_row(f"dropped: {reason}", f"{n:,}")
@@ -383,7 +390,9 @@ def print_row(result: Any) -> None:
         out.rule(Text(title, style=style), align="left")
         body = Text()
         for piece in seg.pieces:
-            if piece.trained:
+            if getattr(piece, "image", None) is not None:
+                body.append(piece.text, style=IMAGE_STYLE)
+            elif piece.trained:
                 body.append(_bracketed(piece.text) if marks else piece.text, style=TRAINED_STYLE)
             else:
                 body.append(piece.text, style=MASKED_STYLE)

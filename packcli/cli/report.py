@@ -293,10 +293,11 @@ def verify(
         # Tokens as the manifest counts them; the padding the rows also hold, apart.
         padding = report.tokens - report.sample_tokens
         padded = f" and {padding:,} padding tokens" if padding else ""
+        images = "" if report.images is None else f", {report.images:,} image{'s' if report.images != 1 else ''}"
         typer.echo(
             f"OK {out_dir}: {report.shards} shard{'s' if report.shards != 1 else ''}, {report.rows:,} rows, "
-            f"{report.sample_tokens:,} tokens{padded}, {report.samples:,} samples{of_records}; "
-            "checksums, counts and the row contract hold"
+            f"{report.sample_tokens:,} tokens{padded}, {report.samples:,} samples{of_records}{images}; "
+            "checksums, counts and the row contract hold" + (" with their images" if images else "")
         )
     if not report.ok:
         n = len(report.problems)

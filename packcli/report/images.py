@@ -4,129 +4,141 @@ A row of an image-text output holds, per image in row order (``docs/images.md``)
 ``image_bytes`` (when embedded), ``image_sizes`` [height, width], ``image_grid`` (the family's size
 parameters; Qwen2-VL: image_grid_thw), ``image_tokens`` (tokens of the image's expansion),
 ``image_offsets`` (its first token in the row) and ``image_sample`` (its sample, an index into
-``seq_lengths``).
+``seq_lengths``). A row's images are read and checked against its tokens by the collator's own
+:func:`packcli.train.vision.row_images`; this module adds what only an offline check can do: the
+processor's rule for each image's size, and the image file as it is now.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+from packcli.errors import IncompatibleError, RecordError, TokenizerError, first_line
+from packcli.output.images import IMAGE_COLUMNS as IMAGE_FIELDS
+from packcli.train.vision import RowImage, row_images
+from packcli.vision import ImageRef, VisionProcessor, image_size, load_processor
 
-from packcli.contract import IGNORE_INDEX
+__all__ = ["IMAGE_COLUMNS", "ImageChecker", "RowImage", "grid_words", "image_label", "row_images"]
 
-IMAGE_COLUMNS = ("image_refs", "image_sizes", "image_grid", "image_tokens", "image_offsets", "image_sample")
-
-
-@dataclass(frozen=True)
-class RowImage:
-    """One image of a packed row, as its columns give it."""
-
-    position: int  # its place among the row's images, from 0
-    ref: str | None
-    data: bytes | None
-    size: tuple[int, int]  # height, width
-    grid: tuple[int, ...]
-    tokens: int
-    offset: int
-    sample: int
-
-    @property
-    def label(self) -> str:
-        """How ``inspect`` shows the image in place of its tokens: ``<image 3: 28x40 patches, 280 tokens>``."""
-        return f"<image {self.position + 1}: {grid_words(self.grid, self.size)}, {self.tokens} tokens>"
+# The columns every image-text row has (``image_bytes`` only when some image is embedded).
+IMAGE_COLUMNS = tuple(name for name, _ in IMAGE_FIELDS if name != "image_bytes")
 
 
-def grid_words(grid: tuple[int, ...], size: tuple[int, int]) -> str:
-    """Return an image's size parameters in words: patches (t, h, w grids), tiles (rows, cols), or pixels."""
+# The families whose grid is the image's own size (LLaVA-NeXT: image_sizes), not tiles.
+SIZE_GRIDS = ("llava_next",)
+
+
+def grid_words(grid: tuple[int, ...], size: tuple[int, int], family: str | None = None) -> str:
+    """Return an image's size parameters in words: patches (t, h, w grids), tiles (rows, cols), or pixels.
+
+    ``size`` is (height, width); pixels are written width x height. A two-number grid is tiles unless
+    the family's grid is the image's size (LLaVA-NeXT), or, family unknown, it equals the size.
+    """
     if len(grid) == 3:
         t, h, w = grid
         return f"{h}x{w} patches" if t == 1 else f"{t}x{h}x{w} patches"
-    if len(grid) == 2:
+    if len(grid) == 2 and family not in SIZE_GRIDS and tuple(grid) != tuple(size):
         return f"{grid[0]}x{grid[1]} tiles"
-    return f"{size[1]}x{size[0]} px"
+    return f"{size[1]}x{size[0]} pixels"
 
 
-def has_images(columns: list[str] | tuple[str, ...] | None) -> bool:
-    """Return whether an output's columns are those of image-text rows."""
-    return bool(columns) and all(c in columns for c in IMAGE_COLUMNS)  # type: ignore[operator]
+def image_label(image: RowImage, family: str | None = None) -> str:
+    """How ``inspect`` shows an image in place of its tokens: ``<image 3: 28x40 patches, 280 tokens>``.
 
-
-def row_images(row: dict[str, Any]) -> list[RowImage]:
-    """Return a row's images (a row read as a dict of lists, e.g. ``to_pylist()``); none without image columns."""
-    refs = row.get("image_refs")
-    if refs is None:
-        return []
-    data = row.get("image_bytes") or [None] * len(refs)
-    return [
-        RowImage(
-            position=k,
-            ref=refs[k],
-            data=data[k] if k < len(data) else None,
-            size=(int(row["image_sizes"][k][0]), int(row["image_sizes"][k][1])),
-            grid=tuple(int(x) for x in row["image_grid"][k]),
-            tokens=int(row["image_tokens"][k]),
-            offset=int(row["image_offsets"][k]),
-            sample=int(row["image_sample"][k]),
-        )
-        for k in range(len(refs))
-    ]
-
-
-def row_image_problems(
-    row: dict[str, Any],
-    image_token_id: int | None,
-    expansion: Callable[[int, int], tuple[int, tuple[int, ...], int]] | None = None,
-) -> Iterator[str]:
-    """Yield what is wrong with one row's images (nothing when all is right).
-
-    Checks that every image column has one entry per image, that each image's tokens lie inside its own
-    sample, hold exactly the image tokens its expansion has, are never trained, and that no image token
-    stands outside an image. With ``expansion`` (height, width -> count, grid, image tokens in the
-    expansion; the processor's own rule), each image's count and grid must be what its size gives.
+    The number is the image's place in its row, from 1.
     """
-    refs = row.get("image_refs") or []
-    n = len(refs)
-    for name in IMAGE_COLUMNS[1:]:
-        if len(row.get(name) or []) != n:
-            yield f"{name} has {len(row.get(name) or [])} entries for {n} images"
+    return f"<image {image.index + 1}: {grid_words(image.grid, image.size, family)}, {image.tokens} tokens>"
+
+
+@dataclass
+class ImageChecker:
+    """Check the images of packed rows: against their tokens, the processor's rule and their files.
+
+    ``processor`` is the manifest's processor directory; when it cannot be loaded, ``processor_problem``
+    says why and the rule is not checked (the other checks still run). Sizes and expansions are
+    remembered per file and per size, so an image used by many samples is read once.
+    """
+
+    image_token_id: int
+    processor_dir: str | None = None
+    check_files: bool = True
+    processor: VisionProcessor | None = field(default=None, init=False)
+    processor_problem: str | None = field(default=None, init=False)
+    _rule: dict[tuple[int, int], tuple[int, tuple[int, ...]] | str] = field(default_factory=dict, init=False)
+    _sizes: dict[str, tuple[int, int] | None] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        if self.processor_dir is None:
             return
-    if row.get("image_bytes") is not None and len(row["image_bytes"]) != n:
-        yield f"image_bytes has {len(row['image_bytes'])} entries for {n} images"
-        return
-    ids = np.asarray(row["input_ids"], dtype=np.int64)
-    labels = np.asarray(row["labels"], dtype=np.int64)
-    lengths = np.asarray(row["seq_lengths"], dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(lengths)])
-    covered = np.zeros(len(ids), dtype=bool)
-    for image in row_images(row):
-        where = f"image {image.position + 1} ({image.ref or 'embedded'})"
-        if image.ref is None and image.data is None:
-            yield f"{where} has neither a path nor bytes"
-        if not 0 <= image.sample < len(lengths):
-            yield f"{where} names sample {image.sample} of a row of {len(lengths)}"
-            continue
-        begin, end = image.offset, image.offset + image.tokens
-        if image.tokens < 1 or begin < starts[image.sample] or end > starts[image.sample + 1]:
-            yield f"{where}: its tokens {begin}..{end} are not inside its sample"
-            continue
-        span = ids[begin:end]
-        if np.any(labels[begin:end] != IGNORE_INDEX):
-            yield f"{where} has trained tokens"
-        covered[begin:end] = True
-        held = int(np.count_nonzero(span == image_token_id)) if image_token_id is not None else None
-        if expansion is not None:
-            count, grid, image_ids = expansion(*image.size)
-            if (count, grid) != (image.tokens, image.grid):
-                yield (
-                    f"{where}: a {image.size[1]}x{image.size[0]} image becomes {count} tokens, grid {list(grid)}, "
-                    f"the row says {image.tokens}, grid {list(image.grid)}"
-                )
-            elif held is not None and held != image_ids:
-                yield f"{where} holds {held} image tokens, its expansion has {image_ids}"
-    if image_token_id is not None:
-        stray = int(np.count_nonzero((ids == image_token_id) & ~covered))
-        if stray:
-            yield f"{stray} image tokens stand outside every image"
+        try:
+            self.processor = load_processor(self.processor_dir)
+        except TokenizerError as exc:
+            self.processor_problem = (
+                f"{first_line(exc)}; the images' token counts and grids were not checked against its rule"
+            )
+
+    def problems(self, row: Mapping[str, Any], k: int) -> list[tuple[str, str]]:
+        """Return what is wrong with a row's images (row ``k`` of its shard), as (check, message) pairs.
+
+        Checks: ``image_rows`` (the collator's checks: columns, tokens inside the sample, all image
+        tokens, untrained, no image token outside an image), ``image_rule`` (count and grid the
+        processor gives for the image's size), ``image_file`` (the file or bytes cannot be read now),
+        ``image_size`` (the file's size now differs from ``image_sizes``).
+        """
+        try:
+            images = row_images(row, k, self.image_token_id)
+        except IncompatibleError as exc:
+            message = str(exc).replace(f"row {k} of the batch, ", "").replace(f"row {k} of the batch ", "the row ")
+            return [("image_rows", message)]
+        found: list[tuple[str, str]] = []
+        for image in images:
+            name = image.name.replace(f"row {k} of the batch, ", "")
+            if self.processor is not None:
+                rule = self._expansion(image.size)
+                if isinstance(rule, str):
+                    found.append(("image_rule", f"{name}: {rule}"))
+                elif rule != (image.tokens, image.grid):
+                    found.append(
+                        (
+                            "image_rule",
+                            f"{name}: the {self.processor.family} processor makes a {image.size[1]}x{image.size[0]} "
+                            f"image {rule[0]} tokens (grid {list(rule[1])}), the row holds {image.tokens} "
+                            f"(grid {list(image.grid)})",
+                        )
+                    )
+            if self.check_files:
+                now = self._size(image.ref)
+                if now is None:
+                    found.append(("image_file", f"{name} cannot be read now"))
+                elif now != image.size:
+                    found.append(
+                        (
+                            "image_size",
+                            f"{name} is {now[1]}x{now[0]} now, {image.size[1]}x{image.size[0]} when packed",
+                        )
+                    )
+        return found
+
+    def _expansion(self, size: tuple[int, int]) -> tuple[int, tuple[int, ...]] | str:
+        if size not in self._rule:
+            assert self.processor is not None
+            try:
+                tokens = self.processor.measure(*size)
+                self._rule[size] = (int(tokens.count), tuple(int(x) for x in tokens.grid))
+            except RecordError as exc:
+                self._rule[size] = exc.detail
+        return self._rule[size]
+
+    def _size(self, ref: ImageRef) -> tuple[int, int] | None:
+        key = ref.path if ref.data is None else None
+        if key is not None and key in self._sizes:
+            return self._sizes[key]
+        try:
+            size: tuple[int, int] | None = image_size(ref)
+        except RecordError:
+            size = None
+        if key is not None:
+            self._sizes[key] = size
+        return size

@@ -17,9 +17,10 @@ import numpy as np
 import pyarrow as pa
 
 from packcli.contract import IGNORE_INDEX, SAMPLE_ROLES
-from packcli.errors import InputError, OutputError, TokenizerError, UsageError, first_line
+from packcli.errors import IncompatibleError, InputError, OutputError, TokenizerError, UsageError, first_line
 from packcli.output.formats import shard_batches
 from packcli.output.manifest import read_checked_manifest
+from packcli.report.images import RowImage, image_label, row_images
 from packcli.report.stats import list_parts
 from packcli.results import Counts, Manifest
 
@@ -31,6 +32,7 @@ class Piece:
     trained: bool
     text: str
     tokens: int
+    image: int | None = None  # an image's tokens, shown as one piece: its place in the row, from 1
 
 
 @dataclass
@@ -50,6 +52,9 @@ class Segment:
     trained: list[bool]
     piece_index: int = 0  # the piece of a record split by --overflow split
     role: str | None = None  # sample_role of preference data: chosen, rejected, desirable, undesirable
+    # The sample's images (an image-text output): image (its place in the row, from 1), ref, size
+    # [height, width], grid, tokens, offset (its first token in the row); None for a text output.
+    images: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -74,6 +79,11 @@ class InspectedRow:
         for segment in out["segments"]:
             if segment["role"] is None:  # not preference data: the segments are as before roles existed
                 del segment["role"]
+            if segment["images"] is None:  # a text output: as before images existed
+                del segment["images"]
+            for piece in segment["pieces"]:
+                if piece["image"] is None:
+                    del piece["image"]
         return out
 
 
@@ -160,12 +170,29 @@ def inspect_row(
     piece_of = data.get("piece_index") or [0] * len(data["sample_index"])  # none before piece_index existed
     # sample_role: preference and KTO outputs only.
     role_of: Sequence[int | None] = data.get("sample_role") or [None] * len(data["sample_index"])
-    for index, piece, length, role in zip(data["sample_index"], piece_of, data["seq_lengths"], role_of, strict=False):
+    images = _images(data, manifest)
+    family = ((manifest.tokenizer or {}).get("processor") or {}).get("family")
+    for k, (index, piece, length, role) in enumerate(
+        zip(data["sample_index"], piece_of, data["seq_lengths"], role_of, strict=False)
+    ):
         seg_ids = ids[start : start + length]
         seg_trained = trained[start : start + length]
-        segment = _segment(decoder, int(index), start, seg_ids, seg_trained, max_tokens)
+        own = [im for im in images or () if im.sample == k]
+        segment = _segment(decoder, int(index), start, seg_ids, seg_trained, max_tokens, own, family)
         segment.piece_index = int(piece)
         segment.role = SAMPLE_ROLES.get(int(role)) if role is not None else None
+        if images is not None:
+            segment.images = [
+                {
+                    "image": im.index + 1,
+                    "ref": im.ref.path,
+                    "size": list(im.size),
+                    "grid": list(im.grid),
+                    "tokens": im.tokens,
+                    "offset": im.offset,
+                }
+                for im in own
+            ]
         segments.append(segment)
         start += length
     return InspectedRow(
@@ -194,21 +221,59 @@ def _load_decoder(name: str | None, sha256: str | None) -> tuple[Any, bool]:
     return encoder.tokenizer, encoder.identity()["sha256"] == sha256
 
 
+def _images(data: dict[str, Any], manifest: Manifest) -> list[RowImage] | None:
+    """The row's images (None for a text output); none when the row's image columns do not fit its tokens."""
+    if data.get("image_refs") is None:
+        return None
+    token_id = ((manifest.tokenizer or {}).get("processor") or {}).get("image_token_id")
+    if not isinstance(token_id, int):
+        return []
+    try:
+        return row_images(data, 0, token_id)
+    except IncompatibleError:
+        return []  # a damaged row decodes token by token (verify says what is wrong)
+
+
 def _segment(
-    decoder: Any, index: int, start: int, ids: np.ndarray, trained: np.ndarray, max_tokens: int | None = None
+    decoder: Any,
+    index: int,
+    start: int,
+    ids: np.ndarray,
+    trained: np.ndarray,
+    max_tokens: int | None = None,
+    images: Sequence[RowImage] = (),
+    family: str | None = None,
 ) -> Segment:
     padding = index == -1
     all_ids, all_trained = ids, trained
     ids, trained = ids[:max_tokens], trained[:max_tokens]
     # Decode runs of equally-flagged tokens, not single tokens: a byte-level BPE token may hold part of
-    # a character, which only decodes together with its neighbours.
-    cuts = np.flatnonzero(np.diff(trained.astype(np.int8))) + 1
-    bounds = [0, *cuts.tolist(), len(ids)]
+    # a character, which only decodes together with its neighbours. An image's tokens are one piece.
+    cuts = set((np.flatnonzero(np.diff(trained.astype(np.int8))) + 1).tolist())
+    image_at: dict[int, RowImage] = {}
+    for image in images:
+        begin = image.offset - start
+        if begin < len(ids):
+            image_at[begin] = image
+            cuts |= {begin, min(begin + image.tokens, len(ids))}
+    bounds = sorted({0, *cuts, len(ids)})
     pieces = []
     if not padding:
         for a, b in pairwise(bounds):
             if b > a:
-                pieces.append(Piece(bool(trained[a]), _decode(decoder, ids[a:b]), b - a))
+                held = image_at.get(a)
+                if held is not None:
+                    pieces.append(Piece(False, image_label(held, family), b - a, held.index + 1))
+                else:
+                    pieces.append(Piece(bool(trained[a]), _decode(decoder, ids[a:b]), b - a))
+    text = "" if padding else _decode(decoder, ids)
+    if image_at and not padding:  # the text between the images decoded, each image as its label
+        cut_at = sorted({0, len(ids), *image_at, *(min(a + image_at[a].tokens, len(ids)) for a in image_at)})
+        text = "".join(
+            image_label(image_at[a], family) if a in image_at else _decode(decoder, ids[a:b])
+            for a, b in pairwise(cut_at)
+            if b > a
+        )
     return Segment(
         sample_index=index,
         start=start,
@@ -216,7 +281,7 @@ def _segment(
         padding=padding,
         trained_tokens=int(all_trained.sum()),
         shown_tokens=0 if padding else len(ids),
-        text="" if padding else _decode(decoder, ids),
+        text=text,
         trained_text=[p.text for p in pieces if p.trained],
         pieces=pieces,
         input_ids=all_ids.tolist(),

@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from packcli.contract import IGNORE_INDEX, SHARD_SCHEMA
 from packcli.output.rows import loss_weights
 from packcli.plan.packing import pad_lengths
+from packcli.report.images import IMAGE_COLUMNS, ImageChecker
 from packcli.report.stats import list_parts
 
 # Each row check: a key, and the message for the rows that fail it.
@@ -50,6 +52,11 @@ CHECKS = {
     "loss_weights": "have loss_weights that are negative, not finite, of the wrong length or set where labels are -100",
     "loss_weights_values": "have loss_weights that are not the {weighting} weighting the manifest records "
     "(--loss-weighting {weighting}: {rule} on each of a sample's n trained tokens)",
+    "image_rows": "have images that do not fit their tokens (the collator would refuse them)",
+    "image_stray": "have image tokens but no images",
+    "image_rule": "have images whose token count or grid is not what the processor gives for their size",
+    "image_file": "have images whose file or bytes cannot be read now",
+    "image_size": "have images whose file has another size now than when packed (image_sizes)",
 }
 WEIGHTING_RULES = {"sample": "1/n", "sqrt": "1/sqrt(n)"}
 # loss_weights are float32: a recomputed weight may differ from the stored one in its last bits only.
@@ -70,6 +77,7 @@ class Expected:
     loss_weighting: str | None = None  # the manifest's --loss-weighting (None: not recorded)
     # --mix: each input's first sample_index and its mix source (None: no --mix)
     mix_inputs: tuple[np.ndarray, np.ndarray] | None = None
+    images: ImageChecker | None = None  # the output has image columns: check its rows' images
 
 
 @dataclass
@@ -83,6 +91,11 @@ class ShardTotals:
     trainable: int = 0
     max_id: int | None = None  # the largest input id, padding included (the manifest's max_token_id)
     failures: dict[str, list[int]] = field(default_factory=dict)  # check -> [count, first row]
+    first_problem: dict[str, str] = field(default_factory=dict)  # check -> what is wrong in its first row
+    images: int = 0
+    image_tokens: int = 0
+    image_samples: int = 0  # samples with at least one image
+    embedded_images: int = 0  # images that came as bytes (no path)
     index: list[np.ndarray] = field(default_factory=list)
     pieces: list[np.ndarray] = field(default_factory=list)
 
@@ -314,3 +327,51 @@ def _check_unpadded(
         token_row = np.repeat(seg_row, seq_lengths)
         totals.fail("alignment_labels", token_row[in_padding & labelled], first_row)
     return int((seq_lengths[~pad] - unpadded[~pad]).sum())
+
+
+def check_images(batch: pa.RecordBatch, first_row: int, checker: ImageChecker, totals: ShardTotals) -> None:
+    """Check the images of a batch of image-text rows; count them in ``totals``.
+
+    Rows without images are checked with numpy (no image token may stand in them); each row with
+    images goes through ``checker`` (the collator's checks, the processor's rule, the files).
+    """
+    n = batch.num_rows
+    row_len, ids = list_parts(batch.column("input_ids"))
+    _, labels = list_parts(batch.column("labels"))
+    segs, seq_lengths = list_parts(batch.column("seq_lengths"))
+    _, index = list_parts(batch.column("sample_index"))
+    counts = batch.column("image_refs").value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
+    token_row = np.repeat(np.arange(n), row_len)
+    held = np.bincount(token_row[ids == checker.image_token_id], minlength=n)
+    totals.fail("image_stray", np.flatnonzero((counts == 0) & (held > 0)), first_row)
+    # What the rows hold, counted from the columns alone (the manifest's figures are compared with them).
+    refs = batch.column("image_refs").flatten()
+    sample_of = batch.column("image_sample").flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+    if len(sample_of) == len(refs):
+        image_row = np.repeat(np.arange(n), counts)
+        totals.images += len(refs)
+        totals.embedded_images += refs.null_count
+        totals.image_samples += len(np.unique(image_row * (int(segs.max(initial=0)) + 1) + sample_of))
+    totals.image_tokens += int(pc.sum(batch.column("image_tokens").flatten()).as_py() or 0)
+    with_images = np.flatnonzero(counts > 0)
+    if not len(with_images):
+        return
+    names = [name for name in (*IMAGE_COLUMNS, "image_bytes") if name in batch.schema.names]
+    picked = batch.select(names).take(pa.array(with_images)).to_pylist()
+    row_end, seg_end = np.cumsum(row_len), np.cumsum(segs)
+    for r, images in zip(with_images.tolist(), picked, strict=True):
+        a, b = int(row_end[r] - row_len[r]), int(row_end[r])
+        s0, s1 = int(seg_end[r] - segs[r]), int(seg_end[r])
+        row = {
+            **images,
+            "input_ids": ids[a:b],
+            "labels": labels[a:b],
+            "seq_lengths": seq_lengths[s0:s1],
+            "sample_index": index[s0:s1],
+        }
+        problems = checker.problems(row, first_row + r)
+        for check, message in problems:
+            if check not in totals.failures:
+                totals.first_problem[check] = message
+        for check in {check for check, _ in problems}:  # a row counts once per check
+            totals.fail(check, np.array([r]), first_row)

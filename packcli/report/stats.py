@@ -36,6 +36,11 @@ __all__ = ["is_packed_output", "list_parts", "output_stats", "parse_max_lens", "
 # -- reading shards --------------------------------------------------------------------------------
 
 
+def has_images(columns: list[str] | tuple[str, ...] | None) -> bool:
+    """Return whether an output's columns are those of image-text rows."""
+    return bool(columns) and all(c in (columns or ()) for c in ("image_refs", "image_tokens", "image_sample"))
+
+
 def list_parts(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Return (per-row lengths, flat values) of a list column, as numpy arrays."""
     offsets = column.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
@@ -71,15 +76,20 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     seq_piece: list[np.ndarray] = []
     seq_role: list[np.ndarray] = []
     row_pairs: list[np.ndarray] = []
+    row_images: list[np.ndarray] = []  # an image-text output: each row's images
+    image_tokens = embedded = image_samples = 0
     trainable = 0
     segment_padding = 0
     shards = manifest.shards
     listed = manifest.columns or []
+    images_listed = has_images(listed)
     for entry in shards:
         path = directory / entry.file
         try:
             columns = ["labels", "seq_lengths", "sample_index"]
             columns += [c for c in ("piece_index", "sample_role", "seq_lengths_unpadded") if c in listed]
+            if images_listed:
+                columns += ["image_refs", "image_tokens", "image_sample"]
             for batch in shard_batches(path, columns):
                 row_len, labels = list_parts(batch.column("labels"))
                 segs, lengths = list_parts(batch.column("seq_lengths"))
@@ -106,6 +116,13 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
                     _, role = list_parts(batch.column("sample_role"))
                     seq_role.append(role[~pad].astype(np.int64))
                     row_pairs.append(np.bincount(seg_row[role == CHOSEN], minlength=len(segs)))
+                if images_listed:
+                    counts_per_row, sample_of = list_parts(batch.column("image_sample"))
+                    row_images.append(counts_per_row)
+                    image_tokens += int(list_parts(batch.column("image_tokens"))[1].sum())
+                    embedded += batch.column("image_refs").flatten().null_count  # they came as bytes
+                    image_row = np.repeat(np.arange(len(segs)), counts_per_row)
+                    image_samples += len(np.unique(image_row * (int(segs.max(initial=0)) + 1) + sample_of))
         except (OSError, pa.ArrowException, KeyError) as exc:
             raise OutputError(
                 f"{entry.file}: cannot be read ({first_line(exc)}); run packcli verify {directory}"
@@ -182,6 +199,24 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     }
     if pairs is not None:
         out["preference"] = pairs
+    if images_listed:
+        per_row_images = _concat(row_images)
+        n_images = int(per_row_images.sum())
+        # Without --embed-images only the images that came as bytes are in the rows; the others by path.
+        if (manifest.options or {}).get("embed_images"):
+            embedded = n_images
+        out["images"] = {
+            "images": n_images,
+            "samples": image_samples,
+            "image_tokens": image_tokens,
+            "image_token_share": round(image_tokens / tokens, 6) if tokens else 0.0,
+            "per_row": {
+                "max": int(per_row_images.max()) if rows else 0,
+                "mean": round(float(per_row_images.mean()), 3) if rows else 0.0,
+            },
+            "embedded": embedded,
+            "referenced": n_images - embedded,
+        }
     if manifest.mix is not None:  # --mix: the manifest's per-source accounting
         out["mix"] = manifest.mix
     return out
