@@ -506,6 +506,46 @@ def test_one_rendering_for_all_answers_equals_one_per_answer(
     assert fast >= 20  # the fast path is taken on most multi-turn conversations
 
 
+@pytest.mark.parametrize(
+    "name", ["qwen3", "qwen3_8", "gptoss", "llama3", "deepseekv3", "phi3", "glm4moe", "gemma3", "gemma4", "cohere2"]
+)
+def test_one_rendering_for_answers_and_other_messages_changes_no_span(
+    name: str, conversations: list[Any], model_tokenizer: tuple[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shared rendering (answers perturbed, other messages marked) gives the spans their own renderings give."""
+    from packcli.tokenize import spans
+
+    encoder = Encoder(model_tokenizer[0], str(TRL_TEMPLATES / f"{name}.jinja"), EncodeOptions())
+    shape = encoder.shape()
+    cases: list[tuple[list[dict[str, Any]], list[Any] | None]] = [(m, None) for m in conversations[:40]]
+    cases += [(m[:3], None) for m in conversations[:10]]  # one answer (a system turn in about half of them)
+    cases += [(_tool_case(c), [_tool_schema(TOOL_CASES[c]["tool_calls"][0]["function"]["name"])]) for c in TOOL_CASES]
+    cases += [(_tool_conversation(), [WEATHER_TOOL])]
+
+    def located(render: Any, messages: list[dict[str, Any]], full: str) -> Any:
+        which = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        try:
+            return spans.assistant_spans(render, messages, full, which, shape)
+        except RecordError as err:
+            return err.reason, err.detail
+
+    shared = 0
+    for messages, tools in cases:
+        render = encoder.chat.renderer(tools, encoder.template_kwargs)
+        try:
+            full = render(messages, False)
+        except RecordError:
+            continue  # the template refuses the conversation (no system role, no tools)
+        others = [k for k, m in enumerate(messages) if m["role"] != "assistant"]
+        which = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        shared += spans._marked_at_once(render, messages, full, which, others) is not None
+        fast = located(render, messages, full)
+        with monkeypatch.context() as patched:
+            patched.setattr(spans, "_marked_at_once", lambda *args: None)
+            assert located(render, messages, full) == fast, (name, messages)
+    assert shared >= 30, f"{name}: the shared rendering served only {shared} conversations"
+
+
 def test_a_template_that_hides_answers_is_reported(tmp_path: Path) -> None:
     template = tmp_path / "hides.jinja"
     template.write_text(

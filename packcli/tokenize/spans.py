@@ -23,11 +23,19 @@ gpt-oss ends the last answer with ``<|return|>`` and earlier ones with ``<|end|>
 4. **Other messages' text** inside a span (a tool's output that the template renders in the turn of
    the answer that called it) is cut out, found character by character with marks in those messages.
 
+Steps 1 and 4 usually share one rendering: the answers perturbed and the other messages marked at once.
+When that rendering is the conversation with marks inserted and nothing else changed, it tells both
+where the answers are and where every other message's characters are, and the spans that hold none of
+them are final; only a span that holds some costs more renderings (to cut them out). Otherwise (the
+template branched on or transformed marked text) the answers and the other messages are each found in
+renderings of their own, as if that shared one had not been made.
+
 A span that cannot be found this way is a RecordError with a reason, never a guess.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,7 +71,13 @@ def assistant_spans(
     """
     spans: list[tuple[int, int]] = []
     previous_end = 0
-    bodies = _bodies_at_once(render, messages, full, which) or [_body(render, messages, full, i) for i in which]
+    others = [k for k, m in enumerate(messages) if m.get("role") != "assistant"]
+    marked = _marked_at_once(render, messages, full, which, others)
+    if marked is None:
+        bodies = _bodies_at_once(render, messages, full, which)
+    else:
+        bodies = _bodies_in(full, marked[0], messages, which)
+    bodies = bodies or [_body(render, messages, full, i) for i in which]
     for n, (i, (body_start, body_end)) in enumerate(zip(which, bodies, strict=True)):
         limit = bodies[n + 1][0] if n + 1 < len(bodies) else len(full)
         start = _header_end(full, previous_end, body_start, shape)
@@ -78,7 +92,57 @@ def assistant_spans(
             raise _not_found(i, "it overlaps another assistant message")
         spans.append((start, end))
         previous_end = end
-    return _without_other_messages(render, messages, full, which, spans, shape)
+    return _without_other_messages(render, messages, full, which, spans, shape, None if marked is None else marked[1])
+
+
+def _marked_at_once(
+    render: Render, messages: list[dict[str, Any]], full: str, which: Sequence[int], others: Sequence[int]
+) -> tuple[str, list[tuple[int, int]]] | None:
+    """Return one rendering's answers and other messages' runs of characters, or None when unsure.
+
+    Every answer in ``which`` is perturbed with its own mark (as ``_bodies_at_once`` does) and every
+    message in ``others`` is marked (as ``_positions`` does), in one rendering. Returned: that rendering
+    without the other messages' marks (what ``_bodies_at_once`` compares with ``full``), and the
+    [start, end) runs of ``full`` that the other messages' characters take. None when the rendering,
+    without any mark, is not ``full``: the template branched on a marked text or transformed it, and
+    the answers and the other messages must each be found in renderings of their own.
+    """
+    marks = _answer_marks(len(which))
+    if not which or _OWN_MARK in full or any(mark in full for mark in marks):
+        return None
+    changed = list(messages)
+    for mark, i in zip(marks, which, strict=True):
+        changed[i] = _perturb(messages[i], 0, mark)
+    for k in others:
+        changed[k] = _marked_message(messages[k])
+    try:
+        other = render(changed, False)
+    except Exception:
+        return None
+    foreign = other
+    for mark in marks:
+        foreign = foreign.replace(mark, "")
+    if foreign.replace(_OWN_MARK, "") != full:
+        return None
+    return other.replace(_OWN_MARK, ""), _mark_runs(foreign)
+
+
+def _bodies_in(
+    full: str, other: str, messages: list[dict[str, Any]], which: Sequence[int]
+) -> list[tuple[int, int]] | None:
+    """Return the answers' bodies from ``other`` (``full`` with the answers' marks inserted), or None.
+
+    Several answers: as ``_bodies_at_once`` finds them. One answer: as ``_body`` finds it, when its
+    perturbation there is the one ``_body`` makes first (text to mark, no number or boolean to change).
+    """
+    if len(which) >= 2:
+        return _bodies_from(full, other, _answer_marks(len(which)))
+    mark = _answer_marks(1)[0]
+    message = messages[which[0]]
+    if _perturb(message, 0, mark, scalars=True) != _perturb(message, 0, mark):
+        return None
+    body = _difference(full, other)
+    return None if body is None else [body]
 
 
 def _without_other_messages(
@@ -88,6 +152,7 @@ def _without_other_messages(
     which: Sequence[int],
     spans: list[tuple[int, int]],
     shape: TemplateShape,
+    runs: list[tuple[int, int]] | None = None,
 ) -> list[tuple[int, int]]:
     """Return ``spans`` with the text of the other messages cut out (a span may become several).
 
@@ -96,12 +161,18 @@ def _without_other_messages(
     there is the call through its end marker, and the text after the response: the response, and the
     template text around it up to the answer's next character, are not trained. When the cut cannot be
     made with certainty (the template transforms the text, or no end marker closes the call before the
-    response), the record is dropped rather than mislabelled.
+    response), the record is dropped rather than mislabelled. ``runs``: where the other messages'
+    characters are in ``full``, when ``_marked_at_once`` found them; otherwise they are found here.
     """
     others = [k for k, m in enumerate(messages) if m.get("role") != "assistant"]
     if not others or not spans:
         return spans
-    foreign = _positions(render, messages, full, others)
+    if runs is not None:
+        if not any(a < end and start < b for a, b in runs for start, end in spans):
+            return spans  # no other message's character inside any span: nothing to cut
+        foreign: list[int] | None = _expand(runs)
+    else:
+        foreign = _positions(render, messages, full, others)
     if foreign is None:
         foreign = _positions_one_by_one(render, messages, full, others, which, spans)
     out: list[tuple[int, int]] = []
@@ -184,24 +255,43 @@ def _positions(render: Render, messages: list[dict[str, Any]], full: str, which:
         return None
     changed = list(messages)
     for k in which:
-        changed[k] = {
-            key: (v if key in _KEEP_KEYS else _marked_value(v, key == "arguments")) for key, v in messages[k].items()
-        }
+        changed[k] = _marked_message(messages[k])
     try:
         other = render(changed, False)
     except Exception:
         return None
     if other.replace(_OWN_MARK, "") != full:
         return None
-    found = []
-    at = 0  # position in full of the next unmarked character
-    for n, c in enumerate(other):
-        if c == _OWN_MARK:
-            continue
-        if (n > 0 and other[n - 1] == _OWN_MARK) or (n + 1 < len(other) and other[n + 1] == _OWN_MARK):
-            found.append(at)
-        at += 1
-    return found
+    return _expand(_mark_runs(other))
+
+
+def _marked_message(message: dict[str, Any]) -> dict[str, Any]:
+    return {key: (v if key in _KEEP_KEYS else _marked_value(v, key == "arguments")) for key, v in message.items()}
+
+
+# Marks and the characters between and after them: with the character before it, a run of marked text.
+_MARK_RUN = re.compile(f"{_OWN_MARK}(?:[^{_OWN_MARK}]?{_OWN_MARK})*[^{_OWN_MARK}]?")
+
+
+def _mark_runs(other: str) -> list[tuple[int, int]]:
+    """Return the [start, end) runs, in ``other`` without its marks, of the characters next to a mark.
+
+    A run found by the pattern starts with a mark, so the character before it (never a mark, nor in the
+    run before: either would have joined the two) is next to a mark too.
+    """
+    runs = []
+    marks_before = 0
+    for found in _MARK_RUN.finditer(other):
+        text = found.group()
+        marks = text.count(_OWN_MARK)
+        start = found.start() - marks_before
+        runs.append((max(start - 1, 0), start + len(text) - marks))
+        marks_before += marks
+    return runs
+
+
+def _expand(runs: list[tuple[int, int]]) -> list[int]:
+    return [p for start, end in runs for p in range(start, end)]
 
 
 def _marked_value(value: Any, arguments: bool = False) -> Any:
@@ -221,16 +311,14 @@ def _bodies_at_once(
 ) -> list[tuple[int, int]] | None:
     """Return the bodies of all messages in ``which`` from one rendering, or None when unsure.
 
-    Every listed message is perturbed with its own mark. Between the marks of two messages, the other
-    rendering has the template text (and the unperturbed messages) that separate them; that text must
-    appear exactly once in ``full`` after the previous body, and its position there ends the body.
-    When it does not (the template branched on the perturbed text, or the separator is short or
-    repeated), the caller falls back to one rendering per message.
+    Every listed message is perturbed with its own mark; the bodies are read from that rendering by
+    ``_bodies_from``. When they cannot be (the template branched on the perturbed text, or the
+    separator is short or repeated), the caller falls back to one rendering per message.
     """
     if len(which) < 2:
         return None
     changed = list(messages)
-    marks = [chr(_MULTI_MARK + k) for k in range(len(which))]
+    marks = _answer_marks(len(which))
     if any(mark in full for mark in marks):
         return None  # the text itself holds one of the marks: they could not be told apart
     for mark, i in zip(marks, which, strict=True):
@@ -239,6 +327,20 @@ def _bodies_at_once(
         other = render(changed, False)
     except Exception:
         return None
+    return _bodies_from(full, other, marks)
+
+
+def _answer_marks(n: int) -> list[str]:
+    return [chr(_MULTI_MARK + k) for k in range(n)]
+
+
+def _bodies_from(full: str, other: str, marks: list[str]) -> list[tuple[int, int]] | None:
+    """Return the bodies of the messages perturbed with ``marks`` in ``other``, or None when unsure.
+
+    Between the marks of two messages, ``other`` has the template text (and the unperturbed messages)
+    that separate them; that text must appear exactly once in ``full`` after the previous body, and its
+    position there ends the body.
+    """
     firsts = [other.find(m) for m in marks]
     lasts = [other.rfind(m) for m in marks]
     if min(firsts) < 0 or any(lasts[k] >= firsts[k + 1] for k in range(len(marks) - 1)):
@@ -274,17 +376,25 @@ def _body(render: Render, messages: list[dict[str, Any]], full: str, i: int) -> 
         except Exception as exc:  # the template may reject the perturbed text (raise_exception)
             first = first_line(exc, limit=160)
             raise _not_found(i, f"the template rejects it with other text ({first})") from exc
-        if other != full:
-            head = common_prefix(full, other)
-            tail = _common_suffix(full, other, limit=min(len(full), len(other)) - head)
-            if len(full) - tail > head:
-                return head, len(full) - tail
-            # Text was only inserted (an empty value made non-empty): where is ambiguous when the text
-            # around the insertion repeats it ("<" before "<arg_key>" and "</tool_call>"), so take
-            # the earliest place, never one inside the template text that follows.
-            early = len(full) - _common_suffix(full, other, limit=min(len(full), len(other)))
-            return min(head, early), min(head, early)
+        body = _difference(full, other)
+        if body is not None:
+            return body
     raise _not_found(i, "the template does not render it")
+
+
+def _difference(full: str, other: str) -> tuple[int, int] | None:
+    """Return the span of ``full`` where ``other`` differs from it (None when they are equal)."""
+    if other == full:
+        return None
+    head = common_prefix(full, other)
+    tail = _common_suffix(full, other, limit=min(len(full), len(other)) - head)
+    if len(full) - tail > head:
+        return head, len(full) - tail
+    # Text was only inserted (an empty value made non-empty): where is ambiguous when the text
+    # around the insertion repeats it ("<" before "<arg_key>" and "</tool_call>"), so take
+    # the earliest place, never one inside the template text that follows.
+    early = len(full) - _common_suffix(full, other, limit=min(len(full), len(other)))
+    return min(head, early), min(head, early)
 
 
 def _header_end(full: str, low: int, body_start: int, shape: TemplateShape) -> int | None:
