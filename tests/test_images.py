@@ -512,6 +512,7 @@ def test_truncate_from_the_left_moves_the_images_offsets(
 
 def test_every_image_form_becomes_one_kind_of_part(tmp_path: Path) -> None:
     from packcli.errors import RecordError
+    from packcli.io.uri import is_uri
     from packcli.records.formats import DEFAULT_FIELDS, normalize
     from packcli.records.images import IMAGE_KEY, attach_images, sample_images
 
@@ -525,7 +526,7 @@ def test_every_image_form_becomes_one_kind_of_part(tmp_path: Path) -> None:
         {"type": "text", "text": "<image> stays text: the record's images are taken by the part above"},
     ]
     record = {"images": [{"bytes": None, "path": "e.png"}], "messages": [{"role": "user", "content": parts}]}
-    sample = attach_images(normalize(record, "messages", DEFAULT_FIELDS), record, str(tmp_path))
+    sample = attach_images(normalize(record, "messages", DEFAULT_FIELDS), record, str(tmp_path), is_uri)
     assert sample_images(sample) == [
         {"path": str(tmp_path / "a.png")},
         {"path": str(tmp_path / "sub" / "b.png")},
@@ -538,10 +539,10 @@ def test_every_image_form_becomes_one_kind_of_part(tmp_path: Path) -> None:
     assert [p["type"] for p in content] == ["image"] * 6 + ["text"] and all(IMAGE_KEY in p for p in content[:6])
     remote = {"messages": [{"role": "user", "content": [{"type": "image", "url": "https://x/y.png"}]}]}
     with pytest.raises(RecordError, match="is not a local file; download the images"):
-        attach_images(normalize(remote, "messages", DEFAULT_FIELDS), remote, str(tmp_path))
+        attach_images(normalize(remote, "messages", DEFAULT_FIELDS), remote, str(tmp_path), is_uri)
     text_only = {"messages": [{"role": "user", "content": "an <image> without images is text"}]}
     normalised = normalize(text_only, "messages", DEFAULT_FIELDS)
-    assert attach_images(normalised, text_only, str(tmp_path)) is normalised
+    assert attach_images(normalised, text_only, str(tmp_path), is_uri) is normalised
 
 
 def test_a_split_piece_whose_cut_would_cut_its_image_is_left_out_and_counted(

@@ -18,6 +18,7 @@ part of the normalised sample becomes ``{"type": "image", IMAGE_KEY: {"path": AB
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -30,7 +31,7 @@ IMAGES_FIELD = "images"
 _PAYLOAD_KEYS = ("image", "path", "url", "image_url")
 
 
-def _source(value: Any, base: str, where: str) -> dict[str, Any]:
+def _source(value: Any, base: str, where: str, remote: Callable[[str], bool]) -> dict[str, Any]:
     """Return the normalised image of one value a record gives (a path, bytes, a {bytes, path} dict)."""
     if isinstance(value, dict):
         data = value.get("bytes")
@@ -45,7 +46,7 @@ def _source(value: Any, base: str, where: str) -> dict[str, Any]:
         raise RecordError("image_missing", f"{where}: no image path or bytes (got {_shown(value)})")
     if value.startswith("file://"):
         value = value[len("file://") :]
-    elif "://" in value or value.startswith("data:"):
+    elif remote(value) or value.startswith("data:"):
         raise RecordError(
             "image_remote",
             f"{where}: image {value[:80]} is not a local file; download the images and give their paths",
@@ -76,10 +77,12 @@ def is_image_part(part: Any) -> bool:
     return isinstance(part, dict) and (part.get("type") in ("image", "image_url") or IMAGE_KEY in part)
 
 
-def attach_images(sample: Sample, record: Any, base: str) -> Sample:
+def attach_images(sample: Sample, record: Any, base: str, remote: Callable[[str], bool]) -> Sample:
     """Return the sample with every image part normalised (see the module's docstring).
 
-    ``base`` is the folder relative paths are read from (the data file's). Raises RecordError
+    ``base`` is the folder relative paths are read from (the data file's); ``remote`` says whether a
+    location is a URI (``packcli.io.uri.is_uri``), which is refused: images are read from local files.
+    Raises RecordError
     ``image_count_mismatch`` when the parts and placeholders do not take exactly the record's
     ``images``, and the errors of an image that cannot be named.
     """
@@ -110,7 +113,7 @@ def attach_images(sample: Sample, record: Any, base: str) -> Sample:
                 f"{where} asks for image {taken + 1} but the record's '{IMAGES_FIELD}' lists {len(listed)}; "
                 "give one image per placeholder",
             )
-        image = _source(listed[taken], base, f"image {taken + 1} of '{IMAGES_FIELD}'")
+        image = _source(listed[taken], base, f"image {taken + 1} of '{IMAGES_FIELD}'", remote)
         taken += 1
         return image
 
@@ -125,7 +128,9 @@ def attach_images(sample: Sample, record: Any, base: str) -> Sample:
             for part in content:
                 if is_image_part(part):
                     payload = _payload(part)
-                    image = _source(payload, base, f"message {i}") if payload is not None else take(f"message {i}")
+                    image = (
+                        _source(payload, base, f"message {i}", remote) if payload is not None else take(f"message {i}")
+                    )
                     parts.append({"type": "image", IMAGE_KEY: image})
                 elif placeholders and isinstance(part.get("text"), str) and PLACEHOLDER in part["text"]:
                     parts.extend(_split_text(part["text"], take, f"message {i}"))

@@ -14,6 +14,7 @@ import numpy as np
 from packcli.contract import IGNORE_INDEX
 from packcli.errors import RecordError
 from packcli.io.sources import RawBatch
+from packcli.io.uri import is_uri
 from packcli.records import preference, turns
 from packcli.records.checks import UNUSABLE, UnusableRecord, check_sample, integer_too_long, raw_line_is_clean, too_deep
 from packcli.records.dedup import content_key
@@ -134,7 +135,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
                 continue
             sample = normalize(record, record_format, fields, rename_roles=fix)
             if vision:
-                sample = attach_images(sample, record, base)
+                sample = attach_images(sample, record, base, is_uri)
             if fix:
                 sample, changes = turns.clean(sample)
                 if changes:
