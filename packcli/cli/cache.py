@@ -6,9 +6,10 @@ Results go to stdout (a table for people, ``--json`` for machines); errors are o
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.table import Table
 
 import packcli.cli.render as console
 from packcli.cli.options import CacheDirOption, JsonFlag
@@ -35,7 +36,7 @@ def ls(cache_dir: CacheDirOption = None, json_out: JsonFlag = False) -> None:
     if json_out:
         console.emit_json({"cache_dir": str(root), "bytes": sum(e["bytes"] for e in entries), "entries": entries})
     else:
-        console.print_cache_entries(str(root), entries)
+        print_cache_entries(str(root), entries)
 
 
 def prune(
@@ -70,4 +71,59 @@ def prune(
     if json_out:
         console.emit_json({"cache_dir": str(root), **result})
     else:
-        console.print_prune(str(root), result)
+        print_prune(str(root), result)
+
+
+# -- rendering -----------------------------------------------------------------------------------------
+
+
+def human_bytes(n: int) -> str:
+    """``1234567`` -> ``1.2 MB`` (powers of 1000, as --max-size reads them)."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000  # type: ignore[assignment]
+    return f"{n} B"  # pragma: no cover
+
+
+def human_age(seconds: float) -> str:
+    """``93784`` -> ``1d 2h``."""
+    s = int(seconds)
+    for size, unit, smaller, sub in ((86400, "d", 3600, "h"), (3600, "h", 60, "m"), (60, "m", 1, "s")):
+        if s >= size:
+            rest = (s % size) // smaller
+            return f"{s // size}{unit}" + (f" {rest}{sub}" if rest else "")
+    return f"{s}s"
+
+
+def print_cache_entries(root: str, entries: list[dict[str, Any]]) -> None:
+    """The entries of the cache (``packcli cache ls``), least recently used first, on stdout."""
+    total = sum(e["bytes"] for e in entries)
+    table = Table(title=f"{len(entries)} entries, {human_bytes(total)} in {root}", title_justify="left")
+    for name, justify in (("key", "left"), ("size", "right"), ("last used", "right"), ("made by", "left")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    table.add_column("inputs", overflow="fold")
+    for e in entries:
+        if e["kind"] == "input":
+            made = "in-memory input (earlier packcli)"
+        elif e["damaged"]:
+            made = "damaged (rebuilt when used; pruned like any entry)"
+        else:
+            made = f"{e['tokenizer']}; template: {e['template']}; packcli {e['packcli_version'] or '?'}"
+        key = e["key"] + (" (in use)" if e["in_use"] else "")
+        names = [x.rsplit("/", 1)[-1] for x in e["inputs"]]
+        table.add_row(key, human_bytes(e["bytes"]), human_age(e["age_seconds"]) + " ago", made, ", ".join(names))
+    console.stdout.print(table)
+
+
+def print_prune(root: str, result: dict[str, Any]) -> None:
+    """What ``packcli cache prune`` removed (or, with --dry-run, would remove), on stdout."""
+    verb = "would remove" if result["dry_run"] else "removed"
+    console.stdout.print(
+        f"{root}: {verb} {len(result['removed'])} entries ({human_bytes(result['bytes_freed'])}); "
+        f"{human_bytes(result['bytes_after'])} left"
+        + (f"; {len(result['in_use'])} in use kept" if result["in_use"] else ""),
+        soft_wrap=True,
+    )
+    for e in result["removed"]:
+        console.stdout.print(f"  {e['key']}  {human_bytes(e['bytes'])}  last used {human_age(e['age_seconds'])} ago")

@@ -14,7 +14,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args
 
-from packcli.config.values import EVAL_OPTIONS, EXPECTED, check_eval, describe_value, did_you_mean, has_type, number
+from packcli.config.values import (
+    CALL_OPTIONS,
+    EVAL_OPTIONS,
+    EXPECTED,
+    MIX_SUM_TOLERANCE,
+    NOT_EMPTY,
+    NOT_WITH_IMAGES,
+    RANGES,
+    check_eval,
+    describe_value,
+    did_you_mean,
+    has_type,
+    number,
+    parse_mix,
+)
 from packcli.errors import Opt, UsageError
 from packcli.records.formats import DEFAULT_FIELDS, RESERVED_TEMPLATE_KWARGS
 
@@ -211,17 +225,7 @@ class PackConfig:
                 hint=("leave out ", Opt("tokenizer"), " with ", Opt("processor")),
             )
         object.__setattr__(self, "tokenizer", self.processor)
-        refused: list[tuple[str, Any, str]] = [
-            ("engine", "ray", "the Ray engine"),
-            ("task", "preference", "preference data"),
-            ("task", "kto", "KTO data"),
-            ("format", "preference", "preference data"),
-            ("format", "kto", "KTO data"),
-            ("dedup", "exact", "--dedup exact"),
-            ("output_format", "mds", "MDS shards"),
-            ("output_format", "megatron", "Megatron shards"),
-        ]
-        for name, value, what in refused:
+        for name, value, what in NOT_WITH_IMAGES:
             if getattr(self, name) == value:
                 raise UsageError(
                     f"{what} with images is not supported yet; leave out ",
@@ -387,74 +391,10 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 
-MIX_SUM_TOLERANCE = 1e-6
-
-
-def parse_mix(value: str) -> tuple[str, str, float]:
-    """Parse one ``--mix PATH=SHARE`` or ``--mix PATH=Nx``; return (path, "share" or "epochs", number).
-
-    The last ``=`` splits: a path may hold one. A share is above 0 and at most 1; epochs above 0.
-    """
-    path, sep, raw = value.rpartition("=")
-    raw = raw.strip()
-    epochs = raw.lower().endswith("x")
-    try:
-        number = float(raw[:-1] if epochs else raw)
-    except ValueError:
-        number = math.nan
-    if not sep or not path or not math.isfinite(number):
-        raise UsageError(f"--mix takes PATH=SHARE (e.g. chat.jsonl=0.7) or PATH=Nx (e.g. code/=2x), not '{value}'")
-    if epochs and number <= 0:
-        raise UsageError(f"--mix {value}: the epochs must be above 0 (e.g. 0.5x, 2x)")
-    if not epochs and not 0 < number <= 1:
-        raise UsageError(f"--mix {value}: the share must be above 0 and at most 1 (e.g. 0.7)")
-    return path, "epochs" if epochs else "share", number
-
-
 # -- the rule of every option, declared once ------------------------------------------------------
 # PackConfig checks its fields with it, presets their values, the library the options of its calls
 # (stats' batch_size, inspect_row's row...), so that the command line, a preset and a Python call
 # refuse the same values in the same words (only the name differs: --max-len, 'max_len', max_len).
-
-TOP = 1 << 30
-# The range of each numeric option: (lowest, highest); None: no bound that side.
-RANGES: dict[str, tuple[float, float | None]] = {
-    "max_len": (2, TOP),
-    "rows_per_shard": (1, TOP),
-    "world_size": (1, TOP),
-    "num_proc": (1, TOP),
-    "pad_to_multiple_of": (1, TOP),
-    "context_parallel": (1, TOP),
-    "tensor_parallel": (1, TOP),
-    "min_piece": (0, TOP),
-    "seed": (0, None),  # refused, not wrapped
-    "limit": (1, 1 << 62),
-    "max_drop_fraction": (0, 1),
-    "eval_records": (1, TOP),
-    "batch_size": (1, TOP),
-    "row": (0, None),
-    "sample_index": (0, None),
-    "max_tokens": (1, None),
-}
-# Options that name a path, a tokenizer, a split or an address: an empty string names nothing.
-NOT_EMPTY = (
-    "output",
-    "tokenizer",
-    "processor",
-    "chat_template",
-    "split",
-    "rejects",
-    "fix_turns_log",
-    "cache_dir",
-    "ray_address",
-)
-# Options of the library's calls that are not PackConfig's, by their declared type.
-CALL_OPTIONS: dict[str, str] = {
-    "batch_size": "int",
-    "row": "int | None",
-    "sample_index": "int | None",
-    "max_tokens": "int | None",
-}
 
 
 def declared_type(name: str) -> str:

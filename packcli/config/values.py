@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -94,3 +95,81 @@ def check_eval(fraction: float | None, records: int | None, task: str, engine: s
         problem = "--eval-fraction and --eval-records run with --engine local only; leave out --engine ray"
     if problem:
         raise UsageError(problem)
+
+
+MIX_SUM_TOLERANCE = 1e-6
+
+
+def parse_mix(value: str) -> tuple[str, str, float]:
+    """Parse one ``--mix PATH=SHARE`` or ``--mix PATH=Nx``; return (path, "share" or "epochs", number).
+
+    The last ``=`` splits: a path may hold one. A share is above 0 and at most 1; epochs above 0.
+    """
+    path, sep, raw = value.rpartition("=")
+    raw = raw.strip()
+    epochs = raw.lower().endswith("x")
+    try:
+        number = float(raw[:-1] if epochs else raw)
+    except ValueError:
+        number = math.nan
+    if not sep or not path or not math.isfinite(number):
+        raise UsageError(f"--mix takes PATH=SHARE (e.g. chat.jsonl=0.7) or PATH=Nx (e.g. code/=2x), not '{value}'")
+    if epochs and number <= 0:
+        raise UsageError(f"--mix {value}: the epochs must be above 0 (e.g. 0.5x, 2x)")
+    if not epochs and not 0 < number <= 1:
+        raise UsageError(f"--mix {value}: the share must be above 0 and at most 1 (e.g. 0.7)")
+    return path, "epochs" if epochs else "share", number
+
+
+# The ranges and kinds of values the rule of every option (packcli.config.option_problem) checks.
+TOP = 1 << 30
+# The range of each numeric option: (lowest, highest); None: no bound that side.
+RANGES: dict[str, tuple[float, float | None]] = {
+    "max_len": (2, TOP),
+    "rows_per_shard": (1, TOP),
+    "world_size": (1, TOP),
+    "num_proc": (1, TOP),
+    "pad_to_multiple_of": (1, TOP),
+    "context_parallel": (1, TOP),
+    "tensor_parallel": (1, TOP),
+    "min_piece": (0, TOP),
+    "seed": (0, None),  # refused, not wrapped
+    "limit": (1, 1 << 62),
+    "max_drop_fraction": (0, 1),
+    "eval_records": (1, TOP),
+    "batch_size": (1, TOP),
+    "row": (0, None),
+    "sample_index": (0, None),
+    "max_tokens": (1, None),
+}
+# Options that name a path, a tokenizer, a split or an address: an empty string names nothing.
+NOT_EMPTY = (
+    "output",
+    "tokenizer",
+    "processor",
+    "chat_template",
+    "split",
+    "rejects",
+    "fix_turns_log",
+    "cache_dir",
+    "ray_address",
+)
+# Options of the library's calls that are not PackConfig's, by their declared type.
+CALL_OPTIONS: dict[str, str] = {
+    "batch_size": "int",
+    "row": "int | None",
+    "sample_index": "int | None",
+    "max_tokens": "int | None",
+}
+
+# What --processor refuses, by (option, value, in words): images are not packed with them yet.
+NOT_WITH_IMAGES: tuple[tuple[str, Any, str], ...] = (
+    ("engine", "ray", "the Ray engine"),
+    ("task", "preference", "preference data"),
+    ("task", "kto", "KTO data"),
+    ("format", "preference", "preference data"),
+    ("format", "kto", "KTO data"),
+    ("dedup", "exact", "--dedup exact"),
+    ("output_format", "mds", "MDS shards"),
+    ("output_format", "megatron", "Megatron shards"),
+)

@@ -142,3 +142,73 @@ class ImageChecker:
         if key is not None:
             self._sizes[key] = size
         return size
+
+
+def image_checker(manifest: dict[str, Any], problems: list[str]) -> ImageChecker | None:
+    """The check of an output's images: None for a text output (no processor, no image columns).
+
+    A processor directory that cannot be loaded now is one problem of the manifest (appended to
+    ``problems``); the other image checks still run.
+    """
+    processor = (manifest.get("tokenizer") or {}).get("processor")
+    columns = manifest.get("columns")
+    listed = isinstance(columns, list) and any(c in columns for c in IMAGE_COLUMNS)
+    if not isinstance(processor, dict) and not listed:
+        return None
+    processor = processor if isinstance(processor, dict) else {}
+    token_id = processor.get("image_token_id")
+    if not isinstance(token_id, int):
+        problems.append("has image columns but no tokenizer.processor.image_token_id")
+        return None
+    directory = processor.get("dir")
+    checker = ImageChecker(token_id, str(directory) if isinstance(directory, str) else None)
+    if checker.processor_problem is not None:
+        problems.append(f"tokenizer.processor: {checker.processor_problem}")
+    elif directory is None:
+        problems.append("names no processor directory (tokenizer.processor.dir)")
+    return checker
+
+
+def image_columns(schema: Any, problems: list[str]) -> list[str]:
+    """The image columns of a shard to read; a missing or mistyped one is a problem of the shard (appended to
+    ``problems``; then none are read)."""
+    kinds = dict(IMAGE_FIELDS)
+    missing = [c for c in IMAGE_COLUMNS if c not in schema.names]
+    if missing:
+        problems.append(f"lacks the image column(s) {', '.join(missing)}")
+        return []
+    present = [c for c in kinds if c in schema.names]
+    wrong = [f"{c} is {schema.field(c).type}, not {kinds[c]}" for c in present if schema.field(c).type != kinds[c]]
+    if wrong:
+        problems.append("has image columns of the wrong type: " + "; ".join(wrong))
+        return []
+    return present
+
+
+def image_total_problems(manifest: dict[str, Any], held: dict[str, int]) -> list[str]:
+    """The manifest's image counts (tokenizer.processor.images) against what the shards hold (``held``:
+    samples, images, image_tokens, embedded); each difference is a problem of the manifest.
+
+    They are counted when the samples are tokenized, so they equal the shards' only when packing kept
+    every sample whole and once: no drop, truncation, split, rank padding or --mix.
+    """
+    counted = ((manifest.get("tokenizer") or {}).get("processor") or {}).get("images")
+    counts = manifest.get("counts") or {}
+    options = manifest.get("options") or {}
+    kept_whole = (
+        not counts.get("dropped")
+        and not counts.get("truncated")
+        and not counts.get("duplicated")
+        and "mix" not in manifest
+        and options.get("overflow") != "split"
+    )
+    if not isinstance(counted, dict) or not kept_whole:
+        return []
+    problems = []
+    for key, value in held.items():
+        if key in counted and counted[key] != value:
+            what = "samples with images" if key == "samples" else key.replace("_", " ")
+            if key == "embedded":
+                what = "images that came as bytes"
+            problems.append(f"counts {counted[key]} {what}, the shards hold {value}")
+    return problems

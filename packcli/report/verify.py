@@ -23,10 +23,10 @@ import pyarrow as pa
 from packcli.contract import MANIFEST, OPTIONAL_COLUMNS, SHARD_SCHEMA, Progress
 from packcli.errors import first_line
 from packcli.output.formats import FORMATS, MISSING_INDEX, ShardFormat, format_of, shard_batches, shard_schema
-from packcli.output.images import IMAGE_COLUMNS as IMAGE_FIELDS
 from packcli.output.manifest import manifest_problems, read_manifest
 from packcli.output.rows import EXTENSIONS, file_sha256
-from packcli.report.images import IMAGE_COLUMNS, ImageChecker
+from packcli.report.images import ImageChecker, image_checker, image_total_problems
+from packcli.report.images import image_columns as images_to_read
 from packcli.report.row_checks import CHECKS, WEIGHTING_RULES, Expected, ShardTotals, check_batch, check_images
 
 SHARD_FILE = re.compile(r"^shard-\d+-of-\d+(" + "|".join(re.escape(e) for e in EXTENSIONS.values()) + ")$")
@@ -108,7 +108,7 @@ def verify_output(directory: Path, progress: Progress | None = None) -> VerifyRe
         task=str(manifest.get("task") or "sft"),
         loss_weighting=str(options["loss_weighting"]) if "loss_weighting" in options else None,
         mix_inputs=_mix_inputs(manifest),
-        images=_image_checker(manifest, report.problems),
+        images=_manifest_images(manifest, report.problems),
     )
     entries = manifest.get("shards")
     if not isinstance(entries, list) or expect.max_len < 1:
@@ -161,7 +161,13 @@ def verify_output(directory: Path, progress: Progress | None = None) -> VerifyRe
     if complete:
         _check_totals(manifest, report, sample_tokens, trainable)
         if expect.images is not None:
-            _check_image_totals(manifest, images, report.problems)
+            held = {
+                "samples": images.image_samples,
+                "images": images.images,
+                "image_tokens": images.image_tokens,
+                "embedded": images.embedded_images,
+            }
+            report.problems += [Problem(MANIFEST, p) for p in image_total_problems(manifest, held)]
         largest = max(max_ids, default=None)
         if manifest.get("max_token_id") is not None and manifest["max_token_id"] != largest:
             # Trainers size the embedding check by it (packcli.train.checks): a wrong value passes a model too small.
@@ -271,7 +277,9 @@ def _check_shard(
         optional = [f.name for f in OPTIONAL_COLUMNS if f.name in schema.names and schema.field(f.name).type == f.type]
         image_columns: list[str] = []
         if expect.images is not None:
-            image_columns = _image_columns(schema, name, problems)
+            found: list[str] = []
+            image_columns = images_to_read(schema, found)
+            problems += [Problem(name, p) for p in found]
         for batch in shard_batches(path, [*[f.name for f in required], *optional, *image_columns]):
             check_batch(batch, totals.rows, expect, totals)
             if image_columns:
@@ -392,72 +400,8 @@ def _check_totals(manifest: dict[str, Any], report: VerifyReport, sample_tokens:
         )
 
 
-def _image_checker(manifest: dict[str, Any], problems: list[Problem]) -> ImageChecker | None:
-    """The check of the output's images: None for a text output (no processor, no image columns).
-
-    A processor directory that cannot be loaded now is one problem; the other image checks still run.
-    """
-    processor = (manifest.get("tokenizer") or {}).get("processor")
-    columns = manifest.get("columns")
-    listed = isinstance(columns, list) and any(c in columns for c in IMAGE_COLUMNS)
-    if not isinstance(processor, dict) and not listed:
-        return None
-    processor = processor if isinstance(processor, dict) else {}
-    token_id = processor.get("image_token_id")
-    if not isinstance(token_id, int):
-        problems.append(Problem(MANIFEST, "has image columns but no tokenizer.processor.image_token_id"))
-        return None
-    directory = processor.get("dir")
-    checker = ImageChecker(token_id, str(directory) if isinstance(directory, str) else None)
-    if checker.processor_problem is not None:
-        problems.append(Problem(MANIFEST, f"tokenizer.processor: {checker.processor_problem}"))
-    elif directory is None:
-        problems.append(Problem(MANIFEST, "names no processor directory (tokenizer.processor.dir)"))
+def _manifest_images(manifest: dict[str, Any], problems: list[Problem]) -> ImageChecker | None:
+    found: list[str] = []
+    checker = image_checker(manifest, found)
+    problems += [Problem(MANIFEST, p) for p in found]
     return checker
-
-
-def _image_columns(schema: pa.Schema, name: str, problems: list[Problem]) -> list[str]:
-    """The image columns of a shard to read; a missing or mistyped one is a problem (then none are read)."""
-    kinds = dict(IMAGE_FIELDS)
-    missing = [c for c in IMAGE_COLUMNS if c not in schema.names]
-    if missing:
-        problems.append(Problem(name, f"lacks the image column(s) {', '.join(missing)}"))
-        return []
-    present = [c for c in kinds if c in schema.names]
-    wrong = [f"{c} is {schema.field(c).type}, not {kinds[c]}" for c in present if schema.field(c).type != kinds[c]]
-    if wrong:
-        problems.append(Problem(name, "has image columns of the wrong type: " + "; ".join(wrong)))
-        return []
-    return present
-
-
-def _check_image_totals(manifest: dict[str, Any], found: ShardTotals, problems: list[Problem]) -> None:
-    """The manifest's image counts (tokenizer.processor.images) against what the shards hold.
-
-    They are counted when the samples are tokenized, so they equal the shards' only when packing kept
-    every sample whole and once: no drop, truncation, split, rank padding or --mix.
-    """
-    counted = ((manifest.get("tokenizer") or {}).get("processor") or {}).get("images")
-    counts = manifest.get("counts") or {}
-    options = manifest.get("options") or {}
-    kept_whole = (
-        not counts.get("dropped")
-        and not counts.get("truncated")
-        and not counts.get("duplicated")
-        and "mix" not in manifest
-        and options.get("overflow") != "split"
-    )
-    if not isinstance(counted, dict) or not kept_whole:
-        return
-    held = {
-        "samples": found.image_samples,
-        "images": found.images,
-        "image_tokens": found.image_tokens,
-        "embedded": found.embedded_images,
-    }
-    for key, value in held.items():
-        if key in counted and counted[key] != value:
-            what = "samples with images" if key == "samples" else key.replace("_", " ")
-            if key == "embedded":
-                what = "images that came as bytes"
-            problems.append(Problem(MANIFEST, f"counts {counted[key]} {what}, the shards hold {value}"))

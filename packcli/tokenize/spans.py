@@ -35,26 +35,15 @@ A span that cannot be found this way is a RecordError with a reason, never a gue
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from packcli.errors import RecordError, first_line
+from packcli.tokenize.span_marks import OWN_MARK, answer_marks, expand, mark_runs, marked_message, perturb
 from packcli.tokenize.template_shape import Render, TemplateShape, common_prefix
 
-# Inserted between characters to perturb a message: a private-use code point, which no tokenizer
-# vocabulary or template literal contains in practice.
-_MARK = "\ue0c7"
-# The first of the marks that tell several perturbed messages apart in one rendering (private use too).
-_MULTI_MARK = 0xE100
-# Between the characters of messages whose characters are looked for one by one (private use as well).
-_OWN_MARK = "\ue0c8"
 # Separators shorter than this between two answers are too likely to occur inside an answer.
 _MIN_SEPARATOR = 24
-# Text fields of a message that are not what the model generates (perturbing them could change the
-# template's branches for a reason that has nothing to do with the answer).
-# A tool call's function name stays too: templates repeat it in the tool's answer (gpt-oss).
-_KEEP_KEYS = frozenset({"role", "type", "name"})
 
 
 def assistant_spans(
@@ -107,14 +96,14 @@ def _marked_at_once(
     without any mark, is not ``full``: the template branched on a marked text or transformed it, and
     the answers and the other messages must each be found in renderings of their own.
     """
-    marks = _answer_marks(len(which))
-    if not which or _OWN_MARK in full or any(mark in full for mark in marks):
+    marks = answer_marks(len(which))
+    if not which or OWN_MARK in full or any(mark in full for mark in marks):
         return None
     changed = list(messages)
     for mark, i in zip(marks, which, strict=True):
-        changed[i] = _perturb(messages[i], 0, mark)
+        changed[i] = perturb(messages[i], 0, mark)
     for k in others:
-        changed[k] = _marked_message(messages[k])
+        changed[k] = marked_message(messages[k])
     try:
         other = render(changed, False)
     except Exception:
@@ -122,9 +111,9 @@ def _marked_at_once(
     foreign = other
     for mark in marks:
         foreign = foreign.replace(mark, "")
-    if foreign.replace(_OWN_MARK, "") != full:
+    if foreign.replace(OWN_MARK, "") != full:
         return None
-    return other.replace(_OWN_MARK, ""), _mark_runs(foreign)
+    return other.replace(OWN_MARK, ""), mark_runs(foreign)
 
 
 def _bodies_in(
@@ -136,10 +125,10 @@ def _bodies_in(
     perturbation there is the one ``_body`` makes first (text to mark, no number or boolean to change).
     """
     if len(which) >= 2:
-        return _bodies_from(full, other, _answer_marks(len(which)))
-    mark = _answer_marks(1)[0]
+        return _bodies_from(full, other, answer_marks(len(which)))
+    mark = answer_marks(1)[0]
     message = messages[which[0]]
-    if _perturb(message, 0, mark, scalars=True) != _perturb(message, 0, mark):
+    if perturb(message, 0, mark, scalars=True) != perturb(message, 0, mark):
         return None
     body = _difference(full, other)
     return None if body is None else [body]
@@ -170,7 +159,7 @@ def _without_other_messages(
     if runs is not None:
         if not any(a < end and start < b for a, b in runs for start, end in spans):
             return spans  # no other message's character inside any span: nothing to cut
-        foreign: list[int] | None = _expand(runs)
+        foreign: list[int] | None = expand(runs)
     else:
         foreign = _positions(render, messages, full, others)
     if foreign is None:
@@ -251,59 +240,18 @@ def _positions(render: Render, messages: list[dict[str, Any]], full: str, which:
     one-character text), which trimming cannot remove; when the rendering without the marks is not
     ``full`` (the template branched on the text or transformed it), the positions are unknown.
     """
-    if _OWN_MARK in full:
+    if OWN_MARK in full:
         return None
     changed = list(messages)
     for k in which:
-        changed[k] = _marked_message(messages[k])
+        changed[k] = marked_message(messages[k])
     try:
         other = render(changed, False)
     except Exception:
         return None
-    if other.replace(_OWN_MARK, "") != full:
+    if other.replace(OWN_MARK, "") != full:
         return None
-    return _expand(_mark_runs(other))
-
-
-def _marked_message(message: dict[str, Any]) -> dict[str, Any]:
-    return {key: (v if key in _KEEP_KEYS else _marked_value(v, key == "arguments")) for key, v in message.items()}
-
-
-# Marks and the characters between and after them: with the character before it, a run of marked text.
-_MARK_RUN = re.compile(f"{_OWN_MARK}(?:[^{_OWN_MARK}]?{_OWN_MARK})*[^{_OWN_MARK}]?")
-
-
-def _mark_runs(other: str) -> list[tuple[int, int]]:
-    """Return the [start, end) runs, in ``other`` without its marks, of the characters next to a mark.
-
-    A run found by the pattern starts with a mark, so the character before it (never a mark, nor in the
-    run before: either would have joined the two) is next to a mark too.
-    """
-    runs = []
-    marks_before = 0
-    for found in _MARK_RUN.finditer(other):
-        text = found.group()
-        marks = text.count(_OWN_MARK)
-        start = found.start() - marks_before
-        runs.append((max(start - 1, 0), start + len(text) - marks))
-        marks_before += marks
-    return runs
-
-
-def _expand(runs: list[tuple[int, int]]) -> list[int]:
-    return [p for start, end in runs for p in range(start, end)]
-
-
-def _marked_value(value: Any, arguments: bool = False) -> Any:
-    if isinstance(value, str):
-        return _OWN_MARK + value if len(value) == 1 else _OWN_MARK.join(value)
-    if isinstance(value, list):
-        return [_marked_value(v, arguments) for v in value]
-    if isinstance(value, dict):
-        if arguments:
-            return {(_marked_value(k) if isinstance(k, str) else k): _marked_value(v, True) for k, v in value.items()}
-        return {k: (v if k in _KEEP_KEYS else _marked_value(v, k == "arguments")) for k, v in value.items()}
-    return value
+    return expand(mark_runs(other))
 
 
 def _bodies_at_once(
@@ -318,20 +266,16 @@ def _bodies_at_once(
     if len(which) < 2:
         return None
     changed = list(messages)
-    marks = _answer_marks(len(which))
+    marks = answer_marks(len(which))
     if any(mark in full for mark in marks):
         return None  # the text itself holds one of the marks: they could not be told apart
     for mark, i in zip(marks, which, strict=True):
-        changed[i] = _perturb(messages[i], 0, mark)
+        changed[i] = perturb(messages[i], 0, mark)
     try:
         other = render(changed, False)
     except Exception:
         return None
     return _bodies_from(full, other, marks)
-
-
-def _answer_marks(n: int) -> list[str]:
-    return [chr(_MULTI_MARK + k) for k in range(n)]
 
 
 def _bodies_from(full: str, other: str, marks: list[str]) -> list[tuple[int, int]] | None:
@@ -370,7 +314,7 @@ def _body(render: Render, messages: list[dict[str, Any]], full: str, i: int) -> 
     """Return the span of ``full`` that depends on message i's own text (it may be empty)."""
     for empty in (0, 1, 2):
         changed = list(messages)
-        changed[i] = _perturb(messages[i], empty, scalars=True)
+        changed[i] = perturb(messages[i], empty, scalars=True)
         try:
             other = render(changed, False)
         except Exception as exc:  # the template may reject the perturbed text (raise_exception)
@@ -440,48 +384,6 @@ def _marker_end(full: str, body_end: int, limit: int, shape: TemplateShape) -> i
     if limit == len(full) and not any(full.find(m, body_end) >= 0 for m in shape.end_markers):
         return body_end  # the last answer of a template that closes answers with the next role (GLM)
     return None
-
-
-def _perturb(message: dict[str, Any], empty: int, mark: str = _MARK, scalars: bool = False) -> dict[str, Any]:
-    """Return ``message`` with its text changed (a mark between characters), its structure kept.
-
-    Role, type and name keys are kept wherever they are, but inside a tool call's ``arguments`` (which
-    the model generates): there every key and string is perturbed, and with ``scalars`` numbers are
-    changed (to another number of the same type) and booleans flipped, so that a call whose arguments
-    hold no text is found too. ``empty``: 0 leaves empty values alone, 1 gives empty arguments a key,
-    2 also gives empty strings a mark (an empty content made non-empty can change the template's branches,
-    so it comes last).
-    """
-    return {k: (v if k in _KEEP_KEYS else _perturb_value(v, empty, mark, scalars)) for k, v in message.items()}
-
-
-def _perturb_value(value: Any, empty: int, mark: str, scalars: bool, arguments: bool = False) -> Any:
-    if isinstance(value, str):
-        return mark + mark.join(value) + mark if (value or empty >= 2) else value
-    if isinstance(value, list):
-        return [_perturb_value(v, empty, mark, scalars, arguments) for v in value]
-    if isinstance(value, dict) and arguments:
-        if not value and empty >= 1:
-            return {mark: mark}
-        return {
-            (_perturb_value(k, empty, mark, scalars) if isinstance(k, str) else k): _perturb_value(
-                v, empty, mark, scalars, True
-            )
-            for k, v in value.items()
-        }
-    if isinstance(value, dict):
-        return {
-            k: (v if k in _KEEP_KEYS else _perturb_value(v, empty, mark, scalars, k == "arguments"))
-            for k, v in value.items()
-        }
-    if arguments and scalars:
-        if isinstance(value, bool):
-            return not value
-        if isinstance(value, int):
-            return value + 1
-        if isinstance(value, float):
-            return value + 1.0 if value == value else 0.0  # NaN: any number differs
-    return value
 
 
 def _not_found(i: int, why: str) -> RecordError:
