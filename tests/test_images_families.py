@@ -6,7 +6,7 @@ as PIL images), no image token is trained, and each image's ``image_tokens`` / `
 processor's outputs imply (the image's run of image tokens in its ids; LLaVA-NeXT's ``image_sizes``).
 
 Idefics3 and SmolVLM expand an image into more than a run of image tokens (tile markers, newlines); their
-rows are not packed yet, and an image sample under them is refused in one line.
+rows are proved in tests/test_images_idefics.py.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tests.vision import (
     make_smolvlm_processor,
 )
 
-from .conftest import one_error_line, write_jsonl
+from .conftest import write_jsonl
 from .test_images import _rows, _samples
 
 # (width, height): square, wide, tall, tiny, over a pinpoint, extreme aspects.
@@ -141,19 +141,6 @@ def test_each_sample_equals_the_processors_own_apply_chat_template(family: str, 
         assert len(counts) > 2
     else:
         assert counts == {576}
-
-
-@pytest.mark.parametrize("family", ["idefics3", "smolvlm"])
-def test_a_family_whose_expansion_is_not_a_run_is_refused_in_one_line(family: str, tmp_path: Path, pack: Any) -> None:
-    make = make_idefics3_processor if family == "idefics3" else make_smolvlm_processor
-    directory = make(tmp_path / "proc")
-    data, _ = _corpus(tmp_path)
-    skip = ["--on-error", "skip"] if family == "smolvlm" else []  # not a record's fault: never a counted skip
-    result = pack(data, "-o", tmp_path / "out", "--processor", directory, *skip, expect=None)
-    assert result.exit_code != 0
-    line = one_error_line(result)
-    assert f"packcli measures {family} images exactly but does not pack them yet" in line
-    assert not (tmp_path / "out" / "manifest.json").exists()
 
 
 @pytest.mark.parametrize("family", ["idefics3", "smolvlm"])

@@ -9,7 +9,10 @@ Written when the run has a processor (``--processor``); the collator reads them 
 - ``image_grid`` list<list<int32>>: the image's size parameters (Qwen2-VL: ``image_grid_thw``);
 - ``image_tokens`` list<int32>: the image tokens it becomes;
 - ``image_offsets`` list<int32>: the position in the row of its first token;
-- ``image_sample`` list<int32>: the index of its sample in the row's ``seq_lengths``.
+- ``image_sample`` list<int32>: the index of its sample in the row's ``seq_lengths``;
+- ``image_spans`` list<int32>: the tokens of its whole expansion from its offset (only for the families
+  whose image is more than a run of image tokens: Idefics3, SmolVLM; there the ``image_tokens`` image
+  tokens lie among tile markers and newlines inside those tokens).
 """
 
 from __future__ import annotations
@@ -28,12 +31,17 @@ IMAGE_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("image_tokens", pa.list_(pa.int32())),
     ("image_offsets", pa.list_(pa.int32())),
     ("image_sample", pa.list_(pa.int32())),
+    ("image_spans", pa.list_(pa.int32())),
 )
 
 
-def image_fields(with_bytes: bool) -> list[pa.Field]:
-    """Return the image columns' fields (``image_bytes`` only ``with_bytes``)."""
-    return [pa.field(name, kind) for name, kind in IMAGE_COLUMNS if with_bytes or name != "image_bytes"]
+def _written(name: str, with_bytes: bool, with_spans: bool) -> bool:
+    return (with_bytes or name != "image_bytes") and (with_spans or name != "image_spans")
+
+
+def image_fields(with_bytes: bool, with_spans: bool = False) -> list[pa.Field]:
+    """Return the image columns' fields (``image_bytes`` only ``with_bytes``, ``image_spans`` only ``with_spans``)."""
+    return [pa.field(name, kind) for name, kind in IMAGE_COLUMNS if _written(name, with_bytes, with_spans)]
 
 
 def image_columns(
@@ -43,6 +51,7 @@ def image_columns(
     samples_per_row: np.ndarray,
     with_bytes: bool,
     embed: bool,
+    with_spans: bool = False,
 ) -> list[pa.Array]:
     """Return the image columns of rows holding samples of ``lengths`` (in row order), ``samples_per_row`` each.
 
@@ -68,7 +77,8 @@ def image_columns(
                 row["image_tokens"].append(int(image["tokens"]))
                 row["image_offsets"].append(int(starts[j]) - row_start + int(image["offset"]) - int(skips[j]))
                 row["image_sample"].append(j - first)
+                row["image_spans"].append(int(image["span"]))
         for name in values:
             values[name].append(row[name])
         del r
-    return [pa.array(values[name], type=kind) for name, kind in IMAGE_COLUMNS if with_bytes or name != "image_bytes"]
+    return [pa.array(values[name], type=kind) for name, kind in IMAGE_COLUMNS if _written(name, with_bytes, with_spans)]

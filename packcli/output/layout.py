@@ -30,6 +30,7 @@ class RowLayout:
     images: bool = False  # --processor: the image columns (packcli.output.images)
     image_bytes: bool = False  # with them, image_bytes (--embed-images, or images that came as bytes)
     embed_images: bool = False  # --embed-images: the bytes of images given by path too
+    image_spans: bool = False  # with them, image_spans (a family whose image is more than its image tokens)
 
     @property
     def pad_to(self) -> int | None:
@@ -51,6 +52,6 @@ class RowLayout:
         if self.images:
             from packcli.output.images import image_fields
 
-            for f in image_fields(self.image_bytes):
+            for f in image_fields(self.image_bytes, self.image_spans):
                 schema = schema.append(f)
         return schema

@@ -82,7 +82,9 @@ def build_rows(
         from packcli.output.images import image_columns
 
         cut = np.zeros(len(lengths), np.int64) if skips is None else skips
-        image_arrays = image_columns(images, lengths, cut, samples_per_row, layout.image_bytes, layout.embed_images)
+        image_arrays = image_columns(
+            images, lengths, cut, samples_per_row, layout.image_bytes, layout.embed_images, layout.image_spans
+        )
     if pad_to is not None:
         ids, row_labels, positions, seq_lengths, index, pieces, row_tokens, samples_per_row = _pad_rows(
             ids, row_labels, positions, seq_lengths, index, pieces, row_tokens, samples_per_row, pad_to, pad_id

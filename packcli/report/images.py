@@ -22,8 +22,9 @@ from packcli.vision import ImageRef, VisionProcessor, image_size, load_processor
 
 __all__ = ["IMAGE_COLUMNS", "ImageChecker", "RowImage", "grid_words", "image_label", "row_images"]
 
-# The columns every image-text row has (``image_bytes`` only when some image is embedded).
-IMAGE_COLUMNS = tuple(name for name, _ in IMAGE_FIELDS if name != "image_bytes")
+# The columns every image-text row has (``image_bytes`` only when some image is embedded, ``image_spans``
+# only for a family whose image is more than its image tokens).
+IMAGE_COLUMNS = tuple(name for name, _ in IMAGE_FIELDS if name not in ("image_bytes", "image_spans"))
 
 
 # The families whose grid is the image's own size (LLaVA-NeXT: image_sizes), not tiles.
@@ -68,6 +69,9 @@ class ImageChecker:
     processor_problem: str | None = field(default=None, init=False)
     _rule: dict[tuple[int, int], tuple[int, tuple[int, ...]] | str] = field(default_factory=dict, init=False)
     _sizes: dict[str, tuple[int, int] | None] = field(default_factory=dict, init=False)
+    # A family whose image is more than its image tokens (image_spans): each size's expansion in token ids.
+    _tokenizer: Any = field(default=None, init=False)
+    _ids: dict[tuple[int, int], list[int]] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         if self.processor_dir is None:
@@ -108,6 +112,17 @@ class ImageChecker:
                             f"(grid {list(image.grid)})",
                         )
                     )
+                elif not self.processor.pure and row.get("image_spans") is not None:
+                    held = [int(t) for t in row["input_ids"][image.offset : image.offset + image.span]]
+                    if held != self._expansion_ids(image.size):
+                        found.append(
+                            (
+                                "image_rule",
+                                f"{name}: tokens {image.offset} to {image.offset + image.span} of the row are not "
+                                f"what the {self.processor.family} processor makes a "
+                                f"{image.size[1]}x{image.size[0]} image",
+                            )
+                        )
             if self.check_files:
                 now = self._size(image.ref)
                 if now is None:
@@ -130,6 +145,18 @@ class ImageChecker:
             except RecordError as exc:
                 self._rule[size] = exc.detail
         return self._rule[size]
+
+    def _expansion_ids(self, size: tuple[int, int]) -> list[int]:
+        """The token ids of an image's whole expansion (its text starts and ends with a marker token)."""
+        if size not in self._ids:
+            assert self.processor is not None
+            if self._tokenizer is None:
+                from packcli.tokenize.tokenizer import load_tokenizer
+
+                self._tokenizer = load_tokenizer(self.processor.name)
+            text = self.processor.measure(*size).text
+            self._ids[size] = [int(t) for t in self._tokenizer(text, add_special_tokens=False)["input_ids"]]
+        return self._ids[size]
 
     def _size(self, ref: ImageRef) -> tuple[int, int] | None:
         key = ref.path if ref.data is None else None

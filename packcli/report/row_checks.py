@@ -356,7 +356,7 @@ def check_images(batch: pa.RecordBatch, first_row: int, checker: ImageChecker, t
     with_images = np.flatnonzero(counts > 0)
     if not len(with_images):
         return
-    names = [name for name in (*IMAGE_COLUMNS, "image_bytes") if name in batch.schema.names]
+    names = [name for name in (*IMAGE_COLUMNS, "image_bytes", "image_spans") if name in batch.schema.names]
     picked = batch.select(names).take(pa.array(with_images)).to_pylist()
     row_end, seg_end = np.cumsum(row_len), np.cumsum(segs)
     for r, images in zip(with_images.tolist(), picked, strict=True):

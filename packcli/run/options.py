@@ -27,10 +27,11 @@ def plan_options(config: PackConfig) -> PlanOptions:
     )
 
 
-def row_layout(config: PackConfig, pad_id: int, embedded_images: int = 0) -> RowLayout:
+def row_layout(config: PackConfig, pad_id: int, embedded_images: int = 0, image_spans: bool = False) -> RowLayout:
     """Return how the rows are built and written; ``config.task`` is the task found (never ``auto``).
 
-    ``embedded_images``: the images of the token store that came as bytes (they need ``image_bytes``).
+    ``embedded_images``: the images of the token store that came as bytes (they need ``image_bytes``);
+    ``image_spans``: the processor's family expands an image into more than its image tokens.
     """
     return RowLayout(
         max_len=config.max_len,
@@ -47,4 +48,5 @@ def row_layout(config: PackConfig, pad_id: int, embedded_images: int = 0) -> Row
         images=config.processor is not None,
         image_bytes=config.processor is not None and (config.embed_images or embedded_images > 0),
         embed_images=config.embed_images,
+        image_spans=config.processor is not None and image_spans,
     )

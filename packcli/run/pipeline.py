@@ -33,6 +33,7 @@ from packcli.store.cachedir import parse_size, prune
 from packcli.store.key import default_cache_dir
 from packcli.store.tokens import TokenStore
 from packcli.tokenize import ingest, worker
+from packcli.vision.families import SPANNED
 
 __all__ = ["run_pack", "tokenized_inputs"]
 
@@ -119,8 +120,10 @@ def _run(config: PackConfig, progress: Progress, engine: Engine, started: float,
             summary = dataclasses.replace(summary, warnings=[*inputs.warnings, *summary.warnings])
             marks["summary"] = time.perf_counter()
             if not config.dry_run:
-                embedded = (store.meta["tokenizer"].get("processor") or {}).get("images", {}).get("embedded", 0)
-                layout = row_layout(found, inputs.pad_id, embedded)
+                held_processor = store.meta["tokenizer"].get("processor") or {}
+                embedded = held_processor.get("images", {}).get("embedded", 0)
+                spanned = held_processor.get("family") in SPANNED
+                layout = row_layout(found, inputs.pad_id, embedded, spanned)
                 shards = engine.write_output(layout, store, plan, staged.tmp if staged else None, progress)
                 marks["shards"] = time.perf_counter()
                 index_files = _write_index_files(config, staged.tmp if staged else None, shards)

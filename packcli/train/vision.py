@@ -48,6 +48,7 @@ IMAGE_COLUMNS: tuple[str, ...] = (
     "image_tokens",
     "image_offsets",
     "image_sample",
+    "image_spans",
 )
 # The families whose positions are three-dimensional (mRoPE) and whose image processor gives a grid:
 # Qwen2-VL and Qwen2.5-VL, and Qwen3-VL, whose get_rope_index places images by the same rule.
@@ -67,6 +68,9 @@ class RowImage:
     grid: tuple[int, ...]
     tokens: int
     offset: int
+    # The tokens of its whole expansion from ``offset`` (``image_spans``; Idefics3, SmolVLM: tile markers,
+    # newlines and the image tokens); ``tokens`` where the expansion is a pure run of image tokens.
+    span: int = 0
 
     @property
     def name(self) -> str:
@@ -81,12 +85,15 @@ def row_images(row: Mapping[str, Any], k: int, image_token_id: int) -> list[RowI
     """Return the images of the ``k``-th row of a batch, checked against its tokens.
 
     Each image's ``image_tokens`` tokens at ``image_offsets`` must be image tokens inside the sample
-    ``image_sample`` names, untrained (label -100), and the row must hold no other image token.
+    ``image_sample`` names, untrained (label -100), and the row must hold no other image token. With
+    ``image_spans`` (a family whose image is more than its image tokens), the image's tokens are its
+    span's from its offset: inside its sample, untrained, holding exactly ``image_tokens`` image tokens.
     Raises IncompatibleError naming the row, the sample and the image otherwise.
     """
     refs = _listed(row, "image_refs")
     n = len(refs)
-    columns = {name: _listed(row, name, n) for name in IMAGE_COLUMNS[1:]}
+    spanned = row.get("image_spans") is not None
+    columns = {name: _listed(row, name, n) for name in IMAGE_COLUMNS[1:] if spanned or name != "image_spans"}
     ids = np.asarray(row["input_ids"], dtype=np.int64).reshape(-1)
     labels = np.asarray(row["labels"], dtype=np.int64).reshape(-1)
     lengths = _sample_lengths(row)
@@ -97,6 +104,7 @@ def row_images(row: Mapping[str, Any], k: int, image_token_id: int) -> list[RowI
         data = columns["image_bytes"][j] if columns["image_bytes"] else None
         ref = ImageRef(path=refs[j], data=data) if data is not None else ImageRef(path=refs[j])
         sample = _int(columns["image_sample"][j])
+        tokens = _int(columns["image_tokens"][j])
         image = RowImage(
             row=k,
             index=j,
@@ -105,30 +113,38 @@ def row_images(row: Mapping[str, Any], k: int, image_token_id: int) -> list[RowI
             ref=ref,
             size=_pair(columns["image_sizes"][j]),
             grid=tuple(int(x) for x in columns["image_grid"][j] or ()),
-            tokens=_int(columns["image_tokens"][j]),
+            tokens=tokens,
             offset=_int(columns["image_offsets"][j]),
+            span=_int(columns["image_spans"][j]) if spanned else tokens,
         )
         if ref.path is None and ref.data is None:
             raise IncompatibleError(f"{image.name}: the row holds neither its path nor its bytes")
         if not 0 <= sample < len(lengths):
             raise IncompatibleError(f"{image.name}: image_sample {sample} is not a sample of the row")
-        start, end = image.offset, image.offset + image.tokens
-        if image.tokens <= 0 or start < bounds[sample] or end > bounds[sample + 1]:
+        start, end = image.offset, image.offset + image.span
+        what = f"{image.span} tokens" if spanned else f"{image.tokens} image tokens"
+        if image.tokens <= 0 or image.span < image.tokens or start < bounds[sample] or end > bounds[sample + 1]:
             raise IncompatibleError(
-                f"{image.name}: its {image.tokens} image tokens at {start} are not inside its sample "
+                f"{image.name}: its {what} at {start} are not inside its sample "
                 f"(tokens {bounds[sample]} to {bounds[sample + 1]}); the row is corrupt, pack it again"
             )
-        if not bool((ids[start:end] == image_token_id).all()):
+        if not spanned and not bool((ids[start:end] == image_token_id).all()):
             raise IncompatibleError(
                 f"{image.name}: tokens {start} to {end} of the row are not all the image token "
                 f"{image_token_id}; the row was packed with another tokenizer or processor"
+            )
+        held = int((ids[start:end] == image_token_id).sum())
+        if held != image.tokens:
+            raise IncompatibleError(
+                f"{image.name}: tokens {start} to {end} of the row hold {held} image tokens "
+                f"{image_token_id}, not {image.tokens}; the row was packed with another tokenizer or processor"
             )
         if bool((labels[start:end] != IGNORE_INDEX).any()):
             raise IncompatibleError(f"{image.name}: its image tokens are trained (labels not -100); pack it again")
         images.append(image)
     counted = int((ids == image_token_id).sum())
     if counted != sum(im.tokens for im in images) or any(
-        a.offset + a.tokens > b.offset for a, b in itertools.pairwise(images)
+        a.offset + a.span > b.offset for a, b in itertools.pairwise(images)
     ):
         raise IncompatibleError(
             f"row {k} of the batch holds {counted} image tokens, its {n} images account for "
@@ -244,8 +260,11 @@ class VisionCollator:
         grids: list[tuple[int, ...]] = []
         if images:
             pixels = [load_image(im.ref) for im in images]
-            features = self.processor.image_processor(images=pixels, return_tensors="pt")
-            grids = self._check(images, pixels, features)
+            if self.processor.pure:
+                features = self.processor.image_processor(images=pixels, return_tensors="pt")
+                grids = self._check(images, pixels, features)
+            else:
+                features = self._tiles(images, pixels)
             batch.update(features)
         if self.mrope:
             batch["position_ids"] = self._mrope(rows, batch["position_ids"], images, grids, torch)
@@ -282,6 +301,26 @@ class VisionCollator:
                         f"the row holds {image.tokens} image tokens{resized}; pack the data again with this processor"
                     )
         return grids
+
+    def _tiles(self, images: list[RowImage], pixels: list[Any]) -> Any:
+        """Idefics3 / SmolVLM: the image processor's tiles (``pixel_values``, ``pixel_attention_mask``), each
+        image's tiles (rows x cols + the whole image, or the whole image alone) times the processor's
+        ``image_seq_len`` checked against its ``image_tokens`` and its (rows, cols) against ``image_grid``."""
+        features = self.processor.image_processor(
+            images=[[p] for p in pixels], return_tensors="pt", return_row_col_info=True
+        )
+        rows, cols = features.pop("rows", None), features.pop("cols", None)
+        seq_len = int(self.processor.processor.image_seq_len)
+        for k, image in enumerate(images):
+            r, c = (int(rows[k][0]), int(cols[k][0])) if rows is not None and cols is not None else image.grid
+            count = (r * c + 1 if r * c else 1) * seq_len
+            if count != image.tokens or (r, c) != image.grid:
+                raise IncompatibleError(
+                    f"{image.name}: the {self.processor.family} image processor gives {r}x{c} tiles, "
+                    f"{count} image features, the row holds {image.tokens} image tokens (grid "
+                    f"{list(image.grid)}); pack the data again with this processor"
+                )
+        return features
 
     def _mrope(
         self,

@@ -64,9 +64,10 @@ class Family:
     needs_size: bool
     rule: Rule
     prepare: Prepare | None = None
-    # True: an image becomes a pure run of image tokens (``ImageTokens.text`` is the token repeated), the
-    # shape packed rows hold; False (Idefics3, SmolVLM: tile markers and newlines around the runs): measured
-    # exactly, not packed yet.
+    # True: an image becomes a pure run of image tokens (``ImageTokens.text`` is the token repeated);
+    # False (Idefics3, SmolVLM: tile markers and newlines around the runs): rows carry ``image_spans``.
+    pure: bool = True
+    # False: measured exactly but not packed (refused at pack time, ``VisionProcessor.check_packable``).
     packs: bool = True
 
 
@@ -306,6 +307,9 @@ FAMILIES: dict[str, Family] = {
     "Qwen2_5_VLProcessor": Family("qwen2_vl", "<|image_pad|>", True, _qwen2_vl),
     "LlavaProcessor": Family("llava", "<image>", False, _llava, _prepare_llava),
     "LlavaNextProcessor": Family("llava_next", "<image>", True, _llava_next, _prepare_llava_next),
-    "Idefics3Processor": Family("idefics3", "<image>", True, _idefics3, _prepare_idefics3, packs=False),
-    "SmolVLMProcessor": Family("smolvlm", "<image>", True, _smolvlm, _prepare_smolvlm, packs=False),
+    "Idefics3Processor": Family("idefics3", "<image>", True, _idefics3, _prepare_idefics3, pure=False),
+    "SmolVLMProcessor": Family("smolvlm", "<image>", True, _smolvlm, _prepare_smolvlm, pure=False),
 }
+
+# The families whose rows carry ``image_spans`` (an image's expansion is more than its image tokens).
+SPANNED: frozenset[str] = frozenset(f.name for f in FAMILIES.values() if not f.pure)

@@ -40,16 +40,17 @@ class VisionProcessor:
     # The processor class built from the directory where it constructs here (its functions answer the
     # rule), or the parts of it the rule reads; None for a family whose rule needs neither.
     processor: Any = field(default=None, repr=False)
-    # False: an image's expansion is more than a run of image tokens (Family.packs); its images are refused.
+    # False: the family is measured but not packed (Family.packs); its images are refused.
     packs: bool = True
+    # False: an image's expansion is more than a run of image tokens (Family.pure); rows carry image_spans.
+    pure: bool = True
 
     def check_packable(self) -> None:
         """Raise a one-line TokenizerError when this family's images are not packed (Family.packs)."""
         if not self.packs:
             raise TokenizerError(
-                f"packcli measures {self.family} images exactly but does not pack them yet: an image becomes "
-                f"tile markers and newlines around its image tokens, which packed rows and the collator do not "
-                f"hold; processor '{self.name}' packs text-only data, or use a Qwen2-VL, LLaVA or LLaVA-NeXT processor"
+                f"packcli measures {self.family} images exactly but does not pack them yet; processor "
+                f"'{self.name}' packs text-only data, or use a processor of a family that packs images"
             )
 
     def measure(self, height: int, width: int) -> ImageTokens:
@@ -158,6 +159,7 @@ def load_processor(name: str) -> VisionProcessor:
         config=config,
         processor=held,
         packs=family.packs,
+        pure=family.pure,
     )
     try:  # one image now, so that a processor whose functions do not answer fails here, not mid-run
         processor.rule(processor, 336, 336)
