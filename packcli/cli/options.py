@@ -138,8 +138,8 @@ ProcessorOption = Annotated[
     typer.Option(
         "--processor",
         metavar="DIR",
-        help="A saved vision-language processor (Qwen2-VL, Qwen2.5-VL, LLaVA, LLaVA-NeXT): pack images with "
-        "their exact token counts; its tokenizer and chat template are the run's.",
+        help="A saved vision-language processor (Qwen2-VL, Qwen2.5-VL, LLaVA, LLaVA-NeXT, Idefics3, SmolVLM): "
+        "pack images with their exact token counts; its tokenizer and chat template are the run's.",
         rich_help_panel=TOKENS,
     ),
 ]

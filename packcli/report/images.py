@@ -3,10 +3,12 @@
 A row of an image-text output holds, per image in row order (``docs/images.md``): ``image_refs``,
 ``image_bytes`` (when embedded), ``image_sizes`` [height, width], ``image_grid`` (the family's size
 parameters; Qwen2-VL: image_grid_thw), ``image_tokens`` (tokens of the image's expansion),
-``image_offsets`` (its first token in the row) and ``image_sample`` (its sample, an index into
-``seq_lengths``). A row's images are read and checked against its tokens by the collator's own
+``image_offsets`` (its first token in the row), ``image_sample`` (its sample, an index into
+``seq_lengths``) and, for Idefics3 / SmolVLM, ``image_spans`` (the tokens of its whole expansion). A
+row's images are read and checked against its tokens by the collator's own
 :func:`packcli.train.vision.row_images`; this module adds what only an offline check can do: the
-processor's rule for each image's size, and the image file as it is now.
+processor's rule for each image's size (and, with spans, the expansion's ids), and the image file as it
+is now.
 """
 
 from __future__ import annotations
