@@ -198,3 +198,39 @@ def test_a_family_not_proven_is_still_refused(tmp_path: Path, pack: Any, monkeyp
     result = pack(data, "-o", tmp_path / "out", "--processor", directory, "--no-cache", expect=None)
     assert result.exit_code != 0
     assert "packcli measures idefics3 images exactly but does not pack them yet" in one_error_line(result)
+
+
+def test_a_left_cut_moves_the_offset_and_keeps_the_span(tmp_path: Path, pack: Any) -> None:
+    from transformers import AutoTokenizer
+
+    from tests.vision import make_image
+
+    directory = make_idefics3_processor(tmp_path / "proc", do_image_splitting=False)
+    image = make_image(tmp_path / "a.png", 500, 300)
+    content = [{"type": "text", "text": "word " * 300}, {"type": "image", "image": str(image)}]
+    messages = [{"role": "user", "content": content}, {"role": "assistant", "content": "ok " * 10}]
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"messages": messages}) + "\n")
+    out = tmp_path / "out"
+    pack(
+        data,
+        "-o",
+        out,
+        "--processor",
+        directory,
+        "--max-len",
+        "300",
+        "--overflow",
+        "truncate",
+        "--truncate-side",
+        "left",
+    )
+    assert json.loads((out / "manifest.json").read_text())["counts"]["truncated"] == 1
+    (row,) = _rows(out)
+    tok = AutoTokenizer.from_pretrained(str(directory))
+    fake = tok.convert_tokens_to_ids("<fake_token_around_image>")
+    (offset,), (span,) = row["image_offsets"], row["image_spans"]
+    part = row["input_ids"][offset : offset + span]
+    assert offset < 300 - span and part[0] == part[-1] == fake and span == 169 + 3
+    assert part.count(tok.convert_tokens_to_ids("<image>")) == row["image_tokens"][0] == 169
+    assert CliRunner().invoke(app, ["verify", str(out)]).exit_code == 0
