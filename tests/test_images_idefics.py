@@ -234,3 +234,17 @@ def test_a_left_cut_moves_the_offset_and_keeps_the_span(tmp_path: Path, pack: An
     assert offset < 300 - span and part[0] == part[-1] == fake and span == 169 + 3
     assert part.count(tok.convert_tokens_to_ids("<image>")) == row["image_tokens"][0] == 169
     assert CliRunner().invoke(app, ["verify", str(out)]).exit_code == 0
+
+
+def test_inspect_shows_an_images_whole_expansion_as_one_piece(packed: tuple[Path, Path]) -> None:
+    _, out = packed
+    rows = _rows(out)
+    row = first_with_image(rows)
+    k = rows.index(row)
+    result = CliRunner().invoke(app, ["inspect", str(out), "--row", str(k), "--no-pager"])
+    assert result.exit_code == 0, result.stderr
+    grid = row["image_grid"][0]
+    assert f"<image 1: {grid[0]}x{grid[1]} tiles, {row['image_tokens'][0]} tokens>" in result.stdout
+    # No tile marker of an image is shown as text: the whole span is the image's piece.
+    assert "<fake_token_around_image>" not in result.stdout and "<global-img>" not in result.stdout
+    assert "<row_1_col_1>" not in result.stdout

@@ -255,7 +255,7 @@ def _segment(
         begin = image.offset - start
         if begin < len(ids):
             image_at[begin] = image
-            cuts |= {begin, min(begin + image.tokens, len(ids))}
+            cuts |= {begin, min(begin + image.span, len(ids))}
     bounds = sorted({0, *cuts, len(ids)})
     pieces = []
     if not padding:
@@ -268,7 +268,7 @@ def _segment(
                     pieces.append(Piece(bool(trained[a]), _decode(decoder, ids[a:b]), b - a))
     text = "" if padding else _decode(decoder, ids)
     if image_at and not padding:  # the text between the images decoded, each image as its label
-        cut_at = sorted({0, len(ids), *image_at, *(min(a + image_at[a].tokens, len(ids)) for a in image_at)})
+        cut_at = sorted({0, len(ids), *image_at, *(min(a + image_at[a].span, len(ids)) for a in image_at)})
         text = "".join(
             image_label(image_at[a], family) if a in image_at else _decode(decoder, ids[a:b])
             for a, b in pairwise(cut_at)
