@@ -194,7 +194,8 @@ class VisionCollator:
     The batch: ``input_ids``, ``labels`` (int64, [1, T] or [B, T]), ``position_ids`` ((4, B, T) for
     Qwen2-VL-family processors, see the module's docstring; [B, T] otherwise), and when the batch has
     images, the image processor's outputs over the batch's images in row order (Qwen2-VL:
-    ``pixel_values`` [patches, C*t*p*p] float32 and ``image_grid_thw`` [images, 3] int64). No
+    ``pixel_values`` [patches, C*t*p*p] float32 and ``image_grid_thw`` [images, 3] int64; Idefics3 / SmolVLM:
+    ``pixel_values`` [images, tiles, C, H, W] and ``pixel_attention_mask``). No
     attention mask, and the model must run with ``use_cache=False`` (see ``PackedCollator``).
     """
 
