@@ -38,7 +38,12 @@ def _result(future: Future[Any]) -> Any:
             ) from exc
 
 
-def map_ordered(fn: Callable[..., Any], jobs: Iterator[tuple[Any, ...]], num_proc: int) -> Generator[Any, None, None]:
+def map_ordered(
+    fn: Callable[..., Any],
+    jobs: Iterator[tuple[Any, ...]],
+    num_proc: int,
+    on_start: Callable[[], None] | None = None,
+) -> Generator[Any, None, None]:
     """Run ``fn`` over jobs, in worker processes when num_proc > 1, yielding results in job order.
 
     At most a few batches per worker are in flight, so memory does not grow with the input. When a
@@ -48,8 +53,13 @@ def map_ordered(fn: Callable[..., Any], jobs: Iterator[tuple[Any, ...]], num_pro
 
     A caller that stops iterating early should close the generator (``contextlib.closing``), so
     that the workers are stopped there and then, not whenever the garbage collector gets to it.
+
+    ``on_start`` runs once the workers are forked (or before the first job, when they run here): where
+    a thread the workers talk to is started, since a fork must not copy a busy thread.
     """
+    started = on_start or (lambda: None)
     if num_proc <= 1:
+        started()
         for job in jobs:
             raise_if_stopped()
             yield fn(*job)
@@ -58,6 +68,7 @@ def map_ordered(fn: Callable[..., Any], jobs: Iterator[tuple[Any, ...]], num_pro
     first: list[tuple[Any, ...]] = []
     read_error = _take(jobs, num_proc, first)
     if len(first) <= 1:
+        started()
         for job in first:
             raise_if_stopped()
             yield fn(*job)
@@ -70,6 +81,7 @@ def map_ordered(fn: Callable[..., Any], jobs: Iterator[tuple[Any, ...]], num_pro
     try:
         pending.extend(procs.submit(executor, fn, *job) for job in first)
         del first
+        started()
         while read_error is None:
             if len(pending) >= 2 * num_proc + 1:
                 yield _result(pending.popleft())

@@ -93,6 +93,8 @@ class Encoder:
         # windows (packcli.tokenize.long_text), in bounded memory. Set by the run (--overflow truncate or
         # split, with a tokenizer that bounds bytes per token); None: every text is encoded whole.
         self.long_text_bytes: int | None = None
+        # Set in the workers of a run whose main process encodes for them (packcli.tokenize.encode_service).
+        self.remote: Any = None
         self.warnings: list[str] = self.chat.marker_warnings(
             lambda text: len(self.backend.encode(text, add_special_tokens=False).ids), self.tokenizer_name
         )
@@ -181,18 +183,11 @@ class Encoder:
         for add_special, batch in jobs.items():
             if not batch:
                 continue
-            encodings: list[Any] = [self._encode_long(b[1], add_special) for b in batch]
-            whole = [k for k, enc in enumerate(encodings) if enc is None]
-            if whole:
-                done = self.backend.encode_batch([batch[k][1] for k in whole], add_special_tokens=add_special)
-                for k, enc in zip(whole, done, strict=True):
-                    encodings[k] = enc
-            for (i, text, spans, eos), enc in zip(batch, encodings, strict=True):
-                ids = np.asarray(enc.ids, dtype=np.int32)
+            made = self.encode_spans([(b[1], b[2]) for b in batch], add_special)
+            for (i, text, spans, eos), (ids, mask) in zip(batch, made, strict=True):
                 if not text:
                     results[i] = RecordError("empty", "the sample's text is empty")
                     continue
-                mask = span_mask(enc, spans, len(ids), len(text))
                 if (
                     eos
                     and self.options.add_eos
@@ -206,6 +201,38 @@ class Encoder:
                 except RecordError as err:
                     results[i] = err
         return results
+
+    def encode_spans(
+        self, items: list[tuple[str, list[tuple[int, int]]]], add_special: bool
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Return (int32 ids, bool mask of the tokens overlapping the spans) for each (text, spans).
+
+        Texts certainly too long for a row are encoded by windows here; the others in one batch call,
+        in this process or, when the run set ``remote`` (packcli.tokenize.encode_service), in the
+        process that encodes for the workers.
+        """
+        out: list[Any] = [None] * len(items)
+        whole: list[int] = []
+        for k, (text, spans) in enumerate(items):
+            enc = self._encode_long(text, add_special)
+            if enc is None:
+                whole.append(k)
+            else:
+                ids = np.asarray(enc.ids, dtype=np.int32)
+                out[k] = (ids, span_mask(enc, spans, len(ids), len(text)))
+        if not whole:
+            return out
+        if self.remote is not None:
+            made = self.remote.encode([items[k] for k in whole], add_special)
+        else:
+            done = self.backend.encode_batch([items[k][0] for k in whole], add_special_tokens=add_special)
+            made = []
+            for k, enc in zip(whole, done, strict=True):
+                ids = np.asarray(enc.ids, dtype=np.int32)
+                made.append((ids, span_mask(enc, items[k][1], len(ids), len(items[k][0]))))
+        for k, pair in zip(whole, made, strict=True):
+            out[k] = pair
+        return out
 
     def _encode_images(self, sample: Sample, text: str, spans: list[tuple[int, int]]) -> Encoded:
         """Encode a conversation of a run with a processor as the processor does (``packcli.tokenize.images``).

@@ -26,6 +26,7 @@ from packcli.store.tokens import (
 )
 from packcli.tokenize import worker
 from packcli.tokenize.bounds import max_token_bytes
+from packcli.tokenize.encode_service import EncodeService, encode_in_main
 from packcli.tokenize.encoder import EncodeOptions, Encoder
 from packcli.tokenize.split import SplitRule
 from packcli.tokenize.worker import TokenizedBatch
@@ -174,6 +175,10 @@ def tokenize_to_store(
     if config.limit is not None:
         total = min(total, config.limit) if total is not None else None
     results: Iterator[TokenizedBatch] | None = None
+    service: EncodeService | None = None
+    if remote is None and config.num_proc > 1 and encoder.vision is None and encode_in_main():
+        service = EncodeService(encoder)
+        encoder.remote = service.client()
     try:
         with (
             contextlib.ExitStack() as stack,
@@ -183,7 +188,10 @@ def tokenize_to_store(
             if remote is None:
                 batches = _timed(read_batches(sources, BATCH_SIZE, config.limit), clock, "read")
                 jobs = ((batch, formats[batch.source]) for batch in batches)
-                results = map_ordered(worker.tokenize_batch, jobs, config.num_proc)
+                if service is not None:
+                    results = pool.map_ordered(worker.tokenize_batch, jobs, config.num_proc, service.start)
+                else:
+                    results = map_ordered(worker.tokenize_batch, jobs, config.num_proc)
             else:
                 results = remote.results(writer.tmp)
             for result in results:
@@ -320,6 +328,9 @@ def tokenize_to_store(
     finally:
         worker.release()
         encoder.long_text_bytes = None
+        encoder.remote = None
+        if service is not None:
+            service.close()
 
 
 def _timed(items: Iterator[Any], clock: defaultdict[str, float], key: str) -> Iterator[Any]:
