@@ -206,11 +206,13 @@ def _tokenized(
             fingerprints = timed(lambda: [fingerprint(s, memo, None, remember) for s in sources])
         else:
             hashing = ahead.submit(timed, lambda: [fingerprint(s, None) for s in sources])
-        tokenizer_key = tokenizer_fingerprint(config.tokenizer, config.chat_template)
+        tokenizer_key = tokenizer_fingerprint(config.tokenizer_name, config.chat_template)
         store_needed = not config.cache or tokenizer_key is None
         if store_needed:
             counting = ahead.submit(timed, lambda: [count_records(s) for s in sources]) if known is None else None
-            encoder = Encoder(config.tokenizer, config.chat_template, ingest.encode_options(config), config.processor)
+            encoder = Encoder(
+                config.tokenizer_name, config.chat_template, ingest.encode_options(config), config.processor
+            )
             if counting is not None:
                 counting.result()
         if not config.cache and known is None:
@@ -280,7 +282,7 @@ def _tokenized(
         else:
             if encoder is None:
                 encoder = Encoder(
-                    config.tokenizer, config.chat_template, ingest.encode_options(config), config.processor
+                    config.tokenizer_name, config.chat_template, ingest.encode_options(config), config.processor
                 )
             if config.cache and fill_cache:
                 store_path = entry
@@ -341,7 +343,7 @@ def _as_this_run(store: TokenStore, sources: list[InputSource], config: PackConf
     store.meta["sources"] = [{**m, "path": s.display} for m, s in zip(store.meta["sources"], sources, strict=True)]
     store.meta["original_paths"] = original
     tokenizer = dict(store.meta["tokenizer"])
-    tokenizer["name"] = config.tokenizer or DEFAULT_TOKENIZER
+    tokenizer["name"] = config.tokenizer_name or DEFAULT_TOKENIZER
     if config.chat_template is not None:  # the key holds the template's text, not its path
         builtin = builtin_name(config.chat_template)
         tokenizer["chat_template"] = builtin if builtin is not None else str(config.chat_template)
