@@ -164,7 +164,7 @@ def tokenize_to_store(
     records_split = pieces = 0
     rejects_path = writer.tmp / "rejects.jsonl"
     n_stored = 0  # samples stored so far: the image table's sample numbers
-    image_counts: Counter[str] = Counter()
+    image_counts: Counter[str] = Counter()  # the store's (embedded: whether rows need image_bytes), not the manifest's
     images_file: Any = None
     fixes_path = writer.tmp / TURN_FIXES
     starts: dict[str, int] = {}
