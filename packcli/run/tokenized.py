@@ -20,7 +20,7 @@ from packcli import __version__, owned
 from packcli.config import PackConfig
 from packcli.contract import Progress, no_progress
 from packcli.engines import DigestChecker, Engine, load_engine
-from packcli.errors import InputError, Opt, RecordError, UsageError, raise_if_stopped, where
+from packcli.errors import InputError, Opt, RecordError, UsageError, raise_if_stopped, record_fix, where
 from packcli.io.fingerprint import changed_input, fingerprint, stamps
 from packcli.io.readers import count_records, hub_reachable, read_batches
 from packcli.io.sources import InputSource, resolve_inputs
@@ -52,23 +52,25 @@ def _sniff_format(
 ) -> tuple[str | None, str | None]:
     """Return the record format of a source, from the fields of its first readable records.
 
-    When none of them could be parsed at all, also return why the first one could not (where and
-    what), since that, not the format, is the problem to report. ``seen`` receives the fields of the
-    records read (or what a record is, when it is no object), for the error that names them.
+    When none of them could be parsed at all, also return why the first one could not (where, what
+    and the fix), since that, not the format, is the problem to report. ``seen`` receives the fields
+    of the records read (or what a record is, when it is no object), for the error that names them.
     """
     first_error = None
     parsed = False
     seen = [] if seen is None else seen
     for batch in read_batches([source], batch_size=50):
-        errors = {pos: detail for pos, _, detail in batch.errors}
+        errors = {pos: (reason, detail) for pos, reason, detail in batch.errors}
         for item, pos in zip(batch.items, batch.positions, strict=True):
             try:
                 if pos in errors:
-                    raise RecordError("", errors[pos])
+                    raise RecordError(*errors[pos])
                 record = worker.parse_line(item) if batch.raw_lines else item
             except RecordError as err:
                 unit = "line" if batch.raw_lines else "record"
-                first_error = first_error or f"{where(source.display, unit, pos)}: {err.detail}"
+                first_error = (
+                    first_error or f"{where(source.display, unit, pos)}: {err.detail}; {record_fix(err.reason)}"
+                )
                 continue
             parsed = True
             for name in record if isinstance(record, dict) else [f"a {type(record).__name__}, not an object"]:
@@ -160,7 +162,7 @@ def _tokenized(
         else:
             fmt, unparsed = _sniff_format(source, config.fields, seen)
         if fmt is None and unparsed is not None and config.on_error == "fail":
-            raise InputError(f"{unparsed}; fix the record, or pass --on-error skip to skip bad records")
+            raise InputError(unparsed)
         if fmt is None and config.on_error == "fail":
             shown = ", ".join(seen[:12]) + (f" and {len(seen) - 12} more" if len(seen) > 12 else "")
             raise InputError(

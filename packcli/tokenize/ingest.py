@@ -210,10 +210,7 @@ def tokenize_to_store(
                         )
                     if reject["reason"] not in POLICY_DROPS and config.on_error == "fail":
                         where_record = errors.where(reject["source"], reject["unit"], reject["position"])
-                        raise InputError(
-                            f"{where_record}: {reject['detail']}; "
-                            "fix the record, or pass --on-error skip to skip bad records"
-                        )
+                        raise InputError(f"{where_record}: {reject['detail']}; {errors.record_fix(reject['reason'])}")
                     counts[reject["reason"]] += 1
                     _write_line(rejects_file, json.dumps(reject, ensure_ascii=False), where, fix)
                 if result.images is not None:
