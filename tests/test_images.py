@@ -605,9 +605,12 @@ def test_the_config_keeps_no_tokenizer_and_the_run_uses_the_processors(
     assert result.tokenizer == manifest["tokenizer"]["name"] == manifest["options"]["tokenizer"] == directory
     row = _rows(tmp_path / "one")[0]
     assert row["input_ids"].count(reference.pad_id) == row["image_tokens"][0] == 4
-    # Naming the same directory as --tokenizer too is the same run: the same cache entry.
-    again = packcli.pack(data, 1024, tmp_path / "two", tokenizer=directory, **given)
+    # Naming the same directory as --tokenizer too (spelled otherwise) is the same run: the same cache entry
+    # and the same manifest.
+    again = packcli.pack(data, 1024, tmp_path / "two", tokenizer=directory + "/", **given)
     assert (result.summary.cache, again.summary.cache) == ("miss", "hit")
+    assert json.loads((tmp_path / "two" / "manifest.json").read_text())["tokenizer"] == manifest["tokenizer"]
+    assert again.tokenizer == directory
 
 
 def test_image_offsets_count_the_samples_padding(

@@ -333,8 +333,9 @@ class PackConfig:
 
     @property
     def tokenizer_name(self) -> str | None:
-        """The run's tokenizer: --tokenizer, else the --processor directory's (None: packcli's default)."""
-        return self.tokenizer or self.processor
+        """The run's tokenizer: the --processor directory's (a --tokenizer beside it names the same directory),
+        else --tokenizer (None: packcli's default)."""
+        return self.processor or self.tokenizer
 
     def options(self) -> dict[str, Any]:
         """Return the options as plain JSON values, for the manifest (the eval options only when given;
