@@ -90,6 +90,7 @@ SLOW_TESTS: dict[str, set[str]] = {
         "test_a_broken_element_of_a_json_array_is_one_bad_record",
         "test_invalid_utf8",
         "test_signal_mid_run_leaves_nothing_that_looks_complete",
+        "test_a_jsonl_file_cut_in_its_last_line_says_the_file_looks_cut[in-an-escape]",
     },
     "test_inputs": {
         "test_a_cut_or_damaged_compressed_file_is_an_error_never_a_shorter_file",
