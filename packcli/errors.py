@@ -154,6 +154,13 @@ def where(source: str, unit: str, position: int) -> str:
     return f"{source} {unit} {position}"
 
 
+def record_fix(reason: str) -> str:
+    """Return the fix an error about one bad record names (--on-error fail): a file cut short is copied
+    again, another record fixed; or the bad records skipped."""
+    fix = "copy the file again" if reason == "truncated_file" else "fix the record"
+    return f"{fix}, or pass --on-error skip to skip bad records"
+
+
 def request_stop() -> None:
     """Ask the running pack to stop at its next safe point (called from a signal handler)."""
     _STOP.set()

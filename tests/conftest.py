@@ -90,6 +90,7 @@ SLOW_TESTS: dict[str, set[str]] = {
         "test_a_broken_element_of_a_json_array_is_one_bad_record",
         "test_invalid_utf8",
         "test_signal_mid_run_leaves_nothing_that_looks_complete",
+        "test_a_jsonl_file_cut_in_its_last_line_says_the_file_looks_cut[in-an-escape]",
     },
     "test_inputs": {
         "test_a_cut_or_damaged_compressed_file_is_an_error_never_a_shorter_file",
@@ -174,9 +175,37 @@ SLOW_TESTS: dict[str, set[str]] = {
 }
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+
+
+def slow_tests_missing(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
+    """The SLOW_TESTS entries that name no test of a module collected in full (a path given without
+    ``::``, or under a directory given): a renamed test would drop out of the slow tier unseen."""
+    whole = [Path(config.invocation_params.dir, arg).resolve() for arg in config.args if "::" not in arg]
+    names: dict[str, set[str]] = {}
+    paths: dict[str, Path] = {}
     for item in items:
-        module = item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+        module = _module(item)
+        names.setdefault(module, set()).update({item.name, getattr(item, "originalname", item.name)})
+        paths.setdefault(module, Path(item.path).resolve())
+    missing = []
+    for module, tests in SLOW_TESTS.items():
+        path = paths.get(module)
+        if path is not None and any(path == given or given in path.parents for given in whole):
+            missing += [f"{module}::{name}" for name in sorted(tests - names[module])]
+    return missing
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    missing = slow_tests_missing(config, items)
+    if missing:
+        raise pytest.UsageError(
+            f"tests/conftest.py: SLOW_TESTS names {len(missing)} test(s) not collected: {', '.join(missing)}; "
+            "rename the entry with its test (a name, or name[id] for one parameter) or remove it"
+        )
+    for item in items:
+        module = _module(item)
         for marker, modules in TIERS.items():
             if module in modules:
                 item.add_marker(marker)

@@ -24,6 +24,7 @@ from packcli.tokenize.encoder import EncodeOptions, Encoder
 
 from .conftest import make_conversations, one_error_line, read_rows, write_jsonl
 
+SKIP = "or pass --on-error skip to skip bad records"
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}
 
 
@@ -82,9 +83,9 @@ CUT = '{"messages": [{"role": "user", "content": "hel'
     [
         (NO_BRACE + "\n", f"Expecting ',' delimiter at column {len(NO_BRACE) + 1}"),  # the end, not the newline
         (CUT + "\n", f"Unterminated string starting at column {CUT.rindex(chr(34)) + 1}"),
-        (CUT, f"Unterminated string starting at column {CUT.rindex(chr(34)) + 1}"),  # the file's last line
+        (NO_BRACE + "}}", f"Extra data at column {len(NO_BRACE) + 2}"),  # the file's last line, whole
     ],
-    ids=["no-brace", "cut-in-a-string", "cut-at-the-end-of-the-file"],
+    ids=["no-brace", "cut-in-a-string", "extra-data-at-the-end-of-the-file"],
 )
 def test_invalid_json_names_the_column_in_the_record(bad: str, problem: str, pack: Any, tmp_path: Path) -> None:
     data = tmp_path / "d.jsonl"
@@ -93,6 +94,40 @@ def test_invalid_json_names_the_column_in_the_record(bad: str, problem: str, pac
     assert line == (
         f"Error: {data} line 2: invalid JSON ({problem}); fix the record, or pass --on-error skip to skip bad records"
     )
+
+
+@pytest.mark.parametrize(
+    ("cut", "problem"),
+    [
+        (CUT, f"Unterminated string starting at column {CUT.rindex(chr(34)) + 1}"),
+        (NO_BRACE, f"Expecting ',' delimiter at column {len(NO_BRACE) + 1}"),
+        (CUT + "\\", f"Unterminated string starting at column {CUT.rindex(chr(34)) + 1}"),  # cut in an escape
+    ],
+    ids=["in-a-string", "before-its-brace", "in-an-escape"],
+)
+def test_a_jsonl_file_cut_in_its_last_line_says_the_file_looks_cut(
+    cut: str, problem: str, pack: Any, tmp_path: Path
+) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps(GOOD) + "\n" + json.dumps(GOOD) + "\n" + cut)
+    line = one_error_line(pack(data, "--max-len", "64", "-o", tmp_path / "out", expect=1))
+    assert line == (
+        f"Error: {data} line 3: the file looks cut (a truncated copy?): its last line ends inside the record "
+        f"({problem}); copy the file again, or pass --on-error skip to skip bad records"
+    )
+    summary = json.loads(
+        pack(data, "--max-len", "64", "-o", tmp_path / "o", "--on-error", "skip", "--json", "-q").stdout
+    )
+    assert summary["packed"] == 2 and summary["dropped"] == {"truncated_file": 1}
+    accounted(summary)
+
+
+def test_a_jsonl_file_of_one_line_cut_says_so_too(pack: Any, tmp_path: Path) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text(CUT)  # no record parses: the error comes from finding the records' format
+    line = one_error_line(pack(data, "--max-len", "64", "-o", tmp_path / "out", expect=1))
+    assert line.startswith(f"Error: {data} line 1: the file looks cut (a truncated copy?)")
+    assert line.endswith("; copy the file again, or pass --on-error skip to skip bad records")
 
 
 def test_policy_drops_never_fail_and_are_counted(pack: Any, tmp_path: Path) -> None:
@@ -128,7 +163,7 @@ def test_truncated_json_array_recovers_complete_records(pack: Any, tmp_path: Pat
     data = tmp_path / "cut.json"
     data.write_text(text[: len(text) - 30])  # cut inside the third record
     line = one_error_line(pack(data, "--max-len", "64", "-o", tmp_path / "o", expect=1))
-    assert f"{data} record 3:" in line and "cut off" in line
+    assert f"{data} record 3:" in line and "cut off" in line and line.endswith("; copy the file again, " + SKIP)
     summary = json.loads(
         pack(data, "--max-len", "64", "-o", tmp_path / "o", "--on-error", "skip", "--json", "-q").stdout
     )

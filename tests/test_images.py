@@ -589,6 +589,30 @@ def test_a_presets_processor_is_read_beside_the_preset(procs: dict[str, Path], t
     assert _rows(tmp_path / "out")[0]["image_tokens"] == [4]
 
 
+def test_the_config_keeps_no_tokenizer_and_the_run_uses_the_processors(
+    procs: dict[str, Path], reference: Reference, tmp_path: Path
+) -> None:
+    from packcli.config import PackConfig
+
+    directory = str(procs["training"])
+    config = PackConfig(inputs=("d.jsonl",), processor=directory)
+    assert config.tokenizer is None and config.tokenizer_name == directory
+    make_image(tmp_path / "a.png", 56, 56)
+    data = write_jsonl(tmp_path / "d.jsonl", [{"messages": _image_messages("a.png", "q", "a")}])
+    given: dict[str, Any] = {"processor": directory, "num_proc": 1, "cache_dir": tmp_path / "cache"}
+    result = packcli.pack(data, 1024, tmp_path / "one", **given)
+    manifest = json.loads((tmp_path / "one" / "manifest.json").read_text())
+    assert result.tokenizer == manifest["tokenizer"]["name"] == manifest["options"]["tokenizer"] == directory
+    row = _rows(tmp_path / "one")[0]
+    assert row["input_ids"].count(reference.pad_id) == row["image_tokens"][0] == 4
+    # Naming the same directory as --tokenizer too (spelled otherwise) is the same run: the same cache entry
+    # and the same manifest.
+    again = packcli.pack(data, 1024, tmp_path / "two", tokenizer=directory + "/", **given)
+    assert (result.summary.cache, again.summary.cache) == ("miss", "hit")
+    assert json.loads((tmp_path / "two" / "manifest.json").read_text())["tokenizer"] == manifest["tokenizer"]
+    assert again.tokenizer == directory
+
+
 def test_image_offsets_count_the_samples_padding(
     procs: dict[str, Path], reference: Reference, tmp_path: Path, pack: Any
 ) -> None:

@@ -24,10 +24,14 @@ SIZES = [(300, 200), (56, 90), (120, 77), (64, 64)]
 
 
 @pytest.fixture(scope="module")
-def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def proc(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_qwen2_vl_processor(tmp_path_factory.mktemp("proc") / "proc", training_template=True)
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory, proc: Path) -> Path:
     """One output: four samples with images (one with two), three text-only samples, two rows."""
     root = tmp_path_factory.mktemp("images")
-    proc = make_qwen2_vl_processor(root / "proc", training_template=True)
     records = []
     for k, (w, h) in enumerate(SIZES):
         make_image(root / f"i{k}.png", w, h)
@@ -137,6 +141,52 @@ def test_verify_counts_the_manifests_image_tokens_against_the_shards(packed: Pat
     (out / "manifest.json").write_text(json.dumps(manifest))
     result = invoke("verify", out, expect=1)
     assert f"manifest.json: counts {held + 1} image tokens, the shards hold {held}" in result.stderr.splitlines()
+
+
+@pytest.fixture(scope="module", params=["drop", "truncate"])
+def cut(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, proc: Path) -> Path:
+    """An output of three samples with images, one of them longer than --max-len: dropped, or truncated
+    (its image, at its start, kept whole)."""
+    root = tmp_path_factory.mktemp("cut")
+    make_image(root / "a.png", 56, 56)  # 4 image tokens
+    make_image(root / "b.png", 84, 56)  # 6
+    records = []
+    for k, (images, answer) in enumerate([(["a.png"], "ok"), (["a.png"], "word " * 200), (["a.png", "b.png"], "ok")]):
+        content: list[dict[str, Any]] = [{"type": "image", "image": name} for name in images]
+        content.append({"type": "text", "text": f"q {k}?"})
+        records.append({"messages": [{"role": "user", "content": content}, {"role": "assistant", "content": answer}]})
+    data = write_jsonl(root / "d.jsonl", records)
+    out = root / "out"
+    invoke("pack", data, "-o", out, "--processor", proc, "--max-len", "150", "--overflow", request.param, "--no-cache")
+    return out
+
+
+def test_the_manifests_image_counts_are_those_of_the_rows_written(cut: Path) -> None:
+    manifest = json.loads((cut / "manifest.json").read_text())
+    rows = rows_of(cut)
+    if manifest["options"]["overflow"] == "drop":
+        assert manifest["counts"]["dropped"] == {"too_long": 1}
+    else:
+        assert manifest["counts"]["truncated"] == 1
+    held = {
+        "samples": sum(len(set(r["image_sample"])) for r in rows),
+        "images": sum(len(r["image_refs"]) for r in rows),
+        "image_tokens": sum(sum(r["image_tokens"]) for r in rows),
+        "embedded": 0,
+    }
+    assert held["images"] == (3 if manifest["options"]["overflow"] == "drop" else 4)
+    assert manifest["tokenizer"]["processor"]["images"] == held
+    assert json.loads(invoke("verify", cut, "--json").stdout)["ok"]
+
+
+def test_verify_compares_the_image_counts_after_a_drop_or_a_truncation(cut: Path, tmp_path: Path) -> None:
+    out = copy_output(cut, tmp_path)
+    manifest = json.loads((out / "manifest.json").read_text())
+    held = manifest["tokenizer"]["processor"]["images"]["images"]
+    manifest["tokenizer"]["processor"]["images"]["images"] = held + 1
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    result = invoke("verify", out, expect=1)
+    assert f"manifest.json: counts {held + 1} images, the shards hold {held}" in result.stderr.splitlines()
 
 
 def test_verify_catches_an_image_file_replaced_by_one_of_another_size(packed: Path, tmp_path: Path) -> None:

@@ -210,7 +210,8 @@ class PackConfig:
                 ) from exc
 
     def _check_processor(self) -> None:
-        """--processor: its directory's tokenizer is the run's; the combinations images are not packed with."""
+        """--processor: no other tokenizer than its directory's (``tokenizer_name``); the combinations images
+        are not packed with."""
         if self.processor is None:
             if self.embed_images:
                 raise UsageError("applies to images, which are packed with ", Opt("processor"), option="embed_images")
@@ -224,7 +225,6 @@ class PackConfig:
                 option="tokenizer",
                 hint=("leave out ", Opt("tokenizer"), " with ", Opt("processor")),
             )
-        object.__setattr__(self, "tokenizer", self.processor)
         for name, value, what in NOT_WITH_IMAGES:
             if getattr(self, name) == value:
                 raise UsageError(
@@ -331,10 +331,20 @@ class PackConfig:
             return self.max_len
         return (self.max_len - offset) // m * m + offset
 
+    @property
+    def tokenizer_name(self) -> str | None:
+        """The run's tokenizer: the --processor directory's (a --tokenizer beside it names the same directory),
+        else --tokenizer (None: packcli's default)."""
+        return self.processor or self.tokenizer
+
     def options(self) -> dict[str, Any]:
-        """Return the options as plain JSON values, for the manifest (the eval options only when given)."""
+        """Return the options as plain JSON values, for the manifest (the eval options only when given;
+        the tokenizer the run's, ``tokenizer_name``)."""
         kept = [f.name for f in fields(self) if f.name not in EVAL_OPTIONS or getattr(self, f.name) is not None]
-        return {name: getattr(self, name) for name in kept} | {"inputs": list(self.inputs)}
+        return {name: getattr(self, name) for name in kept} | {
+            "inputs": list(self.inputs),
+            "tokenizer": self.tokenizer_name,
+        }
 
     def group(self, concern: str) -> dict[str, Any]:
         """Return the options of one concern (see ``OPTION_GROUPS``) by name."""

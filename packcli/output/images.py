@@ -13,6 +13,9 @@ Written when the run has a processor (``--processor``); the collator reads them 
 - ``image_spans`` list<int32>: the tokens of its whole expansion from its offset (only for the families
   whose image is more than a run of image tokens: Idefics3, SmolVLM; there the ``image_tokens`` image
   tokens lie among tile markers and newlines inside those tokens).
+
+The manifest's image counts (``tokenizer.processor.images``) are those of the rows written
+(``written_image_counts``, per shard as it is written), as its token counts are.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 IMAGE_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("image_refs", pa.list_(pa.string())),
@@ -33,6 +37,10 @@ IMAGE_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("image_sample", pa.list_(pa.int32())),
     ("image_spans", pa.list_(pa.int32())),
 )
+
+
+# The manifest's image counts: samples with images, images, their image tokens, images that came as bytes.
+IMAGE_COUNTS = ("samples", "images", "image_tokens", "embedded")
 
 
 def _written(name: str, with_bytes: bool, with_spans: bool) -> bool:
@@ -82,3 +90,29 @@ def image_columns(
             values[name].append(row[name])
         del r
     return [pa.array(values[name], type=kind) for name, kind in IMAGE_COLUMNS if _written(name, with_bytes, with_spans)]
+
+
+def written_image_counts(table: pa.Table) -> dict[str, int]:
+    """Return the image counts (``IMAGE_COUNTS``) of rows as written: a sample is counted once per row it
+    is in, an image as bytes when it has no path (``image_refs`` null)."""
+    refs = table.column("image_refs").combine_chunks()
+    per_row = refs.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
+    sample = table.column("image_sample").combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+    row = np.repeat(np.arange(len(per_row), dtype=np.int64), per_row)
+    flat = refs.flatten()
+    return {
+        "samples": len(np.unique(row * (int(sample.max(initial=-1)) + 1) + sample)),
+        "images": len(flat),
+        "image_tokens": int(pc.sum(table.column("image_tokens").combine_chunks().flatten()).as_py() or 0),
+        "embedded": flat.null_count,
+    }
+
+
+def with_written_images(tokenizer: dict[str, Any], shards: list[dict[str, Any]]) -> dict[str, Any]:
+    """Return the run's tokenizer identity with its processor's image counts those of the shards written
+    (each shard entry's ``images``, summed), not those of the token store; a text run's as it is."""
+    processor = tokenizer.get("processor")
+    if not isinstance(processor, dict):
+        return tokenizer
+    counts = {key: sum(int(s.get("images", {}).get(key, 0)) for s in shards) for key in IMAGE_COUNTS}
+    return {**tokenizer, "processor": {**processor, "images": counts}}

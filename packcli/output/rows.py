@@ -262,6 +262,7 @@ def write_shard(
     """
     rows = tokens = 0
     max_id = -1  # the largest input id (padding included): a model's embedding must be larger than it
+    images: dict[str, int] | None = None  # image-text rows: their image counts (the manifest's, summed)
     writer = shard_format(output_format).writer(path, schema)
     try:
         for table in tables:
@@ -270,10 +271,17 @@ def write_shard(
             tokens += len(ids)
             if len(ids):
                 max_id = max(max_id, int(ids.to_numpy().max()))
+            if "image_refs" in table.column_names:
+                from packcli.output.images import written_image_counts
+
+                counted = written_image_counts(table)
+                images = {key: (images or {}).get(key, 0) + value for key, value in counted.items()}
             writer.write(table)
     finally:
         writer.close()
-    return {"file": path.name, "rows": rows, "tokens": tokens, "max_token_id": max_id, "sha256": file_sha256(path)}
+    entry = {"file": path.name, "rows": rows, "tokens": tokens, "max_token_id": max_id, "sha256": file_sha256(path)}
+    # Not a key of the manifest's shard entries (ShardEntry): packcli.output.images.with_written_images sums them.
+    return entry if images is None else {**entry, "images": images}
 
 
 def read_shard(path: Path) -> pa.Table:

@@ -8,6 +8,7 @@ Both are found here, per record, so that they are one counted reason instead of 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from packcli.errors import RecordError, too_many_digits
@@ -16,6 +17,8 @@ from packcli.records.formats import Sample
 # Far deeper than any real record (chat messages with tool calls nest under 10 levels), and far below
 # the recursion limit of the decoder and of the template renderer.
 MAX_DEPTH = 100
+_STRUCTURE = re.compile(r'["\[\]{}]')
+_IN_STRING = re.compile(r'["\\]')
 
 
 def too_deep() -> RecordError:
@@ -26,6 +29,42 @@ def integer_too_long() -> RecordError:
     # Python refuses to convert integers this long (a guard against slow conversions): JSON has no
     # limit, so a record may hold one, which is then this reason rather than a traceback.
     return RecordError("integer_out_of_range", f"the record holds {too_many_digits()}; write it as a string")
+
+
+def cut_last_line(why: str) -> RecordError:
+    # A JSON line with no newline that ends inside its record is the file's last line, cut short (a copy
+    # or a download that stopped); a JSON array cut short has this reason too.
+    return RecordError(
+        "truncated_file", f"the file looks cut (a truncated copy?): its last line ends inside the record ({why})"
+    )
+
+
+def ends_inside_value(text: str) -> bool:
+    """Return True when JSON text ends inside its first value: a string or a bracket still open.
+
+    Only strings and brackets are followed (as the JSON array reader's scan does): a line that closes
+    its value and is still invalid is not cut, however it ends.
+    """
+    depth, in_string, i = 0, False, 0
+    while True:
+        m = (_IN_STRING if in_string else _STRUCTURE).search(text, i)
+        if m is None:
+            return in_string or depth > 0
+        i = m.end()
+        c = m.group()
+        if in_string:
+            if c == "\\":
+                i += 1  # the escaped character
+            else:
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+        else:
+            depth -= 1
+            if depth <= 0:  # its value closed (or a bracket closed that was not open): not cut
+                return False
 
 
 def check_value(value: Any, what: str = "the record") -> None:

@@ -218,20 +218,11 @@ def image_total_problems(manifest: dict[str, Any], held: dict[str, int]) -> list
     """The manifest's image counts (tokenizer.processor.images) against what the shards hold (``held``:
     samples, images, image_tokens, embedded); each difference is a problem of the manifest.
 
-    They are counted when the samples are tokenized, so they equal the shards' only when packing kept
-    every sample whole and once: no drop, truncation, split, rank padding or --mix.
+    They are counted from the rows as they are written (packcli.output.images.written_image_counts), so
+    they equal the shards' whatever packing dropped, truncated, split or repeated.
     """
     counted = ((manifest.get("tokenizer") or {}).get("processor") or {}).get("images")
-    counts = manifest.get("counts") or {}
-    options = manifest.get("options") or {}
-    kept_whole = (
-        not counts.get("dropped")
-        and not counts.get("truncated")
-        and not counts.get("duplicated")
-        and "mix" not in manifest
-        and options.get("overflow") != "split"
-    )
-    if not isinstance(counted, dict) or not kept_whole:
+    if not isinstance(counted, dict):
         return []
     problems = []
     for key, value in held.items():

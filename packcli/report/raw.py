@@ -69,7 +69,7 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
             from packcli.run.accounting import empty_answers_warning
 
             warnings = [*warnings, empty_answers_warning(int(meta["empty_answers"]))]
-        tokenizer_name = config.tokenizer or DEFAULT_TOKENIZER
+        tokenizer_name = config.tokenizer_name or DEFAULT_TOKENIZER
         lines = [_what_if(lengths, m, batch_size) for m in max_lens]
         for line in lines:
             line["policies"] = _kept_by_policy(config, store, line["max_len"], trainable, progress, tokenized.sources)

@@ -179,7 +179,7 @@ def made_with(config: PackConfig, identity: dict[str, Any]) -> dict[str, Any]:
         old = identity.get("chat_template_source", "tokenizer")
         template, source = ("tokenizer", "tokenizer") if old == "tokenizer" else ("chatml", "default")
     return {
-        "tokenizer": config.tokenizer or DEFAULT_TOKENIZER,
+        "tokenizer": config.tokenizer_name or DEFAULT_TOKENIZER,
         "template": template,
         "template_source": source,
         "task": config.task,

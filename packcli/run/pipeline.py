@@ -21,6 +21,7 @@ from packcli.io.sources import STDIN, InputSource, forget_streams, resolve_input
 from packcli.io.uri import is_uri
 from packcli.output import guard, staging
 from packcli.output.formats import shard_format
+from packcli.output.images import with_written_images
 from packcli.output.layout import RowLayout
 from packcli.output.manifest import write_manifest
 from packcli.plan import dedup, holdout, mix
@@ -259,7 +260,7 @@ def _manifest(
         task=config.task,
         sample_roles={str(k): v for k, v in SAMPLE_ROLES.items()} if config.task != "sft" else None,
         options=config.options(),
-        tokenizer=inputs.tokenizer,
+        tokenizer=with_written_images(inputs.tokenizer, shards),
         inputs=[
             {"path": s.display, "kind": s.kind, "format": inputs.formats[s.display], "blake2b": f}
             for s, f in zip(inputs.sources, inputs.fingerprints, strict=True)

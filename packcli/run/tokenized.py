@@ -20,7 +20,7 @@ from packcli import __version__, owned
 from packcli.config import PackConfig
 from packcli.contract import Progress, no_progress
 from packcli.engines import DigestChecker, Engine, load_engine
-from packcli.errors import InputError, Opt, RecordError, UsageError, raise_if_stopped, where
+from packcli.errors import InputError, Opt, RecordError, UsageError, raise_if_stopped, record_fix, where
 from packcli.io.fingerprint import changed_input, fingerprint, stamps
 from packcli.io.readers import count_records, hub_reachable, read_batches
 from packcli.io.sources import InputSource, resolve_inputs
@@ -52,23 +52,25 @@ def _sniff_format(
 ) -> tuple[str | None, str | None]:
     """Return the record format of a source, from the fields of its first readable records.
 
-    When none of them could be parsed at all, also return why the first one could not (where and
-    what), since that, not the format, is the problem to report. ``seen`` receives the fields of the
-    records read (or what a record is, when it is no object), for the error that names them.
+    When none of them could be parsed at all, also return why the first one could not (where, what
+    and the fix), since that, not the format, is the problem to report. ``seen`` receives the fields
+    of the records read (or what a record is, when it is no object), for the error that names them.
     """
     first_error = None
     parsed = False
     seen = [] if seen is None else seen
     for batch in read_batches([source], batch_size=50):
-        errors = {pos: detail for pos, _, detail in batch.errors}
+        errors = {pos: (reason, detail) for pos, reason, detail in batch.errors}
         for item, pos in zip(batch.items, batch.positions, strict=True):
             try:
                 if pos in errors:
-                    raise RecordError("", errors[pos])
+                    raise RecordError(*errors[pos])
                 record = worker.parse_line(item) if batch.raw_lines else item
             except RecordError as err:
                 unit = "line" if batch.raw_lines else "record"
-                first_error = first_error or f"{where(source.display, unit, pos)}: {err.detail}"
+                first_error = (
+                    first_error or f"{where(source.display, unit, pos)}: {err.detail}; {record_fix(err.reason)}"
+                )
                 continue
             parsed = True
             for name in record if isinstance(record, dict) else [f"a {type(record).__name__}, not an object"]:
@@ -160,7 +162,7 @@ def _tokenized(
         else:
             fmt, unparsed = _sniff_format(source, config.fields, seen)
         if fmt is None and unparsed is not None and config.on_error == "fail":
-            raise InputError(f"{unparsed}; fix the record, or pass --on-error skip to skip bad records")
+            raise InputError(unparsed)
         if fmt is None and config.on_error == "fail":
             shown = ", ".join(seen[:12]) + (f" and {len(seen) - 12} more" if len(seen) > 12 else "")
             raise InputError(
@@ -206,11 +208,13 @@ def _tokenized(
             fingerprints = timed(lambda: [fingerprint(s, memo, None, remember) for s in sources])
         else:
             hashing = ahead.submit(timed, lambda: [fingerprint(s, None) for s in sources])
-        tokenizer_key = tokenizer_fingerprint(config.tokenizer, config.chat_template)
+        tokenizer_key = tokenizer_fingerprint(config.tokenizer_name, config.chat_template)
         store_needed = not config.cache or tokenizer_key is None
         if store_needed:
             counting = ahead.submit(timed, lambda: [count_records(s) for s in sources]) if known is None else None
-            encoder = Encoder(config.tokenizer, config.chat_template, ingest.encode_options(config), config.processor)
+            encoder = Encoder(
+                config.tokenizer_name, config.chat_template, ingest.encode_options(config), config.processor
+            )
             if counting is not None:
                 counting.result()
         if not config.cache and known is None:
@@ -280,7 +284,7 @@ def _tokenized(
         else:
             if encoder is None:
                 encoder = Encoder(
-                    config.tokenizer, config.chat_template, ingest.encode_options(config), config.processor
+                    config.tokenizer_name, config.chat_template, ingest.encode_options(config), config.processor
                 )
             if config.cache and fill_cache:
                 store_path = entry
@@ -341,7 +345,7 @@ def _as_this_run(store: TokenStore, sources: list[InputSource], config: PackConf
     store.meta["sources"] = [{**m, "path": s.display} for m, s in zip(store.meta["sources"], sources, strict=True)]
     store.meta["original_paths"] = original
     tokenizer = dict(store.meta["tokenizer"])
-    tokenizer["name"] = config.tokenizer or DEFAULT_TOKENIZER
+    tokenizer["name"] = config.tokenizer_name or DEFAULT_TOKENIZER
     if config.chat_template is not None:  # the key holds the template's text, not its path
         builtin = builtin_name(config.chat_template)
         tokenizer["chat_template"] = builtin if builtin is not None else str(config.chat_template)

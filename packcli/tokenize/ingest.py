@@ -165,7 +165,7 @@ def tokenize_to_store(
     records_split = pieces = 0
     rejects_path = writer.tmp / "rejects.jsonl"
     n_stored = 0  # samples stored so far: the image table's sample numbers
-    image_counts: Counter[str] = Counter()
+    image_counts: Counter[str] = Counter()  # the store's (embedded: whether rows need image_bytes), not the manifest's
     images_file: Any = None
     fixes_path = writer.tmp / TURN_FIXES
     starts: dict[str, int] = {}
@@ -218,10 +218,7 @@ def tokenize_to_store(
                         )
                     if reject["reason"] not in POLICY_DROPS and config.on_error == "fail":
                         where_record = errors.where(reject["source"], reject["unit"], reject["position"])
-                        raise InputError(
-                            f"{where_record}: {reject['detail']}; "
-                            "fix the record, or pass --on-error skip to skip bad records"
-                        )
+                        raise InputError(f"{where_record}: {reject['detail']}; {errors.record_fix(reject['reason'])}")
                     counts[reject["reason"]] += 1
                     _write_line(rejects_file, json.dumps(reject, ensure_ascii=False), where, fix)
                 if result.images is not None:

@@ -16,7 +16,16 @@ from packcli.errors import RecordError
 from packcli.io.sources import RawBatch
 from packcli.io.uri import is_uri
 from packcli.records import preference, turns
-from packcli.records.checks import UNUSABLE, UnusableRecord, check_sample, integer_too_long, raw_line_is_clean, too_deep
+from packcli.records.checks import (
+    UNUSABLE,
+    UnusableRecord,
+    check_sample,
+    cut_last_line,
+    ends_inside_value,
+    integer_too_long,
+    raw_line_is_clean,
+    too_deep,
+)
 from packcli.records.dedup import content_key
 from packcli.records.formats import PREFERENCE_FORMATS, Sample, detect_format, normalize
 from packcli.records.images import attach_images
@@ -339,7 +348,9 @@ def parse_line(line: bytes) -> Any:
     try:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise RecordError("invalid_json", _json_error(text, exc)) from exc
+        if not line.endswith(b"\n") and ends_inside_value(text):  # only a file's last line lacks its newline
+            raise cut_last_line(_json_error(text, exc)) from exc
+        raise RecordError("invalid_json", f"invalid JSON ({_json_error(text, exc)})") from exc
     except ValueError as exc:  # the only other one: an integer past Python's digit limit
         raise integer_too_long() from exc
     except RecursionError as exc:  # the decoder recurses per nesting level
@@ -350,7 +361,8 @@ def parse_line(line: bytes) -> Any:
 
 
 def _json_error(text: str, exc: json.JSONDecodeError) -> str:
-    """Return what is wrong with a JSON line that does not decode, at the column of the record's text.
+    """Return what is wrong with a JSON line that does not decode, at the column of the record's text
+    (``Expecting ',' delimiter at column 91``).
 
     The line is decoded with its newline (stripping it would copy every line), so an error found at
     the newline, as in a record cut short, is looked for again in the text without it.
@@ -362,7 +374,7 @@ def _json_error(text: str, exc: json.JSONDecodeError) -> str:
         except json.JSONDecodeError as inner:
             exc = inner
     # Some of the decoder's messages end in "at" ("Unterminated string starting at"): say it once.
-    return f"invalid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})"
+    return f"{exc.msg.removesuffix(' at')} at column {exc.colno}"
 
 
 def reject(

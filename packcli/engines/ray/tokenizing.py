@@ -266,7 +266,7 @@ class ClusterTokenizing:
         config = self.config
         return TokenizerSettings(
             root=root,
-            tokenizer=_absolute_if_local(config.tokenizer),
+            tokenizer=_absolute_if_local(config.tokenizer_name),
             chat_template=_absolute_if_local(config.chat_template),
             options=ingest.encode_options(config),
             fields=dict(config.fields),
