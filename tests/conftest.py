@@ -49,6 +49,7 @@ SLOW_TESTS: dict[str, set[str]] = {
         "test_the_docs_example_runs",
         "test_errors_carry_the_option_and_hint_each_client_names_its_way",
     },
+    "test_encode_service": {"test_the_main_process_encoding_writes_the_same_bytes[drop]"},
     "test_cache": {
         "test_the_reader_and_the_order_of_inputs_stay_in_the_key",
         "test_a_template_file_never_shares_the_key_of_no_template",
