@@ -55,8 +55,9 @@ try:
 except SystemExit as exc:
     code = exc.code or 0
 t1 = time.perf_counter()
-run = {k: v for k, v in engines[0].last_run.items() if k != "nodes"}
-out = {"code": code, "t0": t0, "t1": t1, "ray": run, "received": dict(engines[0].received),
+run = {k: v for k, v in getattr(engines[0], "last_run", {}).items() if k != "nodes"}
+received = dict(getattr(engines[0], "received", {"bytes": 0}))  # the local engine fetches nothing
+out = {"code": code, "t0": t0, "t1": t1, "ray": run, "received": received,
        "driver_maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 open(sys.argv[1], "w").write(json.dumps(out))
 """
