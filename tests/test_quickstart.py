@@ -123,7 +123,11 @@ def test_default_pair_markers_are_single_tokens_and_chatml_stays_available() -> 
     for marker in DEEPSEEK_MARKERS:
         assert len(default.tokenizer.encode(marker, add_special_tokens=False)) == 1, marker
     shape = default.shape()
-    assert (shape.header, shape.end_markers) == ("<｜Assistant｜>", (END_OF_TURN,))
+    # An answer ends at its end of turn, or after its tool calls (their markers are single tokens too).
+    tool_end = "<｜tool▁call▁end｜><｜tool▁calls▁end｜>" + END_OF_TURN
+    assert (shape.header, shape.end_markers) == ("<｜Assistant｜>", (END_OF_TURN, tool_end))
+    for marker in ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"):
+        assert len(default.tokenizer.encode(marker, add_special_tokens=False)) == 1, marker
     # ChatML is still there by name, and says that its markers are not this tokenizer's.
     chatml = Encoder(None, "chatml", EncodeOptions())
     assert (chatml.template_name, chatml.template_origin) == ("chatml", "packcli")

@@ -194,7 +194,10 @@ class ChatTemplate:
 
     def text(self, sample: Sample) -> str:
         """Return the text of a conversation exactly as ``spans`` renders it for encoding."""
-        return self.render(self.prepare(sample), tools=sample.tools, kwargs=self._kwargs(sample))[0]
+        messages = self.prepare(sample)
+        text = self.render(messages, tools=sample.tools, kwargs=self._kwargs(sample))[0]
+        check_tool_calls_rendered(messages, text)
+        return text
 
     def _kwargs(self, sample: Sample) -> dict[str, Any]:
         # A record's own chat_template_kwargs override the run's.
@@ -214,6 +217,7 @@ class ChatTemplate:
         masked = [i for i in assistant_at if i not in set(which)] if train_on == "all" else []
         if self.has_generation_blocks:
             text, spans = self.render(messages, spans=True, tools=tools, kwargs=kwargs)
+            check_tool_calls_rendered(messages, text)
             if (train_on != "all" or masked) and len(spans) != len(assistant_at):
                 raise RecordError(
                     "template_spans_mismatch",
@@ -225,12 +229,37 @@ class ChatTemplate:
                 return text, _outside([by_turn[i] for i in masked], len(text))
             return text, [by_turn[i] for i in which]
         text, _ = self.render(messages, tools=tools, kwargs=kwargs)
+        check_tool_calls_rendered(messages, text)
         if train_on == "all":
             if not masked:
                 return text, [(0, len(text))]
             off = assistant_spans(self.renderer(tools, kwargs), messages, text, masked, self.shape(kwargs))
             return text, _outside(off, len(text))
         return text, assistant_spans(self.renderer(tools, kwargs), messages, text, which, self.shape(kwargs))
+
+
+def check_tool_calls_rendered(messages: list[dict[str, Any]], text: str) -> None:
+    """Refuse a conversation whose tool calls the template leaves out of its rendering.
+
+    A template that renders no ``tool_calls`` (many plain chat templates) would train an answer without
+    its call: the model would learn to answer where it should call. Each call's function name must be
+    in the rendered text.
+    """
+    for i, message in enumerate(messages):
+        calls = message.get("tool_calls")
+        if not calls or not isinstance(calls, list):
+            continue
+        for call in calls:
+            if not isinstance(call, dict):
+                continue
+            function = call.get("function")
+            name = function.get("name") if isinstance(function, dict) else call.get("name")
+            if isinstance(name, str) and name and name not in text:
+                raise RecordError(
+                    "tool_calls_not_rendered",
+                    f"message {i} calls '{name}', but the chat template renders no tool calls (the answer would "
+                    "be trained without its call); pass a --chat-template that renders tool_calls",
+                )
 
 
 def _outside(spans: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
