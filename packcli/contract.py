@@ -38,6 +38,19 @@ OPTIONAL_COLUMNS = pa.schema(
         ("source", pa.list_(pa.int16())),
     ]
 )
+# The image columns of a run with --processor (packcli.output.images writes them, after the others, in
+# this order): image_bytes only with --embed-images, image_spans only for the families whose image is
+# a span of markers and image tokens (Idefics3, SmolVLM).
+IMAGE_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
+    ("image_refs", pa.list_(pa.string())),
+    ("image_bytes", pa.list_(pa.binary())),
+    ("image_sizes", pa.list_(pa.list_(pa.int32()))),
+    ("image_grid", pa.list_(pa.list_(pa.int32()))),
+    ("image_tokens", pa.list_(pa.int32())),
+    ("image_offsets", pa.list_(pa.int32())),
+    ("image_sample", pa.list_(pa.int32())),
+    ("image_spans", pa.list_(pa.int32())),
+)
 # sample_role values: what each sample of a preference or KTO output is (written with --task preference
 # or kto, and 0 on a --pad-to-max padding segment). The one definition of these numbers.
 SFT, CHOSEN, REJECTED, DESIRABLE, UNDESIRABLE = 0, 1, 2, 3, 4

@@ -27,17 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-IMAGE_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
-    ("image_refs", pa.list_(pa.string())),
-    ("image_bytes", pa.list_(pa.binary())),
-    ("image_sizes", pa.list_(pa.list_(pa.int32()))),
-    ("image_grid", pa.list_(pa.list_(pa.int32()))),
-    ("image_tokens", pa.list_(pa.int32())),
-    ("image_offsets", pa.list_(pa.int32())),
-    ("image_sample", pa.list_(pa.int32())),
-    ("image_spans", pa.list_(pa.int32())),
-)
-
+from packcli.contract import IMAGE_COLUMNS
 
 # The manifest's image counts: samples with images, images, their image tokens, images that came as bytes.
 IMAGE_COUNTS = ("samples", "images", "image_tokens", "embedded")

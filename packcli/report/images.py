@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from packcli.contract import IMAGE_COLUMNS as IMAGE_FIELDS
 from packcli.errors import IncompatibleError, RecordError, TokenizerError, first_line
-from packcli.output.images import IMAGE_COLUMNS as IMAGE_FIELDS
 from packcli.train.vision import RowImage, row_images
 from packcli.vision import ImageRef, VisionProcessor, image_size, load_processor
 

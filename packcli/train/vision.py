@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from packcli.contract import IGNORE_INDEX
+from packcli.contract import IMAGE_COLUMNS as IMAGE_FIELDS
 from packcli.errors import IncompatibleError, InputError, RecordError
 from packcli.train.mrope import mrope_positions
 from packcli.vision import ImageRef, VisionProcessor, load_processor
@@ -40,16 +41,7 @@ from packcli.vision import ImageRef, VisionProcessor, load_processor
 if TYPE_CHECKING:
     from packcli.train.collate import Mode
 
-IMAGE_COLUMNS: tuple[str, ...] = (
-    "image_refs",
-    "image_bytes",
-    "image_sizes",
-    "image_grid",
-    "image_tokens",
-    "image_offsets",
-    "image_sample",
-    "image_spans",
-)
+IMAGE_COLUMNS: tuple[str, ...] = tuple(name for name, _ in IMAGE_FIELDS)
 # The families whose positions are three-dimensional (mRoPE) and whose image processor gives a grid:
 # Qwen2-VL and Qwen2.5-VL, and Qwen3-VL, whose get_rope_index places images by the same rule.
 MROPE_FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen3_vl")
