@@ -120,24 +120,17 @@ class EncodeService:
                             conn.send(f"{type(exc).__name__}: {exc}")
 
     def _answer(self, group: list[Any], add_special: bool) -> None:
-        from packcli.tokenize.encoder import span_mask
+        from packcli.tokenize.encoder import ids_and_mask
 
         texts = [text for _, _, items in group for text, _ in items]
-        done = self.encoder.backend.encode_batch(texts, add_special_tokens=add_special)
-        k = 0
+        done = iter(self.encoder.backend.encode_batch(texts, add_special_tokens=add_special))
         replies = []  # all made before any is sent: a failure answers every worker of the group alike
         for conn, _, items in group:
-            ids_parts, mask_parts, lengths = [], [], []
-            for text, spans in items:
-                enc = done[k]
-                k += 1
-                ids = np.asarray(enc.ids, dtype=np.int32)
-                ids_parts.append(ids)
-                mask_parts.append(span_mask(enc, spans, len(ids), len(text)))
-                lengths.append(len(ids))
-            flat_ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.int32)
-            flat_mask = np.concatenate(mask_parts) if mask_parts else np.zeros(0, bool)
-            replies.append((conn, (np.asarray(lengths, dtype=np.int64), flat_ids, flat_mask)))
+            made = [ids_and_mask(next(done), spans, len(text)) for text, spans in items]
+            lengths = np.asarray([len(ids) for ids, _ in made], dtype=np.int64)
+            flat_ids = np.concatenate([ids for ids, _ in made]) if made else np.zeros(0, np.int32)
+            flat_mask = np.concatenate([mask for _, mask in made]) if made else np.zeros(0, bool)
+            replies.append((conn, (lengths, flat_ids, flat_mask)))
         for conn, reply in replies:
             with contextlib.suppress(OSError):
                 conn.send(reply)

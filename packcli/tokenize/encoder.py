@@ -218,18 +218,14 @@ class Encoder:
             if enc is None:
                 whole.append(k)
             else:
-                ids = np.asarray(enc.ids, dtype=np.int32)
-                out[k] = (ids, span_mask(enc, spans, len(ids), len(text)))
+                out[k] = ids_and_mask(enc, spans, len(text))
         if not whole:
             return out
         if self.remote is not None:
             made = self.remote.encode([items[k] for k in whole], add_special)
         else:
             done = self.backend.encode_batch([items[k][0] for k in whole], add_special_tokens=add_special)
-            made = []
-            for k, enc in zip(whole, done, strict=True):
-                ids = np.asarray(enc.ids, dtype=np.int32)
-                made.append((ids, span_mask(enc, items[k][1], len(ids), len(items[k][0]))))
+            made = [ids_and_mask(enc, items[k][1], len(items[k][0])) for k, enc in zip(whole, done, strict=True)]
         for k, pair in zip(whole, made, strict=True):
             out[k] = pair
         return out
@@ -307,6 +303,12 @@ def finish(ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if not np.any(labels != IGNORE_INDEX):
         raise RecordError("nothing_to_train", "no token of the sample is trained on (all labels are -100)")
     return ids, labels
+
+
+def ids_and_mask(enc: Any, spans: list[tuple[int, int]], n_chars: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return an encoding's ids (int32) and the mask of its tokens that overlap ``spans``."""
+    ids = np.asarray(enc.ids, dtype=np.int32)
+    return ids, span_mask(enc, spans, len(ids), n_chars)
 
 
 def span_mask(enc: Any, spans: list[tuple[int, int]], n_tokens: int, n_chars: int) -> np.ndarray:
