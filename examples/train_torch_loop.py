@@ -30,8 +30,7 @@ from datasets import Dataset
 from torch.utils.data import DataLoader
 
 from packcli.errors import PackcliError
-from packcli.train.checks import RankStepSampler, check_compatible
-from packcli.train.checks import load_rows as _load_rows
+from packcli.train.checks import RankStepSampler, check_compatible, load_rows as _load_rows
 from packcli.train.collate import PackedCollator
 
 

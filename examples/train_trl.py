@@ -25,8 +25,7 @@ from typing import Any
 from datasets import Dataset
 
 from packcli.errors import PackcliError
-from packcli.train.checks import check_compatible
-from packcli.train.checks import load_rows as _load_rows
+from packcli.train.checks import check_compatible, load_rows as _load_rows
 
 COLUMNS = ["input_ids", "labels", "seq_lengths"]
 

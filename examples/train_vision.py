@@ -38,8 +38,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from packcli.errors import PackcliError
-from packcli.train.checks import RankStepSampler
-from packcli.train.checks import load_rows as _load_rows
+from packcli.train.checks import RankStepSampler, load_rows as _load_rows
 from packcli.train.vision import VisionCollator
 from packcli.vision import load_processor
 
@@ -64,8 +63,13 @@ def tiny_model(
     Two text layers of width 32, a two-block vision tower of width 32; the vocabulary is the tokenizer's,
     the vision token ids are the tokenizer's, the patch and merge sizes the image processor's.
     """
-    from transformers import AutoTokenizer, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig
-    from transformers import Qwen2VLForConditionalGeneration as Qwen2VL
+    from transformers import (
+        AutoTokenizer,
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration as Qwen2VL,
+    )
 
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}, not {family!r}")

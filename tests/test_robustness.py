@@ -18,11 +18,9 @@ import numpy as np
 import pytest
 
 from packcli.contract import file_sha256
-from packcli.output import manifest as output_manifest
-from packcli.output import rows as shards
+from packcli.output import manifest as output_manifest, rows as shards
 from packcli.store import tokens as cache_mod
-from packcli.tokenize import bounds, ingest
-from packcli.tokenize import encoder as tokenize
+from packcli.tokenize import bounds, encoder as tokenize, ingest
 
 from .conftest import make_conversations, one_stderr_line, read_rows, write_jsonl
 

@@ -59,8 +59,7 @@ def prune(
     Example: packcli cache prune --older-than 14d --max-size 20GB
     """
     from packcli.errors import UsageError
-    from packcli.store.cachedir import parse_age, parse_size
-    from packcli.store.cachedir import prune as prune_cache
+    from packcli.store.cachedir import parse_age, parse_size, prune as prune_cache
 
     if older_than is None and max_size is None:
         raise UsageError("cache prune needs --older-than AGE, --max-size SIZE or both; see packcli cache ls")

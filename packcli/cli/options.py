@@ -15,8 +15,11 @@ from typing import Annotated, Any
 
 import typer
 
-from packcli.config import BUILTIN_TEMPLATES, CHOICES
-from packcli.config import flag as flag  # declared beside the options it names; imported from here too
+from packcli.config import (
+    BUILTIN_TEMPLATES,
+    CHOICES,
+    flag as flag,  # declared beside the options it names; imported from here too
+)
 from packcli.errors import Opt, PackcliError, joined
 
 INPUT = "Input"

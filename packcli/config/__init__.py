@@ -12,8 +12,26 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, get_args
+from typing import Any
 
+from packcli.config.choices import (
+    CHOICE_TYPES as CHOICE_TYPES,
+    CHOICES as CHOICES,
+    Algorithm as Algorithm,
+    Dedup as Dedup,
+    EngineName as EngineName,
+    LossWeighting as LossWeighting,
+    MixBy as MixBy,
+    OnError as OnError,
+    OutputFormat as OutputFormat,
+    Overflow as Overflow,
+    RankRemainder as RankRemainder,
+    RecordFormat as RecordFormat,
+    SplitSystem as SplitSystem,
+    Task as Task,
+    TrainOn as TrainOn,
+    TruncateSide as TruncateSide,
+)
 from packcli.config.values import (
     CALL_OPTIONS,
     EVAL_OPTIONS,
@@ -31,44 +49,6 @@ from packcli.config.values import (
 )
 from packcli.errors import Opt, UsageError
 from packcli.records.formats import DEFAULT_FIELDS, RESERVED_TEMPLATE_KWARGS
-
-# The choices of every choice option, declared once as Literal types: type checkers read them in
-# ``packcli.pack``'s signature, and CHOICES (the values the CLI, presets and the library accept) and the
-# help's metavars come from them.
-RecordFormat = Literal[
-    "auto", "messages", "conversations", "prompt_completion", "alpaca", "text", "tokenized", "preference", "kto"
-]
-Task = Literal["auto", "sft", "preference", "kto"]
-TrainOn = Literal["auto", "all", "assistant", "last_assistant", "completion"]
-Overflow = Literal["drop", "truncate", "split", "error"]
-TruncateSide = Literal["auto", "right", "left"]  # auto: see PackConfig.cut_side; a pair's prompt from the left
-SplitSystem = Literal["all", "first"]
-OnError = Literal["fail", "skip"]
-OutputFormat = Literal["parquet", "arrow", "mds", "megatron"]
-Algorithm = Literal["ffd", "bfd"]
-RankRemainder = Literal["drop", "pad"]
-EngineName = Literal["local", "ray"]
-LossWeighting = Literal["token", "sample", "sqrt"]
-MixBy = Literal["tokens", "trainable", "records"]  # --mix: what a share is a share of
-Dedup = Literal["off", "exact"]  # --dedup exact: records whose normalised content repeats are dropped
-
-CHOICE_TYPES: dict[str, Any] = {
-    "format": RecordFormat,
-    "task": Task,
-    "train_on": TrainOn,
-    "overflow": Overflow,
-    "truncate_side": TruncateSide,
-    "split_system": SplitSystem,
-    "on_error": OnError,
-    "output_format": OutputFormat,
-    "algorithm": Algorithm,
-    "rank_remainder": RankRemainder,
-    "engine": EngineName,
-    "loss_weighting": LossWeighting,
-    "mix_by": MixBy,
-    "dedup": Dedup,
-}
-CHOICES: dict[str, tuple[str, ...]] = {name: get_args(kind) for name, kind in CHOICE_TYPES.items()}
 
 # The command line's flag of each option, where it is not ``--`` and the name with dashes (see flag()).
 FLAGS = {

@@ -25,8 +25,7 @@ from packcli.errors import first_line
 from packcli.output.formats import FORMATS, MISSING_INDEX, ShardFormat, format_of, shard_batches, shard_schema
 from packcli.output.manifest import manifest_problems, read_manifest
 from packcli.output.rows import EXTENSIONS, file_sha256
-from packcli.report.images import ImageChecker, image_checker, image_total_problems
-from packcli.report.images import image_columns as images_to_read
+from packcli.report.images import ImageChecker, image_checker, image_columns as images_to_read, image_total_problems
 from packcli.report.row_checks import CHECKS, WEIGHTING_RULES, Expected, ShardTotals, check_batch, check_images
 
 SHARD_FILE = re.compile(r"^shard-\d+-of-\d+(" + "|".join(re.escape(e) for e in EXTENSIONS.values()) + ")$")

@@ -32,8 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from packcli.contract import IGNORE_INDEX
-from packcli.contract import IMAGE_COLUMNS as IMAGE_FIELDS
+from packcli.contract import IGNORE_INDEX, IMAGE_COLUMNS as IMAGE_FIELDS
 from packcli.errors import IncompatibleError, InputError, RecordError
 from packcli.train.mrope import mrope_positions
 from packcli.vision import ImageRef, VisionProcessor, load_processor
