@@ -133,12 +133,18 @@ def test_verify_catches_a_damaged_image_behind_a_valid_checksum(
     assert "sha256" not in result.stderr
 
 
+def count_one_more(out: Path, key: str) -> int:
+    """Raise the manifest's image count ``key`` by one; return the count the shards hold."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    held: int = manifest["tokenizer"]["processor"]["images"][key]
+    manifest["tokenizer"]["processor"]["images"][key] = held + 1
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return held
+
+
 def test_verify_counts_the_manifests_image_tokens_against_the_shards(packed: Path, tmp_path: Path) -> None:
     out = copy_output(packed, tmp_path)
-    manifest = json.loads((out / "manifest.json").read_text())
-    held = manifest["tokenizer"]["processor"]["images"]["image_tokens"]
-    manifest["tokenizer"]["processor"]["images"]["image_tokens"] = held + 1
-    (out / "manifest.json").write_text(json.dumps(manifest))
+    held = count_one_more(out, "image_tokens")
     result = invoke("verify", out, expect=1)
     assert f"manifest.json: counts {held + 1} image tokens, the shards hold {held}" in result.stderr.splitlines()
 
@@ -181,10 +187,7 @@ def test_the_manifests_image_counts_are_those_of_the_rows_written(cut: Path) -> 
 
 def test_verify_compares_the_image_counts_after_a_drop_or_a_truncation(cut: Path, tmp_path: Path) -> None:
     out = copy_output(cut, tmp_path)
-    manifest = json.loads((out / "manifest.json").read_text())
-    held = manifest["tokenizer"]["processor"]["images"]["images"]
-    manifest["tokenizer"]["processor"]["images"]["images"] = held + 1
-    (out / "manifest.json").write_text(json.dumps(manifest))
+    held = count_one_more(out, "images")
     result = invoke("verify", out, expect=1)
     assert f"manifest.json: counts {held + 1} images, the shards hold {held}" in result.stderr.splitlines()
 
