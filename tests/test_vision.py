@@ -96,3 +96,14 @@ def test_a_png_is_sized_from_its_chunk_headers_without_decoding_its_pixels(tmp_p
     assert loads == []
     # With an EXIF chunk, PIL reads it as the processors' loader does: the size turns.
     assert image_size(ImageRef(path=str(turned))) == (640, 480)
+
+
+def test_a_missing_pillow_is_one_whole_line_that_says_how_to_install_it(qwen_dir: Path, monkeypatch: Any) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "PIL", None)  # what ``import PIL`` meets where Pillow is not installed
+    with pytest.raises(TokenizerError) as err:
+        load_processor(str(qwen_dir))
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.endswith("Pillow, which is not installed; install it with pip install pillow")

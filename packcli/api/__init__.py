@@ -288,6 +288,7 @@ def stats(
     check_call_options(batch_size=batch_size)
     check_options(options)
     inputs = listed(inputs)
+    check_inputs(inputs)  # before max_len: stats(5) is wrong in its inputs, not in a missing max_len
     if isinstance(inputs, (str, os.PathLike)) and is_packed_output(Path(inputs)):
         raw_only = [n for n, v in (("max_len", max_len), ("num_proc", num_proc), ("cache_dir", cache_dir)) if v]
         if raw_only or options:
@@ -302,7 +303,6 @@ def stats(
     given["num_proc"] = available_cores() if num_proc is None else num_proc
     with library_terms():
         config = PackConfig(inputs=(), **path_strings(given))
-    check_inputs(inputs)
     reset_stop()
     with as_paths(inputs, memory_root(config)) as (paths, names), library_terms(names):
         result = raw_stats(replace(config, inputs=tuple(paths)), lens, batch_size=batch_size)

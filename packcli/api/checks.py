@@ -44,7 +44,8 @@ def check_inputs(inputs: Any) -> None:
     if isinstance(inputs, Mapping):
         raise UsageError(f"{what}, not one record (a table); put it in a list")
     if not isinstance(inputs, Sequence) or isinstance(inputs, (bytes, bytearray)):
-        raise UsageError(f"{what}, not {shown(inputs)}")  # an iterator was made a list by listed
+        given = "None" if inputs is None else shown(inputs)  # Python's word, not JSON's null
+        raise UsageError(f"{what}, not {given}")  # an iterator was made a list by listed
     if not inputs:
         raise UsageError(f"{what}, not an empty list")
     paths = all(isinstance(x, (str, os.PathLike)) for x in inputs)

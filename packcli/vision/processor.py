@@ -113,6 +113,17 @@ def processor_files(directory: Path) -> tuple[str | None, dict[str, Any], str | 
     return cls, config, template
 
 
+def _require_pillow(name: str) -> None:
+    """Refuse in one whole line when Pillow is missing (transformers' own message is several lines long)."""
+    try:
+        import PIL  # noqa: F401
+    except ImportError:
+        raise TokenizerError(
+            f"cannot load the image processor of '{name}': it reads images with Pillow, which is not installed; "
+            "install it with pip install pillow"
+        ) from None
+
+
 def load_processor(name: str) -> VisionProcessor:
     """Load a saved processor directory, or raise a one-line TokenizerError naming what it lacks.
 
@@ -137,6 +148,7 @@ def load_processor(name: str) -> VisionProcessor:
         known = ", ".join(sorted(FAMILIES))
         raise TokenizerError(f"processor '{name}' is a {cls}, which packcli does not know; known: {known}")
     family = FAMILIES[cls]
+    _require_pillow(name)
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     from transformers import AutoImageProcessor
 
