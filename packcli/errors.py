@@ -157,7 +157,11 @@ def where(source: str, unit: str, position: int) -> str:
 def record_fix(reason: str) -> str:
     """Return the fix an error about one bad record names (--on-error fail): a file cut short is copied
     again, another record fixed; or the bad records skipped."""
-    fix = "copy the file again" if reason == "truncated_file" else "fix the record"
+    fixes = {
+        "truncated_file": "copy the file again",
+        "template_error": "fix the record or use a chat template that renders it (--chat-template)",
+    }
+    fix = fixes.get(reason, "fix the record")
     return f"{fix}, or pass --on-error skip to skip bad records"
 
 

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -603,3 +604,22 @@ def test_pool_stops_its_workers_when_the_consumer_closes_it_early() -> None:
         assert next(results) == 0
         assert len(multiprocessing.active_children()) == 2
     assert not multiprocessing.active_children()  # stopped by close(), not left to the garbage collector
+
+
+def test_a_template_that_cannot_render_a_record_is_named_as_the_template_s_failure(
+    tmp_path: Path, pack: Callable[..., Any]
+) -> None:
+    """ChatML has no tool-call rendering: a call turn without content fails in the template, and says so."""
+    data = tmp_path / "calls.jsonl"
+    call = {"type": "function", "function": {"name": "search_notes", "arguments": '{"q": "x"}'}}
+    turns = [
+        {"role": "user", "content": "find x"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "found"},
+        {"role": "assistant", "content": "done"},
+    ]
+    data.write_text(json.dumps({"messages": turns}) + "\n")
+    line = one_error_line(pack(data, "--chat-template", "chatml", "--no-cache", "-o", tmp_path / "o", expect=1))
+    assert line.startswith(f"Error: {data} line 1: the chat template cannot render this record (UndefinedError: ")
+    assert "fix the record or use a chat template that renders it (--chat-template)" in line
+    assert "the chat template raised" not in line

@@ -72,8 +72,7 @@ class ChatTemplate:
         except RecordError:
             raise
         except Exception as exc:  # a template may raise anything (raise_exception, TypeError, ...)
-            first = first_line(exc)
-            raise RecordError("template_error", f"the chat template raised: {first}") from exc
+            raise RecordError("template_error", _template_failure(exc)) from exc
         rendered, indices = out
         return rendered[0], (indices[0] if spans else [])
 
@@ -304,3 +303,17 @@ def trained_turns(sample: Sample, train_on: str) -> list[int]:
         return chosen
     by_rule = set(chosen)
     return [i for i in assistant_at if (i in by_rule if marks[i] is None else marks[i])]
+
+
+def _template_failure(exc: Exception) -> str:
+    """Word a template's failure as the template's: its own refusal (``raise_exception``) as it said it, any
+    other error (a missing key, None + str) as something the template does not handle in this record."""
+    from jinja2.exceptions import TemplateError
+
+    first = first_line(exc)
+    if type(exc) is TemplateError:  # raise_exception('...') in the template: the template's own words
+        return f"the chat template raised: {first}"
+    return (
+        f"the chat template cannot render this record ({type(exc).__name__}: {first}): it does not handle "
+        "something the record holds, such as a message without content or with tool_calls"
+    )
