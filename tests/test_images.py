@@ -626,3 +626,24 @@ def test_image_offsets_count_the_samples_padding(
     assert len(rows) == 1 and len(rows[0]["seq_lengths"]) == 4  # three samples and the row's padding
     assert _row_images_are_whole(rows, reference.pad_id) == 3
     assert rows[0]["image_sample"] == [0, 1, 2] and all(n % 64 == 0 for n in rows[0]["seq_lengths"][:3])
+
+
+def test_an_image_replaced_with_the_same_size_and_mtime_is_not_a_cache_hit(
+    procs: dict[str, Path], tmp_path: Path
+) -> None:
+    """What ``cp -p`` of another image of the same byte size does: only the inode and ctime tell."""
+    path = make_image(tmp_path / "a.bmp", 600, 400)  # uncompressed: 400x600 has the very same byte size
+    data = write_jsonl(tmp_path / "d.jsonl", [{"messages": _image_messages("a.bmp", "q", "a")}])
+    given: dict[str, Any] = {"processor": procs["training"], "num_proc": 1, "cache_dir": tmp_path / "cache"}
+    first = packcli.pack(data, 2048, tmp_path / "one", **given)
+    before = path.stat()
+    other = make_image(tmp_path / "b.bmp", 400, 600)
+    os.utime(other, ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(other, path)
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    again = packcli.pack(data, 2048, tmp_path / "two", **given)
+    assert (first.summary.cache, again.summary.cache) == ("miss", "miss")
+    grids = [_rows(tmp_path / out)[0]["image_grid"] for out in ("one", "two")]
+    (t, h, w) = grids[0][0]
+    assert grids[1] == [[t, w, h]]  # the new image's grid, turned; not the cached one's

@@ -39,6 +39,11 @@ def _stamp(st: os.stat_result) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
 
 
+def file_stamp(path: str | os.PathLike[str]) -> list[int]:
+    """Return a file's stamp: size, mtime, inode and ctime (a copy that restores size and mtime still changes it)."""
+    return _stamp(os.stat(path))
+
+
 def files_to_hash(sources: list[InputSource], memo_path: Path | None = None) -> list[str]:
     """The files whose hash ``fingerprint`` would compute (not remembered, or changed since), in order.
 

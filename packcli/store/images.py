@@ -4,7 +4,8 @@ A run with a processor writes ``images.jsonl`` into the store: one JSON line per
 images, ``{"sample": N, "images": [...]}`` with N the sample's number in the store and, per image,
 ``path`` (absolute, or null for bytes), ``bytes_b64`` (the bytes, base64, when the record carried
 them), ``size`` [height, width], ``grid``, ``tokens`` (image tokens), ``offset`` (its first token in
-the sample), ``span`` (the tokens of its expansion) and ``stat`` [bytes, mtime_ns] of its file.
+the sample), ``span`` (the tokens of its expansion) and ``stat`` [bytes, mtime_ns, inode, ctime_ns] of its
+file, the stamp data files have (``io.fingerprint.file_stamp``): a copy that restores size and mtime is seen.
 A store without images has no such file: text-only stores are unchanged.
 """
 
@@ -12,9 +13,10 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from packcli.io.fingerprint import file_stamp
 
 IMAGES_FILE = "images.jsonl"
 
@@ -57,9 +59,9 @@ def changed_image(table: dict[int, list[dict[str, Any]]]) -> str | None:
                 continue
             seen.add(path)
             try:
-                st = os.stat(path)
+                stamp = file_stamp(path)
             except OSError:
                 return str(path)
-            if image.get("stat") != [st.st_size, st.st_mtime_ns]:
+            if image.get("stat") != stamp:  # a store made before inode and ctime were stamped: a miss
                 return str(path)
     return None

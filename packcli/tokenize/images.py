@@ -14,13 +14,13 @@ modification time (a cache entry whose images changed is made again).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from packcli.errors import RecordError
+from packcli.io.fingerprint import file_stamp
 from packcli.records.formats import Sample
 from packcli.records.images import sample_images
 
@@ -33,17 +33,16 @@ def image_info(image: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     if path is not None:
         ref = ImageRef(path=path)
         try:
-            st = os.stat(path)
-            stat = [st.st_size, st.st_mtime_ns]
+            stat = file_stamp(path)
         except OSError:
             stat = None
         return ref, {"path": path, "stat": stat}
     return ImageRef(data=image["bytes"]), {"path": None, "bytes": image["bytes"]}
 
 
-# (path, bytes, mtime_ns) -> (height, width): an image file named by several samples is sized once per
+# (path, *stamp) -> (height, width): an image file named by several samples is sized once per
 # process (sizing a PNG reads its whole file, for an EXIF chunk after the pixels).
-_SIZES: dict[tuple[str, int, int], tuple[int, int]] = {}
+_SIZES: dict[tuple[Any, ...], tuple[int, int]] = {}
 _SIZES_MAX = 100_000
 
 
@@ -53,7 +52,7 @@ def _size(ref: Any, record: dict[str, Any]) -> tuple[int, int]:
     stat = record.get("stat")
     if record.get("path") is None or stat is None:
         return image_size(ref)
-    key = (record["path"], stat[0], stat[1])
+    key = (record["path"], *stat)
     size = _SIZES.get(key)
     if size is None:
         size = image_size(ref)
