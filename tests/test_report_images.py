@@ -329,3 +329,31 @@ def test_verify_catches_an_image_token_in_a_row_without_images(packed: Path, tmp
     name = rewrite_shard(out, stray)
     lines = invoke("verify", out, expect=1).stderr.splitlines()
     assert lines[0] == f"{name}: 1 row has image tokens but no images (first: row {k})"
+
+
+def test_a_relative_processor_is_recorded_so_that_verify_runs_from_anywhere(
+    proc: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_image(tmp_path / "i.png", 60, 40)
+    content = [{"type": "image", "image": "i.png"}, {"type": "text", "text": "what is it?"}]
+    write_jsonl(
+        tmp_path / "d.jsonl",
+        [{"messages": [{"role": "user", "content": content}, {"role": "assistant", "content": "a"}]}],
+    )
+    monkeypatch.chdir(proc.parent)
+    invoke(
+        "pack", tmp_path / "d.jsonl", "-o", tmp_path / "out", "--processor", proc.name, "--no-cache", "--num-proc", 1
+    )
+    recorded = json.loads((tmp_path / "out" / "manifest.json").read_text())["tokenizer"]["processor"]
+    assert recorded["dir"] == str(proc.resolve())
+    monkeypatch.chdir(tmp_path)
+    invoke("verify", tmp_path / "out")
+
+
+def test_verify_names_a_processor_other_than_the_one_that_packed(packed: Path, tmp_path: Path) -> None:
+    out = copy_output(packed, tmp_path)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["tokenizer"]["processor"]["sha256"] = "0" * 64
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    line = invoke("verify", out, expect=1).stderr.splitlines()[0]
+    assert "is not the one the output was packed with (its sha256 differs)" in line

@@ -193,6 +193,11 @@ def image_checker(manifest: dict[str, Any], problems: list[str]) -> ImageChecker
     checker = ImageChecker(token_id, str(directory) if isinstance(directory, str) else None)
     if checker.processor_problem is not None:
         problems.append(f"tokenizer.processor: {checker.processor_problem}")
+    elif checker.processor is not None and processor.get("sha256") not in (None, checker.processor.identity()):
+        problems.append(
+            f"tokenizer.processor: the processor in {directory} is not the one the output was packed with "
+            "(its sha256 differs); the images were checked against its rule all the same"
+        )
     elif directory is None:
         problems.append("names no processor directory (tokenizer.processor.dir)")
     return checker

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -90,7 +91,7 @@ def processor_identity(encoder: Encoder) -> dict[str, Any]:
     """Return what the manifest records of the run's processor."""
     vision = encoder.vision
     return {
-        "dir": vision.name,
+        "dir": os.path.abspath(vision.name),  # verify and the collator may run from any directory
         "family": vision.family,
         "image_token": vision.image_token,
         "image_token_id": encoder.image_token_id,
