@@ -647,3 +647,22 @@ def test_an_image_replaced_with_the_same_size_and_mtime_is_not_a_cache_hit(
     grids = [_rows(tmp_path / out)[0]["image_grid"] for out in ("one", "two")]
     (t, h, w) = grids[0][0]
     assert grids[1] == [[t, w, h]]  # the new image's grid, turned; not the cached one's
+
+
+def test_an_image_in_an_assistant_message_is_refused_or_counted_never_trained(
+    procs: dict[str, Path], tmp_path: Path, pack: Any
+) -> None:
+    make_image(tmp_path / "a.png", 60, 40)
+    shown = {
+        "messages": [
+            {"role": "user", "content": "draw it"},
+            {"role": "assistant", "content": [{"type": "image", "image": "a.png"}, {"type": "text", "text": "here"}]},
+        ]
+    }
+    asked = {"messages": _image_messages("a.png", "q", "a")}
+    data = write_jsonl(tmp_path / "d.jsonl", [asked, shown])
+    line = one_error_line(pack(data, "-o", tmp_path / "out", "--processor", procs["training"], expect=1))
+    assert "d.jsonl line 2: message 1 is an assistant message holding an image" in line
+    pack(data, "-o", tmp_path / "out", "--processor", procs["training"], "--on-error", "skip")
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["counts"]["packed"] == 1 and manifest["counts"]["dropped"] == {"image_in_answer": 1}

@@ -138,6 +138,14 @@ def attach_images(sample: Sample, record: Any, base: str, remote: Callable[[str]
                     parts.append(part)
             if parts == content:
                 parts = None
+        placed = parts if parts is not None else (content if isinstance(content, list) else [])
+        if message.get("role") == "assistant" and any(is_image_part(p) for p in placed):
+            # An answer is trained, and an image's tokens never are: the image's markers would be.
+            raise RecordError(
+                "image_in_answer",
+                f"message {i} is an assistant message holding an image; images are never trained, so "
+                "put the image in a user message",
+            )
         if parts is None:
             messages.append(message)
         else:
