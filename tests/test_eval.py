@@ -127,8 +127,22 @@ def test_eval_records_are_shared_in_proportion_and_held_out_before_the_mix(
     train = {i for i, _ in indices(out)}
     held = {i for i, _ in indices(out / "eval")}
     assert not train & held and len(held) == 5
-    assert "source" not in pq.read_schema(next((out / "eval").glob("shard-*"))).names
+    # The eval rows carry the source column as the training rows do: the eval loss per source.
+    eval_rows = pq.read_table(next((out / "eval").glob("shard-*"))).to_pylist()
+    by_source = {i: s for row in eval_rows for i, s in zip(row["sample_index"], row["source"], strict=True)}
+    starts = {0: 0, 1: 0}
+    for m, entry in enumerate(summary["mix"]["sources"]):
+        for first, end in entry["sample_index"]:
+            starts[m] += sum(first <= i < end for i in by_source)
+            assert all(by_source[i] == m for i in by_source if first <= i < end)
+    assert starts == {0: 4, 1: 1}
+    eval_manifest = json.loads((out / "eval" / "manifest.json").read_text())
+    assert [s["name"] for s in eval_manifest["mix"]["sources"]] == [s["name"] for s in summary["mix"]["sources"]]
     assert verify_output(out).ok and verify_output(out / "eval").ok
+    # verify checks the eval's source column against its manifest: a wrong source is caught
+    eval_manifest["mix"]["sources"].reverse()
+    (out / "eval" / "manifest.json").write_text(json.dumps(eval_manifest))
+    assert not verify_output(out / "eval").ok
 
 
 def test_the_split_rule_per_source() -> None:

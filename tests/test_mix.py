@@ -9,7 +9,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
 
+from packcli.cli import app
 from packcli.report.verify import verify_output
 
 from .conftest import make_conversations, one_error_line, read_rows, write_jsonl
@@ -285,3 +287,101 @@ def test_the_content_key_is_the_canonical_json_of_the_normalised_sample() -> Non
     members = normalize_members(pair, str(detect_format(pair, fields)), fields)
     assert content_key(members) == reference(members)
     assert len(keys | {content_key(members)}) == len(records) + 1
+
+
+# -- the mixture report: one loss fraction of what was read, the sources' warnings, eval, padding saved -------
+
+
+def _stats(out: Path) -> dict[str, Any]:
+    result = CliRunner().invoke(app, ["stats", str(out), "--json"])
+    assert result.exit_code == 0, result.stderr
+    return dict(json.loads(result.stdout))
+
+
+def _with_long(sources: dict[str, Path], tmp_path: Path) -> Path:
+    """The short source with 4 records over --max-len 1024 appended: a loss the mix cannot hide."""
+    lines = sources["short"].read_text().splitlines()
+    long = [
+        json.dumps({"messages": [{"role": "user", "content": "w " * 1500}, {"role": "assistant", "content": "ok"}]})
+    ]
+    path = tmp_path / "short_and_long.jsonl"
+    path.write_text("\n".join(lines + long * 4) + "\n")
+    return path
+
+
+def test_lost_tokens_are_a_fraction_of_every_token_read_whatever_the_mix_keeps(
+    pack: Any, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    data = _with_long(sources, tmp_path)
+    mixed = run(pack, sources, tmp_path / "m", "--mix", f"{data}=0.9", "--mix", f"{sources['long']}=0.1")
+    alone = run(pack, sources, tmp_path / "a", data, sources["long"])
+    lost = mixed["lost"]
+    assert lost["tokens"] == alone["lost"]["tokens"] > 0 and lost["records"] == alone["lost"]["records"] == 4
+    # the same inputs read, the same tokens lost: the same fraction, though the mix packs a fraction of them
+    assert lost["tokens_fraction"] == alone["lost"]["tokens_fraction"]
+    assert lost["records_fraction"] == round(4 / mixed["records_read"], 6)
+    assert mixed["tokens"] < alone["tokens"] / 2
+    # throughput is of what was read (tokenized or from the cache), not of the mixed output
+    read = alone["tokens"] + lost["tokens"]
+    assert mixed["tokens_per_second"] == pytest.approx(read / mixed["seconds"]["total"], rel=0.01)
+
+
+def test_a_share_that_leaves_most_of_its_source_out_or_repeats_it_is_a_warning(
+    pack: Any, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    short, long = sources["short"], sources["long"]
+    left = run(pack, sources, tmp_path / "left", "--mix", f"{short}=0.9", "--mix", f"{long}=0.1")
+    words = [w for w in left["warnings"] if w.startswith(f"--mix {short}: the shares leave out ")]
+    assert len(words) == 0  # the short source is the scarce one: used whole
+    words = [w for w in left["warnings"] if w.startswith(f"--mix {long}: the shares leave out ")]
+    assert len(words) == 1 and "give this source as Nx (1x keeps all of it)" in words[0]
+    left_out = left["mix"]["sources"][1]["left_out"]["records"]
+    assert f"({left_out:,} of {left['mix']['sources'][1]['available']['records']:,} records)" in words[0]
+    repeated = run(pack, sources, tmp_path / "rep", "--mix", f"{short}=2x", "--mix", f"{long}=0.9")
+    epochs = repeated["mix"]["sources"][1]["epochs"]
+    assert epochs > 1
+    words = [w for w in repeated["warnings"] if w.startswith(f"--mix {long}: the shares repeat this source ")]
+    assert len(words) == 1 and f"{epochs:.2f} times" in words[0]
+
+
+def test_a_share_over_mix_max_epochs_is_refused_unless_allowed(
+    pack: Any, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    recipe = ["--mix", f"{sources['short']}=4x", "--mix", f"{sources['long']}=0.9"]
+    result = run(pack, sources, tmp_path / "no", *recipe, expect=2)
+    line = one_error_line(result)
+    assert line.startswith(f"Error: --mix {sources['long']}: the shares repeat this source ")
+    assert "more than --mix-max-epochs 10; lower its share, give it as Nx, or raise --mix-max-epochs" in line
+    assert not (tmp_path / "no").exists()
+    allowed = run(pack, sources, tmp_path / "yes", *recipe, "--mix-max-epochs", "1000")
+    assert allowed["mix"]["sources"][1]["epochs"] > 10
+    assert verify_output(tmp_path / "yes").ok
+
+
+def test_the_eval_split_is_in_the_table_and_stats_and_a_warning_when_it_outweighs_training(
+    pack: Any, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    recipe = ["--mix", f"{sources['short']}=0.9", "--mix", f"{sources['long']}=0.1", "--eval-fraction", "0.3"]
+    summary = run(pack, sources, out, *recipe)
+    held = summary["eval"]
+    assert held["tokens"] > summary["tokens"]
+    assert f"the eval split holds more tokens ({held['tokens']:,}) than the training rows ({summary['tokens']:,})" in (
+        " ".join(summary["warnings"])
+    )
+    table = pack(*recipe, "--max-len", "1024", "-o", tmp_path / "again", "--cache-dir", sources["cache"])
+    assert f"{held['records']:,} records, {held['tokens']:,} tokens, {held['rows']:,} rows" in table.stderr
+    stats = _stats(out)
+    assert stats["eval"]["tokens"] == held["tokens"] and stats["eval"]["rows"] == held["rows"]
+
+
+def test_pack_and_stats_give_one_padding_saved_with_repeats(
+    pack: Any, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    summary = run(pack, sources, out, "--mix", f"{sources['short']}=3x", "--mix", f"{sources['long']}=0.2")
+    assert summary["mix"]["repeats"] > 0
+    stats = _stats(out)
+    saved = summary["padding_tokens_without_packing"] - summary["padding_tokens"]
+    assert stats["padding_saved"] == saved
+    assert stats["rows_without_packing"] == summary["rows_without_packing"] == stats["sequences"]

@@ -71,6 +71,7 @@ WRONG: dict[str, tuple[Any, Any]] = {
     "template_kwargs": ([1], {"continue_final_message": True}),
     "mix": ("d.jsonl=0.5", ("d.jsonl=half",)),
     "mix_by": (1, "bytes"),
+    "mix_max_epochs": ("10", 0.5),
     "dedup": (True, "fuzzy"),
     "eval_fraction": ("0.1", 1.5),
     "eval_records": ("3", 0),
@@ -133,7 +134,7 @@ def test_the_named_cases(given: dict[str, Any], message: str, tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("inputs", "words"),
     [
-        (None, "not null"),
+        (None, "not None"),
         ([], "not an empty list"),
         ("", "not an empty string"),
         ([{"text": "a b"}, 3], "item 1 is the number 3"),

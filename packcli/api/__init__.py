@@ -197,6 +197,7 @@ def pack(
     seed: int = 0,
     mix: Sequence[str] = (),
     mix_by: MixBy = "tokens",
+    mix_max_epochs: float = 10.0,
     dedup: Dedup = "off",
     eval_fraction: float | None = None,
     eval_records: int | None = None,

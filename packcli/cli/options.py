@@ -277,6 +277,7 @@ PACK_PANELS: dict[str, tuple[str, str | None]] = {
     "seed": (PACKING, "N"),
     "mix": (PACKING, "PATH=SHARE"),
     "mix_by": (PACKING, choices("mix_by")),
+    "mix_max_epochs": (PACKING, "E"),
     "dedup": (PACKING, choices("dedup")),
     "eval_fraction": (PACKING, "F"),
     "eval_records": (PACKING, "N"),

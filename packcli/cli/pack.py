@@ -127,6 +127,13 @@ def pack(
     mix_by: Annotated[
         str, typer.Option("--mix-by", help="What --mix shares are shares of: tokens, trainable tokens or records.")
     ] = "tokens",
+    mix_max_epochs: Annotated[
+        float,
+        typer.Option(
+            "--mix-max-epochs",
+            help="Refuse a --mix share that repeats its source more than this many times (an Nx source is as asked).",
+        ),
+    ] = 10.0,
     dedup: Annotated[
         str,
         typer.Option(

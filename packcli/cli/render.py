@@ -166,6 +166,14 @@ def print_pack_summary(summary: RunSummary) -> None:
     )
     if summary.world_size > 1:
         table.add_row("rank token spread", f"{summary.rank_token_spread:.3%}")
+    if summary.mix is not None and summary.mix.get("records_left_out"):
+        table.add_row("left out by the mix", f"{summary.mix['records_left_out']:,} records")
+    if summary.eval is not None:
+        held = summary.eval
+        table.add_row(
+            f"eval ({held['path']}/)",
+            f"{held['records']:,} records, {held['tokens']:,} tokens, {held['rows']:,} rows",
+        )
     table.add_row("cache", summary.cache)
     if summary.seconds is not None:
         table.add_row("time", f"{summary.seconds.total:.1f} s ({summary.tokens_per_second or 0:,} tokens/s)")
@@ -249,8 +257,13 @@ def print_packed_stats(r: dict[str, Any]) -> None:
         table.add_row("truncated", f"{r['truncated']:,}")
     if r["duplicated"]:
         table.add_row("duplicated (rank padding)", f"{r['duplicated']:,}")
+    if "eval" in r:
+        held = r["eval"]
+        table.add_row(
+            f"eval ({held['path']}/)", f"{held['records']:,} records, {held['tokens']:,} tokens, {held['rows']:,} rows"
+        )
     out.print(table)
-    if "mix" in r:
+    if "mix" in r and all("realised" in s for s in r["mix"]["sources"]):  # an eval split's names its sources only
         out.print(mix_table(r["mix"]))
 
     saved = Table(title="what packing saved (padding tokens)", title_justify="left")

@@ -115,6 +115,7 @@ class PackConfig:
     # --mix (packcli.plan.mix): PATH=SHARE or PATH=Nx per source; the inputs are their paths
     mix: tuple[str, ...] = ()
     mix_by: MixBy = "tokens"
+    mix_max_epochs: float = 10.0  # the most epochs shares alone may repeat a source (an Nx source is as asked)
     dedup: Dedup = "off"  # packcli.plan.dedup
     eval_fraction: float | None = None  # --eval-fraction / --eval-records: packcli.plan.holdout
     eval_records: int | None = None
@@ -348,6 +349,7 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
     "packing": (
         "mix",
         "mix_by",
+        "mix_max_epochs",
         "dedup",
         "eval_fraction",
         "eval_records",

@@ -17,6 +17,7 @@ EXPECTED = {
     "str": "a string",
     "str | None": "a string",
     "int | None": "an integer",
+    "float": "a number",
     "float | None": "a number",
     "dict[str, str]": "a table of name = field strings",
     "dict[str, Any]": "a table of name = value",
@@ -136,6 +137,7 @@ RANGES: dict[str, tuple[float, float | None]] = {
     "seed": (0, None),  # refused, not wrapped
     "limit": (1, 1 << 62),
     "max_drop_fraction": (0, 1),
+    "mix_max_epochs": (1, None),
     "eval_records": (1, TOP),
     "batch_size": (1, TOP),
     "row": (0, None),

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from packcli.config import PackConfig, parse_mix
-from packcli.errors import InputError, UsageError
+from packcli.errors import InputError, Opt, UsageError
 from packcli.io.sources import _identity, resolve_inputs
 from packcli.plan import packing
 from packcli.plan.planner import Plan, _trained_in_windows
@@ -135,6 +135,7 @@ def choose(config: PackConfig, store: TokenStore, of_inputs: list[int]) -> Mix:
         total = epochs_total / (1 - sum(s for _, s in shares))
     for m, (_, kind, value) in enumerate(specs):
         target[m] = value * have[m] if kind == "epochs" else value * total
+    _check_epochs(config, specs, target, have)
     copies = np.zeros(len(first), dtype=np.int64)
     copies[~eligible] = 1  # handed to the plan once: it drops them as without a mix
     for m in range(n_src):
@@ -175,6 +176,46 @@ def choose(config: PackConfig, store: TokenStore, of_inputs: list[int]) -> Mix:
         measure=config.mix_by,
         size=float(total),
     )
+
+
+def _check_epochs(
+    config: PackConfig, specs: list[tuple[str, str, float]], target: np.ndarray, have: np.ndarray
+) -> None:
+    """Refuse a share that repeats its source more than --mix-max-epochs times (an Nx source is as asked)."""
+    for m, (path, kind, _) in enumerate(specs):
+        epochs = float(target[m] / have[m])
+        if kind == "share" and epochs > config.mix_max_epochs + TINY:
+            raise UsageError(
+                f"--mix {path}: the shares repeat this source {epochs:.1f} times ({epochs:.1f} epochs), more than ",
+                Opt("mix_max_epochs"),
+                f" {config.mix_max_epochs:g}",
+                hint=("lower its share, give it as Nx, or raise ", Opt("mix_max_epochs"), " to allow it"),
+            )
+
+
+def warnings(mixing: dict[str, Any]) -> list[str]:
+    """The warnings of a mix's accounting (``accounting``): a share that repeats its source (its epochs as the
+    table shows them), and a share that leaves most of its source out."""
+    measure = {"records": "records", "tokens": "tokens", "trainable": "trainable_tokens"}[mixing["by"]]
+    out = []
+    for s in mixing["sources"]:
+        if "share" not in s["requested"]:
+            continue
+        name, epochs = s["name"], float(s["epochs"])
+        have = s["available"][measure]
+        left = s["left_out"][measure] / have if have else 0.0
+        if epochs > 1 + 1e-6:
+            out.append(
+                f"--mix {name}: the shares repeat this source {epochs:.2f} times ({epochs:.2f} epochs of its "
+                "tokens); give it as Nx to ask for the repeats, or lower its share"
+            )
+        elif left > 0.5:
+            out.append(
+                f"--mix {name}: the shares leave out {left:.1%} of this source's {mixing['by']} "
+                f"({s['left_out']['records']:,} of {s['available']['records']:,} records): shares alone size the "
+                "output by the scarcest source; give this source as Nx (1x keeps all of it) to size the output by it"
+            )
+    return out
 
 
 def store_view(store: TokenStore, rows: np.ndarray) -> TokenStore:
@@ -373,6 +414,16 @@ def accounting(config: PackConfig, mix: Mix, plan: Plan) -> dict[str, Any]:
         "repeats_in_same_row": mix.repeats_in_same_row,
         "records_left_out": int(mix.left_out[:, 0].sum()),
     }
+
+
+def sources_of(mixing: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The eval manifest's ``mix``: the sources the source column numbers (names, inputs, sample_index
+    ranges), without the training rows' accounting; nothing of the eval rows is repeated or left out."""
+    if mixing is None:
+        return None
+    keep = ("name", "inputs", "sample_index")
+    sources = [{k: s[k] for k in keep} for s in mixing["sources"]]
+    return {"by": mixing["by"], "seed": mixing["seed"], "sources": sources, "repeats": 0, "repeats_in_same_row": 0}
 
 
 def same_row_warning(n: int) -> str:

@@ -145,9 +145,16 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
         )
     capacity = rows * max_len
     padding_tokens = capacity - tokens
-    without = len(distinct) * max_len - int(distinct_lengths.sum())
-    batched = batch_padding(distinct_lengths, batch_size)  # np.unique sorts: input order
+    # Unpacked, every sample a trainer sees is a row: a --mix repeat is one (it is trained again), a row
+    # repeated by rank padding is not. With both in one output, copies of either are counted once.
     counts = manifest.counts or Counts()
+    every_copy = manifest.mix is not None and not int(counts.duplicated or 0)
+    unpacked = len(index) if every_copy else len(distinct)
+    without = unpacked * max_len - tokens if every_copy else len(distinct) * max_len - int(distinct_lengths.sum())
+    if every_copy:  # every copy, in input order (a record's copies together)
+        batched = batch_padding(real_lengths[np.lexsort((pieces, index))], batch_size)
+    else:
+        batched = batch_padding(distinct_lengths, batch_size)  # np.unique sorts: input order
     spr_hist = np.bincount(samples_per_row) if rows else np.zeros(0, np.int64)
     pairs = None
     if seq_role:
@@ -191,7 +198,7 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
         "truncated": int(counts.truncated or 0),
         "duplicated": int(counts.duplicated or 0),
         "batch_size": batch_size,
-        "rows_without_packing": len(distinct),
+        "rows_without_packing": unpacked,
         "padding_tokens_without_packing": without,
         "padding_tokens_batch_padded": batched,
         "padding_saved": without - padding_tokens,
@@ -219,6 +226,8 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
         }
     if manifest.mix is not None:  # --mix: the manifest's per-source accounting
         out["mix"] = manifest.mix
+    if manifest.eval is not None:  # the eval split beside these rows (OUT/eval/, its own manifest)
+        out["eval"] = manifest.eval
     return out
 
 

@@ -6,7 +6,8 @@ samples (pieces); ``split`` counts the records split, the pieces made, and the p
 reason, and ``samples`` counts every sample written. ``lost`` measures what did not reach the rows:
 records dropped, and tokens (of tokenized samples) dropped or cut off by truncation, and the tokens of
 pieces left out (``piece_too_short`` under ``--min-piece``, ``untrained_piece``). Token fractions are of
-every token tokenized: the samples stored and the pieces left out.
+every token tokenized: the samples stored (all of them, whatever dedup, the eval split or a mix then
+keep) and the pieces left out; record fractions are of every record read.
 
 When more than ``LOUD_FRACTION`` of the records or of the tokens is lost, the summary carries one
 warning naming the top reason and the option that would keep them; ``--max-drop-fraction F`` makes
@@ -81,8 +82,15 @@ KEEP_THEM_SPLIT: dict[str, list[Hint]] = {
 }
 
 
-def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str) -> RunSummary:
-    """Return the summary of a run from its token store and plan (counts, fill, bounds, loss)."""
+def summary(
+    config: PackConfig, store: TokenStore, plan: Plan, cache_state: str, *, read_tokens: int | None = None
+) -> RunSummary:
+    """Return the summary of a run from its token store and plan (counts, fill, bounds, loss).
+
+    ``store`` is what the plan packed (a view after dedup, the eval split and the mix); ``read_tokens``
+    the tokens of every sample tokenized from the inputs (the whole store), of which lost tokens are a
+    fraction (None: ``store``'s own).
+    """
     meta = StoreMeta.from_dict(store.meta)
     dropped = Counter(meta.dropped) + Counter(_records_lost(store, plan))
     records = int(meta.records_read)
@@ -111,7 +119,8 @@ def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str)
     warnings = list(meta.tokenizer.get("warnings", []))
     if empty_answers:
         warnings.append(empty_answers_warning(empty_answers))
-    lost = _lost(store, plan, in_rows, dropped, records)
+    read = int(store.lengths.sum()) if read_tokens is None else read_tokens
+    lost = _lost(store, plan, in_rows, dropped, records, read)
     warning = loss_warning(lost, config)
     if warning:
         warnings.append(warning)
@@ -233,10 +242,15 @@ def _pieces_dropped(store: TokenStore, plan: Plan) -> dict[str, int]:
     return out
 
 
-def _lost(store: TokenStore, plan: Plan, in_rows: np.ndarray, dropped: Counter[str], records: int) -> Lost:
+def _lost(
+    store: TokenStore, plan: Plan, in_rows: np.ndarray, dropped: Counter[str], records: int, read_tokens: int
+) -> Lost:
     """Return what did not reach the rows: records by reason, tokens by reason, and both fractions.
 
-    ``in_rows`` is each store row's length as planned (``_lengths_in_rows``).
+    ``in_rows`` is each store row's length as planned (``_lengths_in_rows``). Both fractions are of what
+    was read: ``records`` (every record read) and ``read_tokens`` (every token tokenized) plus the tokens
+    of pieces the split left out; a mix's left-out records and the eval split are neither lost nor
+    outside the denominator.
     """
     tokens_by_reason: Counter[str] = Counter()
     for reason, rows in plan.drop_rows.items():
@@ -250,7 +264,7 @@ def _lost(store: TokenStore, plan: Plan, in_rows: np.ndarray, dropped: Counter[s
     split = StoreMeta.from_dict(store.meta).split
     left_out = Counter({k: int(v) for k, v in (split.tokens_left_out if split else {}).items()})
     tokens_by_reason.update(+left_out)
-    total_tokens = int(store.lengths.sum()) + sum(left_out.values())
+    total_tokens = read_tokens + sum(left_out.values())
     records_lost = sum(dropped.values())
     tokens_lost = sum(tokens_by_reason.values())
     return Lost(

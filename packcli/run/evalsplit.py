@@ -66,4 +66,9 @@ def account(summary: RunSummary, held: holdout.Holdout, eval_summary: RunSummary
         "by_source": held.by_source(),
     }
     warnings = [*summary.warnings, *(f"eval: {w}" for w in eval_summary.warnings if w not in summary.warnings)]
+    if eval_summary.tokens > summary.tokens:
+        warnings.append(
+            f"the eval split holds more tokens ({eval_summary.tokens:,}) than the training rows ({summary.tokens:,}); "
+            "lower --eval-fraction or pass --eval-records N"
+        )
     return dataclasses.replace(summary, packed=summary.packed - sum(held.records), eval=section, warnings=warnings)

@@ -104,12 +104,13 @@ def _run(config: PackConfig, progress: Progress, engine: Engine, started: float,
             if mixed is not None:
                 mix.part_repeats(config, mixed, plan)
             t2 = time.perf_counter()
-            summary = accounting.summary(found, store, plan, inputs.cache)
+            read_tokens = int(inputs.store.lengths.sum())  # every token tokenized: the loss's denominator
+            summary = accounting.summary(found, store, plan, inputs.cache, read_tokens=read_tokens)
             if deduped is not None:
                 summary = dataclasses.replace(summary, dedup=dedup.summary(deduped))
             if mixed is not None:  # records left out by the mix are neither packed nor dropped
                 mixing = mix.accounting(config, mixed, plan)
-                warnings = summary.warnings
+                warnings = [*summary.warnings, *mix.warnings(mixing)]
                 if mixed.repeats_in_same_row:
                     warnings = [*warnings, mix.same_row_warning(mixed.repeats_in_same_row)]
                 packed = summary.packed - mixing["records_left_out"]
@@ -117,6 +118,9 @@ def _run(config: PackConfig, progress: Progress, engine: Engine, started: float,
             accounting.check_loss(found, summary)
             if held is not None:
                 eval_plan, eval_summary = evalsplit.plan(found, held, inputs.cache)
+                if mixed is not None:  # the eval rows carry the source column too, numbered as the training's
+                    held.eval.meta[mix.SOURCE_KEY] = mixed.view.meta[mix.SOURCE_KEY]
+                    eval_summary = dataclasses.replace(eval_summary, mix=mix.sources_of(summary.mix))
                 summary = evalsplit.account(summary, held, eval_summary)
             summary = dataclasses.replace(summary, warnings=[*inputs.warnings, *summary.warnings])
             marks["summary"] = time.perf_counter()
@@ -176,7 +180,7 @@ def _run(config: PackConfig, progress: Progress, engine: Engine, started: float,
             total=round(t4 - started, 3),
         ),
         stage_seconds=_stage_seconds(seconds, inputs.hash_seconds, started, t1, t2, marks, t3, t4),
-        tokens_per_second=round(summary.tokens / max(t4 - started, 1e-9)),
+        tokens_per_second=round(read_tokens / max(t4 - started, 1e-9)),  # of what was tokenized (or read)
     )
 
 
@@ -317,10 +321,9 @@ def _write_eval(
     staged: Path,
     progress: Progress,
 ) -> None:
-    """Write the eval records' shards and manifest into ``eval/`` of the staged output (no source column)."""
+    """Write the eval records' shards and manifest into ``eval/`` of the staged output (a mix's source column too)."""
     directory = staged / holdout.PATH
     directory.mkdir()
-    layout = dataclasses.replace(layout, sources=False)
     shards = engine.write_output(layout, held.eval, plan, directory, progress)
     index_files = _write_index_files(config, directory, shards)
     manifest = _manifest(config, inputs, summary, shards, layout, index_files or None)
