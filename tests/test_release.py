@@ -36,3 +36,16 @@ def test_the_test_extra_is_the_dev_extra_with_torch_pinned() -> None:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
     assert extras["test"] == ["packcli[dev]", "torch==2.13.0"]  # one list of test tools, not two copies
     assert "packcli[docs]" in extras["dev"] and any(r.startswith("torch>=") for r in extras["dev"])
+
+
+def test_the_packing_engine_keeps_its_public_name() -> None:
+    """0.3.0 moved the engine to packcli.plan.packing; ``packcli.packing`` is its documented name."""
+    import numpy as np
+
+    import packcli.packing as public
+    import packcli.plan.packing as engine
+
+    assert sorted(public.__all__) == sorted(engine.__all__)
+    assert all(getattr(public, name) is getattr(engine, name) for name in engine.__all__)
+    assert public.plan_rows(np.array([3, 5, 2, 7]), 8).tolist() == [1, 1, 2, 0]
+    assert "`packcli.packing." in (ROOT / "docs" / "api.md").read_text(encoding="utf-8")

@@ -1,4 +1,4 @@
-"""The options of the plan, built once per run from the run's options (``packcli.run.stages``)."""
+"""The options of the plan, built once per run from the run's options (``packcli.run.options.plan_options``)."""
 
 from __future__ import annotations
 

