@@ -140,3 +140,14 @@ def test_the_docs_loading_examples_run(pack: Any, tmp_path: Path, monkeypatch: p
     exec(compile(loading.replace('"OUT/"', '"packed/"'), "docs/training.md", "exec"), loaded)
     assert len(names["ds"]) == len(loaded["rows"]) > 0
     assert sorted({i for row in loaded["rows"]["sample_index"] for i in row}) == list(range(records))
+
+
+def test_the_hard_cases_page_names_tests_that_exist() -> None:
+    """docs/guides/hard-cases.md says which test holds each case: each named test is defined there."""
+    import re
+
+    page = (ROOT / "docs" / "guides" / "hard-cases.md").read_text(encoding="utf-8")
+    named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", page)
+    assert len(named) >= 10
+    for path, test in named:
+        assert re.search(rf"^def {test}\(", (ROOT / path).read_text(encoding="utf-8"), re.M), f"{path}::{test}"
