@@ -144,8 +144,6 @@ def test_the_docs_loading_examples_run(pack: Any, tmp_path: Path, monkeypatch: p
 
 def test_the_hard_cases_page_names_tests_that_exist() -> None:
     """docs/guides/hard-cases.md says which test holds each case: each named test is defined there."""
-    import re
-
     page = (ROOT / "docs" / "guides" / "hard-cases.md").read_text(encoding="utf-8")
     named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", page)
     assert len(named) >= 10
