@@ -77,6 +77,20 @@ def _root(
     """Pack raw fine-tuning data into trainer-ready Parquet shards."""
 
 
+INTERRUPTED = "interrupted; the previous output, if any, was left as it was"
+
+
+def known_error(exc: PackcliError | KeyboardInterrupt) -> tuple[str, int]:
+    """The one place a known error becomes its line (options named as flags) and its exit code.
+
+    Each error class carries its code (``PackcliError.exit_code``: 1 data or output, 2 usage, 130
+    interrupted); a KeyboardInterrupt is an interrupted run.
+    """
+    if isinstance(exc, KeyboardInterrupt):
+        exc = Interrupted(INTERRUPTED)
+    return cli_message(exc), exc.exit_code
+
+
 def handle_errors(command: Callable[..., None]) -> Callable[..., None]:
     """Turn known errors into one ``Error: ...`` line on stderr and their exit code."""
 
@@ -87,12 +101,10 @@ def handle_errors(command: Callable[..., None]) -> Callable[..., None]:
         try:
             with console.stdout_for_json(bool(kwargs.get("json_out"))):
                 command(*args, **kwargs)
-        except PackcliError as exc:
-            console.error(cli_message(exc))
-            raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt:
-            console.error("interrupted; the previous output, if any, was left as it was")
-            raise typer.Exit(Interrupted.exit_code) from None
+        except (PackcliError, KeyboardInterrupt) as exc:
+            message, code = known_error(exc)
+            console.error(message)
+            raise typer.Exit(code) from None
 
     return wrapper
 
@@ -125,12 +137,10 @@ def main(argv: list[str] | None = None) -> None:
         code = app(args=argv, prog_name="packcli", standalone_mode=False)
         if isinstance(code, int) and code:
             sys.exit(code)
-    except PackcliError as exc:
-        console.error(cli_message(exc))
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        console.error(str(Interrupted("interrupted; the previous output, if any, was left as it was")))
-        sys.exit(Interrupted.exit_code)
+    except (PackcliError, KeyboardInterrupt) as exc:
+        message, code = known_error(exc)
+        console.error(message)
+        sys.exit(code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except Exception as exc:
