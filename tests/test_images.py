@@ -472,21 +472,6 @@ def test_embed_images_without_a_processor_is_refused(tmp_path: Path, pack: Any) 
     assert "--embed-images applies to images, which are packed with --processor" in one_error_line(result)
 
 
-def test_an_image_in_an_answer_is_never_trained(
-    procs: dict[str, Path], reference: Reference, tmp_path: Path, pack: Any
-) -> None:
-    path = make_image(tmp_path / "a.png", 120, 90)
-    messages = [
-        {"role": "user", "content": "draw it"},
-        {"role": "assistant", "content": [{"type": "text", "text": "here:"}, {"type": "image", "image": "a.png"}]},
-    ]
-    data = write_jsonl(tmp_path / "d.jsonl", [{"messages": messages}])
-    pack(data, "-o", tmp_path / "out", "--processor", procs["training"])
-    sample = _samples(_rows(tmp_path / "out"))[0]
-    _check_sample(reference, sample, messages, [str(path)])
-    assert any(label != -100 for label in sample["labels"][sample["images"][0]["offset"] + 1 :])
-
-
 def test_truncate_from_the_left_moves_the_images_offsets(
     procs: dict[str, Path], reference: Reference, tmp_path: Path, pack: Any
 ) -> None:
