@@ -130,7 +130,7 @@ def resolve_inputs(paths: list[str], split: str | None = None, skipped: list[str
     # whichever came first.
     by_target: dict[tuple[Any, ...], InputSource] = {}
     for s in sorted(sources, key=lambda s: (len(s.path), s.path)):
-        by_target.setdefault(_identity(s), s)
+        by_target.setdefault(input_identity(s), s)
     unique = {(s.kind != "hub", s.path): s for s in by_target.values()}
     for s in unique.values():
         _refuse_shard(s)
@@ -189,7 +189,7 @@ def _schema_names(path: str, kind: str) -> list[str]:
         return []
 
 
-def _identity(source: InputSource) -> tuple[Any, ...]:
+def input_identity(source: InputSource) -> tuple[Any, ...]:
     """What makes two sources one input: the same file (device and inode), URI or Hub dataset."""
     if source.kind == "hub" or is_uri(source.path):
         return (source.kind, source.path, source.split)

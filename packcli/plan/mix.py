@@ -36,7 +36,7 @@ import numpy as np
 
 from packcli.config import PackConfig, parse_mix
 from packcli.errors import InputError, Opt, UsageError
-from packcli.io.sources import _identity, resolve_inputs
+from packcli.io.sources import input_identity, resolve_inputs
 from packcli.plan import packing
 from packcli.plan.planner import Plan, _trained_in_windows
 from packcli.store.tokens import TokenStore
@@ -75,12 +75,12 @@ def mix_of_inputs(config: PackConfig) -> list[int]:
     names = [parse_mix(v)[0] for v in config.mix]
     for m, path in enumerate(names):
         for source in resolve_inputs([path], config.split):
-            other = owner.setdefault(_identity(source), m)
+            other = owner.setdefault(input_identity(source), m)
             if other != m:
                 raise UsageError(
                     f"--mix {names[other]} and --mix {path} both hold {source.display}; give each input to one source"
                 )
-    return [owner[_identity(s)] for s in resolve_inputs(list(config.inputs), config.split)]
+    return [owner[input_identity(s)] for s in resolve_inputs(list(config.inputs), config.split)]
 
 
 def choose(config: PackConfig, store: TokenStore, of_inputs: list[int]) -> Mix:
