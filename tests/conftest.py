@@ -29,6 +29,7 @@ TIERS: dict[str, set[str]] = {
     "ray": {"test_ray"},
     "torch": {
         "test_trainer",
+        "test_tree_training",
         "test_training",
         "test_training_checks",
         "test_dpo",

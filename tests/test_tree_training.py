@@ -1,0 +1,141 @@
+"""Prefix-tree rows in training: the padded collator's 4-D mask gives every trained token the loss it has
+in its expanded sample alone (sdpa and eager), and every layout that cannot express a tree refuses it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from packcli.contract import IGNORE_INDEX, PREFIX_TREES
+from packcli.errors import IncompatibleError
+from packcli.tokenize.trees import build_tree
+from packcli.train.checks import check_compatible, load_rows
+from packcli.train.collate import PackedCollator
+from tests.test_trainer import _tiny_model
+
+VOCAB = 64
+Sample = tuple[np.ndarray, np.ndarray]
+
+
+def _trace(rng: np.random.Generator, rounds: int, prefix: int = 12) -> list[Sample]:
+    """One agent trace expanded per round: round j's sample is the tools prefix, the earlier rounds as
+    history (their reasoning dropped, as templates render past rounds) and round j in full, trained."""
+    tools = rng.integers(1, VOCAB, prefix).tolist()
+    history: list[int] = []
+    samples = []
+    for _ in range(rounds):
+        question = rng.integers(1, VOCAB, int(rng.integers(1, 5))).tolist()
+        reasoning = rng.integers(1, VOCAB, int(rng.integers(0, 4))).tolist()
+        answer = rng.integers(1, VOCAB, int(rng.integers(1, 6))).tolist()
+        ids = [*tools, *history, *question, *reasoning, *answer]
+        mask = [False] * (len(tools) + len(history) + len(question)) + [True] * (len(reasoning) + len(answer))
+        samples.append((np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=bool)))
+        history += [*question, *answer]
+    return samples
+
+
+def _tree_row(traces: list[list[Sample]]) -> dict[str, list[int]]:
+    """One packed row of the traces' tree samples, with the tree columns (parents as row node indices)."""
+    row: dict[str, list[int]] = {k: [] for k in ("input_ids", "labels", "position_ids", "seq_lengths")}
+    row["tree_node_lengths"], row["tree_node_parents"] = [], []
+    for samples in traces:
+        tree = build_tree(samples)
+        offset = len(row["tree_node_lengths"])
+        row["input_ids"] += tree.ids.tolist()
+        row["labels"] += np.where(tree.trained, tree.ids, IGNORE_INDEX).tolist()
+        row["position_ids"] += tree.positions.tolist()
+        row["seq_lengths"].append(len(tree))
+        row["tree_node_lengths"] += tree.node_lengths.tolist()
+        row["tree_node_parents"] += [p + offset if p >= 0 else -1 for p in tree.node_parents.tolist()]
+    return row
+
+
+def _summed_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float, int]:
+    """The summed next-token loss over trained labels (unshifted, as the rows hold them) and their count."""
+    target = labels[..., 1:].reshape(-1)
+    flat = logits[..., :-1, :].reshape(-1, logits.shape[-1])
+    loss = F.cross_entropy(flat.float(), target, ignore_index=IGNORE_INDEX, reduction="sum")
+    return float(loss), int((target != IGNORE_INDEX).sum())
+
+
+@pytest.fixture(scope="module")
+def traces() -> list[list[Sample]]:
+    rng = np.random.default_rng(7)
+    return [_trace(rng, rounds) for rounds in (3, 4, 5, 2, 4)]
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_tree_rows_give_each_trained_token_its_expanded_loss(impl: str, traces: list[list[Sample]]) -> None:
+    model = _tiny_model(VOCAB, impl, initializer_range=1.0, max_positions=512).eval()
+    rows = [_tree_row(traces[:2]), _tree_row(traces[2:])]  # rows of different lengths: padding too
+    batch = PackedCollator("padded", pad_token_id=0)(rows)
+    assert batch["attention_mask"].shape == (2, 1, *batch["input_ids"].shape[1:2] * 2)
+    with torch.no_grad():
+        tree_logits = model(
+            input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"]
+        ).logits
+        expected, expected_count = 0.0, 0
+        for ids, mask in (s for trace in traces for s in trace):
+            labels = torch.as_tensor(np.where(mask, ids, IGNORE_INDEX), dtype=torch.long)[None]
+            loss, count = _summed_loss(model(input_ids=torch.as_tensor(ids, dtype=torch.long)[None]).logits, labels)
+            expected += loss
+            expected_count += count
+        tree_loss, tree_count = _summed_loss(tree_logits, batch["labels"])
+        assert tree_count == expected_count
+        assert tree_loss == pytest.approx(expected, rel=1e-5)
+        # Without the mask (position_ids alone), branches see their siblings or lose their prefix.
+        plain_logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+        plain_loss, _ = _summed_loss(plain_logits, batch["labels"])
+        assert abs(plain_loss - expected) > 1e-2 * abs(expected)
+    # The tree rows hold fewer tokens than the expansion, with the same trained tokens.
+    assert int(batch["input_ids"].ne(0).sum()) < sum(len(ids) for trace in traces for ids, _ in trace)
+
+
+def test_plain_rows_collate_as_before_and_tree_rows_are_refused_where_they_cannot_be_kept_apart(
+    traces: list[list[Sample]],
+) -> None:
+    plain = {"input_ids": [5, 6, 7], "labels": [-100, 6, 7], "position_ids": [0, 1, 2], "seq_lengths": [3]}
+    batch = PackedCollator("padded")([plain])
+    assert set(batch) == {"input_ids", "labels", "position_ids"}
+    tree = _tree_row(traces[:1])
+    with pytest.raises(IncompatibleError, match=r"branches would attend to each other.*PackedCollator\(\"padded\"\)"):
+        PackedCollator("flatten")([tree])
+    with pytest.raises(ValueError, match="'tree' column and some do not"):
+        PackedCollator("padded")([tree, plain])
+    broken = {**tree, "tree_node_parents": [0, *tree["tree_node_parents"][1:]]}
+    with pytest.raises(ValueError, match="tree_node_lengths must tile every sample"):
+        PackedCollator("padded")([broken])
+    cut = {**tree, "tree_node_lengths": [tree["tree_node_lengths"][0] + 1, *tree["tree_node_lengths"][1:]]}
+    with pytest.raises(ValueError, match="tree_node_lengths must tile every sample"):
+        PackedCollator("padded")([cut])
+    # A plain sample is one root node: its mask is causal, and the padding a causal segment of its own.
+    mask = PackedCollator("padded")([{**plain, "tree_node_lengths": [3], "tree_node_parents": [-1]}, tree])
+    allowed = mask["attention_mask"][0, 0] == 0
+    width = allowed.shape[-1]
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    causal[3:, :3] = False
+    assert torch.equal(allowed, causal)
+
+
+def test_a_tree_output_is_refused_by_a_consumer_that_cannot_express_it(tmp_path: Path) -> None:
+    out = tmp_path / "packed"
+    out.mkdir()
+    (out / "manifest.json").write_text(json.dumps({"max_len": 64, "shards": [], PREFIX_TREES: True}))
+    refusal = r"holds prefix trees, whose branches would attend to each other.*trees=True"
+    with pytest.raises(IncompatibleError, match=refusal):
+        check_compatible(out, task="sft")
+    with pytest.raises(IncompatibleError, match=refusal):
+        load_rows(out)
+    with pytest.raises(IncompatibleError, match=refusal):
+        PackedCollator("flatten", output=out)
+    assert check_compatible(out, task="sft", trees=True).task == "sft"
+    assert PackedCollator("padded", output=out).compatibility is not None
+    plain: Any = {"max_len": 64, "shards": []}
+    (out / "manifest.json").write_text(json.dumps(plain))
+    assert check_compatible(out, task="sft").task == "sft"
