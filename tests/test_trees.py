@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from packcli.contract import tree_attention
+from packcli.contract import IGNORE_INDEX, SHARD_SCHEMA, TREE_COLUMNS, shard_schema, tree_attention
 from packcli.errors import RecordError
+from packcli.report.row_checks import Expected, ShardTotals, check_batch
 from packcli.tokenize.trees import build_tree, tree_paths
 
 Sample = tuple[np.ndarray, np.ndarray]
@@ -172,3 +174,67 @@ def test_a_plain_sample_is_causal_and_bad_columns_are_refused() -> None:
         tree_attention([1, 1], [-1, 1])
     with pytest.raises(ValueError, match="positive length"):
         tree_attention([1, 0], [-1, 0])
+
+
+def _tree_batch(rows: list[list[list[Sample]]]) -> pa.RecordBatch:
+    """Shard rows of tree samples (each row a list of records' expansions), with the tree columns."""
+    columns: dict[str, list[list[int]]] = {name: [] for name in (*SHARD_SCHEMA.names, *TREE_COLUMNS)}
+    for r, records in enumerate(rows):
+        row: dict[str, list[int]] = {name: [] for name in columns}
+        for k, samples in enumerate(records):
+            tree = build_tree(samples)
+            offset = len(row["tree_node_lengths"])
+            row["input_ids"] += tree.ids.tolist()
+            row["labels"] += np.where(tree.trained, tree.ids, IGNORE_INDEX).tolist()
+            row["position_ids"] += tree.positions.tolist()
+            row["seq_lengths"].append(len(tree))
+            row["sample_index"].append(10 * r + k)
+            row["piece_index"].append(0)
+            row["tree_node_lengths"] += tree.node_lengths.tolist()
+            row["tree_node_parents"] += [p + offset if p >= 0 else -1 for p in tree.node_parents.tolist()]
+        for name, values in row.items():
+            columns[name].append(values)
+    return pa.record_batch(list(columns.values()), schema=shard_schema(TREE_COLUMNS))
+
+
+def _failures(batch: pa.RecordBatch) -> dict[str, list[int]]:
+    totals = ShardTotals()
+    check_batch(
+        batch, 0, Expected(max_len=10_000, pad_to_max=False, vocab_size=None, columns=tuple(batch.schema.names)), totals
+    )
+    return totals.failures
+
+
+def _with(batch: pa.RecordBatch, row: int, column: str, values: list[int]) -> pa.RecordBatch:
+    data = batch.column(column).to_pylist()
+    data[row] = values
+    i = batch.schema.get_field_index(column)
+    return batch.set_column(i, batch.schema.field(i), pa.array(data, type=batch.schema.field(i).type))
+
+
+def test_verify_checks_that_tree_rows_follow_their_tree() -> None:
+    prefix = [7, 8, 9]
+    rounds = [
+        _sample([*prefix, 1, 2, 3], [False] * 4 + [True] * 2),
+        _sample([*prefix, 1, 3, 4, 5], [False] * 5 + [True] * 2),
+    ]
+    single = [_sample([4, 5, 6], [False, True, True])]
+    batch = _tree_batch([[rounds, single], [single, rounds, rounds]])
+    assert _failures(batch) == {}
+    row = batch.to_pylist()[0]
+    plain = list(range(row["seq_lengths"][0])) + list(range(row["seq_lengths"][1]))
+    assert set(_failures(_with(batch, 0, "position_ids", plain))) == {"tree_positions"}
+    lengths, parents = row["tree_node_lengths"], row["tree_node_parents"]
+    # node 2 under node 1: a tree, but not the one the positions follow
+    assert set(_failures(_with(batch, 0, "tree_node_parents", [-1, 0, 1, -1]))) == {"tree_positions"}
+    assert set(_failures(_with(batch, 0, "tree_node_parents", [-1, 0, 2, -1]))) == {"tree_nodes"}  # not earlier
+    assert set(_failures(_with(batch, 0, "tree_node_parents", [-1, 0, 0, 0]))) == {
+        "tree_nodes"
+    }  # another sample's node
+    across = [*lengths[:2], lengths[2] + 1, lengths[3] - 1]  # a node across two samples
+    assert set(_failures(_with(batch, 0, "tree_node_lengths", across))) == {"tree_nodes"}
+    assert parents == [-1, 0, 0, -1]
+    branch_start = lengths[0]
+    labels = list(row["labels"])
+    labels[branch_start] = row["input_ids"][branch_start]
+    assert set(_failures(_with(batch, 0, "labels", labels))) == {"tree_first_label"}
