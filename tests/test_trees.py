@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings, strategies as st
+from typer.testing import CliRunner
 
-from packcli.contract import IGNORE_INDEX, SHARD_SCHEMA, TREE_COLUMNS, shard_schema, tree_attention
+from packcli.cli import app
+from packcli.contract import (
+    IGNORE_INDEX,
+    PREFIX_TREES,
+    SHARD_SCHEMA,
+    TREE_COLUMNS,
+    file_sha256,
+    shard_schema,
+    tree_attention,
+)
 from packcli.errors import RecordError
 from packcli.report.row_checks import Expected, ShardTotals, check_batch
+from packcli.report.stats import output_stats
 from packcli.tokenize.trees import build_tree, tree_paths
 
 Sample = tuple[np.ndarray, np.ndarray]
@@ -238,3 +253,32 @@ def test_verify_checks_that_tree_rows_follow_their_tree() -> None:
     labels = list(row["labels"])
     labels[branch_start] = row["input_ids"][branch_start]
     assert set(_failures(_with(batch, 0, "labels", labels))) == {"tree_first_label"}
+
+
+def test_stats_report_the_tokens_a_tree_output_saves_against_the_expansion(tmp_path: Path) -> None:
+    prefix = list(range(10, 30))
+    rounds = [
+        _sample([*prefix, 1, 2, 3], [False] * 21 + [True] * 2),
+        _sample([*prefix, 1, 3, 4, 5, 6], [False] * 23 + [True] * 2),
+        _sample([*prefix, 1, 3, 5, 6, 7, 8], [False] * 25 + [True] * 1),
+    ]
+    single = [_sample([4, 5, 6], [False, True, True])]
+    batch = _tree_batch([[rounds, single], [rounds]])
+    shard = tmp_path / "shard-00000-of-00001.parquet"
+    pq.write_table(pa.Table.from_batches([batch]), shard)
+    tokens = sum(len(ids) for ids in batch.column("input_ids").to_pylist())
+    entry = {"file": shard.name, "rows": 2, "tokens": tokens, "sha256": file_sha256(shard)}
+    manifest = {"max_len": 128, "shards": [entry], "columns": batch.schema.names, PREFIX_TREES: True}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    trees = output_stats(tmp_path)["prefix_trees"]
+    expanded = 2 * sum(len(ids) for ids, _ in rounds) + 3
+    assert trees == {
+        "tokens": tokens,
+        "expanded_tokens": expanded,
+        "tokens_saved": expanded - tokens,
+        "tokens_ratio": round(tokens / expanded, 6),
+    }
+    assert tokens < expanded
+    result = CliRunner().invoke(app, ["stats", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert f"{tokens:,} tokens for {expanded:,} expanded" in result.output

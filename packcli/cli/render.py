@@ -250,6 +250,13 @@ def print_packed_stats(r: dict[str, Any]) -> None:
         table.add_row("image tokens", f"{im['image_tokens']:,} ({im['image_token_share']:.1%} of tokens)")
         table.add_row("images per row", f"mean {im['per_row']['mean']:.2f} / max {im['per_row']['max']}")
         table.add_row("images embedded", f"{im['embedded']:,} (by path: {im['referenced']:,})")
+    if "prefix_trees" in r:
+        pt = r["prefix_trees"]
+        table.add_row(
+            "prefix trees",
+            f"{pt['tokens']:,} tokens for {pt['expanded_tokens']:,} expanded ({pt['tokens_ratio']:.1%}; "
+            f"{pt['tokens_saved']:,} saved)",
+        )
     table.add_row("records read", f"{r['records_read']:,}")
     for reason, n in r["dropped"].items():
         table.add_row(f"dropped: {reason}", f"{n:,}")

@@ -19,7 +19,7 @@ from packcli.output.rows import loss_weights
 from packcli.plan.packing import pad_lengths
 from packcli.report.images import IMAGE_COLUMNS, ImageChecker
 from packcli.report.stats import list_parts
-from packcli.report.tree_checks import TREE_CHECKS, check_tree_rows
+from packcli.report.trees import TREE_CHECKS, check_tree_rows
 
 # Each row check: a key, and the message for the rows that fail it.
 CHECKS = {
