@@ -4,15 +4,18 @@ in its expanded sample alone (sdpa and eager), and every layout that cannot expr
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.nn.functional as F
 
-from packcli.contract import IGNORE_INDEX, PREFIX_TREES
+from packcli.contract import IGNORE_INDEX, PREFIX_TREES, SHARD_SCHEMA, TREE_COLUMNS, file_sha256, shard_schema
 from packcli.errors import IncompatibleError
 from packcli.tokenize.trees import build_tree
 from packcli.train.checks import check_compatible, load_rows
@@ -139,3 +142,36 @@ def test_a_tree_output_is_refused_by_a_consumer_that_cannot_express_it(tmp_path:
     plain: Any = {"max_len": 64, "shards": []}
     (out / "manifest.json").write_text(json.dumps(plain))
     assert check_compatible(out, task="sft").task == "sft"
+
+
+def _write_tree_output(directory: Path, rows: list[dict[str, list[int]]]) -> None:
+    """A packed output of tree rows, as the contract describes it: one Parquet shard and its manifest."""
+    names = [*SHARD_SCHEMA.names, *TREE_COLUMNS]
+    table_rows = [
+        {**row, "sample_index": list(range(len(row["seq_lengths"]))), "piece_index": [0] * len(row["seq_lengths"])}
+        for row in rows
+    ]
+    table = pa.Table.from_pylist([{n: r[n] for n in names} for r in table_rows], schema=shard_schema(TREE_COLUMNS))
+    directory.mkdir()
+    shard = directory / "shard-00000-of-00001.parquet"
+    pq.write_table(table, shard)
+    tokens = sum(len(r["input_ids"]) for r in rows)
+    entry = {"file": shard.name, "rows": len(rows), "tokens": tokens, "sha256": file_sha256(shard)}
+    max_id = max(max(r["input_ids"]) for r in rows)
+    manifest = {"task": "sft", "max_len": 512, "max_token_id": max_id, "shards": [entry], "columns": names}
+    (directory / "manifest.json").write_text(json.dumps({**manifest, PREFIX_TREES: True}), encoding="utf-8")
+
+
+def test_the_guide_training_example_runs_on_tree_rows(
+    tmp_path: Path, traces: list[list[Sample]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    _write_tree_output(tmp_path / "OUT", [_tree_row(traces[:2]), _tree_row(traces[2:4]), _tree_row(traces[4:])])
+    text = (Path(__file__).parents[1] / "docs" / "guides" / "trees.md").read_text(encoding="utf-8")
+    (example,) = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "load_rows(" in b]
+    model = _tiny_model(VOCAB, "sdpa", initializer_range=1.0, max_positions=512)
+    before = [p.detach().clone() for p in model.parameters()]
+    names: dict[str, Any] = {"model": model}
+    exec(compile(example, "docs/guides/trees.md", "exec"), names)
+    assert "attention_mask" in names["batch"] and torch.isfinite(names["loss"])
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
