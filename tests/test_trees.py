@@ -255,6 +255,34 @@ def test_verify_checks_that_tree_rows_follow_their_tree() -> None:
     assert set(_failures(_with(batch, 0, "labels", labels))) == {"tree_first_label"}
 
 
+def _write_output(directory: Path, batch: pa.RecordBatch, trees: bool = True) -> int:
+    """Write the batch as a packed output (one shard, the manifest keys verify and stats read); return its tokens."""
+    directory.mkdir(exist_ok=True)
+    shard = directory / "shard-00000-of-00001.parquet"
+    pq.write_table(pa.Table.from_batches([batch]), shard)
+    tokens = sum(len(ids) for ids in batch.column("input_ids").to_pylist())
+    entry = {"file": shard.name, "rows": batch.num_rows, "tokens": tokens, "sha256": file_sha256(shard)}
+    manifest = {"max_len": 128, "shards": [entry], "columns": batch.schema.names}
+    (directory / "manifest.json").write_text(json.dumps({**manifest, PREFIX_TREES: trees}), encoding="utf-8")
+    return tokens
+
+
+def test_verify_reads_a_tree_output_and_the_manifest_key_with_it(tmp_path: Path) -> None:
+    rounds = [_sample([7, 8, 9, 1, 2, 3], [False] * 4 + [True] * 2), _sample([7, 8, 9, 1, 3, 4], [False] * 5 + [True])]
+    batch = _tree_batch([[rounds], [rounds, rounds]])
+    _write_output(tmp_path / "good", batch)
+    result = CliRunner().invoke(app, ["verify", str(tmp_path / "good")])
+    assert result.exit_code == 0 and "the row contract hold" in result.output, result.output
+    _write_output(tmp_path / "unsaid", batch, trees=False)
+    result = CliRunner().invoke(app, ["verify", str(tmp_path / "unsaid")])
+    assert result.exit_code == 1
+    assert "has tree columns, but manifest.json does not say prefix_trees" in result.output
+    plain = [list(range(n)) for n in batch.column("seq_lengths").to_pylist()[0]]
+    _write_output(tmp_path / "flat", _with(batch, 0, "position_ids", [p for part in plain for p in part]))
+    result = CliRunner().invoke(app, ["verify", str(tmp_path / "flat")])
+    assert result.exit_code == 1 and "position_ids that do not follow the tree" in result.output, result.output
+
+
 def test_stats_report_the_tokens_a_tree_output_saves_against_the_expansion(tmp_path: Path) -> None:
     prefix = list(range(10, 30))
     rounds = [
@@ -264,12 +292,7 @@ def test_stats_report_the_tokens_a_tree_output_saves_against_the_expansion(tmp_p
     ]
     single = [_sample([4, 5, 6], [False, True, True])]
     batch = _tree_batch([[rounds, single], [rounds]])
-    shard = tmp_path / "shard-00000-of-00001.parquet"
-    pq.write_table(pa.Table.from_batches([batch]), shard)
-    tokens = sum(len(ids) for ids in batch.column("input_ids").to_pylist())
-    entry = {"file": shard.name, "rows": 2, "tokens": tokens, "sha256": file_sha256(shard)}
-    manifest = {"max_len": 128, "shards": [entry], "columns": batch.schema.names, PREFIX_TREES: True}
-    (tmp_path / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    tokens = _write_output(tmp_path, batch)
     trees = output_stats(tmp_path)["prefix_trees"]
     expanded = 2 * sum(len(ids) for ids, _ in rounds) + 3
     assert trees == {

@@ -80,6 +80,7 @@ class Expected:
     # --mix: each input's first sample_index and its mix source (None: no --mix)
     mix_inputs: tuple[np.ndarray, np.ndarray] | None = None
     images: ImageChecker | None = None  # the output has image columns: check its rows' images
+    trees: bool = False  # the manifest says the rows hold prefix trees (contract.PREFIX_TREES)
 
 
 @dataclass
