@@ -305,3 +305,20 @@ def test_stats_report_the_tokens_a_tree_output_saves_against_the_expansion(tmp_p
     result = CliRunner().invoke(app, ["stats", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert f"{tokens:,} tokens for {expanded:,} expanded" in result.output
+
+
+def test_inspect_shows_each_branch_of_a_tree_sample(tmp_path: Path) -> None:
+    rounds = [_sample([7, 8, 9, 1, 2, 3], [False] * 4 + [True] * 2), _sample([7, 8, 9, 1, 3, 4], [False] * 5 + [True])]
+    _write_output(tmp_path, _tree_batch([[rounds, [_sample([4, 5], [False, True])]]]))
+    result = CliRunner().invoke(app, ["inspect", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    tree, plain = json.loads(result.stdout)["segments"]
+    assert tree["nodes"] == [
+        {"parent": -1, "start": 0, "length": 3, "position": 0},
+        {"parent": 0, "start": 3, "length": 3, "position": 3},
+        {"parent": 0, "start": 6, "length": 3, "position": 3},
+    ]
+    assert plain["nodes"] == [{"parent": -1, "start": 0, "length": 2, "position": 0}]
+    assert [p["tokens"] for p in tree["pieces"]] == [3, 1, 2, 2, 1]  # no piece spans two nodes
+    table = CliRunner().invoke(app, ["inspect", str(tmp_path)]).output
+    assert "node 2 (branch of node 0): 3 tokens, positions 3..5" in table

@@ -408,8 +408,17 @@ def print_row(result: Any) -> None:
         title = f"{name}: {seg.length:,} tokens, {seg.trained_tokens:,} trained"
         style = "bold yellow" if seg.sample_index == result.requested_sample_index else "bold"
         out.rule(Text(title, style=style), align="left")
+        nodes = getattr(seg, "nodes", None) or []
+        starts = [node["start"] for node in nodes] if len(nodes) > 1 else [0]
+        at = 0
         body = Text()
         for piece in seg.pieces:
+            if len(starts) > 1 and at in starts:  # a prefix tree: each node under its own heading
+                if body:
+                    out.print(body, soft_wrap=True)
+                    body = Text()
+                out.print(Text(_node_heading(starts.index(at), nodes[starts.index(at)]), style="bold"))
+            at += piece.tokens
             if getattr(piece, "image", None) is not None:
                 body.append(piece.text, style=IMAGE_STYLE)
             elif piece.trained:
@@ -420,6 +429,12 @@ def print_row(result: Any) -> None:
         if seg.shown_tokens < seg.length:
             more = seg.length - seg.shown_tokens
             out.print(Text(f"... {more:,} more tokens (--max-tokens {seg.shown_tokens})", style=MASKED_STYLE))
+
+
+def _node_heading(index: int, node: dict[str, int]) -> str:
+    last = node["position"] + node["length"] - 1
+    parent = "root" if node["parent"] < 0 else f"branch of node {node['parent']}"
+    return f"node {index} ({parent}): {node['length']:,} tokens, positions {node['position']}..{last}"
 
 
 def _bracketed(text: str) -> str:
