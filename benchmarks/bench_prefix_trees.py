@@ -60,6 +60,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--prefix", type=int, default=1500, help="tokens of the tools list and system prompt")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--collate", action="store_true", help="also time PackedCollator('padded') on tree rows")
     for name, span in (("turn", TURN), ("reasoning", REASONING), ("answer", ANSWER)):
         parser.add_argument(f"--{name}", default=f"{span[0]},{span[1]}", help="tokens per round: LOW,HIGH")
     args = parser.parse_args()
@@ -94,6 +95,43 @@ def main() -> None:
     )
     per_trace = expansion // args.traces
     print(f"build_tree: median {statistics.median(seconds) * 1e3:.1f} ms per trace ({per_trace:,} tokens)")
+    if args.collate:
+        _time_collate(rng, args, spans)  # type: ignore[arg-type]
+
+
+def _time_collate(rng: np.random.Generator, args: argparse.Namespace, spans: tuple[Span, Span, Span]) -> None:
+    """Time the padded collator's 4-D mask on batches of two rows, one tree sample per row."""
+    import torch
+
+    from packcli.train.collate import PackedCollator
+
+    collators = {"float32": PackedCollator("padded"), "bool": PackedCollator("padded", mask_dtype=torch.bool)}
+    seconds: dict[str, list[float]] = {name: [] for name in collators}
+    width = 0
+    for _ in range(5):
+        rows = []
+        for _ in range(2):
+            tree = build_tree(trace(rng, args.rounds, args.prefix, spans)[0])
+            rows.append(
+                {
+                    "input_ids": tree.ids,
+                    "labels": np.where(tree.trained, tree.ids, -100),
+                    "position_ids": tree.positions,
+                    "seq_lengths": [len(tree)],
+                    "tree_node_lengths": tree.node_lengths,
+                    "tree_node_parents": tree.node_parents,
+                }
+            )
+        for name, collate in collators.items():
+            start = time.perf_counter()
+            batch = collate(rows)
+            seconds[name].append(time.perf_counter() - start)
+            width = max(width, batch["input_ids"].shape[1])
+    for name, size in (("float32", 4), ("bool", 1)):
+        print(
+            f"PackedCollator('padded'), 2 tree rows, {name} mask: median {statistics.median(seconds[name]) * 1e3:.0f} "
+            f"ms (T up to {width:,}; {2 * width * width * size / 2**20:,.0f} MiB)"
+        )
 
 
 if __name__ == "__main__":

@@ -149,9 +149,17 @@ def tree_attention(node_lengths: np.ndarray | list[int], node_parents: np.ndarra
     bad_parent = len(parents) != count or bool(((parents >= np.arange(count)) | (parents < -1)).any())
     if bad_parent or bool((lengths < 1).any()):
         raise ValueError("tree columns: one positive length and one earlier parent (or -1) per node")
-    ancestor = np.eye(count, dtype=bool)  # ancestor[a, b]: node b is node a or one of its ancestors
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    allowed = np.zeros((int(ends[-1]) if count else 0,) * 2, dtype=bool)
+    causal = np.tri(int(lengths.max()) if count else 0, dtype=bool)
+    # Block by block: a node's rows see its own block causally and each ancestor's block whole, so the
+    # work is the area allowed, not the row's square.
     for node in range(count):
-        if parents[node] >= 0:
-            ancestor[node] |= ancestor[parents[node]]
-    node_of = np.repeat(np.arange(count), lengths)
-    return ancestor[node_of[:, None], node_of[None, :]] & np.tri(len(node_of), dtype=bool)
+        a, b = int(starts[node]), int(ends[node])
+        allowed[a:b, a:b] = causal[: b - a, : b - a]
+        parent = int(parents[node])
+        while parent >= 0:
+            allowed[a:b, int(starts[parent]) : int(ends[parent])] = True
+            parent = int(parents[parent])
+    return allowed

@@ -73,11 +73,14 @@ def traces() -> list[list[Sample]]:
     return [_trace(rng, rounds) for rounds in (3, 4, 5, 2, 4)]
 
 
-@pytest.mark.parametrize("impl", ["sdpa", "eager"])
-def test_tree_rows_give_each_trained_token_its_expanded_loss(impl: str, traces: list[list[Sample]]) -> None:
+@pytest.mark.parametrize(("impl", "mask_dtype"), [("sdpa", None), ("eager", None), ("sdpa", torch.bool)])
+def test_tree_rows_give_each_trained_token_its_expanded_loss(
+    impl: str, mask_dtype: torch.dtype | None, traces: list[list[Sample]]
+) -> None:
     model = _tiny_model(VOCAB, impl, initializer_range=1.0, max_positions=512).eval()
     rows = [_tree_row(traces[:2]), _tree_row(traces[2:])]  # rows of different lengths: padding too
-    batch = PackedCollator("padded", pad_token_id=0)(rows)
+    batch = PackedCollator("padded", pad_token_id=0, model=model, mask_dtype=mask_dtype)(rows)
+    assert batch["attention_mask"].dtype == (mask_dtype or torch.float32)
     assert batch["attention_mask"].shape == (2, 1, *batch["input_ids"].shape[1:2] * 2)
     with torch.no_grad():
         tree_logits = model(
@@ -175,3 +178,15 @@ def test_the_guide_training_example_runs_on_tree_rows(
     exec(compile(example, "docs/guides/trees.md", "exec"), names)
     assert "attention_mask" in names["batch"] and torch.isfinite(names["loss"])
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_the_mask_takes_the_model_dtype_unless_told(traces: list[list[Sample]]) -> None:
+    row = _tree_row(traces[:1])
+    model = _tiny_model(VOCAB, "eager", initializer_range=0.02, max_positions=512).to(torch.bfloat16)
+    assert PackedCollator("padded", model=model)([row])["attention_mask"].dtype == torch.bfloat16
+    assert PackedCollator("padded")([row])["attention_mask"].dtype == torch.float32
+    mask = PackedCollator("padded", model=model, mask_dtype=torch.float16)([row])["attention_mask"]
+    assert mask.dtype == torch.float16 and float(mask.min()) == torch.finfo(torch.float16).min
+    allowed = PackedCollator("padded", mask_dtype=torch.bool)([row, _tree_row(traces[1:3])])["attention_mask"]
+    additive = PackedCollator("padded")([row, _tree_row(traces[1:3])])["attention_mask"]
+    assert allowed.dtype == torch.bool and torch.equal(allowed, additive == 0)
