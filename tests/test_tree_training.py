@@ -15,7 +15,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from packcli.contract import IGNORE_INDEX, PREFIX_TREES, SHARD_SCHEMA, TREE_COLUMNS, file_sha256, shard_schema
+from packcli.contract import (
+    IGNORE_INDEX,
+    PREFIX_TREES,
+    SHARD_SCHEMA,
+    TREE_COLUMNS,
+    file_sha256,
+    shard_schema,
+    tree_attention,
+)
 from packcli.errors import IncompatibleError
 from packcli.tokenize.trees import build_tree
 from packcli.train.checks import check_compatible, load_rows
@@ -190,3 +198,47 @@ def test_the_mask_takes_the_model_dtype_unless_told(traces: list[list[Sample]]) 
     allowed = PackedCollator("padded", mask_dtype=torch.bool)([row, _tree_row(traces[1:3])])["attention_mask"]
     additive = PackedCollator("padded")([row, _tree_row(traces[1:3])])["attention_mask"]
     assert allowed.dtype == torch.bool and torch.equal(allowed, additive == 0)
+
+
+def test_a_branch_that_starts_with_a_trained_token_would_train_it_from_its_sibling() -> None:
+    """Why the builder starts such a branch with a copy of the last shared token: laid out by hand
+    without it, the second branch's first token is scored on the first branch's last logit."""
+    rng = np.random.default_rng(3)
+    prefix, first, second = (rng.integers(1, VOCAB, n).tolist() for n in (8, 4, 4))
+    samples = [
+        (np.asarray(prefix + first, dtype=np.int32), np.asarray([False] * 8 + [True] * 4)),
+        (np.asarray(prefix + second, dtype=np.int32), np.asarray([False] * 8 + [True] * 4)),
+    ]
+    model = _tiny_model(VOCAB, "sdpa", initializer_range=1.0, max_positions=512).eval()
+    naive = {
+        "input_ids": prefix + first + second,
+        "labels": [IGNORE_INDEX] * 8 + first + second,
+        "position_ids": [*range(12), *range(8, 12)],
+        "seq_lengths": [16],
+        "tree_node_lengths": [8, 4, 4],
+        "tree_node_parents": [-1, 0, 0],
+    }
+    with pytest.raises(ValueError, match="trains the first token of a tree node"):
+        PackedCollator("padded")([naive])
+    allowed = torch.from_numpy(tree_attention(naive["tree_node_lengths"], naive["tree_node_parents"]))
+    naive_batch = {
+        "input_ids": torch.as_tensor([naive["input_ids"]]),
+        "labels": torch.as_tensor([naive["labels"]]),
+        "position_ids": torch.as_tensor([naive["position_ids"]]),
+        "attention_mask": torch.zeros(1, 1, 16, 16).masked_fill_(~allowed, torch.finfo(torch.float32).min),
+    }
+    with torch.no_grad():
+        expected = 0.0
+        for ids, mask in samples:
+            labels = torch.as_tensor(np.where(mask, ids, IGNORE_INDEX), dtype=torch.long)[None]
+            expected += _summed_loss(model(input_ids=torch.as_tensor(ids, dtype=torch.long)[None]).logits, labels)[0]
+        losses = []
+        for batch in (naive_batch, PackedCollator("padded")([_tree_row([samples])])):
+            logits = model(
+                input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"]
+            ).logits
+            losses.append(_summed_loss(logits, batch["labels"]))
+    (naive_loss, naive_count), (tree_loss, tree_count) = losses
+    assert naive_count == tree_count == 8
+    assert tree_loss == pytest.approx(expected, rel=1e-5)
+    assert abs(naive_loss - expected) > 1e-2 * expected

@@ -341,12 +341,13 @@ def _parse_row(row: Mapping[str, Any], k: int) -> _Row:
         weights = torch.as_tensor(row["loss_weights"], dtype=torch.float32).reshape(-1)
         if len(weights) != n:
             raise ValueError(f"row {k} of the batch has {len(weights)} loss_weights for {n} input_ids")
-    return _Row(ids, labels, positions, lengths, unpadded, weights, _tree_rule(row, k, lengths))
+    return _Row(ids, labels, positions, lengths, unpadded, weights, _tree_rule(row, k, lengths, labels))
 
 
-def _tree_rule(row: Mapping[str, Any], k: int, lengths: torch.Tensor) -> torch.Tensor | None:
+def _tree_rule(row: Mapping[str, Any], k: int, lengths: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
     """Return the attention rule of a tree row (None for a row without tree columns), after checking
-    that its nodes tile every sample and that each parent is an earlier node of the same sample."""
+    that its nodes tile every sample, that each parent is an earlier node of the same sample and that
+    no node trains its first token."""
     if row.get(TREE_COLUMNS[0]) is None and row.get(TREE_COLUMNS[1]) is None:
         return None
     node_lengths = _column(row, TREE_COLUMNS[0], k)
@@ -364,5 +365,10 @@ def _tree_rule(row: Mapping[str, Any], k: int, lengths: torch.Tensor) -> torch.T
         raise ValueError(
             f"row {k} of the batch: tree_node_lengths must tile every sample and tree_node_parents name an "
             "earlier node of the same sample (or -1), one per node"
+        )
+    if bool((labels[ends - node_lengths] != IGNORE_INDEX).any()):
+        raise ValueError(
+            f"row {k} of the batch trains the first token of a tree node, which the next-token shift would "
+            "score from the end of another branch; pack the rows with packcli (verify names the row)"
         )
     return torch.from_numpy(tree_attention(node_lengths.numpy(), parents.numpy()))
