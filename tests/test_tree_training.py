@@ -120,7 +120,7 @@ def test_plain_rows_collate_as_before_and_tree_rows_are_refused_where_they_canno
     tree = _tree_row(traces[:1])
     with pytest.raises(IncompatibleError, match=r"branches would attend to each other.*PackedCollator\(\"padded\"\)"):
         PackedCollator("flatten")([tree])
-    with pytest.raises(ValueError, match="'tree' column and some do not"):
+    with pytest.raises(ValueError, match="'tree_node_lengths' column and some do not"):
         PackedCollator("padded")([tree, plain])
     broken = {**tree, "tree_node_parents": [0, *tree["tree_node_parents"][1:]]}
     with pytest.raises(ValueError, match="tree_node_lengths must tile every sample"):

@@ -136,18 +136,19 @@ class PackedCollator:
             raise ValueError("cannot collate an empty batch")
         if "sft" in self.TASKS:
             _refuse_roles(rows)
+        if self.mode == "flatten" and any(row.get(c) is not None for row in rows for c in TREE_COLUMNS):
+            raise IncompatibleError(
+                "the batch holds prefix-tree rows (tree_node_lengths), whose branches would attend to each other "
+                'under flatten mode\'s varlen kwargs; collate them with PackedCollator("padded")'
+            )
         parsed = [_parse_row(row, k) for k, row in enumerate(rows)]
-        for name, column in (("unpadded", "seq_lengths_unpadded"), ("weights", "loss_weights"), ("tree", "tree")):
+        columns = (("unpadded", "seq_lengths_unpadded"), ("weights", "loss_weights"), ("tree", TREE_COLUMNS[0]))
+        for name, column in columns:
             having = [getattr(r, name) is not None for r in parsed]
             if any(having) and not all(having):
                 raise ValueError(
                     f"some rows of the batch have a '{column}' column and some do not; batch rows of one output"
                 )
-        if parsed[0].tree is not None and self.mode == "flatten":
-            raise IncompatibleError(
-                "the batch holds prefix-tree rows (tree_node_lengths), whose branches would attend to each other "
-                'under flatten mode\'s varlen kwargs; collate them with PackedCollator("padded")'
-            )
         batch = self._flatten(parsed) if self.mode == "flatten" else self._padded(parsed)
         if self.embedding_size is not None and batch["input_ids"].numel():
             largest = int(batch["input_ids"].max())
