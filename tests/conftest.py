@@ -29,6 +29,7 @@ TIERS: dict[str, set[str]] = {
     "ray": {"test_ray"},
     "torch": {
         "test_trainer",
+        "test_tree_training",
         "test_training",
         "test_training_checks",
         "test_dpo",
@@ -43,6 +44,7 @@ TIERS: dict[str, set[str]] = {
 # two seconds or more, or repeat a case another parameter covers, while a quick test still covers their
 # module: ``slow``. CI runs them with the rest.
 SLOW_TESTS: dict[str, set[str]] = {
+    "test_trees": {"test_inspect_shows_each_branch_of_a_tree_sample"},  # loads the default tokenizer twice
     "test_api": {
         "test_bytes_and_arrays_in_records_are_reasons_of_their_own",
         "test_partial_field_renames_and_errors_in_api_terms",

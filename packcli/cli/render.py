@@ -250,6 +250,13 @@ def print_packed_stats(r: dict[str, Any]) -> None:
         table.add_row("image tokens", f"{im['image_tokens']:,} ({im['image_token_share']:.1%} of tokens)")
         table.add_row("images per row", f"mean {im['per_row']['mean']:.2f} / max {im['per_row']['max']}")
         table.add_row("images embedded", f"{im['embedded']:,} (by path: {im['referenced']:,})")
+    if "prefix_trees" in r:
+        pt = r["prefix_trees"]
+        table.add_row(
+            "prefix trees",
+            f"{pt['tokens']:,} tokens for {pt['expanded_tokens']:,} expanded ({pt['tokens_ratio']:.1%}; "
+            f"{pt['tokens_saved']:,} saved)",
+        )
     table.add_row("records read", f"{r['records_read']:,}")
     for reason, n in r["dropped"].items():
         table.add_row(f"dropped: {reason}", f"{n:,}")
@@ -401,8 +408,17 @@ def print_row(result: Any) -> None:
         title = f"{name}: {seg.length:,} tokens, {seg.trained_tokens:,} trained"
         style = "bold yellow" if seg.sample_index == result.requested_sample_index else "bold"
         out.rule(Text(title, style=style), align="left")
+        nodes = getattr(seg, "nodes", None) or []
+        starts = [node["start"] for node in nodes] if len(nodes) > 1 else [0]
+        at = 0
         body = Text()
         for piece in seg.pieces:
+            if len(starts) > 1 and at in starts:  # a prefix tree: each node under its own heading
+                if body:
+                    out.print(body, soft_wrap=True)
+                    body = Text()
+                out.print(Text(_node_heading(starts.index(at), nodes[starts.index(at)]), style="bold"))
+            at += piece.tokens
             if getattr(piece, "image", None) is not None:
                 body.append(piece.text, style=IMAGE_STYLE)
             elif piece.trained:
@@ -413,6 +429,12 @@ def print_row(result: Any) -> None:
         if seg.shown_tokens < seg.length:
             more = seg.length - seg.shown_tokens
             out.print(Text(f"... {more:,} more tokens (--max-tokens {seg.shown_tokens})", style=MASKED_STYLE))
+
+
+def _node_heading(index: int, node: dict[str, int]) -> str:
+    last = node["position"] + node["length"] - 1
+    parent = "root" if node["parent"] < 0 else f"branch of node {node['parent']}"
+    return f"node {index} ({parent}): {node['length']:,} tokens, positions {node['position']}..{last}"
 
 
 def _bracketed(text: str) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packcli.contract import IGNORE_INDEX, SAMPLE_ROLES
+from packcli.contract import IGNORE_INDEX, SAMPLE_ROLES, TREE_COLUMNS
 from packcli.errors import IncompatibleError, InputError, OutputError, TokenizerError, UsageError, first_line
 from packcli.output.formats import shard_batches
 from packcli.output.manifest import read_checked_manifest
@@ -55,6 +55,9 @@ class Segment:
     # The sample's images (an image-text output): image (its place in the row, from 1), ref, size
     # [height, width], grid, tokens, offset (its first token in the row); None for a text output.
     images: list[dict[str, Any]] | None = None
+    # A prefix-tree output: the sample's nodes, each {parent (its node in this list, -1 for a root),
+    # start (its first token in the sample), length, position (its first token's position)}.
+    nodes: list[dict[str, int]] | None = None
 
 
 @dataclass
@@ -81,6 +84,8 @@ class InspectedRow:
                 del segment["role"]
             if segment["images"] is None:  # a text output: as before images existed
                 del segment["images"]
+            if segment["nodes"] is None:  # not prefix trees: as before trees existed
+                del segment["nodes"]
             for piece in segment["pieces"]:
                 if piece["image"] is None:
                     del piece["image"]
@@ -172,13 +177,17 @@ def inspect_row(
     role_of: Sequence[int | None] = data.get("sample_role") or [None] * len(data["sample_index"])
     images = _images(data, manifest)
     family = ((manifest.tokenizer or {}).get("processor") or {}).get("family")
+    tree_nodes = _tree_nodes(data)
     for k, (index, piece, length, role) in enumerate(
         zip(data["sample_index"], piece_of, data["seq_lengths"], role_of, strict=False)
     ):
         seg_ids = ids[start : start + length]
         seg_trained = trained[start : start + length]
         own = [im for im in images or () if im.sample == k]
-        segment = _segment(decoder, int(index), start, seg_ids, seg_trained, max_tokens, own, family)
+        nodes = tree_nodes.get(start) if tree_nodes is not None else None
+        cuts = [n["start"] for n in nodes] if nodes else []
+        segment = _segment(decoder, int(index), start, seg_ids, seg_trained, max_tokens, own, family, cuts)
+        segment.nodes = nodes
         segment.piece_index = int(piece)
         segment.role = SAMPLE_ROLES.get(int(role)) if role is not None else None
         if images is not None:
@@ -209,6 +218,26 @@ def inspect_row(
         requested_sample_index=sample_index,
         segments=segments,
     )
+
+
+def _tree_nodes(data: dict[str, Any]) -> dict[int, list[dict[str, int]]] | None:
+    """A tree row's nodes by the row offset of their sample's first token (None without tree columns);
+    parents become indices into the sample's own list."""
+    lengths, parents = data.get(TREE_COLUMNS[0]), data.get(TREE_COLUMNS[1])
+    if lengths is None or parents is None:
+        return None
+    positions = data["position_ids"]
+    sample_starts = set(np.cumsum([0, *data["seq_lengths"]])[:-1].tolist())
+    by_sample: dict[int, list[dict[str, int]]] = {}
+    start = sample_start = first_node = 0
+    for k, (length, parent) in enumerate(zip(lengths, parents, strict=False)):
+        if start in sample_starts:
+            sample_start, first_node = start, k
+        node = {"parent": parent - first_node if parent >= 0 else -1, "start": start - sample_start}
+        node |= {"length": int(length), "position": int(positions[start]) if start < len(positions) else 0}
+        by_sample.setdefault(sample_start, []).append(node)
+        start += int(length)
+    return by_sample
 
 
 def _load_decoder(name: str | None, sha256: str | None) -> tuple[Any, bool]:
@@ -243,6 +272,7 @@ def _segment(
     max_tokens: int | None = None,
     images: Sequence[RowImage] = (),
     family: str | None = None,
+    node_starts: Sequence[int] = (),
 ) -> Segment:
     padding = index == -1
     all_ids, all_trained = ids, trained
@@ -250,6 +280,7 @@ def _segment(
     # Decode runs of equally-flagged tokens, not single tokens: a byte-level BPE token may hold part of
     # a character, which only decodes together with its neighbours. An image's tokens are one piece.
     cuts = set((np.flatnonzero(np.diff(trained.astype(np.int8))) + 1).tolist())
+    cuts |= {c for c in node_starts if c < len(ids)}  # a piece never spans two tree nodes
     image_at: dict[int, RowImage] = {}
     for image in images:
         begin = image.offset - start

@@ -14,11 +14,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from packcli.contract import IGNORE_INDEX, SHARD_SCHEMA
+from packcli.contract import IGNORE_INDEX, SHARD_SCHEMA, TREE_COLUMNS
 from packcli.output.rows import loss_weights
 from packcli.plan.packing import pad_lengths
 from packcli.report.images import IMAGE_COLUMNS, ImageChecker
 from packcli.report.stats import list_parts
+from packcli.report.trees import TREE_CHECKS, check_tree_rows
 
 # Each row check: a key, and the message for the rows that fail it.
 CHECKS = {
@@ -57,6 +58,7 @@ CHECKS = {
     "image_rule": "have images whose token count or grid is not what the processor gives for their size",
     "image_file": "have images whose file or bytes cannot be read now",
     "image_size": "have images whose file has another size now than when packed (image_sizes)",
+    **TREE_CHECKS,
 }
 WEIGHTING_RULES = {"sample": "1/n", "sqrt": "1/sqrt(n)"}
 # loss_weights are float32: a recomputed weight may differ from the stored one in its last bits only.
@@ -78,6 +80,7 @@ class Expected:
     # --mix: each input's first sample_index and its mix source (None: no --mix)
     mix_inputs: tuple[np.ndarray, np.ndarray] | None = None
     images: ImageChecker | None = None  # the output has image columns: check its rows' images
+    trees: bool = False  # the manifest says the rows hold prefix trees (contract.PREFIX_TREES)
 
 
 @dataclass
@@ -214,6 +217,9 @@ def check_batch(batch: pa.RecordBatch, first_row: int, expect: Expected, totals:
     totals.index.append(index[~pad])
     totals.pieces.append(piece[~pad])
     tiled = (row_sums == row_len) & (np.bincount(seg_row[seq_lengths < 1], minlength=n) == 0)
+    trees = any(name in batch.schema.names for name in TREE_COLUMNS)
+    if trees and tiled.all():  # (rows whose samples do not tile them fail seq_lengths_sum already)
+        check_tree_rows(batch, row_len, segs, seq_lengths, positions, labelled, totals, first_row)
     if not tiled.all():
         # Positions and first labels can be placed only in rows whose segments tile the row.
         keep_tokens = np.repeat(tiled, row_len)
@@ -231,7 +237,8 @@ def check_batch(batch: pa.RecordBatch, first_row: int, expect: Expected, totals:
     bad_position[seg_start] = positions[seg_start] != 0
     if len(positions) > 1:
         bad_position[1:] |= ~starts[1:] & (np.diff(positions) != 1)
-    totals.fail("positions", rows[token_rows(bad_position)], first_row)
+    if not trees:  # tree rows' positions follow the tree (checked above)
+        totals.fail("positions", rows[token_rows(bad_position)], first_row)
     totals.fail("first_label", seg_row[labelled[seg_start]], first_row)
     if pad.any():
         totals.fail("padding_labels", rows[token_rows(np.repeat(pad, seq_lengths) & labelled)], first_row)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packcli.contract import CHOSEN, IGNORE_INDEX, MANIFEST
+from packcli.contract import CHOSEN, IGNORE_INDEX, MANIFEST, TREE_COLUMNS
 from packcli.errors import OutputError, first_line
 from packcli.output.formats import shard_batches
 from packcli.output.manifest import read_checked_manifest
@@ -83,11 +83,15 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     shards = manifest.shards
     listed = manifest.columns or []
     images_listed = has_images(listed)
+    trees_listed = all(c in listed for c in TREE_COLUMNS)
+    expanded = 0  # prefix trees: the tokens of the plain expansion
     for entry in shards:
         path = directory / entry.file
         try:
             columns = ["labels", "seq_lengths", "sample_index"]
             columns += [c for c in ("piece_index", "sample_role", "seq_lengths_unpadded") if c in listed]
+            if trees_listed:
+                columns += ["position_ids", *TREE_COLUMNS]
             if images_listed:
                 columns += ["image_refs", "image_tokens", "image_sample"]
             for batch in shard_batches(path, columns):
@@ -99,6 +103,8 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
                 seg_row = np.repeat(np.arange(len(segs)), segs)
                 pad_per_row = np.bincount(seg_row[pad], weights=lengths[pad], minlength=len(segs)).astype(np.int64)
                 segment_padding += int(pad_per_row.sum())
+                if trees_listed:  # (a padding segment is one node: as long expanded as in the row)
+                    expanded += expanded_tokens(batch) - int(pad_per_row.sum())
                 real = lengths
                 if "seq_lengths_unpadded" in columns:
                     _, real = list_parts(batch.column("seq_lengths_unpadded"))
@@ -224,6 +230,13 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
             "embedded": embedded,
             "referenced": n_images - embedded,
         }
+    if trees_listed:
+        out["prefix_trees"] = {
+            "tokens": tokens,
+            "expanded_tokens": expanded,
+            "tokens_saved": expanded - tokens,
+            "tokens_ratio": round(tokens / expanded, 6) if expanded else 0.0,
+        }
     if manifest.mix is not None:  # --mix: the manifest's per-source accounting
         out["mix"] = manifest.mix
     if manifest.eval is not None:  # the eval split beside these rows (OUT/eval/, its own manifest)
@@ -263,3 +276,19 @@ def _pair_stats(
 
 def _concat(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+
+def expanded_tokens(batch: pa.RecordBatch) -> int:
+    """Return the tokens of the batch's tree samples once expanded again, one sample per root-to-leaf path.
+
+    A path holds its expanded sample token for token, so its length is its leaf's last position plus
+    one. A plain sample (or a padding segment) is one root node, its own length.
+    """
+    count, node_lengths = list_parts(batch.column(TREE_COLUMNS[0]))
+    _, parents = list_parts(batch.column(TREE_COLUMNS[1]))
+    _, positions = list_parts(batch.column("position_ids"))
+    offsets = np.repeat(np.cumsum(count) - count, count)
+    has_child = np.zeros(len(parents), dtype=bool)
+    has_child[(parents + offsets)[parents >= 0]] = True
+    ends = np.cumsum(node_lengths.astype(np.int64))
+    return int((positions[ends[~has_child] - 1].astype(np.int64) + 1).sum())

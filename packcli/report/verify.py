@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packcli.contract import MANIFEST, OPTIONAL_COLUMNS, SHARD_SCHEMA, Progress
+from packcli.contract import MANIFEST, OPTIONAL_COLUMNS, PREFIX_TREES, SHARD_SCHEMA, TREE_COLUMNS, Progress
 from packcli.errors import first_line
 from packcli.output.formats import FORMATS, MISSING_INDEX, ShardFormat, format_of, shard_batches, shard_schema
 from packcli.output.manifest import manifest_problems, read_manifest
@@ -108,6 +108,7 @@ def verify_output(directory: Path, progress: Progress | None = None) -> VerifyRe
         loss_weighting=str(options["loss_weighting"]) if "loss_weighting" in options else None,
         mix_inputs=_mix_inputs(manifest),
         images=_manifest_images(manifest, report.problems),
+        trees=manifest.get(PREFIX_TREES) is True,
     )
     entries = manifest.get("shards")
     if not isinstance(entries, list) or expect.max_len < 1:
@@ -258,6 +259,13 @@ def _check_shard(
             problems.append(Problem(name, "has columns of the wrong type: " + "; ".join(wrong)))
         if expect.task != "sft" and "sample_role" not in schema.names:
             problems.append(Problem(name, f"lacks the column sample_role (the output holds {expect.task} data)"))
+        tree_columns = [c for c in TREE_COLUMNS if c in schema.names]
+        if expect.trees and len(tree_columns) < len(TREE_COLUMNS):
+            problems.append(Problem(name, f"lacks the tree columns ({MANIFEST} says the output holds prefix trees)"))
+        elif tree_columns and not expect.trees:
+            problems.append(
+                Problem(name, f"has tree columns, but {MANIFEST} does not say prefix_trees (trainers read plain rows)")
+            )
         if expect.pad_multiple > 1 and "seq_lengths_unpadded" not in schema.names:
             problems.append(Problem(name, "lacks the column seq_lengths_unpadded (the output was padded per sample)"))
         weighted = expect.loss_weighting in WEIGHTING_RULES

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from packcli.contract import DEFAULT_TOKENIZER, MANIFEST, default_tokenizer_dir, vocab_sha256
+from packcli.contract import DEFAULT_TOKENIZER, MANIFEST, PREFIX_TREES, default_tokenizer_dir, vocab_sha256
 from packcli.errors import IncompatibleError, OutputError, UsageError, first_line
 
 TASKS = ("sft", "preference", "kto")
@@ -66,20 +66,24 @@ def load_rows(
     task: str | Collection[str] | None = None,
     model: Any = None,
     tokenizer: Any = None,
+    trees: bool = False,
 ) -> Any:
     """Return the rows of a ``packcli pack`` output as a ``datasets.Dataset``, in the written order.
 
     Reads the shards the manifest lists, whatever ``--output-format`` wrote them (Parquet; Arrow,
     memory-mapped as it is; MDS and Megatron, read back as packcli rows in memory); ``cache_dir`` is
     where datasets converts Parquet. Given ``task``, ``model`` or ``tokenizer``, it first runs
-    :func:`check_compatible` with them.
+    :func:`check_compatible` with them. An output of prefix trees is refused unless ``trees`` says that
+    the rows go to a consumer that builds their attention mask (``PackedCollator("padded")``).
     """
     from datasets import Dataset, concatenate_datasets
 
     root = Path(directory)
     manifest = read_output_manifest(root)
     if task is not None or model is not None or tokenizer is not None:
-        check_compatible(root, task=task, model=model, tokenizer=tokenizer, manifest=manifest)
+        check_compatible(root, task=task, model=model, tokenizer=tokenizer, manifest=manifest, trees=trees)
+    else:
+        _check_trees(root, manifest, trees)
     try:
         files = [root / entry["file"] for entry in manifest["shards"]]
     except (KeyError, TypeError) as exc:
@@ -125,6 +129,7 @@ def check_compatible(
     model: Any = None,
     tokenizer: Any = None,
     manifest: dict[str, Any] | None = None,
+    trees: bool = False,
 ) -> Compatibility:
     """Check, before the first step, that a packed output fits the recipe, the model and the tokenizer.
 
@@ -136,6 +141,9 @@ def check_compatible(
       or directory to load); refused when its vocabulary size, its special tokens (their ids, and which
       is bos, eos...: all but the pad token, which the padding never trains) or its vocabulary itself
       (``vocab_sha256``) differ from the ones the output was packed with.
+    - ``trees``: whether the consumer builds the attention mask of prefix-tree rows (``PackedCollator``'s
+      padded mode does); an output of prefix trees (manifest ``prefix_trees``) is refused otherwise, since
+      a layout that reads only ``position_ids`` (or varlen kwargs) lets the branches attend to each other.
 
     Raises IncompatibleError (one line naming the output, what differs and what to do), OutputError
     when the output cannot be read; returns what was found. ``manifest`` is the output's manifest when
@@ -149,6 +157,7 @@ def check_compatible(
     unchecked: list[str] = []
     if task is not None:
         _check_task(root, found, task)
+    _check_trees(root, manifest, trees)
     max_id = manifest.get("max_token_id")
     max_id = max_id if isinstance(max_id, int) and not isinstance(max_id, bool) else None
     recorded: dict[str, Any] = manifest["tokenizer"] if isinstance(manifest.get("tokenizer"), dict) else {}
@@ -199,6 +208,14 @@ def _check_task(root: Path, found: str, task: str | Collection[str]) -> None:
     raise IncompatibleError(
         f"{root}: {_HOLDS[found]}, but this recipe needs {needs}; {_TRAIN_WITH[found]}, or pack {records} for it"
     )
+
+
+def _check_trees(root: Path, manifest: dict[str, Any], trees: bool) -> None:
+    if manifest.get(PREFIX_TREES) is True and not trees:
+        raise IncompatibleError(
+            f"{root}: the output holds prefix trees, whose branches would attend to each other without their "
+            'attention mask; collate it with PackedCollator("padded") and pass trees=True'
+        )
 
 
 def _max_token_id(root: Path, manifest: dict[str, Any]) -> int:

@@ -28,7 +28,14 @@ each sample is padded inside its own segment, so ``seq_lengths``, ``position_ids
 carry ``loss_weights``: both layouts pass them on as a float32 ``loss_weights`` tensor (0 in the
 padding) for ``weighted_loss``; take it out of the batch before calling the model.
 
-Neither layout returns an ``attention_mask``: transformers only looks for packed sequences in
+Rows of an output packed as prefix trees (docs/guides/trees.md) carry ``tree_node_lengths`` and
+``tree_node_parents``: a token attends only to its own node and its ancestors, which ``position_ids``
+cannot say. ``padded`` mode then adds a 4-D ``attention_mask`` [B, 1, T, T] that transformers passes
+to attention as it is (sdpa and eager): 0 where a token may attend, the mask dtype's minimum elsewhere,
+the padding a causal segment of its own. ``flatten`` mode refuses tree rows: its varlen kwargs would
+let a branch attend to its siblings.
+
+Otherwise neither layout returns an ``attention_mask``: transformers only looks for packed sequences in
 ``position_ids`` when the attention mask is None, so even an all-ones mask would make every sample
 attend to the samples before it in the row. The model must also run with ``use_cache=False``: with a
 cache present the packed-sequence detection is skipped too.
@@ -42,7 +49,7 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 
-from packcli.contract import IGNORE_INDEX
+from packcli.contract import IGNORE_INDEX, TREE_COLUMNS, tree_attention
 from packcli.errors import IncompatibleError, UsageError
 from packcli.train.checks import check_compatible, embedding_size
 
@@ -66,10 +73,15 @@ class PackedCollator:
             batch, each token id must be below its input embedding size (IncompatibleError otherwise,
             never an IndexError inside torch).
         tokenizer: the tokenizer the training uses, checked against ``output``'s.
+        mask_dtype: the dtype of the 4-D attention mask of tree rows (padded mode); by default the
+            model's dtype when ``model`` is given (eager attention adds the mask to its scores), else float32.
+            ``torch.bool`` gives the boolean form (True where a token may attend), which sdpa takes in a
+            quarter of the memory of float32 and eager attention does not.
 
     Each row needs ``input_ids``, ``labels`` and ``position_ids``; ``seq_lengths`` is used for the
     sample boundaries when present, otherwise they are read from where ``position_ids`` is 0.
-    ``seq_lengths_unpadded`` and ``loss_weights`` are passed on when every row of the batch has them.
+    ``seq_lengths_unpadded`` and ``loss_weights`` are passed on when every row of the batch has them;
+    ``tree_node_lengths`` and ``tree_node_parents`` become the attention mask (padded mode only).
     A row with chosen, rejected or KTO samples (``sample_role`` above 0) is refused: SFT on it would
     train every answer. Other columns (``sample_index``) are ignored. Values may be lists, numpy arrays
     or tensors.
@@ -86,6 +98,7 @@ class PackedCollator:
         output: str | Path | None = None,
         model: Any = None,
         tokenizer: Any = None,
+        mask_dtype: torch.dtype | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -94,9 +107,14 @@ class PackedCollator:
         self.mode = mode
         self.pad_token_id = int(pad_token_id)
         self.pad_to_multiple_of = pad_to_multiple_of
+        model_dtype = getattr(model, "dtype", None)
+        default = model_dtype if isinstance(model_dtype, torch.dtype) and model_dtype.is_floating_point else None
+        self.mask_dtype = mask_dtype or default or torch.float32
         self.compatibility = None
         if output is not None:
-            self.compatibility = check_compatible(output, task=self.TASKS, model=model, tokenizer=tokenizer)
+            self.compatibility = check_compatible(
+                output, task=self.TASKS, model=model, tokenizer=tokenizer, trees=mode == "padded"
+            )
         elif tokenizer is not None:
             raise UsageError("a tokenizer is checked against an output's manifest: pass output= too")
         self.embedding_size = None if model is None else embedding_size(model)
@@ -118,11 +136,16 @@ class PackedCollator:
             raise ValueError("cannot collate an empty batch")
         if "sft" in self.TASKS:
             _refuse_roles(rows)
+        if self.mode == "flatten" and any(row.get(c) is not None for row in rows for c in TREE_COLUMNS):
+            raise IncompatibleError(
+                "the batch holds prefix-tree rows (tree_node_lengths), whose branches would attend to each other "
+                'under flatten mode\'s varlen kwargs; collate them with PackedCollator("padded")'
+            )
         parsed = [_parse_row(row, k) for k, row in enumerate(rows)]
-        for name in ("unpadded", "weights"):
+        columns = (("unpadded", "seq_lengths_unpadded"), ("weights", "loss_weights"), ("tree", TREE_COLUMNS[0]))
+        for name, column in columns:
             having = [getattr(r, name) is not None for r in parsed]
             if any(having) and not all(having):
-                column = "seq_lengths_unpadded" if name == "unpadded" else "loss_weights"
                 raise ValueError(
                     f"some rows of the batch have a '{column}' column and some do not; batch rows of one output"
                 )
@@ -193,9 +216,32 @@ class PackedCollator:
             if weights is not None and r.weights is not None:  # every row has them or none (see __call__)
                 weights[k, :n] = r.weights
         out = {"input_ids": ids, "labels": labels, "position_ids": positions}
+        if parsed[0].tree is not None:
+            out["attention_mask"] = self._tree_mask(parsed, width)
         if weights is not None:
             out["loss_weights"] = weights
         return out
+
+    def _tree_mask(self, parsed: list[_Row], width: int) -> torch.Tensor:
+        """Return the additive [B, 1, width, width] mask of tree rows: 0 where the contract's attention
+        rule allows, the dtype's minimum elsewhere (transformers' own convention for a float mask); or,
+        for ``torch.bool``, True where it allows."""
+        shape = (len(parsed), 1, width, width)
+        if self.mask_dtype == torch.bool:  # the boolean form (True: may attend), for sdpa
+            allowed = torch.zeros(shape, dtype=torch.bool)
+            for k, r in enumerate(parsed):
+                n = len(r.input_ids)
+                if r.tree is not None:
+                    allowed[k, 0, :n, :n] = r.tree
+                allowed[k, 0, n:, n:] = torch.ones((width - n, width - n), dtype=torch.bool).tril_()
+            return allowed
+        mask = torch.full(shape, torch.finfo(self.mask_dtype).min, dtype=self.mask_dtype)
+        for k, r in enumerate(parsed):
+            n = len(r.input_ids)
+            if r.tree is not None:  # every row has it here (see __call__)
+                mask[k, 0, :n, :n].masked_fill_(r.tree, 0.0)
+            mask[k, 0, n:, n:].triu_(1)  # the padding: a causal segment of its own
+        return mask
 
 
 def weighted_loss(
@@ -252,6 +298,7 @@ class _Row(NamedTuple):
     seq_lengths: torch.Tensor
     unpadded: torch.Tensor | None = None  # seq_lengths_unpadded
     weights: torch.Tensor | None = None  # loss_weights, float32
+    tree: torch.Tensor | None = None  # tree rows: the attention rule, bool [n, n]
 
 
 def _column(row: Mapping[str, Any], name: str, k: int) -> torch.Tensor:
@@ -295,4 +342,34 @@ def _parse_row(row: Mapping[str, Any], k: int) -> _Row:
         weights = torch.as_tensor(row["loss_weights"], dtype=torch.float32).reshape(-1)
         if len(weights) != n:
             raise ValueError(f"row {k} of the batch has {len(weights)} loss_weights for {n} input_ids")
-    return _Row(ids, labels, positions, lengths, unpadded, weights)
+    return _Row(ids, labels, positions, lengths, unpadded, weights, _tree_rule(row, k, lengths, labels))
+
+
+def _tree_rule(row: Mapping[str, Any], k: int, lengths: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
+    """Return the attention rule of a tree row (None for a row without tree columns), after checking
+    that its nodes tile every sample, that each parent is an earlier node of the same sample and that
+    no node trains its first token."""
+    if row.get(TREE_COLUMNS[0]) is None and row.get(TREE_COLUMNS[1]) is None:
+        return None
+    node_lengths = _column(row, TREE_COLUMNS[0], k)
+    parents = _column(row, TREE_COLUMNS[1], k)
+    ends = torch.cumsum(node_lengths, 0)
+    sample_ends = torch.cumsum(lengths, 0)
+    fits = len(parents) == len(node_lengths) > 0 and bool((node_lengths > 0).all())
+    fits = fits and bool(torch.isin(sample_ends, ends).all()) and int(ends[-1]) == int(sample_ends[-1])
+    if fits:
+        sample_of = torch.searchsorted(sample_ends, ends - 1, right=True)  # each node's sample
+        earlier = (parents >= -1) & (parents < torch.arange(len(parents)))
+        same = sample_of[parents.clamp(min=0)] == sample_of
+        fits = bool((earlier & ((parents == -1) | same)).all())
+    if not fits:
+        raise ValueError(
+            f"row {k} of the batch: tree_node_lengths must tile every sample and tree_node_parents name an "
+            "earlier node of the same sample (or -1), one per node"
+        )
+    if bool((labels[ends - node_lengths] != IGNORE_INDEX).any()):
+        raise ValueError(
+            f"row {k} of the batch trains the first token of a tree node, which the next-token shift would "
+            "score from the end of another branch; pack the rows with packcli (verify names the row)"
+        )
+    return torch.from_numpy(tree_attention(node_lengths.numpy(), parents.numpy()))
