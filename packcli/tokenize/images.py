@@ -72,9 +72,11 @@ def _places(text: str, token: str) -> list[int]:
 
 
 class Encoded(tuple[np.ndarray, np.ndarray]):
-    """(input_ids, labels) of a sample with images, and its images (``images``: one record each)."""
+    """(input_ids, labels) of a sample with images, and its images (``images``: one record each); or of a
+    conversation whose template leaves the reasoning of some trained turns out (``reasoning_left_out``)."""
 
     images: tuple[dict[str, Any], ...] = ()
+    reasoning_left_out: int = 0
 
 
 @dataclass
