@@ -211,6 +211,8 @@ class RunSummary:
     split: Split | None = None
     turns_fixed: dict[str, int] | None = None
     empty_answers: int
+    # Trained turns with reasoning and those the template leaves out (worker.REASONING_KEYS); None: no reasoning
+    reasoning: dict[str, int] | None = None
     tokens: int
     trainable_tokens: int
     rows: int
@@ -330,6 +332,7 @@ class Manifest:
     lost: Lost | None = None
     turns_fixed: dict[str, int] | None = None
     empty_answers: int | None = None
+    reasoning: dict[str, int] | None = None
     warnings: list[str] | None = None
     tokens: int | None = None
     trainable_tokens: int | None = None
@@ -402,6 +405,7 @@ class StoreMeta:
     split: Split | None = None
     turns_fixed: dict[str, int] | None = None
     empty_answers: int | None = None
+    reasoning: dict[str, int] | None = None
     ruled_out_over_bytes: int | None = None
     ruled_out_max_len: int | None = None
     segment_root: str | None = None

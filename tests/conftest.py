@@ -35,7 +35,7 @@ TIERS: dict[str, set[str]] = {
         "test_parallel",
         "test_vision_training",
     },
-    "templates": {"test_templates"},
+    "templates": {"test_templates", "test_agentic_templates"},
 }
 
 

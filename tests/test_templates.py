@@ -263,6 +263,9 @@ def _tool_case(case: str) -> list[dict[str, Any]]:
 # Templates that write a call's arguments as given, a string (a mapping fails to render): packcli passes an
 # object of arguments to them as JSON text (packcli.tokenize.agentic); the others take the object as it is.
 STRING_ARGUMENTS = {"deepseekv3"}
+# Templates that render both forms, each its own way (a string as given): the arguments pass as they are.
+BOTH_FORMS = {"gemma4", "gemma4_v2", "gemma4_v3", "gemma4_v4", "qwen3", "qwen3_instruct_2507", "qwen3_vl"}
+BOTH_FORMS |= {f"{n}_training" for n in BOTH_FORMS}
 
 
 def as_template_takes(name: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -272,7 +275,9 @@ def as_template_takes(name: str, messages: list[dict[str, Any]]) -> list[dict[st
         calls = []
         for call in m.get("tool_calls") or []:
             arguments = call["function"]["arguments"]
-            if name in STRING_ARGUMENTS and isinstance(arguments, dict):
+            if name in BOTH_FORMS:
+                pass
+            elif name in STRING_ARGUMENTS and isinstance(arguments, dict):
                 arguments = json.dumps(arguments, ensure_ascii=False)
             elif name not in STRING_ARGUMENTS and isinstance(arguments, str):
                 arguments = json.loads(arguments)

@@ -219,6 +219,8 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
         }
     if manifest.mix is not None:  # --mix: the manifest's per-source accounting
         out["mix"] = manifest.mix
+    if manifest.reasoning:  # trained turns whose reasoning the template left out of the tokens
+        out["reasoning"] = dict(manifest.reasoning)
     return out
 
 

@@ -278,6 +278,7 @@ def _manifest(
         lost=summary.lost,
         turns_fixed=summary.turns_fixed,
         empty_answers=summary.empty_answers,
+        reasoning=summary.reasoning,
         warnings=summary.warnings,
         tokens=summary.tokens,
         trainable_tokens=summary.trainable_tokens,

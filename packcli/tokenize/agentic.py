@@ -219,20 +219,24 @@ def without_reasoning(message: dict[str, Any], key: str | None) -> dict[str, Any
     return {**message, "content": message["content"].split(THINK_CLOSE, 1)[1].lstrip("\n")}
 
 
-def reasoning_left_out(messages: list[dict[str, Any]], text: str, render: Renderer, turns: Sequence[int]) -> int:
-    """Return how many of the assistant messages at ``turns`` have reasoning that ``text`` leaves out.
+def reasoning_left_out(
+    messages: list[dict[str, Any]], text: str, render: Renderer, turns: Sequence[int]
+) -> tuple[int, tuple[int, ...]]:
+    """Return how many of the assistant messages at ``turns`` have reasoning, and those whose reasoning ``text``
+    leaves out.
 
     Reasoning absent from the text is left out. Reasoning present once, and in no other message, is kept.
     Otherwise (repeated text) the conversation is rendered without that turn's reasoning: equal renderings
     mean it was left out.
     """
-    left = 0
+    with_reasoning, left = 0, []
     for i in turns:
         reasoning, key = reasoning_of(messages[i])
         if not reasoning:
             continue
+        with_reasoning += 1
         if reasoning not in text:
-            left += 1
+            left.append(i)
             continue
         elsewhere = sum(any(isinstance(v, str) and reasoning in v for v in m.values()) for m in messages) > 1
         if text.count(reasoning) == 1 and not elsewhere:
@@ -241,5 +245,6 @@ def reasoning_left_out(messages: list[dict[str, Any]], text: str, render: Render
             other = render([*messages[:i], without_reasoning(messages[i], key), *messages[i + 1 :]])
         except RecordError:
             continue
-        left += other == text
-    return left
+        if other == text:
+            left.append(i)
+    return with_reasoning, tuple(left)

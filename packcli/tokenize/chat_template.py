@@ -273,17 +273,33 @@ class ChatTemplate:
 
         if any(m.get("tool_calls") for m in messages):
             check_calls_rendered(messages, text, again, trained)
-        return Rendered(text, spans, reasoning_left_out(messages, text, again, which))
+        with_reasoning, left = reasoning_left_out(messages, text, again, which)
+        return Rendered(text, spans, Reasoning.of(with_reasoning, left, which) if with_reasoning else None)
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """The reasoning of a conversation's trained turns: how many turns have some, how many of those the
+    template leaves out of the text, and whether it keeps the last trained turn's only."""
+
+    turns: int
+    left_out: int
+    last_only: bool
+
+    @staticmethod
+    def of(turns: int, left: tuple[int, ...], trained: list[int]) -> Reasoning:
+        last_only = bool(left) and len(left) == turns - 1 and trained[-1] not in left
+        return Reasoning(turns, len(left), last_only)
 
 
 @dataclass(frozen=True)
 class Rendered:
-    """A rendered conversation: its text, the character spans trained, and the number of trained turns
-    whose reasoning the template leaves out of the text."""
+    """A rendered conversation: its text, the character spans trained, and its trained turns' reasoning
+    (None when none has any)."""
 
     text: str
     spans: list[tuple[int, int]]
-    reasoning_left_out: int
+    reasoning: Reasoning | None
 
 
 def _outside(spans: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:

@@ -73,10 +73,10 @@ def _places(text: str, token: str) -> list[int]:
 
 class Encoded(tuple[np.ndarray, np.ndarray]):
     """(input_ids, labels) of a sample with images, and its images (``images``: one record each); or of a
-    conversation whose template leaves the reasoning of some trained turns out (``reasoning_left_out``)."""
+    conversation whose trained turns have reasoning (``reasoning``: a ``chat_template.Reasoning``)."""
 
     images: tuple[dict[str, Any], ...] = ()
-    reasoning_left_out: int = 0
+    reasoning: Any = None
 
 
 @dataclass

@@ -158,6 +158,7 @@ def tokenize_to_store(
     left_out: Counter[str] = Counter()
     turns_fixed: Counter[str] = Counter()
     empty_answers = 0
+    reasoning: Counter[str] = Counter()
     left_out_tokens: Counter[str] = Counter()
     clock: defaultdict[str, float] = defaultdict(float)  # seconds by stage (see TokenStore.seconds)
     began = time.perf_counter()
@@ -205,6 +206,7 @@ def tokenize_to_store(
                 pieces += result.pieces_made
                 turns_fixed.update(result.turns_fixed)
                 empty_answers += result.empty_answers
+                reasoning.update(result.reasoning)
                 for entry in result.turn_fixes:
                     _write_line(fixes_file, json.dumps(entry, ensure_ascii=False), where, fix)
                 starts.setdefault(result.source, result.first_index)
@@ -282,6 +284,8 @@ def tokenize_to_store(
             meta["turns_fixed"] = {kind: turns_fixed[kind] for kind in turns.KINDS}
         if empty_answers:
             meta["empty_answers"] = empty_answers
+        if reasoning:
+            meta["reasoning"] = {key: reasoning[key] for key in worker.REASONING_KEYS}
         if encoder.vision is not None:
             meta["tokenizer"] = {
                 **encoder.identity(),

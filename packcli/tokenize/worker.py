@@ -65,6 +65,8 @@ class TokenizedBatch:
     turns_fixed: dict[str, int] = field(default_factory=dict)
     turn_fixes: list[dict[str, Any]] = field(default_factory=list)
     empty_answers: int = 0  # trained answers that are empty or whitespace only, in the samples kept
+    # Trained turns with reasoning, and what the template leaves out of them (see reasoning_counts).
+    reasoning: dict[str, int] = field(default_factory=dict)
     # --dedup exact: per kept sample, its record's content key (packcli.records.dedup), uint64 (n, 2)
     content_keys: np.ndarray | None = None
     # Seconds this batch took in the worker: decode (parse, detect, normalise, check), tokenize (render,
@@ -173,6 +175,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         for sample, result in zip(samples, results, strict=True)
         if isinstance(sample, Sample) and sample.kind == "chat" and isinstance(result, tuple)
     )
+    reasoning = reasoning_counts(results)
     split: SplitRule | None = _CONTEXT.get("split")
     kept_index: list[int] = []
     kept_pos: list[int] = []
@@ -264,6 +267,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         turns_fixed=dict(fixed),
         turn_fixes=fixes,
         empty_answers=empty_answers,
+        reasoning=reasoning,
         tokens_left_out=dict(left_out_tokens),
         images=kept_images if vision else None,
         content_keys=np.frombuffer(b"".join(content_keys), dtype="<u8").reshape(-1, 2).copy(),
@@ -273,6 +277,27 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
             "cpu": time.process_time() - cpu_started,
         },
     )
+
+
+REASONING_KEYS = ("turns", "turns_left_out", "records_left_out", "records_last_round_only")
+
+
+def reasoning_counts(results: list[Any]) -> dict[str, int]:
+    """Return the reasoning of the encoded conversations' trained turns, counted (empty when none has any).
+
+    ``turns``: trained turns with reasoning; ``turns_left_out``: those whose reasoning the template leaves
+    out of the tokens; ``records_left_out``: conversations with such a turn; ``records_last_round_only``:
+    those where the template keeps only the last round's reasoning.
+    """
+    found = [r.reasoning for r in results if getattr(r, "reasoning", None) is not None]
+    if not found:
+        return {}
+    return {
+        "turns": sum(r.turns for r in found),
+        "turns_left_out": sum(r.left_out for r in found),
+        "records_left_out": sum(r.left_out > 0 for r in found),
+        "records_last_round_only": sum(r.last_only for r in found),
+    }
 
 
 def _hint_fix_turns(encoder: Encoder, samples: list[Any], results: list[Any]) -> None:
