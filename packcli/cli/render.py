@@ -152,6 +152,12 @@ def print_pack_summary(summary: RunSummary) -> None:
         table.add_row("empty answers trained", _fmt(summary.empty_answers))
     if summary.reasoning:
         table.add_row("reasoning left out", reasoning_words(summary.reasoning))
+    if summary.expanded is not None:
+        e = summary.expanded
+        table.add_row(
+            "expanded by round",
+            f"{e['records']:,} records into {e['samples']:,} samples, +{e['extra_tokens']:,} tokens",
+        )
     if split is not None and split.exchanges_cut is not None:
         side = "the start of the prompt" if split.cut_side == "left" else "the end"
         table.add_row("exchanges cut (one over --max-len)", f"{split.exchanges_cut:,} (cut from {side})")

@@ -131,6 +131,7 @@ def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str)
         turns_fixed=dict(meta.turns_fixed) if meta.turns_fixed is not None else None,
         empty_answers=empty_answers,
         reasoning=dict(meta.reasoning) if meta.reasoning else None,
+        expanded=dict(meta.expanded) if meta.expanded is not None else None,
         tokens=written_tokens,
         trainable_tokens=plan.trainable,
         rows=rows,

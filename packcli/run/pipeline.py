@@ -279,6 +279,7 @@ def _manifest(
         turns_fixed=summary.turns_fixed,
         empty_answers=summary.empty_answers,
         reasoning=summary.reasoning,
+        expanded=summary.expanded,
         warnings=summary.warnings,
         tokens=summary.tokens,
         trainable_tokens=summary.trainable_tokens,

@@ -173,8 +173,9 @@ def check_calls_rendered(
             start, end = changed(text, other)
         except RecordError:
             start, end = 0, len(text)  # the template cannot render the message without its calls
-        pieces = [text[max(a, start) : min(b, end)] for a, b in trained[i] if min(b, end) > max(a, start)]
-        if i not in trained:
+        if i in trained:
+            pieces = [text[max(a, start) : min(b, end)] for a, b in trained[i] if min(b, end) > max(a, start)]
+        else:
             pieces = [text[start:end]]
         for call in calls:
             name, keys = call_words(call)
