@@ -255,3 +255,45 @@ def test_packclis_deepseek_template_keeps_every_rounds_reasoning(model_tokenizer
     runs = _trained_runs(ids.tolist(), labels, tokenizer)
     assert [r.startswith("<think>") for r in runs] == [True, True, True]
     assert all(f"<think>\n{text}\n</think>\n\n" in run for text, run in zip(REASONING, runs, strict=True))
+
+
+@pytest.mark.parametrize("name", TOOL_TEMPLATES)
+def test_expanded_rounds_train_every_reasoning_once(
+    name: str, encoders: dict[str, Encoder], model_tokenizer: tuple[str, Any]
+) -> None:
+    """--expand-turns all on the three-round trace: ids equal apply_chat_template of each cut; each answer
+    and (where the template renders a last round's reasoning) each reasoning trained exactly once over the
+    rounds; the tool's output never."""
+    from packcli.tokenize import rounds
+
+    tokenizer = model_tokenizer[1]
+    key = "thinking" if name == "gptoss" else "reasoning_content"
+    given = reasoning_trace(REASONING, key)
+    tools = _schemas(given)
+    template = (TRL_TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
+    encoder = encoders[name]
+    sample = Sample("chat", messages=given, tools=tools)
+    whole = encoder.encode_batch([sample])[0]
+    if isinstance(whole, RecordError):
+        assert whole.reason in ("template_error", "tool_calls_not_rendered", "template_spans_not_found"), whole
+        return
+    expansion = rounds.expand(encoder, [sample], [whole], "all")
+    made = expansion.results[0]
+    if isinstance(made, RecordError):  # a cut the template cannot render on its own
+        assert made.reason in ("template_error", "template_spans_not_found"), made
+        return
+    assert isinstance(made, rounds.Rounds) and len(made) == 2
+    cuts = (4, 6)
+    trained = ""
+    for (ids, labels), cut in zip(made, cuts, strict=True):
+        ref = _render(tokenizer, as_template_takes(name, given[:cut]), tools, template)
+        assert ids.tolist() == list(ref["input_ids"]), f"{name}: round ending at {cut} differs"
+        trained += "\x00".join(_trained_runs(ids.tolist(), labels, tokenizer)) + "\x00"
+    assert expansion.extra_tokens == sum(len(ids) for ids, _ in made) - len(whole[0]) > 0
+    assert "18 C\x00" not in trained and "Use get_weather" not in trained
+    assert trained.count("get_weather") == 1, name
+    for answer in ("It is 18 C.", "Likely the same."):
+        assert trained.count(answer) == 1, (name, answer)
+    if name not in NO_REASONING:
+        for text in REASONING:
+            assert trained.count(text) == 1, (name, text)

@@ -72,6 +72,7 @@ WRONG: dict[str, tuple[Any, Any]] = {
     "mix": ("d.jsonl=0.5", ("d.jsonl=half",)),
     "mix_by": (1, "bytes"),
     "dedup": (True, "fuzzy"),
+    "expand_turns": (True, "rounds"),
     "eval_fraction": ("0.1", 1.5),
     "eval_records": ("3", 0),
     "processor": (3, ""),

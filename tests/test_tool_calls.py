@@ -243,3 +243,13 @@ def test_a_tool_result_without_a_call_is_refused_or_dropped_by_fix_turns(pack: A
     ), line
     summary = json.loads(pack(data, "-o", tmp_path / "out", "--fix-turns", "--json", "-q").stdout)
     assert summary["packed"] == 1 and summary["turns_fixed"]["orphan_tool_result_dropped"] == 1
+
+
+def test_a_call_in_an_untrained_answer_must_still_be_rendered(pack: Any, tmp_path: Path) -> None:
+    """--train-on last_assistant: the call is context, so it must be in the rendering (anywhere it differs)."""
+    data = write_jsonl(tmp_path / "named.jsonl", [{"messages": _named_in_text()}])
+    argv = [data, "--max-len", "512", "--train-on", "last_assistant", "--json", "-q"]
+    summary = json.loads(pack(*argv, "-o", tmp_path / "out").stdout)
+    assert summary["packed"] == 1
+    line = one_error_line(pack(*argv[:-2], "--chat-template", "chatml", "-o", tmp_path / "o2", expect=1))
+    assert "message 1 calls 'search_notes', but the chat template leaves 'search_notes' out of the rendering" in line

@@ -31,6 +31,9 @@ from packcli.tokenize.template_shape import Render, TemplateShape, learn_shape
 GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
 # Marker-looking substrings, for tokenizers that do not have a template's markers as added tokens.
 _MARKER_RE = re.compile(r"<\|[^<>|\s]{1,40}\|>|<｜[^<>\s]{1,40}｜>|</?[A-Za-z_][\w.-]{0,40}>|\[/?[A-Z_]{2,20}\]")
+# The markers a template's text holds, for the check that a trained span never cuts one: _MARKER_RE's forms
+# and Gemma 4's half-open ones (<|turn>, <turn|>, <|tool_response>).
+_TEMPLATE_MARKER_RE = re.compile(_MARKER_RE.pattern + r'|<\|[a-z_"]{1,40}>|<[a-z_]{1,40}\|>')
 _NON_TEXT_PARTS = ("image", "image_url", "input_image", "audio", "input_audio", "video", "video_url", "file")
 
 
@@ -46,6 +49,7 @@ class ChatTemplate:
         self._shapes: dict[str, TemplateShape | str] = {}  # str: why it could not be learned
         self._parts: tuple[bool, bool] | None = None
         self._forms: tuple[bool, bool] | None = None  # tool call arguments taken as a mapping, as a string
+        self.split_markers: tuple[str, ...] = ()  # set by marker_warnings: markers the tokenizer splits
         # A run with a processor: image parts (packcli.records.images) render as {"type": "image"}.
         self.images = False
         try:
@@ -128,7 +132,13 @@ class ChatTemplate:
         return found or [m.span() for m in _MARKER_RE.finditer(text)]
 
     def marker_warnings(self, count_tokens: Callable[[str], int], tokenizer_name: str) -> list[str]:
-        """Return a warning when the template's markers are not single tokens (a template for another model)."""
+        """Return a warning when the template's markers are not single tokens (a template for another model).
+
+        Also sets ``split_markers``: every marker of the template's text that the tokenizer splits.
+        """
+        # The template's markers that this tokenizer splits: a trained span must never cut one.
+        found = dict.fromkeys(_TEMPLATE_MARKER_RE.findall(self.template))
+        self.split_markers = tuple(m for m in found if count_tokens(m) > 1)
         try:
             shape = self.shape()
         except (RecordError, TokenizerError):
@@ -271,6 +281,8 @@ class ChatTemplate:
         def again(changed: list[dict[str, Any]]) -> str:
             return self.render(changed, tools=tools, kwargs=kwargs)[0]
 
+        if self.split_markers:
+            check_whole_markers(text, spans, self.split_markers)
         if any(m.get("tool_calls") for m in messages):
             check_calls_rendered(messages, text, again, trained)
         with_reasoning, left = reasoning_left_out(messages, text, again, which)
@@ -300,6 +312,29 @@ class Rendered:
     text: str
     spans: list[tuple[int, int]]
     reasoning: Reasoning | None
+
+
+def check_whole_markers(text: str, spans: list[tuple[int, int]], markers: tuple[str, ...]) -> None:
+    """Refuse spans that start or end inside a marker the tokenizer splits: a fragment of it would be trained.
+
+    (A marker that is one token is trained whole or not at all, whatever the span; one of several tokens
+    would be cut.) Only the text around each span's ends is searched.
+    """
+    width = max(map(len, markers))
+    for edge in {x for span in spans for x in span}:
+        window = text[max(0, edge - width) : edge + width]
+        base = max(0, edge - width)
+        for marker in markers:
+            at = window.find(marker)
+            while at >= 0:
+                if base + at < edge < base + at + len(marker):
+                    raise RecordError(
+                        "template_spans_not_found",
+                        f"the trained text would start or end inside the marker {marker!r}, which the tokenizer "
+                        "splits into several tokens (a fragment of it would be trained); use the tokenizer of the "
+                        "template's model, or a chat template with {% generation %} blocks",
+                    )
+                at = window.find(marker, at + 1)
 
 
 def _outside(spans: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
