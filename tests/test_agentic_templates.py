@@ -171,9 +171,15 @@ def test_each_template_takes_the_arguments_form_it_renders(name: str, encoders: 
 # -- reasoning ---------------------------------------------------------------------------------------------
 
 
-def reasoning_trace(reasoning: list[str], key: str = "reasoning_content") -> list[dict[str, Any]]:
-    """A call, its result, a report, a second question and its answer: three rounds with reasoning."""
+def reasoning_trace(reasoning: list[str], key: str = "reasoning_content", repeat: bool = False) -> list[dict[str, Any]]:
+    """A call, its result, a report, a second question and its answer: three rounds with reasoning
+    (``repeat``: each answer's text starts with its reasoning, as traces that echo it do)."""
     call = _call("get_weather", {"city": "Paris"})
+    if repeat:
+        out = reasoning_trace(reasoning, key)
+        for m in out[3::2]:
+            m["content"] = f"{m[key]} {m['content']}"
+        return out
     return [
         {"role": "user", "content": "Use get_weather for Paris."},
         {"role": "assistant", "content": "", key: reasoning[0], "tool_calls": [call]},
@@ -201,24 +207,29 @@ NO_REASONING = {"qwen2_5", "qwen3_instruct_2507", "qwen3_vl", "lfm2_v2"}
 EVERY_ROUND = {"qwen3_8", "muse_glimmer"}
 
 
-def _left_out_one_by_one(name: str, tokenizer: Any, template: str, tools: Any, key: str) -> int:
+def _left_out_one_by_one(name: str, tokenizer: Any, template: str, tools: Any, key: str, repeat: bool) -> int:
     """Count the turns whose reasoning is not in the rendering: each turn's replaced by a unique text in turn."""
     left = 0
     for k in range(3):
         marked = [f"QZXREASON{j}" if j == k else r for j, r in enumerate(REASONING)]
         messages = as_template_takes(name, reasoning_trace(marked, key))
+        if repeat:  # the answers' text as in the record (the marked turn's reasoning only is replaced)
+            real = reasoning_trace(REASONING, key, repeat=True)
+            for m, r in zip(messages, as_template_takes(name, real), strict=True):
+                m["content"] = r["content"]
         rendered = tokenizer.decode(_render(tokenizer, messages, tools, template)["input_ids"])
         left += f"QZXREASON{k}" not in rendered
     return left
 
 
+@pytest.mark.parametrize("repeat", [False, True], ids=["own_text", "echoed_in_answer"])
 @pytest.mark.parametrize("name", TOOL_TEMPLATES)
 def test_the_reasoning_count_is_the_turns_the_template_leaves_out(
-    name: str, encoders: dict[str, Encoder], model_tokenizer: tuple[str, Any]
+    name: str, repeat: bool, encoders: dict[str, Encoder], model_tokenizer: tuple[str, Any]
 ) -> None:
     tokenizer = model_tokenizer[1]
     key = "thinking" if name == "gptoss" else "reasoning_content"
-    given = reasoning_trace(REASONING, key)
+    given = reasoning_trace(REASONING, key, repeat)
     tools = _schemas(given)
     template = (TRL_TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
     encoder = encoders[name]
@@ -229,7 +240,7 @@ def test_the_reasoning_count_is_the_turns_the_template_leaves_out(
         assert err.reason in ("template_error", "tool_calls_not_rendered", "template_spans_not_found"), err
         return
     assert made.reasoning is not None and made.reasoning.turns == 3
-    expected = _left_out_one_by_one(name, tokenizer, template, tools, key)
+    expected = _left_out_one_by_one(name, tokenizer, template, tools, key, repeat)
     assert made.reasoning.left_out == expected, name
     if name in LAST_ROUND_ONLY:
         assert expected == 2 and made.reasoning.last_only, name
@@ -283,17 +294,23 @@ def test_expanded_rounds_train_every_reasoning_once(
         assert made.reason in ("template_error", "template_spans_not_found"), made
         return
     assert isinstance(made, rounds.Rounds) and len(made) == 2
-    cuts = (4, 6)
-    trained = ""
-    for (ids, labels), cut in zip(made, cuts, strict=True):
+    cuts = ((4, REASONING[:2]), (6, REASONING[2:]))
+    per_round = []
+    for (ids, labels), (cut, own) in zip(made, cuts, strict=True):
         ref = _render(tokenizer, as_template_takes(name, given[:cut]), tools, template)
         assert ids.tolist() == list(ref["input_ids"]), f"{name}: round ending at {cut} differs"
-        trained += "\x00".join(_trained_runs(ids.tolist(), labels, tokenizer)) + "\x00"
+        text = "\x00".join(_trained_runs(ids.tolist(), labels, tokenizer))
+        rendered = tokenizer.decode(ids.tolist())
+        for reasoning in own:  # a round's reasoning is trained where the template renders it (a last round)
+            assert text.count(reasoning) == (reasoning in rendered), (name, reasoning)
+        per_round.append(text)
     assert expansion.extra_tokens == sum(len(ids) for ids, _ in made) - len(whole[0]) > 0
+    trained = "\x00".join(per_round)
     assert "18 C\x00" not in trained and "Use get_weather" not in trained
-    assert trained.count("get_weather") == 1, name
+    assert "get_weather" in per_round[0] and "get_weather" not in per_round[1], name
     for answer in ("It is 18 C.", "Likely the same."):
         assert trained.count(answer) == 1, (name, answer)
-    if name not in NO_REASONING:
-        for text in REASONING:
-            assert trained.count(text) == 1, (name, text)
+    for reasoning in REASONING:  # never twice: an earlier round is context in the later cuts
+        assert trained.count(reasoning) <= 1, (name, reasoning)
+    if name in LAST_ROUND_ONLY or name in EVERY_ROUND:
+        assert all(trained.count(r) == 1 for r in REASONING), name

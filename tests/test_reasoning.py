@@ -72,3 +72,20 @@ def test_data_without_reasoning_has_no_reasoning_key(pack: Any, chat_jsonl: Path
     summary = json.loads(pack(chat_jsonl, "-o", tmp_path / "out", "--json", "-q").stdout)
     assert "reasoning" not in summary
     assert "reasoning" not in json.loads((tmp_path / "out" / "manifest.json").read_text())
+
+
+def test_reasoning_repeated_in_the_answer_is_still_counted() -> None:
+    """Reasoning that the answer's text repeats is in the rendering either way: the count renders without it."""
+    from packcli.records.formats import Sample
+    from packcli.tokenize.encoder import EncodeOptions, Encoder
+
+    trace = _trace()
+    for m in trace:
+        if m["role"] == "assistant" and m["content"]:
+            m["reasoning_content"] = m["content"]  # the same text twice
+    encoder = Encoder(None, str(trl_templates() / "qwen3.jinja"), EncodeOptions())
+    made = encoder.chat.rendered(Sample("chat", messages=trace), "assistant")
+    assert made.reasoning is not None
+    # The call turn's reasoning is its own (left out: an earlier round); the report's repeats its answer
+    # (left out too); the last round's is kept.
+    assert (made.reasoning.turns, made.reasoning.left_out, made.reasoning.last_only) == (3, 2, True)

@@ -14,8 +14,8 @@ Three rules, each paid for only by the conversations that have tool calls or rea
   merely appears elsewhere (the user's text, the tools' schemas in the system prompt) does not count.
 - **Reasoning accounted.** An assistant turn's reasoning (``reasoning_content``, ``reasoning``,
   ``thinking``, or a ``<think>`` block at the start of its content) is left out when the rendering does
-  not hold it; where the text could come from elsewhere in the conversation, the turn is rendered without
-  its reasoning to decide. The turns counted are the trained ones.
+  not hold it; where the text could come from elsewhere in the conversation, the turn is rendered with
+  its reasoning replaced by a probe text to decide. The turns counted are the trained ones.
 """
 
 from __future__ import annotations
@@ -213,11 +213,15 @@ def reasoning_of(message: dict[str, Any]) -> tuple[str, str | None]:
     return "", None
 
 
-def without_reasoning(message: dict[str, Any], key: str | None) -> dict[str, Any]:
-    """Return the message without its reasoning (the key removed, or the ``<think>`` block cut)."""
+def with_reasoning(message: dict[str, Any], key: str | None, text: str) -> dict[str, Any]:
+    """Return the message with its reasoning replaced by ``text`` (the key's value, or the ``<think>`` block's)."""
     if key is not None:
-        return {k: v for k, v in message.items() if k != key}
-    return {**message, "content": message["content"].split(THINK_CLOSE, 1)[1].lstrip("\n")}
+        return {**message, key: text}
+    answer = message["content"].split(THINK_CLOSE, 1)[1]
+    return {**message, "content": f"{THINK_OPEN}{text}{THINK_CLOSE}{answer}"}
+
+
+_PROBE = "qzxreasoningprobezq"
 
 
 def reasoning_left_out(
@@ -226,26 +230,30 @@ def reasoning_left_out(
     """Return how many of the assistant messages at ``turns`` have reasoning, and those whose reasoning ``text``
     leaves out.
 
-    Reasoning absent from the text is left out. Reasoning present once, and in no other message, is kept.
-    Otherwise (repeated text) the conversation is rendered without that turn's reasoning: equal renderings
-    mean it was left out.
+    Reasoning absent from the text is left out; present once, and in no other value of the messages, it
+    is kept. Otherwise (the answer repeats it, say) the turn's reasoning is replaced by a probe text and
+    the conversation rendered again: left out when the probe is not in that rendering.
     """
-    with_reasoning, left = 0, []
+    counted, left = 0, []
     for i in turns:
         reasoning, key = reasoning_of(messages[i])
         if not reasoning:
             continue
-        with_reasoning += 1
+        counted += 1
         if reasoning not in text:
             left.append(i)
             continue
-        elsewhere = sum(any(isinstance(v, str) and reasoning in v for v in m.values()) for m in messages) > 1
-        if text.count(reasoning) == 1 and not elsewhere:
+        # Kept for certain when the text holds it once and no other value of the messages does (the
+        # answer's own content may repeat it). Otherwise the turn is rendered with its reasoning replaced
+        # by a probe text: left out when the probe is not in that rendering. (Rendering without the
+        # reasoning would not do: some templates change their markup when reasoning is given, and drop it.)
+        held = sum(v.count(reasoning) for m in messages for v in m.values() if isinstance(v, str))
+        if held == 1 and text.count(reasoning) == 1:
             continue
         try:
-            other = render([*messages[:i], without_reasoning(messages[i], key), *messages[i + 1 :]])
+            probed = render([*messages[:i], with_reasoning(messages[i], key, _PROBE), *messages[i + 1 :]])
         except RecordError:
             continue
-        if other == text:
+        if _PROBE not in probed:
             left.append(i)
-    return with_reasoning, tuple(left)
+    return counted, tuple(left)
