@@ -126,3 +126,24 @@ def test_a_span_that_cuts_a_split_marker_is_refused(pack: Any, tmp_path: Path) -
         "skip to skip bad records"
     ), line
     pack(data, "--chat-template", tmp_path / "whole.jinja", "-o", tmp_path / "o2", "-q")
+
+
+def test_a_header_prefix_never_ends_inside_a_marker() -> None:
+    """Qwen3 with enable_thinking=false: its generation prompt ends "<think>\\n\\n</think>\\n\\n"; in history a
+    call's turn starts "<tool_call>". The header's prefix "...assistant\\n<t" must not be taken for its end."""
+    from packcli.tokenize.encoder import EncodeOptions, Encoder
+
+    from .conftest import trl_templates
+
+    kwargs = EncodeOptions.kwargs_items({"enable_thinking": False})
+    encoder = Encoder(None, str(trl_templates() / "qwen3.jinja"), EncodeOptions(template_kwargs=kwargs))
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "18 C"},
+        {"role": "assistant", "content": "18 C."},
+    ]
+    text, spans = encoder.chat.spans(Sample("chat", messages=messages), "assistant")
+    assert text[spans[0][0] :].startswith("<tool_call>\n{")
+    assert text[: spans[0][0]].endswith("<|im_start|>assistant\n")

@@ -253,3 +253,18 @@ def test_a_call_in_an_untrained_answer_must_still_be_rendered(pack: Any, tmp_pat
     assert summary["packed"] == 1
     line = one_error_line(pack(*argv[:-2], "--chat-template", "chatml", "-o", tmp_path / "o2", expect=1))
     assert "message 1 calls 'search_notes', but the chat template leaves 'search_notes' out of the rendering" in line
+
+
+def test_a_template_that_lists_the_tools_but_renders_no_call_is_refused(pack: Any, tmp_path: Path) -> None:
+    """The function's name is in the system prompt (the tools' schemas), not in the answer: refused."""
+    template = tmp_path / "tools_listed.jinja"
+    template.write_text(
+        "{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
+        "{% for m in messages %}{% if m.role == 'assistant' %}<|im_start|>assistant\n{% generation %}"
+        "{{ m.content or '' }}<|im_end|>{% endgeneration %}\n{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+        "<|im_end|>\n{% endif %}{% endfor %}"
+    )
+    tools = [{"type": "function", "function": {"name": "search_notes", "parameters": {"type": "object"}}}]
+    data = write_jsonl(tmp_path / "listed.jsonl", [{"messages": _named_in_text(), "tools": tools}])
+    line = one_error_line(pack(data, "--chat-template", template, "-o", tmp_path / "out", expect=1))
+    assert "line 1: message 1 calls 'search_notes', but the chat template leaves 'search_notes' out" in line
