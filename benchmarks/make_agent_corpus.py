@@ -3,8 +3,10 @@
 Each conversation of ``make_chat_corpus.py`` (same seed, same text) becomes an agent trace: ``tools``
 (one function schema), and before the first answer an assistant turn with ``reasoning_content`` and a
 ``tool_calls`` entry (arguments as an object, or as a JSON string for every other record), then the
-``tool`` result; every answer carries ``reasoning_content`` (its first sentence). The function's name is
-also in the first user turn, as people write it ("use search_notes").
+``tool`` result; every answer carries ``reasoning_content``: its first sentence (the answer repeats its
+reasoning: the costly case, where the count renders a probe), or with ``--distinct-reasoning`` that
+sentence's words reversed (text of its own). The function's name is also in the first user turn, as people
+write it ("use search_notes").
 
     python benchmarks/make_agent_corpus.py --conversations 2000 -o /tmp/agent.jsonl
 """
@@ -37,7 +39,7 @@ def _chat_corpus() -> Any:
     return module
 
 
-def agent_trace(messages: list[dict[str, str]], index: int) -> dict[str, Any]:
+def agent_trace(messages: list[dict[str, str]], index: int, distinct: bool = False) -> dict[str, Any]:
     """Return the record of one conversation made an agent trace (see the module doc)."""
     first_user = next(i for i, m in enumerate(messages) if m["role"] == "user")
     query = messages[first_user]["content"][:60]
@@ -58,7 +60,10 @@ def agent_trace(messages: list[dict[str, str]], index: int) -> dict[str, Any]:
             )
             out.append({"role": "tool", "content": "Found 3 notes about " + query})
         elif m["role"] == "assistant":
-            out.append({**m, "reasoning_content": m["content"].split(".")[0][:200] or "Answer."})
+            reasoning = m["content"].split(".")[0][:200] or "Answer."
+            if distinct:
+                reasoning = "Reasoning: " + " ".join(reversed(reasoning.split()))
+            out.append({**m, "reasoning_content": reasoning})
         else:
             out.append(dict(m))
     return {"messages": out, "tools": [TOOL]}
@@ -69,13 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conversations", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--median-tokens", type=float, default=600)
+    parser.add_argument("--distinct-reasoning", action="store_true")
     parser.add_argument("-o", "--output", required=True)
     args = parser.parse_args(argv)
     corpus = _chat_corpus()
     with open(args.output, "w", encoding="utf-8") as fh:
         for i in range(args.conversations):
             messages = corpus.make_conversation(args.seed, i, args.median_tokens, 0.6)["messages"]
-            fh.write(json.dumps(agent_trace(messages, i), ensure_ascii=False) + "\n")
+            fh.write(json.dumps(agent_trace(messages, i, args.distinct_reasoning), ensure_ascii=False) + "\n")
     print(f"wrote {args.conversations} agent traces to {args.output}", file=sys.stderr)
     return 0
 
