@@ -211,6 +211,10 @@ class RunSummary:
     split: Split | None = None
     turns_fixed: dict[str, int] | None = None
     empty_answers: int
+    # Trained turns with reasoning and those the template leaves out (worker.REASONING_KEYS); None: no reasoning
+    reasoning: dict[str, int] | None = None
+    # --expand-turns: records expanded, the samples made of them, and their tokens beyond the records' own
+    expanded: dict[str, int] | None = None
     tokens: int
     trainable_tokens: int
     rows: int
@@ -330,6 +334,8 @@ class Manifest:
     lost: Lost | None = None
     turns_fixed: dict[str, int] | None = None
     empty_answers: int | None = None
+    reasoning: dict[str, int] | None = None
+    expanded: dict[str, int] | None = None
     warnings: list[str] | None = None
     tokens: int | None = None
     trainable_tokens: int | None = None
@@ -403,6 +409,8 @@ class StoreMeta:
     split: Split | None = None
     turns_fixed: dict[str, int] | None = None
     empty_answers: int | None = None
+    reasoning: dict[str, int] | None = None
+    expanded: dict[str, int] | None = None
     ruled_out_over_bytes: int | None = None
     ruled_out_max_len: int | None = None
     segment_root: str | None = None

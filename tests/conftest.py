@@ -36,7 +36,7 @@ TIERS: dict[str, set[str]] = {
         "test_parallel",
         "test_vision_training",
     },
-    "templates": {"test_templates"},
+    "templates": {"test_templates", "test_agentic_templates"},
 }
 
 
@@ -45,6 +45,19 @@ TIERS: dict[str, set[str]] = {
 # module: ``slow``. CI runs them with the rest.
 SLOW_TESTS: dict[str, set[str]] = {
     "test_trees": {"test_inspect_shows_each_branch_of_a_tree_sample"},  # loads the default tokenizer twice
+    "test_tool_calls": {
+        "test_sharegpt_function_call_and_observation_turns_are_calls_and_results",
+        "test_a_name_in_the_users_text_does_not_pass_for_the_call",
+        "test_tools_as_a_json_string_and_a_bad_one",
+        "test_arguments_as_an_object_or_a_string_reach_the_template_in_its_form",
+        "test_a_tool_result_without_a_call_is_refused_or_dropped_by_fix_turns",
+    },
+    "test_expand_turns": {
+        "test_each_round_is_trained_once_with_its_reasoning",
+        "test_only_conversations_that_lose_reasoning_are_expanded",
+    },
+    "test_reasoning": {"test_the_summary_stats_and_inspect_count_the_reasoning_left_out"},
+    "test_span_gate": {"test_a_span_that_cuts_a_split_marker_is_refused"},
     "test_api": {
         "test_bytes_and_arrays_in_records_are_reasons_of_their_own",
         "test_partial_field_renames_and_errors_in_api_terms",

@@ -73,6 +73,7 @@ WRONG: dict[str, tuple[Any, Any]] = {
     "mix_by": (1, "bytes"),
     "mix_max_epochs": ("10", 0.5),
     "dedup": (True, "fuzzy"),
+    "expand_turns": (True, "rounds"),
     "eval_fraction": ("0.1", 1.5),
     "eval_records": ("3", 0),
     "processor": (3, ""),

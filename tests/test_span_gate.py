@@ -8,6 +8,7 @@ the template renders, so the answers and the other messages are found in renderi
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -98,3 +99,51 @@ def test_a_template_that_renders_some_questions_inside_the_answer_is_caught(monk
         _spans(chat, quoting)
     assert caught.value.reason == "template_spans_not_found"
     assert calls[0] > 2  # more than the cheap path's renderings
+
+
+# -- a marker the tokenizer splits is trained whole or not at all ----------------------------------------
+
+
+def test_a_span_that_cuts_a_split_marker_is_refused(pack: Any, tmp_path: Path) -> None:
+    """A generation block that ends inside <|im_end|> (several tokens of the default tokenizer) would train a
+    fragment of it: refused as template_spans_not_found, counted with --on-error skip."""
+    from .conftest import one_error_line, write_jsonl
+
+    cut = (
+        "{% for m in messages %}{% if m.role == 'assistant' %}<|im_start|>assistant\n{% generation %}"
+        "{{ m.content }}<|im_{% endgeneration %}end|>\n{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+        "<|im_end|>\n{% endif %}{% endfor %}"
+    )
+    whole = cut.replace("<|im_{% endgeneration %}end|>", "<|im_end|>{% endgeneration %}")
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": CONVERSATION[1:3]}])
+    for name, text in (("cut", cut), ("whole", whole)):
+        (tmp_path / f"{name}.jinja").write_text(text)
+    line = one_error_line(pack(data, "--chat-template", tmp_path / "cut.jinja", "-o", tmp_path / "o1", expect=1))
+    assert line.endswith(
+        "chat.jsonl line 1: the trained text would start or end inside the marker '<|im_end|>', which the "
+        "tokenizer splits into several tokens (a fragment of it would be trained); use the tokenizer of the "
+        "template's model, or a chat template with {% generation %} blocks; fix the record, or pass --on-error "
+        "skip to skip bad records"
+    ), line
+    pack(data, "--chat-template", tmp_path / "whole.jinja", "-o", tmp_path / "o2", "-q")
+
+
+def test_a_header_prefix_never_ends_inside_a_marker() -> None:
+    """Qwen3 with enable_thinking=false: its generation prompt ends "<think>\\n\\n</think>\\n\\n"; in history a
+    call's turn starts "<tool_call>". The header's prefix "...assistant\\n<t" must not be taken for its end."""
+    from packcli.tokenize.encoder import EncodeOptions, Encoder
+
+    from .conftest import trl_templates
+
+    kwargs = EncodeOptions.kwargs_items({"enable_thinking": False})
+    encoder = Encoder(None, str(trl_templates() / "qwen3.jinja"), EncodeOptions(template_kwargs=kwargs))
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "18 C"},
+        {"role": "assistant", "content": "18 C."},
+    ]
+    text, spans = encoder.chat.spans(Sample("chat", messages=messages), "assistant")
+    assert text[spans[0][0] :].startswith("<tool_call>\n{")
+    assert text[: spans[0][0]].endswith("<|im_start|>assistant\n")

@@ -170,9 +170,13 @@ def test_record_errors_are_reasons_not_exceptions() -> None:
 
 def test_template_that_raises_is_a_record_error(tmp_path: Path) -> None:
     encoder = Encoder(None, _template_file("mistral.jinja", tmp_path), EncodeOptions())
-    result = encoder.encode_batch(
-        [Sample("chat", messages=[{"role": "tool", "content": "x"}, {"role": "assistant", "content": "y"}])]
-    )[0]
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a"},
+        {"role": "tool", "content": "x"},
+        {"role": "assistant", "content": "y"},
+    ]
+    result = encoder.encode_batch([Sample("chat", messages=messages)])[0]
     assert isinstance(result, RecordError) and result.reason == "template_error"
     assert "roles must be system, user or assistant" in result.detail
 

@@ -135,6 +135,7 @@ def test_real_style_conversations_pack_with_strict_templates(
             "trailing_user_dropped": 1,
             "merged": 2,
             "empty_answer_dropped": 1,
+            "orphan_tool_result_dropped": 0,
         }
         assert json.loads((out / "manifest.json").read_text())["turns_fixed"] == summary["turns_fixed"]
         samples = _samples(read_rows(out))

@@ -126,6 +126,17 @@ FixTurnsOption = Annotated[
         rich_help_panel=INPUT,
     ),
 ]
+ExpandTurnsOption = Annotated[
+    str,
+    typer.Option(
+        "--expand-turns",
+        metavar=choices("expand_turns"),
+        autocompletion=complete("expand_turns"),
+        help="One sample per round, each trained on that round only: reasoning (conversations whose template "
+        "leaves some round's reasoning out) or all (every multi-round conversation).",
+        rich_help_panel=INPUT,
+    ),
+]
 TokenizerOption = Annotated[
     str | None,
     typer.Option(
@@ -208,6 +219,7 @@ TOKEN_PARAMETERS = (
     "field",
     "on_error",
     "fix_turns",
+    "expand_turns",
     "tokenizer",
     "chat_template",
     "processor",

@@ -13,6 +13,7 @@ from packcli.cli.options import (
     CacheDirOption,
     ChatTemplateOption,
     ConfigOption,
+    ExpandTurnsOption,
     FieldOption,
     FixTurnsOption,
     FormatOption,
@@ -106,6 +107,7 @@ def pack(
     ] = None,
     on_error: OnErrorOption = "fail",
     fix_turns: FixTurnsOption = False,
+    expand_turns: ExpandTurnsOption = "off",
     rejects: Annotated[
         str | None, typer.Option(help="Write every dropped record and its reason to this JSONL file.")
     ] = None,

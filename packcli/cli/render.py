@@ -104,6 +104,12 @@ def progress_bars(enabled: bool) -> Iterator[Any]:
         yield update
 
 
+def reasoning_words(reasoning: dict[str, int]) -> str:
+    """Return the reasoning count of a summary as one table cell: "2 of 3 turns (1 record)"."""
+    records = reasoning["records_left_out"]
+    return f"{reasoning['turns_left_out']:,} of {reasoning['turns']:,} turns ({records:,} record{'s' * (records != 1)})"
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4f}"
@@ -144,6 +150,14 @@ def print_pack_summary(summary: RunSummary) -> None:
         table.add_row(f"turns fixed: {kind}", _fmt(count))
     if summary.empty_answers:
         table.add_row("empty answers trained", _fmt(summary.empty_answers))
+    if summary.reasoning:
+        table.add_row("reasoning left out", reasoning_words(summary.reasoning))
+    if summary.expanded is not None:
+        e = summary.expanded
+        table.add_row(
+            "expanded by round",
+            f"{e['records']:,} records into {e['samples']:,} samples, +{e['extra_tokens']:,} tokens",
+        )
     if split is not None and split.exchanges_cut is not None:
         side = "the start of the prompt" if split.cut_side == "left" else "the end"
         table.add_row("exchanges cut (one over --max-len)", f"{split.exchanges_cut:,} (cut from {side})")
@@ -260,6 +274,8 @@ def print_packed_stats(r: dict[str, Any]) -> None:
     table.add_row("records read", f"{r['records_read']:,}")
     for reason, n in r["dropped"].items():
         table.add_row(f"dropped: {reason}", f"{n:,}")
+    if r.get("reasoning"):
+        table.add_row("reasoning left out", reasoning_words(r["reasoning"]))
     if r["truncated"]:
         table.add_row("truncated", f"{r['truncated']:,}")
     if r["duplicated"]:
@@ -316,6 +332,8 @@ def print_raw_stats(r: dict[str, Any]) -> None:
         head.add_row(f"turns fixed: {kind}", f"{n:,}")
     if r.get("empty_answers"):
         head.add_row("empty answers trained", f"{r['empty_answers']:,}")
+    if r.get("reasoning"):
+        head.add_row("reasoning left out", reasoning_words(r["reasoning"]))
     head.add_row("tokens", f"{r['tokens']:,}")
     head.add_row("trainable tokens", f"{r['trainable_tokens']:,}")
     dist = r["sample_length"]
@@ -393,6 +411,9 @@ def print_row(result: Any) -> None:
         f"{result.trained_tokens:,} trained"
     )
     out.print(Text(header, style="bold"), soft_wrap=True)
+    if getattr(result, "reasoning", None) and result.reasoning.get("turns_left_out"):
+        note = f"reasoning left out of the tokens (whole run): {reasoning_words(result.reasoning)}"
+        out.print(Text(note, style="yellow"), soft_wrap=True)
     legend = Text("legend: ")
     legend.append(f"{TRAINED_OPEN}trained{TRAINED_CLOSE}" if marks else "trained", style=TRAINED_STYLE)
     legend.append("  ")

@@ -20,6 +20,7 @@ from packcli.cli.options import (
     CacheDirOption,
     ChatTemplateOption,
     ConfigOption,
+    ExpandTurnsOption,
     FieldOption,
     FixTurnsOption,
     FormatOption,
@@ -81,6 +82,7 @@ def stats(
     field: FieldOption = None,
     on_error: OnErrorOption = "fail",
     fix_turns: FixTurnsOption = False,
+    expand_turns: ExpandTurnsOption = "off",
     tokenizer: TokenizerOption = None,
     chat_template: ChatTemplateOption = None,
     processor: ProcessorOption = None,
@@ -117,6 +119,7 @@ def stats(
             "add_eos": add_eos,
             "on_error": on_error,
             "fix_turns": fix_turns,
+            "expand_turns": expand_turns,
             "cache_dir": cache_dir,
         }
         options = merge_preset(ctx, config, flags, field, template_kwarg, num_proc, no_cache)

@@ -20,6 +20,7 @@ from packcli.config.choices import (
     Algorithm as Algorithm,
     Dedup as Dedup,
     EngineName as EngineName,
+    ExpandTurns as ExpandTurns,
     LossWeighting as LossWeighting,
     MixBy as MixBy,
     OnError as OnError,
@@ -35,6 +36,7 @@ from packcli.config.choices import (
 from packcli.config.values import (
     CALL_OPTIONS,
     EVAL_OPTIONS,
+    EXPAND_TURNS_CONFLICTS,
     EXPECTED,
     MIX_SUM_TOLERANCE,
     NOT_EMPTY,
@@ -108,6 +110,7 @@ class PackConfig:
     rejects: str | None = None
     fix_turns: bool = False  # clean conversations (packcli.records.turns) before they are rendered
     fix_turns_log: str | None = None  # JSON lines: each record --fix-turns changed, and how
+    expand_turns: ExpandTurns = "off"  # one sample per round of a conversation (packcli.tokenize.rounds)
     dry_run: bool = False
     engine: EngineName = "local"
     ray_address: str | None = None
@@ -162,6 +165,7 @@ class PackConfig:
                 option="fix_turns_log",
                 hint=("pass ", Opt("fix_turns"), " too"),
             )
+        self._check_expand_turns()
         if self.cache_max_size is not None:
             from packcli.store.cachedir import parse_size
 
@@ -172,6 +176,13 @@ class PackConfig:
                 f"unknown field name(s) {', '.join(sorted(unknown))}{did_you_mean(unknown, DEFAULT_FIELDS)}; "
                 f"known: {', '.join(DEFAULT_FIELDS)}"
             )
+
+    def _check_expand_turns(self) -> None:
+        """--expand-turns: a round is one whole sample, trained on its own answers, of chat data, local engine."""
+        for name, value, why in EXPAND_TURNS_CONFLICTS if self.expand_turns != "off" else ():
+            if getattr(self, name) == value or (value == "any" and getattr(self, name) is not None):
+                shown = "" if value == "any" else f" {value}"
+                raise UsageError("cannot be used with ", Opt(name), f"{shown} ({why})", option="expand_turns")
 
     def _check_template_kwargs(self) -> None:
         for name, value in self.template_kwargs.items():
@@ -344,6 +355,7 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
         "add_eos",
         "on_error",
         "fix_turns",
+        "expand_turns",
         "processor",
     ),
     "packing": (

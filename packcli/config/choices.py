@@ -23,6 +23,7 @@ EngineName = Literal["local", "ray"]
 LossWeighting = Literal["token", "sample", "sqrt"]
 MixBy = Literal["tokens", "trainable", "records"]  # --mix: what a share is a share of
 Dedup = Literal["off", "exact"]  # --dedup exact: records whose normalised content repeats are dropped
+ExpandTurns = Literal["off", "reasoning", "all"]  # --expand-turns: one sample per round (packcli.tokenize.rounds)
 
 CHOICE_TYPES: dict[str, Any] = {
     "format": RecordFormat,
@@ -39,5 +40,6 @@ CHOICE_TYPES: dict[str, Any] = {
     "loss_weighting": LossWeighting,
     "mix_by": MixBy,
     "dedup": Dedup,
+    "expand_turns": ExpandTurns,
 }
 CHOICES: dict[str, tuple[str, ...]] = {name: get_args(kind) for name, kind in CHOICE_TYPES.items()}

@@ -164,6 +164,16 @@ CALL_OPTIONS: dict[str, str] = {
     "max_tokens": "int | None",
 }
 
+# What --expand-turns cannot be used with: (option, value or "any" for any value given, why).
+EXPAND_TURNS_CONFLICTS: tuple[tuple[str, Any, str], ...] = (
+    ("overflow", "split", "a round is one sample, never split"),
+    ("train_on", "all", "a round trains its own answers only"),
+    ("task", "preference", "it expands SFT conversations"),
+    ("task", "kto", "it expands SFT conversations"),
+    ("engine", "ray", "the Ray engine does not expand yet"),
+    ("processor", "any", "images are not expanded yet"),
+)
+
 # What --processor refuses, by (option, value, in words): images are not packed with them yet.
 NOT_WITH_IMAGES: tuple[tuple[str, Any, str], ...] = (
     ("engine", "ray", "the Ray engine"),

@@ -110,14 +110,14 @@ def hold_out(config: PackConfig, store: TokenStore, of_inputs: list[int], names:
 def eval_meta(meta: dict, records: int, held: np.ndarray, size: np.ndarray, first_piece: np.ndarray) -> dict:
     """The eval view's store metadata: its records as those read, nothing dropped before the plan.
 
-    Records dropped before tokenizing, the pieces the workers left out, the turns fixed and the empty
-    answers are the whole run's, counted in the training output's summary; ``split`` counts the eval
-    records that have more than one piece, and their pieces.
+    Records dropped before tokenizing, the pieces the workers left out, the turns fixed, the empty
+    answers and the reasoning left out are the whole run's, counted in the training output's summary;
+    ``split`` counts the eval records that have more than one piece, and their pieces.
     """
     out = dict(meta)
     out["records_read"] = records
     out["dropped"] = {}
-    for key in ("turns_fixed", "empty_answers"):
+    for key in ("turns_fixed", "empty_answers", "reasoning", "expanded"):
         out.pop(key, None)
     if meta.get("split") is not None:
         pieced = held & ((size > 1) | (first_piece > 0))

@@ -286,7 +286,11 @@ def _json_cell(value: str, key: str, expected: str) -> Any:
     try:
         return json.loads(value)
     except json.JSONDecodeError as exc:
-        raise RecordError("wrong_type", f"field '{key}' must be {expected}, not a string") from exc
+        raise RecordError(
+            "wrong_type",
+            f"field '{key}' must be {expected}; it is a string that is not valid JSON "
+            f"({exc.msg} at character {exc.pos})",
+        ) from exc
     except ValueError as exc:  # the only other one: an integer past Python's digit limit
         raise RecordError(
             "integer_out_of_range", f"field '{key}' holds {too_many_digits()}; write it as a string"
@@ -346,6 +350,33 @@ def _train_mark(message: dict[str, Any], i: int, field: str) -> bool | None:
     return marks[0] if marks else None
 
 
+def _function_call_turn(
+    message: dict[str, Any], i: int, field: str, content_key: str, fields: dict[str, str]
+) -> dict[str, Any]:
+    """Return a ShareGPT ``function_call`` turn (LLaMA-Factory's format) as an assistant message with tool calls.
+
+    Its value is a JSON object ``{"name", "arguments"}``, or a list of them (parallel calls); the
+    ``observation`` turns that follow are the tool results.
+    """
+    value = message.get(content_key)
+    calls: Any = None
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError, RecursionError):
+            calls = json.loads(value)
+    calls = [calls] if isinstance(calls, dict) else calls
+    if not isinstance(calls, list) or not calls or not all(isinstance(c, dict) and "name" in c for c in calls):
+        raise RecordError(
+            "wrong_type",
+            f"message {i} of '{field}': a function_call turn must hold a JSON object with 'name' and 'arguments' "
+            "(or a list of them)",
+        )
+    tool_calls = [
+        {"type": "function", "function": {"name": c["name"], "arguments": c.get("arguments", {})}} for c in calls
+    ]
+    rest = {k: v for k, v in message.items() if k not in (fields["from"], content_key)}
+    return {fields["from"]: "assistant", content_key: None, **rest, "tool_calls": tool_calls}
+
+
 def _messages(
     value: Any,
     fields: dict[str, str],
@@ -375,6 +406,9 @@ def _messages(
         role = message[role_key]
         if not isinstance(role, str):
             raise RecordError("wrong_type", f"message {i} of '{field}': '{role_key}' must be a string")
+        if sharegpt and role.lower() == "function_call":
+            message = _function_call_turn(message, i, field, content_key, fields)
+            role = "assistant"
         if sharegpt:
             mapped = SHAREGPT_ROLES.get(role.lower())
             if mapped is None:

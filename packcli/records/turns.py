@@ -8,8 +8,10 @@ Mistral...) refuse such conversations. ``clean`` repairs a normalised chat Sampl
    characters included, see ``is_blank``) and that carries nothing else (no tool calls) is dropped;
 2. ``leading_assistant_dropped``: assistant messages before the first user message (after the system
    messages that open the conversation) are dropped;
-3. ``trailing_user_dropped``: user messages after the last assistant message are dropped;
-4. ``merged``: consecutive messages of one role (user, assistant or system) with string content and no
+3. ``orphan_tool_result_dropped``: a tool result that no call comes before (the nearest earlier message
+   that is not a tool result is not an assistant message) is dropped;
+4. ``trailing_user_dropped``: user messages after the last assistant message are dropped;
+5. ``merged``: consecutive messages of one role (user, assistant or system) with string content and no
    other keys are joined into one, their contents separated by a blank line (``MERGE_SEPARATOR``).
 
 Roles are renamed (``role_renamed``) where records are normalised (``formats.normalize(rename_roles=True)``).
@@ -20,13 +22,21 @@ returned by kind and message (its index in the record as read), for the summary 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from packcli.errors import RecordError
 from packcli.records.formats import Sample
 
-KINDS = ("role_renamed", "leading_assistant_dropped", "trailing_user_dropped", "merged", "empty_answer_dropped")
+KINDS = (
+    "role_renamed",
+    "leading_assistant_dropped",
+    "trailing_user_dropped",
+    "merged",
+    "empty_answer_dropped",
+    "orphan_tool_result_dropped",
+)
 MERGE_SEPARATOR = "\n\n"
 # Characters that show nothing but that str.isspace() does not count: zero-width space, non-joiner and
 # joiner, word joiner, and the byte-order mark (a zero-width no-break space).
@@ -70,6 +80,19 @@ def blank_answers(sample: Sample, turns: list[int]) -> int:
     return sum(is_empty_answer(messages[i]) for i in turns)
 
 
+def orphan_tool_results(messages: Sequence[dict[str, Any]]) -> list[int]:
+    """Return the indices of tool results that no call comes before: the nearest earlier message that is
+    not a tool result is not an assistant message (or there is none)."""
+    orphans, last = [], None
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if role == "tool" and last != "assistant":
+            orphans.append(i)
+        elif role != "tool":
+            last = role
+    return orphans
+
+
 def clean(sample: Sample) -> tuple[Sample, list[dict[str, Any]]]:
     """Return the repaired sample and its changes (``{"kind", "message", ...}``, in the order made).
 
@@ -101,6 +124,11 @@ def clean(sample: Sample) -> tuple[Sample, list[dict[str, Any]]]:
     while start < len(items) and items[start][1].get("role") == "assistant":
         changes.append({"kind": "leading_assistant_dropped", "message": items[start][0]})
         del items[start]
+
+    orphans = set(orphan_tool_results([m for _, m, _, _ in items]))
+    for k in sorted(orphans):
+        changes.append({"kind": "orphan_tool_result_dropped", "message": items[k][0]})
+    items = [item for k, item in enumerate(items) if k not in orphans]
 
     while items and items[-1][1].get("role") == "user" and any(m.get("role") == "assistant" for _, m, _, _ in items):
         changes.append({"kind": "trailing_user_dropped", "message": items[-1][0]})
@@ -170,6 +198,7 @@ _WORDS = {
     "trailing_user_dropped": ("drops the trailing user turn", "drops {n} trailing user turns"),
     "merged": ("merges 2 consecutive turns of one role", "merges {n} turns into the turn of their role before them"),
     "empty_answer_dropped": ("drops the empty answer", "drops {n} empty answers"),
+    "orphan_tool_result_dropped": ("drops a tool result without a call", "drops {n} tool results without a call"),
 }
 
 

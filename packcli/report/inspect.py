@@ -76,9 +76,13 @@ class InspectedRow:
     tokenizer_matches: bool
     requested_sample_index: int | None
     segments: list[Segment] = field(default_factory=list)
+    # The run's trained turns whose reasoning the template left out (the manifest's ``reasoning``); None: none
+    reasoning: dict[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        if out["reasoning"] is None:
+            del out["reasoning"]
         for segment in out["segments"]:
             if segment["role"] is None:  # not preference data: the segments are as before roles existed
                 del segment["role"]
@@ -217,6 +221,7 @@ def inspect_row(
         tokenizer_matches=matches,
         requested_sample_index=sample_index,
         segments=segments,
+        reasoning=dict(manifest.reasoning) if manifest.reasoning else None,
     )
 
 

@@ -69,6 +69,10 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
             from packcli.run.accounting import empty_answers_warning
 
             warnings = [*warnings, empty_answers_warning(int(meta["empty_answers"]))]
+        if meta.get("reasoning", {}).get("turns_left_out"):
+            from packcli.run.accounting import reasoning_warning
+
+            warnings = [*warnings, reasoning_warning(meta["reasoning"])]
         tokenizer_name = config.tokenizer_name or DEFAULT_TOKENIZER
         lines = [_what_if(lengths, m, batch_size) for m in max_lens]
         for line in lines:
@@ -85,6 +89,7 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
         "dropped": dict(meta.get("dropped", {})),
         **({"turns_fixed": dict(meta["turns_fixed"])} if "turns_fixed" in meta else {}),
         **({"empty_answers": int(meta["empty_answers"])} if meta.get("empty_answers") else {}),
+        **({"reasoning": dict(meta["reasoning"])} if meta.get("reasoning") else {}),
         "tokens": int(lengths.sum()),
         "trainable_tokens": trainable,
         "sample_length": distribution(lengths),

@@ -119,6 +119,8 @@ def summary(
     warnings = list(meta.tokenizer.get("warnings", []))
     if empty_answers:
         warnings.append(empty_answers_warning(empty_answers))
+    if meta.reasoning and meta.reasoning.get("turns_left_out"):
+        warnings.append(reasoning_warning(meta.reasoning))
     read = int(store.lengths.sum()) if read_tokens is None else read_tokens
     lost = _lost(store, plan, in_rows, dropped, records, read)
     warning = loss_warning(lost, config)
@@ -137,6 +139,8 @@ def summary(
         # --fix-turns: its changes by kind
         turns_fixed=dict(meta.turns_fixed) if meta.turns_fixed is not None else None,
         empty_answers=empty_answers,
+        reasoning=dict(meta.reasoning) if meta.reasoning else None,
+        expanded=dict(meta.expanded) if meta.expanded is not None else None,
         tokens=written_tokens,
         trainable_tokens=plan.trainable,
         rows=rows,
@@ -167,6 +171,22 @@ def empty_answers_warning(n: int) -> str:
     return (
         f"{n} trained {answers} empty or only whitespace (zero-width characters included): they teach the "
         'model to answer with nothing; pass --fix-turns to drop them, or mark them "train": false'
+    )
+
+
+def reasoning_warning(reasoning: dict[str, int]) -> str:
+    """The warning for trained answers whose reasoning the chat template leaves out of the tokens."""
+    left, turns, records = reasoning["turns_left_out"], reasoning["turns"], reasoning["records_left_out"]
+    if left == turns:
+        behaviour = "it renders no reasoning"
+    elif reasoning.get("records_last_round_only") == records:
+        behaviour = "it renders the reasoning of the last round only"
+    else:
+        behaviour = "it leaves out the reasoning of some rounds"
+    return (
+        f"the chat template leaves the reasoning of {left:,} of {turns:,} trained assistant turns with reasoning "
+        f"(in {records:,} records) out of the tokens ({behaviour}): those answers are trained without it; "
+        "pass --expand-turns reasoning to train each round as the last one, or a template that keeps it"
     )
 
 

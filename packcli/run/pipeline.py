@@ -282,6 +282,8 @@ def _manifest(
         lost=summary.lost,
         turns_fixed=summary.turns_fixed,
         empty_answers=summary.empty_answers,
+        reasoning=summary.reasoning,
+        expanded=summary.expanded,
         warnings=summary.warnings,
         tokens=summary.tokens,
         trainable_tokens=summary.trainable_tokens,

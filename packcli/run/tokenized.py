@@ -38,8 +38,9 @@ from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER, tokenizer_fingerprint
 
 # Bumped whenever the same inputs and options would give other tokens, labels or store meta, so the cache
 # misses. 5: messages' own "train"/"weight" marks are read (and removed before rendering); 6: the tokens of
-# pieces left out by --overflow split are in the store meta.
-ENCODING_RULES = 6
+# pieces left out by --overflow split are in the store meta; 7: tool call arguments in the template's form,
+# calls checked rendered, ShareGPT function_call turns as calls, reasoning left out in the store meta.
+ENCODING_RULES = 7
 
 T = TypeVar("T")
 

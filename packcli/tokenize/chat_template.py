@@ -12,17 +12,28 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from packcli.errors import RecordError, TokenizerError, first_line
 from packcli.records.formats import Sample
 from packcli.records.images import IMAGE_KEY
+from packcli.tokenize.agentic import (
+    arguments_forms,
+    check_calls_rendered,
+    check_tool_results,
+    conform_arguments,
+    reasoning_left_out,
+)
 from packcli.tokenize.spans import assistant_spans
 from packcli.tokenize.template_shape import Render, TemplateShape, learn_shape
 
 GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
 # Marker-looking substrings, for tokenizers that do not have a template's markers as added tokens.
 _MARKER_RE = re.compile(r"<\|[^<>|\s]{1,40}\|>|<｜[^<>\s]{1,40}｜>|</?[A-Za-z_][\w.-]{0,40}>|\[/?[A-Z_]{2,20}\]")
+# The markers a template's text holds, for the check that a trained span never cuts one: _MARKER_RE's forms
+# and Gemma 4's half-open ones (<|turn>, <turn|>, <|tool_response>).
+_TEMPLATE_MARKER_RE = re.compile(_MARKER_RE.pattern + r'|<\|[a-z_"]{1,40}>|<[a-z_]{1,40}\|>')
 _NON_TEXT_PARTS = ("image", "image_url", "input_image", "audio", "input_audio", "video", "video_url", "file")
 
 
@@ -37,6 +48,8 @@ class ChatTemplate:
         self._added = added_tokens
         self._shapes: dict[str, TemplateShape | str] = {}  # str: why it could not be learned
         self._parts: tuple[bool, bool] | None = None
+        self._forms: tuple[bool, bool] | None = None  # tool call arguments taken as a mapping, as a string
+        self.split_markers: tuple[str, ...] = ()  # set by marker_warnings: markers the tokenizer splits
         # A run with a processor: image parts (packcli.records.images) render as {"type": "image"}.
         self.images = False
         try:
@@ -118,7 +131,13 @@ class ChatTemplate:
         return found or [m.span() for m in _MARKER_RE.finditer(text)]
 
     def marker_warnings(self, count_tokens: Callable[[str], int], tokenizer_name: str) -> list[str]:
-        """Return a warning when the template's markers are not single tokens (a template for another model)."""
+        """Return a warning when the template's markers are not single tokens (a template for another model).
+
+        Also sets ``split_markers``: every marker of the template's text that the tokenizer splits.
+        """
+        # The template's markers that this tokenizer splits: a trained span must never cut one.
+        found = dict.fromkeys(_TEMPLATE_MARKER_RE.findall(self.template))
+        self.split_markers = tuple(m for m in found if count_tokens(m) > 1)
         try:
             shape = self.shape()
         except (RecordError, TokenizerError):
@@ -150,6 +169,12 @@ class ChatTemplate:
 
             self._parts = (renders(lambda t: t), renders(lambda t: [{"type": "text", "text": t}]))
         return self._parts
+
+    def arguments_forms(self) -> tuple[bool, bool]:
+        """Return whether the template takes tool call arguments as a mapping, and as a JSON string (learned once)."""
+        if self._forms is None:
+            self._forms = arguments_forms(lambda messages, tools: self.render(messages, tools=tools)[0])
+        return self._forms
 
     def message(self, role: str, text: str) -> dict[str, Any]:
         strings, parts = self.content_mode()
@@ -188,15 +213,19 @@ class ChatTemplate:
             elif isinstance(content, str) and parts and not strings:
                 # A template that only iterates parts (vision-language models): a string is one text part.
                 message["content"] = [{"type": "text", "text": content}]
+            if message.get("tool_calls"):
+                message = conform_arguments(message, i, self.arguments_forms())
             messages.append(message)
+        check_tool_results(messages)
         return messages
 
     def text(self, sample: Sample) -> str:
-        """Return the text of a conversation exactly as ``spans`` renders it for encoding."""
+        """Return the text of a conversation exactly as ``spans`` renders it for encoding.
+
+        Tool calls are checked where the trained spans are known (``rendered``), not here.
+        """
         messages = self.prepare(sample)
-        text = self.render(messages, tools=sample.tools, kwargs=self._kwargs(sample))[0]
-        check_tool_calls_rendered(messages, text)
-        return text
+        return self.render(messages, tools=sample.tools, kwargs=self._kwargs(sample))[0]
 
     def _kwargs(self, sample: Sample) -> dict[str, Any]:
         # A record's own chat_template_kwargs override the run's.
@@ -204,6 +233,15 @@ class ChatTemplate:
 
     def spans(self, sample: Sample, train_on: str) -> tuple[str, list[tuple[int, int]]]:
         """Return the rendered conversation and the character spans to train on (``--train-on``)."""
+        made = self.rendered(sample, train_on)
+        return made.text, made.spans
+
+    def rendered(self, sample: Sample, train_on: str) -> Rendered:
+        """Return the rendered conversation, its trained spans, and how many trained turns lose their reasoning.
+
+        Refuses (``tool_calls_not_rendered``) a conversation whose calls the rendering leaves out of their
+        answers (``packcli.tokenize.agentic``).
+        """
         messages = self.prepare(sample)
         kwargs = self._kwargs(sample)
         tools = sample.tools
@@ -214,51 +252,88 @@ class ChatTemplate:
         which = trained_turns(sample, train_on)
         # --train-on all trains the whole text but the answers marked "train": false (or "weight": 0).
         masked = [i for i in assistant_at if i not in set(which)] if train_on == "all" else []
+        located = which if train_on != "all" else masked
+        found: list[tuple[int, int]] = []
         if self.has_generation_blocks:
-            text, spans = self.render(messages, spans=True, tools=tools, kwargs=kwargs)
-            check_tool_calls_rendered(messages, text)
-            if (train_on != "all" or masked) and len(spans) != len(assistant_at):
+            text, blocks = self.render(messages, spans=True, tools=tools, kwargs=kwargs)
+            if (train_on != "all" or masked) and len(blocks) != len(assistant_at):
                 raise RecordError(
                     "template_spans_mismatch",
-                    f"the template marked {len(spans)} generation blocks for {len(assistant_at)} assistant "
+                    f"the template marked {len(blocks)} generation blocks for {len(assistant_at)} assistant "
                     "messages; put exactly one {% generation %} block around each assistant message",
                 )
-            by_turn = dict(zip(assistant_at, spans, strict=True)) if train_on != "all" or masked else {}
-            if train_on == "all":
-                return text, _outside([by_turn[i] for i in masked], len(text))
-            return text, [by_turn[i] for i in which]
-        text, _ = self.render(messages, tools=tools, kwargs=kwargs)
-        check_tool_calls_rendered(messages, text)
+            if train_on != "all" or masked:
+                by_turn = dict(zip(assistant_at, blocks, strict=True))
+                found = [by_turn[i] for i in located]
+        else:
+            text, _ = self.render(messages, tools=tools, kwargs=kwargs)
+            if located:
+                found = assistant_spans(self.renderer(tools, kwargs), messages, text, located, self.shape(kwargs))
+        spans = found
         if train_on == "all":
-            if not masked:
-                return text, [(0, len(text))]
-            off = assistant_spans(self.renderer(tools, kwargs), messages, text, masked, self.shape(kwargs))
-            return text, _outside(off, len(text))
-        return text, assistant_spans(self.renderer(tools, kwargs), messages, text, which, self.shape(kwargs))
+            spans = _outside(found, len(text)) if masked else [(0, len(text))]
+        # Each trained turn's own span where one span a turn was found; else (a tool's output cut out of
+        # an answer, --train-on all) every trained span.
+        own = train_on != "all" and len(found) == len(located)
+        trained = {i: [span] for i, span in zip(which, found, strict=True)} if own else {i: spans for i in which}
+
+        def again(changed: list[dict[str, Any]]) -> str:
+            return self.render(changed, tools=tools, kwargs=kwargs)[0]
+
+        if self.split_markers:
+            check_whole_markers(text, spans, self.split_markers)
+        if any(m.get("tool_calls") for m in messages):
+            check_calls_rendered(messages, text, again, trained)
+        with_reasoning, left = reasoning_left_out(messages, text, again, which)
+        return Rendered(text, spans, Reasoning.of(with_reasoning, left, which) if with_reasoning else None)
 
 
-def check_tool_calls_rendered(messages: list[dict[str, Any]], text: str) -> None:
-    """Refuse a conversation whose tool calls the template leaves out of its rendering.
+@dataclass(frozen=True)
+class Reasoning:
+    """The reasoning of a conversation's trained turns: how many turns have some, how many of those the
+    template leaves out of the text, and whether it keeps the last trained turn's only."""
 
-    A template that renders no ``tool_calls`` (many plain chat templates) would train an answer without
-    its call: the model would learn to answer where it should call. Each call's function name must be
-    in the rendered text.
+    turns: int
+    left_out: int
+    last_only: bool
+
+    @staticmethod
+    def of(turns: int, left: tuple[int, ...], trained: list[int]) -> Reasoning:
+        last_only = bool(left) and len(left) == turns - 1 and trained[-1] not in left
+        return Reasoning(turns, len(left), last_only)
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A rendered conversation: its text, the character spans trained, and its trained turns' reasoning
+    (None when none has any)."""
+
+    text: str
+    spans: list[tuple[int, int]]
+    reasoning: Reasoning | None
+
+
+def check_whole_markers(text: str, spans: list[tuple[int, int]], markers: tuple[str, ...]) -> None:
+    """Refuse spans that start or end inside a marker the tokenizer splits: a fragment of it would be trained.
+
+    (A marker that is one token is trained whole or not at all, whatever the span; one of several tokens
+    would be cut.) Only the text around each span's ends is searched.
     """
-    for i, message in enumerate(messages):
-        calls = message.get("tool_calls")
-        if not calls or not isinstance(calls, list):
-            continue
-        for call in calls:
-            if not isinstance(call, dict):
-                continue
-            function = call.get("function")
-            name = function.get("name") if isinstance(function, dict) else call.get("name")
-            if isinstance(name, str) and name and name not in text:
-                raise RecordError(
-                    "tool_calls_not_rendered",
-                    f"message {i} calls '{name}', but the chat template renders no tool calls (the answer would "
-                    "be trained without its call); pass a --chat-template that renders tool_calls",
-                )
+    width = max(map(len, markers))
+    for edge in {x for span in spans for x in span}:
+        window = text[max(0, edge - width) : edge + width]
+        base = max(0, edge - width)
+        for marker in markers:
+            at = window.find(marker)
+            while at >= 0:
+                if base + at < edge < base + at + len(marker):
+                    raise RecordError(
+                        "template_spans_not_found",
+                        f"the trained text would start or end inside the marker {marker!r}, which the tokenizer "
+                        "splits into several tokens (a fragment of it would be trained); use the tokenizer of the "
+                        "template's model, or a chat template with {% generation %} blocks",
+                    )
+                at = window.find(marker, at + 1)
 
 
 def _outside(spans: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:

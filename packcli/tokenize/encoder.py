@@ -25,7 +25,7 @@ from packcli.contract import IGNORE_INDEX, vocab_sha256
 from packcli.errors import RecordError
 from packcli.records.formats import Sample
 from packcli.tokenize import long_text
-from packcli.tokenize.chat_template import ChatTemplate
+from packcli.tokenize.chat_template import ChatTemplate, Reasoning
 from packcli.tokenize.images import Encoded, expand_images, image_tokens_masked
 from packcli.tokenize.long_text import NO_AFFIXES, Affixes, Joined
 from packcli.tokenize.template_shape import TemplateShape
@@ -158,16 +158,20 @@ class Encoder:
         """Return (input_ids, labels) for each sample, or the RecordError that rules it out."""
         results: list[Any] = list(samples)
         jobs: dict[bool, list[tuple[int, str, list[tuple[int, int]], bool]]] = {True: [], False: []}
+        reasoning: dict[int, Reasoning] = {}  # sample -> its trained turns' reasoning, where some have any
         for i, sample in enumerate(samples):
             if isinstance(sample, RecordError):
                 continue
             try:
                 if self.vision is not None and sample.kind == "chat":
-                    text, spans = self.chat.spans(sample, self.options.train_on)
-                    results[i] = self._encode_images(sample, text, spans)
+                    shown = self.chat.rendered(sample, self.options.train_on)
+                    results[i] = self._encode_images(sample, shown.text, shown.spans)
+                    results[i].reasoning = shown.reasoning
                 elif sample.kind == "chat":
-                    text, spans = self.chat.spans(sample, self.options.train_on)
-                    jobs[False].append((i, text, spans, False))
+                    shown = self.chat.rendered(sample, self.options.train_on)
+                    jobs[False].append((i, shown.text, shown.spans, False))
+                    if shown.reasoning is not None:
+                        reasoning[i] = shown.reasoning
                 elif sample.kind == "prompt_completion":
                     text = (sample.prompt or "") + (sample.completion or "")
                     train_all = self.options.train_on == "all"
@@ -200,6 +204,10 @@ class Encoder:
                     results[i] = finish(ids, mask)
                 except RecordError as err:
                     results[i] = err
+                    continue
+                if i in reasoning:
+                    results[i] = Encoded(results[i])
+                    results[i].reasoning = reasoning[i]
         return results
 
     def encode_spans(

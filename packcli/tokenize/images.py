@@ -71,9 +71,11 @@ def _places(text: str, token: str) -> list[int]:
 
 
 class Encoded(tuple[np.ndarray, np.ndarray]):
-    """(input_ids, labels) of a sample with images, and its images (``images``: one record each)."""
+    """(input_ids, labels) of a sample with images, and its images (``images``: one record each); or of a
+    conversation whose trained turns have reasoning (``reasoning``: a ``chat_template.Reasoning``)."""
 
     images: tuple[dict[str, Any], ...] = ()
+    reasoning: Any = None
 
 
 @dataclass

@@ -25,7 +25,7 @@ from packcli.store.tokens import (
     TokenStore,
     TokenStoreWriter,
 )
-from packcli.tokenize import worker
+from packcli.tokenize import rounds, worker
 from packcli.tokenize.bounds import max_token_bytes
 from packcli.tokenize.encode_service import EncodeService, encode_in_main
 from packcli.tokenize.encoder import EncodeOptions, Encoder
@@ -149,6 +149,7 @@ def tokenize_to_store(
         split_rule(config),
         fix_turns=config.fix_turns,
         image_window=image_window(config),
+        expand_turns=config.expand_turns,
     )
     encoder.long_text_bytes = long_text_bytes(config, encoder)
     ruled_out_bytes = config.max_len * token_bytes if token_bytes else None
@@ -159,6 +160,8 @@ def tokenize_to_store(
     left_out: Counter[str] = Counter()
     turns_fixed: Counter[str] = Counter()
     empty_answers = 0
+    reasoning: Counter[str] = Counter()
+    expanded: Counter[str] = Counter()
     left_out_tokens: Counter[str] = Counter()
     clock: defaultdict[str, float] = defaultdict(float)  # seconds by stage (see TokenStore.seconds)
     began = time.perf_counter()
@@ -206,6 +209,8 @@ def tokenize_to_store(
                 pieces += result.pieces_made
                 turns_fixed.update(result.turns_fixed)
                 empty_answers += result.empty_answers
+                reasoning.update(result.reasoning)
+                expanded.update(result.expanded)
                 for entry in result.turn_fixes:
                     _write_line(fixes_file, json.dumps(entry, ensure_ascii=False), where, fix)
                 starts.setdefault(result.source, result.first_index)
@@ -283,6 +288,10 @@ def tokenize_to_store(
             meta["turns_fixed"] = {kind: turns_fixed[kind] for kind in turns.KINDS}
         if empty_answers:
             meta["empty_answers"] = empty_answers
+        if reasoning:
+            meta["reasoning"] = {key: reasoning[key] for key in rounds.REASONING_KEYS}
+        if config.expand_turns != "off":
+            meta["expanded"] = {key: expanded[key] for key in rounds.EXPANDED_KEYS}
         if encoder.vision is not None:
             meta["tokenizer"] = {
                 **encoder.identity(),

@@ -350,6 +350,10 @@ def _header_end(full: str, low: int, body_start: int, shape: TemplateShape) -> i
     # none): a one-character prefix would match anywhere.
     shortest = shape.header_min or len(header)
     for k in range(len(header), shortest - 1, -1):
+        if header.rfind("<", 0, k) > header.rfind(">", 0, k):
+            # A prefix that ends inside a marker (the "<t" of "<think>") would match the start of another
+            # one ("<tool_call>") and cut it: never a header's end.
+            continue
         at = full.rfind(header[:k], low, body_start)
         if at >= 0:
             return at + k

@@ -30,6 +30,7 @@ from packcli.records.dedup import content_key
 from packcli.records.formats import PREFERENCE_FORMATS, Sample, detect_format, normalize
 from packcli.records.images import attach_images
 from packcli.results import RejectEntry
+from packcli.tokenize import rounds
 from packcli.tokenize.bounds import rule_out_too_long
 from packcli.tokenize.chat_template import trained_turns
 from packcli.tokenize.encoder import Encoder
@@ -65,6 +66,10 @@ class TokenizedBatch:
     turns_fixed: dict[str, int] = field(default_factory=dict)
     turn_fixes: list[dict[str, Any]] = field(default_factory=list)
     empty_answers: int = 0  # trained answers that are empty or whitespace only, in the samples kept
+    # Trained turns with reasoning, and what the template leaves out of them (rounds.reasoning_counts).
+    reasoning: dict[str, int] = field(default_factory=dict)
+    # --expand-turns: the records expanded, the samples made of them, their tokens beyond the records' own
+    expanded: dict[str, int] = field(default_factory=dict)
     # --dedup exact: per kept sample, its record's content key (packcli.records.dedup), uint64 (n, 2)
     content_keys: np.ndarray | None = None
     # Seconds this batch took in the worker: decode (parse, detect, normalise, check), tokenize (render,
@@ -90,6 +95,7 @@ def use(
     split: SplitRule | None = None,
     fix_turns: bool = False,
     image_window: tuple[int, str] | None = None,
+    expand_turns: str = "off",
 ) -> None:
     """Set what ``tokenize_batch`` works with in this process (and in the workers forked from it).
 
@@ -98,9 +104,10 @@ def use(
     max_len into pieces (``--overflow split``, see packcli.tokenize.split). ``fix_turns`` cleans conversations
     (packcli.records.turns). ``image_window`` is (the most tokens a sample keeps, the side it is cut from)
     under --overflow truncate or split: a sample with images that the cut would cut an image of is left out.
+    ``expand_turns``: --expand-turns (packcli.tokenize.rounds).
     """
     _CONTEXT.clear()
-    _CONTEXT.update(encoder=encoder, fields=fields, fix_turns=fix_turns)
+    _CONTEXT.update(encoder=encoder, fields=fields, fix_turns=fix_turns, expand_turns=expand_turns)
     if rule_out is not None:
         _CONTEXT["rule_out"] = rule_out
     if split is not None:
@@ -161,6 +168,11 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
             samples.append(err)
     decoded = time.perf_counter()
     results = preference.encode(encoder, samples)
+    expand_mode: str = _CONTEXT.get("expand_turns", "off")
+    expanded: dict[str, int] = {}
+    if expand_mode != "off":
+        expansion = rounds.expand(encoder, samples, results, expand_mode)
+        results, expanded = expansion.results, expansion.counts()
     if not fix:
         _hint_fix_turns(encoder, samples, results)
     fixed: Counter[str] = Counter()
@@ -171,8 +183,9 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
     empty_answers = sum(
         turns.blank_answers(sample, trained_turns(sample, encoder.options.train_on))
         for sample, result in zip(samples, results, strict=True)
-        if isinstance(sample, Sample) and sample.kind == "chat" and isinstance(result, tuple)
+        if isinstance(sample, Sample) and sample.kind == "chat" and isinstance(result, (tuple, rounds.Rounds))
     )
+    reasoning = rounds.reasoning_counts(results)
     split: SplitRule | None = _CONTEXT.get("split")
     kept_index: list[int] = []
     kept_pos: list[int] = []
@@ -192,7 +205,9 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         if isinstance(result, RecordError):
             rejects.append(reject(index, batch.source, batch.positions[k], result, raws[k], batch.raw_lines))
             continue
-        if isinstance(result, list):  # a preference or KTO record: its samples, with their roles
+        if isinstance(result, rounds.Rounds):  # --expand-turns: one sample per round, piece_index the round
+            kept = list(result)
+        elif isinstance(result, list):  # a preference or KTO record: its samples, with their roles
             kept = [(piece_ids, piece_labels) for piece_ids, piece_labels, _ in result]
             roles.extend([0] * (len(kept_index) - len(roles)) + [role for _, _, role in result])
         elif split is None or len(result[0]) <= split.max_len:
@@ -256,7 +271,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         ids=flat_ids,
         labels=flat_labels,
         rejects=rejects,
-        piece_index=np.array(kept_piece, dtype=np.int32) if records_split or roles else None,
+        piece_index=np.array(kept_piece, dtype=np.int32) if records_split or roles or expanded else None,
         roles=np.array(roles + [0] * (len(kept_index) - len(roles)), dtype=np.int8) if roles else None,
         records_split=records_split,
         pieces_made=pieces_made,
@@ -264,6 +279,8 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         turns_fixed=dict(fixed),
         turn_fixes=fixes,
         empty_answers=empty_answers,
+        reasoning=reasoning,
+        expanded=expanded,
         tokens_left_out=dict(left_out_tokens),
         images=kept_images if vision else None,
         content_keys=np.frombuffer(b"".join(content_keys), dtype="<u8").reshape(-1, 2).copy(),

@@ -164,6 +164,7 @@ class Tokenizer:
             "empty_answers": 0,
         }
         fixed: dict[str, int] = {}
+        reasoning: dict[str, int] = {}
         left_out: dict[str, int] = {}
         left_out_tokens: dict[str, int] = {}
         seconds: dict[str, float] = {"decode": 0.0, "tokenize": 0.0}
@@ -187,6 +188,8 @@ class Tokenizer:
                 out["rejects"].extend(result.rejects)
                 out["turn_fixes"].extend(result.turn_fixes)
                 out["empty_answers"] += result.empty_answers
+                for key, n in result.reasoning.items():
+                    reasoning[key] = reasoning.get(key, 0) + n
                 for kind, n in result.turns_fixed.items():
                     fixed[kind] = fixed.get(kind, 0) + n
                 for reason, n in result.pieces_left_out.items():
@@ -224,6 +227,7 @@ class Tokenizer:
             units=units.value,
             pieces_left_out=left_out,
             turns_fixed=fixed,
+            reasoning=reasoning,
             tokens_left_out=left_out_tokens,
             seconds=seconds,
             segment=seg,
@@ -385,6 +389,7 @@ class ClusterTokenizing:
             turns_fixed=out["turns_fixed"],
             turn_fixes=out["turn_fixes"],
             empty_answers=out["empty_answers"],
+            reasoning=out["reasoning"],
             tokens_left_out=out["tokens_left_out"],
             seconds=out["seconds"],
             segment=out["segment"],
