@@ -177,8 +177,8 @@ def test_arguments_that_are_not_json_for_a_template_that_takes_objects(pack: Any
     line = one_error_line(pack(data, "--chat-template", _trl_template("qwen2_5"), "-o", tmp_path / "out", expect=1))
     assert line.endswith(
         "args.jsonl line 1: message 1: the arguments of tool call 0 ('get_weather') are not valid JSON (Expecting "
-        "property name enclosed in double quotes: line 1 column 2 (char 1)); the chat template takes them as an "
-        "object: write them as a JSON object; fix the record, or pass --on-error skip to skip bad records"
+        "property name enclosed in double quotes: line 1 column 2 (char 1)); write them as a JSON object; fix the "
+        "record, or pass --on-error skip to skip bad records"
     ), line
 
 

@@ -111,13 +111,66 @@ def _parsed(arguments: str, i: int, j: int, name: Any) -> Any:
 
 
 def check_tool_results(messages: Sequence[dict[str, Any]]) -> None:
-    """Refuse a tool result that no assistant message (a call) comes before."""
+    """Refuse a tool result that no assistant message (a call) comes before, or whose ``tool_call_id``
+    names none of the calls of the assistant message it answers (when both sides carry ids)."""
     orphans = orphan_tool_results(messages)
     if orphans:
         raise RecordError(
             "tool_result_without_call",
             f"message {orphans[0]} is a tool result, but no assistant message (its call) comes before it; "
             "fix the record, or pass --fix-turns to drop such results",
+        )
+    ids: list[str] = []  # the call ids of the assistant message the results answer
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if role == "assistant":
+            calls = message.get("tool_calls")
+            ids = (
+                [c["id"] for c in calls if isinstance(c, dict) and isinstance(c.get("id"), str) and c["id"]]
+                if (isinstance(calls, list))
+                else []
+            )
+        elif role == "tool":
+            answered = message.get("tool_call_id")
+            if ids and isinstance(answered, str) and answered and answered not in ids:
+                raise RecordError(
+                    "tool_result_unmatched",
+                    f"message {i} is the result of call '{answered}', but the calls it answers are "
+                    f"{', '.join(repr(x) for x in ids)}",
+                )
+
+
+def check_calls(message: dict[str, Any], i: int) -> None:
+    """Refuse a call with no function name, or whose arguments are neither an object nor JSON text of one.
+
+    Trained as it is, such a call would teach the model to call nothing, or to write arguments no parser
+    reads.
+    """
+    for j, call in enumerate(message.get("tool_calls") or []):
+        function = call.get("function") if isinstance(call, dict) else None
+        holder = function if isinstance(function, dict) else call
+        name = holder.get("name") if isinstance(holder, dict) else None
+        if not isinstance(name, str) or not name.strip():
+            raise RecordError(
+                "tool_call_invalid", f"message {i}: tool call {j} has no function name; give it function.name"
+            )
+        arguments = holder.get("arguments")
+        if arguments is None or isinstance(arguments, dict):
+            continue
+        if isinstance(arguments, str):
+            try:
+                parsed = json.loads(arguments) if arguments.strip() else {}
+            except (ValueError, RecursionError) as exc:
+                raise RecordError(
+                    "tool_call_invalid",
+                    f"message {i}: the arguments of tool call {j} ('{name}') are not valid JSON ({exc}); write "
+                    "them as a JSON object",
+                ) from None
+            if isinstance(parsed, dict):
+                continue
+        raise RecordError(
+            "tool_call_invalid",
+            f"message {i}: the arguments of tool call {j} ('{name}') are not a JSON object; write them as one",
         )
 
 

@@ -20,6 +20,7 @@ from packcli.records.formats import Sample
 from packcli.records.images import IMAGE_KEY
 from packcli.tokenize.agentic import (
     arguments_forms,
+    check_calls,
     check_calls_rendered,
     check_tool_results,
     conform_arguments,
@@ -214,6 +215,7 @@ class ChatTemplate:
                 # A template that only iterates parts (vision-language models): a string is one text part.
                 message["content"] = [{"type": "text", "text": content}]
             if message.get("tool_calls"):
+                check_calls(message, i)
                 message = conform_arguments(message, i, self.arguments_forms())
             messages.append(message)
         check_tool_results(messages)
