@@ -37,6 +37,7 @@ from packcli.api.terms import api_terms, library_terms
 from packcli.config import (
     Algorithm,
     Dedup,
+    EncoderMode,
     EngineName,
     LossWeighting,
     MixBy,
@@ -220,6 +221,7 @@ def pack(
     dry_run: bool = False,
     engine: EngineName = "local",
     ray_address: str | None = None,
+    encoder: EncoderMode = "auto",
     template_kwargs: Mapping[str, Any] | None = None,
     processor: PathArg | None = None,
     embed_images: bool = False,

@@ -23,6 +23,8 @@ EngineName = Literal["local", "ray"]
 LossWeighting = Literal["token", "sample", "sqrt"]
 MixBy = Literal["tokens", "trainable", "records"]  # --mix: what a share is a share of
 Dedup = Literal["off", "exact"]  # --dedup exact: records whose normalised content repeats are dropped
+# --encoder: the fast exact encoder where it is exact (auto), the reference only, or the fast one or an error
+EncoderMode = Literal["auto", "tokenizers", "fast"]
 
 CHOICE_TYPES: dict[str, Any] = {
     "format": RecordFormat,
@@ -39,5 +41,6 @@ CHOICE_TYPES: dict[str, Any] = {
     "loss_weighting": LossWeighting,
     "mix_by": MixBy,
     "dedup": Dedup,
+    "encoder": EncoderMode,
 }
 CHOICES: dict[str, tuple[str, ...]] = {name: get_args(kind) for name, kind in CHOICE_TYPES.items()}

@@ -149,6 +149,7 @@ def summary(config: PackConfig, store: TokenStore, plan: Plan, cache_state: str)
         output=None if config.dry_run else str(config.output),
         warnings=warnings,
         lost=lost,
+        encoder=dict(meta.encoder) if meta.encoder is not None else None,
     )
 
 
