@@ -92,7 +92,7 @@ class FastEncoder:
     @classmethod
     def load(cls, backend_json: str, reference: ReferenceEncoder) -> FastEncoder:
         """Load ``fastokens`` on the tokenizer's JSON; raises ``FastUnavailable`` saying why it cannot."""
-        why = offsets_trimmed(backend_json)
+        why = offsets_trimmed(reference.backend)
         if why is not None:
             raise FastUnavailable(why)
         try:
@@ -193,12 +193,8 @@ def choose(backend: Any, backend_json: str, mode: str = "auto") -> Choice:
         return Choice(reference, f"{ENCODER_ENV}={REFERENCE}" if mode != REFERENCE else None)
     if mode == REFERENCE:
         return Choice(reference, None)
-    try:
-        fast = FastEncoder.load(backend_json, reference)
-        why = fast.probe(reference)
-    except FastUnavailable as exc:
-        why = str(exc)
-    if why is None:
+    fast, why = _fast_for(backend_json, reference)
+    if fast is not None and why is None:
         return Choice(fast, None)
     if mode == "fast":
         raise TokenizerError(
@@ -206,6 +202,31 @@ def choose(backend: Any, backend_json: str, mode: str = "auto") -> Choice:
             hint=["pass ", Opt("encoder", "auto"), " to encode with tokenizers"],
         )
     return Choice(reference, why)
+
+
+# The fast encoders loaded in this process, with their probe's verdict, by the tokenizer's JSON: loading
+# one takes seconds, and a process that packs many times (the library, the tests) loads each tokenizer once.
+_LOADED: dict[str, tuple[FastEncoder | None, str | None]] = {}
+_LOADED_MAX = 4
+
+
+def _fast_for(backend_json: str, reference: ReferenceEncoder) -> tuple[FastEncoder | None, str | None]:
+    """Return the fast encoder for a tokenizer (None where it cannot load) and why it is not exact (None)."""
+    known = _LOADED.get(backend_json)
+    if known is None:
+        try:
+            fast = FastEncoder.load(backend_json, reference)
+            known = (fast, fast.probe(reference))
+        except FastUnavailable as exc:
+            known = (None, str(exc))
+        while len(_LOADED) >= _LOADED_MAX:
+            del _LOADED[next(iter(_LOADED))]
+        _LOADED[backend_json] = known
+    loaded, why = known
+    if loaded is None:
+        return None, why
+    # The same native encoder; this run's reference and counts.
+    return FastEncoder(loaded.native, reference, loaded.adds_tokens), why
 
 
 def piece_cuts(text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[bool]]:
@@ -223,17 +244,20 @@ def piece_cuts(text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list
     return bounds, trained
 
 
-def offsets_trimmed(backend_json: str) -> str | None:
+def offsets_trimmed(backend: Any) -> str | None:
     """Return why masks need the reference's offsets: a post-processor that trims them; None otherwise.
 
     A trimmed offset leaves a whitespace token covering no character, which the offset rule never trains,
     while its piece may be trained.
     """
+    post = backend.post_processor
+    if post is None:
+        return None
     try:
-        post = json.loads(backend_json).get("post_processor")
-    except ValueError:
-        return "the tokenizer's JSON does not parse"
-    if _has_true(post, "trim_offsets"):
+        spec = json.loads(post.__getstate__())
+    except (AttributeError, TypeError, ValueError):
+        return "the tokenizer's post-processor cannot be read"
+    if _has_true(spec, "trim_offsets"):
         return "the tokenizer's post-processor trims offsets, which label masks follow"
     return None
 
