@@ -58,6 +58,7 @@ SLOW_TESTS: dict[str, set[str]] = {
         "test_a_probe_difference_falls_back_and_packs_the_same",
         "test_records_whose_pieces_differ_take_the_reference_path",
         "test_the_environment_forces_tokenizers_and_the_cache_key_ignores_the_encoder",
+        "test_verify_reencode_finds_labels_tokenizers_would_not_give",
     },
     "test_cache": {
         "test_the_reader_and_the_order_of_inputs_stay_in_the_key",

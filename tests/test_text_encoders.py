@@ -8,6 +8,7 @@ trims offsets, a probe that finds a difference, and records whose pieces do not 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -176,3 +177,38 @@ def test_the_environment_forces_tokenizers_and_the_cache_key_ignores_the_encoder
     third = _summary(pack(chat_jsonl, "-o", tmp_path / "c", "--no-cache", "--json", "--quiet"))
     assert third["encoder"] == {"name": "tokenizers", "fallback": f"{ENCODER_ENV}=tokenizers", "records_slow": 0}
     assert _shards(tmp_path / "a") == _shards(tmp_path / "c")
+
+
+def test_verify_reencode_finds_labels_tokenizers_would_not_give(
+    tmp_path: Path, pack: Any, chat_jsonl: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from packcli.cli import app
+
+    pack(chat_jsonl, "-o", tmp_path / "good", "--no-cache", "--quiet", "--max-len", "512")
+    result = CliRunner().invoke(app, ["verify", str(tmp_path / "good"), "--reencode", "3"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.splitlines()[-1].startswith("re-encoded 3 rows (")
+    # A fast encoder whose masks are one token late, with the probe that would have caught it skipped:
+    # the output is whole (checksums, counts, row contract) and only re-encoding finds it.
+    real = FastEncoder.pieces_or_none
+
+    def late(self: FastEncoder, items: list[Any]) -> list[Any]:
+        return [None if m is None else (m[0], np.roll(m[1], 1)) for m in real(self, items)]
+
+    monkeypatch.setattr(text_encoders, "_LOADED", {})
+    monkeypatch.setattr(FastEncoder, "probe", lambda self, reference: None)
+    monkeypatch.setattr(FastEncoder, "pieces_or_none", late)
+    pack(chat_jsonl, "-o", tmp_path / "bad", "--no-cache", "--quiet", "--max-len", "512")
+    assert CliRunner().invoke(app, ["verify", str(tmp_path / "bad")]).exit_code == 0
+    result = CliRunner().invoke(app, ["verify", str(tmp_path / "bad"), "--reencode", "3"])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    for line in lines[:-1]:
+        assert re.fullmatch(
+            r"shard-00000-of-00001\.parquet: row \d+: sample \d+ \(piece 0\) differs from its "
+            r"encoding by tokenizers",
+            line,
+        ), line
+    assert lines[-1] == f"{len(lines) - 1} problems in {tmp_path / 'bad'}"

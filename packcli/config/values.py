@@ -141,6 +141,7 @@ RANGES: dict[str, tuple[float, float | None]] = {
     "row": (0, None),
     "sample_index": (0, None),
     "max_tokens": (1, None),
+    "reencode": (0, None),
 }
 # Options that name a path, a tokenizer, a split or an address: an empty string names nothing.
 NOT_EMPTY = (
@@ -160,6 +161,7 @@ CALL_OPTIONS: dict[str, str] = {
     "row": "int | None",
     "sample_index": "int | None",
     "max_tokens": "int | None",
+    "reencode": "int",
 }
 
 # What --processor refuses, by (option, value, in words): images are not packed with them yet.
