@@ -79,6 +79,7 @@ def run_pack(root: Path, data: Path, out: Path, max_len: int, num_proc: int) -> 
     """One ``packcli pack`` of ``root``'s packcli in a new process: seconds, CPU seconds, peak RSS (MB)."""
     argv = ["/usr/bin/time", "-v", sys.executable, "-m", "packcli", "pack", str(data), "--no-cache"]
     argv += ["--max-len", str(max_len), "--num-proc", str(num_proc), "-o", str(out), "--overwrite", "--quiet"]
+    argv += ["--json"]
     env = {**os.environ, "PYTHONPATH": str(root)}
     started = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=out.parent)
@@ -88,7 +89,9 @@ def run_pack(root: Path, data: Path, out: Path, max_len: int, num_proc: int) -> 
     user = re.search(r"User time \(seconds\): ([\d.]+)", proc.stderr)
     system = re.search(r"System time \(seconds\): ([\d.]+)", proc.stderr)
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)
+    summary = json.loads(proc.stdout)
     return {
+        "stage_seconds": summary.get("stage_seconds") or {},
         "seconds": round(seconds, 2),
         "cpu_seconds": round(float(user.group(1)) + float(system.group(1)), 2) if user and system else None,
         "peak_rss_mb": round(int(rss.group(1)) / 1024, 1) if rss else None,
@@ -144,6 +147,23 @@ def compare(name: str, data: Path, roots: dict[str, Path], args: argparse.Namesp
     }
 
 
+def print_stages(result: dict[str, Any]) -> None:
+    """The summary's stage_seconds, median over the rounds, release against tree, for one corpus."""
+    stages: list[str] = []
+    for r in result["rounds"]:
+        for who in ("release", "tree"):
+            stages += [s for s in r[who]["stage_seconds"] if s not in stages]
+    print(f"\nstage_seconds, {result['corpus']} ({result['records']:,} records), median of the rounds")
+    print("| stage | release | tree |")
+    print("|---|---|---|")
+    for stage in stages:
+        cells = []
+        for who in ("release", "tree"):
+            values = [r[who]["stage_seconds"][stage] for r in result["rounds"] if stage in r[who]["stage_seconds"]]
+            cells.append(f"{statistics.median(values):.2f}" if values else "-")
+        print(f"| {stage} | {cells[0]} | {cells[1]} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tag", help="the release to compare with (default: the newest vX.Y.Z tag)")
@@ -173,6 +193,8 @@ def main(argv: list[str] | None = None) -> None:
             f"({res['ratio_min']:.2f}-{res['ratio_max']:.2f}) | {spm['release']:,} -> {spm['tree']:,} | "
             f"{rss['release']} -> {rss['tree']} | {'yes' if res['shards_identical'] else 'NO'} |"
         )
+    for res in results:
+        print_stages(res)
     if args.json:
         args.json.write_text(json.dumps({"tag": tag, "results": results}, indent=1))
 
