@@ -204,9 +204,10 @@ def choose(backend: Any, backend_json: str, mode: str = "auto") -> Choice:
     return Choice(reference, why)
 
 
-# The fast encoders loaded in this process, with their probe's verdict, by the tokenizer's JSON: loading
-# one takes seconds, and a process that packs many times (the library, the tests) loads each tokenizer once.
-_LOADED: dict[str, tuple[FastEncoder | None, str | None]] = {}
+# The fast encoders loaded in this process (native, adds_tokens), with their probe's verdict, by the
+# tokenizer's JSON: loading one takes seconds, and a process that packs many times (the library, the
+# tests) loads each tokenizer once. The reference encoder a run passes is not kept.
+_LOADED: dict[str, tuple[tuple[Any, bool] | None, str | None]] = {}
 _LOADED_MAX = 4
 
 
@@ -216,7 +217,7 @@ def _fast_for(backend_json: str, reference: ReferenceEncoder) -> tuple[FastEncod
     if known is None:
         try:
             fast = FastEncoder.load(backend_json, reference)
-            known = (fast, fast.probe(reference))
+            known = ((fast.native, fast.adds_tokens), fast.probe(reference))
         except FastUnavailable as exc:
             known = (None, str(exc))
         while len(_LOADED) >= _LOADED_MAX:
@@ -226,7 +227,7 @@ def _fast_for(backend_json: str, reference: ReferenceEncoder) -> tuple[FastEncod
     if loaded is None:
         return None, why
     # The same native encoder; this run's reference and counts.
-    return FastEncoder(loaded.native, reference, loaded.adds_tokens), why
+    return FastEncoder(loaded[0], reference, loaded[1]), why
 
 
 def piece_cuts(text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[bool]]:
