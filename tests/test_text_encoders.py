@@ -24,7 +24,7 @@ from packcli.tokenize.tokenizer import default_tokenizer_dir
 
 from .conftest import make_conversations, write_jsonl
 
-MARK = "ZQXMARK"  # an answer that starts with it is made to encode differently as a piece (see below)
+MARK = "ZQXMARK"  # a text holding it is made to encode differently by the fast encoder (see below)
 
 
 def _shards(out: Path) -> dict[str, bytes]:
@@ -63,10 +63,24 @@ def test_piece_cuts_part_a_text_at_every_span_end() -> None:
     assert piece_cuts("", [(0, 0)]) == ([0, 0], [])
 
 
-def test_fast_ids_and_masks_equal_the_reference_on_every_kind(model_tokenizer: tuple[str, Any]) -> None:
-    fast = Encoder(model_tokenizer[0], None, EncodeOptions())
-    reference = Encoder(model_tokenizer[0], None, EncodeOptions(), encoder="tokenizers")
+def _masks_by(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make fast encoders loaded from here on make masks by ``method``: bytes (the default) or pieces."""
+    monkeypatch.setattr(text_encoders, "_LOADED", {})
+    if method == "pieces":
+        monkeypatch.setattr(text_encoders, "token_byte_lengths", lambda backend: None)
+
+
+@pytest.mark.parametrize("method", ["bytes", "pieces"])
+@pytest.mark.parametrize("template", [None, "chatml"])
+def test_fast_ids_and_masks_equal_the_reference_on_every_kind(
+    method: str, template: str | None, model_tokenizer: tuple[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # chatml's markers are not tokens of this tokenizer: BPE merges across the answers' ends.
+    _masks_by(method, monkeypatch)
+    fast = Encoder(model_tokenizer[0], template, EncodeOptions())
+    reference = Encoder(model_tokenizer[0], template, EncodeOptions(), encoder="tokenizers")
     assert (fast.text.name, reference.text.name) == ("fastokens", "tokenizers")
+    assert (getattr(fast.text, "byte_lengths", None) is not None) == (method == "bytes")
     samples = [Sample("chat", messages=m) for m in make_conversations(80, seed=3, max_turns=4)]
     samples += [Sample("prompt_completion", prompt="Q: 12+30?\n", completion=" A: 42 😀\n\n")]
     samples += [Sample("text", text="  a text sample, trained whole 中文 \n")]
@@ -74,7 +88,8 @@ def test_fast_ids_and_masks_equal_the_reference_on_every_kind(model_tokenizer: t
     for a, b in zip(got, want, strict=True):
         assert isinstance(a, tuple) and isinstance(b, tuple), (a, b)
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
-    assert fast.text.slow_records == 0
+    if method == "bytes" or template is None:
+        assert fast.text.slow_records == 0
 
 
 def test_a_tokenizer_fastokens_cannot_load_packs_with_tokenizers(tmp_path: Path, pack: Any) -> None:
@@ -139,16 +154,19 @@ def test_a_probe_difference_falls_back_and_packs_the_same(
         Encoder(None, None, EncodeOptions(), encoder="fast")
 
 
-def test_records_whose_pieces_differ_take_the_reference_path(
-    tmp_path: Path, pack: Any, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("method", ["bytes", "pieces"])
+def test_records_the_fast_path_cannot_vouch_for_take_the_reference_path(
+    method: str, tmp_path: Path, pack: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    _masks_by(method, monkeypatch)
     real = FastEncoder.encode_flat
 
     def piece_differs(self: FastEncoder, texts: list[str], add_special: bool) -> tuple[np.ndarray, np.ndarray]:
-        # A text that starts with MARK (only ever a piece: an answer's text) gets one more token.
+        # A text with MARK (a whole conversation, or its answer's piece) gets one more token: its ids no
+        # longer add up to its bytes, and its pieces no longer to the whole.
         ids, starts = real(self, texts, add_special)
         parts = [ids[starts[k] : starts[k + 1]] for k in range(len(texts))]
-        parts = [np.append(p, p[:1]) if t.startswith(MARK) else p for p, t in zip(parts, texts, strict=True)]
+        parts = [np.append(p, p[:1]) if MARK in t else p for p, t in zip(parts, texts, strict=True)]
         lengths = np.array([0] + [len(p) for p in parts], dtype=np.int64)
         return (np.concatenate(parts) if parts else ids), np.cumsum(lengths)
 
@@ -192,14 +210,14 @@ def test_verify_reencode_finds_labels_tokenizers_would_not_give(
     assert result.stdout.splitlines()[-1].startswith("re-encoded 3 rows (")
     # A fast encoder whose masks are one token late, with the probe that would have caught it skipped:
     # the output is whole (checksums, counts, row contract) and only re-encoding finds it.
-    real = FastEncoder.pieces_or_none
+    real = FastEncoder.masked_or_none
 
     def late(self: FastEncoder, items: list[Any]) -> list[Any]:
         return [None if m is None else (m[0], np.roll(m[1], 1)) for m in real(self, items)]
 
     monkeypatch.setattr(text_encoders, "_LOADED", {})
     monkeypatch.setattr(FastEncoder, "probe", lambda self, reference: None)
-    monkeypatch.setattr(FastEncoder, "pieces_or_none", late)
+    monkeypatch.setattr(FastEncoder, "masked_or_none", late)
     pack(chat_jsonl, "-o", tmp_path / "bad", "--no-cache", "--quiet", "--max-len", "512")
     assert CliRunner().invoke(app, ["verify", str(tmp_path / "bad")]).exit_code == 0
     result = CliRunner().invoke(app, ["verify", str(tmp_path / "bad"), "--reencode", "3"])

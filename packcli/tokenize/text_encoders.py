@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from packcli.errors import Opt, TokenizerError, first_line
+from packcli.tokenize.byte_offsets import byte_level_mask, token_byte_lengths
 
 ENCODER_ENV = "PACKCLI_ENCODER"
 REFERENCE = "tokenizers"
@@ -82,11 +83,16 @@ class FastEncoder:
 
     name = FAST
 
-    def __init__(self, native: Any, reference: ReferenceEncoder, adds_tokens: bool) -> None:
+    def __init__(
+        self, native: Any, reference: ReferenceEncoder, adds_tokens: bool, byte_lengths: np.ndarray | None = None
+    ) -> None:
         self.native = native
         self.reference = reference
         # Whether add_special_tokens puts tokens around a text (a BOS...): such texts' masks are the reference's.
         self.adds_tokens = adds_tokens
+        # Each id's byte length, for a plain byte-level BPE tokenizer (packcli.tokenize.byte_offsets): masks
+        # from the ids alone. None: masks from the pieces between span boundaries.
+        self.byte_lengths = byte_lengths
         self.slow_records = 0
 
     @classmethod
@@ -105,7 +111,7 @@ class FastEncoder:
             raise FastUnavailable(f"fastokens cannot load the tokenizer ({first_line(exc)})") from exc
         sample = "a b"
         adds = list(native.encode(sample, add_special_tokens=True).ids) != list(native.encode(sample).ids)
-        return cls(native, reference, adds)
+        return cls(native, reference, adds, token_byte_lengths(reference.backend))
 
     def encode_flat(self, texts: list[str], add_special: bool) -> tuple[np.ndarray, np.ndarray]:
         ids, starts = self.native.encode_batch_flat(texts, add_special_tokens=add_special)
@@ -117,13 +123,28 @@ class FastEncoder:
     def encode_pieces(self, items: list[Item], add_special: bool) -> list[Masked]:
         if add_special and self.adds_tokens:
             return self.reference.encode_pieces(items, add_special)
-        made = self.pieces_or_none(items)
+        made = self.masked_or_none(items)
         slow = [k for k, pair in enumerate(made) if pair is None]
         if slow:
             self.slow_records += len(slow)
             for k, pair in zip(slow, self.reference.encode_pieces([items[k] for k in slow], add_special), strict=True):
                 made[k] = pair
         return made  # type: ignore[return-value]
+
+    def masked_or_none(self, items: list[Item]) -> list[Masked | None]:
+        """Return each text's ids and mask, or None where this encoder cannot vouch for its mask.
+
+        From the ids' byte lengths for a plain byte-level BPE tokenizer, else from the pieces.
+        """
+        if self.byte_lengths is None:
+            return self.pieces_or_none(items)
+        ids, starts = self.encode_flat([text for text, _ in items], False)
+        out: list[Masked | None] = []
+        for k, (text, spans) in enumerate(items):
+            whole = ids[starts[k] : starts[k + 1]]
+            mask = byte_level_mask(whole, text, spans, self.byte_lengths)
+            out.append(None if mask is None else (whole, mask))
+        return out
 
     def pieces_or_none(self, items: list[Item]) -> list[Masked | None]:
         """Return each text's ids and mask from its pieces, or None where the pieces differ from the whole.
@@ -207,7 +228,7 @@ def choose(backend: Any, backend_json: str, mode: str = "auto") -> Choice:
 # The fast encoders loaded in this process (native, adds_tokens), with their probe's verdict, by the
 # tokenizer's JSON: loading one takes seconds, and a process that packs many times (the library, the
 # tests) loads each tokenizer once. The reference encoder a run passes is not kept.
-_LOADED: dict[str, tuple[tuple[Any, bool] | None, str | None]] = {}
+_LOADED: dict[str, tuple[tuple[Any, bool, np.ndarray | None] | None, str | None]] = {}
 _LOADED_MAX = 4
 
 
@@ -217,7 +238,7 @@ def _fast_for(backend_json: str, reference: ReferenceEncoder) -> tuple[FastEncod
     if known is None:
         try:
             fast = FastEncoder.load(backend_json, reference)
-            known = ((fast.native, fast.adds_tokens), fast.probe(reference))
+            known = ((fast.native, fast.adds_tokens, fast.byte_lengths), fast.probe(reference))
         except FastUnavailable as exc:
             known = (None, str(exc))
         while len(_LOADED) >= _LOADED_MAX:
@@ -227,7 +248,7 @@ def _fast_for(backend_json: str, reference: ReferenceEncoder) -> tuple[FastEncod
     if loaded is None:
         return None, why
     # The same native encoder; this run's reference and counts.
-    return FastEncoder(loaded[0], reference, loaded[1]), why
+    return FastEncoder(loaded[0], reference, loaded[1], loaded[2]), why
 
 
 def piece_cuts(text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[bool]]:
