@@ -67,7 +67,7 @@ def _masks_by(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Make fast encoders loaded from here on make masks by ``method``: bytes (the default) or pieces."""
     monkeypatch.setattr(text_encoders, "_LOADED", {})
     if method == "pieces":
-        monkeypatch.setattr(text_encoders, "token_byte_lengths", lambda backend: None)
+        monkeypatch.setattr(text_encoders, "token_byte_lengths", lambda backend_json: None)
 
 
 @pytest.mark.parametrize("method", ["bytes", "pieces"])

@@ -13,7 +13,6 @@ beside it, say) is left to the reference encoder.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import numpy as np
 
@@ -24,13 +23,14 @@ _BYTE_CHARS = frozenset(
 )
 
 
-def token_byte_lengths(backend: Any) -> np.ndarray | None:
-    """Return each id's byte length (int64), or None where the tokenizer is not plain byte-level BPE.
+def token_byte_lengths(backend_json: str) -> np.ndarray | None:
+    """Return each id's byte length (int64), or None where the tokenizer (its ``tokenizer.json`` text) is
+    not plain byte-level BPE.
 
     Plain: no normalizer (or an empty sequence), a ByteLevel pre-tokenizer that adds no prefix space, a
     BPE model whose vocabulary is all byte-level strings.
     """
-    spec = json.loads(backend.to_str())
+    spec = json.loads(backend_json)
     normalizer = spec.get("normalizer")
     if normalizer is not None and not (normalizer.get("type") == "Sequence" and not normalizer.get("normalizers")):
         return None

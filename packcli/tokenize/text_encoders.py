@@ -112,7 +112,7 @@ class FastEncoder:
             raise FastUnavailable(f"fastokens cannot load the tokenizer ({first_line(exc)})") from exc
         sample = "a b"
         adds = list(native.encode(sample, add_special_tokens=True).ids) != list(native.encode(sample).ids)
-        return cls(native, reference, adds, token_byte_lengths(reference.backend))
+        return cls(native, reference, adds, token_byte_lengths(backend_json))
 
     def encode_flat(self, texts: list[str], add_special: bool) -> tuple[np.ndarray, np.ndarray]:
         ids, starts = self.native.encode_batch_flat(texts, add_special_tokens=add_special)
