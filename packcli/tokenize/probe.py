@@ -10,12 +10,13 @@ surrogate) is no difference; one only one of them refuses is.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from packcli.tokenize.text_encoders import FastEncoder, Item, TextEncoder
+# (text, trained character spans), as packcli.tokenize.text_encoders.Item; the encoders are that
+# module's (typed Any here: it imports this one).
+Item = tuple[str, list[tuple[int, int]]]
 
 # Texts of the kinds BPE encoders disagree on (the added tokens are added by ``probe_texts``).
 EDGE_TEXTS = (
@@ -95,7 +96,7 @@ def conversations(added: list[str]) -> list[Item]:
     return out
 
 
-def _ids_or_error(encoder: TextEncoder, texts: list[str], add_special: bool) -> list[Any]:
+def _ids_or_error(encoder: Any, texts: list[str], add_special: bool) -> list[Any]:
     """Each text's ids as a tuple, or the kind of error its encoding raised (texts encoded one by one
     where the batch raises, so that one refused text does not hide the others)."""
     try:
@@ -112,7 +113,7 @@ def _ids_or_error(encoder: TextEncoder, texts: list[str], add_special: bool) -> 
         return out
 
 
-def probe_differences(fast: FastEncoder, reference: TextEncoder) -> str | None:
+def probe_differences(fast: Any, reference: Any) -> str | None:
     """Return the first way ``fast`` differs from ``reference`` on the probe (None: on none of it)."""
     added = sorted(_added_tokens(fast))
     surrogates = [json.loads(s) for s in SURROGATE_JSON]
@@ -137,7 +138,7 @@ def probe_differences(fast: FastEncoder, reference: TextEncoder) -> str | None:
     return None
 
 
-def _added_tokens(fast: FastEncoder) -> set[str]:
+def _added_tokens(fast: Any) -> set[str]:
     """The added vocabulary's contents (special or not), as the reference backend lists them."""
     decoder = fast.reference.backend.get_added_tokens_decoder()
     return {token.content for token in decoder.values() if token.content}
