@@ -242,6 +242,8 @@ class RunSummary:
     shards: int | None = None  # absent from a dry run's summary
     skipped_dirs: list[str] | None = None
     cache_pruned: CachePruned | None = None
+    # The text encoder that made the tokens: name, fallback (why not the fast one), records_slow.
+    encoder: dict[str, Any] | None = None
     seconds: Seconds | None = None
     stage_seconds: StageSeconds | None = None
     tokens_per_second: int | None = None
@@ -361,6 +363,7 @@ class Manifest:
     prefix_trees: bool | None = None  # true when the rows hold prefix trees (contract.PREFIX_TREES)
     index_files: list[str] | None = None  # files a format keeps beside its shards (MDS's index.json)
     rejects_file: str | None = None  # the rejects file, when written inside the output
+    encoder: dict[str, Any] | None = None  # the text encoder that made the tokens: as in the summary
 
     def to_dict(self) -> dict[str, Any]:
         return _to_dict(self)
@@ -414,6 +417,7 @@ class StoreMeta:
     ruled_out_over_bytes: int | None = None
     ruled_out_max_len: int | None = None
     segment_root: str | None = None
+    encoder: dict[str, Any] | None = None  # name, fallback, records_slow (packcli.tokenize.text_encoders)
     original_paths: list[str] | None = None  # in memory only (see above)
 
     def to_dict(self) -> dict[str, Any]:

@@ -65,6 +65,16 @@ SLOW_TESTS: dict[str, set[str]] = {
         "test_errors_carry_the_option_and_hint_each_client_names_its_way",
     },
     "test_encode_service": {"test_the_main_process_encoding_writes_the_same_bytes[drop]"},
+    # Each loads a tokenizer into fastokens (about 1.5 CPU seconds) or packs twice.
+    "test_text_encoders": {
+        "test_the_test_tokenizers_encode_with_fastokens",
+        "test_fast_ids_and_masks_equal_the_reference_on_every_kind",
+        "test_a_post_processor_that_trims_offsets_falls_back",
+        "test_a_probe_difference_falls_back_and_packs_the_same",
+        "test_records_the_fast_path_cannot_vouch_for_take_the_reference_path",
+        "test_the_environment_forces_tokenizers_and_the_cache_key_ignores_the_encoder",
+        "test_verify_reencode_finds_labels_tokenizers_would_not_give",
+    },
     "test_cache": {
         "test_the_reader_and_the_order_of_inputs_stay_in_the_key",
         "test_a_template_file_never_shares_the_key_of_no_template",

@@ -67,6 +67,7 @@ WRONG: dict[str, tuple[Any, Any]] = {
     "fix_turns_log": (3, ""),
     "dry_run": ("false", None),
     "engine": (None, "spark"),
+    "encoder": (1, "tiktoken"),
     "ray_address": (3, ""),
     "template_kwargs": ([1], {"continue_final_message": True}),
     "mix": ("d.jsonl=0.5", ("d.jsonl=half",)),

@@ -37,6 +37,7 @@ from packcli.api.terms import api_terms, library_terms
 from packcli.config import (
     Algorithm,
     Dedup,
+    EncoderMode,
     EngineName,
     ExpandTurns,
     LossWeighting,
@@ -223,6 +224,7 @@ def pack(
     dry_run: bool = False,
     engine: EngineName = "local",
     ray_address: str | None = None,
+    encoder: EncoderMode = "auto",
     template_kwargs: Mapping[str, Any] | None = None,
     processor: PathArg | None = None,
     embed_images: bool = False,
@@ -314,16 +316,18 @@ def stats(
     return result
 
 
-def verify(directory: str | os.PathLike[str]) -> VerifyReport:
+def verify(directory: str | os.PathLike[str], *, reencode: int = 0) -> VerifyReport:
     """Check a packed output against its manifest and the output contract; return the report.
 
-    The report's ``problems`` is empty when everything holds (``report.ok``).
+    The report's ``problems`` is empty when everything holds (``report.ok``). ``reencode=N`` also
+    encodes N rows again from the inputs with ``tokenizers`` and compares (``report.reencoded``).
     """
     from packcli.report.verify import verify_output
 
     check_directory(directory)
+    check_call_options(reencode=reencode)
     with library_terms():
-        return verify_output(Path(directory))
+        return verify_output(Path(directory), reencode=reencode)
 
 
 def inspect_row(

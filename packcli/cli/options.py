@@ -316,6 +316,7 @@ PACK_PANELS: dict[str, tuple[str, str | None]] = {
     "cache_max_size": (RUN, "SIZE"),
     "engine": (RUN, choices("engine")),
     "ray_address": (RUN, "ADDRESS"),
+    "encoder": (RUN, choices("encoder")),
 }
 
 

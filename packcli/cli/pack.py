@@ -211,6 +211,14 @@ def pack(
     ray_address: Annotated[
         str | None, typer.Option("--ray-address", help="Ray cluster to connect to.", show_default="start a local one")
     ] = None,
+    encoder: Annotated[
+        str,
+        typer.Option(
+            help="Text encoder: auto (fastokens where a probe finds it exact, else tokenizers), tokenizers, "
+            "or fast (fastokens, or an error saying why not); the tokens are the same. "
+            "PACKCLI_ENCODER=tokenizers forces tokenizers."
+        ),
+    ] = "auto",
     json_out: JsonFlag = False,
     quiet: QuietFlag = False,
 ) -> None:

@@ -128,6 +128,16 @@ TEMPLATE_SOURCES = {
 }
 
 
+def encoder_line(encoder: dict[str, Any]) -> str:
+    """The text encoder that made the tokens, why it is not the fast one, and the records it left to tokenizers."""
+    line = str(encoder.get("name"))
+    if encoder.get("fallback"):
+        line += f" (fastokens not used: {encoder['fallback']})"
+    if encoder.get("records_slow"):
+        line += f"; {encoder['records_slow']:,} records' masks made by tokenizers"
+    return line
+
+
 def print_pack_summary(summary: RunSummary) -> None:
     """Render the pack summary as a table on stderr."""
     table = Table(title="packcli pack", show_header=False, title_justify="left")
@@ -136,6 +146,8 @@ def print_pack_summary(summary: RunSummary) -> None:
     table.add_row("tokenizer", summary.tokenizer)
     table.add_row("template", f"{summary.template} ({TEMPLATE_SOURCES[summary.template_source]})")
     table.add_row("task", summary.task)
+    if summary.encoder is not None:
+        table.add_row("encoder", encoder_line(summary.encoder))
     table.add_row("records read", _fmt(summary.records_read))
     table.add_row("packed", _fmt(summary.packed))
     for reason, count in summary.dropped.items():

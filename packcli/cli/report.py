@@ -273,8 +273,29 @@ def inspect(
 # -- verify ----------------------------------------------------------------------------------------
 
 
+def reencoded_line(reencoded: dict[str, Any]) -> str:
+    """What ``--reencode`` compared, or why it could not."""
+    if reencoded.get("skipped"):
+        return f"not re-encoded: {reencoded['skipped']}"
+    rows, samples = reencoded["rows"], reencoded["samples"]
+    return (
+        f"re-encoded {rows:,} row{'s' if rows != 1 else ''} ({samples:,} sample{'s' if samples != 1 else ''}) "
+        "with tokenizers: the same"
+    )
+
+
 def verify(
     out_dir: Annotated[Path, typer.Argument(help="A packed output directory.")],
+    reencode: Annotated[
+        int,
+        typer.Option(
+            "--reencode",
+            metavar="N",
+            min=0,
+            help="Also encode N rows again from the inputs with tokenizers (whichever encoder made them) "
+            "and compare ids and labels.",
+        ),
+    ] = 0,
     json_out: JsonFlag = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
@@ -285,7 +306,7 @@ def verify(
     from packcli.report.verify import verify_output
 
     with console.progress_bars(enabled=not (quiet or json_out)) as progress:
-        report = verify_output(out_dir, progress)
+        report = verify_output(out_dir, progress, reencode)
     for problem in report.problems:
         typer.echo(str(problem), err=True)
     if json_out:
@@ -302,6 +323,8 @@ def verify(
             f"{report.sample_tokens:,} tokens{padded}, {report.samples:,} samples{of_records}{images}; "
             "checksums, counts and the row contract hold" + (" with their images" if images else "")
         )
+        if report.reencoded is not None:
+            typer.echo(reencoded_line(report.reencoded))
     if not report.ok:
         n = len(report.problems)
         typer.echo(f"{n} problem{'s' if n != 1 else ''} in {out_dir}", err=True)

@@ -19,6 +19,7 @@ from packcli.config.choices import (
     CHOICES as CHOICES,
     Algorithm as Algorithm,
     Dedup as Dedup,
+    EncoderMode as EncoderMode,
     EngineName as EngineName,
     ExpandTurns as ExpandTurns,
     LossWeighting as LossWeighting,
@@ -114,6 +115,7 @@ class PackConfig:
     dry_run: bool = False
     engine: EngineName = "local"
     ray_address: str | None = None
+    encoder: EncoderMode = "auto"  # the text encoder (packcli.tokenize.text_encoders); tokens are the same
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     # --mix (packcli.plan.mix): PATH=SHARE or PATH=Nx per source; the inputs are their paths
     mix: tuple[str, ...] = ()
@@ -391,7 +393,7 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
         "loss_weighting",
         "embed_images",
     ),
-    "run": ("num_proc", "cache", "cache_dir", "cache_max_size", "engine", "ray_address"),
+    "run": ("num_proc", "cache", "cache_dir", "cache_max_size", "engine", "ray_address", "encoder"),
 }
 
 

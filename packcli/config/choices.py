@@ -23,6 +23,8 @@ EngineName = Literal["local", "ray"]
 LossWeighting = Literal["token", "sample", "sqrt"]
 MixBy = Literal["tokens", "trainable", "records"]  # --mix: what a share is a share of
 Dedup = Literal["off", "exact"]  # --dedup exact: records whose normalised content repeats are dropped
+# --encoder: the fast exact encoder where it is exact (auto), the reference only, or the fast one or an error
+EncoderMode = Literal["auto", "tokenizers", "fast"]
 ExpandTurns = Literal["off", "reasoning", "all"]  # --expand-turns: one sample per round (packcli.tokenize.rounds)
 
 CHOICE_TYPES: dict[str, Any] = {
@@ -40,6 +42,7 @@ CHOICE_TYPES: dict[str, Any] = {
     "loss_weighting": LossWeighting,
     "mix_by": MixBy,
     "dedup": Dedup,
+    "encoder": EncoderMode,
     "expand_turns": ExpandTurns,
 }
 CHOICES: dict[str, tuple[str, ...]] = {name: get_args(kind) for name, kind in CHOICE_TYPES.items()}

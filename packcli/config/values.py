@@ -143,6 +143,7 @@ RANGES: dict[str, tuple[float, float | None]] = {
     "row": (0, None),
     "sample_index": (0, None),
     "max_tokens": (1, None),
+    "reencode": (0, None),
 }
 # Options that name a path, a tokenizer, a split or an address: an empty string names nothing.
 NOT_EMPTY = (
@@ -162,6 +163,7 @@ CALL_OPTIONS: dict[str, str] = {
     "row": "int | None",
     "sample_index": "int | None",
     "max_tokens": "int | None",
+    "reencode": "int",
 }
 
 # What --expand-turns cannot be used with: (option, value or "any" for any value given, why).

@@ -249,7 +249,7 @@ def _load_decoder(name: str | None, sha256: str | None) -> tuple[Any, bool]:
     from packcli.tokenize.encoder import EncodeOptions, Encoder
 
     try:
-        encoder = Encoder(name, None, EncodeOptions())
+        encoder = Encoder(name, None, EncodeOptions(), encoder="tokenizers")  # it only decodes
     except TokenizerError as exc:
         raise TokenizerError(f"{exc}; or pass --tokenizer to decode with another one") from exc
     return encoder.tokenizer, encoder.identity()["sha256"] == sha256

@@ -60,6 +60,7 @@ class VerifyReport:
     index_files: list[str] = field(default_factory=list)  # the format's files beside the shards, checked
     images: int | None = None  # the images the rows hold and were checked (None: a text output)
     problems: list[Problem] = field(default_factory=list)
+    reencoded: dict[str, Any] | None = None  # --reencode N: packcli.report.reencode.Reencoded
 
     @property
     def ok(self) -> bool:
@@ -79,14 +80,16 @@ class VerifyReport:
             "alignment_padding_tokens": self.alignment_padding_tokens,
             "index_files": list(self.index_files),
             **({"images": self.images} if self.images is not None else {}),
+            **({"reencoded": self.reencoded} if self.reencoded is not None else {}),
             "problems": [{"file": p.file, "message": p.message} for p in self.problems],
         }
 
 
-def verify_output(directory: Path, progress: Progress | None = None) -> VerifyReport:
+def verify_output(directory: Path, progress: Progress | None = None, reencode: int = 0) -> VerifyReport:
     """Check every shard of a packed output against its manifest and the contract; return the report.
 
-    Raises OutputError only when the manifest itself cannot be read.
+    ``reencode``: that many rows are also encoded again from the inputs by ``tokenizers`` and compared
+    (``packcli.report.reencode``). Raises OutputError only when the manifest itself cannot be read.
     """
     manifest = read_manifest(directory)
     report = VerifyReport(directory=str(directory))
@@ -175,6 +178,12 @@ def verify_output(directory: Path, progress: Progress | None = None) -> VerifyRe
                 Problem(MANIFEST, f"says the largest id is {manifest['max_token_id']}, the shards hold {largest}")
             )
     _check_index_files(directory, manifest, entries, expect.max_len, report, complete)
+    if reencode and complete and not report.problems:
+        from packcli.report.reencode import reencode_rows
+
+        again = reencode_rows(directory, manifest, reencode)
+        report.reencoded = again.to_dict()
+        report.problems += [Problem(file, what) for file, what in again.differ]
     return report
 
 

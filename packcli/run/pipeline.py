@@ -309,6 +309,7 @@ def _manifest(
         eval=summary.eval,
         index_files=index_files,
         rejects_file=rejects_file,
+        encoder=summary.encoder,
     )
 
 

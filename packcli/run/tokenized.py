@@ -214,7 +214,11 @@ def _tokenized(
         if store_needed:
             counting = ahead.submit(timed, lambda: [count_records(s) for s in sources]) if known is None else None
             encoder = Encoder(
-                config.tokenizer_name, config.chat_template, ingest.encode_options(config), config.processor
+                config.tokenizer_name,
+                config.chat_template,
+                ingest.encode_options(config),
+                config.processor,
+                encoder=config.encoder,
             )
             if counting is not None:
                 counting.result()
@@ -285,7 +289,11 @@ def _tokenized(
         else:
             if encoder is None:
                 encoder = Encoder(
-                    config.tokenizer_name, config.chat_template, ingest.encode_options(config), config.processor
+                    config.tokenizer_name,
+                    config.chat_template,
+                    ingest.encode_options(config),
+                    config.processor,
+                    encoder=config.encoder,
                 )
             if config.cache and fill_cache:
                 store_path = entry

@@ -3,8 +3,8 @@
 The default layout encodes in each worker process, one tokenizer thread each. In this one the workers
 still read, normalise, render and locate the trained character spans, then send each batch's texts
 and spans here; a thread of the main process encodes what every worker sent in one ``encode_batch``
-call on the tokenizer's pool and returns the ids and label masks, made by the same ``span_mask`` from
-the same encodings. The shards are the same byte for byte. Which layout is faster on a machine is
+call of the run's text encoder (``packcli.tokenize.text_encoders``) and returns the ids and label masks,
+made as the workers would make them. The shards are the same byte for byte. Which layout is faster on a machine is
 measured by ``benchmarks/bench_layout.py --end-to-end``.
 """
 
@@ -120,13 +120,11 @@ class EncodeService:
                             conn.send(f"{type(exc).__name__}: {exc}")
 
     def _answer(self, group: list[Any], add_special: bool) -> None:
-        from packcli.tokenize.encoder import ids_and_mask
-
-        texts = [text for _, _, items in group for text, _ in items]
-        done = iter(self.encoder.backend.encode_batch(texts, add_special_tokens=add_special))
+        every = [item for _, _, items in group for item in items]
+        done = iter(self.encoder.text.encode_pieces(every, add_special))
         replies = []  # all made before any is sent: a failure answers every worker of the group alike
         for conn, _, items in group:
-            made = [ids_and_mask(next(done), spans, len(text)) for text, spans in items]
+            made = [next(done) for _ in items]
             lengths = np.asarray([len(ids) for ids, _ in made], dtype=np.int64)
             flat_ids = np.concatenate([ids for ids, _ in made]) if made else np.zeros(0, np.int32)
             flat_mask = np.concatenate([mask for _, mask in made]) if made else np.zeros(0, bool)

@@ -24,12 +24,13 @@ import numpy as np
 from packcli.contract import IGNORE_INDEX, vocab_sha256
 from packcli.errors import RecordError
 from packcli.records.formats import Sample
-from packcli.tokenize import long_text
+from packcli.tokenize import long_text, text_encoders
 from packcli.tokenize.chat_template import ChatTemplate, Reasoning
 from packcli.tokenize.images import Encoded, expand_images, image_tokens_masked
 from packcli.tokenize.long_text import NO_AFFIXES, Affixes, Joined
 from packcli.tokenize.template_shape import TemplateShape
 from packcli.tokenize.templates import TemplateChoice, choose_template
+from packcli.tokenize.text_encoders import ids_and_mask, span_mask
 from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER, load_tokenizer, plain_backend, tokenizer_sha256
 
 
@@ -64,6 +65,7 @@ class Encoder:
         chat_template_file: str | None,
         options: EncodeOptions,
         processor: str | None = None,
+        encoder: str = "auto",
     ) -> None:
         self.tokenizer_name = tokenizer_name or DEFAULT_TOKENIZER
         # --processor DIR: its tokenizer (the run's tokenizer is DIR), its chat template, its image rule.
@@ -74,6 +76,9 @@ class Encoder:
             self.vision = load_processor(processor)
         self.tokenizer = load_tokenizer(tokenizer_name)
         self.backend, self.overrides = plain_backend(self.tokenizer.backend_tokenizer)
+        # The text encoder, chosen once (packcli.tokenize.text_encoders): the fast one where it is exact.
+        self.choice = text_encoders.choose(self.backend, self.backend_json, encoder)
+        self.text = self.choice.encoder
         self.options = options
         added = {t.content for t in self.tokenizer.added_tokens_decoder.values() if t.content}
         if self.vision is not None and chat_template_file is None and self.vision.chat_template:
@@ -215,9 +220,9 @@ class Encoder:
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         """Return (int32 ids, bool mask of the tokens overlapping the spans) for each (text, spans).
 
-        Texts certainly too long for a row are encoded by windows here; the others in one batch call,
-        in this process or, when the run set ``remote`` (packcli.tokenize.encode_service), in the
-        process that encodes for the workers.
+        Texts certainly too long for a row are encoded by windows here; the others in one batch call of
+        the run's text encoder (``self.text``), in this process or, when the run set ``remote``
+        (packcli.tokenize.encode_service), in the process that encodes for the workers.
         """
         out: list[Any] = [None] * len(items)
         whole: list[int] = []
@@ -232,8 +237,7 @@ class Encoder:
         if self.remote is not None:
             made = self.remote.encode([items[k] for k in whole], add_special)
         else:
-            done = self.backend.encode_batch([items[k][0] for k in whole], add_special_tokens=add_special)
-            made = [ids_and_mask(enc, items[k][1], len(items[k][0])) for k, enc in zip(whole, done, strict=True)]
+            made = self.text.encode_pieces([items[k] for k in whole], add_special)
         for k, pair in zip(whole, made, strict=True):
             out[k] = pair
         return out
@@ -311,41 +315,3 @@ def finish(ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if not np.any(labels != IGNORE_INDEX):
         raise RecordError("nothing_to_train", "no token of the sample is trained on (all labels are -100)")
     return ids, labels
-
-
-def ids_and_mask(enc: Any, spans: list[tuple[int, int]], n_chars: int) -> tuple[np.ndarray, np.ndarray]:
-    """Return an encoding's ids (int32) and the mask of its tokens that overlap ``spans``."""
-    ids = np.asarray(enc.ids, dtype=np.int32)
-    return ids, span_mask(enc, spans, len(ids), n_chars)
-
-
-def span_mask(enc: Any, spans: list[tuple[int, int]], n_tokens: int, n_chars: int) -> np.ndarray:
-    """Mark every token whose character span overlaps one of ``spans`` (the rule transformers uses).
-
-    Offsets are monotone, so the tokens overlapping [a, b) run from the first token containing
-    character a to the last token starting before b; two lookups a span instead of every offset.
-    """
-    mask = np.zeros(n_tokens, dtype=bool)
-    for a, b in spans:
-        if b <= a or n_tokens == 0:
-            continue
-        first = enc.char_to_token(a)
-        last = n_tokens - 1 if b >= n_chars else enc.char_to_token(b)
-        if first is None or last is None:
-            return _span_mask_offsets(enc, spans, n_tokens)
-        if b < n_chars and enc.token_to_chars(last)[0] >= b:
-            last -= 1
-        # A character split over several byte tokens: include all tokens that start before b.
-        while last + 1 < n_tokens and enc.token_to_chars(last + 1)[0] < b:
-            last += 1
-        if last >= first:
-            mask[first : last + 1] = True
-    return mask
-
-
-def _span_mask_offsets(enc: Any, spans: list[tuple[int, int]], n_tokens: int) -> np.ndarray:
-    offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(n_tokens, 2)
-    mask = np.zeros(n_tokens, dtype=bool)
-    for a, b in spans:
-        mask |= (offsets[:, 0] < b) & (offsets[:, 1] > a)
-    return mask

@@ -81,6 +81,8 @@ class TokenizedBatch:
     segment_files: dict[str, dict[str, Any]] = field(default_factory=dict)
     # A run with a processor: per kept sample, its images (packcli.tokenize.images); None without one.
     images: list[tuple[dict[str, Any], ...]] | None = None
+    # Records whose label masks the fast encoder left to the reference (packcli.tokenize.text_encoders).
+    slow_records: int = 0
 
 
 # What the workers tokenize with: set by use() in the parent before the pool forks (so workers start
@@ -124,6 +126,7 @@ def release() -> None:
 def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
     started, cpu_started = time.perf_counter(), time.process_time()
     encoder: Encoder = _CONTEXT["encoder"]
+    slow_before = encoder.text.slow_records
     fields: dict[str, str] = _CONTEXT["fields"]
     errors = {pos: (reason, detail) for pos, reason, detail in batch.errors}
     fix: bool = _CONTEXT.get("fix_turns", False)
@@ -283,6 +286,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         expanded=expanded,
         tokens_left_out=dict(left_out_tokens),
         images=kept_images if vision else None,
+        slow_records=encoder.text.slow_records - slow_before,
         content_keys=np.frombuffer(b"".join(content_keys), dtype="<u8").reshape(-1, 2).copy(),
         seconds={
             "decode": decoded - started,

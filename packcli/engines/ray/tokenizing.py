@@ -110,6 +110,7 @@ class TokenizerSettings:
     identity: dict[str, Any]  # the driver's tokenizer identity, which every actor's must equal
     batch_size: int
     long_text_bytes: int | None
+    encoder: str = "auto"  # --encoder (packcli.tokenize.text_encoders)
 
 
 class Tokenizer:
@@ -125,7 +126,7 @@ class Tokenizer:
                 "--cache-dir and the output on storage every node mounts at the same path, or write to an "
                 "output URI (-o s3://bucket/prefix), where the tokens go too"
             )
-        encoder = Encoder(settings.tokenizer, settings.chat_template, settings.options)
+        encoder = Encoder(settings.tokenizer, settings.chat_template, settings.options, encoder=settings.encoder)
         own, expected = encoder.identity(), settings.identity
         if (own["sha256"], own["chat_template_sha256"]) != (expected["sha256"], expected["chat_template_sha256"]):
             raise RayEngineError(
@@ -162,6 +163,7 @@ class Tokenizer:
             "pieces_made": 0,
             "turn_fixes": [],
             "empty_answers": 0,
+            "slow_records": 0,
         }
         fixed: dict[str, int] = {}
         reasoning: dict[str, int] = {}
@@ -188,6 +190,7 @@ class Tokenizer:
                 out["rejects"].extend(result.rejects)
                 out["turn_fixes"].extend(result.turn_fixes)
                 out["empty_answers"] += result.empty_answers
+                out["slow_records"] += result.slow_records
                 for key, n in result.reasoning.items():
                     reasoning[key] = reasoning.get(key, 0) + n
                 for kind, n in result.turns_fixed.items():
@@ -279,6 +282,7 @@ class ClusterTokenizing:
             identity=self.encoder.identity(),
             batch_size=ingest.BATCH_SIZE,
             long_text_bytes=ingest.long_text_bytes(config, self.encoder),
+            encoder=config.encoder,
         )
 
     def parts(self) -> list[ray_parts.Part]:
@@ -389,6 +393,7 @@ class ClusterTokenizing:
             turns_fixed=out["turns_fixed"],
             turn_fixes=out["turn_fixes"],
             empty_answers=out["empty_answers"],
+            slow_records=out["slow_records"],
             reasoning=out["reasoning"],
             tokens_left_out=out["tokens_left_out"],
             seconds=out["seconds"],

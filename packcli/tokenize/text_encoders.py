@@ -1,0 +1,338 @@
+"""Text to token ids and label masks: the reference encoder and a fast exact one, behind one protocol.
+
+The reference is the ``tokenizers`` backend ``apply_chat_template`` encodes with; its label masks come
+from character offsets (``span_mask``). The fast one is ``fastokens``, a Rust BPE encoder that loads the
+same ``tokenizer.json`` and returns ids in one flat buffer, without offsets. For a plain byte-level BPE
+tokenizer it makes a mask from the ids' byte lengths (``packcli.tokenize.byte_offsets``). Otherwise it
+encodes the pieces of a text between the trained spans' boundaries: where the pieces' ids, one after
+the other, equal the whole text's ids, each token lies inside one piece, and a token is trained when
+its piece is. That is the offset rule's answer whenever every token covers at least one character of
+its own piece, which holds unless a post-processor trims the offsets (then the fast encoder is not
+used). A record either method cannot vouch for takes the reference path, and is counted.
+
+Which one a run uses is chosen once, when the tokenizer loads (``choose``): ``auto`` takes the fast one
+when it loads the tokenizer and gives the reference's ids and masks on every text of a probe
+(``packcli.tokenize.probe``); otherwise the reference, with the reason. ``PACKCLI_ENCODER=tokenizers``
+forces the reference whatever the option says.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from packcli.errors import Opt, TokenizerError, first_line
+from packcli.tokenize.byte_offsets import byte_level_mask, token_byte_lengths
+
+ENCODER_ENV = "PACKCLI_ENCODER"
+REFERENCE = "tokenizers"
+FAST = "fastokens"
+
+# (text, the trained character spans): what a masked encode takes per text.
+Item = tuple[str, list[tuple[int, int]]]
+Masked = tuple[np.ndarray, np.ndarray]  # int32 ids, bool mask
+
+
+class TextEncoder(Protocol):
+    """What turns texts into token ids and label masks; the same ids from every implementation."""
+
+    name: str
+    # Texts whose label masks this encoder could not make itself and left to the reference (per process).
+    slow_records: int
+
+    def encode_flat(self, texts: list[str], add_special: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Return every text's ids, one after the other (int32), and where each starts (int64, n + 1)."""
+        ...
+
+    def encode_pieces(self, items: list[Item], add_special: bool) -> list[Masked]:
+        """Return (int32 ids, bool mask of the tokens inside the spans) for each (text, spans)."""
+        ...
+
+    def probe(self, reference: TextEncoder) -> str | None:
+        """Return why this encoder differs from ``reference`` on the probe texts (None: it does not)."""
+        ...
+
+
+class ReferenceEncoder:
+    """The ``tokenizers`` backend: ids from ``encode_batch``, masks from character offsets."""
+
+    name = REFERENCE
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.slow_records = 0
+
+    def encode_flat(self, texts: list[str], add_special: bool) -> tuple[np.ndarray, np.ndarray]:
+        done = self.backend.encode_batch(texts, add_special_tokens=add_special)
+        return _flat([np.asarray(enc.ids, dtype=np.int32) for enc in done])
+
+    def encode_pieces(self, items: list[Item], add_special: bool) -> list[Masked]:
+        done = self.backend.encode_batch([text for text, _ in items], add_special_tokens=add_special)
+        return [ids_and_mask(enc, spans, len(text)) for (text, spans), enc in zip(items, done, strict=True)]
+
+    def probe(self, reference: TextEncoder) -> str | None:
+        return None
+
+
+class FastEncoder:
+    """``fastokens``: ids from one flat buffer; masks from the pieces between span boundaries."""
+
+    name = FAST
+
+    def __init__(
+        self, native: Any, reference: ReferenceEncoder, adds_tokens: bool, byte_lengths: np.ndarray | None = None
+    ) -> None:
+        self.native = native
+        self.reference = reference
+        # Whether add_special_tokens puts tokens around a text (a BOS...): such texts' masks are the reference's.
+        self.adds_tokens = adds_tokens
+        # Each id's byte length, for a plain byte-level BPE tokenizer (packcli.tokenize.byte_offsets): masks
+        # from the ids alone. None: masks from the pieces between span boundaries.
+        self.byte_lengths = byte_lengths
+        self.slow_records = 0
+
+    @classmethod
+    def load(cls, backend_json: str, reference: ReferenceEncoder) -> FastEncoder:
+        """Load ``fastokens`` on the tokenizer's JSON; raises ``FastUnavailable`` saying why it cannot."""
+        why = offsets_trimmed(reference.backend)
+        if why is not None:
+            raise FastUnavailable(why)
+        try:
+            import fastokens
+
+            native = fastokens.Tokenizer.from_json_str(backend_json)
+        except ImportError as exc:
+            raise FastUnavailable(f"fastokens is not installed ({first_line(exc)})") from exc
+        except Exception as exc:  # it raises ValueError, RuntimeError... for a tokenizer it does not support
+            raise FastUnavailable(f"fastokens cannot load the tokenizer ({first_line(exc)})") from exc
+        sample = "a b"
+        adds = list(native.encode(sample, add_special_tokens=True).ids) != list(native.encode(sample).ids)
+        return cls(native, reference, adds, token_byte_lengths(backend_json))
+
+    def encode_flat(self, texts: list[str], add_special: bool) -> tuple[np.ndarray, np.ndarray]:
+        ids, starts = self.native.encode_batch_flat(texts, add_special_tokens=add_special)
+        return (
+            np.frombuffer(ids, dtype="<u4").astype(np.int32),
+            np.frombuffer(starts, dtype="<u8").astype(np.int64),
+        )
+
+    def encode_pieces(self, items: list[Item], add_special: bool) -> list[Masked]:
+        if add_special and self.adds_tokens:
+            return self.reference.encode_pieces(items, add_special)
+        made = self.masked_or_none(items)
+        slow = [k for k, pair in enumerate(made) if pair is None]
+        if slow:
+            self.slow_records += len(slow)
+            for k, pair in zip(slow, self.reference.encode_pieces([items[k] for k in slow], add_special), strict=True):
+                made[k] = pair
+        return made  # type: ignore[return-value]
+
+    def masked_or_none(self, items: list[Item]) -> list[Masked | None]:
+        """Return each text's ids and mask, or None where this encoder cannot vouch for its mask.
+
+        From the ids' byte lengths for a plain byte-level BPE tokenizer, else from the pieces.
+        """
+        if self.byte_lengths is None:
+            return self.pieces_or_none(items)
+        ids, starts = self.encode_flat([text for text, _ in items], False)
+        out: list[Masked | None] = []
+        for k, (text, spans) in enumerate(items):
+            whole = ids[starts[k] : starts[k + 1]]
+            mask = byte_level_mask(whole, text, spans, self.byte_lengths)
+            out.append(None if mask is None else (whole, mask))
+        return out
+
+    def pieces_or_none(self, items: list[Item]) -> list[Masked | None]:
+        """Return each text's ids and mask from its pieces, or None where the pieces differ from the whole.
+
+        One flat call encodes the wholes, then every piece of the texts that have more than one.
+        """
+        cuts = [piece_cuts(text, spans) for text, spans in items]
+        texts = [text for text, _ in items]
+        pieces: list[str] = []
+        first_piece: list[int] = []
+        for (text, _), (bounds, _) in zip(items, cuts, strict=True):
+            first_piece.append(len(pieces))
+            if len(bounds) > 2:
+                pieces.extend(text[a:b] for a, b in itertools.pairwise(bounds))
+        ids, starts = self.encode_flat(texts + pieces, False)
+        n = len(items)
+        out: list[Masked | None] = []
+        for k, (bounds, trained) in enumerate(cuts):
+            whole = ids[starts[k] : starts[k + 1]]
+            if len(bounds) <= 2:  # one piece: the whole, trained or not
+                out.append((whole, np.full(len(whole), bool(trained and trained[0]), dtype=bool)))
+                continue
+            p = n + first_piece[k]
+            joined = ids[starts[p] : starts[p + len(trained)]]
+            if not np.array_equal(joined, whole):
+                out.append(None)
+                continue
+            mask = np.zeros(len(whole), dtype=bool)
+            base = starts[p]
+            for j, on in enumerate(trained):
+                if on:
+                    mask[starts[p + j] - base : starts[p + j + 1] - base] = True
+            out.append((whole, mask))
+        return out
+
+    def probe(self, reference: TextEncoder) -> str | None:
+        from packcli.tokenize.probe import probe_differences
+
+        return probe_differences(self, reference)
+
+
+class FastUnavailable(Exception):
+    """The fast encoder cannot serve this tokenizer; the message says why (one line)."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The encoder a run uses, and why the fast one is not it (None when it is, or was not asked for)."""
+
+    encoder: TextEncoder
+    fallback: str | None
+
+    def record(self) -> dict[str, Any]:
+        """What the summary and manifest say of it (records_slow is added by the run that counts them)."""
+        return {"name": self.encoder.name, "fallback": self.fallback}
+
+
+def choose(backend: Any, backend_json: str, mode: str = "auto") -> Choice:
+    """Return the encoder for a tokenizer: ``mode`` auto, tokenizers or fast (see the module's doc).
+
+    ``fast`` is ``auto`` that raises ``TokenizerError`` where ``auto`` would fall back (but for the
+    environment variable, which forces the reference whatever the option).
+    """
+    reference = ReferenceEncoder(backend)
+    forced = os.environ.get(ENCODER_ENV, "").strip().lower()
+    if forced == REFERENCE:
+        return Choice(reference, f"{ENCODER_ENV}={REFERENCE}" if mode != REFERENCE else None)
+    if mode == REFERENCE:
+        return Choice(reference, None)
+    fast, why = _fast_for(backend_json, reference)
+    if fast is not None and why is None:
+        return Choice(fast, None)
+    if mode == "fast":
+        raise TokenizerError(
+            f"the fast encoder cannot be used with this tokenizer: {why}",
+            hint=["pass ", Opt("encoder", "auto"), " to encode with tokenizers"],
+        )
+    return Choice(reference, why)
+
+
+# The fast encoders loaded in this process (native, adds_tokens), with their probe's verdict, by the
+# tokenizer's JSON: loading one takes seconds, and a process that packs many times (the library, the
+# tests) loads each tokenizer once. The reference encoder a run passes is not kept.
+_LOADED: dict[str, tuple[tuple[Any, bool, np.ndarray | None] | None, str | None]] = {}
+_LOADED_MAX = 4
+
+
+def _fast_for(backend_json: str, reference: ReferenceEncoder) -> tuple[FastEncoder | None, str | None]:
+    """Return the fast encoder for a tokenizer (None where it cannot load) and why it is not exact (None)."""
+    known = _LOADED.get(backend_json)
+    if known is None:
+        try:
+            fast = FastEncoder.load(backend_json, reference)
+            known = ((fast.native, fast.adds_tokens, fast.byte_lengths), fast.probe(reference))
+        except FastUnavailable as exc:
+            known = (None, str(exc))
+        while len(_LOADED) >= _LOADED_MAX:
+            del _LOADED[next(iter(_LOADED))]
+        _LOADED[backend_json] = known
+    loaded, why = known
+    if loaded is None:
+        return None, why
+    # The same native encoder; this run's reference and counts.
+    return FastEncoder(loaded[0], reference, loaded[1], loaded[2]), why
+
+
+def piece_cuts(text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[bool]]:
+    """Return the boundaries of the text's pieces (0 ... len(text)) and whether each piece is trained.
+
+    The boundaries are the spans' ends; a piece lies wholly inside a span or wholly outside all of them.
+    Empty pieces are left out.
+    """
+    n = len(text)
+    kept = [(max(0, a), min(n, b)) for a, b in spans if min(n, b) > max(0, a)]
+    bounds = sorted({0, n, *(a for a, _ in kept), *(b for _, b in kept)})
+    if n == 0:
+        return [0, 0], []
+    trained = [any(a <= x and y <= b for a, b in kept) for x, y in itertools.pairwise(bounds)]
+    return bounds, trained
+
+
+def offsets_trimmed(backend: Any) -> str | None:
+    """Return why masks need the reference's offsets: a post-processor that trims them; None otherwise.
+
+    A trimmed offset leaves a whitespace token covering no character, which the offset rule never trains,
+    while its piece may be trained.
+    """
+    post = backend.post_processor
+    if post is None:
+        return None
+    try:
+        spec = json.loads(post.__getstate__())
+    except (AttributeError, TypeError, ValueError):
+        return "the tokenizer's post-processor cannot be read"
+    if _has_true(spec, "trim_offsets"):
+        return "the tokenizer's post-processor trims offsets, which label masks follow"
+    return None
+
+
+def _has_true(value: Any, key: str) -> bool:
+    if isinstance(value, dict):
+        return value.get(key) is True or any(_has_true(v, key) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_true(v, key) for v in value)
+    return False
+
+
+def _flat(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    starts = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum([len(a) for a in arrays], out=starts[1:])
+    ids = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
+    return ids.astype(np.int32, copy=False), starts
+
+
+def ids_and_mask(enc: Any, spans: list[tuple[int, int]], n_chars: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return an encoding's ids (int32) and the mask of its tokens that overlap ``spans``."""
+    ids = np.asarray(enc.ids, dtype=np.int32)
+    return ids, span_mask(enc, spans, len(ids), n_chars)
+
+
+def span_mask(enc: Any, spans: list[tuple[int, int]], n_tokens: int, n_chars: int) -> np.ndarray:
+    """Mark every token whose character span overlaps one of ``spans`` (the rule transformers uses).
+
+    Offsets are monotone, so the tokens overlapping [a, b) run from the first token containing
+    character a to the last token starting before b; two lookups a span instead of every offset.
+    """
+    mask = np.zeros(n_tokens, dtype=bool)
+    for a, b in spans:
+        if b <= a or n_tokens == 0:
+            continue
+        first = enc.char_to_token(a)
+        last = n_tokens - 1 if b >= n_chars else enc.char_to_token(b)
+        if first is None or last is None:
+            return _span_mask_offsets(enc, spans, n_tokens)
+        if b < n_chars and enc.token_to_chars(last)[0] >= b:
+            last -= 1
+        # A character split over several byte tokens: include all tokens that start before b.
+        while last + 1 < n_tokens and enc.token_to_chars(last + 1)[0] < b:
+            last += 1
+        if last >= first:
+            mask[first : last + 1] = True
+    return mask
+
+
+def _span_mask_offsets(enc: Any, spans: list[tuple[int, int]], n_tokens: int) -> np.ndarray:
+    offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(n_tokens, 2)
+    mask = np.zeros(n_tokens, dtype=bool)
+    for a, b in spans:
+        mask |= (offsets[:, 0] < b) & (offsets[:, 1] > a)
+    return mask

@@ -1,0 +1,232 @@
+"""The fast encoder (fastokens) against the reference (tokenizers): same ids and masks, and every fallback.
+
+Each fallback reason has a run of its own that must write the shards a ``--encoder tokenizers`` run
+writes, byte for byte: a tokenizer fastokens cannot load (a BERT normalizer), a post-processor that
+trims offsets, a probe that finds a difference, and records whose pieces do not encode to the whole.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from packcli.errors import TokenizerError
+from packcli.records.formats import Sample
+from packcli.tokenize import text_encoders
+from packcli.tokenize.encoder import EncodeOptions, Encoder
+from packcli.tokenize.text_encoders import ENCODER_ENV, FastEncoder, choose, piece_cuts
+from packcli.tokenize.tokenizer import default_tokenizer_dir
+
+from .conftest import make_conversations, write_jsonl
+
+MARK = "ZQXMARK"  # a text holding it is made to encode differently by the fast encoder (see below)
+
+
+def _shards(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("shard-*.parquet"))}
+
+
+def _summary(result: Any) -> dict[str, Any]:
+    return dict(json.loads(result.stdout))
+
+
+def _pack_both(pack: Any, tmp_path: Path, data: Path, *extra: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Pack ``data`` with the run's encoder (auto) and with tokenizers; assert the same shards; return summaries."""
+    outs = []
+    for mode in ("auto", "tokenizers"):
+        out = tmp_path / f"out-{mode}"
+        result = pack(data, "-o", out, "--encoder", mode, "--no-cache", "--json", "--quiet", *extra)
+        outs.append((_shards(out), _summary(result)))
+    (auto_shards, auto), (ref_shards, ref) = outs
+    assert auto_shards and auto_shards == ref_shards
+    assert ref["encoder"] == {"name": "tokenizers", "fallback": None, "records_slow": 0}
+    return auto, ref
+
+
+def test_the_test_tokenizers_encode_with_fastokens(model_tokenizer: tuple[str, Any]) -> None:
+    # The template and tokenizer tests run with the fast encoder: it must be the one they get.
+    for name in (None, model_tokenizer[0]):
+        encoder = Encoder(name, None, EncodeOptions())
+        assert encoder.choice.record() == {"name": "fastokens", "fallback": None}
+
+
+def test_piece_cuts_part_a_text_at_every_span_end() -> None:
+    assert piece_cuts("abcdefgh", [(2, 4), (6, 8)]) == ([0, 2, 4, 6, 8], [False, True, False, True])
+    assert piece_cuts("abcd", [(0, 4)]) == ([0, 4], [True])
+    assert piece_cuts("abcd", [(3, 2), (5, 9)]) == ([0, 4], [False])  # empty and outside spans are no cut
+    assert piece_cuts("abcd", [(1, 3), (2, 4)]) == ([0, 1, 2, 3, 4], [False, True, True, True])
+    assert piece_cuts("", [(0, 0)]) == ([0, 0], [])
+
+
+def _masks_by(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make fast encoders loaded from here on make masks by ``method``: bytes (the default) or pieces."""
+    monkeypatch.setattr(text_encoders, "_LOADED", {})
+    if method == "pieces":
+        monkeypatch.setattr(text_encoders, "token_byte_lengths", lambda backend_json: None)
+
+
+@pytest.mark.parametrize("method", ["bytes", "pieces"])
+@pytest.mark.parametrize("template", [None, "chatml"])
+def test_fast_ids_and_masks_equal_the_reference_on_every_kind(
+    method: str, template: str | None, model_tokenizer: tuple[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # chatml's markers are not tokens of this tokenizer: BPE merges across the answers' ends.
+    _masks_by(method, monkeypatch)
+    fast = Encoder(model_tokenizer[0], template, EncodeOptions())
+    reference = Encoder(model_tokenizer[0], template, EncodeOptions(), encoder="tokenizers")
+    assert (fast.text.name, reference.text.name) == ("fastokens", "tokenizers")
+    assert (getattr(fast.text, "byte_lengths", None) is not None) == (method == "bytes")
+    samples = [Sample("chat", messages=m) for m in make_conversations(80, seed=3, max_turns=4)]
+    samples += [Sample("prompt_completion", prompt="Q: 12+30?\n", completion=" A: 42 😀\n\n")]
+    samples += [Sample("text", text="  a text sample, trained whole 中文 \n")]
+    got, want = fast.encode_batch(samples), reference.encode_batch(samples)
+    for a, b in zip(got, want, strict=True):
+        assert isinstance(a, tuple) and isinstance(b, tuple), (a, b)
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    if method == "bytes" or template is None:
+        assert fast.text.slow_records == 0
+
+
+def test_a_tokenizer_fastokens_cannot_load_packs_with_tokenizers(tmp_path: Path, pack: Any) -> None:
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = "abcdefghijklmnopqrstuvwxyz0123456789.,!?'"
+    vocab = {t: i for i, t in enumerate(["[UNK]", "[PAD]", *chars, *(f"##{c}" for c in chars), "the", "##ing"])}
+    backend = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    backend.normalizer = normalizers.BertNormalizer(lowercase=True)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]", eos_token="[PAD]")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.save_pretrained(tmp_path / "bert")
+    choice = Encoder(str(tmp_path / "bert"), "chatml", EncodeOptions()).choice
+    assert choice.encoder.name == "tokenizers"
+    assert choice.fallback is not None and choice.fallback.startswith("fastokens cannot load the tokenizer (")
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in make_conversations(20, seed=2)])
+    common = ("--tokenizer", tmp_path / "bert", "--chat-template", "chatml")
+    auto, _ = _pack_both(pack, tmp_path, data, *common)
+    assert auto["encoder"] == {"name": "tokenizers", "fallback": choice.fallback, "records_slow": 0}
+    manifest = json.loads((tmp_path / "out-auto" / "manifest.json").read_text())
+    assert manifest["encoder"] == auto["encoder"]
+    # --encoder fast refuses it, in one line that says why and what to pass.
+    result = pack(data, "-o", tmp_path / "out-fast", "--encoder", "fast", "--no-cache", *common, expect=1)
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("Error: the fast encoder cannot be used with this tokenizer: fastokens cannot load")
+    assert line.endswith("; pass --encoder auto to encode with tokenizers"), line
+
+
+def test_a_post_processor_that_trims_offsets_falls_back(tmp_path: Path) -> None:
+    spec = json.loads((Path(default_tokenizer_dir()) / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["post_processor"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_str(json.dumps(spec))
+    choice = choose(backend, backend.to_str())
+    assert choice.encoder.name == "tokenizers"
+    assert choice.fallback == "the tokenizer's post-processor trims offsets, which label masks follow"
+
+
+def test_a_probe_difference_falls_back_and_packs_the_same(
+    tmp_path: Path, pack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = FastEncoder.encode_flat
+
+    def emoji_differs(self: FastEncoder, texts: list[str], add_special: bool) -> tuple[np.ndarray, np.ndarray]:
+        ids, starts = real(self, texts, add_special)
+        for k, text in enumerate(texts):
+            if "😀" in text and starts[k + 1] > starts[k]:
+                ids[starts[k]] = 0  # a different first id for every text with this emoji
+        return ids, starts
+
+    monkeypatch.setattr(FastEncoder, "encode_flat", emoji_differs)
+    monkeypatch.setattr(text_encoders, "_LOADED", {})
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in make_conversations(20, seed=4)])
+    auto, _ = _pack_both(pack, tmp_path, data)
+    assert auto["encoder"]["name"] == "tokenizers"
+    assert auto["encoder"]["fallback"].startswith("fastokens gives other ids than tokenizers for the probe text")
+    assert '"emoji \\ud83d\\ude00' in auto["encoder"]["fallback"]  # the first probe text with the emoji
+    with pytest.raises(TokenizerError, match="the fast encoder cannot be used"):
+        Encoder(None, None, EncodeOptions(), encoder="fast")
+
+
+@pytest.mark.parametrize("method", ["bytes", "pieces"])
+def test_records_the_fast_path_cannot_vouch_for_take_the_reference_path(
+    method: str, tmp_path: Path, pack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _masks_by(method, monkeypatch)
+    real = FastEncoder.encode_flat
+
+    def piece_differs(self: FastEncoder, texts: list[str], add_special: bool) -> tuple[np.ndarray, np.ndarray]:
+        # A text with MARK (a whole conversation, or its answer's piece) gets one more token: its ids no
+        # longer add up to its bytes, and its pieces no longer to the whole.
+        ids, starts = real(self, texts, add_special)
+        parts = [ids[starts[k] : starts[k + 1]] for k in range(len(texts))]
+        parts = [np.append(p, p[:1]) if MARK in t else p for p, t in zip(parts, texts, strict=True)]
+        lengths = np.array([0] + [len(p) for p in parts], dtype=np.int64)
+        return (np.concatenate(parts) if parts else ids), np.cumsum(lengths)
+
+    monkeypatch.setattr(FastEncoder, "encode_flat", piece_differs)
+    conversations = make_conversations(30, seed=5, max_turns=2)
+    marked = 0
+    for k, messages in enumerate(conversations):
+        if k % 3 == 0:
+            answer = next(m for m in messages if m["role"] == "assistant")
+            answer["content"] = f"{MARK} {answer['content']}"
+            marked += 1
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in conversations])
+    auto, _ = _pack_both(pack, tmp_path, data)
+    assert auto["encoder"] == {"name": "fastokens", "fallback": None, "records_slow": marked}
+
+
+def test_the_environment_forces_tokenizers_and_the_cache_key_ignores_the_encoder(
+    tmp_path: Path, pack: Any, chat_jsonl: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = _summary(pack(chat_jsonl, "-o", tmp_path / "a", "--encoder", "tokenizers", "--json", "--quiet"))
+    assert first["cache"] == "miss"
+    second = _summary(pack(chat_jsonl, "-o", tmp_path / "b", "--seed", "3", "--json", "--quiet"))
+    assert second["cache"] == "hit"  # the tokens are the same whichever encoder made them
+    assert second["encoder"]["name"] == "tokenizers"  # the entry's: the encoder that made its tokens
+    monkeypatch.setenv(ENCODER_ENV, "tokenizers")
+    third = _summary(pack(chat_jsonl, "-o", tmp_path / "c", "--no-cache", "--json", "--quiet"))
+    assert third["encoder"] == {"name": "tokenizers", "fallback": f"{ENCODER_ENV}=tokenizers", "records_slow": 0}
+    assert _shards(tmp_path / "a") == _shards(tmp_path / "c")
+
+
+def test_verify_reencode_finds_labels_tokenizers_would_not_give(
+    tmp_path: Path, pack: Any, chat_jsonl: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from packcli.cli import app
+
+    pack(chat_jsonl, "-o", tmp_path / "good", "--no-cache", "--quiet", "--max-len", "512")
+    result = CliRunner().invoke(app, ["verify", str(tmp_path / "good"), "--reencode", "3"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.splitlines()[-1].startswith("re-encoded 3 rows (")
+    # A fast encoder whose masks are one token late, with the probe that would have caught it skipped:
+    # the output is whole (checksums, counts, row contract) and only re-encoding finds it.
+    real = FastEncoder.masked_or_none
+
+    def late(self: FastEncoder, items: list[Any]) -> list[Any]:
+        return [None if m is None else (m[0], np.roll(m[1], 1)) for m in real(self, items)]
+
+    monkeypatch.setattr(text_encoders, "_LOADED", {})
+    monkeypatch.setattr(FastEncoder, "probe", lambda self, reference: None)
+    monkeypatch.setattr(FastEncoder, "masked_or_none", late)
+    pack(chat_jsonl, "-o", tmp_path / "bad", "--no-cache", "--quiet", "--max-len", "512")
+    assert CliRunner().invoke(app, ["verify", str(tmp_path / "bad")]).exit_code == 0
+    result = CliRunner().invoke(app, ["verify", str(tmp_path / "bad"), "--reencode", "3"])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    for line in lines[:-1]:
+        assert re.fullmatch(
+            r"shard-00000-of-00001\.parquet: row \d+: sample \d+ \(piece 0\) differs from its "
+            r"encoding by tokenizers",
+            line,
+        ), line
+    assert lines[-1] == f"{len(lines) - 1} problems in {tmp_path / 'bad'}"
