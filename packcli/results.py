@@ -211,6 +211,8 @@ class RunSummary:
     split: Split | None = None
     turns_fixed: dict[str, int] | None = None
     empty_answers: int
+    # Conversations whose first message (after system ones) is a trained answer: an answer to nothing
+    leading_answers: int = 0
     # Trained turns with reasoning and those the template leaves out (worker.REASONING_KEYS); None: no reasoning
     reasoning: dict[str, int] | None = None
     # --expand-turns: records expanded, the samples made of them, and their tokens beyond the records' own
@@ -336,6 +338,7 @@ class Manifest:
     lost: Lost | None = None
     turns_fixed: dict[str, int] | None = None
     empty_answers: int | None = None
+    leading_answers: int | None = None
     reasoning: dict[str, int] | None = None
     expanded: dict[str, int] | None = None
     warnings: list[str] | None = None
@@ -412,6 +415,7 @@ class StoreMeta:
     split: Split | None = None
     turns_fixed: dict[str, int] | None = None
     empty_answers: int | None = None
+    leading_answers: int | None = None
     reasoning: dict[str, int] | None = None
     expanded: dict[str, int] | None = None
     ruled_out_over_bytes: int | None = None

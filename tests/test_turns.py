@@ -316,3 +316,36 @@ def test_stats_and_the_library_take_fix_turns(tmp_path: Path, cache_dir: Path) -
     records = [{"messages": m} for m, _ in MESSAGES]
     done = packcli.pack(records, max_len=256, output=tmp_path / "lib", cache_dir=cache_dir, num_proc=1, fix_turns=True)
     assert done.summary["turns_fixed"]["role_renamed"] == 2 and done.dropped == {"no_answer_after_fix": 1}
+
+
+def test_a_conversation_that_opens_with_an_answer_is_counted_and_warned(
+    tmp_path: Path, pack: Callable[..., Any]
+) -> None:
+    greeting = {"role": "assistant", "content": "Hello! How can I help?"}
+    records = [
+        {
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                greeting,
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "a"},
+            ]
+        },
+        {"messages": [greeting, {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
+    ]
+    data = write_jsonl(tmp_path / "g.jsonl", records)
+    result = pack(data, "--max-len", "128", "-o", tmp_path / "out", "--json", "-q")
+    summary = json.loads(result.stdout)
+    assert summary["leading_answers"] == 2 and summary["packed"] == 3
+    words = "2 conversations open with an assistant turn that is trained as an answer to nothing"
+    assert any(w.startswith(words) and w.endswith("pass --fix-turns to drop such turns") for w in summary["warnings"])
+    assert words in result.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["leading_answers"] == 2
+    # Not trained, the greeting is context: nothing to warn about.
+    last = pack(data, "--max-len", "128", "-o", tmp_path / "last", "--train-on", "last_assistant", "--json", "-q")
+    assert json.loads(last.stdout)["leading_answers"] == 0
+    fixed = pack(data, "--max-len", "128", "-o", tmp_path / "fixed", "--fix-turns", "--json", "-q")
+    summary = json.loads(fixed.stdout)
+    assert summary["leading_answers"] == 0 and summary["turns_fixed"]["leading_assistant_dropped"] == 2

@@ -162,6 +162,8 @@ def print_pack_summary(summary: RunSummary) -> None:
         table.add_row(f"turns fixed: {kind}", _fmt(count))
     if summary.empty_answers:
         table.add_row("empty answers trained", _fmt(summary.empty_answers))
+    if summary.leading_answers:
+        table.add_row("answers to nothing trained", _fmt(summary.leading_answers))
     if summary.reasoning:
         table.add_row("reasoning left out", reasoning_words(summary.reasoning))
     if summary.expanded is not None:
@@ -344,6 +346,8 @@ def print_raw_stats(r: dict[str, Any]) -> None:
         head.add_row(f"turns fixed: {kind}", f"{n:,}")
     if r.get("empty_answers"):
         head.add_row("empty answers trained", f"{r['empty_answers']:,}")
+    if r.get("leading_answers"):
+        head.add_row("answers to nothing trained", f"{r['leading_answers']:,}")
     if r.get("reasoning"):
         head.add_row("reasoning left out", reasoning_words(r["reasoning"]))
     head.add_row("tokens", f"{r['tokens']:,}")

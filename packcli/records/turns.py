@@ -74,6 +74,15 @@ def is_empty_answer(message: dict[str, Any]) -> bool:
     return not any(v not in (None, "", [], {}) for k, v in message.items() if k not in _PLAIN_KEYS)
 
 
+def opens_with_answer(sample: Sample, turns: list[int]) -> bool:
+    """Return True when the conversation's first message after its system messages is an assistant message
+    that ``turns`` trains: an answer to nothing (exports often start with the assistant's greeting)."""
+    for i, message in enumerate(sample.messages or []):
+        if message.get("role") != "system":
+            return message.get("role") == "assistant" and i in turns
+    return False
+
+
 def blank_answers(sample: Sample, turns: list[int]) -> int:
     """Return how many of the messages at ``turns`` are empty answers."""
     messages = sample.messages or []

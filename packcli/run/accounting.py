@@ -119,6 +119,9 @@ def summary(
     warnings = list(meta.tokenizer.get("warnings", []))
     if empty_answers:
         warnings.append(empty_answers_warning(empty_answers))
+    leading_answers = int(meta.leading_answers or 0)
+    if leading_answers:
+        warnings.append(leading_answers_warning(leading_answers))
     if meta.reasoning and meta.reasoning.get("turns_left_out"):
         warnings.append(reasoning_warning(meta.reasoning))
     read = int(store.lengths.sum()) if read_tokens is None else read_tokens
@@ -139,6 +142,7 @@ def summary(
         # --fix-turns: its changes by kind
         turns_fixed=dict(meta.turns_fixed) if meta.turns_fixed is not None else None,
         empty_answers=empty_answers,
+        leading_answers=leading_answers,
         reasoning=dict(meta.reasoning) if meta.reasoning else None,
         expanded=dict(meta.expanded) if meta.expanded is not None else None,
         tokens=written_tokens,
@@ -172,6 +176,15 @@ def empty_answers_warning(n: int) -> str:
     return (
         f"{n} trained {answers} empty or only whitespace (zero-width characters included): they teach the "
         'model to answer with nothing; pass --fix-turns to drop them, or mark them "train": false'
+    )
+
+
+def leading_answers_warning(n: int) -> str:
+    """The warning for conversations that open with a trained assistant turn (an answer to nothing)."""
+    what = "conversation opens" if n == 1 else "conversations open"
+    return (
+        f"{n:,} {what} with an assistant turn that is trained as an answer to nothing (no user message before "
+        "it); pass --fix-turns to drop such turns"
     )
 
 

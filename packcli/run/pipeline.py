@@ -282,6 +282,7 @@ def _manifest(
         lost=summary.lost,
         turns_fixed=summary.turns_fixed,
         empty_answers=summary.empty_answers,
+        leading_answers=summary.leading_answers or None,
         reasoning=summary.reasoning,
         expanded=summary.expanded,
         warnings=summary.warnings,

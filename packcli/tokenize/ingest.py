@@ -160,6 +160,7 @@ def tokenize_to_store(
     left_out: Counter[str] = Counter()
     turns_fixed: Counter[str] = Counter()
     empty_answers = 0
+    leading_answers = 0
     slow_records = 0  # records whose masks the fast encoder left to the reference, in the workers
     slow_here = encoder.text.slow_records  # ... and in this process (the encode service)
     reasoning: Counter[str] = Counter()
@@ -211,6 +212,7 @@ def tokenize_to_store(
                 pieces += result.pieces_made
                 turns_fixed.update(result.turns_fixed)
                 empty_answers += result.empty_answers
+                leading_answers += result.leading_answers
                 slow_records += result.slow_records
                 reasoning.update(result.reasoning)
                 expanded.update(result.expanded)
@@ -291,6 +293,8 @@ def tokenize_to_store(
             meta["turns_fixed"] = {kind: turns_fixed[kind] for kind in turns.KINDS}
         if empty_answers:
             meta["empty_answers"] = empty_answers
+        if leading_answers:
+            meta["leading_answers"] = leading_answers
         if service is not None:
             slow_records += encoder.text.slow_records - slow_here
         # Which encoder made the tokens (the cache key does not depend on it: every one gives the same).

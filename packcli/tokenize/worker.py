@@ -66,6 +66,7 @@ class TokenizedBatch:
     turns_fixed: dict[str, int] = field(default_factory=dict)
     turn_fixes: list[dict[str, Any]] = field(default_factory=list)
     empty_answers: int = 0  # trained answers that are empty or whitespace only, in the samples kept
+    leading_answers: int = 0  # conversations kept whose first message (after system ones) is a trained answer
     # Trained turns with reasoning, and what the template leaves out of them (rounds.reasoning_counts).
     reasoning: dict[str, int] = field(default_factory=dict)
     # --expand-turns: the records expanded, the samples made of them, their tokens beyond the records' own
@@ -183,11 +184,13 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
     for k, changes in changed.items():
         fixed.update(turns.counts(changes))
         fixes.append(_fix_entry(batch.first_index + k, batch.source, batch.positions[k], changes, raws[k], batch))
-    empty_answers = sum(
-        turns.blank_answers(sample, trained_turns(sample, encoder.options.train_on))
+    chats = [
+        (sample, trained_turns(sample, encoder.options.train_on))
         for sample, result in zip(samples, results, strict=True)
         if isinstance(sample, Sample) and sample.kind == "chat" and isinstance(result, (tuple, rounds.Rounds))
-    )
+    ]
+    empty_answers = sum(turns.blank_answers(sample, trained) for sample, trained in chats)
+    leading_answers = sum(turns.opens_with_answer(sample, trained) for sample, trained in chats)
     reasoning = rounds.reasoning_counts(results)
     split: SplitRule | None = _CONTEXT.get("split")
     kept_index: list[int] = []
@@ -282,6 +285,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         turns_fixed=dict(fixed),
         turn_fixes=fixes,
         empty_answers=empty_answers,
+        leading_answers=leading_answers,
         reasoning=reasoning,
         expanded=expanded,
         tokens_left_out=dict(left_out_tokens),

@@ -163,6 +163,7 @@ class Tokenizer:
             "pieces_made": 0,
             "turn_fixes": [],
             "empty_answers": 0,
+            "leading_answers": 0,
             "slow_records": 0,
         }
         fixed: dict[str, int] = {}
@@ -190,6 +191,7 @@ class Tokenizer:
                 out["rejects"].extend(result.rejects)
                 out["turn_fixes"].extend(result.turn_fixes)
                 out["empty_answers"] += result.empty_answers
+                out["leading_answers"] += result.leading_answers
                 out["slow_records"] += result.slow_records
                 for key, n in result.reasoning.items():
                     reasoning[key] = reasoning.get(key, 0) + n
@@ -393,6 +395,7 @@ class ClusterTokenizing:
             turns_fixed=out["turns_fixed"],
             turn_fixes=out["turn_fixes"],
             empty_answers=out["empty_answers"],
+            leading_answers=out["leading_answers"],
             slow_records=out["slow_records"],
             reasoning=out["reasoning"],
             tokens_left_out=out["tokens_left_out"],
