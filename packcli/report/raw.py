@@ -146,19 +146,30 @@ def _kept_by_policy(
             "trainable_fraction": round(trainable / trainable_total, 6) if trainable_total else 0.0,
         }
 
+    def under(**changes: Any) -> Any:
+        """The run's options under another policy, or None where they refuse it (--expand-turns never
+        splits a round, --prefix-tree never cuts a tree)."""
+        try:
+            return replace(base, **changes)
+        except UsageError:
+            return None
+
     base = replace(config, max_len=max_len, world_size=1, pad_to_max=False)
+    drop = kept(replace(base, overflow="drop"), store)
+    inapplicable = {**{k: 0 for k in drop}, "applies": False}
+    truncate, truncate_left = under(overflow="truncate"), under(overflow="truncate", truncate_side="left")
     out = {
-        "drop": kept(replace(base, overflow="drop"), store),
-        "truncate": kept(replace(base, overflow="truncate"), store),
-        "truncate-left": kept(replace(base, overflow="truncate", truncate_side="left"), store),
+        "drop": drop,
+        "truncate": kept(truncate, store) if truncate is not None else dict(inapplicable),
+        "truncate-left": kept(truncate_left, store) if truncate_left is not None else dict(inapplicable),
     }
-    if config.task != "sft":
-        # A preference or KTO record is never split: the policy does not apply.
-        out["split"] = {**{k: 0 for k in out["drop"]}, "applies": False}
+    split = under(overflow="split")
+    if config.task != "sft" or split is None:
+        # A preference or KTO record is never split, nor an expanded round: the policy does not apply.
+        out["split"] = dict(inapplicable)
     elif int(store.lengths.max(initial=0)) <= max_len:
         out["split"] = dict(out["drop"])
     else:
-        split = replace(base, overflow="split")
         with tokenized_inputs(split, progress, sources=sources) as pieces:
             out["split"] = kept(split, pieces.store)
     return out

@@ -131,7 +131,13 @@ def _reference_samples(
         return
     encoder = Encoder(config.tokenizer_name, config.chat_template, ingest.encode_options(config), encoder="tokenizers")
     indices = np.array(sorted({index for index, _ in wanted}), dtype=np.int64)
-    worker.use(encoder, config.fields, split=ingest.split_rule(config), fix_turns=config.fix_turns)
+    worker.use(
+        encoder,
+        config.fields,
+        split=ingest.split_rule(config),
+        fix_turns=config.fix_turns,
+        expand_turns=config.expand_turns,
+    )
     try:
         for batch in read_batches(sources, ingest.BATCH_SIZE, config.limit):
             lo, hi = batch.first_index, batch.first_index + len(batch.items)
