@@ -217,6 +217,9 @@ class RunSummary:
     reasoning: dict[str, int] | None = None
     # --expand-turns: records expanded, the samples made of them, and their tokens beyond the records' own
     expanded: dict[str, int] | None = None
+    # --prefix-tree: records made into trees, the trees, the expanded samples they hold, their tokens and
+    # the plain expansion's (packcli.tokenize.trees.TREE_KEYS)
+    trees: dict[str, int] | None = None
     tokens: int
     trainable_tokens: int
     rows: int
@@ -341,6 +344,7 @@ class Manifest:
     leading_answers: int | None = None
     reasoning: dict[str, int] | None = None
     expanded: dict[str, int] | None = None
+    trees: dict[str, int] | None = None  # --prefix-tree: as in the summary
     warnings: list[str] | None = None
     tokens: int | None = None
     trainable_tokens: int | None = None
@@ -418,6 +422,7 @@ class StoreMeta:
     leading_answers: int | None = None
     reasoning: dict[str, int] | None = None
     expanded: dict[str, int] | None = None
+    trees: dict[str, int] | None = None  # --prefix-tree: the trees made (TREE_KEYS)
     ruled_out_over_bytes: int | None = None
     ruled_out_max_len: int | None = None
     segment_root: str | None = None

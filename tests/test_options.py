@@ -75,6 +75,7 @@ WRONG: dict[str, tuple[Any, Any]] = {
     "mix_max_epochs": ("10", 0.5),
     "dedup": (True, "fuzzy"),
     "expand_turns": (True, "rounds"),
+    "prefix_tree": ("yes", None),
     "eval_fraction": ("0.1", 1.5),
     "eval_records": ("3", 0),
     "processor": (3, ""),

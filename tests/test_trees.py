@@ -132,6 +132,30 @@ def test_a_shared_history_is_stored_once() -> None:
     assert tree.leaves.tolist() == [1, 2]
 
 
+def test_a_later_rounds_history_runs_on_through_the_earlier_rounds_branch() -> None:
+    """Three rounds: round 3's path shares round 2's history branch, not only the prefix, so each round's
+    history is stored once (the copy made for round 2 is what round 3 walks into)."""
+    prefix, q, r, a = [1, 2, 3], ([10, 11], [20, 21], [30, 31]), ([12], [22], [32]), ([13, 14], [23, 24], [33, 34])
+    samples = []
+    history: list[int] = []
+    for j in range(3):
+        ids = prefix + history + q[j] + r[j] + a[j]
+        samples.append(_sample(ids, [False] * (len(ids) - 3) + [True] * 3))
+        history += q[j] + a[j]
+    tree = build_tree(samples)
+    assert [(ids.tolist(), m.tolist()) for ids, m in tree_paths(tree)] == [(i.tolist(), m.tolist()) for i, m in samples]
+    # The prefix and the questions once, each round's trained part once, each history answer once, and one
+    # copied token for each of the two branches that start where a trained token would.
+    assert len(tree) == 3 + 6 + 9 + 2 * (1 + 2)
+    chains = []
+    for leaf in tree.leaves.tolist():
+        depth, node = 0, leaf
+        while node != -1:
+            depth, node = depth + 1, int(tree.node_parents[node])
+        chains.append(depth)
+    assert chains == [2, 3, 3]  # round 3 hangs below round 2's history, not beside it under the prefix
+
+
 def test_a_trained_token_is_never_shared_and_a_branch_starts_untrained() -> None:
     same = _sample([1, 2, 3], [False, True, True])
     tree = build_tree([same, same])

@@ -221,6 +221,7 @@ def pack(
     fix_turns: bool = False,
     fix_turns_log: PathArg | None = None,
     expand_turns: ExpandTurns = "off",
+    prefix_tree: bool = False,
     dry_run: bool = False,
     engine: EngineName = "local",
     ray_address: str | None = None,

@@ -137,6 +137,15 @@ ExpandTurnsOption = Annotated[
         rich_help_panel=INPUT,
     ),
 ]
+PrefixTreeOption = Annotated[
+    bool,
+    typer.Option(
+        "--prefix-tree",
+        help="With --expand-turns: a record's rounds as one tree sample, the shared history stored once; rows "
+        "for trainers that build the tree's attention mask (packcli's padded collator).",
+        rich_help_panel=INPUT,
+    ),
+]
 TokenizerOption = Annotated[
     str | None,
     typer.Option(
@@ -220,6 +229,7 @@ TOKEN_PARAMETERS = (
     "on_error",
     "fix_turns",
     "expand_turns",
+    "prefix_tree",
     "tokenizer",
     "chat_template",
     "processor",

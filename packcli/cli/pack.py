@@ -22,6 +22,7 @@ from packcli.cli.options import (
     NoCacheOption,
     NumProcOption,
     OnErrorOption,
+    PrefixTreeOption,
     ProcessorOption,
     QuietFlag,
     SplitOption,
@@ -108,6 +109,7 @@ def pack(
     on_error: OnErrorOption = "fail",
     fix_turns: FixTurnsOption = False,
     expand_turns: ExpandTurnsOption = "off",
+    prefix_tree: PrefixTreeOption = False,
     rejects: Annotated[
         str | None, typer.Option(help="Write every dropped record and its reason to this JSONL file.")
     ] = None,

@@ -172,6 +172,13 @@ def print_pack_summary(summary: RunSummary) -> None:
             "expanded by round",
             f"{e['records']:,} records into {e['samples']:,} samples, +{e['extra_tokens']:,} tokens",
         )
+    if summary.trees is not None and summary.trees["records"]:
+        t = summary.trees
+        table.add_row(
+            "prefix trees",
+            f"{t['samples']:,} samples as {t['trees']:,} trees: {t['tokens']:,} tokens for the expansion's "
+            f"{t['expansion_tokens']:,} ({t['tokens'] / t['expansion_tokens']:.1%})",
+        )
     if split is not None and split.exchanges_cut is not None:
         side = "the start of the prompt" if split.cut_side == "left" else "the end"
         table.add_row("exchanges cut (one over --max-len)", f"{split.exchanges_cut:,} (cut from {side})")

@@ -29,6 +29,7 @@ from packcli.cli.options import (
     NoCacheOption,
     NumProcOption,
     OnErrorOption,
+    PrefixTreeOption,
     ProcessorOption,
     SplitOption,
     TaskOption,
@@ -83,6 +84,7 @@ def stats(
     on_error: OnErrorOption = "fail",
     fix_turns: FixTurnsOption = False,
     expand_turns: ExpandTurnsOption = "off",
+    prefix_tree: PrefixTreeOption = False,
     tokenizer: TokenizerOption = None,
     chat_template: ChatTemplateOption = None,
     processor: ProcessorOption = None,
@@ -120,6 +122,7 @@ def stats(
             "on_error": on_error,
             "fix_turns": fix_turns,
             "expand_turns": expand_turns,
+            "prefix_tree": prefix_tree,
             "cache_dir": cache_dir,
         }
         options = merge_preset(ctx, config, flags, field, template_kwarg, num_proc, no_cache)

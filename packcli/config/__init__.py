@@ -42,6 +42,7 @@ from packcli.config.values import (
     MIX_SUM_TOLERANCE,
     NOT_EMPTY,
     NOT_WITH_IMAGES,
+    PREFIX_TREE_CONFLICTS,
     RANGES,
     check_eval,
     describe_value,
@@ -112,6 +113,7 @@ class PackConfig:
     fix_turns: bool = False  # clean conversations (packcli.records.turns) before they are rendered
     fix_turns_log: str | None = None  # JSON lines: each record --fix-turns changed, and how
     expand_turns: ExpandTurns = "off"  # one sample per round of a conversation (packcli.tokenize.rounds)
+    prefix_tree: bool = False  # an expanded record's rounds as one tree sample (packcli.tokenize.trees)
     dry_run: bool = False
     engine: EngineName = "local"
     ray_address: str | None = None
@@ -180,11 +182,24 @@ class PackConfig:
             )
 
     def _check_expand_turns(self) -> None:
-        """--expand-turns: a round is one whole sample, trained on its own answers, of chat data, local engine."""
+        """--expand-turns: a round is one whole sample, trained on its own answers, of chat data, local engine.
+
+        --prefix-tree: the rounds of an expanded record as one tree sample, in rows only a tree-aware
+        consumer reads; what would have to cut, pad or weigh a tree by its paths is refused.
+        """
         for name, value, why in EXPAND_TURNS_CONFLICTS if self.expand_turns != "off" else ():
             if getattr(self, name) == value or (value == "any" and getattr(self, name) is not None):
                 shown = "" if value == "any" else f" {value}"
                 raise UsageError("cannot be used with ", Opt(name), f"{shown} ({why})", option="expand_turns")
+        if self.prefix_tree and self.expand_turns == "off":
+            raise UsageError(
+                "needs ", Opt("expand_turns"), " (the tree's branches are a record's rounds)",
+                option="prefix_tree", hint=("pass ", Opt("expand_turns"), " reasoning or all"),
+            )  # fmt: skip
+        for name, value, why in PREFIX_TREE_CONFLICTS if self.prefix_tree else ():
+            if getattr(self, name) == value or (value == "more" and getattr(self, name) > 1):
+                shown = f" {value}" if value != "more" else " above 1"
+                raise UsageError("cannot be used with ", Opt(name), f"{shown} ({why})", option="prefix_tree")
 
     def _check_template_kwargs(self) -> None:
         for name, value in self.template_kwargs.items():
@@ -358,6 +373,7 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
         "on_error",
         "fix_turns",
         "expand_turns",
+        "prefix_tree",
         "processor",
     ),
     "packing": (

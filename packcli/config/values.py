@@ -176,6 +176,17 @@ EXPAND_TURNS_CONFLICTS: tuple[tuple[str, Any, str], ...] = (
     ("processor", "any", "images are not expanded yet"),
 )
 
+# What --prefix-tree cannot be used with: (option, value or "more" for above 1, why).
+PREFIX_TREE_CONFLICTS: tuple[tuple[str, Any, str], ...] = (
+    ("pad_to_multiple_of", "more", "a tree's padding would be no node of it"),
+    ("context_parallel", "more", "a tree's tokens cannot be dealt to ranks in order"),
+    ("loss_weighting", "sample", "a tree holds several samples' trained tokens"),
+    ("loss_weighting", "sqrt", "a tree holds several samples' trained tokens"),
+    ("output_format", "mds", "its rows carry no tree columns"),
+    ("output_format", "megatron", "its rows carry no tree columns"),
+    ("overflow", "truncate", "a tree is never cut"),
+)
+
 # What --processor refuses, by (option, value, in words): images are not packed with them yet.
 NOT_WITH_IMAGES: tuple[tuple[str, Any, str], ...] = (
     ("engine", "ray", "the Ray engine"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from packcli.contract import shard_schema
+from packcli.contract import TREE_COLUMNS, shard_schema
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class RowLayout:
     image_bytes: bool = False  # with them, image_bytes (--embed-images, or images that came as bytes)
     embed_images: bool = False  # --embed-images: the bytes of images given by path too
     image_spans: bool = False  # with them, image_spans (a family whose image is more than its image tokens)
+    trees: bool = False  # --prefix-tree: the tree columns, and position_ids that follow the trees
 
     @property
     def pad_to(self) -> int | None:
@@ -48,6 +49,8 @@ class RowLayout:
             optional.append("sample_role")
         if self.sources:
             optional.append("source")
+        if self.trees:
+            optional.extend(TREE_COLUMNS)
         schema = shard_schema(optional)
         if self.images:
             from packcli.output.images import image_fields

@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packcli.contract import IGNORE_INDEX, SHARD_SCHEMA, file_sha256, shard_schema
+from packcli.contract import IGNORE_INDEX, SHARD_SCHEMA, TREE_COLUMNS, file_sha256, shard_schema
 from packcli.output.formats import FORMATS, shard_format
 from packcli.output.layout import RowLayout
 from packcli.plan import packing
+from packcli.store.nodes import TreeNodes
 
 EXTENSIONS = {name: f.extension for name, f in FORMATS.items()}
 
@@ -33,6 +34,7 @@ def build_rows(
     source: np.ndarray | None = None,
     images: list[list[dict[str, Any]]] | None = None,
     skips: np.ndarray | None = None,
+    tree: TreeNodes | None = None,
 ) -> pa.Table:
     """Return a table of packed rows from the samples' tokens, concatenated in row order.
 
@@ -49,7 +51,8 @@ def build_rows(
     sample's n trained tokens and 0 elsewhere. ``sample_role`` (preference data) is written as the
     ``sample_role`` column, 0 on a padding segment. ``images`` (a run with a processor) holds each
     sample's images, written as the image columns (packcli.output.images); ``skips`` the tokens cut from
-    each sample's start.
+    each sample's start. ``tree`` (--prefix-tree) holds the samples' nodes: written as the tree columns
+    (a padding segment one root node), with ``position_ids`` each token's depth in its tree.
     """
     pad_to, pad_id, pad_multiple = layout.pad_to, layout.pad_id, layout.pad_multiple
     lengths = sample_lengths.astype(np.int64)
@@ -65,7 +68,11 @@ def build_rows(
     np.cumsum(lengths[:-1], out=dst_starts[1:])
     within = np.arange(total, dtype=np.int64) - np.repeat(dst_starts, lengths)
     row_labels = labels
-    positions = within.astype(np.int32)
+    if tree is not None:
+        assert pad_multiple == 1 and (skips is None or not skips.any()), "a tree is never padded inside or cut"
+        positions = tree.positions()
+    else:
+        positions = within.astype(np.int32)
     del within
     row_sample_offsets = np.zeros(len(samples_per_row) + 1, dtype=np.int64)
     np.cumsum(samples_per_row, out=row_sample_offsets[1:])
@@ -85,6 +92,9 @@ def build_rows(
         image_arrays = image_columns(
             images, lengths, cut, samples_per_row, layout.image_bytes, layout.embed_images, layout.image_spans
         )
+    tree_columns: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # node lengths, parents, per row
+    if tree is not None:
+        tree_columns = _row_nodes(tree, samples_per_row, None if pad_to is None else pad_to - row_tokens)
     if pad_to is not None:
         ids, row_labels, positions, seq_lengths, index, pieces, row_tokens, samples_per_row = _pad_rows(
             ids, row_labels, positions, seq_lengths, index, pieces, row_tokens, samples_per_row, pad_to, pad_id
@@ -123,9 +133,45 @@ def build_rows(
     if source is not None:
         columns.append(pa.ListArray.from_arrays(seq_off, _arrow(source, np.int16)))
         optional.append("source")
+    if tree_columns is not None:
+        node_lengths, node_parents, nodes_per_row = tree_columns
+        node_off = np.zeros(len(nodes_per_row) + 1, dtype=np.int64)
+        np.cumsum(nodes_per_row, out=node_off[1:])
+        columns.append(pa.ListArray.from_arrays(_arrow(node_off, np.int32), _arrow(node_lengths, np.int32)))
+        columns.append(pa.ListArray.from_arrays(_arrow(node_off, np.int32), _arrow(node_parents, np.int32)))
+        optional.extend(TREE_COLUMNS)
     if images is not None:
         return pa.Table.from_arrays(columns + image_arrays, schema=layout.schema())
     return pa.Table.from_arrays(columns, schema=shard_schema(optional) if optional else SHARD_SCHEMA)
+
+
+def _row_nodes(
+    tree: TreeNodes, samples_per_row: np.ndarray, pad: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return the rows' node lengths and parents (row node indices), and each row's number of nodes.
+
+    ``pad`` (with --pad-to-max): each row's padding, after its samples, one root node where above 0.
+    """
+    parents = tree.row_parents(samples_per_row)
+    lengths = tree.lengths.astype(np.int32)
+    sample_offsets = np.zeros(len(samples_per_row) + 1, dtype=np.int64)
+    np.cumsum(samples_per_row, out=sample_offsets[1:])
+    node_before = np.zeros(len(tree.counts) + 1, dtype=np.int64)
+    np.cumsum(tree.counts, out=node_before[1:])
+    nodes_per_row = node_before[sample_offsets[1:]] - node_before[sample_offsets[:-1]]
+    if pad is None or not (pad > 0).any():
+        return lengths, parents, nodes_per_row
+    has_pad = (pad > 0).astype(np.int64)
+    dst = np.arange(len(lengths), dtype=np.int64) + np.repeat(np.cumsum(has_pad) - has_pad, nodes_per_row)
+    n = len(lengths) + int(has_pad.sum())
+    out_lengths = np.zeros(n, dtype=np.int32)
+    out_parents = np.full(n, -1, dtype=np.int32)
+    out_lengths[dst] = lengths
+    out_parents[dst] = parents
+    nodes_per_row = nodes_per_row + has_pad
+    pad_node = (np.cumsum(nodes_per_row) - 1)[pad > 0]
+    out_lengths[pad_node] = pad[pad > 0]
+    return out_lengths, out_parents, nodes_per_row
 
 
 def _pad_samples(

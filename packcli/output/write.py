@@ -22,6 +22,7 @@ from packcli.plan import mix
 from packcli.plan.planner import Plan
 from packcli.procs import pool
 from packcli.store.images import load_images
+from packcli.store.nodes import TreeNodes
 from packcli.store.tokens import (
     TokenReader,
     TokenStore,
@@ -70,9 +71,17 @@ def row_group_tables(
             source=mix.source_ids(store, store_rows) if layout.sources else None,
             images=[table.get(int(k), []) for k in store_rows] if table is not None else None,
             skips=plan.skips[pick],
+            tree=_tree_nodes(store, store_rows) if layout.trees else None,
         )
         progress("write", len(group), len(plan.order.order))
         raise_if_stopped()
+
+
+def _tree_nodes(store: TokenStore, store_rows: np.ndarray) -> TreeNodes:
+    """The nodes of the stored samples ``store_rows``: their trees, or one node each in a store of plain samples."""
+    if store.tree_nodes is None:
+        return TreeNodes.plain(store.lengths[store_rows])
+    return store.tree_nodes.select(store_rows)
 
 
 def _write_one_shard(s: int, progress: Progress = no_progress) -> dict[str, Any]:

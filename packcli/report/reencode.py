@@ -137,6 +137,7 @@ def _reference_samples(
         split=ingest.split_rule(config),
         fix_turns=config.fix_turns,
         expand_turns=config.expand_turns,
+        prefix_tree=config.max_len if config.prefix_tree else None,
     )
     try:
         for batch in read_batches(sources, ingest.BATCH_SIZE, config.limit):

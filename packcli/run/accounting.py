@@ -145,6 +145,7 @@ def summary(
         leading_answers=leading_answers,
         reasoning=dict(meta.reasoning) if meta.reasoning else None,
         expanded=dict(meta.expanded) if meta.expanded is not None else None,
+        trees=dict(meta.trees) if meta.trees is not None else None,
         tokens=written_tokens,
         trainable_tokens=plan.trainable,
         rows=rows,

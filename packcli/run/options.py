@@ -49,4 +49,5 @@ def row_layout(config: PackConfig, pad_id: int, embedded_images: int = 0, image_
         image_bytes=config.processor is not None and (config.embed_images or embedded_images > 0),
         embed_images=config.embed_images,
         image_spans=config.processor is not None and image_spans,
+        trees=config.prefix_tree,
     )

@@ -285,6 +285,8 @@ def _manifest(
         leading_answers=summary.leading_answers or None,
         reasoning=summary.reasoning,
         expanded=summary.expanded,
+        trees=summary.trees,
+        prefix_trees=True if config.prefix_tree else None,
         warnings=summary.warnings,
         tokens=summary.tokens,
         trainable_tokens=summary.trainable_tokens,

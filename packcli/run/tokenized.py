@@ -246,8 +246,10 @@ def _tokenized(
             "tokenization": {
                 k: v
                 for k, v in config.group("tokenization").items()
-                if k not in ("tokenizer", "chat_template", "processor")
+                if k not in ("tokenizer", "chat_template", "processor", "prefix_tree")
             },
+            # --prefix-tree: the rounds of a record grow trees of at most --max-len tokens (absent without it).
+            **({"prefix_tree": config.max_len} if config.prefix_tree else {}),
             # --processor: what decides the image tokens, and the cut that leaves out samples whose image it
             # would cut (absent without it: text keys stay valid).
             **(

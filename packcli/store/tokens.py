@@ -42,9 +42,11 @@ from packcli.errors import OutputError, first_line
 from packcli.io.uri import is_uri, join
 from packcli.owned import owner_tag
 from packcli.store.integrity import TOKEN_FILES, DamagedStore, Digest, check_store, meta_digest, segment_files
+from packcli.store.nodes import TreeNodes
 
 TOKEN_DTYPE = np.dtype("<i4")
 ARRAYS = ("sample_index", "piece_index", "lengths", "trainable", "first_trained", "positions")
+TREE_ARRAYS = ("tree_node_counts", "tree_node_lengths", "tree_node_parents")  # --prefix-tree (TreeNodes)
 
 
 # Batches are small (a worker's 256 samples): their per-sample arrays are joined into chunks of at least
@@ -99,6 +101,8 @@ class TokenStore:
     seconds: dict[str, float] = field(default_factory=dict)
     # uint64 (n, 2) per sample: its record's content key (packcli.records.dedup); None in a store without.
     content_key: np.ndarray | None = None
+    # --prefix-tree: every sample's nodes (packcli.tokenize.trees.TreeNodes); None in a store of plain samples.
+    tree_nodes: TreeNodes | None = None
 
     def __post_init__(self) -> None:
         if self.sample_role is None:
@@ -235,6 +239,8 @@ class TokenStoreWriter:
         self._roles = _Column()
         self._keys = _Column()  # content keys, while every batch gave them
         self._keys_whole = True
+        self._tree = {k: _Column() for k in TREE_ARRAYS}  # --prefix-tree: the samples' nodes
+        self._tree_on = False
         self._local_tokens = 0  # tokens written by add() into the one local segment (prefix "")
         self._segments: list[dict[str, Any]] = []  # segments written elsewhere (add_segment), in order
         self._segment_files: dict[str, dict[str, Any]] = {}
@@ -253,10 +259,12 @@ class TokenStoreWriter:
         piece_index: np.ndarray | None = None,
         sample_role: np.ndarray | None = None,
         content_keys: np.ndarray | None = None,
+        tree_nodes: TreeNodes | None = None,
     ) -> None:
         if len(lengths) == 0:
             return
         self._add_keys(content_keys, len(lengths))
+        self._add_tree(tree_nodes, lengths)
         assert not self._segments, "a store's samples are added by add() or by add_segment(), not both"
         try:
             for fh, name, values in ((self._ids, TOKEN_FILES[0], ids), (self._labels, TOKEN_FILES[1], labels)):
@@ -280,6 +288,7 @@ class TokenStoreWriter:
         piece_index: np.ndarray | None = None,
         sample_role: np.ndarray | None = None,
         content_keys: np.ndarray | None = None,
+        tree_nodes: TreeNodes | None = None,
     ) -> None:
         """Add samples whose tokens another process wrote as a segment (``{"prefix", "tokens"}``).
 
@@ -289,6 +298,7 @@ class TokenStoreWriter:
         if len(lengths) == 0:
             return
         self._add_keys(content_keys, len(lengths))
+        self._add_tree(tree_nodes, lengths)
         assert self._local_tokens == 0, "a store's samples are added by add() or by add_segment(), not both"
         assert int(segment["tokens"]) == int(np.asarray(lengths, dtype=np.int64).sum())
         self._segments.append({"prefix": segment["prefix"], "tokens": int(segment["tokens"])})
@@ -301,6 +311,18 @@ class TokenStoreWriter:
             self._keys_whole = False
         elif self._keys_whole:
             self._keys.append(keys)
+
+    def _add_tree(self, nodes: TreeNodes | None, lengths: np.ndarray) -> None:
+        """Keep the batch's tree nodes (--prefix-tree: every batch gives them, plain samples one node each)."""
+        if nodes is None and not self._tree_on:
+            return
+        if not self._tree_on:
+            assert not self._arrays["lengths"].samples, "a store's batches all give tree nodes, or none does"
+            self._tree_on = True
+        if nodes is None:
+            nodes = TreeNodes.plain(lengths)
+        for key, value in zip(TREE_ARRAYS, (nodes.counts, nodes.lengths, nodes.parents), strict=True):
+            self._tree[key].append(value)
 
     def _add_arrays(
         self,
@@ -350,7 +372,8 @@ class TokenStoreWriter:
                 arrays["sample_role"] = self._roles.join(np.zeros(0, np.int8))
             if self._keys_whole:
                 arrays["content_key"] = self._keys.join(np.zeros((0, 2), "<u8"))
-            np.savez(self.tmp / "samples.npz", **arrays)
+            tree = {k: self._tree[k].join(np.zeros(0, np.int32)) for k in TREE_ARRAYS} if self._tree_on else {}
+            np.savez(self.tmp / "samples.npz", **{**arrays, **tree})
             written = {}  # the token files, hashed as they were written
             if self._segments:  # the tokens are in segments written elsewhere: no local token files
                 for name in TOKEN_FILES:
@@ -393,7 +416,7 @@ class TokenStoreWriter:
             return load_store(self.final_path, verify=verify)
         # This run's entry: the arrays in memory are those just saved (not loaded again from samples.npz).
         meta = json.loads((self.final_path / "meta.json").read_text())
-        return TokenStore(path=self.final_path, meta=meta, **arrays)
+        return TokenStore(path=self.final_path, meta=meta, **arrays, tree_nodes=TreeNodes.stored(tree))
 
     def abort(self) -> None:
         for fh in (self._ids, self._labels):
@@ -416,9 +439,10 @@ def load_store(
                 arrays["sample_role"] = data["sample_role"]
             if "content_key" in data:
                 arrays["content_key"] = data["content_key"]
+            tree = {k: data[k] for k in TREE_ARRAYS if k in data}
     except (OSError, ValueError, KeyError) as exc:
         raise DamagedStore(f"{path / 'samples.npz'}: cannot be read ({first_line(exc)})") from exc
-    return TokenStore(path=path, meta=meta, **arrays)
+    return TokenStore(path=path, meta=meta, **arrays, tree_nodes=TreeNodes.stored(tree))
 
 
 def find_store(path: Path, check_digests: Callable[[str, dict[str, Any]], None] | None = None) -> TokenStore | None:

@@ -25,7 +25,7 @@ from packcli.store.tokens import (
     TokenStore,
     TokenStoreWriter,
 )
-from packcli.tokenize import rounds, worker
+from packcli.tokenize import rounds, trees, worker
 from packcli.tokenize.bounds import max_token_bytes
 from packcli.tokenize.encode_service import EncodeService, encode_in_main
 from packcli.tokenize.encoder import EncodeOptions, Encoder
@@ -150,6 +150,7 @@ def tokenize_to_store(
         fix_turns=config.fix_turns,
         image_window=image_window(config),
         expand_turns=config.expand_turns,
+        prefix_tree=config.max_len if config.prefix_tree else None,
     )
     encoder.long_text_bytes = long_text_bytes(config, encoder)
     ruled_out_bytes = config.max_len * token_bytes if token_bytes else None
@@ -165,6 +166,7 @@ def tokenize_to_store(
     slow_here = encoder.text.slow_records  # ... and in this process (the encode service)
     reasoning: Counter[str] = Counter()
     expanded: Counter[str] = Counter()
+    prefix_trees: Counter[str] = Counter()
     left_out_tokens: Counter[str] = Counter()
     clock: defaultdict[str, float] = defaultdict(float)  # seconds by stage (see TokenStore.seconds)
     began = time.perf_counter()
@@ -216,6 +218,7 @@ def tokenize_to_store(
                 slow_records += result.slow_records
                 reasoning.update(result.reasoning)
                 expanded.update(result.expanded)
+                prefix_trees.update(result.prefix_trees)
                 for entry in result.turn_fixes:
                     _write_line(fixes_file, json.dumps(entry, ensure_ascii=False), where, fix)
                 starts.setdefault(result.source, result.first_index)
@@ -256,6 +259,7 @@ def tokenize_to_store(
                         result.piece_index,
                         result.roles,
                         content_keys=result.content_keys,
+                        tree_nodes=result.tree_nodes,
                     )
                 else:
                     writer.add(
@@ -269,6 +273,7 @@ def tokenize_to_store(
                         result.piece_index,
                         result.roles,
                         content_keys=result.content_keys,
+                        tree_nodes=result.tree_nodes,
                     )
                 clock["store"] += time.perf_counter() - stored
                 progress("tokenize", result.n_records, total)
@@ -303,6 +308,8 @@ def tokenize_to_store(
             meta["reasoning"] = {key: reasoning[key] for key in rounds.REASONING_KEYS}
         if config.expand_turns != "off":
             meta["expanded"] = {key: expanded[key] for key in rounds.EXPANDED_KEYS}
+        if config.prefix_tree:
+            meta["trees"] = {key: prefix_trees[key] for key in trees.TREE_KEYS}
         if encoder.vision is not None:
             meta["tokenizer"] = {
                 **encoder.identity(),

@@ -32,10 +32,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packcli.contract import tree_attention
+from packcli.contract import IGNORE_INDEX, tree_attention
 from packcli.errors import RecordError
+from packcli.store.nodes import TreeNodes
 
-__all__ = ["TreeSample", "build_tree", "tree_attention", "tree_paths"]
+# The summary's trees (--prefix-tree): the records made into trees, the trees, the expanded
+# samples they hold, their tokens and the plain expansion's tokens.
+TREE_KEYS = ("records", "trees", "samples", "tokens", "expansion_tokens")
+
+__all__ = ["TreeNodes", "TreeSample", "build_tree", "grow_trees", "tree_attention", "tree_paths"]
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,8 @@ class _Trie:
         # The children another sample may walk into: untrained tokens where no sample ends, by id.
         self.shared: list[dict[int, int]] = [{}]
 
-    def add(self, parent: int, token: int, trained: bool, mergeable: bool) -> int:
+    def add(self, parent: int, token: int, trained: bool, mergeable: bool, replace: bool = False) -> int:
+        """Add vertex ``token`` under ``parent``; ``replace``: later samples walk into it, not its sibling."""
         v = len(self.ids)
         self.ids.append(token)
         self.trained.append(trained)
@@ -77,7 +83,9 @@ class _Trie:
         self.children.append([])
         self.shared.append({})
         self.children[parent].append(v)
-        if mergeable:
+        if mergeable and replace:
+            self.shared[parent][token] = v
+        elif mergeable:
             self.shared[parent].setdefault(token, v)
         return v
 
@@ -89,13 +97,17 @@ class _Trie:
         while i < n - 1 and not trained[i] and ids[i] in self.shared[cur]:
             cur = self.shared[cur][ids[i]]
             i += 1
+        copy = False  # whether later samples walk into the copy made here instead of the original
         if cur and (trained[i] or any(self.trained[c] for c in self.children[cur])):
             # A branch never starts with a trained token (see the module docstring), neither the new one
             # nor a sibling already there: start it one token earlier, with a copy of the last shared
-            # token beside the original. So a vertex with a trained child has no other child.
+            # token beside the original. So a vertex with a trained child has no other child. Where the
+            # original leads to a trained token and this sample goes on untrained, the copy is what later
+            # samples share (a later round's history runs on through this one's).
+            copy = not trained[i] and any(self.trained[c] for c in self.children[cur])
             cur, i = self.parent[cur], i - 1
         for j in range(i, n):
-            cur = self.add(cur, ids[j], trained[j], mergeable=not trained[j] and j < n - 1)
+            cur = self.add(cur, ids[j], trained[j], mergeable=not trained[j] and j < n - 1, replace=copy and j == i)
         return cur
 
 
@@ -123,6 +135,37 @@ def build_tree(samples: Sequence[tuple[np.ndarray, np.ndarray]]) -> TreeSample:
             )
         leaves.append(trie.insert(id_list, mask))
     return _flatten(trie, leaves)
+
+
+def grow_trees(samples: Sequence[tuple[np.ndarray, np.ndarray]], max_len: int) -> list[tuple[TreeSample, int]]:
+    """Return the trees of one record's expanded samples (``(ids, labels)``), each at most ``max_len`` tokens.
+
+    One tree holds them all where it fits in ``max_len``; else the samples are taken in order, each
+    tree growing by the next sample while it fits (a sample too long alone is a tree of its own, as
+    long as the sample). Each tree comes with the number of samples it holds.
+    """
+    pairs = [(np.asarray(ids), np.asarray(labels) != IGNORE_INDEX) for ids, labels in samples]
+    whole = build_tree(pairs)
+    if len(whole) <= max_len or len(pairs) == 1:
+        return [(whole, len(pairs))]
+    out: list[tuple[TreeSample, int]] = []
+    start = 0
+    current = build_tree(pairs[:1])
+    for end in range(2, len(pairs) + 1):
+        grown = build_tree(pairs[start:end])
+        if len(grown) <= max_len:
+            current = grown
+            continue
+        out.append((current, end - 1 - start))
+        start = end - 1
+        current = build_tree(pairs[start:end])
+    out.append((current, len(pairs) - start))
+    return out
+
+
+def tree_labels(tree: TreeSample) -> np.ndarray:
+    """Return a tree's labels (unshifted, as the rows carry them): its id where trained, else IGNORE_INDEX."""
+    return np.where(tree.trained, tree.ids, IGNORE_INDEX).astype(np.int32)
 
 
 def _flatten(trie: _Trie, leaves: list[int]) -> TreeSample:

@@ -30,7 +30,7 @@ from packcli.records.dedup import content_key
 from packcli.records.formats import PREFERENCE_FORMATS, Sample, detect_format, normalize
 from packcli.records.images import attach_images
 from packcli.results import RejectEntry
-from packcli.tokenize import rounds
+from packcli.tokenize import rounds, trees
 from packcli.tokenize.bounds import rule_out_too_long
 from packcli.tokenize.chat_template import trained_turns
 from packcli.tokenize.encoder import Encoder
@@ -82,6 +82,10 @@ class TokenizedBatch:
     segment_files: dict[str, dict[str, Any]] = field(default_factory=dict)
     # A run with a processor: per kept sample, its images (packcli.tokenize.images); None without one.
     images: list[tuple[dict[str, Any], ...]] | None = None
+    # --prefix-tree: the kept samples' nodes (a plain sample one node), and the trees counted
+    # (records, trees, samples in them, their tokens and the expansion's); None and empty without it.
+    tree_nodes: trees.TreeNodes | None = None
+    prefix_trees: dict[str, int] = field(default_factory=dict)
     # Records whose label masks the fast encoder left to the reference (packcli.tokenize.text_encoders).
     slow_records: int = 0
 
@@ -99,6 +103,7 @@ def use(
     fix_turns: bool = False,
     image_window: tuple[int, str] | None = None,
     expand_turns: str = "off",
+    prefix_tree: int | None = None,
 ) -> None:
     """Set what ``tokenize_batch`` works with in this process (and in the workers forked from it).
 
@@ -107,10 +112,13 @@ def use(
     max_len into pieces (``--overflow split``, see packcli.tokenize.split). ``fix_turns`` cleans conversations
     (packcli.records.turns). ``image_window`` is (the most tokens a sample keeps, the side it is cut from)
     under --overflow truncate or split: a sample with images that the cut would cut an image of is left out.
-    ``expand_turns``: --expand-turns (packcli.tokenize.rounds).
+    ``expand_turns``: --expand-turns (packcli.tokenize.rounds). ``prefix_tree``: with --prefix-tree, the
+    most tokens a tree holds (--max-len): an expanded record's rounds become trees (packcli.tokenize.trees).
     """
     _CONTEXT.clear()
-    _CONTEXT.update(encoder=encoder, fields=fields, fix_turns=fix_turns, expand_turns=expand_turns)
+    _CONTEXT.update(
+        encoder=encoder, fields=fields, fix_turns=fix_turns, expand_turns=expand_turns, prefix_tree=prefix_tree
+    )
     if rule_out is not None:
         _CONTEXT["rule_out"] = rule_out
     if split is not None:
@@ -206,13 +214,32 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
     left_out: Counter[str] = Counter()
     left_out_tokens: Counter[str] = Counter()
     records_split = pieces_made = 0
+    tree_max: int | None = _CONTEXT.get("prefix_tree")
+    nodes: list[tuple[np.ndarray, np.ndarray] | None] = []  # --prefix-tree: per kept sample, None when plain
+    tree_counts: Counter[str] = Counter()
     for k, result in enumerate(results):
         index = batch.first_index + k
         if isinstance(result, RecordError):
             rejects.append(reject(index, batch.source, batch.positions[k], result, raws[k], batch.raw_lines))
             continue
+        tree_nodes: list[tuple[np.ndarray, np.ndarray] | None] | None = None
         if isinstance(result, rounds.Rounds):  # --expand-turns: one sample per round, piece_index the round
             kept = list(result)
+            if tree_max is not None:  # --prefix-tree: the rounds as trees, piece_index the tree
+                try:
+                    grown = trees.grow_trees(kept, tree_max)
+                except RecordError as err:
+                    rejects.append(reject(index, batch.source, batch.positions[k], err, raws[k], batch.raw_lines))
+                    continue
+                tree_counts.update(
+                    records=1,
+                    trees=len(grown),
+                    samples=len(kept),
+                    tokens=sum(len(tree) for tree, _ in grown),
+                    expansion_tokens=sum(len(ids) for ids, _ in kept),
+                )
+                kept = [(tree.ids, trees.tree_labels(tree)) for tree, _ in grown]
+                tree_nodes = [(tree.node_lengths, tree.node_parents) for tree, _ in grown]
         elif isinstance(result, list):  # a preference or KTO record: its samples, with their roles
             kept = [(piece_ids, piece_labels) for piece_ids, piece_labels, _ in result]
             roles.extend([0] * (len(kept_index) - len(roles)) + [role for _, _, role in result])
@@ -253,6 +280,8 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         content_keys.extend([content_key(samples[k])] * len(kept))
         if vision:
             kept_images.extend(getattr(piece, "images", ()) for piece in kept)
+        if tree_max is not None:
+            nodes.extend(tree_nodes or [None] * len(kept))
         for p, (piece_ids, piece_labels) in enumerate(kept):
             kept_index.append(index)
             kept_pos.append(batch.positions[k])
@@ -290,6 +319,8 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         expanded=expanded,
         tokens_left_out=dict(left_out_tokens),
         images=kept_images if vision else None,
+        tree_nodes=trees.TreeNodes.of(nodes, lengths) if tree_max is not None else None,
+        prefix_trees=dict(tree_counts),
         slow_records=encoder.text.slow_records - slow_before,
         content_keys=np.frombuffer(b"".join(content_keys), dtype="<u8").reshape(-1, 2).copy(),
         seconds={
