@@ -237,3 +237,25 @@ def test_tree_nodes_positions_and_row_parents() -> None:
     assert flipped.lengths.tolist() == [5, 3, 2, 4]
     assert flipped.row_parents(np.array([2])).tolist() == [-1, -1, 1, 1]
     assert flipped.row_parents(np.array([1, 1])).tolist() == [-1, -1, 0, 0]
+
+
+def test_trees_survive_the_eval_split_dedup_and_a_mix(tmp_path: Path, pack: Any, outputs: dict[str, Any]) -> None:
+    """The eval split, --dedup exact and --mix pick samples through views of the store: each keeps its nodes."""
+    records = [{"messages": _trace(k, rounds=2 + k % 4)} for k in range(12)]
+    data = write_jsonl(tmp_path / "t.jsonl", records + records[:3])  # three repeats for --dedup exact
+    other = write_jsonl(tmp_path / "o.jsonl", [{"messages": _trace(k, rounds=3)} for k in range(20, 26)])
+    tree = ["--chat-template", trl_templates() / "qwen3.jinja", "--expand-turns", "reasoning", "--prefix-tree"]
+    split = ["--dedup", "exact", "--eval-fraction", 0.25]
+    summary = json.loads(pack(data, "--max-len", 4096, *tree, *split, "-o", tmp_path / "a", "--json").stdout)
+    assert summary["dropped"] == {"duplicate": 3}
+    whole = _samples(outputs["trees"])
+    train, held = _samples(tmp_path / "a"), _samples(tmp_path / "a" / "eval")
+    assert held and sorted([*train, *held]) == sorted(whole)
+    for key, sample in [*train.items(), *held.items()]:
+        assert sample == whole[key]  # ids, labels, positions and nodes, in the eval rows too
+    mixed = ["--mix", f"{data}=0.5", "--mix", f"{other}=0.5", "--mix-by", "records"]
+    pack(*mixed, "--max-len", 4096, *tree, "-o", tmp_path / "m", "-q")
+    runner = CliRunner()
+    for out in (tmp_path / "a", tmp_path / "a" / "eval", tmp_path / "m"):
+        assert runner.invoke(app, ["verify", str(out)]).exit_code == 0, out
+    assert all(len(s["nodes"][0]) > 1 for s in _samples(tmp_path / "m").values())

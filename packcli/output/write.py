@@ -78,9 +78,9 @@ def row_group_tables(
 
 
 def _tree_nodes(store: TokenStore, store_rows: np.ndarray) -> TreeNodes:
-    """The nodes of the stored samples ``store_rows``: their trees, or one node each in a store of plain samples."""
+    """The nodes of the stored samples ``store_rows`` (a store made with --prefix-tree keeps every sample's)."""
     if store.tree_nodes is None:
-        return TreeNodes.plain(store.lengths[store_rows])
+        raise AssertionError(f"{store.path}: the rows hold trees, and the token store has no tree nodes")
     return store.tree_nodes.select(store_rows)
 
 

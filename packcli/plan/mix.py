@@ -232,6 +232,7 @@ def store_view(store: TokenStore, rows: np.ndarray) -> TokenStore:
         sample_role=None if store.sample_role is None else store.sample_role[rows],
         seconds=store.seconds,
         content_key=None if store.content_key is None else store.content_key[rows],
+        tree_nodes=None if store.tree_nodes is None else store.tree_nodes.select(rows),
     )
     view.__dict__["starts"] = store.starts[rows]  # the cached property, set: offsets in the token files
     return view
