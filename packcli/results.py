@@ -213,6 +213,8 @@ class RunSummary:
     empty_answers: int
     # Conversations whose first message (after system ones) is a trained answer: an answer to nothing
     leading_answers: int = 0
+    # Conversations with a tools list the chat template leaves out of the tokens (their calls trained unseen)
+    tools_left_out: int = 0
     # Trained turns with reasoning and those the template leaves out (worker.REASONING_KEYS); None: no reasoning
     reasoning: dict[str, int] | None = None
     # --expand-turns: records expanded, the samples made of them, and their tokens beyond the records' own
@@ -342,6 +344,7 @@ class Manifest:
     turns_fixed: dict[str, int] | None = None
     empty_answers: int | None = None
     leading_answers: int | None = None
+    tools_left_out: int | None = None
     reasoning: dict[str, int] | None = None
     expanded: dict[str, int] | None = None
     trees: dict[str, int] | None = None  # --prefix-tree: as in the summary
@@ -420,6 +423,7 @@ class StoreMeta:
     turns_fixed: dict[str, int] | None = None
     empty_answers: int | None = None
     leading_answers: int | None = None
+    tools_left_out: int | None = None
     reasoning: dict[str, int] | None = None
     expanded: dict[str, int] | None = None
     trees: dict[str, int] | None = None  # --prefix-tree: the trees made (TREE_KEYS)

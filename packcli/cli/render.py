@@ -164,6 +164,8 @@ def print_pack_summary(summary: RunSummary) -> None:
         table.add_row("empty answers trained", _fmt(summary.empty_answers))
     if summary.leading_answers:
         table.add_row("answers to nothing trained", _fmt(summary.leading_answers))
+    if summary.tools_left_out:
+        table.add_row("tools lists not rendered", _fmt(summary.tools_left_out))
     if summary.reasoning:
         table.add_row("reasoning left out", reasoning_words(summary.reasoning))
     if summary.expanded is not None:

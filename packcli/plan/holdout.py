@@ -117,7 +117,7 @@ def eval_meta(meta: dict, records: int, held: np.ndarray, size: np.ndarray, firs
     out = dict(meta)
     out["records_read"] = records
     out["dropped"] = {}
-    for key in ("turns_fixed", "empty_answers", "leading_answers", "reasoning", "expanded", "trees"):
+    for key in ("turns_fixed", "empty_answers", "leading_answers", "tools_left_out", "reasoning", "expanded", "trees"):
         out.pop(key, None)
     if meta.get("split") is not None:
         pieced = held & ((size > 1) | (first_piece > 0))

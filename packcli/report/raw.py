@@ -73,6 +73,10 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
             from packcli.run.accounting import leading_answers_warning
 
             warnings = [*warnings, leading_answers_warning(int(meta["leading_answers"]))]
+        if meta.get("tools_left_out"):
+            from packcli.run.accounting import tools_left_out_warning
+
+            warnings = [*warnings, tools_left_out_warning(int(meta["tools_left_out"]))]
         if meta.get("reasoning", {}).get("turns_left_out"):
             from packcli.run.accounting import reasoning_warning
 
@@ -94,6 +98,7 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
         **({"turns_fixed": dict(meta["turns_fixed"])} if "turns_fixed" in meta else {}),
         **({"empty_answers": int(meta["empty_answers"])} if meta.get("empty_answers") else {}),
         **({"leading_answers": int(meta["leading_answers"])} if meta.get("leading_answers") else {}),
+        **({"tools_left_out": int(meta["tools_left_out"])} if meta.get("tools_left_out") else {}),
         **({"reasoning": dict(meta["reasoning"])} if meta.get("reasoning") else {}),
         "tokens": int(lengths.sum()),
         "trainable_tokens": trainable,

@@ -122,6 +122,9 @@ def summary(
     leading_answers = int(meta.leading_answers or 0)
     if leading_answers:
         warnings.append(leading_answers_warning(leading_answers))
+    tools_left_out = int(meta.tools_left_out or 0)
+    if tools_left_out:
+        warnings.append(tools_left_out_warning(tools_left_out))
     if meta.reasoning and meta.reasoning.get("turns_left_out"):
         warnings.append(reasoning_warning(meta.reasoning))
     read = int(store.lengths.sum()) if read_tokens is None else read_tokens
@@ -143,6 +146,7 @@ def summary(
         turns_fixed=dict(meta.turns_fixed) if meta.turns_fixed is not None else None,
         empty_answers=empty_answers,
         leading_answers=leading_answers,
+        tools_left_out=tools_left_out,
         reasoning=dict(meta.reasoning) if meta.reasoning else None,
         expanded=dict(meta.expanded) if meta.expanded is not None else None,
         trees=dict(meta.trees) if meta.trees is not None else None,
@@ -186,6 +190,16 @@ def leading_answers_warning(n: int) -> str:
     return (
         f"{n:,} {what} with an assistant turn that is trained as an answer to nothing (no user message before "
         "it); pass --fix-turns to drop such turns"
+    )
+
+
+def tools_left_out_warning(n: int) -> str:
+    """The warning for conversations whose tools list the chat template does not render."""
+    what = "conversation carries" if n == 1 else "conversations carry"
+    return (
+        f"the chat template leaves the tools list out of the tokens: {n:,} {what} tools the model will not see, "
+        "and their calls are trained without the functions' definitions; pass a template that renders tools "
+        "(--chat-template)"
     )
 
 

@@ -283,6 +283,7 @@ def _manifest(
         turns_fixed=summary.turns_fixed,
         empty_answers=summary.empty_answers,
         leading_answers=summary.leading_answers or None,
+        tools_left_out=summary.tools_left_out or None,
         reasoning=summary.reasoning,
         expanded=summary.expanded,
         trees=summary.trees,

@@ -74,6 +74,16 @@ def arguments_forms(render: Callable[[list[dict[str, Any]], list[Any]], str]) ->
     return False, False
 
 
+def renders_tools(render: Callable[[list[dict[str, Any]], list[Any]], str]) -> bool | None:
+    """Return whether the template renders a ``tools`` list (a probe function's name in the text), None when
+    the probe does not render at all."""
+    messages, tools = probe_conversation({_KEY: _VALUE}, None)
+    try:
+        return _NAME in render(messages[:1], tools)
+    except RecordError:
+        return None
+
+
 def conform_arguments(message: dict[str, Any], i: int, forms: tuple[bool, bool]) -> dict[str, Any]:
     """Return the message with each call's arguments in the form the template takes (see the module doc)."""
     takes_mapping, takes_string = forms

@@ -25,6 +25,7 @@ from packcli.tokenize.agentic import (
     check_tool_results,
     conform_arguments,
     reasoning_left_out,
+    renders_tools,
 )
 from packcli.tokenize.spans import assistant_spans
 from packcli.tokenize.template_shape import Render, TemplateShape, learn_shape
@@ -50,6 +51,7 @@ class ChatTemplate:
         self._shapes: dict[str, TemplateShape | str] = {}  # str: why it could not be learned
         self._parts: tuple[bool, bool] | None = None
         self._forms: tuple[bool, bool] | None = None  # tool call arguments taken as a mapping, as a string
+        self._tools: list[bool | None] = []  # whether it renders a tools list (learned once; None: unknown)
         self.split_markers: tuple[str, ...] = ()  # set by marker_warnings: markers the tokenizer splits
         # A run with a processor: image parts (packcli.records.images) render as {"type": "image"}.
         self.images = False
@@ -176,6 +178,12 @@ class ChatTemplate:
         if self._forms is None:
             self._forms = arguments_forms(lambda messages, tools: self.render(messages, tools=tools)[0])
         return self._forms
+
+    def leaves_out_tools(self) -> bool:
+        """Return whether the template leaves a conversation's ``tools`` list out of the text (learned once)."""
+        if not self._tools:
+            self._tools.append(renders_tools(lambda messages, tools: self.render(messages, tools=tools)[0]))
+        return self._tools[0] is False
 
     def message(self, role: str, text: str) -> dict[str, Any]:
         strings, parts = self.content_mode()

@@ -162,6 +162,7 @@ def tokenize_to_store(
     turns_fixed: Counter[str] = Counter()
     empty_answers = 0
     leading_answers = 0
+    tools_left_out = 0
     slow_records = 0  # records whose masks the fast encoder left to the reference, in the workers
     slow_here = encoder.text.slow_records  # ... and in this process (the encode service)
     reasoning: Counter[str] = Counter()
@@ -215,6 +216,7 @@ def tokenize_to_store(
                 turns_fixed.update(result.turns_fixed)
                 empty_answers += result.empty_answers
                 leading_answers += result.leading_answers
+                tools_left_out += result.tools_left_out
                 slow_records += result.slow_records
                 reasoning.update(result.reasoning)
                 expanded.update(result.expanded)
@@ -300,6 +302,8 @@ def tokenize_to_store(
             meta["empty_answers"] = empty_answers
         if leading_answers:
             meta["leading_answers"] = leading_answers
+        if tools_left_out:
+            meta["tools_left_out"] = tools_left_out
         if service is not None:
             slow_records += encoder.text.slow_records - slow_here
         # Which encoder made the tokens (the cache key does not depend on it: every one gives the same).

@@ -67,6 +67,7 @@ class TokenizedBatch:
     turn_fixes: list[dict[str, Any]] = field(default_factory=list)
     empty_answers: int = 0  # trained answers that are empty or whitespace only, in the samples kept
     leading_answers: int = 0  # conversations kept whose first message (after system ones) is a trained answer
+    tools_left_out: int = 0  # conversations kept with a tools list the chat template does not render
     # Trained turns with reasoning, and what the template leaves out of them (rounds.reasoning_counts).
     reasoning: dict[str, int] = field(default_factory=dict)
     # --expand-turns: the records expanded, the samples made of them, their tokens beyond the records' own
@@ -199,6 +200,8 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
     ]
     empty_answers = sum(turns.blank_answers(sample, trained) for sample, trained in chats)
     leading_answers = sum(turns.opens_with_answer(sample, trained) for sample, trained in chats)
+    with_tools = sum(bool(sample.tools) for sample, _ in chats)
+    tools_left_out = with_tools if with_tools and encoder.chat.leaves_out_tools() else 0
     reasoning = rounds.reasoning_counts(results)
     split: SplitRule | None = _CONTEXT.get("split")
     kept_index: list[int] = []
@@ -315,6 +318,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         turn_fixes=fixes,
         empty_answers=empty_answers,
         leading_answers=leading_answers,
+        tools_left_out=tools_left_out,
         reasoning=reasoning,
         expanded=expanded,
         tokens_left_out=dict(left_out_tokens),

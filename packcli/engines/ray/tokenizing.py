@@ -164,6 +164,7 @@ class Tokenizer:
             "turn_fixes": [],
             "empty_answers": 0,
             "leading_answers": 0,
+            "tools_left_out": 0,
             "slow_records": 0,
         }
         fixed: dict[str, int] = {}
@@ -192,6 +193,7 @@ class Tokenizer:
                 out["turn_fixes"].extend(result.turn_fixes)
                 out["empty_answers"] += result.empty_answers
                 out["leading_answers"] += result.leading_answers
+                out["tools_left_out"] += result.tools_left_out
                 out["slow_records"] += result.slow_records
                 for key, n in result.reasoning.items():
                     reasoning[key] = reasoning.get(key, 0) + n
@@ -396,6 +398,7 @@ class ClusterTokenizing:
             turn_fixes=out["turn_fixes"],
             empty_answers=out["empty_answers"],
             leading_answers=out["leading_answers"],
+            tools_left_out=out["tools_left_out"],
             slow_records=out["slow_records"],
             reasoning=out["reasoning"],
             tokens_left_out=out["tokens_left_out"],
