@@ -57,6 +57,17 @@ SLOW_TESTS: dict[str, set[str]] = {
         "test_only_conversations_that_lose_reasoning_are_expanded",
     },
     "test_reasoning": {"test_the_summary_stats_and_inspect_count_the_reasoning_left_out"},
+    # Each packs agent traces once or more (the quick tier keeps the paths test and the refusals).
+    "test_prefix_tree_pack": {
+        "test_the_summary_counts_the_trees_and_the_manifest_says_trees",
+        "test_verify_and_reencode_hold_and_stats_counts_the_saving",
+        "test_a_record_whose_tree_is_too_long_grows_several",
+        "test_with_pad_to_max_the_padding_is_a_root_node",
+        "test_the_cache_keeps_trees_apart_from_plain_rounds_and_by_max_len",
+        "test_library_pack_writes_the_same_trees",
+        "test_trees_survive_the_eval_split_dedup_and_a_mix",
+    },
+    "test_agentic_hard_cases": {"test_a_tools_list_the_template_leaves_out_is_counted_and_warned"},
     "test_span_gate": {"test_a_span_that_cuts_a_split_marker_is_refused"},
     "test_api": {
         "test_bytes_and_arrays_in_records_are_reasons_of_their_own",
