@@ -40,7 +40,17 @@ from packcli.store.nodes import TreeNodes
 # samples they hold, their tokens and the plain expansion's tokens.
 TREE_KEYS = ("records", "trees", "samples", "tokens", "expansion_tokens")
 
-__all__ = ["TreeNodes", "TreeSample", "build_tree", "grow_trees", "tree_attention", "tree_paths"]
+__all__ = [
+    "RecordTrees",
+    "TreeNodes",
+    "TreeSample",
+    "build_tree",
+    "grow_trees",
+    "record_trees",
+    "tree_attention",
+    "tree_labels",
+    "tree_paths",
+]
 
 
 @dataclass(frozen=True)
@@ -137,18 +147,18 @@ def build_tree(samples: Sequence[tuple[np.ndarray, np.ndarray]]) -> TreeSample:
     return _flatten(trie, leaves)
 
 
-def grow_trees(samples: Sequence[tuple[np.ndarray, np.ndarray]], max_len: int) -> list[tuple[TreeSample, int]]:
+def grow_trees(samples: Sequence[tuple[np.ndarray, np.ndarray]], max_len: int) -> list[TreeSample]:
     """Return the trees of one record's expanded samples (``(ids, labels)``), each at most ``max_len`` tokens.
 
     One tree holds them all where it fits in ``max_len``; else the samples are taken in order, each
     tree growing by the next sample while it fits (a sample too long alone is a tree of its own, as
-    long as the sample). Each tree comes with the number of samples it holds.
+    long as the sample).
     """
     pairs = [(np.asarray(ids), np.asarray(labels) != IGNORE_INDEX) for ids, labels in samples]
     whole = build_tree(pairs)
     if len(whole) <= max_len or len(pairs) == 1:
-        return [(whole, len(pairs))]
-    out: list[tuple[TreeSample, int]] = []
+        return [whole]
+    out: list[TreeSample] = []
     start = 0
     current = build_tree(pairs[:1])
     for end in range(2, len(pairs) + 1):
@@ -156,11 +166,38 @@ def grow_trees(samples: Sequence[tuple[np.ndarray, np.ndarray]], max_len: int) -
         if len(grown) <= max_len:
             current = grown
             continue
-        out.append((current, end - 1 - start))
+        out.append(current)
         start = end - 1
         current = build_tree(pairs[start:end])
-    out.append((current, len(pairs) - start))
+    out.append(current)
     return out
+
+
+@dataclass(frozen=True)
+class RecordTrees:
+    """A record's rounds as trees (--prefix-tree): each tree's ids and labels, its nodes, and the counts
+    the summary's ``trees`` adds up (TREE_KEYS)."""
+
+    samples: list[tuple[np.ndarray, np.ndarray]]
+    nodes: list[tuple[np.ndarray, np.ndarray]]
+    counts: dict[str, int]
+
+
+def record_trees(rounds: Sequence[tuple[np.ndarray, np.ndarray]], max_len: int) -> RecordTrees:
+    """Return one expanded record's rounds (``(ids, labels)``) grown into trees of at most ``max_len`` tokens."""
+    grown = grow_trees(rounds, max_len)
+    counts = {
+        "records": 1,
+        "trees": len(grown),
+        "samples": len(rounds),
+        "tokens": sum(len(tree) for tree in grown),
+        "expansion_tokens": sum(len(ids) for ids, _ in rounds),
+    }
+    return RecordTrees(
+        [(tree.ids, tree_labels(tree)) for tree in grown],
+        [(tree.node_lengths, tree.node_parents) for tree in grown],
+        counts,
+    )
 
 
 def tree_labels(tree: TreeSample) -> np.ndarray:

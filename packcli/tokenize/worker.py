@@ -6,6 +6,7 @@ import json
 import os
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -225,24 +226,17 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
         if isinstance(result, RecordError):
             rejects.append(reject(index, batch.source, batch.positions[k], result, raws[k], batch.raw_lines))
             continue
-        tree_nodes: list[tuple[np.ndarray, np.ndarray] | None] | None = None
+        tree_nodes: Sequence[tuple[np.ndarray, np.ndarray] | None] | None = None
         if isinstance(result, rounds.Rounds):  # --expand-turns: one sample per round, piece_index the round
             kept = list(result)
             if tree_max is not None:  # --prefix-tree: the rounds as trees, piece_index the tree
                 try:
-                    grown = trees.grow_trees(kept, tree_max)
+                    grown = trees.record_trees(kept, tree_max)
                 except RecordError as err:
                     rejects.append(reject(index, batch.source, batch.positions[k], err, raws[k], batch.raw_lines))
                     continue
-                tree_counts.update(
-                    records=1,
-                    trees=len(grown),
-                    samples=len(kept),
-                    tokens=sum(len(tree) for tree, _ in grown),
-                    expansion_tokens=sum(len(ids) for ids, _ in kept),
-                )
-                kept = [(tree.ids, trees.tree_labels(tree)) for tree, _ in grown]
-                tree_nodes = [(tree.node_lengths, tree.node_parents) for tree, _ in grown]
+                tree_counts.update(grown.counts)
+                kept, tree_nodes = grown.samples, grown.nodes
         elif isinstance(result, list):  # a preference or KTO record: its samples, with their roles
             kept = [(piece_ids, piece_labels) for piece_ids, piece_labels, _ in result]
             roles.extend([0] * (len(kept_index) - len(roles)) + [role for _, _, role in result])
