@@ -101,7 +101,7 @@ class TokenStore:
     seconds: dict[str, float] = field(default_factory=dict)
     # uint64 (n, 2) per sample: its record's content key (packcli.records.dedup); None in a store without.
     content_key: np.ndarray | None = None
-    # --prefix-tree: every sample's nodes (packcli.tokenize.trees.TreeNodes); None in a store of plain samples.
+    # --prefix-tree: every sample's nodes (packcli.store.nodes.TreeNodes); None in a store of plain samples.
     tree_nodes: TreeNodes | None = None
 
     def __post_init__(self) -> None:
