@@ -242,12 +242,18 @@ class Tokenizer:
             error=error,
             node=ray.get_runtime_context().get_node_id(),
         )
-        return pickled(out)
+        # Counters that stayed 0 are not sent (the driver reads them as 0): what the driver receives is
+        # metadata, kept small.
+        return pickled({k: v for k, v in out.items() if not (k in ZERO_COUNTERS and v == 0)})
 
 
 @ray.remote(num_cpus=1, max_retries=TASK_RETRIES)
 def _count_part(part: ray_parts.Part) -> bytes:
     return pickled(ray_parts.count_part(part))
+
+
+# A part's counters the task leaves out of its result when they are 0.
+ZERO_COUNTERS = ("records_split", "pieces_made", "empty_answers", "leading_answers", "tools_left_out", "slow_records")
 
 
 class ClusterTokenizing:
@@ -391,15 +397,15 @@ class ClusterTokenizing:
             piece_index=arrays["piece"],
             roles=arrays["role"],
             rejects=out["rejects"],
-            records_split=out["records_split"],
-            pieces_made=out["pieces_made"],
+            records_split=out.get("records_split", 0),
+            pieces_made=out.get("pieces_made", 0),
             pieces_left_out=out["pieces_left_out"],
             turns_fixed=out["turns_fixed"],
             turn_fixes=out["turn_fixes"],
-            empty_answers=out["empty_answers"],
-            leading_answers=out["leading_answers"],
-            tools_left_out=out["tools_left_out"],
-            slow_records=out["slow_records"],
+            empty_answers=out.get("empty_answers", 0),
+            leading_answers=out.get("leading_answers", 0),
+            tools_left_out=out.get("tools_left_out", 0),
+            slow_records=out.get("slow_records", 0),
             reasoning=out["reasoning"],
             tokens_left_out=out["tokens_left_out"],
             seconds=out["seconds"],
