@@ -190,6 +190,23 @@ class CachePruned:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CacheParts:
+    """A token store assembled from the inputs' cache parts: what was found and what was tokenized."""
+
+    parts_reused: int
+    parts_made: int
+    records_reused: int
+    records_tokenized: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> CacheParts:
+        return _from_dict(cls, data, "cache_parts")
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunSummary:
     """The summary of a pack run, as ``packcli pack --json`` prints it (``records_read == packed +
     sum(dropped)``, plus ``mix.records_left_out`` and ``eval.records`` when they are there). ``shards``,
@@ -249,6 +266,8 @@ class RunSummary:
     shards: int | None = None  # absent from a dry run's summary
     skipped_dirs: list[str] | None = None
     cache_pruned: CachePruned | None = None
+    # A run whose token store was assembled from cache parts (packcli.store.parts): reused and tokenized.
+    cache_parts: CacheParts | None = None
     # The text encoder that made the tokens: name, fallback (why not the fast one), records_slow.
     encoder: dict[str, Any] | None = None
     seconds: Seconds | None = None
@@ -268,6 +287,7 @@ class RunSummary:
                 "split": Split.from_dict,
                 "lost": Lost.from_dict,
                 "cache_pruned": CachePruned.from_dict,
+                "cache_parts": CacheParts.from_dict,
                 "seconds": Seconds.from_dict,
                 "stage_seconds": StageSeconds.from_dict,
             },
@@ -432,6 +452,8 @@ class StoreMeta:
     segment_root: str | None = None
     encoder: dict[str, Any] | None = None  # name, fallback, records_slow (packcli.tokenize.text_encoders)
     original_paths: list[str] | None = None  # in memory only (see above)
+    # A cache part (packcli.store.parts): its number, first record, records and whether it is its input's last.
+    part: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _to_dict(self)

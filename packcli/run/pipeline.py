@@ -26,7 +26,7 @@ from packcli.output.layout import RowLayout
 from packcli.output.manifest import write_manifest
 from packcli.plan import dedup, holdout, mix
 from packcli.plan.planner import Plan, make_plan
-from packcli.results import CachePruned, Counts, Manifest, RunSummary, Seconds, ShardEntry, StageSeconds
+from packcli.results import CacheParts, CachePruned, Counts, Manifest, RunSummary, Seconds, ShardEntry, StageSeconds
 from packcli.run import accounting, evalsplit
 from packcli.run.options import plan_options, row_layout
 from packcli.run.tokenized import TokenizedInputs, tokenized_inputs
@@ -123,6 +123,8 @@ def _run(config: PackConfig, progress: Progress, engine: Engine, started: float,
                     eval_summary = dataclasses.replace(eval_summary, mix=mix.sources_of(summary.mix))
                 summary = evalsplit.account(summary, held, eval_summary)
             summary = dataclasses.replace(summary, warnings=[*inputs.warnings, *summary.warnings])
+            if inputs.reuse is not None:
+                summary = dataclasses.replace(summary, cache_parts=CacheParts(**inputs.reuse))
             marks["summary"] = time.perf_counter()
             if not config.dry_run:
                 held_processor = store.meta["tokenizer"].get("processor") or {}

@@ -8,6 +8,8 @@ the run's engine tokenize on a miss.
 from __future__ import annotations
 
 import contextlib
+import functools
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +28,7 @@ from packcli.io.readers import count_records, hub_reachable, read_batches
 from packcli.io.sources import InputSource, resolve_inputs
 from packcli.records import preference
 from packcli.records.formats import accepted_fields, detect_format
+from packcli.store import parts
 from packcli.store.cachedir import EntryLock, touch
 from packcli.store.images import changed_image, load_images
 from packcli.store.integrity import DamagedStore
@@ -99,6 +102,8 @@ class TokenizedInputs:
     task: str = "sft"  # sft, preference or kto (packcli.records.preference.resolve_task)
     key: str | None = None  # the cache entry's key (None with the cache off)
     hash_seconds: float = 0.0  # reading the inputs through before tokenizing: hashes, record counts
+    # A store assembled from cache parts: the parts and records reused and made (parts.reused_records).
+    reuse: dict[str, int] | None = None
 
 
 @contextlib.contextmanager
@@ -228,44 +233,16 @@ def _tokenized(
     if tokenizer_key is None:
         assert encoder is not None
         tokenizer_key = encoder.identity()["sha256"] + encoder.identity()["chat_template_sha256"]
-    key = cache_key(
-        {
-            # Each input by its content, in order (sample_index follows it), with the reader its file type
-            # chose and the record format found: never its path, so that any spelling of a path, a copy,
-            # stdin or a preset run from elsewhere finds the same entry.
-            "inputs": [
-                [s.kind, s.compression, formats[s.display], f] for s, f in zip(sources, fingerprints, strict=True)
-            ],
-            "fields": config.fields,
-            # --limit N reads the first N records only (absent without it: earlier keys stay valid).
-            **({"limit": config.limit} if config.limit is not None else {}),
-            "tokenizer": tokenizer_key,  # the files of the tokenizer and template, hashed
-            # A template file, or none given (the tokenizer's own, else the default): never the same key.
-            "template": "file" if config.chat_template is not None else "none given",
-            # The rest of the tokenization options: they decide tokens and labels; no other option does.
-            "tokenization": {
-                k: v
-                for k, v in config.group("tokenization").items()
-                if k not in ("tokenizer", "chat_template", "processor", "prefix_tree")
-            },
-            # --prefix-tree: the rounds of a record grow trees of at most --max-len tokens (absent without it).
-            **({"prefix_tree": config.max_len} if config.prefix_tree else {}),
-            # --processor: what decides the image tokens, and the cut that leaves out samples whose image it
-            # would cut (absent without it: text keys stay valid).
-            **(
-                {"processor": processor_key(config, encoder), "image_window": ingest.image_window(config)}
-                if config.processor is not None
-                else {}
-            ),
-            # Split records are cut by the tokenizer's workers, so how they are cut is in the key too.
-            "split": ingest.split_rule(config).__dict__ if config.overflow == "split" else None,
-            "encoding_rules": ENCODING_RULES,
-            "version": __version__,
-        }
-    )
+    # Each input by its content, in order (sample_index follows it), with the reader its file type chose and
+    # the record format found: never its path, so that any spelling of a path, a copy, stdin or a preset
+    # run from elsewhere finds the same entry.
+    entries = [[s.kind, s.compression, formats[s.display], f] for s, f in zip(sources, fingerprints, strict=True)]
+    options = _key_options(config, tokenizer_key, encoder)
+    key = cache_key({"inputs": entries, **options})
     rule_out_long = rule_out_long and config.engine == "local" and config.overflow in ("drop", "error")
     limit = config.max_len if rule_out_long else None
     check = engine.digest_checker()  # who hashes a found entry's token files (None: the store, here)
+    reuse: dict[str, int] | None = None
     entry = cache_root / key
     with contextlib.ExitStack() as stack:
         if config.cache and (fill_cache or entry.exists()):
@@ -288,6 +265,26 @@ def _tokenized(
             if fill_cache:
                 touch(entry)  # its last use, for pruning by age
             _as_this_run(store, sources, config)
+        elif config.cache and fill_cache and engine.makes_cache_parts and config.limit is None and not config.processor:
+            # Made from the inputs' cache parts: those found are reused, the rest tokenized and kept.
+            inputs = [
+                parts.InputParts(
+                    s, n, functools.partial(parts.part_key, e, options=options, batch_size=ingest.BATCH_SIZE)
+                )
+                for n, (s, e) in enumerate(zip(sources, entries, strict=True))
+            ]
+            made = _from_parts(
+                _PartRun(
+                    config, formats, cache_root, progress, rule_out_long, limit, before, fingerprints, engine, check
+                ),
+                inputs,
+                entry,
+                encoder,
+                stack,
+                warnings,
+            )
+            store, reuse = made, parts.reused_records(inputs)
+            _as_this_run(store, sources, config)  # parts made by runs that named the tokenizer otherwise
         else:
             if encoder is None:
                 encoder = Encoder(
@@ -308,11 +305,7 @@ def _tokenized(
                 known = engine.rehash_files(sources)  # the Ray engine: hashed by tasks, as before
                 moved = changed_input(sources, before, fingerprints, known)
                 if moved is not None:
-                    raise InputError(
-                        f"{moved}: the input changed while it was read (its size, time stamps or contents differ "
-                        "from before the run); nothing was cached or written; run again once it is no longer "
-                        "being written"
-                    )
+                    raise InputError(_changed(moved))
 
             if rule_out_long:
                 store = engine.tokenize_to_store(
@@ -336,7 +329,131 @@ def _tokenized(
             task=task,
             key=key if config.cache else None,
             hash_seconds=sum(spent),
+            reuse=reuse,
         )
+
+
+@dataclass
+class _PartRun:
+    """What making a store from cache parts needs of the run (``_from_parts``)."""
+
+    config: PackConfig
+    formats: dict[str, str | None]
+    cache_root: Path
+    progress: Progress
+    rule_out_long: bool
+    limit: int | None  # the --max-len of the early too-long rule, or None
+    before: dict[str, list[int]]  # the inputs' stamps before they were hashed
+    fingerprints: list[str]
+    engine: Engine
+    check: DigestChecker | None  # the engine's check of a found part's token files
+
+
+def _from_parts(
+    run: _PartRun,
+    inputs: list[parts.InputParts],
+    entry: Path,
+    encoder: Encoder | None,
+    stack: contextlib.ExitStack,
+    warnings: list[str],
+) -> TokenStore:
+    """Make the run's cache entry at ``entry`` from its inputs' cache parts: found, or tokenized now.
+
+    Every part used is locked (shared) until the run ends, as an entry is. A part found damaged is
+    reported and made again; an input that changed while it was read leaves none of the parts this run
+    made of it.
+    """
+    config, root = run.config, run.cache_root
+
+    def hold(key: str) -> None:
+        lock = EntryLock(root, key)
+        if lock.acquire():
+            stack.callback(lock.release)
+
+    for item in inputs:
+        number = 0
+        while True:
+            hold(item.key_of(number))
+            found, _, said = _cached_store(root / item.key_of(number), run.limit, run.check)
+            warnings.extend(w.replace("cache entry", f"cache part of {item.source.display}") for w in said)
+            if found is None or "part" not in found.meta:
+                break
+            touch(found.path)
+            item.found.append(found)
+            if found.meta["part"]["last"]:
+                break
+            number += 1
+    seconds: dict[str, float] = {}
+    if not all(item.complete for item in inputs):
+        if encoder is None:
+            encoder = Encoder(
+                config.tokenizer_name,
+                config.chat_template,
+                ingest.encode_options(config),
+                config.processor,
+                encoder=config.encoder,
+            )
+
+        def unchanged(source: InputSource) -> None:
+            now = stamps([source])
+            if any(run.before.get(path) != stamp for path, stamp in now.items()):
+                raise InputError(_changed(source.display))
+
+        seconds = run.engine.tokenize_to_parts(
+            config, inputs, run.formats, encoder, root, run.progress, run.rule_out_long, unchanged, hold
+        )
+        sources = [i.source for i in inputs]
+        moved = changed_input(sources, run.before, run.fingerprints, run.engine.rehash_files(sources))
+        if moved is not None:
+            for item in inputs:
+                if item.source.display == moved:
+                    for part in item.made:
+                        shutil.rmtree(part.path, ignore_errors=True)
+            raise InputError(_changed(moved))
+    assembling = time.perf_counter()
+    where, fix = root, "choose a writable --cache-dir with free space, or pass --no-cache"
+    store = parts.assemble(inputs, run.formats, entry, where, fix)
+    seconds["store"] = seconds.get("store", 0.0) + time.perf_counter() - assembling
+    store.seconds = seconds
+    return store
+
+
+def _changed(display: str) -> str:
+    return (
+        f"{display}: the input changed while it was read (its size, time stamps or contents differ "
+        "from before the run); nothing was cached or written; run again once it is no longer being written"
+    )
+
+
+def _key_options(config: PackConfig, tokenizer_key: str, encoder: Encoder | None) -> dict[str, Any]:
+    """What keys a cache entry or part besides its inputs: the tokenization options and the tokenizer."""
+    return {
+        "fields": config.fields,
+        # --limit N reads the first N records only (absent without it: earlier keys stay valid).
+        **({"limit": config.limit} if config.limit is not None else {}),
+        "tokenizer": tokenizer_key,  # the files of the tokenizer and template, hashed
+        # A template file, or none given (the tokenizer's own, else the default): never the same key.
+        "template": "file" if config.chat_template is not None else "none given",
+        # The rest of the tokenization options: they decide tokens and labels; no other option does.
+        "tokenization": {
+            k: v
+            for k, v in config.group("tokenization").items()
+            if k not in ("tokenizer", "chat_template", "processor", "prefix_tree")
+        },
+        # --prefix-tree: the rounds of a record grow trees of at most --max-len tokens (absent without it).
+        **({"prefix_tree": config.max_len} if config.prefix_tree else {}),
+        # --processor: what decides the image tokens, and the cut that leaves out samples whose image it
+        # would cut (absent without it: text keys stay valid).
+        **(
+            {"processor": processor_key(config, encoder), "image_window": ingest.image_window(config)}
+            if config.processor is not None
+            else {}
+        ),
+        # Split records are cut by the tokenizer's workers, so how they are cut is in the key too.
+        "split": ingest.split_rule(config).__dict__ if config.overflow == "split" else None,
+        "encoding_rules": ENCODING_RULES,
+        "version": __version__,
+    }
 
 
 def processor_key(config: PackConfig, encoder: Encoder | None) -> str:

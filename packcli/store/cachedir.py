@@ -1,6 +1,7 @@
 """The tokenization cache as a folder: which entries it holds, which are in use, and pruning them.
 
-The cache root holds entries (``KEY/``, a token store: see ``packcli.store.tokens``), one lock file per entry
+The cache root holds entries (``KEY/``, a token store: see ``packcli.store.tokens``; a run's, or a *part*
+of one input, from which runs' entries are assembled: see ``packcli.store.parts``), one lock file per entry
 (``KEY.lock``), the inputs' hash memo (``input-hashes.json``) and the temporary directories of runs
 making an entry (``.tmp-HOST-PID-*``). A run that uses an entry, found or made, holds a shared
 ``flock`` on its lock file from before it looks the entry up until it has written its output;
@@ -139,7 +140,7 @@ class Entry:
     """One entry of the cache, as ``packcli cache ls`` shows it."""
 
     key: str  # the folder's name (``inputs/NAME`` for an in-memory input kept by an earlier version)
-    kind: str  # tokens | input
+    kind: str  # tokens | part (one input's records, packcli.store.parts) | input
     bytes: int
     created: float  # unix time
     last_used: float  # unix time: made, or last found by a run
@@ -169,7 +170,10 @@ def _size(path: Path) -> int:
     for directory, _, files in os.walk(path):
         for name in files:
             with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(directory, name)).st_size
+                st = os.lstat(os.path.join(directory, name))
+                # A token file an entry shares with the parts it was assembled from (a hard link) counts
+                # a share in each: the cache's total is the bytes it holds on disk.
+                total += st.st_size // max(st.st_nlink, 1)
     return total
 
 
@@ -208,19 +212,24 @@ def _token_entry(root: Path, path: Path) -> Entry:
         assert isinstance(meta, dict)
         tokenizer = meta.get("tokenizer") or {}
         made = meta.get("made") or {}
+        part = meta.get("part")
+        inputs = [str(s.get("path")) for s in meta.get("sources", [])]
+        if isinstance(part, dict):  # a cache part: which records of its input
+            first, records = int(part["first"]), int(part["records"])
+            inputs = [f"{name} (records {first:,} to {first + records - 1:,})" for name in inputs]
         return Entry(
             key=path.name,
-            kind="tokens",
+            kind="part" if isinstance(part, dict) else "tokens",
             bytes=_size(path),
             created=float(made.get("time", used)),
             last_used=used,
             in_use=_in_use(root, path.name),
             tokenizer=tokenizer.get("name"),
             template=_template_words(tokenizer),
-            inputs=[str(s.get("path")) for s in meta.get("sources", [])],
+            inputs=inputs,
             packcli_version=made.get("packcli_version"),
         )
-    except (OSError, ValueError, AssertionError, AttributeError, TypeError):
+    except (OSError, ValueError, AssertionError, AttributeError, TypeError, KeyError):
         return Entry(path.name, "tokens", _size(path), used, used, _in_use(root, path.name), damaged=True)
 
 

@@ -49,6 +49,10 @@ ARRAYS = ("sample_index", "piece_index", "lengths", "trainable", "first_trained"
 TREE_ARRAYS = ("tree_node_counts", "tree_node_lengths", "tree_node_parents")  # --prefix-tree (TreeNodes)
 
 
+# A reader keeps at most this many segments' files open (a store assembled from many cache parts has
+# a segment per part): two descriptors each.
+OPEN_SEGMENTS = 128
+
 # Batches are small (a worker's 256 samples): their per-sample arrays are joined into chunks of at least
 # this many samples as they come, so the writer holds a few large arrays, which go back to the system
 # when freed, rather than 40,000 small ones per 10M samples, which stay in the heap once freed.
@@ -153,7 +157,12 @@ class TokenReader:
             self._fs, self._base = pafs.FileSystem.from_uri(self.root)
 
     def _files(self, seg: int) -> tuple[Any, ...]:
-        if seg not in self._open:
+        if seg in self._open:
+            self._open[seg] = self._open.pop(seg)  # the most recently used last
+        else:
+            if len(self._open) >= OPEN_SEGMENTS:  # the least recently used pair closed
+                for fh in self._open.pop(next(iter(self._open))):
+                    fh.close()
             names = segment_files(self.prefixes[seg])
             if self._fs is None:
                 self._open[seg] = tuple(open(os.path.join(self.root, n), "rb") for n in names)  # noqa: SIM115

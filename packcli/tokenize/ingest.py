@@ -3,54 +3,33 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import tempfile
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from packcli import __version__, errors
 from packcli.config import PackConfig
 from packcli.contract import Progress
-from packcli.errors import InputError, OutputError
 from packcli.io.readers import count_records, read_batches
-from packcli.io.sources import InputSource
+from packcli.io.sources import InputSource, RawBatch
 from packcli.procs import pool
-from packcli.records import turns
-from packcli.store.images import IMAGES_FILE, image_line
-from packcli.store.tokens import (
-    TokenStore,
-    TokenStoreWriter,
-)
-from packcli.tokenize import rounds, trees, worker
+from packcli.store import parts
+from packcli.store.tokens import TokenStore
+from packcli.tokenize import worker
 from packcli.tokenize.bounds import max_token_bytes
+from packcli.tokenize.building import POLICY_DROPS, TURN_FIXES, StoreBuilder
 from packcli.tokenize.encode_service import EncodeService, encode_in_main
 from packcli.tokenize.encoder import EncodeOptions, Encoder
 from packcli.tokenize.split import SplitRule
 from packcli.tokenize.worker import TokenizedBatch
 
-# Reasons a record is left out by policy: always counted, never an error. Every other reason is bad
-# data, which stops the run unless --on-error skip.
-POLICY_DROPS = frozenset(
-    {
-        "empty",
-        "empty_conversation",
-        "no_assistant_turn",
-        "nothing_to_train",
-        "no_answer_after_fix",
-        "too_long",
-        "nothing_to_train_after_truncation",
-        "no_piece_left",
-        "image_cut",
-        "world_size_remainder",
-    }
-)
+__all__ = ["BATCH_SIZE", "POLICY_DROPS", "TURN_FIXES", "tokenize_to_parts", "tokenize_to_store"]
+
 BATCH_SIZE = 256
-# In the token store: one JSON line per record --fix-turns changed (copied out by --fix-turns-log).
-TURN_FIXES = "turn_fixes.jsonl"
+assert parts.PART_RECORDS % BATCH_SIZE == 0  # a batch lies in one cache part
 
 
 class RemoteTokenizing(Protocol):
@@ -140,6 +119,165 @@ def tokenize_to_store(
     raises leaves no store (the run checks there that no input changed while it was read).
     """
     map_ordered = map_ordered or pool.map_ordered
+    rule_out = _use_worker(config, encoder, rule_out_long)
+    ruled_out_bytes = config.max_len * rule_out[1] if rule_out else None
+    where, fix = _store_where_fix(config, store_path)
+    builder = StoreBuilder(config, store_path, where, fix)
+    clock: defaultdict[str, float] = defaultdict(float)  # seconds by stage (see TokenStore.seconds)
+    began = time.perf_counter()
+    counted = [count_records(s) for s in sources] if remote is None else [None]
+    total = None if None in counted else sum(counted)  # type: ignore[arg-type]
+    if config.limit is not None:
+        total = min(total, config.limit) if total is not None else None
+    results: Iterator[TokenizedBatch] | None = None
+    service = _encode_service(config, encoder) if remote is None else None
+    slow_here = encoder.text.slow_records  # records the encode service (in this process) left to the reference
+    try:
+        if remote is None:
+            batches = _timed(read_batches(sources, BATCH_SIZE, config.limit), clock, "read")
+            jobs = ((batch, formats[batch.source]) for batch in batches)
+            results = _run(worker.tokenize_batch, jobs, config.num_proc, service, map_ordered)
+        else:
+            results = remote.results(builder.tmp)
+        for result in results:
+            stored = time.perf_counter()
+            for key, value in result.seconds.items():
+                clock[key] += value
+            builder.take(result)
+            clock["store"] += time.perf_counter() - stored
+            progress("tokenize", result.n_records, total)
+        slow_elsewhere = encoder.text.slow_records - slow_here if service is not None else 0
+        meta = builder.meta(
+            sources, formats, _identity(encoder), _pad_id(encoder), encoder.choice.record(), slow_elsewhere
+        )
+        builder.ruled_out(meta, ruled_out_bytes)
+        if before_finish is not None:
+            before_finish()
+        finishing = time.perf_counter()
+        if remote is None:
+            store = builder.finish(meta)
+        else:
+            store = builder.finish(meta, segment_root=remote.segment_root, verify=False)
+        clock["store"] += time.perf_counter() - finishing
+        clock["wall"] = time.perf_counter() - began
+        store.seconds = dict(clock)
+        return store
+    except BaseException:
+        _stop(results)
+        builder.abort()
+        raise
+    finally:
+        _release(encoder, service)
+
+
+def tokenize_to_parts(
+    config: PackConfig,
+    inputs: list[parts.InputParts],
+    formats: dict[str, str | None],
+    encoder: Encoder,
+    cache_root: Path,
+    progress: Progress,
+    rule_out_long: bool = False,
+    unchanged: Callable[[InputSource], None] | None = None,
+    hold: Callable[[str], None] | None = None,
+) -> dict[str, float]:
+    """Tokenize what the cache lacks of each input into parts (``packcli.store.parts``), committed as
+    they are finished: ``inputs[k].made`` receives them. Return the seconds by stage.
+
+    An input whose parts were all found is not read; one whose first parts were found is read from
+    the start but tokenized from the first part missing. ``unchanged(source)`` runs before each part of
+    that source is committed (and raises if it changed since it was hashed); ``hold(key)`` before a
+    part is begun (the run locks it, as it locks the entries it uses).
+    """
+    rule_out = _use_worker(config, encoder, rule_out_long)
+    ruled_out_bytes = config.max_len * rule_out[1] if rule_out else None
+    where, fix = _store_where_fix(config, cache_root / "part")
+    clock: defaultdict[str, float] = defaultdict(float)
+    began = time.perf_counter()
+    todo = [item for item in inputs if not item.complete]
+    counted = [count_records(item.source) for item in todo]
+    total = None if None in counted else sum(counted) - sum(item.next_record for item in todo)  # type: ignore[arg-type]
+    route: deque[tuple[parts.InputParts, int]] = deque()  # the part of each batch sent, in order
+
+    def jobs() -> Iterator[tuple[RawBatch, str | None]]:
+        for item in todo:
+            skip = item.next_index
+            for batch in _timed(read_batches([item.source], BATCH_SIZE), clock, "read"):
+                number = batch.first_index // parts.PART_RECORDS
+                if number >= skip:
+                    route.append((item, number))
+                    yield batch, formats[batch.source]
+
+    service = _encode_service(config, encoder)
+    results: Iterator[TokenizedBatch] | None = None
+    making: tuple[parts.InputParts, int, StoreBuilder, int] | None = None  # the part being made, its first record
+    slow_mark = encoder.text.slow_records
+
+    def commit(last: bool) -> None:
+        nonlocal making, slow_mark
+        assert making is not None
+        item, number, builder, first = making
+        if unchanged is not None:
+            unchanged(item.source)
+        slow = encoder.text.slow_records - slow_mark if service is not None else 0
+        slow_mark = encoder.text.slow_records
+        meta = builder.meta([item.source], formats, _identity(encoder), _pad_id(encoder), encoder.choice.record(), slow)
+        builder.ruled_out(meta, ruled_out_bytes)
+        meta["part"] = parts.part_meta(number, first, int(builder.counts["records"]), last)
+        finishing = time.perf_counter()
+        item.made.append(builder.finish(meta))
+        clock["store"] += time.perf_counter() - finishing
+        making = None
+
+    def begin(item: parts.InputParts, number: int, first: int) -> None:
+        nonlocal making
+        if hold is not None:
+            hold(item.key_of(number))
+        builder = StoreBuilder(config, cache_root / item.key_of(number), where, fix)
+        making = (item, number, builder, first)
+
+    try:
+        if todo:  # the first part to make, begun before the first batch is tokenized
+            begin(todo[0], todo[0].next_index, todo[0].next_record)
+        results = _run(worker.tokenize_batch, jobs(), config.num_proc, service, pool.map_ordered)
+        for result in results:
+            item, number = route.popleft()
+            if making is not None and (making[0], making[1]) != (item, number):
+                if making[0] is item and not making[2].counts["records"]:
+                    making[2].abort()  # begun ahead, and none of its batches came (a part number skipped)
+                    making = None
+                else:
+                    commit(last=making[0] is not item)
+            if making is None:
+                begin(item, number, result.first_index)
+            assert making is not None
+            stored = time.perf_counter()
+            for key, value in result.seconds.items():
+                clock[key] += value
+            making[2].take(result)
+            clock["store"] += time.perf_counter() - stored
+            progress("tokenize", result.n_records, total)
+        if making is not None:
+            commit(last=True)
+        # An input with no part made now, nor its last found (empty, or killed just after its last part):
+        # its last part, empty, says it is whole.
+        for item in todo:
+            if not item.made or not item.made[-1].meta["part"]["last"]:
+                begin(item, item.next_index, item.next_record)
+                commit(last=True)
+        clock["wall"] = time.perf_counter() - began
+        return dict(clock)
+    except BaseException:
+        _stop(results)
+        if making is not None:
+            making[2].abort()
+        raise
+    finally:
+        _release(encoder, service)
+
+
+def _use_worker(config: PackConfig, encoder: Encoder, rule_out_long: bool) -> tuple[int, int] | None:
+    """Set up the workers' context (``worker.use``) for this run; return the early too-long rule, if any."""
     token_bytes = max_token_bytes(encoder.backend_json) if rule_out_long else None
     rule_out = (config.max_len, token_bytes) if token_bytes else None
     worker.use(
@@ -153,213 +291,57 @@ def tokenize_to_store(
         prefix_tree=config.max_len if config.prefix_tree else None,
     )
     encoder.long_text_bytes = long_text_bytes(config, encoder)
-    ruled_out_bytes = config.max_len * token_bytes if token_bytes else None
-    where, fix = _store_where_fix(config, store_path)
-    writer = TokenStoreWriter(store_path, fix, where)
-    assert writer.tmp is not None  # set by the writer, or it raised
-    counts: Counter[str] = Counter()
-    left_out: Counter[str] = Counter()
-    turns_fixed: Counter[str] = Counter()
-    empty_answers = 0
-    leading_answers = 0
-    tools_left_out = 0
-    slow_records = 0  # records whose masks the fast encoder left to the reference, in the workers
-    slow_here = encoder.text.slow_records  # ... and in this process (the encode service)
-    reasoning: Counter[str] = Counter()
-    expanded: Counter[str] = Counter()
-    prefix_trees: Counter[str] = Counter()
-    left_out_tokens: Counter[str] = Counter()
-    clock: defaultdict[str, float] = defaultdict(float)  # seconds by stage (see TokenStore.seconds)
-    began = time.perf_counter()
-    records = 0
-    records_split = pieces = 0
-    rejects_path = writer.tmp / "rejects.jsonl"
-    n_stored = 0  # samples stored so far: the image table's sample numbers
-    image_counts: Counter[str] = Counter()  # the store's (embedded: whether rows need image_bytes), not the manifest's
-    images_file: Any = None
-    fixes_path = writer.tmp / TURN_FIXES
-    starts: dict[str, int] = {}
-    units: dict[str, str] = {}
-    counted = [count_records(s) for s in sources] if remote is None else [None]
-    total = None if None in counted else sum(counted)  # type: ignore[arg-type]
-    if config.limit is not None:
-        total = min(total, config.limit) if total is not None else None
-    results: Iterator[TokenizedBatch] | None = None
-    service: EncodeService | None = None
-    if remote is None and config.num_proc > 1 and encoder.vision is None and encode_in_main():
+    return rule_out
+
+
+def _encode_service(config: PackConfig, encoder: Encoder) -> EncodeService | None:
+    """The encode service of a run whose workers send their encodes to this process, or None."""
+    if config.num_proc > 1 and encoder.vision is None and encode_in_main():
         service = EncodeService(encoder)
         encoder.remote = service.client()
-    try:
-        with (
-            contextlib.ExitStack() as stack,
-            _open_for_writing(rejects_path, where, fix) as rejects_file,
-            _open_for_writing(fixes_path, where, fix) as fixes_file,
-        ):
-            if remote is None:
-                batches = _timed(read_batches(sources, BATCH_SIZE, config.limit), clock, "read")
-                jobs = ((batch, formats[batch.source]) for batch in batches)
-                if service is not None:
-                    results = pool.map_ordered(worker.tokenize_batch, jobs, config.num_proc, service.start)
-                else:
-                    results = map_ordered(worker.tokenize_batch, jobs, config.num_proc)
-            else:
-                results = remote.results(writer.tmp)
-            for result in results:
-                stored = time.perf_counter()
-                for key, value in result.seconds.items():
-                    clock[key] += value
-                records += result.n_records
-                records_split += result.records_split
-                left_out.update(result.pieces_left_out)
-                left_out_tokens.update(result.tokens_left_out)
-                pieces += result.pieces_made
-                turns_fixed.update(result.turns_fixed)
-                empty_answers += result.empty_answers
-                leading_answers += result.leading_answers
-                tools_left_out += result.tools_left_out
-                slow_records += result.slow_records
-                reasoning.update(result.reasoning)
-                expanded.update(result.expanded)
-                prefix_trees.update(result.prefix_trees)
-                for entry in result.turn_fixes:
-                    _write_line(fixes_file, json.dumps(entry, ensure_ascii=False), where, fix)
-                starts.setdefault(result.source, result.first_index)
-                units.setdefault(result.source, result.unit)
-                for reject in result.rejects:
-                    if reject["reason"] == "too_long" and config.overflow == "error":
-                        where_record = errors.where(reject["source"], reject["unit"], reject["position"])
-                        raise InputError(
-                            f"{where_record}: {reject['detail']}; "
-                            "raise --max-len or pass --overflow split, truncate or drop"
-                        )
-                    if reject["reason"] not in POLICY_DROPS and config.on_error == "fail":
-                        where_record = errors.where(reject["source"], reject["unit"], reject["position"])
-                        raise InputError(f"{where_record}: {reject['detail']}; {errors.record_fix(reject['reason'])}")
-                    counts[reject["reason"]] += 1
-                    _write_line(rejects_file, json.dumps(reject, ensure_ascii=False), where, fix)
-                if result.images is not None:
-                    for j, images in enumerate(result.images):
-                        if not images:
-                            continue
-                        if images_file is None:
-                            images_file = stack.enter_context(_open_for_writing(writer.tmp / IMAGES_FILE, where, fix))
-                        _write_line(images_file, image_line(n_stored + j, images), where, fix)
-                        image_counts["samples"] += 1
-                        image_counts["images"] += len(images)
-                        image_counts["image_tokens"] += sum(im["tokens"] for im in images)
-                        image_counts["embedded"] += sum(im.get("bytes") is not None for im in images)
-                n_stored += len(result.lengths)
-                if result.segment is not None:
-                    writer.add_segment(
-                        result.segment,
-                        result.segment_files,
-                        result.sample_index,
-                        result.lengths,
-                        result.trainable,
-                        result.first_trained,
-                        result.positions,
-                        result.piece_index,
-                        result.roles,
-                        content_keys=result.content_keys,
-                        tree_nodes=result.tree_nodes,
-                    )
-                else:
-                    writer.add(
-                        result.sample_index,
-                        result.lengths,
-                        result.ids,
-                        result.labels,
-                        result.trainable,
-                        result.first_trained,
-                        result.positions,
-                        result.piece_index,
-                        result.roles,
-                        content_keys=result.content_keys,
-                        tree_nodes=result.tree_nodes,
-                    )
-                clock["store"] += time.perf_counter() - stored
-                progress("tokenize", result.n_records, total)
-        pad_id = encoder.tokenizer.pad_token_id
-        meta = {
-            "tokenizer": encoder.identity(),
-            "pad_id": pad_id if pad_id is not None else (encoder.eos_id or 0),
-            "records_read": records,
-            "dropped": dict(sorted(counts.items())),
-            "sources": [
-                {
-                    "path": s.display,
-                    "kind": s.kind,
-                    "format": formats[s.display],
-                    "unit": units.get(s.display, "record"),
-                }
-                for s in sources
-            ],
-            "source_starts": [starts.get(s.display, records) for s in sources],
-        }
-        if config.fix_turns:
-            meta["turns_fixed"] = {kind: turns_fixed[kind] for kind in turns.KINDS}
-        if empty_answers:
-            meta["empty_answers"] = empty_answers
-        if leading_answers:
-            meta["leading_answers"] = leading_answers
-        if tools_left_out:
-            meta["tools_left_out"] = tools_left_out
-        if service is not None:
-            slow_records += encoder.text.slow_records - slow_here
-        # Which encoder made the tokens (the cache key does not depend on it: every one gives the same).
-        meta["encoder"] = encoder.choice.record() | {"records_slow": slow_records}
-        if reasoning:
-            meta["reasoning"] = {key: reasoning[key] for key in rounds.REASONING_KEYS}
-        if config.expand_turns != "off":
-            meta["expanded"] = {key: expanded[key] for key in rounds.EXPANDED_KEYS}
-        if config.prefix_tree:
-            meta["trees"] = {key: prefix_trees[key] for key in trees.TREE_KEYS}
-        if encoder.vision is not None:
-            meta["tokenizer"] = {
-                **encoder.identity(),
-                "processor": processor_identity(encoder)
-                | {"images": {k: image_counts[k] for k in ("samples", "images", "image_tokens", "embedded")}},
-            }
-        if config.overflow == "split":
-            meta["split"] = {
-                "records_split": records_split,
-                "pieces": pieces,
-                "pieces_left_out": dict(sorted(left_out.items())),
-                # The tokens of the pieces left out, by reason: counted in the summary's lost tokens.
-                "tokens_left_out": dict(sorted(left_out_tokens.items())),
-            }
-        if ruled_out_bytes is not None and counts["too_long"]:
-            # Records over this many bytes were left out untokenized: only runs whose limit is no
-            # higher may use this store (see _cached_store).
-            meta["ruled_out_over_bytes"] = ruled_out_bytes
-            meta["ruled_out_max_len"] = config.max_len
-        meta["made"] = {"packcli_version": __version__, "time": round(time.time(), 3)}
-        if before_finish is not None:
-            before_finish()
-        finishing = time.perf_counter()
-        if remote is None:
-            store = writer.finish(meta)
-        else:
-            store = writer.finish(meta, segment_root=remote.segment_root, verify=False)
-        clock["store"] += time.perf_counter() - finishing
-        clock["wall"] = time.perf_counter() - began
-        store.seconds = dict(clock)
-        return store
-    except BaseException:
-        # Stop the workers here, in this thread: left to the garbage collector, a suspended results
-        # generator would stop them from wherever the collection happens to run.
-        close = getattr(results, "close", None)
-        if close is not None:
-            with contextlib.suppress(Exception):  # the error being raised is the one to report
-                close()
-        writer.abort()
-        raise
-    finally:
-        worker.release()
-        encoder.long_text_bytes = None
-        encoder.remote = None
-        if service is not None:
-            service.close()
+        return service
+    return None
+
+
+def _run(
+    fn: Callable[..., Any],
+    jobs: Iterator[Any],
+    num_proc: int,
+    service: EncodeService | None,
+    map_ordered: Callable[..., Iterator[Any]],
+) -> Iterator[TokenizedBatch]:
+    if service is not None:
+        return pool.map_ordered(fn, jobs, num_proc, service.start)
+    return map_ordered(fn, jobs, num_proc)
+
+
+def _stop(results: Iterator[Any] | None) -> None:
+    """Stop the workers here, in this thread: left to the garbage collector, a suspended results
+    generator would stop them from wherever the collection happens to run."""
+    close = getattr(results, "close", None)
+    if close is not None:
+        with contextlib.suppress(Exception):  # the error being raised is the one to report
+            close()
+
+
+def _release(encoder: Encoder, service: EncodeService | None) -> None:
+    worker.release()
+    encoder.long_text_bytes = None
+    encoder.remote = None
+    if service is not None:
+        service.close()
+
+
+def _identity(encoder: Encoder) -> dict[str, Any]:
+    """The tokenizer's identity a store records (with its processor's, for a run with one)."""
+    if encoder.vision is not None:
+        return {**encoder.identity(), "processor": processor_identity(encoder)}
+    return encoder.identity()
+
+
+def _pad_id(encoder: Encoder) -> int:
+    pad_id = encoder.tokenizer.pad_token_id
+    return int(pad_id) if pad_id is not None else (encoder.eos_id or 0)
 
 
 def _timed(items: Iterator[Any], clock: defaultdict[str, float], key: str) -> Iterator[Any]:
@@ -386,23 +368,3 @@ def _store_where_fix(config: PackConfig, store_path: Path) -> tuple[Path, str]:
     if config.dry_run:
         return Path(tempfile.gettempdir()), "free disk space there or set TMPDIR"
     return Path(config.output), "free disk space or choose another -o"
-
-
-@contextlib.contextmanager
-def _open_for_writing(path: Path, where: Path, fix: str) -> Iterator[Any]:
-    try:
-        fh = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        raise OutputError(f"{where}: cannot write the token store ({exc.strerror or exc}); {fix}") from exc
-    try:
-        yield fh
-    finally:
-        with contextlib.suppress(OSError):  # a failed flush was reported by the write that failed
-            fh.close()
-
-
-def _write_line(fh: Any, line: str, where: Path, fix: str) -> None:
-    try:
-        fh.write(line + "\n")
-    except OSError as exc:
-        raise OutputError(f"{where}: cannot write the token store ({exc.strerror or exc}); {fix}") from exc

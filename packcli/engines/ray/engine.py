@@ -42,6 +42,7 @@ from packcli.io.uri import check_uri_output, write_manifest_uri
 from packcli.output.layout import RowLayout
 from packcli.plan.planner import Plan
 from packcli.store.integrity import DamagedStore
+from packcli.store.parts import InputParts
 from packcli.store.tokens import TokenStore
 from packcli.tokenize import ingest
 from packcli.tokenize.encoder import Encoder
@@ -101,6 +102,24 @@ class RayEngine:
         for name, ref in refs.items():
             if self.session.fetch(ref) != expected[name]["sha256"]:
                 raise DamagedStore(f"{Path(directory) / name}: sha256 differs from meta.json (changed bytes)")
+
+    # Its parts of the inputs are written where they were tokenized, not as cache parts (yet): a run makes
+    # one whole store.
+    makes_cache_parts = False
+
+    def tokenize_to_parts(
+        self,
+        config: PackConfig,
+        inputs: list[InputParts],
+        formats: dict[str, str | None],
+        encoder: Encoder,
+        cache_root: Path,
+        progress: Progress,
+        rule_out_long: bool = False,
+        unchanged: Callable[[InputSource], None] | None = None,
+        hold: Callable[[str], None] | None = None,
+    ) -> dict[str, float]:
+        raise NotImplementedError("the Ray engine makes no cache parts (makes_cache_parts is False)")
 
     def tokenize_to_store(
         self,

@@ -1,0 +1,248 @@
+"""Cache parts: each input tokenized once, in parts of a fixed number of records, reused by any run.
+
+A run's token store (its cache entry, keyed by all its inputs) is assembled from *parts*: one input's
+records ``[first, first + records)``, tokenized with the run's tokenization options, kept as a cache
+entry of its own (a token store whose meta.json says ``part``). A part is keyed by its input's
+content hash, its reader and record format, its number and the tokenization options, never by the
+other inputs: a run that adds an input, or swaps a --mix source, finds the parts of the inputs it
+shares with an earlier run and tokenizes only the rest. Parts are committed as they are finished
+(atomically, with their checksums, as any entry), so a run killed while it tokenizes leaves the parts
+it finished, and the next run resumes after them.
+
+Part ``i`` of an input holds the batches of ``BATCH_SIZE`` records whose first record's number
+(within the input, from 0) divided by ``PART_RECORDS`` is ``i``; its meta.json records its first
+record's number, its records and whether it is the input's last. Its samples' ``sample_index`` counts
+from the input's first record, its rejects and --fix-turns lines likewise: assembling adds the
+input's start in the run (``assemble``), so a store assembled from parts equals, sample for sample,
+one made in one pass.
+
+The assembled store's token files are hard links to its parts' (a copy where links are refused):
+the parts may be pruned without harming it, and the cache holds the tokens once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packcli import __version__
+from packcli.errors import OutputError
+from packcli.io.sources import InputSource
+from packcli.store.integrity import segment_files
+from packcli.store.key import cache_key
+from packcli.store.tokens import TokenStore, TokenStoreWriter
+
+# Records of one input in a part (a multiple of the tokenizing batch, so a batch lies in one part).
+PART_RECORDS = 32768
+# Meta keys whose counts add up over parts (nested dicts of counts add key by key).
+SUMMED = (
+    "records_read",
+    "dropped",
+    "turns_fixed",
+    "empty_answers",
+    "leading_answers",
+    "tools_left_out",
+    "reasoning",
+    "expanded",
+    "trees",
+    "split",
+)
+REJECTS, TURN_FIXES = "rejects.jsonl", "turn_fixes.jsonl"
+
+
+def part_key(source: list[Any], index: int, options: dict[str, Any], batch_size: int) -> str:
+    """The cache key of part ``index`` of an input (``source``: its kind, compression, format and
+    content hash), tokenized with ``options`` (the run's key but its inputs)."""
+    layout = {"index": index, "records": PART_RECORDS, "batch": batch_size}
+    return cache_key({"part": source, "layout": layout, **options})
+
+
+@dataclass
+class InputParts:
+    """One input of a run: its parts found in the cache, and the keys of those to make."""
+
+    source: InputSource
+    number: int  # its place among the run's inputs
+    key_of: Any  # Callable[[int], str]: part number -> cache key
+    found: list[TokenStore] = field(default_factory=list)  # parts 0, 1, ... found usable, in order
+    made: list[TokenStore] = field(default_factory=list)  # parts made by this run, in order
+
+    @property
+    def complete(self) -> bool:
+        """Whether the parts found hold the whole input (the last of them is its last part)."""
+        return bool(self.found) and bool(self.found[-1].meta["part"]["last"])
+
+    @property
+    def next_index(self) -> int:
+        return len(self.found) + len(self.made)
+
+    @property
+    def next_record(self) -> int:
+        """The number of the first record no part found or made holds."""
+        done = self.found + self.made
+        if not done:
+            return 0
+        last = done[-1].meta["part"]
+        return int(last["first"]) + int(last["records"])
+
+    @property
+    def parts(self) -> list[TokenStore]:
+        return self.found + self.made
+
+    def records(self, which: list[TokenStore]) -> int:
+        return sum(int(p.meta["part"]["records"]) for p in which)
+
+
+def part_meta(index: int, first: int, records: int, last: bool) -> dict[str, Any]:
+    """What a part's meta.json says of its place in its input."""
+    return {"index": index, "first": first, "records": records, "last": last}
+
+
+def assemble(inputs: list[InputParts], formats: dict[str, str | None], path: Path, where: Path, fix: str) -> TokenStore:
+    """Make the run's token store at ``path`` from its inputs' parts, in input order.
+
+    The samples' arrays are joined (each input's ``sample_index`` moved on by the records before it),
+    the token files linked (a segment per part), the rejects and --fix-turns lines joined and renamed
+    to this run's inputs, and the counts added up. Nothing is tokenized and no token read.
+    """
+    writer = TokenStoreWriter(path, fix, where)
+    assert writer.tmp is not None
+    tmp = writer.tmp
+    try:
+        metas: list[dict[str, Any]] = []
+        start = 0
+        starts: list[int] = []
+        units: list[str] = []
+        linked = 0  # parts with samples: a segment each
+        with (
+            open(tmp / REJECTS, "w", encoding="utf-8") as rejects,
+            open(tmp / TURN_FIXES, "w", encoding="utf-8") as fixes,
+        ):
+            for item in inputs:
+                starts.append(start)
+                unit = "record"
+                for part in item.parts:  # their sample_index counts from the input's first record
+                    meta = part.meta
+                    metas.append(meta)
+                    unit = meta["sources"][0]["unit"] if int(meta["records_read"]) else unit
+                    _lines(part.path / REJECTS, rejects, start, item.source.display)
+                    _lines(part.path / TURN_FIXES, fixes, start, item.source.display)
+                    if len(part.lengths):
+                        _add_part(writer, tmp, part, start, linked)
+                        linked += 1
+                start += sum(int(part.meta["records_read"]) for part in item.parts)
+                units.append(unit)
+        meta = merged_meta(metas)
+        meta["sources"] = [
+            {"path": i.source.display, "kind": i.source.kind, "format": formats[i.source.display], "unit": u}
+            for i, u in zip(inputs, units, strict=True)
+        ]
+        meta["source_starts"] = starts
+        return writer.finish(meta)
+    except OSError as exc:
+        writer.abort()
+        raise OutputError(f"{where}: cannot write the token store ({exc.strerror or exc}); {fix}") from exc
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _add_part(writer: TokenStoreWriter, tmp: Path, part: TokenStore, start: int, number: int) -> None:
+    """Add a part's samples to the store being assembled, its token files linked in as one segment."""
+    (segment,) = part.meta["segments"]  # a part is made in one pass by this process: one segment
+    prefix = f"segments/part{number:05d}-"
+    (tmp / "segments").mkdir(exist_ok=True)
+    files = {}
+    for theirs, ours in zip(segment_files(segment["prefix"]), segment_files(prefix), strict=True):
+        _link(Path(part.segment_root) / theirs, tmp / ours)
+        files[ours] = part.meta["files"][theirs]
+    roles = part.sample_role if part.sample_role is not None and part.sample_role.any() else None
+    writer.add_segment(
+        {"prefix": prefix, "tokens": int(segment["tokens"])},
+        files,
+        part.sample_index + start,
+        part.lengths,
+        part.trainable,
+        part.first_trained,
+        part.positions,
+        part.piece_index,
+        roles,
+        content_keys=part.content_key,
+        tree_nodes=part.tree_nodes,
+    )
+
+
+def _link(src: Path, dst: Path) -> None:
+    """Hard-link ``src`` at ``dst``; copy it where the filesystem refuses links."""
+    try:
+        os.link(src, dst)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        shutil.copyfile(src, dst)
+
+
+def _lines(path: Path, out: Any, start: int, display: str) -> None:
+    """Copy a part's rejects or --fix-turns lines, their ``sample_index`` moved on by ``start`` and their
+    ``source`` this run's name of the input."""
+    with contextlib.suppress(FileNotFoundError), open(path, encoding="utf-8") as src:
+        for line in src:
+            entry = json.loads(line)
+            entry["sample_index"] = int(entry["sample_index"]) + start
+            entry["source"] = display
+            try:
+                text = json.dumps(entry, ensure_ascii=False)
+                text.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate: kept escaped, as it was
+                text = json.dumps(entry)
+            out.write(text + "\n")
+
+
+def merged_meta(metas: list[dict[str, Any]]) -> dict[str, Any]:
+    """The meta.json of a store assembled from parts (but its sources, starts and files): counts added up,
+    the tokenizer's identity and the pad id those of the parts (the same: they are in the key), the
+    records ruled out untokenized those of the strictest part."""
+    first = metas[0]
+    meta: dict[str, Any] = {"tokenizer": first["tokenizer"], "pad_id": first["pad_id"]}
+    for key in SUMMED:
+        values = [m[key] for m in metas if key in m]
+        if values:
+            meta[key] = _sum(values)
+    if "dropped" not in meta:
+        meta["dropped"] = {}
+    meta["dropped"] = dict(sorted(meta["dropped"].items()))
+    encoders = [m["encoder"] for m in metas if "encoder" in m]
+    if encoders:
+        meta["encoder"] = {**encoders[-1], "records_slow": sum(int(e.get("records_slow", 0)) for e in encoders)}
+    for key in ("ruled_out_over_bytes", "ruled_out_max_len"):
+        values = [m[key] for m in metas if key in m]
+        if values:
+            meta[key] = min(values)
+    meta["made"] = {"packcli_version": __version__, "time": round(time.time(), 3), "parts": len(metas)}
+    return meta
+
+
+def _sum(values: list[Any]) -> Any:
+    if isinstance(values[0], dict):
+        keys: dict[str, None] = {}
+        for v in values:
+            keys.update(dict.fromkeys(v))
+        return {k: _sum([v[k] for v in values if k in v]) for k in keys}
+    return sum(int(v) for v in values)
+
+
+def reused_records(inputs: list[InputParts]) -> dict[str, int]:
+    """How many parts and records a run found in the cache, and how many it tokenized."""
+    return {
+        "parts_reused": sum(len(i.found) for i in inputs),
+        "parts_made": sum(len(i.made) for i in inputs),
+        "records_reused": sum(i.records(i.found) for i in inputs),
+        "records_tokenized": sum(i.records(i.made) for i in inputs),
+    }

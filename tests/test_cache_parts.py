@@ -1,0 +1,194 @@
+"""Cache parts: each input tokenized once, reused by runs that add inputs, swap mixture sources or resume.
+
+The store a run assembles from parts must equal, byte for byte in its shards and rejects, the store a
+cold run makes; what was reused and what was tokenized is in the summary (``cache_parts``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import packcli
+from packcli.contract import file_sha256
+from packcli.store import parts
+
+from .conftest import make_conversations, write_jsonl
+
+SMALL_PARTS = 512  # records per part in these tests (two batches of 256)
+
+
+@pytest.fixture(autouse=True)
+def _small_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parts, "PART_RECORDS", SMALL_PARTS)
+
+
+def chats(n: int, seed: int) -> list[dict[str, Any]]:
+    return [{"messages": m} for m in make_conversations(n, seed=seed, max_turns=2, max_words=12)]
+
+
+def shards(out: Path) -> dict[str, str]:
+    found = {p.name: file_sha256(p) for p in sorted(out.glob("shard-*.parquet"))}
+    assert found
+    return found
+
+
+def run(pack: Any, out: Path, *args: Any, cache: Path) -> dict[str, Any]:
+    result = pack(*args, "--max-len", "512", "-o", out, "--cache-dir", cache, "--json", "-q")
+    summary: dict[str, Any] = json.loads(result.stdout)
+    return summary
+
+
+def test_a_store_of_many_parts_writes_what_one_part_writes(
+    pack: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two inputs, the first with bad lines (rejects numbered across parts and inputs) and --fix-turns changes.
+    records = chats(1300, seed=1)
+    lines = [json.dumps(r) for r in records]
+    lines[700] = "{not json"  # in the second part of the first input
+    lines[1100] = json.dumps({"messages": [{"role": "user", "content": "a question"}]})  # no answer
+    first = tmp_path / "first.jsonl"
+    first.write_text("\n".join(lines) + "\n")
+    second = write_jsonl(tmp_path / "second.jsonl", chats(700, seed=2))
+    outs = {}
+    for name, size in (("one", 1 << 20), ("many", SMALL_PARTS)):
+        monkeypatch.setattr(parts, "PART_RECORDS", size)
+        out = tmp_path / name
+        summary = run(
+            pack, out, first, second, "--on-error", "skip", "--rejects", tmp_path / f"{name}.rejects.jsonl",
+            cache=tmp_path / f"cache-{name}",
+        )  # fmt: skip
+        outs[name] = (out, summary)
+    (one, one_summary), (many, many_summary) = outs["one"], outs["many"]
+    assert shards(one) == shards(many)
+    rejected = (tmp_path / "one.rejects.jsonl").read_text()
+    assert rejected == (tmp_path / "many.rejects.jsonl").read_text()
+    assert [json.loads(line)["sample_index"] for line in rejected.splitlines()] == [700, 1100]
+    assert all(json.loads(line)["source"] == str(first) for line in rejected.splitlines())
+    for key in ("records_read", "packed", "dropped", "tokens", "trainable_tokens", "rows"):
+        assert one_summary[key] == many_summary[key], key
+    assert one_summary["cache_parts"] == {
+        "parts_reused": 0, "parts_made": 2, "records_reused": 0, "records_tokenized": 2000,
+    }  # fmt: skip
+    # 1300 records in parts of 512 (3), 700 in 2
+    assert many_summary["cache_parts"]["parts_made"] == 5
+
+
+def test_an_added_input_is_the_only_one_tokenized(pack: Any, tmp_path: Path) -> None:
+    files = [write_jsonl(tmp_path / f"in{k}.jsonl", chats(300, seed=10 + k)) for k in range(5)]
+    cache = tmp_path / "cache"
+    first = run(pack, tmp_path / "a", *files[:2], *files[3:], cache=cache)
+    assert first["cache_parts"]["records_tokenized"] == 1200
+    # The new input goes in the middle: the inputs after it move on by its records.
+    second = run(pack, tmp_path / "b", *files, cache=cache)
+    assert second["cache"] == "miss"
+    assert second["cache_parts"] == {
+        "parts_reused": 4, "parts_made": 1, "records_reused": 1200, "records_tokenized": 300,
+    }  # fmt: skip
+    cold = run(pack, tmp_path / "cold", *files, cache=tmp_path / "cold-cache")
+    assert shards(tmp_path / "b") == shards(tmp_path / "cold")
+    timing = ("cache_parts", "seconds", "stage_seconds", "tokens_per_second", "output")
+    assert {k: v for k, v in second.items() if k not in timing} == {k: v for k, v in cold.items() if k not in timing}
+    third = run(pack, tmp_path / "c", *files, cache=cache)
+    assert third["cache"] == "hit" and "cache_parts" not in third
+
+
+def test_a_swapped_mix_source_is_the_only_one_tokenized(pack: Any, tmp_path: Path) -> None:
+    a, b, c = (write_jsonl(tmp_path / f"{n}.jsonl", chats(400, seed=s)) for n, s in (("a", 1), ("b", 2), ("c", 3)))
+    cache = tmp_path / "cache"
+    run(pack, tmp_path / "ab", "--mix", f"{a}=0.5", "--mix", f"{b}=0.5", cache=cache)
+    swapped = run(pack, tmp_path / "ac", "--mix", f"{a}=0.5", "--mix", f"{c}=0.5", cache=cache)
+    assert swapped["cache_parts"]["records_reused"] == 400 and swapped["cache_parts"]["records_tokenized"] == 400
+    run(pack, tmp_path / "cold", "--mix", f"{a}=0.5", "--mix", f"{c}=0.5", cache=tmp_path / "cold-cache")
+    assert shards(tmp_path / "ac") == shards(tmp_path / "cold")
+
+
+def test_a_damaged_part_is_made_again_and_the_others_reused(pack: Any, tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", chats(1200, seed=5))
+    cache = tmp_path / "cache"
+    first = run(pack, tmp_path / "a", data, cache=cache)
+    assert first["cache_parts"]["parts_made"] == 3
+    metas = {p: json.loads((p / "meta.json").read_text()) for p in cache.iterdir() if (p / "meta.json").exists()}
+    (entry,) = [p for p, m in metas.items() if "part" not in m]
+    (second,) = [p for p, m in metas.items() if m.get("part", {}).get("index") == 1]
+    os.truncate(second / "labels.bin", 4)  # the entry's segment too: a hard link
+    result = run(pack, tmp_path / "b", data, cache=cache)
+    assert result["cache"] == "rebuilt" and len(result["warnings"]) == 2
+    assert result["warnings"][1].startswith(f"the cache part of {data} is damaged ({second}/labels.bin: has 4 bytes")
+    assert result["cache_parts"] == {
+        "parts_reused": 1, "parts_made": 2, "records_reused": 512, "records_tokenized": 688,
+    }  # fmt: skip  # part 2 comes after the part made again: it is made again too
+    assert shards(tmp_path / "b") == shards(tmp_path / "a")
+    assert entry.is_dir()
+
+
+# A pack in a child process, with parts of SMALL_PARTS records, killed (SIGKILL) at a chosen point:
+# after the Nth batch is stored, after the Nth part is committed, or while the entry is assembled.
+KILLED = f"""
+import os, signal, sys
+from packcli.store import parts
+from packcli.tokenize import building
+parts.PART_RECORDS = {SMALL_PARTS}
+point, nth = sys.argv[1], int(sys.argv[2])
+seen = [0]
+
+def counted(real):
+    def call(*args, **kwargs):
+        out = real(*args, **kwargs)
+        seen[0] += 1
+        if seen[0] == nth:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return out
+    return call
+
+if point == "batch":
+    building.StoreBuilder.take = counted(building.StoreBuilder.take)
+elif point == "part":
+    building.StoreBuilder.finish = counted(building.StoreBuilder.finish)
+else:
+    real_add = parts._add_part
+    parts._add_part = counted(real_add)
+from packcli.cli import main
+main(sys.argv[3:])
+"""
+
+
+@pytest.mark.parametrize(
+    ("point", "nth", "reused"),
+    [
+        ("batch", 3, 512),  # in the second part: the first is kept
+        ("batch", 1, 0),  # in the first part: nothing is kept
+        ("part", 2, 1024),  # after the second of four parts
+        ("part", 4, 1800),  # after the last part, before the entry is assembled
+        ("assemble", 2, 1800),  # while the entry is assembled: every part is kept
+    ],
+)
+def test_a_killed_pack_resumes_from_its_finished_parts(
+    point: str, nth: int, reused: int, pack: Any, tmp_path: Path
+) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", chats(1800, seed=7))
+    cache = tmp_path / "cache"
+    argv = ["pack", str(data), "--max-len", "512", "-o", str(tmp_path / "killed"), "--cache-dir", str(cache)]
+    env = {**os.environ, "PYTHONPATH": str(Path(packcli.__file__).parents[1])}
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED, point, str(nth), *argv, "--num-proc", "1", "-q"],
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
+    assert not (tmp_path / "killed").exists()
+    resumed = run(pack, tmp_path / "resumed", data, cache=cache)
+    assert resumed["cache"] == "miss" and resumed["cache_parts"]["records_reused"] == reused
+    assert resumed["cache_parts"]["records_tokenized"] == 1800 - reused
+    run(pack, tmp_path / "cold", data, cache=tmp_path / "cold-cache")
+    assert shards(tmp_path / "resumed") == shards(tmp_path / "cold")
+    # nothing half made is left: no temporary directory, every part and entry whole
+    assert not [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
