@@ -104,8 +104,16 @@ def run_with(engine: Any, *inputs: Any, cache_env: Path | None = None, **options
 
 
 def store_in(cache: Path) -> Path:
-    [entry] = [p for p in cache.iterdir() if (p / "meta.json").is_file()]
+    """The run's entry in the cache (a local run's cache parts, made beside it, are not it)."""
+    metas = {p: p / "meta.json" for p in cache.iterdir() if (p / "meta.json").is_file()}
+    [entry] = [p for p, meta in metas.items() if "part" not in json.loads(meta.read_text())]
     return entry
+
+
+def a_token_file(entry: Path) -> str:
+    """The input ids file of an entry's first segment, relative to the entry."""
+    prefix = json.loads((entry / "meta.json").read_text())["segments"][0]["prefix"]
+    return f"{prefix}input_ids.bin"
 
 
 def assert_same_shards(a: Path, b: Path) -> list[str]:
@@ -173,7 +181,9 @@ def test_ray_engine_writes_what_the_local_engine_writes(cluster: Any, corpus: Pa
     for name in ("sample_index", "piece_index", "lengths", "trainable", "first_trained", "positions"):
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
         assert getattr(a, name).dtype == getattr(b, name).dtype
-    assert len(a.meta["segments"]) == 1 and len(b.meta["segments"]) > 10
+    # the local store: a segment per cache part (packcli.store.parts), linked from the parts
+    assert all(seg["prefix"].startswith("segments/part") for seg in a.meta["segments"])
+    assert len(b.meta["segments"]) > 10
     segments = ("segments", "files", "meta_sha256", "made")  # made: when, by which packcli
     assert {k: v for k, v in a.meta.items() if k not in segments} == {
         k: v for k, v in b.meta.items() if k not in segments
@@ -213,14 +223,15 @@ def test_ray_writer_tasks_on_a_cached_store(cluster: Any, corpus: Path, tmp_path
 
     # The entry's token files are hashed by tasks on a hit: a changed byte is found, as locally, and rebuilt.
     entry = store_in(cache)
-    with open(entry / "input_ids.bin", "r+b") as fh:
+    token_file = a_token_file(entry)  # the local run's entry: its first part's tokens, linked
+    with open(entry / token_file, "r+b") as fh:
         fh.seek(40)
         byte = fh.read(1)
         fh.seek(40)
         fh.write(bytes([byte[0] ^ 1]))
     result = run_pack(corpus, "-o", tmp_path / "again", *flags, "--engine", "ray", cache=cache)
     assert result.stderr == (
-        f"Warning: the cache entry is damaged ({entry}/input_ids.bin: sha256 differs from meta.json (changed "
+        f"Warning: the cache entry is damaged ({entry}/{token_file}: sha256 differs from meta.json (changed "
         "bytes)); it is rebuilt\n"
     )
     assert json.loads(result.stdout)["cache"] == "rebuilt"
