@@ -335,12 +335,17 @@ def test_a_run_holds_its_entry_while_it_uses_it(tmp_path: Path, cache_dir: Path)
     data = write_jsonl(tmp_path / "d.jsonl", _records())
     config = PackConfig(inputs=(str(data),), cache_dir=str(cache_dir), num_proc=1, max_len=256)
     with tokenized_inputs(config) as made:
-        # the entry and the part it was assembled from, both held
-        assert made.key is not None and [e.in_use for e in list_entries(cache_dir)] == [True, True]
+        # the entry held; the part it was made from no longer (the entry's hard links hold its tokens)
+        assert made.key is not None and {e.kind: e.in_use for e in list_entries(cache_dir)} == {
+            "tokens": True,
+            "part": False,
+        }
         result = _cli(["cache", "prune", "--max-size", "0", "--json", "--cache-dir", cache_dir])
-        assert sorted(json.loads(result.stdout)["in_use"]) == sorted(e.key for e in list_entries(cache_dir))
-        assert made.key in json.loads(result.stdout)["in_use"]
-    assert [e.in_use for e in list_entries(cache_dir)] == [False, False]
+        assert json.loads(result.stdout)["in_use"] == [made.key] and len(json.loads(result.stdout)["removed"]) == 1
+        with made.store.open_tokens() as reader:  # the part gone, the entry's tokens still read
+            ids, _ = reader.gather(made.store.starts, made.store.lengths)
+        assert len(ids) == int(made.store.lengths.sum()) > 0
+    assert [e.in_use for e in list_entries(cache_dir)] == [False]
     lock = EntryLock(cache_dir, made.key)
     assert lock.acquire()
     lock.release()

@@ -192,3 +192,57 @@ def test_a_killed_pack_resumes_from_its_finished_parts(
     assert shards(tmp_path / "resumed") == shards(tmp_path / "cold")
     # nothing half made is left: no temporary directory, every part and entry whole
     assert not [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
+
+
+# A pack in a child process that stops after committing its first part, until told to go on.
+PAUSED = f"""
+import os
+import sys
+from packcli.store import parts
+from packcli.tokenize import building
+parts.PART_RECORDS = {SMALL_PARTS}
+real = building.StoreBuilder.finish
+def finish(self, *args, **kwargs):
+    out = real(self, *args, **kwargs)
+    os.write(1, ("committed " + out.path.name + "\\n").encode())  # fd 1: pack redirects sys.stdout
+    sys.stdin.readline()
+    return out
+building.StoreBuilder.finish = finish
+from packcli.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_prune_never_removes_a_part_a_running_pack_holds(pack: Any, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from packcli.cli import app
+
+    data = write_jsonl(tmp_path / "d.jsonl", chats(1100, seed=9))
+    cache = tmp_path / "cache"
+    argv = ["pack", str(data), "--max-len", "512", "-o", str(tmp_path / "out"), "--cache-dir", str(cache)]
+    env = {**os.environ, "PYTHONPATH": str(Path(packcli.__file__).parents[1])}
+    child = subprocess.Popen(
+        [sys.executable, "-c", PAUSED, *argv, "--num-proc", "1", "--json", "-q"],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        first = child.stdout.readline().split()[1]
+        pruned = json.loads(
+            CliRunner().invoke(app, ["cache", "prune", "--max-size", "0", "--json", "--cache-dir", str(cache)]).stdout
+        )
+        assert pruned["in_use"] == [first] and (cache / first / "meta.json").exists()
+        for _ in range(2):  # the two other parts
+            child.stdin.write("\n")
+            child.stdin.flush()
+            child.stdout.readline()
+        child.stdin.write("\n")
+        child.stdin.flush()
+        out, _ = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    summary = json.loads(out)
+    assert summary["cache_parts"]["parts_made"] == 3 and summary["records_read"] == 1100
+    run(pack, tmp_path / "cold", data, cache=tmp_path / "cold-cache")
+    assert shards(tmp_path / "out") == shards(tmp_path / "cold")

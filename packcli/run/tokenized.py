@@ -29,7 +29,7 @@ from packcli.io.sources import InputSource, resolve_inputs
 from packcli.records import preference
 from packcli.records.formats import accepted_fields, detect_format
 from packcli.store import parts
-from packcli.store.cachedir import EntryLock, touch
+from packcli.store.cachedir import EntryLock, allow_open_files, touch
 from packcli.store.images import changed_image, load_images
 from packcli.store.integrity import DamagedStore
 from packcli.store.key import cache_key, default_cache_dir
@@ -280,7 +280,6 @@ def _tokenized(
                 inputs,
                 entry,
                 encoder,
-                stack,
                 warnings,
             )
             store, reuse = made, parts.reused_records(inputs)
@@ -354,21 +353,33 @@ def _from_parts(
     inputs: list[parts.InputParts],
     entry: Path,
     encoder: Encoder | None,
-    stack: contextlib.ExitStack,
     warnings: list[str],
 ) -> TokenStore:
     """Make the run's cache entry at ``entry`` from its inputs' cache parts: found, or tokenized now.
 
-    Every part used is locked (shared) until the run ends, as an entry is. A part found damaged is
-    reported and made again; an input that changed while it was read leaves none of the parts this run
-    made of it.
+    Every part used is locked (shared) until the entry is made from it (then the entry's hard links
+    hold its tokens), so no prune removes it in between. A part found damaged is reported and made
+    again; an input that changed while it was read leaves none of the parts this run made of it.
     """
+    with contextlib.ExitStack() as held:
+        return _made_from_parts(run, inputs, entry, encoder, warnings, held)
+
+
+def _made_from_parts(
+    run: _PartRun,
+    inputs: list[parts.InputParts],
+    entry: Path,
+    encoder: Encoder | None,
+    warnings: list[str],
+    held: contextlib.ExitStack,
+) -> TokenStore:
     config, root = run.config, run.cache_root
+    allow_open_files()  # a lock (an open file) per part held: thousands, for a large input
 
     def hold(key: str) -> None:
         lock = EntryLock(root, key)
         if lock.acquire():
-            stack.callback(lock.release)
+            held.callback(lock.release)
 
     for item in inputs:
         number = 0

@@ -75,6 +75,17 @@ def parse_age(text: str, what: str) -> float:
     return float(match.group(1)) * AGE_UNITS[match.group(2)]
 
 
+def allow_open_files() -> None:
+    """Raise this process's soft limit of open files to its hard limit: a run holds a lock (an open
+    file) on every cache part it uses, thousands for a large input, and soft limits are often 1,024."""
+    with contextlib.suppress(ImportError, ValueError, OSError):
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def lock_file(root: Path, key: str) -> Path:
     """The lock file of the entry ``key``."""
     return root / f"{key}.lock"
