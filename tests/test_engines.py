@@ -16,7 +16,6 @@ from packcli.run import options, pipeline, tokenized
 from .conftest import make_conversations, write_jsonl
 
 PROTOCOL = {name for name, _ in inspect.getmembers(Engine, inspect.isfunction) if not name.startswith("_")}
-ATTRIBUTES = set(Engine.__annotations__)  # what an engine says of itself (makes_cache_parts)
 
 
 class Recording(LocalEngine):
@@ -44,11 +43,11 @@ def test_a_run_uses_the_engine_given_and_only_its_protocol(
     monkeypatch.setenv("PACKCLI_CACHE", str(cache_dir))
     summary = pipeline.run_pack(config, engine=engine)
     assert summary["cache"] == ("miss" if cache else "off") and summary["rows"] > 0
-    assert set(engine.calls) <= PROTOCOL | ATTRIBUTES
+    assert set(engine.calls) <= PROTOCOL
     # rehash_files: from within tokenize_to_store, once every record is read (did an input change?)
     expected = ["hash_files", "digest_checker", "tokenize_to_store", "rehash_files", "write_output", "close"]
     if cache:  # the local engine tokenizes into cache parts (packcli.store.parts), the run assembles them
-        expected[2:3] = ["makes_cache_parts", "tokenize_to_parts"]
+        expected[2:3] = ["cache_part_cuts", "tokenize_to_parts"]
     else:
         expected.insert(4, "discard_store")  # a scratch store: the engine removes what it kept elsewhere
     assert engine.calls == expected
@@ -62,6 +61,7 @@ def test_the_protocol_is_what_both_engines_have() -> None:
         "digest_checker",
         "tokenize_to_store",
         "tokenize_to_parts",
+        "cache_part_cuts",
         "discard_store",
         "write_output",
         "check_uri_output",
@@ -70,7 +70,7 @@ def test_the_protocol_is_what_both_engines_have() -> None:
     } == PROTOCOL
     local = load_engine(PackConfig(inputs=("x",), num_proc=3))
     assert isinstance(local, LocalEngine) and local.num_proc == 3
-    assert {"makes_cache_parts"} == ATTRIBUTES and LocalEngine.makes_cache_parts is True
+    assert not Engine.__annotations__  # nothing but methods
     for name in PROTOCOL:
         ours, theirs = inspect.signature(getattr(LocalEngine, name)), inspect.signature(getattr(Engine, name))
         assert list(ours.parameters) == list(theirs.parameters), name

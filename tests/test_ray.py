@@ -200,6 +200,57 @@ def test_ray_engine_writes_what_the_local_engine_writes(cluster: Any, corpus: Pa
     assert_same_shards(local, tmp_path / "local-again")
 
 
+def test_ray_parts_are_cache_parts(cluster: Any, corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each Ray part is a cache part: a run stopped after two parts resumes from them, an added input is
+    the only one tokenized, and the shards and rejects are those of a run without the cache."""
+    from packcli.engines.ray import cached
+
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    for name in ("a.jsonl", "c.parquet", "b.jsonl"):
+        shutil.copy(corpus / name, inputs / name)
+    a, b, c = (inputs / n for n in ("a.jsonl", "b.jsonl", "c.parquet"))
+    cache = tmp_path / "cache"
+    flags = ["--max-len", "512", "--on-error", "skip", "--json", "-q", "--engine", "ray"]
+
+    def pack(out: str, *data: Path, use: Path | None = cache, expect: int | None = 0) -> Any:
+        rejects = ["--rejects", tmp_path / f"{out}.rejects"]
+        return run_pack(*data, "-o", tmp_path / out, *flags, *rejects, cache=use, expect=expect)
+
+    # Stopped as the third part is committed: two are kept (a.jsonl's first two byte ranges).
+    finish, commits = cached.StoreBuilder.finish, []
+
+    def stop_at_third(self: Any, *args: Any, **kwargs: Any) -> Any:
+        commits.append(1)
+        if len(commits) == 3:
+            raise KeyboardInterrupt
+        return finish(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cached.StoreBuilder, "finish", stop_at_third)
+        stopped = pack("stopped", a, c, expect=None)
+    assert stopped.exit_code != 0 and len(commits) == 3
+    assert not [p for p in cache.iterdir() if p.name.startswith(".tmp-")]  # the parts in flight left nothing
+    resumed = json.loads(pack("resumed", a, c).stdout)
+    cold = json.loads(pack("cold", a, c, use=None).stdout)
+    assert resumed["cache_parts"]["parts_reused"] == 2 and resumed["cache_parts"]["parts_made"] > 5
+    total = resumed["cache_parts"]["records_reused"] + resumed["cache_parts"]["records_tokenized"]
+    assert total == cold["records_read"] == 191 and resumed["dropped"] == cold["dropped"] == {"invalid_json": 1}
+    assert_same_shards(tmp_path / "cold", tmp_path / "resumed")
+    # line 58 of a.jsonl, in a part made by the second run after two found: its line numbers follow theirs
+    assert (tmp_path / "resumed.rejects").read_text() == (tmp_path / "cold.rejects").read_text()
+    assert '"position": 58' in (tmp_path / "cold.rejects").read_text()
+
+    # b.jsonl added between the two: only it is tokenized.
+    added = json.loads(pack("added", a, b, c).stdout)
+    reused = resumed["cache_parts"]["parts_reused"] + resumed["cache_parts"]["parts_made"]
+    assert added["cache_parts"]["parts_reused"] == reused
+    assert added["cache_parts"]["records_tokenized"] == 111  # b.jsonl's records
+    pack("added-cold", a, b, c, use=None)
+    assert_same_shards(tmp_path / "added-cold", tmp_path / "added")
+    assert (tmp_path / "added.rejects").read_text() == (tmp_path / "added-cold.rejects").read_text()
+
+
 def test_split_pieces_are_cut_on_ray_as_locally(cluster: Any, corpus: Path, tmp_path: Path) -> None:
     """--overflow split: the tokenizer actors cut the same pieces as the local workers."""
     flags = ["--max-len", "128", "--overflow", "split", "--on-error", "skip", "--json", "-q"]
@@ -435,7 +486,7 @@ def test_a_killed_actor_is_restarted_and_its_parts_run_again(
     from packcli.engines.ray import tokenizing
 
     killed = []
-    numbered = tokenizing.ClusterTokenizing._numbered
+    numbered = tokenizing.ClusterTokenizing.numbered
 
     def kill_once(self: Any, *args: Any) -> Any:
         if not killed:
@@ -443,7 +494,7 @@ def test_a_killed_actor_is_restarted_and_its_parts_run_again(
             killed.append(True)
         return numbered(self, *args)
 
-    monkeypatch.setattr(tokenizing.ClusterTokenizing, "_numbered", kill_once)
+    monkeypatch.setattr(tokenizing.ClusterTokenizing, "numbered", kill_once)
     flags = ["--max-len", "512", "--on-error", "skip", "--json", "-q"]
     local = json.loads(run_pack(corpus, "-o", tmp_path / "local", *flags).stdout)
     out = run_pack(corpus, "-o", tmp_path / "ray", *flags, "--engine", "ray").stdout

@@ -58,9 +58,11 @@ class Engine(Protocol):
         """Tokenize every record into a store at ``store_path`` (see ``ingest.tokenize_to_store``)."""
         ...
 
-    # Whether the engine tokenizes into cache parts (``tokenize_to_parts``); if not, a run with the cache
-    # on has it make one whole store.
-    makes_cache_parts: bool
+    def cache_part_cuts(self, config: PackConfig, sources: list[InputSource]) -> list[list[Any] | None] | None:
+        """How the engine cuts each input into cache parts (``tokenize_to_parts``): None, it makes none
+        for this run (which makes one whole store); or, for each input, None (parts of
+        ``parts.PART_RECORDS`` records, the local engine's) or the list of the engine's own cuts."""
+        ...
 
     def tokenize_to_parts(
         self,

@@ -59,7 +59,8 @@ class LocalEngine:
             before_finish=before_finish,
         )
 
-    makes_cache_parts = True
+    def cache_part_cuts(self, config: PackConfig, sources: list[InputSource]) -> list[list[Any] | None] | None:
+        return [None] * len(sources)  # parts of PART_RECORDS records (packcli.store.parts)
 
     def tokenize_to_parts(
         self,

@@ -265,13 +265,16 @@ def _tokenized(
             if fill_cache:
                 touch(entry)  # its last use, for pruning by age
             _as_this_run(store, sources, config)
-        elif config.cache and fill_cache and engine.makes_cache_parts and config.limit is None and not config.processor:
+        elif (cuts := _part_cuts(config, fill_cache, engine, sources)) is not None:
             # Made from the inputs' cache parts: those found are reused, the rest tokenized and kept.
             inputs = [
                 parts.InputParts(
-                    s, n, functools.partial(parts.part_key, e, options=options, batch_size=ingest.BATCH_SIZE)
+                    s,
+                    n,
+                    functools.partial(parts.part_key, e, options=options, batch_size=ingest.BATCH_SIZE, cuts=c),
+                    cuts=c,
                 )
-                for n, (s, e) in enumerate(zip(sources, entries, strict=True))
+                for n, (s, e, c) in enumerate(zip(sources, entries, cuts, strict=True))
             ]
             made = _from_parts(
                 _PartRun(
@@ -330,6 +333,16 @@ def _tokenized(
             hash_seconds=sum(spent),
             reuse=reuse,
         )
+
+
+def _part_cuts(
+    config: PackConfig, fill_cache: bool, engine: Engine, sources: list[InputSource]
+) -> list[list[Any] | None] | None:
+    """How the engine cuts each input into cache parts for this run, or None: one whole store is made
+    (no cache to fill, ``--limit``, ``--processor``, or an engine that makes no parts for this run)."""
+    if not (config.cache and fill_cache) or config.limit is not None or config.processor:
+        return None
+    return engine.cache_part_cuts(config, sources)
 
 
 @dataclass

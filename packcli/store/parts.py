@@ -57,10 +57,19 @@ SUMMED = (
 REJECTS, TURN_FIXES = "rejects.jsonl", "turn_fixes.jsonl"
 
 
-def part_key(source: list[Any], index: int, options: dict[str, Any], batch_size: int) -> str:
+def part_key(
+    source: list[Any], index: int, options: dict[str, Any], batch_size: int, cuts: list[Any] | None = None
+) -> str:
     """The cache key of part ``index`` of an input (``source``: its kind, compression, format and
-    content hash), tokenized with ``options`` (the run's key but its inputs)."""
-    layout = {"index": index, "records": PART_RECORDS, "batch": batch_size}
+    content hash), tokenized with ``options`` (the run's key but its inputs).
+
+    ``cuts``: where an engine cuts the input otherwise than in parts of PART_RECORDS records (the Ray
+    engine: byte ranges, row groups), its cuts, the part's own in its key.
+    """
+    if cuts is None:
+        layout: dict[str, Any] = {"index": index, "records": PART_RECORDS, "batch": batch_size}
+    else:
+        layout = {"index": index, "cut": cuts[index], "batch": batch_size}
     return cache_key({"part": source, "layout": layout, **options})
 
 
@@ -71,6 +80,7 @@ class InputParts:
     source: InputSource
     number: int  # its place among the run's inputs
     key_of: Any  # Callable[[int], str]: part number -> cache key
+    cuts: list[Any] | None = None  # the engine's cuts of the input (None: parts of PART_RECORDS records)
     found: list[TokenStore] = field(default_factory=list)  # parts 0, 1, ... found usable, in order
     made: list[TokenStore] = field(default_factory=list)  # parts made by this run, in order
 
@@ -93,6 +103,11 @@ class InputParts:
         return int(last["first"]) + int(last["records"])
 
     @property
+    def next_unit(self) -> int:
+        """The lines (or records) that the reading of the parts found or made passed (parts of an engine's cuts)."""
+        return sum(int(p.meta["part"].get("units", 0)) for p in self.found + self.made)
+
+    @property
     def parts(self) -> list[TokenStore]:
         return self.found + self.made
 
@@ -100,9 +115,13 @@ class InputParts:
         return sum(int(p.meta["part"]["records"]) for p in which)
 
 
-def part_meta(index: int, first: int, records: int, last: bool) -> dict[str, Any]:
-    """What a part's meta.json says of its place in its input."""
-    return {"index": index, "first": first, "records": records, "last": last}
+def part_meta(index: int, first: int, records: int, last: bool, units: int | None = None) -> dict[str, Any]:
+    """What a part's meta.json says of its place in its input (``units``: the lines or records its
+    reading passed, for a part of an engine's cuts: what the positions of the parts after it add)."""
+    meta: dict[str, Any] = {"index": index, "first": first, "records": records, "last": last}
+    if units is not None:
+        meta["units"] = units
+    return meta
 
 
 def assemble(inputs: list[InputParts], formats: dict[str, str | None], path: Path, where: Path, fix: str) -> TokenStore:

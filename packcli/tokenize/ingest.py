@@ -148,7 +148,7 @@ def tokenize_to_store(
             progress("tokenize", result.n_records, total)
         slow_elsewhere = encoder.text.slow_records - slow_here if service is not None else 0
         meta = builder.meta(
-            sources, formats, _identity(encoder), _pad_id(encoder), encoder.choice.record(), slow_elsewhere
+            sources, formats, store_identity(encoder), store_pad_id(encoder), encoder.choice.record(), slow_elsewhere
         )
         builder.ruled_out(meta, ruled_out_bytes)
         if before_finish is not None:
@@ -221,7 +221,8 @@ def tokenize_to_parts(
             unchanged(item.source)
         slow = encoder.text.slow_records - slow_mark if service is not None else 0
         slow_mark = encoder.text.slow_records
-        meta = builder.meta([item.source], formats, _identity(encoder), _pad_id(encoder), encoder.choice.record(), slow)
+        identity, pad_id = store_identity(encoder), store_pad_id(encoder)
+        meta = builder.meta([item.source], formats, identity, pad_id, encoder.choice.record(), slow)
         builder.ruled_out(meta, ruled_out_bytes)
         meta["part"] = parts.part_meta(number, first, int(builder.counts["records"]), last)
         finishing = time.perf_counter()
@@ -332,14 +333,15 @@ def _release(encoder: Encoder, service: EncodeService | None) -> None:
         service.close()
 
 
-def _identity(encoder: Encoder) -> dict[str, Any]:
+def store_identity(encoder: Encoder) -> dict[str, Any]:
     """The tokenizer's identity a store records (with its processor's, for a run with one)."""
     if encoder.vision is not None:
         return {**encoder.identity(), "processor": processor_identity(encoder)}
     return encoder.identity()
 
 
-def _pad_id(encoder: Encoder) -> int:
+def store_pad_id(encoder: Encoder) -> int:
+    """The pad id a store records: the tokenizer's, else its end-of-sequence id, else 0."""
     pad_id = encoder.tokenizer.pad_token_id
     return int(pad_id) if pad_id is not None else (encoder.eos_id or 0)
 

@@ -6,6 +6,8 @@ arguments and results:
 - ``tokenize_to_store``: parts of the inputs are read and tokenized by actors, and their tokens written
   as segments of the token store where the store is (``ray.tokenizing``); the driver runs the local
   engine's accounting loop on the samples' metadata.
+- ``tokenize_to_parts``: the same, each part a cache part of its own, committed as it comes
+  (``ray.cached``): a run that adds an input or resumes after a kill tokenizes only what the cache lacks.
 - ``write_output``: the plan is made on the driver from the lengths alone; each shard is written by one
   call to a tokenizer actor of the run (warm: its imports are done), or on a cache hit by one Ray task
   (``ray.writing``), to a local directory or to a pyarrow filesystem URI (``s3://``, ``gs://``, ``file://``).
@@ -27,18 +29,20 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 
 from packcli.config import PackConfig
 from packcli.contract import Progress, file_sha256
-from packcli.engines.ray.session import TASK_RETRIES, RaySession, kill, pickled
+from packcli.engines.ray import cached
+from packcli.engines.ray.parts import input_cuts
+from packcli.engines.ray.session import TASK_RETRIES, RaySession, cluster_cpus, kill, pickled
 from packcli.engines.ray.tokenizing import ClusterTokenizing, remove_uri_dir
 from packcli.engines.ray.writing import write_shards
 from packcli.io.fingerprint import file_blake2b, files_to_hash
 from packcli.io.sources import InputSource
-from packcli.io.uri import check_uri_output, write_manifest_uri
+from packcli.io.uri import check_uri_output, is_uri, write_manifest_uri
 from packcli.output.layout import RowLayout
 from packcli.plan.planner import Plan
 from packcli.store.integrity import DamagedStore
@@ -46,6 +50,8 @@ from packcli.store.parts import InputParts
 from packcli.store.tokens import TokenStore
 from packcli.tokenize import ingest
 from packcli.tokenize.encoder import Encoder
+
+T = TypeVar("T")
 
 
 @ray.remote(num_cpus=1, max_retries=TASK_RETRIES)
@@ -103,9 +109,14 @@ class RayEngine:
             if self.session.fetch(ref) != expected[name]["sha256"]:
                 raise DamagedStore(f"{Path(directory) / name}: sha256 differs from meta.json (changed bytes)")
 
-    # Its parts of the inputs are written where they were tokenized, not as cache parts (yet): a run makes
-    # one whole store.
-    makes_cache_parts = False
+    def cache_part_cuts(self, config: PackConfig, sources: list[InputSource]) -> list[list[Any] | None] | None:
+        """Each input's cuts (``ray.parts.input_cuts``): its parts are cache parts. None for an output
+        URI, where the tokens are written under the output, not in a cache every node mounts."""
+        if is_uri(config.output):
+            return None
+        self.session.ensure()
+        cpus = cluster_cpus()
+        return [input_cuts(source, cpus) for source in sources]
 
     def tokenize_to_parts(
         self,
@@ -119,7 +130,14 @@ class RayEngine:
         unchanged: Callable[[InputSource], None] | None = None,
         hold: Callable[[str], None] | None = None,
     ) -> dict[str, float]:
-        raise NotImplementedError("the Ray engine makes no cache parts (makes_cache_parts is False)")
+        """Tokenize on Ray the parts the cache lacks of each input, committed as they come (``ray.cached``)."""
+        sources = [item.source for item in inputs]
+        return self._on_cluster(
+            ClusterTokenizing(self.session, config, sources, formats, encoder, cache_root),
+            lambda remote: cached.tokenize_to_parts(
+                remote, config, inputs, encoder, cache_root, progress, unchanged, hold
+            ),
+        )
 
     def tokenize_to_store(
         self,
@@ -139,16 +157,22 @@ class RayEngine:
         too-long rule (``rule_out_long``) needs the driver's renderer in every actor: this engine
         tokenizes every record.
         """
+        return self._on_cluster(
+            ClusterTokenizing(self.session, config, sources, formats, encoder, store_path),
+            lambda remote: ingest.tokenize_to_store(
+                config, sources, formats, encoder, store_path, progress, remote=remote, before_finish=before_finish
+            ),
+        )
+
+    def _on_cluster(self, remote: ClusterTokenizing, work: Callable[[ClusterTokenizing], T]) -> T:
+        """Run ``work(remote)``, the run's tokenizing on the cluster; on failure stop everything it started."""
         began = time.perf_counter()
         self.last_run = {}
         self._release_actors()  # an earlier run's, never used for writing
         self.session.ensure()
-        remote = ClusterTokenizing(self.session, config, sources, formats, encoder, store_path)
         remote.began, remote.figures = began, self.last_run
         try:
-            store = ingest.tokenize_to_store(
-                config, sources, formats, encoder, store_path, progress, remote=remote, before_finish=before_finish
-            )
+            done = work(remote)
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 remote.pending.clear()  # stopping on request: at once, not after the running parts
@@ -160,7 +184,7 @@ class RayEngine:
         finally:
             remote.close()
         self._warm = remote.warm
-        return store
+        return done
 
     def discard_store(self, store: TokenStore) -> None:
         """A store that is not kept (``--no-cache``): remove its segments where they are not in its directory."""

@@ -56,6 +56,31 @@ class Part:
     end: int = 0
     last_of_source: bool = True
     max_records: int | None = None  # --limit: read at most this many records
+    directory: str | None = None  # where its tokens are written: a cache part's own directory (else the store's)
+
+
+def input_cuts(source: InputSource, cpus: int) -> list[list[Any]]:
+    """How one input is cut into parts when each part is a cache part (``packcli.store.parts``): by its
+    own size alone, never the other inputs', so a run that adds an input finds the parts of the others.
+
+    Each cut (``[kind, start, end]``) is in its part's cache key: an input of over
+    ``PART_BYTES * PARTS_PER_CPU * cpus`` bytes is cut the same on any cluster; a smaller one into about
+    ``PARTS_PER_CPU`` parts a CPU, as ``part_bytes`` cuts all the inputs of a run.
+    """
+    size = 0
+    if source.kind in ("jsonl", "parquet"):
+        with contextlib.suppress(OSError, ValueError):
+            size = input_size(source.path)
+    each = min(PART_BYTES, max(MIN_PART_BYTES, size // max(1, PARTS_PER_CPU * cpus)))
+    return [list(piece) for piece in _pieces(source, each)]
+
+
+def cut_parts(source: InputSource, fmt: str | None, cuts: list[list[Any]], first: int, number: int) -> list[Part]:
+    """The parts of ``source`` for its cuts from ``first`` on, numbered from ``number``."""
+    return [
+        Part(number + k, source, fmt, str(kind), int(start), int(end), last_of_source=first + k == len(cuts) - 1)
+        for k, (kind, start, end) in enumerate(cuts[first:])
+    ]
 
 
 def make_parts(sources: list[InputSource], formats: dict[str, str | None], part_bytes: int) -> list[Part]:

@@ -18,7 +18,7 @@ import dataclasses
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +152,7 @@ class Tokenizer:
         the batches before it, for the driver to raise in input order; anything else fails the call.
         """
         began, cpu_began = time.perf_counter(), time.process_time()
-        segment = SegmentWriter(self.root, f"segments/{part.number:06d}-")
+        segment = SegmentWriter(part.directory or self.root, f"segments/{part.number:06d}-")
         units = ray_parts.Units()
         keys = ("index", "lengths", "trainable", "first", "pos", "piece", "role")
         arrays: dict[str, list[np.ndarray]] = {k: [] for k in keys}
@@ -322,7 +322,30 @@ class ClusterTokenizing:
 
     def _results(self, directory: Path | None) -> Iterator[TokenizedBatch]:
         root = self.segment_root or str(Path(directory).resolve())  # type: ignore[arg-type]
-        parts = self.parts()
+        index = 0  # records of the parts before (sample_index of the next part's first record)
+        unit_base = 0  # lines or records of this source's parts before
+        source_records = 0
+        for part, out in self.outputs(self.parts(), root):
+            if out["n_records"]:
+                yield self.numbered(part, out, index, unit_base)
+            index += out["n_records"]
+            source_records += out["n_records"]
+            unit_base += out["units"]
+            if out["error"] is not None:
+                raise out["error"]
+            if part.last_of_source:
+                if part.kind != "whole" and source_records == 0 and part.max_records != 0:
+                    raise ray_parts.empty_source_error(part.source)
+                unit_base = source_records = 0
+
+    def outputs(
+        self, parts: list[ray_parts.Part], root: str, prepare: Callable[[ray_parts.Part], ray_parts.Part] | None = None
+    ) -> Iterator[tuple[ray_parts.Part, dict[str, Any]]]:
+        """Run the parts on a pool of tokenizer actors writing under ``root``; yield each part and its
+        result, in order. ``prepare(part)`` runs as a part is submitted (and may give it a directory).
+
+        Once every part is in, the actors are kept, warm, to write the shards (``warm``).
+        """
         n_actors = max(1, min(cluster_cpus(), len(parts)))
         actor = ray.remote(num_cpus=1, max_restarts=ACTOR_RESTARTS, max_task_retries=TASK_RETRIES)(Tokenizer)
         settings = self.settings(root)
@@ -342,14 +365,12 @@ class ClusterTokenizing:
         done: dict[int, dict[str, Any]] = {}
         load = [0] * n_actors
         submitted = 0
-        index = 0  # records of the parts before (sample_index of the next part's first record)
-        unit_base = 0  # lines or records of this source's parts before
-        source_records = 0
         try:
             for k, part in enumerate(parts):
                 while submitted < len(parts) and submitted < k + window:
                     a = load.index(min(load))
-                    pending[self.actors[a].run.remote(parts[submitted])] = (submitted, a)
+                    job = parts[submitted] if prepare is None else prepare(parts[submitted])
+                    pending[self.actors[a].run.remote(job)] = (submitted, a)
                     load[a] += 1
                     submitted += 1
                 while k not in done:
@@ -361,23 +382,13 @@ class ClusterTokenizing:
                         done[i] = self.session.fetch(ref)
                 out = done.pop(k)
                 nodes.add(out.pop("node"))
-                if out["n_records"]:
-                    yield self._numbered(part, out, index, unit_base)
-                index += out["n_records"]
-                source_records += out["n_records"]
-                unit_base += out["units"]
-                if out["error"] is not None:
-                    raise out["error"]
-                if part.last_of_source:
-                    if part.kind != "whole" and source_records == 0 and part.max_records != 0:
-                        raise ray_parts.empty_source_error(part.source)
-                    unit_base = source_records = 0
+                yield part, out
             # Every part is in: the actors, warm (imports done), write the shards next (write_output).
             self.warm, self.actors = self.actors, []
         finally:
             self.stop()  # parts still pending die with their actors
 
-    def _numbered(self, part: ray_parts.Part, out: dict[str, Any], index: int, unit_base: int) -> TokenizedBatch:
+    def numbered(self, part: ray_parts.Part, out: dict[str, Any], index: int, unit_base: int) -> TokenizedBatch:
         arrays = out["arrays"]
         for entry in (*out["rejects"], *out["turn_fixes"]):
             entry["sample_index"] += index
