@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # what the lazy loading below returns, for type checkers
         UsageError,
     )
 
-__version__ = "0.5.0"
+from packcli.version import __version__
 
 __all__ = [
     "IncompatibleError",

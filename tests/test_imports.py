@@ -25,8 +25,15 @@ LAYERS = [
     {"packcli.procs"},
     {"packcli.owned"},
     {"packcli.results"},  # the typed summary, manifest, store metadata and rejects entries
-    {"packcli.contract", "packcli.errors"},
+    {"packcli.contract", "packcli.errors", "packcli.version"},
 ]
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+
+
+MODULES = {_module_name(path) for path in PACKAGE.rglob("*.py")}
 
 
 def _graph() -> dict[str, set[str]]:
@@ -36,12 +43,15 @@ def _graph() -> dict[str, set[str]]:
         deps: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("packcli"):
-                deps.add(node.module)
-                deps.update(f"{node.module}.{alias.name}" for alias in node.names)
+                submodules = {f"{node.module}.{alias.name}" for alias in node.names} & MODULES
+                deps.update(submodules)
+                if len(submodules) < len(node.names):  # a name the module defines: the module itself
+                    deps.add(node.module)
             elif isinstance(node, ast.Import):
                 deps.update(alias.name for alias in node.names if alias.name.startswith("packcli"))
         modules[name] = deps
-    return {m: {d for d in deps if d in modules and d not in (m, "packcli")} for m, deps in modules.items()}
+    # "from packcli import __version__" is an import of the package's face (layer 1), and counts
+    return {m: {d for d in deps if d in modules and d != m} for m, deps in modules.items()}
 
 
 def _layer(module: str) -> int:
@@ -49,7 +59,7 @@ def _layer(module: str) -> int:
         if any(module == n or module.startswith(n + ".") for n in names if n != "packcli"):
             return i
     if module == "packcli":
-        return 1  # the package's public face re-exports the library
+        return 1  # the package's public face re-exports the library: nothing below imports it
     raise AssertionError(f"{module} is in no layer: add its subpackage to LAYERS (and to docs/architecture.md)")
 
 

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_the_version_has_one_source() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     assert "version" not in project["project"] and project["project"]["dynamic"] == ["version"]
-    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "packcli.__version__"}
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "packcli.version.__version__"}
     assert importlib.metadata.version("packcli") == packcli.__version__  # what pip installed says the same
 
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from packcli import __version__
+from packcli.version import __version__
 from packcli.cli.options import cli_message
 from packcli.errors import Interrupted, PackcliError, UsageError
 

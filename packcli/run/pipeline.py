@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO, cast
 
-from packcli import __version__, owned
+from packcli import owned
+from packcli.version import __version__
 from packcli.config import PackConfig, Task
 from packcli.contract import SAMPLE_ROLES, Progress, no_progress
 from packcli.engines import Engine, load_engine

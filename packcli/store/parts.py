@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packcli import __version__
+from packcli.version import __version__
 from packcli.errors import OutputError
 from packcli.io.sources import InputSource
 from packcli.store.integrity import segment_files

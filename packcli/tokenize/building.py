@@ -15,7 +15,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from packcli import __version__, errors
+from packcli import errors
+from packcli.version import __version__
 from packcli.config import PackConfig
 from packcli.errors import InputError, OutputError
 from packcli.io.sources import InputSource
