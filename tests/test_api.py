@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 import packcli
-from packcli.errors import render, request_stop
+from packcli.errors import render
+from packcli.procs.stop import request_stop
 
 from .conftest import make_conversations, one_error_line, read_rows
 

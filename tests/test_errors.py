@@ -489,10 +489,10 @@ record_like = st.fixed_dictionaries(
 def test_fuzz_no_record_raises(lines: list[bytes], fmt: str | None) -> None:
     if not _ENCODER:
         _ENCODER.append(Encoder(None, None, EncodeOptions()))
-    worker.use(_ENCODER[0], dict(DEFAULT_FIELDS))
+    context = worker.WorkerContext(_ENCODER[0], dict(DEFAULT_FIELDS))
     lines = [line.replace(b"\n", b" ") for line in lines]
     batch = RawBatch("fuzz.jsonl", 0, lines, list(range(1, len(lines) + 1)), raw_lines=True)
-    result = worker.tokenize_batch(batch, fmt)
+    result = worker.tokenize_batch(context, batch, fmt)
     assert len(result.sample_index) + len(result.rejects) == len(lines)
     assert sum(result.lengths) == len(result.ids) == len(result.labels)
     for reject in result.rejects:

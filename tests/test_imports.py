@@ -153,3 +153,64 @@ def test_shared_helpers_are_defined_once() -> None:
     found = _definitions()
     for name, home in ONE_HOME.items():
         assert found.get(name, set()) == ({home} if home else set()), f"{name} is defined in {sorted(found[name])}"
+
+
+# Module-level state outside procs/ (which owns the process-wide state of a run: its pools, the worker
+# context, the stop request): none but these, each with its reason.
+ALLOWED_STATE = {
+    ("packcli.output.formats", "FORMATS"): "the shard-format registry: formats plug in with register()",
+    ("packcli.output.formats", "_BY_EXTENSION"): "the registry's index by file extension",
+    ("packcli.io.sources", "_SPOOLED"): "a stream (stdin, a FIFO) is copied once per run, and read again",
+}
+MUTATORS = {"append", "extend", "update", "clear", "pop", "popitem", "setdefault", "add", "remove", "discard", "insert"}
+MUTABLE_CALLS = {"dict", "list", "set", "Counter", "defaultdict", "OrderedDict", "deque", "Event", "Lock", "RLock"}
+
+
+def _mutable(value: ast.expr) -> bool:
+    if isinstance(value, ast.Dict | ast.List | ast.Set | ast.DictComp | ast.ListComp | ast.SetComp):
+        return True
+    if isinstance(value, ast.Call):
+        func = value.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        return name in MUTABLE_CALLS
+    return False
+
+
+def _module_state(tree: ast.Module) -> set[str]:
+    """The module-level names bound to a mutable container that a function of the module changes."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None and _mutable(node.value):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    changed = set()
+    functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    for node in (n for f in functions for n in ast.walk(f)):
+        call = node.func if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) else None
+        if call is not None and call.attr in MUTATORS and isinstance(call.value, ast.Name) and call.value.id in names:
+            changed.add(call.value.id)
+        targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else []
+        targets = [node.target] if isinstance(node, ast.AugAssign) else targets
+        for target in targets:
+            if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) and target.value.id in names:
+                changed.add(target.value.id)
+    return changed
+
+
+def test_no_global_statement_and_no_module_state_outside_procs() -> None:
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        module = _module_name(path)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.Global)], f"{module}: a global statement"
+        if not module.startswith("packcli.procs."):
+            found.update((module, name) for name in _module_state(tree))
+    assert found == set(ALLOWED_STATE)
+
+
+def test_the_module_state_check_finds_state() -> None:
+    """The check above sees a module-level dict a function fills, and a list it appends to."""
+    tree = ast.parse(
+        "_SEEN = {}\nQUEUE: list[int] = []\nNAMES = {'a': 1}\ndef f(k):\n    _SEEN[k] = 1\n    QUEUE.append(k)\n"
+    )
+    assert _module_state(tree) == {"_SEEN", "QUEUE"}

@@ -7,6 +7,7 @@ trims offsets, a probe that finds a difference, and records whose pieces do not 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -63,9 +64,14 @@ def test_piece_cuts_part_a_text_at_every_span_end() -> None:
     assert piece_cuts("", [(0, 0)]) == ([0, 0], [])
 
 
+def _fresh_fast_encoders(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Load the fast encoders anew in this test, into a cache of its own (the process's is left as it was)."""
+    monkeypatch.setattr(text_encoders, "_loaded", functools.lru_cache(maxsize=4)(text_encoders._loaded.__wrapped__))
+
+
 def _masks_by(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Make fast encoders loaded from here on make masks by ``method``: bytes (the default) or pieces."""
-    monkeypatch.setattr(text_encoders, "_LOADED", {})
+    _fresh_fast_encoders(monkeypatch)
     if method == "pieces":
         monkeypatch.setattr(text_encoders, "token_byte_lengths", lambda backend_json: None)
 
@@ -144,7 +150,7 @@ def test_a_probe_difference_falls_back_and_packs_the_same(
         return ids, starts
 
     monkeypatch.setattr(FastEncoder, "encode_flat", emoji_differs)
-    monkeypatch.setattr(text_encoders, "_LOADED", {})
+    _fresh_fast_encoders(monkeypatch)
     data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in make_conversations(20, seed=4)])
     auto, _ = _pack_both(pack, tmp_path, data)
     assert auto["encoder"]["name"] == "tokenizers"
@@ -215,7 +221,7 @@ def test_verify_reencode_finds_labels_tokenizers_would_not_give(
     def late(self: FastEncoder, items: list[Any]) -> list[Any]:
         return [None if m is None else (m[0], np.roll(m[1], 1)) for m in real(self, items)]
 
-    monkeypatch.setattr(text_encoders, "_LOADED", {})
+    _fresh_fast_encoders(monkeypatch)
     monkeypatch.setattr(FastEncoder, "probe", lambda self, reference: None)
     monkeypatch.setattr(FastEncoder, "masked_or_none", late)
     pack(chat_jsonl, "-o", tmp_path / "bad", "--no-cache", "--quiet", "--max-len", "512")

@@ -53,9 +53,10 @@ from packcli.config import (
     TruncateSide,
 )
 from packcli.contract import Progress
-from packcli.errors import UsageError, reset_stop
+from packcli.errors import UsageError
 from packcli.output.formats import format_of, read_shard
 from packcli.output.manifest import read_checked_manifest
+from packcli.procs.stop import reset_stop
 from packcli.results import RunSummary
 
 if TYPE_CHECKING:

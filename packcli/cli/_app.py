@@ -16,9 +16,9 @@ from typing import Annotated, Any
 
 import typer
 
-from packcli.version import __version__
 from packcli.cli.options import cli_message
 from packcli.errors import Interrupted, PackcliError, UsageError
+from packcli.version import __version__
 
 
 def _untyped(ctx: Any) -> None:
@@ -113,9 +113,9 @@ def _on_signal(signum: int, frame: Any) -> None:
     # The first SIGINT/SIGTERM asks the run to stop at its next safe point (within a batch); a second
     # one stops it at once: the workers are killed, not waited for. A signal that comes when the run is
     # already stopping only kills the workers, so that the cleanup itself is never cut short.
-    from packcli.errors import _STOP, begin_stopping, request_stop, stop_at_once
+    from packcli.procs.stop import begin_stopping, request_stop, stop_at_once, stop_requested
 
-    if _STOP.is_set():
+    if stop_requested():
         procs = sys.modules.get("packcli.procs.lifetime")  # loaded whenever a pool was started; no import here
         if procs is not None:
             procs.kill_all()
@@ -157,12 +157,12 @@ def main(argv: list[str] | None = None) -> None:
         console.error(usage)
         sys.exit(UsageError.exit_code)
     finally:
-        from packcli.errors import _STOP
+        from packcli.procs.stop import stop_requested
 
         for sig, handler in previous.items():
             # After an interrupt the process only exits (its workers are gone): a further Ctrl-C must
             # not turn the exit code 130 into death by SIGINT, which Python's shutdown would allow.
-            signal.signal(sig, signal.SIG_IGN if _STOP.is_set() else handler)
+            signal.signal(sig, signal.SIG_IGN if stop_requested() else handler)
 
 
 def _usage_error(exc: Exception) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stdout
+from contextvars import ContextVar
 from typing import Any
 
 from rich.console import Console
@@ -30,7 +31,7 @@ STAGE_LABELS = {"tokenize": "Tokenizing records", "write": "Writing rows"}
 
 
 # The stdout that --json writes to, while everything else written to stdout goes to stderr.
-_JSON_STDOUT: list[Any] = []
+_JSON_STDOUT: ContextVar[Any] = ContextVar("json_stdout", default=None)
 
 
 @contextmanager
@@ -43,19 +44,19 @@ def stdout_for_json(enabled: bool) -> Iterator[None]:
     if not enabled:
         yield
         return
-    _JSON_STDOUT.append(sys.stdout)
+    kept = _JSON_STDOUT.set(sys.stdout)
     try:
         with redirect_stdout(sys.stderr):
             yield
     finally:
-        _JSON_STDOUT.pop()
+        _JSON_STDOUT.reset(kept)
 
 
 def emit_json(data: Any, ensure_ascii: bool = True) -> None:
     """Write ``data`` as indented JSON (one document) to stdout, the one kept by ``stdout_for_json``."""
     import json
 
-    stream = _JSON_STDOUT[-1] if _JSON_STDOUT else sys.stdout
+    stream = _JSON_STDOUT.get() or sys.stdout
     stream.write(json.dumps(data, indent=2, ensure_ascii=ensure_ascii) + "\n")
     stream.flush()
 

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from packcli.errors import raise_if_stopped
 from packcli.io.sources import InputSource
 from packcli.io.uri import is_uri, open_uri
+from packcli.procs.stop import raise_if_stopped
 
 
 def file_blake2b(path: str | Path) -> str:

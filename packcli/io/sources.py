@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packcli.errors import InputError, UsageError, interruptible
+from packcli.errors import InputError, UsageError
 from packcli.io.uri import is_uri
+from packcli.procs.stop import interruptible
 
 FILE_TYPES = {
     ".jsonl": "jsonl",

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from packcli.contract import IGNORE_INDEX, Progress, no_progress
-from packcli.errors import OutputError, raise_if_stopped
+from packcli.errors import OutputError
 from packcli.output.layout import RowLayout
 from packcli.output.rows import (
     ROW_GROUP_ROWS,
@@ -21,6 +22,7 @@ from packcli.output.rows import (
 from packcli.plan import mix
 from packcli.plan.planner import Plan
 from packcli.procs import pool
+from packcli.procs.stop import raise_if_stopped
 from packcli.store.images import load_images
 from packcli.store.nodes import TreeNodes
 from packcli.store.tokens import (
@@ -28,8 +30,16 @@ from packcli.store.tokens import (
     TokenStore,
 )
 
-# Shard-writer state: set in the parent before the pool forks.
-_WRITE: dict[str, Any] = {}
+
+@dataclass(frozen=True)
+class ShardWriting:
+    """What every shard writer needs: handed to the worker processes once, by the pool's initializer."""
+
+    layout: RowLayout
+    store: TokenStore
+    plan: Plan
+    staged: Path
+    n_shards: int
 
 
 def row_group_tables(
@@ -84,11 +94,10 @@ def _tree_nodes(store: TokenStore, store_rows: np.ndarray) -> TreeNodes:
     return store.tree_nodes.select(store_rows)
 
 
-def _write_one_shard(s: int, progress: Progress = no_progress) -> dict[str, Any]:
-    layout: RowLayout = _WRITE["layout"]
+def _write_one_shard(job: ShardWriting, s: int, progress: Progress = no_progress) -> dict[str, Any]:
+    layout, store, plan = job.layout, job.store, job.plan
     per = layout.rows_per_shard
-    path = _WRITE["staged"] / shard_name(s, _WRITE["n_shards"], layout.output_format)
-    store, plan = _WRITE["store"], _WRITE["plan"]
+    path = job.staged / shard_name(s, job.n_shards, layout.output_format)
     with store.open_tokens() as reader:
         rows = plan.order.order[s * per : (s + 1) * per]
         tables = row_group_tables(reader, store, plan, rows, layout, progress)
@@ -106,13 +115,13 @@ def write_output(
     n_rows = len(plan.order.order)
     n_shards = max(1, -(-n_rows // layout.rows_per_shard))
     workers = min(num_proc, n_shards)
-    _WRITE.update(layout=layout, store=store, plan=plan, staged=staged, n_shards=n_shards)
+    job = ShardWriting(layout, store, plan, staged, n_shards)
     entries = []
     try:
         if workers <= 1:
-            entries = [_write_one_shard(s, progress) for s in range(n_shards)]
+            entries = [_write_one_shard(job, s, progress) for s in range(n_shards)]
         else:
-            written = pool.map_ordered(_write_one_shard, ((s,) for s in range(n_shards)), workers)
+            written = pool.map_ordered(_write_one_shard, ((s,) for s in range(n_shards)), workers, context=job)
             with contextlib.closing(written):  # stops the workers at once if this loop fails
                 for entry in written:
                     entries.append(entry)
@@ -121,6 +130,4 @@ def write_output(
         raise OutputError(
             f"{layout.output}: cannot write a shard ({exc.strerror or exc}); free disk space or choose another -o"
         ) from exc
-    finally:
-        _WRITE.clear()
     return entries

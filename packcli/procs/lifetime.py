@@ -58,10 +58,10 @@ def _watch_parent(parent_pid: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def start_pool(workers: int, context: Any, initializer: Any) -> ProcessPoolExecutor:
-    """Start a pool of ``workers`` processes whose initializer gets this process's PID."""
+def start_pool(workers: int, context: Any, initializer: Any, *initargs: Any) -> ProcessPoolExecutor:
+    """Start a pool of ``workers`` processes whose initializer gets this process's PID, then ``initargs``."""
     pool = ProcessPoolExecutor(
-        max_workers=workers, mp_context=context, initializer=initializer, initargs=(os.getpid(),)
+        max_workers=workers, mp_context=context, initializer=initializer, initargs=(os.getpid(), *initargs)
     )
     _POOLS.append(pool)
     return pool

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import multiprocessing
 import os
@@ -11,16 +12,26 @@ from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from packcli.errors import PackcliError, raise_if_stopped
+from packcli.errors import PackcliError
 from packcli.procs import lifetime as procs
+from packcli.procs.stop import raise_if_stopped
+
+# In a worker process: the context its pool's initializer received (``map_ordered``'s ``context``).
+_WORKER: dict[str, Any] = {}
 
 
-def _init_worker(parent_pid: int) -> None:
+def _init_worker(parent_pid: int, context: Any = None) -> None:
     # One tokenizer thread per worker process: the processes are the parallelism. This also keeps the
     # Rust thread pool from being used across fork, which can deadlock when the parent already used it.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     # Die with the parent, take SIGTERM by default, ignore Ctrl-C (the parent stops the workers).
     procs.init_worker(parent_pid)
+    _WORKER["context"] = context  # forked, never pickled: an encoder with its loaded tokenizer
+
+
+def _with_context(fn: Callable[..., Any], *job: Any) -> Any:
+    """Run one job in a worker, with the context its initializer received first."""
+    return fn(_WORKER["context"], *job)
 
 
 def _result(future: Future[Any]) -> Any:
@@ -43,6 +54,7 @@ def map_ordered(
     jobs: Iterator[tuple[Any, ...]],
     num_proc: int,
     on_start: Callable[[], None] | None = None,
+    context: Any = None,
 ) -> Generator[Any, None, None]:
     """Run ``fn`` over jobs, in worker processes when num_proc > 1, yielding results in job order.
 
@@ -56,13 +68,19 @@ def map_ordered(
 
     ``on_start`` runs once the workers are forked (or before the first job, when they run here): where
     a thread the workers talk to is started, since a fork must not copy a busy thread.
+
+    ``context``: what every job needs and no job should carry (an encoder, a store); given, each job
+    runs as ``fn(context, *job)``, the workers receiving it once, through the pool's initializer.
     """
     started = on_start or (lambda: None)
+    # Here, a job is fn(context, *job); in a worker, the worker's own copy of the context comes first.
+    here = fn if context is None else functools.partial(fn, context)
+    there = fn if context is None else functools.partial(_with_context, fn)
     if num_proc <= 1:
         started()
         for job in jobs:
             raise_if_stopped()
-            yield fn(*job)
+            yield here(*job)
         return
     # Never more workers than jobs: the first num_proc jobs are read before any process starts.
     first: list[tuple[Any, ...]] = []
@@ -71,15 +89,15 @@ def map_ordered(
         started()
         for job in first:
             raise_if_stopped()
-            yield fn(*job)
+            yield here(*job)
         if read_error is not None:
             raise read_error
         return
     num_proc = min(num_proc, len(first))
-    executor = procs.start_pool(num_proc, multiprocessing.get_context("fork"), _init_worker)
+    executor = procs.start_pool(num_proc, multiprocessing.get_context("fork"), _init_worker, context)
     pending: deque[Future[Any]] = deque()
     try:
-        pending.extend(procs.submit(executor, fn, *job) for job in first)
+        pending.extend(procs.submit(executor, there, *job) for job in first)
         del first
         started()
         while read_error is None:
@@ -90,7 +108,7 @@ def map_ordered(
             read_error = _take(jobs, 1, batch)
             if not batch:
                 break
-            pending.append(procs.submit(executor, fn, *batch[0]))
+            pending.append(procs.submit(executor, there, *batch[0]))
         while pending:
             yield _result(pending.popleft())
         if read_error is not None:

@@ -131,31 +131,28 @@ def _reference_samples(
         return
     encoder = Encoder(config.tokenizer_name, config.chat_template, ingest.encode_options(config), encoder="tokenizers")
     indices = np.array(sorted({index for index, _ in wanted}), dtype=np.int64)
-    worker.use(
+    context = worker.WorkerContext(
         encoder,
-        config.fields,
+        dict(config.fields),
         split=ingest.split_rule(config),
         fix_turns=config.fix_turns,
         expand_turns=config.expand_turns,
         prefix_tree=config.max_len if config.prefix_tree else None,
     )
-    try:
-        for batch in read_batches(sources, ingest.BATCH_SIZE, config.limit):
-            lo, hi = batch.first_index, batch.first_index + len(batch.items)
-            if not np.any((indices >= lo) & (indices < hi)):
-                continue
-            result = worker.tokenize_batch(batch, formats.get(batch.source))
-            starts = np.zeros(len(result.lengths) + 1, dtype=np.int64)
-            np.cumsum(result.lengths, out=starts[1:])
-            pieces = result.piece_index if result.piece_index is not None else np.zeros(len(result.lengths), int)
-            for k, (index, piece) in enumerate(zip(result.sample_index.tolist(), pieces.tolist(), strict=True)):
-                if (index, piece) in wanted:
-                    span = slice(starts[k], starts[k + 1])
-                    yield (index, piece), wanted[(index, piece)][2], (result.ids[span], result.labels[span])
-            if batch.first_index + len(batch.items) > indices[-1]:
-                break
-    finally:
-        worker.release()
+    for batch in read_batches(sources, ingest.BATCH_SIZE, config.limit):
+        lo, hi = batch.first_index, batch.first_index + len(batch.items)
+        if not np.any((indices >= lo) & (indices < hi)):
+            continue
+        result = worker.tokenize_batch(context, batch, formats.get(batch.source))
+        starts = np.zeros(len(result.lengths) + 1, dtype=np.int64)
+        np.cumsum(result.lengths, out=starts[1:])
+        pieces = result.piece_index if result.piece_index is not None else np.zeros(len(result.lengths), int)
+        for k, (index, piece) in enumerate(zip(result.sample_index.tolist(), pieces.tolist(), strict=True)):
+            if (index, piece) in wanted:
+                span = slice(starts[k], starts[k + 1])
+                yield (index, piece), wanted[(index, piece)][2], (result.ids[span], result.labels[span])
+        if batch.first_index + len(batch.items) > indices[-1]:
+            break
 
 
 def _same(segment: dict[str, np.ndarray], reference: tuple[np.ndarray, np.ndarray], cut_side: str) -> bool:

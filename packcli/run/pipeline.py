@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 from packcli import owned
-from packcli.version import __version__
 from packcli.config import PackConfig, Task
 from packcli.contract import SAMPLE_ROLES, Progress, no_progress
 from packcli.engines import Engine, load_engine
@@ -35,6 +34,7 @@ from packcli.store.cachedir import parse_size, prune
 from packcli.store.key import default_cache_dir
 from packcli.store.tokens import TokenStore
 from packcli.tokenize import ingest, worker
+from packcli.version import __version__
 from packcli.vision.families import SPANNED
 
 __all__ = ["run_pack", "tokenized_inputs"]

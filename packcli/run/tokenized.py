@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from packcli import owned
-from packcli.version import __version__
 from packcli.config import PackConfig
 from packcli.contract import Progress, no_progress
 from packcli.engines import DigestChecker, Engine, load_engine
-from packcli.errors import InputError, Opt, RecordError, UsageError, raise_if_stopped, record_fix, where
+from packcli.errors import InputError, Opt, RecordError, UsageError, record_fix, where
 from packcli.io.fingerprint import changed_input, fingerprint, stamps
 from packcli.io.readers import count_records, hub_reachable, read_batches
 from packcli.io.sources import InputSource, resolve_inputs
+from packcli.procs.stop import raise_if_stopped
 from packcli.records import preference
 from packcli.records.formats import accepted_fields, detect_format
 from packcli.store import parts
@@ -39,6 +39,7 @@ from packcli.tokenize import ingest, worker
 from packcli.tokenize.encoder import Encoder
 from packcli.tokenize.templates import builtin_name, read_chat_template
 from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER, tokenizer_fingerprint
+from packcli.version import __version__
 
 # Bumped whenever the same inputs and options would give other tokens, labels or store meta, so the cache
 # misses. 5: messages' own "train"/"weight" marks are read (and removed before rendering); 6: the tokens of

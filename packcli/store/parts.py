@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packcli.version import __version__
 from packcli.errors import OutputError
 from packcli.io.sources import InputSource
 from packcli.store.integrity import segment_files
 from packcli.store.key import cache_key
 from packcli.store.tokens import TokenStore, TokenStoreWriter
+from packcli.version import __version__
 
 # Records of one input in a part (a multiple of the tokenizing batch, so a batch lies in one part).
 PART_RECORDS = 32768

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from packcli import errors
-from packcli.version import __version__
 from packcli.config import PackConfig
 from packcli.errors import InputError, OutputError
 from packcli.io.sources import InputSource
@@ -25,6 +24,7 @@ from packcli.store.images import IMAGES_FILE, image_line
 from packcli.store.tokens import TokenStore, TokenStoreWriter
 from packcli.tokenize import rounds, trees
 from packcli.tokenize.worker import TokenizedBatch
+from packcli.version import __version__
 
 # Reasons a record is left out by policy: always counted, never an error. Every other reason is bad
 # data, which stops the run unless --on-error skip.

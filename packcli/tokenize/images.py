@@ -14,6 +14,7 @@ modification time (a cache entry whose images changed is made again).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,26 +41,22 @@ def image_info(image: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     return ImageRef(data=image["bytes"]), {"path": None, "bytes": image["bytes"]}
 
 
-# (path, *stamp) -> (height, width): an image file named by several samples is sized once per
-# process (sizing a PNG reads its whole file, for an EXIF chunk after the pixels).
-_SIZES: dict[tuple[Any, ...], tuple[int, int]] = {}
-_SIZES_MAX = 100_000
-
-
 def _size(ref: Any, record: dict[str, Any]) -> tuple[int, int]:
-    from packcli.vision import image_size
-
     stat = record.get("stat")
     if record.get("path") is None or stat is None:
+        from packcli.vision import image_size
+
         return image_size(ref)
-    key = (record["path"], *stat)
-    size = _SIZES.get(key)
-    if size is None:
-        size = image_size(ref)
-        if len(_SIZES) >= _SIZES_MAX:
-            _SIZES.clear()
-        _SIZES[key] = size
-    return size
+    return _file_size(record["path"], *stat)  # ref is ImageRef(path=record["path"]) (image_info)
+
+
+# By (path, *stamp): an image file named by several samples is sized once per process (sizing a PNG
+# reads its whole file, for an EXIF chunk after the pixels).
+@functools.lru_cache(maxsize=100_000)
+def _file_size(path: str, *stat: Any) -> tuple[int, int]:
+    from packcli.vision import ImageRef, image_size
+
+    return image_size(ImageRef(path=path))
 
 
 def _places(text: str, token: str) -> list[int]:

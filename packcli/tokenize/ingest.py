@@ -97,15 +97,13 @@ def tokenize_to_store(
     encoder: Encoder,
     store_path: Path,
     progress: Progress,
-    map_ordered: Callable[..., Iterator[Any]] | None = None,
     rule_out_long: bool = False,
     remote: RemoteTokenizing | None = None,
     before_finish: Callable[[], None] | None = None,
 ) -> TokenStore:
     """Tokenize every record of the sources into a token store at ``store_path``.
 
-    ``map_ordered(fn, jobs, num_proc)`` runs the batches and yields their results in order: worker
-    processes here by default; another engine passes its own (the Ray engine runs them on a cluster).
+    The batches run in worker processes (``procs.pool``), their results taken in order.
     With ``rule_out_long``, records that certainly have more than --max-len tokens are dropped as
     too_long before tokenizing (see packcli.tokenize.bounds); the store then lacks them, which its meta records.
 
@@ -118,9 +116,8 @@ def tokenize_to_store(
     ``before_finish`` runs once every record is read, before the store is moved into place; what it
     raises leaves no store (the run checks there that no input changed while it was read).
     """
-    map_ordered = map_ordered or pool.map_ordered
-    rule_out = _use_worker(config, encoder, rule_out_long)
-    ruled_out_bytes = config.max_len * rule_out[1] if rule_out else None
+    context = worker_context(config, encoder, rule_out_long)
+    ruled_out_bytes = config.max_len * context.rule_out[1] if context.rule_out else None
     where, fix = _store_where_fix(config, store_path)
     builder = StoreBuilder(config, store_path, where, fix)
     clock: defaultdict[str, float] = defaultdict(float)  # seconds by stage (see TokenStore.seconds)
@@ -136,7 +133,7 @@ def tokenize_to_store(
         if remote is None:
             batches = _timed(read_batches(sources, BATCH_SIZE, config.limit), clock, "read")
             jobs = ((batch, formats[batch.source]) for batch in batches)
-            results = _run(worker.tokenize_batch, jobs, config.num_proc, service, map_ordered)
+            results = _run(context, jobs, config.num_proc, service)
         else:
             results = remote.results(builder.tmp)
         for result in results:
@@ -189,8 +186,8 @@ def tokenize_to_parts(
     that source is committed (and raises if it changed since it was hashed); ``hold(key)`` before a
     part is begun (the run locks it, as it locks the entries it uses).
     """
-    rule_out = _use_worker(config, encoder, rule_out_long)
-    ruled_out_bytes = config.max_len * rule_out[1] if rule_out else None
+    context = worker_context(config, encoder, rule_out_long)
+    ruled_out_bytes = config.max_len * context.rule_out[1] if context.rule_out else None
     where, fix = _store_where_fix(config, cache_root / "part")
     clock: defaultdict[str, float] = defaultdict(float)
     began = time.perf_counter()
@@ -240,7 +237,7 @@ def tokenize_to_parts(
     try:
         if todo:  # the first part to make, begun before the first batch is tokenized
             begin(todo[0], todo[0].next_index, todo[0].next_record)
-        results = _run(worker.tokenize_batch, jobs(), config.num_proc, service, pool.map_ordered)
+        results = _run(context, jobs(), config.num_proc, service)
         for result in results:
             item, number = route.popleft()
             if making is not None and (making[0], making[1]) != (item, number):
@@ -277,22 +274,20 @@ def tokenize_to_parts(
         _release(encoder, service)
 
 
-def _use_worker(config: PackConfig, encoder: Encoder, rule_out_long: bool) -> tuple[int, int] | None:
-    """Set up the workers' context (``worker.use``) for this run; return the early too-long rule, if any."""
+def worker_context(config: PackConfig, encoder: Encoder, rule_out_long: bool = False) -> worker.WorkerContext:
+    """What the workers tokenize this run's batches with; with ``rule_out_long``, the early too-long rule."""
     token_bytes = max_token_bytes(encoder.backend_json) if rule_out_long else None
-    rule_out = (config.max_len, token_bytes) if token_bytes else None
-    worker.use(
+    encoder.long_text_bytes = long_text_bytes(config, encoder)
+    return worker.WorkerContext(
         encoder,
-        config.fields,
-        rule_out,
-        split_rule(config),
+        dict(config.fields),
+        rule_out=(config.max_len, token_bytes) if token_bytes else None,
+        split=split_rule(config),
         fix_turns=config.fix_turns,
         image_window=image_window(config),
         expand_turns=config.expand_turns,
         prefix_tree=config.max_len if config.prefix_tree else None,
     )
-    encoder.long_text_bytes = long_text_bytes(config, encoder)
-    return rule_out
 
 
 def _encode_service(config: PackConfig, encoder: Encoder) -> EncodeService | None:
@@ -305,15 +300,11 @@ def _encode_service(config: PackConfig, encoder: Encoder) -> EncodeService | Non
 
 
 def _run(
-    fn: Callable[..., Any],
-    jobs: Iterator[Any],
-    num_proc: int,
-    service: EncodeService | None,
-    map_ordered: Callable[..., Iterator[Any]],
+    context: worker.WorkerContext, jobs: Iterator[Any], num_proc: int, service: EncodeService | None
 ) -> Iterator[TokenizedBatch]:
-    if service is not None:
-        return pool.map_ordered(fn, jobs, num_proc, service.start)
-    return map_ordered(fn, jobs, num_proc)
+    """The batches tokenized by worker processes (or here), in order; the encode service started with them."""
+    on_start = service.start if service is not None else None
+    return pool.map_ordered(worker.tokenize_batch, jobs, num_proc, on_start, context)
 
 
 def _stop(results: Iterator[Any] | None) -> None:
@@ -326,7 +317,6 @@ def _stop(results: Iterator[Any] | None) -> None:
 
 
 def _release(encoder: Encoder, service: EncodeService | None) -> None:
-    worker.release()
     encoder.long_text_bytes = None
     encoder.remote = None
     if service is not None:

@@ -18,6 +18,7 @@ forces the reference whatever the option says.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -226,30 +227,40 @@ def choose(backend: Any, backend_json: str, mode: str = "auto") -> Choice:
     return Choice(reference, why)
 
 
-# The fast encoders loaded in this process (native, adds_tokens), with their probe's verdict, by the
-# tokenizer's JSON: loading one takes seconds, and a process that packs many times (the library, the
-# tests) loads each tokenizer once. The reference encoder a run passes is not kept.
-_LOADED: dict[str, tuple[tuple[Any, bool, np.ndarray | None] | None, str | None]] = {}
-_LOADED_MAX = 4
-
-
 def _fast_for(backend_json: str, reference: ReferenceEncoder) -> tuple[FastEncoder | None, str | None]:
     """Return the fast encoder for a tokenizer (None where it cannot load) and why it is not exact (None)."""
-    known = _LOADED.get(backend_json)
-    if known is None:
-        try:
-            fast = FastEncoder.load(backend_json, reference)
-            known = ((fast.native, fast.adds_tokens, fast.byte_lengths), fast.probe(reference))
-        except FastUnavailable as exc:
-            known = (None, str(exc))
-        while len(_LOADED) >= _LOADED_MAX:
-            del _LOADED[next(iter(_LOADED))]
-        _LOADED[backend_json] = known
-    loaded, why = known
+    loaded, why = _loaded(_Tokenizer(backend_json, reference))
     if loaded is None:
         return None, why
     # The same native encoder; this run's reference and counts.
     return FastEncoder(loaded[0], reference, loaded[1], loaded[2]), why
+
+
+class _Tokenizer:
+    """A tokenizer by its JSON alone, with the reference encoder that loads and probes its fast encoder once."""
+
+    def __init__(self, backend_json: str, reference: ReferenceEncoder | None) -> None:
+        self.backend_json, self.reference = backend_json, reference
+
+    def __hash__(self) -> int:
+        return hash(self.backend_json)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Tokenizer) and other.backend_json == self.backend_json
+
+
+# The fast encoders loaded in this process (native, adds_tokens, byte lengths), with their probe's
+# verdict, by the tokenizer's JSON: loading one takes seconds, and a process that packs many times (the
+# library, the tests) loads each tokenizer once. The reference encoder a run passes is not kept.
+@functools.lru_cache(maxsize=4)
+def _loaded(tokenizer: _Tokenizer) -> tuple[tuple[Any, bool, np.ndarray | None] | None, str | None]:
+    reference, tokenizer.reference = tokenizer.reference, None  # the key is kept, its reference not
+    assert reference is not None
+    try:
+        fast = FastEncoder.load(tokenizer.backend_json, reference)
+        return (fast.native, fast.adds_tokens, fast.byte_lengths), fast.probe(reference)
+    except FastUnavailable as exc:
+        return None, str(exc)
 
 
 def piece_cuts(text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[bool]]:

@@ -92,22 +92,11 @@ class TokenizedBatch:
     slow_records: int = 0
 
 
-# What the workers tokenize with: set by use() in the parent before the pool forks (so workers start
-# without loading anything), or in each Ray actor; released when the run is done.
-_CONTEXT: dict[str, Any] = {}
-
-
-def use(
-    encoder: Encoder,
-    fields: dict[str, str],
-    rule_out: tuple[int, int] | None = None,
-    split: SplitRule | None = None,
-    fix_turns: bool = False,
-    image_window: tuple[int, str] | None = None,
-    expand_turns: str = "off",
-    prefix_tree: int | None = None,
-) -> None:
-    """Set what ``tokenize_batch`` works with in this process (and in the workers forked from it).
+@dataclass(frozen=True)
+class WorkerContext:
+    """What ``tokenize_batch`` works with: made once by the run (or a Ray actor), handed to the worker
+    processes by the pool's initializer (``procs.pool.map_ordered``), so workers start without loading
+    anything.
 
     ``rule_out`` is (max_len, the most bytes one token covers): the early too-long rule, measured on
     the very text the encoder encodes (``ChatTemplate.text``). ``split`` cuts records longer than its
@@ -117,30 +106,24 @@ def use(
     ``expand_turns``: --expand-turns (packcli.tokenize.rounds). ``prefix_tree``: with --prefix-tree, the
     most tokens a tree holds (--max-len): an expanded record's rounds become trees (packcli.tokenize.trees).
     """
-    _CONTEXT.clear()
-    _CONTEXT.update(
-        encoder=encoder, fields=fields, fix_turns=fix_turns, expand_turns=expand_turns, prefix_tree=prefix_tree
-    )
-    if rule_out is not None:
-        _CONTEXT["rule_out"] = rule_out
-    if split is not None:
-        _CONTEXT["split"] = split
-    if image_window is not None:
-        _CONTEXT["image_window"] = image_window
+
+    encoder: Encoder
+    fields: dict[str, str]
+    rule_out: tuple[int, int] | None = None
+    split: SplitRule | None = None
+    fix_turns: bool = False
+    image_window: tuple[int, str] | None = None
+    expand_turns: str = "off"
+    prefix_tree: int | None = None
 
 
-def release() -> None:
-    """Forget the encoder and fields set by ``use``."""
-    _CONTEXT.clear()
-
-
-def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
+def tokenize_batch(context: WorkerContext, batch: RawBatch, fmt: str | None) -> TokenizedBatch:
     started, cpu_started = time.perf_counter(), time.process_time()
-    encoder: Encoder = _CONTEXT["encoder"]
+    encoder = context.encoder
     slow_before = encoder.text.slow_records
-    fields: dict[str, str] = _CONTEXT["fields"]
+    fields = context.fields
     errors = {pos: (reason, detail) for pos, reason, detail in batch.errors}
-    fix: bool = _CONTEXT.get("fix_turns", False)
+    fix = context.fix_turns
     vision = encoder.vision is not None
     base = os.path.dirname(os.path.abspath(batch.source)) if vision else ""
     samples: list[Any] = []
@@ -172,8 +155,8 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
                     changed[len(samples)] = changes
             if not (batch.raw_lines and raw_line_is_clean(item)):
                 check_sample(sample)
-            if "rule_out" in _CONTEXT:
-                max_len, token_bytes = _CONTEXT["rule_out"]
+            if context.rule_out is not None:
+                max_len, token_bytes = context.rule_out
                 rule_out_too_long(sample, max_len, token_bytes, render=encoder.chat.text)
             samples.append(sample)
         except RecordError as err:
@@ -182,7 +165,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
             samples.append(err)
     decoded = time.perf_counter()
     results = preference.encode(encoder, samples)
-    expand_mode: str = _CONTEXT.get("expand_turns", "off")
+    expand_mode = context.expand_turns
     expanded: dict[str, int] = {}
     if expand_mode != "off":
         expansion = rounds.expand(encoder, samples, results, expand_mode)
@@ -204,7 +187,7 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
     with_tools = sum(bool(sample.tools) for sample, _ in chats)
     tools_left_out = with_tools if with_tools and encoder.chat.leaves_out_tools() else 0
     reasoning = rounds.reasoning_counts(results)
-    split: SplitRule | None = _CONTEXT.get("split")
+    split = context.split
     kept_index: list[int] = []
     kept_pos: list[int] = []
     kept_piece: list[int] = []
@@ -214,11 +197,11 @@ def tokenize_batch(batch: RawBatch, fmt: str | None) -> TokenizedBatch:
     roles: list[int] = []
     content_keys: list[bytes] = []  # per kept sample, its record's content key
     kept_images: list[tuple[dict[str, Any], ...]] = []
-    window: tuple[int, str] | None = _CONTEXT.get("image_window")
+    window = context.image_window
     left_out: Counter[str] = Counter()
     left_out_tokens: Counter[str] = Counter()
     records_split = pieces_made = 0
-    tree_max: int | None = _CONTEXT.get("prefix_tree")
+    tree_max = context.prefix_tree
     nodes: list[tuple[np.ndarray, np.ndarray] | None] = []  # --prefix-tree: per kept sample, None when plain
     tree_counts: Counter[str] = Counter()
     for k, result in enumerate(results):

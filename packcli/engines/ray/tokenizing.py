@@ -38,10 +38,11 @@ from packcli.engines.ray.session import (
     worker_error,
 )
 from packcli.engines.ray.writing import shard_job
-from packcli.errors import PackcliError, raise_if_stopped
+from packcli.errors import PackcliError
 from packcli.io.sources import InputSource
 from packcli.io.uri import is_uri, join
 from packcli.owned import owner_tag
+from packcli.procs.stop import raise_if_stopped
 from packcli.store.integrity import Digest, segment_files
 from packcli.tokenize import ingest, worker
 from packcli.tokenize.encoder import EncodeOptions, Encoder
@@ -133,7 +134,9 @@ class Tokenizer:
                 f"the tokenizer or chat template on Ray node {ray.util.get_node_ip_address()} differs from the "
                 "driver's; install the same tokenizer files on every node (or pass a Hub name)"
             )
-        worker.use(encoder, settings.fields, split=settings.split, fix_turns=settings.fix_turns)
+        self.context = worker.WorkerContext(
+            encoder, settings.fields, split=settings.split, fix_turns=settings.fix_turns
+        )
         encoder.long_text_bytes = settings.long_text_bytes
         self.root = root
         self.batch_size = settings.batch_size
@@ -183,7 +186,7 @@ class Tokenizer:
                 read += time.perf_counter() - t
                 if batch is None:
                     break
-                result = worker.tokenize_batch(batch, part.fmt)
+                result = worker.tokenize_batch(self.context, batch, part.fmt)
                 segment.write(result.ids, result.labels)
                 unit = result.unit
                 out["n_records"] += result.n_records

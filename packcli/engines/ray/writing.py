@@ -19,12 +19,13 @@ import ray
 
 from packcli.contract import Progress
 from packcli.engines.ray.session import TASK_RETRIES, RaySession, cluster_cpus, kill, pickled
-from packcli.errors import OutputError, raise_if_stopped
+from packcli.errors import OutputError
 from packcli.io.uri import is_uri, make_dirs
 from packcli.output.layout import RowLayout
 from packcli.output.rows import shard_name, write_shard
 from packcli.output.write import row_group_tables
 from packcli.plan.planner import Plan
+from packcli.procs.stop import raise_if_stopped
 from packcli.store.tokens import TokenStore
 
 

@@ -10,20 +10,18 @@ CSV, saved datasets), ``hub`` (Hub datasets); ``compressed`` opens a file and de
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Generator, Iterator
 
-from packcli.errors import InputError, raise_if_stopped
+from packcli.errors import InputError
 from packcli.io.readers.hub import hub_reachable
 from packcli.io.readers.jsonl import read_json, read_json_lines
 from packcli.io.readers.tabular import parquet_file, read_tabular
 from packcli.io.sources import InputSource, RawBatch
+from packcli.procs.stop import raise_if_stopped
 
 __all__ = ["count_records", "hub_reachable", "number_batches", "parquet_file", "read_batches", "read_source"]
-
-# Record counts by (path, size, mtime_ns): a count made ahead of time (while the tokenizer loads) is
-# not made again when the tokenizing starts.
-_COUNTED: dict[tuple[str, int, int], int] = {}
 
 
 def count_records(source: InputSource) -> int | None:
@@ -31,22 +29,28 @@ def count_records(source: InputSource) -> int | None:
     try:
         if source.kind == "jsonl" and source.compression is None:
             st = os.stat(source.path)
-            key = (os.path.abspath(source.path), st.st_size, st.st_mtime_ns)
-            if key not in _COUNTED:
-                n = 0
-                with open(source.path, "rb") as fh:
-                    for i, line in enumerate(fh):
-                        n += bool(line.strip())
-                        if not i & 0xFFFF:
-                            raise_if_stopped()
-                _COUNTED[key] = n
-            return _COUNTED[key]
+            return _count_lines(os.path.abspath(source.path), st.st_size, st.st_mtime_ns)
         if source.kind == "parquet":
             import pyarrow.parquet as pq
 
             return pq.ParquetFile(source.path).metadata.num_rows
     except Exception:  # a file that cannot be read is reported by the reader, with its reason
         return None
+    return None
+
+
+# By (path, size, mtime_ns): a count made ahead of time (while the tokenizer loads) is not made again
+# when the tokenizing starts.
+@functools.lru_cache(maxsize=256)
+def _count_lines(path: str, size: int, mtime_ns: int) -> int:
+    """The records (non-blank lines) of a JSON lines file, as it is at that size and time."""
+    n = 0
+    with open(path, "rb") as fh:
+        for i, line in enumerate(fh):
+            n += bool(line.strip())
+            if not i & 0xFFFF:
+                raise_if_stopped()
+    return n
     return None
 
 

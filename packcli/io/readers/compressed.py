@@ -13,9 +13,10 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-from packcli.errors import InputError, first_line, raise_if_stopped
+from packcli.errors import InputError, first_line
 from packcli.io.sources import InputSource
 from packcli.io.uri import is_uri, open_uri
+from packcli.procs.stop import raise_if_stopped
 
 # Compressed bytes read at a time, and decompressed bytes made at most by one call (zstd's decompressor
 # has no such bound: it is given ZSTD_FEED bytes at a time, so that one call's output stays small even

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 from typing import Any
 
 from packcli.errors import InputError, first_line
 from packcli.io.sources import InputSource
-
-_REACHABLE: dict[tuple[str, str], bool] = {}
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -23,17 +22,20 @@ def hub_reachable(timeout: float = 3.0) -> bool:
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     if offline in ("1", "true", "yes", "on"):
         return False
-    if (offline, endpoint) not in _REACHABLE:
-        import socket
-        from urllib.parse import urlparse
+    return _answers(offline, endpoint, timeout)
 
-        host = urlparse(endpoint).hostname or "huggingface.co"
-        try:
-            with socket.create_connection((host, 443), timeout=timeout):
-                _REACHABLE[offline, endpoint] = True
-        except OSError:
-            _REACHABLE[offline, endpoint] = False
-    return _REACHABLE[offline, endpoint]
+
+@functools.cache
+def _answers(offline: str, endpoint: str, timeout: float) -> bool:
+    import socket
+    from urllib.parse import urlparse
+
+    host = urlparse(endpoint).hostname or "huggingface.co"
+    try:
+        with socket.create_connection((host, 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def read_hub(source: InputSource, batch_size: int) -> Iterator[Any]:
