@@ -47,7 +47,7 @@ from packcli.cli import main
 from packcli.run import pipeline
 engines = []  # the run's engine, kept to read its figures (its last_run and received) afterwards
 load_engine = pipeline.load_engine
-pipeline.load_engine = lambda config: engines.append(load_engine(config)) or engines[-1]
+pipeline.load_engine = lambda *args: engines.append(load_engine(*args)) or engines[-1]
 t0 = time.perf_counter()
 code = 0
 try:

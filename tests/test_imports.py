@@ -214,3 +214,13 @@ def test_the_module_state_check_finds_state() -> None:
         "_SEEN = {}\nQUEUE: list[int] = []\nNAMES = {'a': 1}\ndef f(k):\n    _SEEN[k] = 1\n    QUEUE.append(k)\n"
     )
     assert _module_state(tree) == {"_SEEN", "QUEUE"}
+
+
+def test_stage_one_and_the_writers_know_no_pack_config() -> None:
+    """Below run/, stage one, the store, the writers and the engines take their own options, never PackConfig.
+
+    (plan/'s mix and holdout still take it: they are the next to get their options.)
+    """
+    for package in ("tokenize", "records", "store", "output", "engines", "io", "procs"):
+        for path in (PACKAGE / package).rglob("*.py"):
+            assert "PackConfig" not in path.read_text(encoding="utf-8"), f"{_module_name(path)} names PackConfig"

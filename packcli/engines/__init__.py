@@ -11,7 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from packcli.config import PackConfig
 from packcli.contract import Progress
 from packcli.engines.local import LocalEngine
 from packcli.errors import UsageError
@@ -21,6 +20,7 @@ from packcli.plan.planner import Plan
 from packcli.store.parts import InputParts
 from packcli.store.tokens import TokenStore
 from packcli.tokenize.encoder import Encoder
+from packcli.tokenize.options import TokenizeOptions
 
 __all__ = ["DigestChecker", "Engine", "LocalEngine", "load_engine"]
 
@@ -46,7 +46,7 @@ class Engine(Protocol):
 
     def tokenize_to_store(
         self,
-        config: PackConfig,
+        options: TokenizeOptions,
         sources: list[InputSource],
         formats: dict[str, str | None],
         encoder: Encoder,
@@ -58,7 +58,7 @@ class Engine(Protocol):
         """Tokenize every record into a store at ``store_path`` (see ``ingest.tokenize_to_store``)."""
         ...
 
-    def cache_part_cuts(self, config: PackConfig, sources: list[InputSource]) -> list[list[Any] | None] | None:
+    def cache_part_cuts(self, options: TokenizeOptions, sources: list[InputSource]) -> list[list[Any] | None] | None:
         """How the engine cuts each input into cache parts (``tokenize_to_parts``): None, it makes none
         for this run (which makes one whole store); or, for each input, None (parts of
         ``parts.PART_RECORDS`` records, the local engine's) or the list of the engine's own cuts."""
@@ -66,7 +66,7 @@ class Engine(Protocol):
 
     def tokenize_to_parts(
         self,
-        config: PackConfig,
+        options: TokenizeOptions,
         inputs: list[InputParts],
         formats: dict[str, str | None],
         encoder: Encoder,
@@ -103,12 +103,12 @@ class Engine(Protocol):
         ...
 
 
-def load_engine(config: PackConfig) -> Engine:
-    """Return the engine ``config.engine`` names: local, or ray (which needs Ray installed)."""
-    if config.engine == "local":
-        return LocalEngine(config.num_proc)
+def load_engine(name: str, num_proc: int = 1, ray_address: str | None = None) -> Engine:
+    """Return the engine ``name`` (--engine): local, or ray (which needs Ray installed)."""
+    if name == "local":
+        return LocalEngine(num_proc)
     try:
         from packcli.engines.ray.engine import RayEngine
     except ImportError as exc:
         raise UsageError("--engine ray needs Ray, which is not installed; pip install 'packcli[ray]'") from exc
-    return RayEngine(config.ray_address, config.num_proc)
+    return RayEngine(ray_address, num_proc)

@@ -6,7 +6,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from packcli.config import PackConfig
 from packcli.contract import Progress
 from packcli.errors import UsageError
 from packcli.io.sources import InputSource
@@ -15,6 +14,7 @@ from packcli.plan.planner import Plan
 from packcli.store.parts import InputParts
 from packcli.store.tokens import TokenStore
 from packcli.tokenize.encoder import Encoder
+from packcli.tokenize.options import TokenizeOptions
 
 
 class LocalEngine:
@@ -37,7 +37,7 @@ class LocalEngine:
 
     def tokenize_to_store(
         self,
-        config: PackConfig,
+        options: TokenizeOptions,
         sources: list[InputSource],
         formats: dict[str, str | None],
         encoder: Encoder,
@@ -49,7 +49,7 @@ class LocalEngine:
         from packcli.tokenize.ingest import tokenize_to_store
 
         return tokenize_to_store(
-            config,
+            options,
             sources,
             formats,
             encoder,
@@ -59,12 +59,12 @@ class LocalEngine:
             before_finish=before_finish,
         )
 
-    def cache_part_cuts(self, config: PackConfig, sources: list[InputSource]) -> list[list[Any] | None] | None:
+    def cache_part_cuts(self, options: TokenizeOptions, sources: list[InputSource]) -> list[list[Any] | None] | None:
         return [None] * len(sources)  # parts of PART_RECORDS records (packcli.store.parts)
 
     def tokenize_to_parts(
         self,
-        config: PackConfig,
+        options: TokenizeOptions,
         inputs: list[InputParts],
         formats: dict[str, str | None],
         encoder: Encoder,
@@ -76,7 +76,9 @@ class LocalEngine:
     ) -> dict[str, float]:
         from packcli.tokenize.ingest import tokenize_to_parts
 
-        return tokenize_to_parts(config, inputs, formats, encoder, cache_root, progress, rule_out_long, unchanged, hold)
+        return tokenize_to_parts(
+            options, inputs, formats, encoder, cache_root, progress, rule_out_long, unchanged, hold
+        )
 
     def discard_store(self, store: TokenStore) -> None:
         return None  # its tokens are in its directory, which the run removes

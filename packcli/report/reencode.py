@@ -124,17 +124,18 @@ def _reference_samples(
 ) -> Any:
     """Yield ((sample_index, piece_index), the row's segment, tokenizers' (ids, labels)) for each wanted sample."""
     from packcli.io.readers import read_batches
+    from packcli.run.options import encode_options, split_rule
     from packcli.tokenize import ingest, worker
     from packcli.tokenize.encoder import Encoder
 
     if not wanted:
         return
-    encoder = Encoder(config.tokenizer_name, config.chat_template, ingest.encode_options(config), encoder="tokenizers")
+    encoder = Encoder(config.tokenizer_name, config.chat_template, encode_options(config), encoder="tokenizers")
     indices = np.array(sorted({index for index, _ in wanted}), dtype=np.int64)
     context = worker.WorkerContext(
         encoder,
         dict(config.fields),
-        split=ingest.split_rule(config),
+        split=split_rule(config),
         fix_turns=config.fix_turns,
         expand_turns=config.expand_turns,
         prefix_tree=config.max_len if config.prefix_tree else None,

@@ -1,7 +1,8 @@
 """Each stage's own options, built once per run from the run's ``PackConfig``.
 
-The stages below the run take these small frozen objects, not the whole config: the plan its
-``PlanOptions``, the row builder and the shard writers (locally, or in every Ray task) a ``RowLayout``.
+The stages below the run take these small frozen objects, not the whole config: stage one (the
+engines, ``tokenize.ingest``) its ``TokenizeOptions``, the plan its ``PlanOptions``, the row builder
+and the shard writers (locally, or in every Ray task) a ``RowLayout``.
 """
 
 from __future__ import annotations
@@ -9,6 +10,57 @@ from __future__ import annotations
 from packcli.config import PackConfig
 from packcli.output.layout import RowLayout
 from packcli.plan.options import PlanOptions
+from packcli.tokenize.encoder import EncodeOptions
+from packcli.tokenize.options import TokenizeOptions
+from packcli.tokenize.split import SplitRule
+
+
+def tokenize_options(config: PackConfig) -> TokenizeOptions:
+    """Return the options of stage one (``tokenize.ingest``, the engines' tokenizing)."""
+    return TokenizeOptions(
+        encode=encode_options(config),
+        fields=dict(config.fields),
+        max_len=config.max_len,
+        overflow=config.overflow,
+        on_error=config.on_error,
+        split=split_rule(config),
+        image_window=image_window(config),
+        fix_turns=config.fix_turns,
+        expand_turns=config.expand_turns,
+        prefix_tree=config.prefix_tree,
+        num_proc=config.num_proc,
+        limit=config.limit,
+        tokenizer=config.tokenizer_name,
+        chat_template=config.chat_template,
+        encoder=config.encoder,
+        output=config.output,
+        cache=config.cache,
+        dry_run=config.dry_run,
+    )
+
+
+def encode_options(config: PackConfig) -> EncodeOptions:
+    """Return the options that decide a sample's tokens and labels."""
+    return EncodeOptions(config.train_on, config.add_eos, EncodeOptions.kwargs_items(config.template_kwargs))
+
+
+def split_rule(config: PackConfig) -> SplitRule | None:
+    """Return how long records are cut into pieces (``--overflow split``), or None."""
+    if config.overflow != "split":
+        return None
+    # Pieces are cut to the most a sample may hold once padded (--pad-to-multiple-of): --max-len without it.
+    return SplitRule(config.sample_limit, config.split_system, config.min_piece)
+
+
+def image_window(config: PackConfig) -> tuple[int, str] | None:
+    """Return (the most tokens a sample keeps, the side it is cut from) when samples may be cut, with a processor.
+
+    Under --overflow truncate (and split, whose pieces too long on their own are cut), a sample whose
+    cut would cut an image's tokens is left out instead (reason ``image_cut``).
+    """
+    if config.processor is None or config.overflow not in ("truncate", "split"):
+        return None
+    return config.sample_limit, config.cut_side
 
 
 def plan_options(config: PackConfig) -> PlanOptions:

@@ -50,7 +50,7 @@ def run_pack(config: PackConfig, progress: Progress | None = None, engine: Engin
     started = time.perf_counter()
     forget_streams()  # stdin and FIFOs named by this run are read by this run
     cap = cache_cap(config)  # a bad $PACKCLI_CACHE_MAX_SIZE is refused before any work
-    engine = engine or load_engine(config)
+    engine = engine or load_engine(config.engine, config.num_proc, config.ray_address)
     try:
         return _run(config, progress, engine, started, cap)
     finally:

@@ -29,6 +29,7 @@ from packcli.io.sources import InputSource, resolve_inputs
 from packcli.procs.stop import raise_if_stopped
 from packcli.records import preference
 from packcli.records.formats import accepted_fields, detect_format
+from packcli.run.options import encode_options, image_window, split_rule, tokenize_options
 from packcli.store import parts
 from packcli.store.cachedir import EntryLock, allow_open_files, touch
 from packcli.store.images import changed_image, load_images
@@ -141,7 +142,7 @@ def tokenized_inputs(
     progress = progress or no_progress
     with contextlib.ExitStack() as own:
         if engine is None:
-            engine = load_engine(config)
+            engine = load_engine(config.engine, config.num_proc, config.ray_address)
             own.callback(engine.close)
         with _tokenized(config, progress, scratch, rule_out_long, fill_cache, engine, sources) as inputs:
             yield inputs
@@ -220,13 +221,7 @@ def _tokenized(
         store_needed = not config.cache or tokenizer_key is None
         if store_needed:
             counting = ahead.submit(timed, lambda: [count_records(s) for s in sources]) if known is None else None
-            encoder = Encoder(
-                config.tokenizer_name,
-                config.chat_template,
-                ingest.encode_options(config),
-                config.processor,
-                encoder=config.encoder,
-            )
+            encoder = _encoder(config)
             if counting is not None:
                 counting.result()
         if not config.cache and known is None:
@@ -291,13 +286,7 @@ def _tokenized(
             _as_this_run(store, sources, config)  # parts made by runs that named the tokenizer otherwise
         else:
             if encoder is None:
-                encoder = Encoder(
-                    config.tokenizer_name,
-                    config.chat_template,
-                    ingest.encode_options(config),
-                    config.processor,
-                    encoder=config.encoder,
-                )
+                encoder = _encoder(config)
             if config.cache and fill_cache:
                 store_path = entry
             else:
@@ -313,11 +302,11 @@ def _tokenized(
 
             if rule_out_long:
                 store = engine.tokenize_to_store(
-                    config, sources, formats, encoder, store_path, progress, rule_out_long=True, before_finish=unchanged
+                    tokenize_options(config), sources, formats, encoder, store_path, progress, True, unchanged
                 )
             else:
                 store = engine.tokenize_to_store(
-                    config, sources, formats, encoder, store_path, progress, before_finish=unchanged
+                    tokenize_options(config), sources, formats, encoder, store_path, progress, before_finish=unchanged
                 )
             if not (config.cache and fill_cache):
                 stack.callback(engine.discard_store, store)  # a scratch store's tokens kept elsewhere
@@ -344,7 +333,7 @@ def _part_cuts(
     (no cache to fill, ``--limit``, ``--processor``, or an engine that makes no parts for this run)."""
     if not (config.cache and fill_cache) or config.limit is not None or config.processor:
         return None
-    return engine.cache_part_cuts(config, sources)
+    return engine.cache_part_cuts(tokenize_options(config), sources)
 
 
 @dataclass
@@ -412,21 +401,16 @@ def _made_from_parts(
     seconds: dict[str, float] = {}
     if not all(item.complete for item in inputs):
         if encoder is None:
-            encoder = Encoder(
-                config.tokenizer_name,
-                config.chat_template,
-                ingest.encode_options(config),
-                config.processor,
-                encoder=config.encoder,
-            )
+            encoder = _encoder(config)
 
         def unchanged(source: InputSource) -> None:
             now = stamps([source])
             if any(run.before.get(path) != stamp for path, stamp in now.items()):
                 raise InputError(_changed(source.display))
 
+        options = tokenize_options(config)
         seconds = run.engine.tokenize_to_parts(
-            config, inputs, run.formats, encoder, root, run.progress, run.rule_out_long, unchanged, hold
+            options, inputs, run.formats, encoder, root, run.progress, run.rule_out_long, unchanged, hold
         )
         sources = [i.source for i in inputs]
         moved = changed_input(sources, run.before, run.fingerprints, run.engine.rehash_files(sources))
@@ -442,6 +426,13 @@ def _made_from_parts(
     seconds["store"] = seconds.get("store", 0.0) + time.perf_counter() - assembling
     store.seconds = seconds
     return store
+
+
+def _encoder(config: PackConfig) -> Encoder:
+    """The run's encoder: its tokenizer and template loaded, with its processor, if any."""
+    return Encoder(
+        config.tokenizer_name, config.chat_template, encode_options(config), config.processor, encoder=config.encoder
+    )
 
 
 def _changed(display: str) -> str:
@@ -471,12 +462,12 @@ def _key_options(config: PackConfig, tokenizer_key: str, encoder: Encoder | None
         # --processor: what decides the image tokens, and the cut that leaves out samples whose image it
         # would cut (absent without it: text keys stay valid).
         **(
-            {"processor": processor_key(config, encoder), "image_window": ingest.image_window(config)}
+            {"processor": processor_key(config, encoder), "image_window": image_window(config)}
             if config.processor is not None
             else {}
         ),
         # Split records are cut by the tokenizer's workers, so how they are cut is in the key too.
-        "split": ingest.split_rule(config).__dict__ if config.overflow == "split" else None,
+        "split": split_rule(config).__dict__ if config.overflow == "split" else None,
         "encoding_rules": ENCODING_RULES,
         "version": __version__,
     }

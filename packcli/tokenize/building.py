@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from packcli import errors
-from packcli.config import PackConfig
 from packcli.errors import InputError, OutputError
 from packcli.io.sources import InputSource
 from packcli.records import turns
 from packcli.store.images import IMAGES_FILE, image_line
 from packcli.store.tokens import TokenStore, TokenStoreWriter
 from packcli.tokenize import rounds, trees
+from packcli.tokenize.options import TokenizeOptions
 from packcli.tokenize.worker import TokenizedBatch
 from packcli.version import __version__
 
@@ -55,8 +55,8 @@ class StoreBuilder:
     ``--overflow error``) raises InputError from ``take``.
     """
 
-    def __init__(self, config: PackConfig, path: Path, where: Path, fix: str) -> None:
-        self.config, self.where, self.fix = config, where, fix
+    def __init__(self, options: TokenizeOptions, path: Path, where: Path, fix: str) -> None:
+        self.options, self.where, self.fix = options, where, fix
         self.writer = TokenStoreWriter(path, fix, where)
         assert self.writer.tmp is not None  # set by the writer, or it raised
         self.tmp = self.writer.tmp
@@ -83,7 +83,7 @@ class StoreBuilder:
 
     def take(self, result: TokenizedBatch) -> None:
         """Write one batch's samples, rejects and fixes into the store, and count what it says."""
-        config, where, fix = self.config, self.where, self.fix
+        options, where, fix = self.options, self.where, self.fix
         c = self.counts
         c["records"] += result.n_records
         c["records_split"] += result.records_split
@@ -103,12 +103,12 @@ class StoreBuilder:
         self.starts.setdefault(result.source, result.first_index)
         self.units.setdefault(result.source, result.unit)
         for reject in result.rejects:
-            if reject["reason"] == "too_long" and config.overflow == "error":
+            if reject["reason"] == "too_long" and options.overflow == "error":
                 where_record = errors.where(reject["source"], reject["unit"], reject["position"])
                 raise InputError(
                     f"{where_record}: {reject['detail']}; raise --max-len or pass --overflow split, truncate or drop"
                 )
-            if reject["reason"] not in POLICY_DROPS and config.on_error == "fail":
+            if reject["reason"] not in POLICY_DROPS and options.on_error == "fail":
                 where_record = errors.where(reject["source"], reject["unit"], reject["position"])
                 raise InputError(f"{where_record}: {reject['detail']}; {errors.record_fix(reject['reason'])}")
             self.dropped[reject["reason"]] += 1
@@ -168,7 +168,7 @@ class StoreBuilder:
         ``encoder_record`` which encoder made the tokens, to which ``records_slow`` is added: the
         workers' count and ``slow_elsewhere`` (the encode service's).
         """
-        config, c = self.config, self.counts
+        options, c = self.options, self.counts
         records = c["records"]
         meta: dict[str, Any] = {
             "tokenizer": identity,
@@ -186,7 +186,7 @@ class StoreBuilder:
             ],
             "source_starts": [self.starts.get(s.display, records) for s in sources],
         }
-        if config.fix_turns:
+        if options.fix_turns:
             meta["turns_fixed"] = {kind: self.turns_fixed[kind] for kind in turns.KINDS}
         for key in ("empty_answers", "leading_answers", "tools_left_out"):
             if c[key]:
@@ -195,15 +195,15 @@ class StoreBuilder:
         meta["encoder"] = encoder_record | {"records_slow": c["slow_records"] + slow_elsewhere}
         if self.reasoning:
             meta["reasoning"] = {key: self.reasoning[key] for key in rounds.REASONING_KEYS}
-        if config.expand_turns != "off":
+        if options.expand_turns != "off":
             meta["expanded"] = {key: self.expanded[key] for key in rounds.EXPANDED_KEYS}
-        if config.prefix_tree:
+        if options.prefix_tree:
             meta["trees"] = {key: self.prefix_trees[key] for key in trees.TREE_KEYS}
         if "processor" in identity:
             processor = identity["processor"]
             images = {k: self.image_counts[k] for k in ("samples", "images", "image_tokens", "embedded")}
             meta["tokenizer"] = {**identity, "processor": processor | {"images": images}}
-        if config.overflow == "split":
+        if options.overflow == "split":
             meta["split"] = {
                 "records_split": c["records_split"],
                 "pieces": c["pieces"],
@@ -221,7 +221,7 @@ class StoreBuilder:
         """
         if ruled_out_bytes is not None and self.dropped["too_long"]:
             meta["ruled_out_over_bytes"] = ruled_out_bytes
-            meta["ruled_out_max_len"] = self.config.max_len
+            meta["ruled_out_max_len"] = self.options.max_len
 
     def finish(self, meta: dict[str, Any], segment_root: str | None = None, verify: bool = True) -> TokenStore:
         """Close the store's files and move it into place (``TokenStoreWriter.finish``)."""

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from packcli.config import PackConfig
 from packcli.contract import Progress
 from packcli.io.readers import count_records, read_batches
 from packcli.io.sources import InputSource, RawBatch
@@ -22,8 +20,8 @@ from packcli.tokenize import worker
 from packcli.tokenize.bounds import max_token_bytes
 from packcli.tokenize.building import POLICY_DROPS, TURN_FIXES, StoreBuilder
 from packcli.tokenize.encode_service import EncodeService, encode_in_main
-from packcli.tokenize.encoder import EncodeOptions, Encoder
-from packcli.tokenize.split import SplitRule
+from packcli.tokenize.encoder import Encoder
+from packcli.tokenize.options import TokenizeOptions
 from packcli.tokenize.worker import TokenizedBatch
 
 __all__ = ["BATCH_SIZE", "POLICY_DROPS", "TURN_FIXES", "tokenize_to_parts", "tokenize_to_store"]
@@ -42,30 +40,6 @@ class RemoteTokenizing(Protocol):
         ...
 
 
-def encode_options(config: PackConfig) -> EncodeOptions:
-    """Return the options that decide a sample's tokens and labels."""
-    return EncodeOptions(config.train_on, config.add_eos, EncodeOptions.kwargs_items(config.template_kwargs))
-
-
-def split_rule(config: PackConfig) -> SplitRule | None:
-    """Return how long records are cut into pieces (``--overflow split``), or None."""
-    if config.overflow != "split":
-        return None
-    # Pieces are cut to the most a sample may hold once padded (--pad-to-multiple-of): --max-len without it.
-    return SplitRule(config.sample_limit, config.split_system, config.min_piece)
-
-
-def image_window(config: PackConfig) -> tuple[int, str] | None:
-    """Return (the most tokens a sample keeps, the side it is cut from) when samples may be cut, with a processor.
-
-    Under --overflow truncate (and split, whose pieces too long on their own are cut), a sample whose
-    cut would cut an image's tokens is left out instead (reason ``image_cut``).
-    """
-    if config.processor is None or config.overflow not in ("truncate", "split"):
-        return None
-    return config.sample_limit, config.cut_side
-
-
 def processor_identity(encoder: Encoder) -> dict[str, Any]:
     """Return what the manifest records of the run's processor."""
     vision = encoder.vision
@@ -78,20 +52,20 @@ def processor_identity(encoder: Encoder) -> dict[str, Any]:
     }
 
 
-def long_text_bytes(config: PackConfig, encoder: Encoder) -> int | None:
+def long_text_bytes(options: TokenizeOptions, encoder: Encoder) -> int | None:
     """Return the UTF-8 bytes over which a text is encoded by windows (``Encoder.long_text_bytes``), or None.
 
     Under --overflow truncate or split, a text over the early too-long rule's bound (packcli.tokenize.bounds)
     certainly has more tokens than a row: it is encoded by windows, in bounded memory.
     """
-    if config.overflow not in ("truncate", "split"):
+    if options.overflow not in ("truncate", "split"):
         return None
     token_bytes = max_token_bytes(encoder.backend_json)
-    return config.max_len * token_bytes if token_bytes else None
+    return options.max_len * token_bytes if token_bytes else None
 
 
 def tokenize_to_store(
-    config: PackConfig,
+    options: TokenizeOptions,
     sources: list[InputSource],
     formats: dict[str, str | None],
     encoder: Encoder,
@@ -116,24 +90,24 @@ def tokenize_to_store(
     ``before_finish`` runs once every record is read, before the store is moved into place; what it
     raises leaves no store (the run checks there that no input changed while it was read).
     """
-    context = worker_context(config, encoder, rule_out_long)
-    ruled_out_bytes = config.max_len * context.rule_out[1] if context.rule_out else None
-    where, fix = _store_where_fix(config, store_path)
-    builder = StoreBuilder(config, store_path, where, fix)
+    context = worker_context(options, encoder, rule_out_long)
+    ruled_out_bytes = options.max_len * context.rule_out[1] if context.rule_out else None
+    where, fix = options.store_where(store_path)
+    builder = StoreBuilder(options, store_path, where, fix)
     clock: defaultdict[str, float] = defaultdict(float)  # seconds by stage (see TokenStore.seconds)
     began = time.perf_counter()
     counted = [count_records(s) for s in sources] if remote is None else [None]
     total = None if None in counted else sum(counted)  # type: ignore[arg-type]
-    if config.limit is not None:
-        total = min(total, config.limit) if total is not None else None
+    if options.limit is not None:
+        total = min(total, options.limit) if total is not None else None
     results: Iterator[TokenizedBatch] | None = None
-    service = _encode_service(config, encoder) if remote is None else None
+    service = _encode_service(options, encoder) if remote is None else None
     slow_here = encoder.text.slow_records  # records the encode service (in this process) left to the reference
     try:
         if remote is None:
-            batches = _timed(read_batches(sources, BATCH_SIZE, config.limit), clock, "read")
+            batches = _timed(read_batches(sources, BATCH_SIZE, options.limit), clock, "read")
             jobs = ((batch, formats[batch.source]) for batch in batches)
-            results = _run(context, jobs, config.num_proc, service)
+            results = _run(context, jobs, options.num_proc, service)
         else:
             results = remote.results(builder.tmp)
         for result in results:
@@ -168,7 +142,7 @@ def tokenize_to_store(
 
 
 def tokenize_to_parts(
-    config: PackConfig,
+    options: TokenizeOptions,
     inputs: list[parts.InputParts],
     formats: dict[str, str | None],
     encoder: Encoder,
@@ -186,9 +160,9 @@ def tokenize_to_parts(
     that source is committed (and raises if it changed since it was hashed); ``hold(key)`` before a
     part is begun (the run locks it, as it locks the entries it uses).
     """
-    context = worker_context(config, encoder, rule_out_long)
-    ruled_out_bytes = config.max_len * context.rule_out[1] if context.rule_out else None
-    where, fix = _store_where_fix(config, cache_root / "part")
+    context = worker_context(options, encoder, rule_out_long)
+    ruled_out_bytes = options.max_len * context.rule_out[1] if context.rule_out else None
+    where, fix = options.store_where(cache_root / "part")
     clock: defaultdict[str, float] = defaultdict(float)
     began = time.perf_counter()
     todo = [item for item in inputs if not item.complete]
@@ -205,7 +179,7 @@ def tokenize_to_parts(
                     route.append((item, number))
                     yield batch, formats[batch.source]
 
-    service = _encode_service(config, encoder)
+    service = _encode_service(options, encoder)
     results: Iterator[TokenizedBatch] | None = None
     making: tuple[parts.InputParts, int, StoreBuilder, int] | None = None  # the part being made, its first record
     slow_mark = encoder.text.slow_records
@@ -231,13 +205,13 @@ def tokenize_to_parts(
         nonlocal making
         if hold is not None:
             hold(item.key_of(number))
-        builder = StoreBuilder(config, cache_root / item.key_of(number), where, fix)
+        builder = StoreBuilder(options, cache_root / item.key_of(number), where, fix)
         making = (item, number, builder, first)
 
     try:
         if todo:  # the first part to make, begun before the first batch is tokenized
             begin(todo[0], todo[0].next_index, todo[0].next_record)
-        results = _run(context, jobs(), config.num_proc, service)
+        results = _run(context, jobs(), options.num_proc, service)
         for result in results:
             item, number = route.popleft()
             if making is not None and (making[0], making[1]) != (item, number):
@@ -274,25 +248,25 @@ def tokenize_to_parts(
         _release(encoder, service)
 
 
-def worker_context(config: PackConfig, encoder: Encoder, rule_out_long: bool = False) -> worker.WorkerContext:
+def worker_context(options: TokenizeOptions, encoder: Encoder, rule_out_long: bool = False) -> worker.WorkerContext:
     """What the workers tokenize this run's batches with; with ``rule_out_long``, the early too-long rule."""
     token_bytes = max_token_bytes(encoder.backend_json) if rule_out_long else None
-    encoder.long_text_bytes = long_text_bytes(config, encoder)
+    encoder.long_text_bytes = long_text_bytes(options, encoder)
     return worker.WorkerContext(
         encoder,
-        dict(config.fields),
-        rule_out=(config.max_len, token_bytes) if token_bytes else None,
-        split=split_rule(config),
-        fix_turns=config.fix_turns,
-        image_window=image_window(config),
-        expand_turns=config.expand_turns,
-        prefix_tree=config.max_len if config.prefix_tree else None,
+        dict(options.fields),
+        rule_out=(options.max_len, token_bytes) if token_bytes else None,
+        split=options.split,
+        fix_turns=options.fix_turns,
+        image_window=options.image_window,
+        expand_turns=options.expand_turns,
+        prefix_tree=options.max_len if options.prefix_tree else None,
     )
 
 
-def _encode_service(config: PackConfig, encoder: Encoder) -> EncodeService | None:
+def _encode_service(options: TokenizeOptions, encoder: Encoder) -> EncodeService | None:
     """The encode service of a run whose workers send their encodes to this process, or None."""
-    if config.num_proc > 1 and encoder.vision is None and encode_in_main():
+    if options.num_proc > 1 and encoder.vision is None and encode_in_main():
         service = EncodeService(encoder)
         encoder.remote = service.client()
         return service
@@ -347,16 +321,3 @@ def _timed(items: Iterator[Any], clock: defaultdict[str, float], key: str) -> It
             return
         clock[key] += time.perf_counter() - t
         yield item
-
-
-def _store_where_fix(config: PackConfig, store_path: Path) -> tuple[Path, str]:
-    """Which path to name, and what to do, when the token store cannot be written.
-
-    The store is the cache entry, or scratch space inside the output's staging directory (a
-    temporary directory for a dry run): the message names the path the user chose.
-    """
-    if config.cache:
-        return store_path.parent, "choose a writable --cache-dir with free space, or pass --no-cache"
-    if config.dry_run:
-        return Path(tempfile.gettempdir()), "free disk space there or set TMPDIR"
-    return Path(config.output), "free disk space or choose another -o"

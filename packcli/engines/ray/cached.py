@@ -18,7 +18,6 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from packcli.config import PackConfig
 from packcli.contract import Progress
 from packcli.engines.ray.parts import Part, cut_parts, empty_source_error
 from packcli.engines.ray.tokenizing import ClusterTokenizing
@@ -27,13 +26,14 @@ from packcli.store import parts
 from packcli.tokenize import ingest
 from packcli.tokenize.building import StoreBuilder
 from packcli.tokenize.encoder import Encoder
+from packcli.tokenize.options import TokenizeOptions
 
 FIX = "choose a writable --cache-dir with free space, or pass --no-cache"
 
 
 def tokenize_to_parts(
     remote: ClusterTokenizing,
-    config: PackConfig,
+    options: TokenizeOptions,
     inputs: list[parts.InputParts],
     encoder: Encoder,
     cache_root: Path,
@@ -62,7 +62,7 @@ def tokenize_to_parts(
         item, number = owner[part.number]
         if hold is not None:
             hold(item.key_of(number))
-        builder = StoreBuilder(config, cache_root / item.key_of(number), cache_root, FIX)
+        builder = StoreBuilder(options, cache_root / item.key_of(number), cache_root, FIX)
         builders[part.number] = builder
         return dataclasses.replace(part, directory=str(builder.tmp.resolve()))
 

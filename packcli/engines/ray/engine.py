@@ -33,7 +33,6 @@ from typing import Any, TypeVar
 
 import ray
 
-from packcli.config import PackConfig
 from packcli.contract import Progress, file_sha256
 from packcli.engines.ray import cached
 from packcli.engines.ray.parts import input_cuts
@@ -50,6 +49,7 @@ from packcli.store.parts import InputParts
 from packcli.store.tokens import TokenStore
 from packcli.tokenize import ingest
 from packcli.tokenize.encoder import Encoder
+from packcli.tokenize.options import TokenizeOptions
 
 T = TypeVar("T")
 
@@ -109,10 +109,10 @@ class RayEngine:
             if self.session.fetch(ref) != expected[name]["sha256"]:
                 raise DamagedStore(f"{Path(directory) / name}: sha256 differs from meta.json (changed bytes)")
 
-    def cache_part_cuts(self, config: PackConfig, sources: list[InputSource]) -> list[list[Any] | None] | None:
+    def cache_part_cuts(self, options: TokenizeOptions, sources: list[InputSource]) -> list[list[Any] | None] | None:
         """Each input's cuts (``ray.parts.input_cuts``): its parts are cache parts. None for an output
         URI, where the tokens are written under the output, not in a cache every node mounts."""
-        if is_uri(config.output):
+        if is_uri(options.output):
             return None
         self.session.ensure()
         cpus = cluster_cpus()
@@ -120,7 +120,7 @@ class RayEngine:
 
     def tokenize_to_parts(
         self,
-        config: PackConfig,
+        options: TokenizeOptions,
         inputs: list[InputParts],
         formats: dict[str, str | None],
         encoder: Encoder,
@@ -133,15 +133,15 @@ class RayEngine:
         """Tokenize on Ray the parts the cache lacks of each input, committed as they come (``ray.cached``)."""
         sources = [item.source for item in inputs]
         return self._on_cluster(
-            ClusterTokenizing(self.session, config, sources, formats, encoder, cache_root),
+            ClusterTokenizing(self.session, options, sources, formats, encoder, cache_root),
             lambda remote: cached.tokenize_to_parts(
-                remote, config, inputs, encoder, cache_root, progress, unchanged, hold
+                remote, options, inputs, encoder, cache_root, progress, unchanged, hold
             ),
         )
 
     def tokenize_to_store(
         self,
-        config: PackConfig,
+        options: TokenizeOptions,
         sources: list[InputSource],
         formats: dict[str, str | None],
         encoder: Encoder,
@@ -158,9 +158,9 @@ class RayEngine:
         tokenizes every record.
         """
         return self._on_cluster(
-            ClusterTokenizing(self.session, config, sources, formats, encoder, store_path),
+            ClusterTokenizing(self.session, options, sources, formats, encoder, store_path),
             lambda remote: ingest.tokenize_to_store(
-                config, sources, formats, encoder, store_path, progress, remote=remote, before_finish=before_finish
+                options, sources, formats, encoder, store_path, progress, remote=remote, before_finish=before_finish
             ),
         )
 

@@ -26,7 +26,6 @@ import numpy as np
 import ray
 
 import packcli.engines.ray.parts as ray_parts
-from packcli.config import PackConfig
 from packcli.engines.ray.session import (
     ACTOR_RESTARTS,
     TASK_RETRIES,
@@ -46,6 +45,7 @@ from packcli.procs.stop import raise_if_stopped
 from packcli.store.integrity import Digest, segment_files
 from packcli.tokenize import ingest, worker
 from packcli.tokenize.encoder import EncodeOptions, Encoder
+from packcli.tokenize.options import TokenizeOptions
 from packcli.tokenize.split import SplitRule
 from packcli.tokenize.worker import TokenizedBatch
 
@@ -263,16 +263,16 @@ class ClusterTokenizing:
     """The ``remote`` of ``ingest.tokenize_to_store``: parts tokenized by actors, results in input order."""
 
     def __init__(
-        self, session: RaySession, config: PackConfig, sources: list[InputSource], formats: dict[str, str | None],
+        self, session: RaySession, options: TokenizeOptions, sources: list[InputSource], formats: dict[str, str | None],
         encoder: Encoder, store_path: Path,
     ) -> None:  # fmt: skip
         self.session = session
-        self.config, self.sources, self.formats, self.encoder = config, sources, formats, encoder
+        self.options, self.sources, self.formats, self.encoder = options, sources, formats, encoder
         self.segment_root: str | None = None  # None: the segments are written into the store's directory
-        if is_uri(config.output) and not config.dry_run:
+        if is_uri(options.output) and not options.dry_run:
             # The output's file system holds the tokens too: no node needs to see the driver's disk.
-            name = store_path.name if config.cache else f"tokens-{owner_tag()}-{uuid.uuid4().hex[:8]}"
-            self.segment_root = f"{config.output.rstrip('/')}/.packcli-tokens/{name}"
+            name = store_path.name if options.cache else f"tokens-{owner_tag()}-{uuid.uuid4().hex[:8]}"
+            self.segment_root = f"{options.output.rstrip('/')}/.packcli-tokens/{name}"
         self.actors: list[Any] = []
         self.pending: dict[Any, tuple[int, int]] = {}  # parts submitted, not yet fetched
         self.running: Any = None
@@ -283,29 +283,29 @@ class ClusterTokenizing:
         self.warm: list[Any] = []  # the actors, once every part is in: they write the shards next
 
     def settings(self, root: str) -> TokenizerSettings:
-        config = self.config
+        options = self.options
         return TokenizerSettings(
             root=root,
-            tokenizer=_absolute_if_local(config.tokenizer_name),
-            chat_template=_absolute_if_local(config.chat_template),
-            options=ingest.encode_options(config),
-            fields=dict(config.fields),
-            split=ingest.split_rule(config),
-            fix_turns=config.fix_turns,
+            tokenizer=_absolute_if_local(options.tokenizer),
+            chat_template=_absolute_if_local(options.chat_template),
+            options=options.encode,
+            fields=dict(options.fields),
+            split=options.split,
+            fix_turns=options.fix_turns,
             identity=self.encoder.identity(),
             batch_size=ingest.BATCH_SIZE,
-            long_text_bytes=ingest.long_text_bytes(config, self.encoder),
-            encoder=config.encoder,
+            long_text_bytes=ingest.long_text_bytes(options, self.encoder),
+            encoder=options.encoder,
         )
 
     def parts(self) -> list[ray_parts.Part]:
         parts = ray_parts.make_parts(self.sources, self.formats, ray_parts.part_bytes(self.sources, cluster_cpus()))
-        if self.config.limit is None:
+        if self.options.limit is None:
             return parts
         # --limit N: the first N records over all sources. A first pass counts each part's records, so
         # that each part knows how many it reads; the parts after the N-th record are not read at all.
         counts = [self.session.fetch(ref) for ref in [_count_part.remote(p) for p in parts]]
-        limited, left = [], self.config.limit
+        limited, left = [], self.options.limit
         for part, count in zip(parts, counts, strict=True):
             if left <= 0:
                 break

@@ -1,0 +1,52 @@
+"""Stage one's options: what tokenizing takes of a run's options, built once by the run (``run.options``)."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packcli.tokenize.encoder import EncodeOptions
+from packcli.tokenize.split import SplitRule
+
+
+@dataclass(frozen=True)
+class TokenizeOptions:
+    """How records become samples and tokens, where the token store goes, and how many workers do it.
+
+    ``split``: how records longer than a row are cut (``--overflow split``), or None. ``image_window``:
+    (the most tokens a sample keeps, the side it is cut from) where samples with images may be cut, or
+    None. ``output``, ``cache`` and ``dry_run`` say where a token store being made lives, for the
+    messages that name it (``store_where``) and the Ray engine's segments.
+    """
+
+    encode: EncodeOptions = field(default_factory=EncodeOptions)
+    fields: dict[str, str] = field(default_factory=dict)
+    max_len: int = 4096
+    overflow: str = "drop"
+    on_error: str = "fail"
+    split: SplitRule | None = None
+    image_window: tuple[int, str] | None = None
+    fix_turns: bool = False
+    expand_turns: str = "off"
+    prefix_tree: bool = False
+    num_proc: int = 1
+    limit: int | None = None
+    tokenizer: str | None = None
+    chat_template: str | None = None
+    encoder: str = "auto"
+    output: str = ""
+    cache: bool = True
+    dry_run: bool = False
+
+    def store_where(self, store_path: Path) -> tuple[Path, str]:
+        """Which path to name, and what to do, when the token store at ``store_path`` cannot be written.
+
+        The store is the cache entry, or scratch space inside the output's staging directory (a
+        temporary directory for a dry run): the message names the path the user chose.
+        """
+        if self.cache:
+            return store_path.parent, "choose a writable --cache-dir with free space, or pass --no-cache"
+        if self.dry_run:
+            return Path(tempfile.gettempdir()), "free disk space there or set TMPDIR"
+        return Path(self.output), "free disk space or choose another -o"
