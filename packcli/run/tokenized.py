@@ -162,74 +162,11 @@ def _tokenized(
         read_chat_template(config.chat_template)  # an empty or unreadable template: before any input is read
     sources = given if given is not None else resolve_inputs(list(config.inputs), config.split)
     before = stamps(sources)  # before the format is sniffed and the contents hashed
-    formats: dict[str, str | None] = {}
-    for source in sources:
-        seen: list[str] = []
-        fmt: str | None
-        if config.format != "auto":
-            fmt, unparsed = config.format, None
-        else:
-            fmt, unparsed = _sniff_format(source, config.fields, seen)
-        if fmt is None and unparsed is not None and config.on_error == "fail":
-            raise InputError(unparsed)
-        if fmt is None and config.on_error == "fail":
-            shown = ", ".join(seen[:12]) + (f" and {len(seen) - 12} more" if len(seen) > 12 else "")
-            raise InputError(
-                f"{source.display}: cannot tell the record format from the fields of its first records "
-                f"({shown or 'none'}); a record needs {accepted_fields(config.fields)}; "
-                "pass --format, or --field to name the fields"
-            )
-        formats[source.display] = fmt
-    task, formats = preference.resolve_task(
-        config.task, formats, config.overflow, config.output_format, config.truncate_side
-    )
-    if config.processor is not None and task != "sft":
-        found = next(fmt for fmt in formats.values() if fmt in ("preference", "kto"))
-        raise UsageError(
-            f"the inputs are {found} records, and {task} data with images is not supported yet; leave out ",
-            Opt("processor"),
-            " or pack SFT records",
-        )
+    task, formats = _task_and_formats(config, sources)
     cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     memo = cache_root / owned.HASH_MEMO if config.cache else None
-    remember = fill_cache
-    encoder = None
     spent: list[float] = []  # seconds of each pass reading the inputs through (hashes, record counts)
-
-    def timed(work: Callable[[], T]) -> T:
-        began = time.perf_counter()
-        try:
-            return work()
-        finally:
-            spent.append(time.perf_counter() - began)
-
-    # Reading the inputs through (hashing them, counting records for the progress bar) and loading the
-    # tokenizer each keep one core busy: where both are needed, they run side by side. The thread is
-    # joined before any worker process is forked.
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-inputs") as ahead:
-        # An engine may hash the input files elsewhere (the Ray engine: in tasks, not on the driver; nor
-        # does it count records there).
-        known = engine.hash_files(sources, memo)
-        if known is not None:
-            fingerprints = [fingerprint(s, memo, known, remember) for s in sources]
-        elif config.cache:
-            # the key needs them first
-            fingerprints = timed(lambda: [fingerprint(s, memo, None, remember) for s in sources])
-        else:
-            hashing = ahead.submit(timed, lambda: [fingerprint(s, None) for s in sources])
-        tokenizer_key = tokenizer_fingerprint(config.tokenizer_name, config.chat_template)
-        store_needed = not config.cache or tokenizer_key is None
-        if store_needed:
-            counting = ahead.submit(timed, lambda: [count_records(s) for s in sources]) if known is None else None
-            encoder = _encoder(config)
-            if counting is not None:
-                counting.result()
-        if not config.cache and known is None:
-            fingerprints = hashing.result()
-    raise_if_stopped()
-    if tokenizer_key is None:
-        assert encoder is not None
-        tokenizer_key = encoder.identity()["sha256"] + encoder.identity()["chat_template_sha256"]
+    fingerprints, tokenizer_key, encoder = _hashed(config, sources, engine, memo, fill_cache, spent)
     # Each input by its content, in order (sample_index follows it), with the reader its file type chose and
     # the record format found: never its path, so that any spelling of a path, a copy, stdin or a preset
     # run from elsewhere finds the same entry.
@@ -285,31 +222,10 @@ def _tokenized(
             store, reuse = made, parts.reused_records(inputs)
             _as_this_run(store, sources, config)  # parts made by runs that named the tokenizer otherwise
         else:
-            if encoder is None:
-                encoder = _encoder(config)
-            if config.cache and fill_cache:
-                store_path = entry
-            else:
-                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=".packcli-tokens-", dir=scratch))
-                store_path = Path(tmp) / "tokens"
-            raise_if_stopped()
-
-            def unchanged() -> None:
-                known = engine.rehash_files(sources)  # the Ray engine: hashed by tasks, as before
-                moved = changed_input(sources, before, fingerprints, known)
-                if moved is not None:
-                    raise InputError(_changed(moved))
-
-            if rule_out_long:
-                store = engine.tokenize_to_store(
-                    tokenize_options(config), sources, formats, encoder, store_path, progress, True, unchanged
-                )
-            else:
-                store = engine.tokenize_to_store(
-                    tokenize_options(config), sources, formats, encoder, store_path, progress, before_finish=unchanged
-                )
-            if not (config.cache and fill_cache):
-                stack.callback(engine.discard_store, store)  # a scratch store's tokens kept elsewhere
+            store = _whole_store(
+                config, sources, formats, encoder, engine, progress, rule_out_long, (before, fingerprints),
+                entry if config.cache and fill_cache else None, scratch, stack,
+            )  # fmt: skip
         yield TokenizedInputs(
             store=store,
             cache=state,
@@ -324,6 +240,134 @@ def _tokenized(
             hash_seconds=sum(spent),
             reuse=reuse,
         )
+
+
+def _task_and_formats(config: PackConfig, sources: list[InputSource]) -> tuple[str, dict[str, str | None]]:
+    """The run's task (--task, or found from the formats) and each input's record format."""
+    task, formats = preference.resolve_task(
+        config.task, _record_formats(config, sources), config.overflow, config.output_format, config.truncate_side
+    )
+    if config.processor is not None and task != "sft":
+        found = next(fmt for fmt in formats.values() if fmt in ("preference", "kto"))
+        raise UsageError(
+            f"the inputs are {found} records, and {task} data with images is not supported yet; leave out ",
+            Opt("processor"),
+            " or pack SFT records",
+        )
+    return task, formats
+
+
+def _record_formats(config: PackConfig, sources: list[InputSource]) -> dict[str, str | None]:
+    """Each input's record format (--format, or sniffed from its first records), by its display name.
+
+    Under --on-error fail, an input whose format cannot be told stops the run, naming its fields.
+    """
+    formats: dict[str, str | None] = {}
+    for source in sources:
+        seen: list[str] = []
+        fmt: str | None
+        if config.format != "auto":
+            fmt, unparsed = config.format, None
+        else:
+            fmt, unparsed = _sniff_format(source, config.fields, seen)
+        if fmt is None and unparsed is not None and config.on_error == "fail":
+            raise InputError(unparsed)
+        if fmt is None and config.on_error == "fail":
+            shown = ", ".join(seen[:12]) + (f" and {len(seen) - 12} more" if len(seen) > 12 else "")
+            raise InputError(
+                f"{source.display}: cannot tell the record format from the fields of its first records "
+                f"({shown or 'none'}); a record needs {accepted_fields(config.fields)}; "
+                "pass --format, or --field to name the fields"
+            )
+        formats[source.display] = fmt
+    return formats
+
+
+def _hashed(
+    config: PackConfig,
+    sources: list[InputSource],
+    engine: Engine,
+    memo: Path | None,
+    remember: bool,
+    spent: list[float],
+) -> tuple[list[str], str, Encoder | None]:
+    """The inputs' content hashes, the tokenizer's key, and the encoder when the run will need it.
+
+    Reading the inputs through (hashing them, counting records for the progress bar) and loading the
+    tokenizer each keep one core busy: where both are needed, they run side by side. The thread is
+    joined before any worker process is forked. ``spent`` receives the seconds of each pass.
+    """
+    encoder = None
+
+    def timed(work: Callable[[], T]) -> T:
+        began = time.perf_counter()
+        try:
+            return work()
+        finally:
+            spent.append(time.perf_counter() - began)
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-inputs") as ahead:
+        # An engine may hash the input files elsewhere (the Ray engine: in tasks, not on the driver; nor
+        # does it count records there).
+        known = engine.hash_files(sources, memo)
+        if known is not None:
+            fingerprints = [fingerprint(s, memo, known, remember) for s in sources]
+        elif config.cache:
+            # the key needs them first
+            fingerprints = timed(lambda: [fingerprint(s, memo, None, remember) for s in sources])
+        else:
+            hashing = ahead.submit(timed, lambda: [fingerprint(s, None) for s in sources])
+        tokenizer_key = tokenizer_fingerprint(config.tokenizer_name, config.chat_template)
+        if not config.cache or tokenizer_key is None:  # a store will be made, or the key needs the tokenizer
+            counting = ahead.submit(timed, lambda: [count_records(s) for s in sources]) if known is None else None
+            encoder = _encoder(config)
+            if counting is not None:
+                counting.result()
+        if not config.cache and known is None:
+            fingerprints = hashing.result()
+    raise_if_stopped()
+    if tokenizer_key is None:
+        assert encoder is not None
+        tokenizer_key = encoder.identity()["sha256"] + encoder.identity()["chat_template_sha256"]
+    return fingerprints, tokenizer_key, encoder
+
+
+def _whole_store(
+    config: PackConfig,
+    sources: list[InputSource],
+    formats: dict[str, str | None],
+    encoder: Encoder | None,
+    engine: Engine,
+    progress: Progress,
+    rule_out_long: bool,
+    taken: tuple[dict[str, list[int]], list[str]],
+    entry: Path | None,
+    scratch: Path | None,
+    stack: contextlib.ExitStack,
+) -> TokenStore:
+    """Tokenize every input into one store: the cache ``entry``, or scratch space under ``scratch``
+    (removed with ``stack``). ``taken``: the inputs' stamps and hashes from before they were read."""
+    before, fingerprints = taken
+    if encoder is None:
+        encoder = _encoder(config)
+    if entry is not None:
+        store_path = entry
+    else:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=".packcli-tokens-", dir=scratch))
+        store_path = Path(tmp) / "tokens"
+    raise_if_stopped()
+
+    def unchanged() -> None:
+        known = engine.rehash_files(sources)  # the Ray engine: hashed by tasks, as before
+        moved = changed_input(sources, before, fingerprints, known)
+        if moved is not None:
+            raise InputError(_changed(moved))
+
+    options = tokenize_options(config)
+    store = engine.tokenize_to_store(options, sources, formats, encoder, store_path, progress, rule_out_long, unchanged)
+    if entry is None:
+        stack.callback(engine.discard_store, store)  # a scratch store's tokens kept elsewhere
+    return store
 
 
 def _part_cuts(

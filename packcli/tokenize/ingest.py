@@ -161,8 +161,6 @@ def tokenize_to_parts(
     part is begun (the run locks it, as it locks the entries it uses).
     """
     context = worker_context(options, encoder, rule_out_long)
-    ruled_out_bytes = options.max_len * context.rule_out[1] if context.rule_out else None
-    where, fix = options.store_where(cache_root / "part")
     clock: defaultdict[str, float] = defaultdict(float)
     began = time.perf_counter()
     todo = [item for item in inputs if not item.complete]
@@ -181,71 +179,102 @@ def tokenize_to_parts(
 
     service = _encode_service(options, encoder)
     results: Iterator[TokenizedBatch] | None = None
-    making: tuple[parts.InputParts, int, StoreBuilder, int] | None = None  # the part being made, its first record
-    slow_mark = encoder.text.slow_records
-
-    def commit(last: bool) -> None:
-        nonlocal making, slow_mark
-        assert making is not None
-        item, number, builder, first = making
-        if unchanged is not None:
-            unchanged(item.source)
-        slow = encoder.text.slow_records - slow_mark if service is not None else 0
-        slow_mark = encoder.text.slow_records
-        identity, pad_id = store_identity(encoder), store_pad_id(encoder)
-        meta = builder.meta([item.source], formats, identity, pad_id, encoder.choice.record(), slow)
-        builder.ruled_out(meta, ruled_out_bytes)
-        meta["part"] = parts.part_meta(number, first, int(builder.counts["records"]), last)
-        finishing = time.perf_counter()
-        item.made.append(builder.finish(meta))
-        clock["store"] += time.perf_counter() - finishing
-        making = None
-
-    def begin(item: parts.InputParts, number: int, first: int) -> None:
-        nonlocal making
-        if hold is not None:
-            hold(item.key_of(number))
-        builder = StoreBuilder(options, cache_root / item.key_of(number), where, fix)
-        making = (item, number, builder, first)
-
+    making = _PartMaking(options, formats, encoder, cache_root, clock, unchanged, hold)
+    making.ruled_out_bytes = options.max_len * context.rule_out[1] if context.rule_out else None
+    making.service = service is not None
     try:
         if todo:  # the first part to make, begun before the first batch is tokenized
-            begin(todo[0], todo[0].next_index, todo[0].next_record)
+            making.begin(todo[0], todo[0].next_index, todo[0].next_record)
         results = _run(context, jobs(), options.num_proc, service)
         for result in results:
-            item, number = route.popleft()
-            if making is not None and (making[0], making[1]) != (item, number):
-                if making[0] is item and not making[2].counts["records"]:
-                    making[2].abort()  # begun ahead, and none of its batches came (a part number skipped)
-                    making = None
-                else:
-                    commit(last=making[0] is not item)
-            if making is None:
-                begin(item, number, result.first_index)
-            assert making is not None
-            stored = time.perf_counter()
-            for key, value in result.seconds.items():
-                clock[key] += value
-            making[2].take(result)
-            clock["store"] += time.perf_counter() - stored
+            making.take(*route.popleft(), result)
             progress("tokenize", result.n_records, total)
-        if making is not None:
-            commit(last=True)
+        making.commit(last=True)
         # An input with no part made now, nor its last found (empty, or killed just after its last part):
         # its last part, empty, says it is whole.
         for item in todo:
             if not item.made or not item.made[-1].meta["part"]["last"]:
-                begin(item, item.next_index, item.next_record)
-                commit(last=True)
+                making.begin(item, item.next_index, item.next_record)
+                making.commit(last=True)
         clock["wall"] = time.perf_counter() - began
         return dict(clock)
     except BaseException:
         _stop(results)
-        if making is not None:
-            making[2].abort()
+        making.abort()
         raise
     finally:
         _release(encoder, service)
+
+
+class _PartMaking:
+    """The cache part being made (``tokenize_to_parts``): begun, fed the batches of its records, committed."""
+
+    def __init__(
+        self,
+        options: TokenizeOptions,
+        formats: dict[str, str | None],
+        encoder: Encoder,
+        cache_root: Path,
+        clock: defaultdict[str, float],
+        unchanged: Callable[[InputSource], None] | None,
+        hold: Callable[[str], None] | None,
+    ) -> None:
+        self.options, self.formats, self.encoder, self.cache_root = options, formats, encoder, cache_root
+        self.clock, self.unchanged, self.hold = clock, unchanged, hold
+        self.where, self.fix = options.store_where(cache_root / "part")
+        self.ruled_out_bytes: int | None = None
+        self.service = False  # whether an encode service (this process) encodes for the workers
+        self.slow_mark = encoder.text.slow_records
+        self.part: tuple[parts.InputParts, int, StoreBuilder, int] | None = (
+            None  # its input, number, builder, first record
+        )
+
+    def begin(self, item: parts.InputParts, number: int, first: int) -> None:
+        if self.hold is not None:
+            self.hold(item.key_of(number))
+        builder = StoreBuilder(self.options, self.cache_root / item.key_of(number), self.where, self.fix)
+        self.part = (item, number, builder, first)
+
+    def take(self, item: parts.InputParts, number: int, result: TokenizedBatch) -> None:
+        """Add a batch of part ``number`` of ``item``: the part being made is committed first if it is another."""
+        if self.part is not None and (self.part[0], self.part[1]) != (item, number):
+            if self.part[0] is item and not self.part[2].counts["records"]:
+                self.part[2].abort()  # begun ahead, and none of its batches came (a part number skipped)
+                self.part = None
+            else:
+                self.commit(last=self.part[0] is not item)
+        if self.part is None:
+            self.begin(item, number, result.first_index)
+        assert self.part is not None
+        stored = time.perf_counter()
+        for key, value in result.seconds.items():
+            self.clock[key] += value
+        self.part[2].take(result)
+        self.clock["store"] += time.perf_counter() - stored
+
+    def commit(self, last: bool) -> None:
+        """Move the part being made, if any, into the cache (``last``: its input's last part)."""
+        if self.part is None:
+            return
+        item, number, builder, first = self.part
+        if self.unchanged is not None:
+            self.unchanged(item.source)
+        encoder = self.encoder
+        slow = encoder.text.slow_records - self.slow_mark if self.service else 0
+        self.slow_mark = encoder.text.slow_records
+        identity, pad_id = store_identity(encoder), store_pad_id(encoder)
+        meta = builder.meta([item.source], self.formats, identity, pad_id, encoder.choice.record(), slow)
+        builder.ruled_out(meta, self.ruled_out_bytes)
+        meta["part"] = parts.part_meta(number, first, int(builder.counts["records"]), last)
+        finishing = time.perf_counter()
+        item.made.append(builder.finish(meta))
+        self.clock["store"] += time.perf_counter() - finishing
+        self.part = None
+
+    def abort(self) -> None:
+        if self.part is not None:
+            self.part[2].abort()
+            self.part = None
 
 
 def worker_context(options: TokenizeOptions, encoder: Encoder, rule_out_long: bool = False) -> worker.WorkerContext:

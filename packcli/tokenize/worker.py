@@ -118,17 +118,51 @@ class WorkerContext:
 
 
 def tokenize_batch(context: WorkerContext, batch: RawBatch, fmt: str | None) -> TokenizedBatch:
+    """Tokenize one batch of raw records: decode and check them, encode them, keep their samples."""
     started, cpu_started = time.perf_counter(), time.process_time()
     encoder = context.encoder
     slow_before = encoder.text.slow_records
-    fields = context.fields
+    samples, raws, changed = _decode(context, batch, fmt)
+    decoded = time.perf_counter()
+    results = preference.encode(encoder, samples)
+    expanded: dict[str, int] = {}
+    if context.expand_turns != "off":
+        expansion = rounds.expand(encoder, samples, results, context.expand_turns)
+        results, expanded = expansion.results, expansion.counts()
+    if not context.fix_turns:
+        _hint_fix_turns(encoder, samples, results)
+    kept = _Kept(context, batch, raws)
+    for k, result in enumerate(results):
+        kept.take(k, result, samples[k])
+    encoded = time.perf_counter()
+    fixed: Counter[str] = Counter()
+    fixes: list[dict[str, Any]] = []
+    for k, changes in changed.items():
+        fixed.update(turns.counts(changes))
+        fixes.append(_fix_entry(batch.first_index + k, batch.source, batch.positions[k], changes, raws[k], batch))
+    out = kept.result(expanded)
+    out.empty_answers, out.leading_answers, out.tools_left_out = _answer_counts(encoder, samples, results)
+    out.turns_fixed, out.turn_fixes = dict(fixed), fixes
+    out.reasoning = rounds.reasoning_counts(results)
+    out.slow_records = encoder.text.slow_records - slow_before
+    out.seconds = {"decode": decoded - started, "tokenize": encoded - decoded, "cpu": time.process_time() - cpu_started}
+    return out
+
+
+def _decode(
+    context: WorkerContext, batch: RawBatch, fmt: str | None
+) -> tuple[list[Any], list[Any], dict[int, list[dict[str, Any]]]]:
+    """Each raw record of the batch made a sample (or the RecordError that says why not), checked.
+
+    Return the samples, the records as the rejects file shows them, and, by batch position, the
+    changes --fix-turns made.
+    """
+    encoder, fields, fix = context.encoder, context.fields, context.fix_turns
     errors = {pos: (reason, detail) for pos, reason, detail in batch.errors}
-    fix = context.fix_turns
-    vision = encoder.vision is not None
-    base = os.path.dirname(os.path.abspath(batch.source)) if vision else ""
+    base = os.path.dirname(os.path.abspath(batch.source)) if encoder.vision is not None else ""
     samples: list[Any] = []
     raws: list[Any] = []
-    changed: dict[int, list[dict[str, Any]]] = {}  # batch position -> the changes --fix-turns made
+    changed: dict[int, list[dict[str, Any]]] = {}
     for item, pos in zip(batch.items, batch.positions, strict=True):
         raws.append(item)
         try:
@@ -147,7 +181,7 @@ def tokenize_batch(context: WorkerContext, batch: RawBatch, fmt: str | None) -> 
                 samples.append(members)
                 continue
             sample = normalize(record, record_format, fields, rename_roles=fix)
-            if vision:
+            if encoder.vision is not None:
                 sample = attach_images(sample, record, base, is_uri)
             if fix:
                 sample, changes = turns.clean(sample)
@@ -163,20 +197,12 @@ def tokenize_batch(context: WorkerContext, batch: RawBatch, fmt: str | None) -> 
             if isinstance(err, UnusableRecord):
                 raws[-1] = err.record  # the rejects file shows the record, not the line standing for it
             samples.append(err)
-    decoded = time.perf_counter()
-    results = preference.encode(encoder, samples)
-    expand_mode = context.expand_turns
-    expanded: dict[str, int] = {}
-    if expand_mode != "off":
-        expansion = rounds.expand(encoder, samples, results, expand_mode)
-        results, expanded = expansion.results, expansion.counts()
-    if not fix:
-        _hint_fix_turns(encoder, samples, results)
-    fixed: Counter[str] = Counter()
-    fixes: list[dict[str, Any]] = []
-    for k, changes in changed.items():
-        fixed.update(turns.counts(changes))
-        fixes.append(_fix_entry(batch.first_index + k, batch.source, batch.positions[k], changes, raws[k], batch))
+    return samples, raws, changed
+
+
+def _answer_counts(encoder: Encoder, samples: list[Any], results: list[Any]) -> tuple[int, int, int]:
+    """Of the encoded conversations: blank answers, answers that open a conversation, and conversations
+    with a tools list the template leaves out."""
     chats = [
         (sample, trained_turns(sample, encoder.options.train_on))
         for sample, result in zip(samples, results, strict=True)
@@ -185,131 +211,145 @@ def tokenize_batch(context: WorkerContext, batch: RawBatch, fmt: str | None) -> 
     empty_answers = sum(turns.blank_answers(sample, trained) for sample, trained in chats)
     leading_answers = sum(turns.opens_with_answer(sample, trained) for sample, trained in chats)
     with_tools = sum(bool(sample.tools) for sample, _ in chats)
-    tools_left_out = with_tools if with_tools and encoder.chat.leaves_out_tools() else 0
-    reasoning = rounds.reasoning_counts(results)
-    split = context.split
-    kept_index: list[int] = []
-    kept_pos: list[int] = []
-    kept_piece: list[int] = []
-    ids: list[Any] = []  # each an int32 array of token ids
-    labels: list[Any] = []
-    rejects: list[dict[str, Any]] = []
-    roles: list[int] = []
-    content_keys: list[bytes] = []  # per kept sample, its record's content key
-    kept_images: list[tuple[dict[str, Any], ...]] = []
-    window = context.image_window
-    left_out: Counter[str] = Counter()
-    left_out_tokens: Counter[str] = Counter()
-    records_split = pieces_made = 0
-    tree_max = context.prefix_tree
-    nodes: list[tuple[np.ndarray, np.ndarray] | None] = []  # --prefix-tree: per kept sample, None when plain
-    tree_counts: Counter[str] = Counter()
-    for k, result in enumerate(results):
-        index = batch.first_index + k
+    return empty_answers, leading_answers, with_tools if with_tools and encoder.chat.leaves_out_tools() else 0
+
+
+class _Kept:
+    """A batch's kept samples (and its rejects), taken record by record in order (``take``)."""
+
+    def __init__(self, context: WorkerContext, batch: RawBatch, raws: list[Any]) -> None:
+        self.context, self.batch, self.raws = context, batch, raws
+        self.index: list[int] = []
+        self.positions: list[int] = []
+        self.pieces: list[int] = []
+        self.ids: list[Any] = []  # each an int32 array of token ids
+        self.labels: list[Any] = []
+        self.rejects: list[dict[str, Any]] = []
+        self.roles: list[int] = []
+        self.content_keys: list[bytes] = []  # per kept sample, its record's content key
+        self.images: list[tuple[dict[str, Any], ...]] = []
+        self.left_out: Counter[str] = Counter()
+        self.left_out_tokens: Counter[str] = Counter()
+        self.records_split = self.pieces_made = 0
+        self.nodes: list[tuple[np.ndarray, np.ndarray] | None] = []  # --prefix-tree: per kept sample, None when plain
+        self.tree_counts: Counter[str] = Counter()
+
+    def reject(self, k: int, error: RecordError) -> None:
+        batch = self.batch
+        self.rejects.append(
+            reject(batch.first_index + k, batch.source, batch.positions[k], error, self.raws[k], batch.raw_lines)
+        )
+
+    def take(self, k: int, result: Any, sample: Any) -> None:
+        """Keep record ``k``'s samples (its rounds, trees, pair members or pieces), or reject it."""
+        context = self.context
         if isinstance(result, RecordError):
-            rejects.append(reject(index, batch.source, batch.positions[k], result, raws[k], batch.raw_lines))
-            continue
+            self.reject(k, result)
+            return
         tree_nodes: Sequence[tuple[np.ndarray, np.ndarray] | None] | None = None
+        window = context.image_window
         if isinstance(result, rounds.Rounds):  # --expand-turns: one sample per round, piece_index the round
             kept = list(result)
-            if tree_max is not None:  # --prefix-tree: the rounds as trees, piece_index the tree
+            if context.prefix_tree is not None:  # --prefix-tree: the rounds as trees, piece_index the tree
                 try:
-                    grown = trees.record_trees(kept, tree_max)
+                    grown = trees.record_trees(kept, context.prefix_tree)
                 except RecordError as err:
-                    rejects.append(reject(index, batch.source, batch.positions[k], err, raws[k], batch.raw_lines))
-                    continue
-                tree_counts.update(grown.counts)
+                    self.reject(k, err)
+                    return
+                self.tree_counts.update(grown.counts)
                 kept, tree_nodes = grown.samples, grown.nodes
         elif isinstance(result, list):  # a preference or KTO record: its samples, with their roles
             kept = [(piece_ids, piece_labels) for piece_ids, piece_labels, _ in result]
-            roles.extend([0] * (len(kept_index) - len(roles)) + [role for _, _, role in result])
-        elif split is None or len(result[0]) <= split.max_len:
+            self.roles.extend([0] * (len(self.index) - len(self.roles)) + [role for _, _, role in result])
+        elif context.split is None or len(result[0]) <= context.split.max_len:
             if window is not None and window_cuts_image(getattr(result, "images", ()), len(result[0]), *window):
-                error = RecordError(
-                    "image_cut",
-                    f"the sample has {len(result[0])} tokens; cutting it to {window[0]} would cut an image's tokens",
-                )
-                rejects.append(reject(index, batch.source, batch.positions[k], error, raws[k], batch.raw_lines))
-                continue
+                cut = f"cutting it to {window[0]} would cut an image's tokens"
+                self.reject(k, RecordError("image_cut", f"the sample has {len(result[0])} tokens; {cut}"))
+                return
             kept = [result]
         else:
-            records_split += 1
-            pieces = _pieces(samples[k], result, split, encoder)
-            left_out.update(pieces.left_out)
-            left_out_tokens.update(pieces.left_out_tokens)
-            if not pieces.pieces:
-                why = ", ".join(f"{n} {r}" for r, n in sorted(pieces.left_out.items()))
-                detail = f"the sample has {len(result[0])} tokens; no piece of it is kept ({why})"
-                error = RecordError("no_piece_left", detail)
-                rejects.append(reject(index, batch.source, batch.positions[k], error, raws[k], batch.raw_lines))
-                continue
-            kept = pieces.pieces
-            if window is not None:
-                cut = [p for p in kept if window_cuts_image(getattr(p, "images", ()), len(p[0]), *window)]
-                if cut:
-                    left_out["piece_image_cut"] += len(cut)
-                    left_out_tokens["piece_image_cut"] += sum(len(p[0]) for p in cut)
-                    kept = [p for p in kept if not any(p is c for c in cut)]
-                if not kept:
-                    error = RecordError(
-                        "image_cut", f"the sample has {len(result[0])} tokens; every piece cuts an image"
-                    )
-                    rejects.append(reject(index, batch.source, batch.positions[k], error, raws[k], batch.raw_lines))
-                    continue
-            pieces_made += len(kept)
-        content_keys.extend([content_key(samples[k])] * len(kept))
-        if vision:
-            kept_images.extend(getattr(piece, "images", ()) for piece in kept)
-        if tree_max is not None:
-            nodes.extend(tree_nodes or [None] * len(kept))
+            pieces = self._split(k, result, sample)
+            if pieces is None:
+                return
+            kept = pieces
+        self._keep(k, kept, sample, tree_nodes)
+
+    def _split(self, k: int, result: Any, sample: Any) -> list[Any] | None:
+        """The pieces of a record longer than a row (--overflow split), or None when none is kept."""
+        context = self.context
+        assert context.split is not None
+        self.records_split += 1
+        pieces = _pieces(sample, result, context.split, context.encoder)
+        self.left_out.update(pieces.left_out)
+        self.left_out_tokens.update(pieces.left_out_tokens)
+        if not pieces.pieces:
+            why = ", ".join(f"{n} {r}" for r, n in sorted(pieces.left_out.items()))
+            detail = f"the sample has {len(result[0])} tokens; no piece of it is kept ({why})"
+            self.reject(k, RecordError("no_piece_left", detail))
+            return None
+        kept = pieces.pieces
+        window = context.image_window
+        if window is not None:
+            cut = [p for p in kept if window_cuts_image(getattr(p, "images", ()), len(p[0]), *window)]
+            if cut:
+                self.left_out["piece_image_cut"] += len(cut)
+                self.left_out_tokens["piece_image_cut"] += sum(len(p[0]) for p in cut)
+                kept = [p for p in kept if not any(p is c for c in cut)]
+            if not kept:
+                self.reject(
+                    k, RecordError("image_cut", f"the sample has {len(result[0])} tokens; every piece cuts an image")
+                )
+                return None
+        self.pieces_made += len(kept)
+        return kept
+
+    def _keep(self, k: int, kept: list[Any], sample: Any, tree_nodes: Any) -> None:
+        batch = self.batch
+        self.content_keys.extend([content_key(sample)] * len(kept))
+        if self.context.encoder.vision is not None:
+            self.images.extend(getattr(piece, "images", ()) for piece in kept)
+        if self.context.prefix_tree is not None:
+            self.nodes.extend(tree_nodes or [None] * len(kept))
         for p, (piece_ids, piece_labels) in enumerate(kept):
-            kept_index.append(index)
-            kept_pos.append(batch.positions[k])
-            kept_piece.append(p)
-            ids.append(piece_ids)
-            labels.append(piece_labels)
-    encoded = time.perf_counter()
-    lengths = np.fromiter((len(x) for x in ids), dtype=np.int32, count=len(ids))
-    flat_ids = np.concatenate(ids) if ids else np.zeros(0, np.int32)
-    flat_labels = np.concatenate(labels) if labels else np.zeros(0, np.int32)
-    trainable, first_trained = label_stats(flat_labels, lengths)
-    return TokenizedBatch(
-        source=batch.source,
-        unit="line" if batch.raw_lines else "record",
-        first_index=batch.first_index,
-        n_records=len(batch.items),
-        sample_index=np.array(kept_index, dtype=np.int64),
-        lengths=lengths,
-        trainable=trainable,
-        first_trained=first_trained,
-        positions=np.array(kept_pos, dtype=np.int32),
-        ids=flat_ids,
-        labels=flat_labels,
-        rejects=rejects,
-        piece_index=np.array(kept_piece, dtype=np.int32) if records_split or roles or expanded else None,
-        roles=np.array(roles + [0] * (len(kept_index) - len(roles)), dtype=np.int8) if roles else None,
-        records_split=records_split,
-        pieces_made=pieces_made,
-        pieces_left_out=dict(left_out),
-        turns_fixed=dict(fixed),
-        turn_fixes=fixes,
-        empty_answers=empty_answers,
-        leading_answers=leading_answers,
-        tools_left_out=tools_left_out,
-        reasoning=reasoning,
-        expanded=expanded,
-        tokens_left_out=dict(left_out_tokens),
-        images=kept_images if vision else None,
-        tree_nodes=trees.TreeNodes.of(nodes, lengths) if tree_max is not None else None,
-        prefix_trees=dict(tree_counts),
-        slow_records=encoder.text.slow_records - slow_before,
-        content_keys=np.frombuffer(b"".join(content_keys), dtype="<u8").reshape(-1, 2).copy(),
-        seconds={
-            "decode": decoded - started,
-            "tokenize": encoded - decoded,
-            "cpu": time.process_time() - cpu_started,
-        },
-    )
+            self.index.append(batch.first_index + k)
+            self.positions.append(batch.positions[k])
+            self.pieces.append(p)
+            self.ids.append(piece_ids)
+            self.labels.append(piece_labels)
+
+    def result(self, expanded: dict[str, int]) -> TokenizedBatch:
+        """The batch's result: its kept samples as arrays, with its rejects and counts."""
+        batch, roles = self.batch, self.roles
+        lengths = np.fromiter((len(x) for x in self.ids), dtype=np.int32, count=len(self.ids))
+        flat_ids = np.concatenate(self.ids) if self.ids else np.zeros(0, np.int32)
+        flat_labels = np.concatenate(self.labels) if self.labels else np.zeros(0, np.int32)
+        trainable, first_trained = label_stats(flat_labels, lengths)
+        numbered = self.records_split or roles or expanded
+        return TokenizedBatch(
+            source=batch.source,
+            unit="line" if batch.raw_lines else "record",
+            first_index=batch.first_index,
+            n_records=len(batch.items),
+            sample_index=np.array(self.index, dtype=np.int64),
+            lengths=lengths,
+            trainable=trainable,
+            first_trained=first_trained,
+            positions=np.array(self.positions, dtype=np.int32),
+            ids=flat_ids,
+            labels=flat_labels,
+            rejects=self.rejects,
+            piece_index=np.array(self.pieces, dtype=np.int32) if numbered else None,
+            roles=np.array(roles + [0] * (len(self.index) - len(roles)), dtype=np.int8) if roles else None,
+            records_split=self.records_split,
+            pieces_made=self.pieces_made,
+            pieces_left_out=dict(self.left_out),
+            expanded=expanded,
+            tokens_left_out=dict(self.left_out_tokens),
+            images=self.images if self.context.encoder.vision is not None else None,
+            tree_nodes=trees.TreeNodes.of(self.nodes, lengths) if self.context.prefix_tree is not None else None,
+            prefix_trees=dict(self.tree_counts),
+            content_keys=np.frombuffer(b"".join(self.content_keys), dtype="<u8").reshape(-1, 2).copy(),
+        )
 
 
 def _hint_fix_turns(encoder: Encoder, samples: list[Any], results: list[Any]) -> None:
