@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO, cast
 
-from packcli import owned
 from packcli.config import PackConfig, Task
 from packcli.contract import SAMPLE_ROLES, Progress, no_progress
 from packcli.engines import Engine, load_engine
@@ -24,6 +23,7 @@ from packcli.output.formats import shard_format
 from packcli.output.images import with_written_images
 from packcli.output.layout import RowLayout
 from packcli.output.manifest import write_manifest
+from packcli.owned import staging_prefix
 from packcli.plan import dedup, holdout, mix
 from packcli.plan.planner import Plan, make_plan
 from packcli.results import CacheParts, CachePruned, Counts, Manifest, RunSummary, Seconds, ShardEntry, StageSeconds
@@ -401,7 +401,7 @@ def _write_fix_log(path: Path, store: TokenStore) -> None:
 def _lines_file(path: Path, suffix: str, what: str) -> Iterator[TextIO]:
     """Yield a text file that replaces ``path`` when the block ends; removed, and ``path`` untouched, on failure."""
     # A hidden name of this run's own, never a name a user file may have (FILE.tmp was).
-    tmp = path.with_name(owned.staging_prefix(path.name) + suffix)
+    tmp = path.with_name(staging_prefix(path.name) + suffix)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "w", encoding="utf-8") as out:

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from packcli import owned
 from packcli.config import PackConfig
 from packcli.contract import Progress, no_progress
 from packcli.engines import DigestChecker, Engine, load_engine
@@ -26,6 +25,7 @@ from packcli.errors import InputError, Opt, RecordError, UsageError, record_fix,
 from packcli.io.fingerprint import changed_input, fingerprint, stamps
 from packcli.io.readers import count_records, hub_reachable, read_batches
 from packcli.io.sources import InputSource, resolve_inputs
+from packcli.owned import HASH_MEMO
 from packcli.procs.stop import raise_if_stopped
 from packcli.records import preference
 from packcli.records.formats import accepted_fields, detect_format
@@ -164,7 +164,7 @@ def _tokenized(
     before = stamps(sources)  # before the format is sniffed and the contents hashed
     task, formats = _task_and_formats(config, sources)
     cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
-    memo = cache_root / owned.HASH_MEMO if config.cache else None
+    memo = cache_root / HASH_MEMO if config.cache else None
     spent: list[float] = []  # seconds of each pass reading the inputs through (hashes, record counts)
     fingerprints, tokenizer_key, encoder = _hashed(config, sources, engine, memo, fill_cache, spent)
     # Each input by its content, in order (sample_index follows it), with the reader its file type chose and

@@ -15,8 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from packcli import errors
-from packcli.errors import InputError, OutputError
+from packcli.errors import InputError, OutputError, record_fix, where as where_of
 from packcli.io.sources import InputSource
 from packcli.records import turns
 from packcli.store.images import IMAGES_FILE, image_line
@@ -104,13 +103,13 @@ class StoreBuilder:
         self.units.setdefault(result.source, result.unit)
         for reject in result.rejects:
             if reject["reason"] == "too_long" and options.overflow == "error":
-                where_record = errors.where(reject["source"], reject["unit"], reject["position"])
+                where_record = where_of(reject["source"], reject["unit"], reject["position"])
                 raise InputError(
                     f"{where_record}: {reject['detail']}; raise --max-len or pass --overflow split, truncate or drop"
                 )
             if reject["reason"] not in POLICY_DROPS and options.on_error == "fail":
-                where_record = errors.where(reject["source"], reject["unit"], reject["position"])
-                raise InputError(f"{where_record}: {reject['detail']}; {errors.record_fix(reject['reason'])}")
+                where_record = where_of(reject["source"], reject["unit"], reject["position"])
+                raise InputError(f"{where_record}: {reject['detail']}; {record_fix(reject['reason'])}")
             self.dropped[reject["reason"]] += 1
             _write_line(self._rejects, json.dumps(reject, ensure_ascii=False), where, fix)
         if result.images is not None:
