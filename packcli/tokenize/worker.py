@@ -124,7 +124,10 @@ def tokenize_batch(context: WorkerContext, batch: RawBatch, fmt: str | None) -> 
     slow_before = encoder.text.slow_records
     samples, raws, changed = _decode(context, batch, fmt)
     decoded = time.perf_counter()
-    results = preference.encode(encoder, samples)
+    if any(isinstance(sample, preference.Members) for sample in samples):  # a preference or KTO record
+        results = preference.encode(encoder, samples)
+    else:
+        results = encoder.encode_batch(samples)
     expanded: dict[str, int] = {}
     if context.expand_turns != "off":
         expansion = rounds.expand(encoder, samples, results, context.expand_turns)
