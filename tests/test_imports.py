@@ -126,6 +126,11 @@ ONE_HOME = {
     "where": "packcli.errors",
     "source_of": "packcli.store.tokens",
     "_source_of": None,
+    # One JSON bracket scanner: the JSON array reader's and the cut-line check's
+    "json_value_end": "packcli.records.checks",
+    "_value_end": None,
+    "_STRUCTURE": "packcli.records.checks",
+    "_IN_STRING": "packcli.records.checks",
 }
 
 

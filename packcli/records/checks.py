@@ -9,7 +9,7 @@ Both are found here, per record, so that they are one counted reason instead of 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Protocol
 
 from packcli.errors import RecordError, too_many_digits
 from packcli.records.formats import Sample
@@ -19,6 +19,7 @@ from packcli.records.formats import Sample
 MAX_DEPTH = 100
 _STRUCTURE = re.compile(r'["\[\]{}]')
 _IN_STRING = re.compile(r'["\\]')
+_SCALAR_END = re.compile(r"[\s,\]]")
 
 
 def too_deep() -> RecordError:
@@ -42,29 +43,85 @@ def cut_last_line(why: str) -> RecordError:
 def ends_inside_value(text: str) -> bool:
     """Return True when JSON text ends inside its first value: a string or a bracket still open.
 
-    Only strings and brackets are followed (as the JSON array reader's scan does): a line that closes
-    its value and is still invalid is not cut, however it ends.
+    Only strings and brackets are followed (``json_value_end``, the JSON array reader's scan): a line
+    that closes its value and is still invalid is not cut, however it ends.
     """
-    depth, in_string, i = 0, False, 0
+    pos = len(text) - len(text.lstrip())
+    return pos < len(text) and json_value_end(_WholeText(text), pos) is None
+
+
+class GrowingText(Protocol):
+    """Text that may grow at its end on demand (``more``), as a stream is read by chunks."""
+
+    buf: str
+
+    def more(self) -> bool:
+        """Append more text to ``buf``; return False at the end."""
+        ...
+
+
+class _WholeText:
+    def __init__(self, text: str) -> None:
+        self.buf = text
+
+    def more(self) -> bool:
+        return False
+
+
+def json_value_end(stream: GrowingText, pos: int) -> int | None:
+    """Return the end of the JSON value that starts at ``pos`` (reading on as needed), or None if cut off.
+
+    Only brackets and strings are followed, so a value nested deeper than the decoder can go is still
+    delimited, and the scan goes on across chunks without starting over.
+    """
+    first = stream.buf[pos]
+    if first not in '[{"':
+        while True:
+            m = _SCALAR_END.search(stream.buf, pos)
+            if m:
+                return m.start()
+            if not stream.more():
+                return len(stream.buf)
+    depth = 0
+    in_string = False
+    i = pos
     while True:
-        m = (_IN_STRING if in_string else _STRUCTURE).search(text, i)
-        if m is None:
-            return in_string or depth > 0
-        i = m.end()
-        c = m.group()
         if in_string:
-            if c == "\\":
-                i += 1  # the escaped character
+            m = _IN_STRING.search(stream.buf, i)
+            if m is None:
+                i = len(stream.buf)
+            elif m.group() == "\\":
+                if m.end() >= len(stream.buf):  # the escaped character is in the next chunk
+                    i = m.start()
+                    if not stream.more():
+                        return None
+                    continue
+                i = m.end() + 1
+                continue
             else:
                 in_string = False
-        elif c == '"':
-            in_string = True
-        elif c in "[{":
-            depth += 1
+                i = m.end()
+                if depth == 0:
+                    return i
+                continue
         else:
-            depth -= 1
-            if depth <= 0:  # its value closed (or a bracket closed that was not open): not cut
-                return False
+            m = _STRUCTURE.search(stream.buf, i)
+            if m is None:
+                i = len(stream.buf)
+            else:
+                c = m.group()
+                i = m.end()
+                if c == '"':
+                    in_string = True
+                elif c in "[{":
+                    depth += 1
+                else:
+                    depth -= 1
+                    if depth == 0:
+                        return i
+                continue
+        if not stream.more():
+            return None
 
 
 def check_value(value: Any, what: str = "the record") -> None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import codecs
 import json
-import re
 from collections.abc import Iterator
 from typing import Any
 
 from packcli.errors import InputError
 from packcli.io.readers.compressed import open_input
 from packcli.io.sources import InputSource, RawBatch
+from packcli.records.checks import json_value_end
 
 
 def read_json_lines(source: InputSource, batch_size: int) -> Iterator[RawBatch]:
@@ -37,9 +37,6 @@ def read_json_lines(source: InputSource, batch_size: int) -> Iterator[RawBatch]:
 
 
 CHUNK = 1 << 20
-_STRUCTURE = re.compile(r'["\[\]{}]')
-_IN_STRING = re.compile(r'["\\]')
-_SCALAR_END = re.compile(r"[\s,\]]")
 
 
 class _TextStream:
@@ -83,62 +80,6 @@ class _TextStream:
     def byte_offset(self, pos: int) -> int:
         """Return the offset in the file's bytes (from 0, a byte order mark counted) of ``buf[pos]``."""
         return self.bom + self.dropped_bytes + len(self.buf[:pos].encode("utf-8"))
-
-
-def _value_end(stream: _TextStream, pos: int) -> int | None:
-    """Return the end of the JSON value that starts at ``pos`` (reading on as needed), or None if cut off.
-
-    Only brackets and strings are followed, so a value nested deeper than the decoder can go is still
-    delimited, and the scan goes on across chunks without starting over.
-    """
-    first = stream.buf[pos]
-    if first not in '[{"':
-        while True:
-            m = _SCALAR_END.search(stream.buf, pos)
-            if m:
-                return m.start()
-            if not stream.more():
-                return len(stream.buf)
-    depth = 0
-    in_string = False
-    i = pos
-    while True:
-        if in_string:
-            m = _IN_STRING.search(stream.buf, i)
-            if m is None:
-                i = len(stream.buf)
-            elif m.group() == "\\":
-                if m.end() >= len(stream.buf):  # the escaped character is in the next chunk
-                    i = m.start()
-                    if not stream.more():
-                        return None
-                    continue
-                i = m.end() + 1
-                continue
-            else:
-                in_string = False
-                i = m.end()
-                if depth == 0:
-                    return i
-                continue
-        else:
-            m = _STRUCTURE.search(stream.buf, i)
-            if m is None:
-                i = len(stream.buf)
-            else:
-                c = m.group()
-                i = m.end()
-                if c == '"':
-                    in_string = True
-                elif c in "[{":
-                    depth += 1
-                else:
-                    depth -= 1
-                    if depth == 0:
-                        return i
-                continue
-        if not stream.more():
-            return None
 
 
 def _skip_space(stream: _TextStream, pos: int) -> int:
@@ -234,7 +175,7 @@ def _read_json_array(stream: _TextStream, pos: int, path: str, batch_size: int) 
         if fast is not None:  # the common case: the element is whole in the window
             value, end = fast
         else:
-            end = _value_end(stream, pos)
+            end = json_value_end(stream, pos)
             if end is None:
                 batch.errors.append((record_no, "truncated_file", "the JSON array is cut off in this record"))
                 batch.items.append(None)
