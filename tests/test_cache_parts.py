@@ -246,3 +246,21 @@ def test_prune_never_removes_a_part_a_running_pack_holds(pack: Any, tmp_path: Pa
     assert summary["cache_parts"]["parts_made"] == 3 and summary["records_read"] == 1100
     run(pack, tmp_path / "cold", data, cache=tmp_path / "cold-cache")
     assert shards(tmp_path / "out") == shards(tmp_path / "cold")
+
+
+def test_dedup_and_the_eval_split_work_across_reused_parts(pack: Any, tmp_path: Path) -> None:
+    """--dedup exact finds a record's copy in another input whose parts were reused, and the eval split
+    holds out the same records, as in a cold run."""
+    a_records = chats(700, seed=21)
+    a = write_jsonl(tmp_path / "a.jsonl", a_records)
+    b = write_jsonl(tmp_path / "b.jsonl", chats(300, seed=22) + a_records[100:160])  # 60 copies of a's records
+    cache = tmp_path / "cache"
+    run(pack, tmp_path / "first", a, cache=cache)  # a's parts made
+    flags = ("--dedup", "exact", "--eval-fraction", "0.1", "--seed", "3")
+    again = run(pack, tmp_path / "again", a, b, *flags, cache=cache)
+    cold = run(pack, tmp_path / "cold", a, b, *flags, cache=tmp_path / "cold-cache")
+    assert again["cache_parts"]["records_reused"] == 700 and again["cache_parts"]["records_tokenized"] == 360
+    assert again["dedup"] == cold["dedup"] and again["dedup"]["duplicates"] == 60
+    assert again["eval"] == cold["eval"] and again["eval"]["records"] > 0
+    assert shards(tmp_path / "again") == shards(tmp_path / "cold")
+    assert shards(tmp_path / "again" / "eval") == shards(tmp_path / "cold" / "eval")
