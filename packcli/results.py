@@ -207,6 +207,45 @@ class CacheParts:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DedupSummary:
+    """``--dedup exact``: the records dropped as duplicates (counted in ``dropped`` too), in all and per input."""
+
+    mode: str
+    duplicates: int
+    by_source: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> DedupSummary:
+        return _from_dict(cls, data, "dedup")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalSummary:
+    """The eval split (``--eval-fraction``/``--eval-records``): the records held out into ``path``/, and
+    how they were packed there (``by_source``: input -> records held out)."""
+
+    path: str
+    records: int
+    packed: int
+    dropped: dict[str, int]
+    samples: int
+    tokens: int
+    trainable_tokens: int
+    rows: int
+    by_source: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> EvalSummary:
+        return _from_dict(cls, data, "eval")
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunSummary:
     """The summary of a pack run, as ``packcli pack --json`` prints it (``records_read == packed +
     sum(dropped)``, plus ``mix.records_left_out`` and ``eval.records`` when they are there). ``shards``,
@@ -260,9 +299,9 @@ class RunSummary:
     output: str | None  # None for a dry run (written as null)
     warnings: list[str]
     lost: Lost
-    dedup: dict[str, Any] | None = None  # --dedup exact: mode, duplicates, by_source
+    dedup: DedupSummary | None = None  # --dedup exact
     mix: dict[str, Any] | None = None  # --mix: the recipe, and per source what was asked and what was given
-    eval: dict[str, Any] | None = None  # --eval-fraction/--eval-records: the records held out into eval/
+    eval: EvalSummary | None = None  # --eval-fraction/--eval-records: the records held out into eval/
     shards: int | None = None  # absent from a dry run's summary
     skipped_dirs: list[str] | None = None
     cache_pruned: CachePruned | None = None
@@ -288,6 +327,8 @@ class RunSummary:
                 "lost": Lost.from_dict,
                 "cache_pruned": CachePruned.from_dict,
                 "cache_parts": CacheParts.from_dict,
+                "dedup": DedupSummary.from_dict,
+                "eval": EvalSummary.from_dict,
                 "seconds": Seconds.from_dict,
                 "stage_seconds": StageSeconds.from_dict,
             },
@@ -388,8 +429,8 @@ class Manifest:
     max_token_id: int | None = None
     shards: list[ShardEntry]
     mix: dict[str, Any] | None = None  # --mix: as in the summary; the sources the source column numbers
-    dedup: dict[str, Any] | None = None  # --dedup exact: as in the summary
-    eval: dict[str, Any] | None = None  # the eval split: as in the summary (its own manifest in eval/)
+    dedup: DedupSummary | None = None  # --dedup exact: as in the summary
+    eval: EvalSummary | None = None  # the eval split: as in the summary (its own manifest in eval/)
     prefix_trees: bool | None = None  # true when the rows hold prefix trees (contract.PREFIX_TREES)
     index_files: list[str] | None = None  # files a format keeps beside its shards (MDS's index.json)
     rejects_file: str | None = None  # the rejects file, when written inside the output
@@ -409,7 +450,13 @@ class Manifest:
             cls,
             data,
             "the manifest",
-            {"counts": Counts.from_dict, "lost": Lost.from_dict, "shards": entries},
+            {
+                "counts": Counts.from_dict,
+                "lost": Lost.from_dict,
+                "shards": entries,
+                "dedup": DedupSummary.from_dict,
+                "eval": EvalSummary.from_dict,
+            },
         )
 
     @property

@@ -219,10 +219,7 @@ def print_pack_summary(summary: RunSummary) -> None:
         table.add_row("left out by the mix", f"{summary.mix['records_left_out']:,} records")
     if summary.eval is not None:
         held = summary.eval
-        table.add_row(
-            f"eval ({held['path']}/)",
-            f"{held['records']:,} records, {held['tokens']:,} tokens, {held['rows']:,} rows",
-        )
+        table.add_row(f"eval ({held.path}/)", f"{held.records:,} records, {held.tokens:,} tokens, {held.rows:,} rows")
     table.add_row("cache", _cache_words(summary))
     if summary.seconds is not None:
         table.add_row("time", f"{summary.seconds.total:.1f} s ({summary.tokens_per_second or 0:,} tokens/s)")

@@ -11,12 +11,12 @@ detail names the first occurrence (its input, position and sample_index).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from packcli.errors import RecordError, UsageError, where
 from packcli.plan.mix import store_view
+from packcli.results import DedupSummary
 from packcli.store.tokens import TokenStore
 
 REASON = "duplicate"
@@ -62,6 +62,6 @@ def drop_duplicates(store: TokenStore) -> Dedup:
     return Dedup(view=view, by_source=dict(sorted(by_source.items())), rejects=rejects)
 
 
-def summary(result: Dedup) -> dict[str, Any]:
+def summary(result: Dedup) -> DedupSummary:
     """The summary's ``dedup``: the records dropped as duplicates, in all and per input."""
-    return {"mode": "exact", "duplicates": sum(result.by_source.values()), "by_source": result.by_source}
+    return DedupSummary(mode="exact", duplicates=sum(result.by_source.values()), by_source=result.by_source)

@@ -240,7 +240,7 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     if manifest.mix is not None:  # --mix: the manifest's per-source accounting
         out["mix"] = manifest.mix
     if manifest.eval is not None:  # the eval split beside these rows (OUT/eval/, its own manifest)
-        out["eval"] = manifest.eval
+        out["eval"] = manifest.eval.to_dict()
     if manifest.reasoning:  # trained turns whose reasoning the template left out of the tokens
         out["reasoning"] = dict(manifest.reasoning)
     return out

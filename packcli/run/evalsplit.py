@@ -9,13 +9,12 @@ nor dropped: ``records_read == packed + sum(dropped) (+ mix.records_left_out) + 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from packcli.config import PackConfig, parse_mix
 from packcli.errors import PackcliError
 from packcli.plan import holdout, mix
 from packcli.plan.planner import Plan, make_plan
-from packcli.results import RunSummary
+from packcli.results import EvalSummary, RunSummary
 from packcli.run import accounting
 from packcli.run.options import plan_options
 from packcli.store.tokens import TokenStore
@@ -54,17 +53,17 @@ def plan(config: PackConfig, held: holdout.Holdout, cache_state: str) -> tuple[P
 
 def account(summary: RunSummary, held: holdout.Holdout, eval_summary: RunSummary) -> RunSummary:
     """The run's summary with its ``eval`` section; the held-out records are not counted as packed."""
-    section: dict[str, Any] = {
-        "path": holdout.PATH,
-        "records": sum(held.records),
-        "packed": eval_summary.packed,
-        "dropped": eval_summary.dropped,
-        "samples": eval_summary.samples,
-        "tokens": eval_summary.tokens,
-        "trainable_tokens": eval_summary.trainable_tokens,
-        "rows": eval_summary.rows,
-        "by_source": held.by_source(),
-    }
+    section = EvalSummary(
+        path=holdout.PATH,
+        records=sum(held.records),
+        packed=eval_summary.packed,
+        dropped=eval_summary.dropped,
+        samples=eval_summary.samples,
+        tokens=eval_summary.tokens,
+        trainable_tokens=eval_summary.trainable_tokens,
+        rows=eval_summary.rows,
+        by_source=held.by_source(),
+    )
     warnings = [*summary.warnings, *(f"eval: {w}" for w in eval_summary.warnings if w not in summary.warnings)]
     if eval_summary.tokens > summary.tokens:
         warnings.append(
