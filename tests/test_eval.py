@@ -13,6 +13,7 @@ from packcli.config import PackConfig
 from packcli.errors import InputError
 from packcli.plan.holdout import split_counts
 from packcli.report.verify import verify_output
+from packcli.run.options import holdout_options
 
 from .conftest import make_conversations, one_error_line, read_rows, write_jsonl
 
@@ -147,7 +148,7 @@ def test_eval_records_are_shared_in_proportion_and_held_out_before_the_mix(
 
 def test_the_split_rule_per_source() -> None:
     def counts(have: list[int], **option: Any) -> list[int]:
-        return split_counts(PackConfig(inputs=("x",), **option), have)
+        return split_counts(holdout_options(PackConfig(inputs=("x",), **option)), have)
 
     assert counts([1, 2, 3, 5, 100], eval_fraction=0.5) == [0, 1, 2, 3, 50]  # halves up; never all
     assert counts([2, 40], eval_fraction=0.01) == [1, 1]  # at least one from a source of 2 or more

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packcli.config import PackConfig
 from packcli.errors import InputError
 from packcli.plan.mix import store_view
 from packcli.store.tokens import TokenStore
@@ -48,10 +47,22 @@ class Holdout:
         return dict(zip(self.names, self.records, strict=True))
 
 
-def split_counts(config: PackConfig, have: list[int]) -> list[int]:
+@dataclass(frozen=True)
+class HoldoutOptions:
+    """The eval split's options (``run.options.holdout_options``): --eval-fraction or --eval-records, and
+    what decides which records can be packed (--overflow, the most tokens a sample holds) and drawn (--seed)."""
+
+    fraction: float | None = None
+    records: int | None = None
+    overflow: str = "drop"
+    sample_limit: int = 4096
+    seed: int = 0
+
+
+def split_counts(options: HoldoutOptions, have: list[int]) -> list[int]:
     """The records each source holds out, given the records ``have`` it can pack (see the module)."""
-    if config.eval_fraction is not None:
-        f = config.eval_fraction
+    if options.fraction is not None:
+        f = options.fraction
         counts = [min(max(math.floor(f * n + 0.5), 1), n - 1) if n >= 2 else 0 for n in have]
         if not sum(counts):
             raise InputError(
@@ -59,7 +70,7 @@ def split_counts(config: PackConfig, have: list[int]) -> list[int]:
                 "packed; give more records or leave out the eval split"
             )
         return counts
-    want = int(config.eval_records or 0)
+    want = int(options.records or 0)
     total = sum(have)
     room = [max(n - 1, 0) for n in have]
     if want >= total or want > sum(room):
@@ -77,7 +88,7 @@ def split_counts(config: PackConfig, have: list[int]) -> list[int]:
     return counts
 
 
-def hold_out(config: PackConfig, store: TokenStore, of_inputs: list[int], names: list[str]) -> Holdout:
+def hold_out(options: HoldoutOptions, store: TokenStore, of_inputs: list[int], names: list[str]) -> Holdout:
     """Split the store's records into training and eval records; ``of_inputs``: each input's source."""
     if len(of_inputs) != len(store.meta["source_starts"]):
         raise InputError("the inputs changed while the eval split was made (files came or went); run again")
@@ -90,15 +101,15 @@ def hold_out(config: PackConfig, store: TokenStore, of_inputs: list[int], names:
     of_input = np.asarray(of_inputs, dtype=np.int64)
     unit_src = of_input[np.searchsorted(starts, index[first], side="right") - 1] if len(first) else first
     eligible = np.ones(len(first), dtype=bool)
-    if config.overflow in ("drop", "error"):
-        too_long = store.lengths.astype(np.int64) > config.sample_limit
+    if options.overflow in ("drop", "error"):
+        too_long = store.lengths.astype(np.int64) > options.sample_limit
         eligible = np.bincount(np.cumsum(new) - 1, weights=too_long, minlength=len(first)) == 0
     have = [int((eligible & (unit_src == s)).sum()) for s in range(len(names))]
-    counts = split_counts(config, have)
+    counts = split_counts(options, have)
     held = np.zeros(len(first), dtype=bool)
     for s, k in enumerate(counts):
         units = np.flatnonzero(eligible & (unit_src == s))
-        rng = np.random.default_rng([config.seed, STREAM, s])
+        rng = np.random.default_rng([options.seed, STREAM, s])
         held[units[rng.permutation(len(units))[:k]]] = True
     rows = np.repeat(held, size)
     train = store_view(store, np.flatnonzero(~rows))

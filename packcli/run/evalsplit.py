@@ -16,7 +16,7 @@ from packcli.plan import holdout, mix
 from packcli.plan.planner import Plan, make_plan
 from packcli.results import EvalSummary, RunSummary
 from packcli.run import accounting
-from packcli.run.options import plan_options
+from packcli.run.options import holdout_options, plan_options
 from packcli.store.tokens import TokenStore
 
 
@@ -33,7 +33,7 @@ def split(config: PackConfig, store: TokenStore) -> holdout.Holdout:
     else:
         of_inputs = list(range(len(store.meta["source_starts"])))
         names = [s["path"] for s in store.meta["sources"]]
-    return holdout.hold_out(config, store, of_inputs, names)
+    return holdout.hold_out(holdout_options(config), store, of_inputs, names)
 
 
 def plan(config: PackConfig, held: holdout.Holdout, cache_state: str) -> tuple[Plan, RunSummary]:

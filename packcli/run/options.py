@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from packcli.config import PackConfig
 from packcli.output.layout import RowLayout
+from packcli.plan.holdout import HoldoutOptions
 from packcli.plan.options import PlanOptions
 from packcli.tokenize.encoder import EncodeOptions
 from packcli.tokenize.options import TokenizeOptions
@@ -76,6 +77,17 @@ def plan_options(config: PackConfig) -> PlanOptions:
         seed=config.seed,
         world_size=config.world_size,
         rank_remainder=config.rank_remainder,
+    )
+
+
+def holdout_options(config: PackConfig) -> HoldoutOptions:
+    """Return the options of the eval split (``packcli.plan.holdout``)."""
+    return HoldoutOptions(
+        fraction=config.eval_fraction,
+        records=config.eval_records,
+        overflow=config.overflow,
+        sample_limit=config.sample_limit,
+        seed=config.seed,
     )
 
 
