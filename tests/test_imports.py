@@ -222,12 +222,8 @@ def test_the_module_state_check_finds_state() -> None:
 
 
 def test_stage_one_and_the_writers_know_no_pack_config() -> None:
-    """Below run/, stage one, the store, the writers and the engines take their own options, never PackConfig.
-
-    (plan/'s mix still takes it: it is the next to get its options.)
-    """
+    """Below run/, stage one, the store, the plan, the writers and the engines take their own options, never
+    PackConfig (run/options.py builds them)."""
     for package in ("tokenize", "records", "store", "output", "engines", "io", "procs", "plan"):
         for path in (PACKAGE / package).rglob("*.py"):
-            if path.name == "mix.py":
-                continue
             assert "PackConfig" not in path.read_text(encoding="utf-8"), f"{_module_name(path)} names PackConfig"

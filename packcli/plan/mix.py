@@ -34,16 +34,32 @@ from typing import Any
 
 import numpy as np
 
-from packcli.config import PackConfig, parse_mix
 from packcli.errors import InputError, Opt, UsageError
-from packcli.io.sources import input_identity, resolve_inputs
+from packcli.io.sources import InputSource, input_identity, resolve_inputs
 from packcli.plan import packing
+from packcli.plan.options import PlanOptions
 from packcli.plan.planner import Plan, _trained_in_windows
 from packcli.store.tokens import TokenStore
 
 SOURCE_KEY = "mix_source_of_input"  # view meta: the mix source of each input source
 TINY = 1e-9
 SEARCH = 4096  # most samples looked at to part one repeated copy from its twin
+
+
+@dataclass(frozen=True)
+class MixOptions:
+    """The options of a mix: its sources' recipes, the measure they are given in, and the plan it feeds."""
+
+    specs: list[tuple[str, str, float]]  # per source: its path, share or epochs, the value
+    plan: PlanOptions  # the plan the mix feeds: the sample limit, overflow, padding, seed and ranks
+    by: str = "tokens"  # records, tokens or trainable: what a share is a share of
+    max_epochs: float = 1.0  # the most times a share may repeat its source
+    task: str = "sft"
+
+    @property
+    def names(self) -> list[str]:
+        """Each source's path as given."""
+        return [path for path, _, _ in self.specs]
 
 
 @dataclass
@@ -65,29 +81,31 @@ class Mix:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def mix_of_inputs(config: PackConfig) -> list[int]:
-    """The mix source of each of the run's inputs (resolved and sorted as the run reads them).
+def mix_of_inputs(names: list[str], split: str | None, sources: list[InputSource]) -> list[int]:
+    """The mix source of each of the run's inputs (``sources``, resolved and sorted as the run reads them).
 
-    A ``--mix`` PATH that is a directory or a glob is several inputs; an input named by two sources
-    (a file and its directory) is refused.
+    A mix source (``names``: each source's path) that is a directory or a glob is several inputs; an input
+    named by two sources (a file and its directory) is refused.
     """
     owner: dict[tuple[Any, ...], int] = {}
-    names = [parse_mix(v)[0] for v in config.mix]
     for m, path in enumerate(names):
-        for source in resolve_inputs([path], config.split):
+        for source in resolve_inputs([path], split):
             other = owner.setdefault(input_identity(source), m)
             if other != m:
                 raise UsageError(
                     f"--mix {names[other]} and --mix {path} both hold {source.display}; give each input to one source"
                 )
-    return [owner[input_identity(s)] for s in resolve_inputs(list(config.inputs), config.split)]
+    try:
+        return [owner[input_identity(s)] for s in sources]
+    except KeyError:
+        raise InputError("the inputs changed while the mix was resolved (files came or went); run again") from None
 
 
-def choose(config: PackConfig, store: TokenStore, of_inputs: list[int]) -> Mix:
-    """Choose the records of each source by the recipe of ``config.mix``; return the mix and its view."""
-    if config.task in ("preference", "kto") or (store.sample_role is not None and store.sample_role.any()):
+def choose(options: MixOptions, store: TokenStore, of_inputs: list[int]) -> Mix:
+    """Choose the records of each source by the recipe of ``options``; return the mix and its view."""
+    if options.task in ("preference", "kto") or (store.sample_role is not None and store.sample_role.any()):
         raise UsageError("--mix applies to SFT records; preference and KTO records are not mixed yet")
-    specs = [parse_mix(v) for v in config.mix]
+    specs = options.specs
     n_src = len(specs)
     if len(of_inputs) != len(store.meta["source_starts"]):
         raise InputError("the inputs changed while the mix was resolved (files came or went); run again")
@@ -102,16 +120,17 @@ def choose(config: PackConfig, store: TokenStore, of_inputs: list[int]) -> Mix:
     unit_of_row = np.cumsum(new) - 1
     unit_src = of_input[np.searchsorted(starts, index[first], side="right") - 1] if len(first) else first
     lengths = store.lengths.astype(np.int64)
-    too_long = lengths > config.sample_limit
+    limit = options.plan.sample_limit
+    too_long = lengths > limit
     per_unit = np.zeros((len(first), 3), dtype=np.int64)
     per_unit[:, 0] = 1
-    per_unit[:, 1] = np.bincount(unit_of_row, weights=np.minimum(lengths, config.sample_limit), minlength=len(first))
+    per_unit[:, 1] = np.bincount(unit_of_row, weights=np.minimum(lengths, limit), minlength=len(first))
     per_unit[:, 2] = np.bincount(unit_of_row, weights=store.trainable, minlength=len(first))
-    if config.overflow in ("drop", "error"):
+    if options.plan.overflow in ("drop", "error"):
         eligible = np.bincount(unit_of_row, weights=too_long, minlength=len(first)) == 0
     else:
         eligible = np.ones(len(first), dtype=bool)
-    col = {"records": 0, "tokens": 1, "trainable": 2}[config.mix_by]
+    col = {"records": 0, "tokens": 1, "trainable": 2}[options.by]
     measure = per_unit[:, col].astype(np.float64)
     available = np.zeros((n_src, 3), dtype=np.int64)
     for m in range(n_src):
@@ -119,7 +138,7 @@ def choose(config: PackConfig, store: TokenStore, of_inputs: list[int]) -> Mix:
     have = available[:, col].astype(np.float64)
     for m, (path, _, _) in enumerate(specs):
         if have[m] <= 0:
-            what = {"records": "record", "tokens": "token", "trainable": "trained token"}[config.mix_by]
+            what = {"records": "record", "tokens": "token", "trainable": "trained token"}[options.by]
             raise InputError(
                 f"--mix {path}: the source has no {what} that can be packed (every record was dropped or is longer "
                 "than --max-len); fix or leave out the source"
@@ -135,7 +154,7 @@ def choose(config: PackConfig, store: TokenStore, of_inputs: list[int]) -> Mix:
         total = epochs_total / (1 - sum(s for _, s in shares))
     for m, (_, kind, value) in enumerate(specs):
         target[m] = value * have[m] if kind == "epochs" else value * total
-    _check_epochs(config, specs, target, have)
+    _check_epochs(options, specs, target, have)
     copies = np.zeros(len(first), dtype=np.int64)
     copies[~eligible] = 1  # handed to the plan once: it drops them as without a mix
     for m in range(n_src):
@@ -144,7 +163,7 @@ def choose(config: PackConfig, store: TokenStore, of_inputs: list[int]) -> Mix:
         rest = target[m] - passes * have[m]
         copies[units] = passes
         if rest > TINY * max(have[m], 1):
-            rng = np.random.default_rng([config.seed, m])
+            rng = np.random.default_rng([options.plan.seed, m])
             order = units[rng.permutation(len(units))]
             running = np.concatenate([[0.0], np.cumsum(measure[order])])
             take = int(np.argmin(np.abs(running - rest)))  # the first of the closest prefixes
@@ -173,22 +192,22 @@ def choose(config: PackConfig, store: TokenStore, of_inputs: list[int]) -> Mix:
         available=available,
         target=target,
         left_out=left_out,
-        measure=config.mix_by,
+        measure=options.by,
         size=float(total),
     )
 
 
 def _check_epochs(
-    config: PackConfig, specs: list[tuple[str, str, float]], target: np.ndarray, have: np.ndarray
+    options: MixOptions, specs: list[tuple[str, str, float]], target: np.ndarray, have: np.ndarray
 ) -> None:
     """Refuse a share that repeats its source more than --mix-max-epochs times (an Nx source is as asked)."""
     for m, (path, kind, _) in enumerate(specs):
         epochs = float(target[m] / have[m])
-        if kind == "share" and epochs > config.mix_max_epochs + TINY:
+        if kind == "share" and epochs > options.max_epochs + TINY:
             raise UsageError(
                 f"--mix {path}: the shares repeat this source {epochs:.1f} times ({epochs:.1f} epochs), more than ",
                 Opt("mix_max_epochs"),
-                f" {config.mix_max_epochs:g}",
+                f" {options.max_epochs:g}",
                 hint=("lower its share, give it as Nx, or raise ", Opt("mix_max_epochs"), " to allow it"),
             )
 
@@ -245,7 +264,7 @@ def source_ids(store: TokenStore, rows: np.ndarray) -> np.ndarray:
     return of_input[np.searchsorted(starts, store.sample_index[rows], side="right") - 1]
 
 
-def part_repeats(config: PackConfig, mix: Mix, plan: Plan) -> None:
+def part_repeats(options: PlanOptions, mix: Mix, plan: Plan) -> None:
     """Part copies of a record that share a row (see the module docstring); count those that stay."""
     view = mix.view
     keys = view.sample_index.astype(np.int64) * (1 << 24) + view.piece_index.astype(np.int64)
@@ -258,7 +277,7 @@ def part_repeats(config: PackConfig, mix: Mix, plan: Plan) -> None:
     conflicts = np.flatnonzero(twin)
     if not len(conflicts):
         return
-    padded = packing.pad_lengths(plan.lengths.astype(np.int64), config.pad_multiple, config.pad_offset)
+    padded = packing.pad_lengths(plan.lengths.astype(np.int64), options.pad_multiple, options.pad_offset)
     row_tokens = np.bincount(row_of, weights=padded, minlength=len(counts)).astype(np.int64)
     fixed = set(plan.order.dropped_rows.tolist())
     movable = np.flatnonzero(~np.isin(row_of, list(fixed))) if fixed else np.arange(len(pos_key))
@@ -280,7 +299,7 @@ def part_repeats(config: PackConfig, mix: Mix, plan: Plan) -> None:
     stuck = 0
     # Rows may change lengths when the row order can be made again without changing what is written: one
     # rank, or no rows left out by --world-size (then the order is made again from the new row lengths).
-    free = config.world_size == 1 or not len(plan.order.dropped_rows)
+    free = options.world_size == 1 or not len(plan.order.dropped_rows)
     resized = False
     for p in conflicts.tolist():
         a = int(row_of[p])
@@ -289,7 +308,7 @@ def part_repeats(config: PackConfig, mix: Mix, plan: Plan) -> None:
         kp, lp = int(pos_key[p]), int(padded[p])
         if keys_of(a).get(kp, 0) < 2:  # parted already (this position took another sample in a swap)
             continue
-        room_a = config.max_len - int(row_tokens[a])
+        room_a = options.max_len - int(row_tokens[a])
         # Same padded length first, then (one rank only) the nearest lengths that fit row a.
         tries = _lengths_to_try(lp, room_a, lengths_known if free else None)
         done = False
@@ -303,7 +322,7 @@ def part_repeats(config: PackConfig, mix: Mix, plan: Plan) -> None:
                 kq = int(pos_key[q])
                 if b == a or kp in keys_of(b) or kq in keys_of(a):
                     continue
-                if config.max_len - int(row_tokens[b]) < lp - length:
+                if options.max_len - int(row_tokens[b]) < lp - length:
                     continue
                 _swap(plan, p, q)
                 pos_key[p], pos_key[q] = kq, kp
@@ -335,8 +354,8 @@ def part_repeats(config: PackConfig, mix: Mix, plan: Plan) -> None:
         plan.store_rows[lo:hi] = plan.store_rows[order]
         plan.lengths[lo:hi] = plan.lengths[order]
         plan.skips[lo:hi] = plan.skips[order]
-    if resized and config.world_size > 1:  # the ranks' balance, from the rows' new lengths
-        plan.order = packing.order_rows(row_tokens, config.seed, config.world_size, config.rank_remainder)
+    if resized and options.world_size > 1:  # the ranks' balance, from the rows' new lengths
+        plan.order = packing.order_rows(row_tokens, options.seed, options.world_size, options.rank_remainder)
     mix.repeats_in_same_row = stuck
 
 
@@ -357,7 +376,7 @@ def _swap(plan: Plan, p: int, q: int) -> None:
         arr[p], arr[q] = arr[q], arr[p]
 
 
-def accounting(config: PackConfig, mix: Mix, plan: Plan) -> dict[str, Any]:
+def accounting(options: MixOptions, mix: Mix, plan: Plan) -> dict[str, Any]:
     """The summary's ``mix``: per source, what was asked, what it had, what the rows hold, repeats, left out."""
     view = mix.view
     n_src = len(mix.names)
@@ -369,7 +388,7 @@ def accounting(config: PackConfig, mix: Mix, plan: Plan) -> dict[str, Any]:
     trained = view.trainable[rows].astype(np.int64)
     cut = np.flatnonzero(lengths < view.lengths[rows])
     if len(cut):  # a cut sample trains what its window holds (as the plan counts it)
-        trained[cut] = _trained_in_windows(view, rows[cut], config.sample_limit, config.cut_side)
+        trained[cut] = _trained_in_windows(view, rows[cut], options.plan.sample_limit, options.plan.cut_side)
     src = source_ids(view, rows).astype(np.int64)
     tokens = np.bincount(src, weights=lengths, minlength=n_src).astype(np.int64)
     trainable = np.bincount(src, weights=trained, minlength=n_src).astype(np.int64)
@@ -408,7 +427,7 @@ def accounting(config: PackConfig, mix: Mix, plan: Plan) -> dict[str, Any]:
         sources.append(entry)
     return {
         "by": mix.measure,
-        "seed": config.seed,
+        "seed": options.plan.seed,
         "size": round(mix.size, 3),
         "sources": sources,
         "repeats": int(sum(s["repeats"] for s in sources)),

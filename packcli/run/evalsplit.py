@@ -12,7 +12,7 @@ import dataclasses
 
 from packcli.config import PackConfig, parse_mix
 from packcli.errors import PackcliError
-from packcli.plan import holdout, mix
+from packcli.plan import holdout
 from packcli.plan.planner import Plan, make_plan
 from packcli.results import EvalSummary, RunSummary
 from packcli.run import accounting
@@ -25,10 +25,11 @@ def wanted(config: PackConfig) -> bool:
     return config.eval_fraction is not None or config.eval_records is not None
 
 
-def split(config: PackConfig, store: TokenStore) -> holdout.Holdout:
-    """Hold out the eval records of ``store`` per source: each --mix source, else each input."""
-    if config.mix:
-        of_inputs = mix.mix_of_inputs(config)
+def split(config: PackConfig, store: TokenStore, of_mix: list[int] | None = None) -> holdout.Holdout:
+    """Hold out the eval records of ``store`` per source: each --mix source (``of_mix``: the mix source of
+    each input, ``plan.mix.mix_of_inputs``), else each input."""
+    if of_mix is not None:
+        of_inputs = of_mix
         names = [parse_mix(v)[0] for v in config.mix]
     else:
         of_inputs = list(range(len(store.meta["source_starts"])))

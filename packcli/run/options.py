@@ -1,15 +1,17 @@
 """Each stage's own options, built once per run from the run's ``PackConfig``.
 
 The stages below the run take these small frozen objects, not the whole config: stage one (the
-engines, ``tokenize.ingest``) its ``TokenizeOptions``, the plan its ``PlanOptions``, the row builder
+engines, ``tokenize.ingest``) its ``TokenizeOptions``, the plan its ``PlanOptions``, the mix its
+``MixOptions``, the eval split its ``HoldoutOptions``, the row builder
 and the shard writers (locally, or in every Ray task) a ``RowLayout``.
 """
 
 from __future__ import annotations
 
-from packcli.config import PackConfig
+from packcli.config import PackConfig, parse_mix
 from packcli.output.layout import RowLayout
 from packcli.plan.holdout import HoldoutOptions
+from packcli.plan.mix import MixOptions
 from packcli.plan.options import PlanOptions
 from packcli.tokenize.encoder import EncodeOptions
 from packcli.tokenize.options import TokenizeOptions
@@ -88,6 +90,17 @@ def holdout_options(config: PackConfig) -> HoldoutOptions:
         overflow=config.overflow,
         sample_limit=config.sample_limit,
         seed=config.seed,
+    )
+
+
+def mix_options(config: PackConfig) -> MixOptions:
+    """Return the options of the mix (``packcli.plan.mix``); ``config.task`` is the task found."""
+    return MixOptions(
+        specs=[parse_mix(v) for v in config.mix],
+        plan=plan_options(config),
+        by=config.mix_by,
+        max_epochs=config.mix_max_epochs,
+        task=config.task,
     )
 
 

@@ -28,7 +28,7 @@ from packcli.plan import dedup, holdout, mix
 from packcli.plan.planner import Plan, make_plan
 from packcli.results import CacheParts, CachePruned, Counts, Manifest, RunSummary, Seconds, ShardEntry, StageSeconds
 from packcli.run import accounting, evalsplit
-from packcli.run.options import plan_options, row_layout
+from packcli.run.options import mix_options, row_layout
 from packcli.run.tokenized import TokenizedInputs, tokenized_inputs
 from packcli.store.cachedir import parse_size, prune
 from packcli.store.key import default_cache_dir
@@ -94,23 +94,25 @@ def _run(config: PackConfig, progress: Progress, engine: Engine, started: float,
             )  # the summary and manifest record the task found
             seconds = dict(inputs.store.seconds)
             store = inputs.store
+            mixing_options = mix_options(found)  # its plan options are the run's
             # --dedup exact, then --mix: the plan packs their view of the store (packcli.plan.dedup, .mix)
             deduped = dedup.drop_duplicates(store) if config.dedup == "exact" else None
             store = deduped.view if deduped is not None else store
-            held = evalsplit.split(config, store) if evalsplit.wanted(config) else None  # before the mix
+            of_inputs = mix.mix_of_inputs(mixing_options.names, config.split, inputs.sources) if config.mix else None
+            held = evalsplit.split(config, store, of_inputs) if evalsplit.wanted(config) else None  # before the mix
             store = held.train if held is not None else store
-            mixed = mix.choose(config, store, mix.mix_of_inputs(config)) if config.mix else None
+            mixed = mix.choose(mixing_options, store, of_inputs) if of_inputs is not None else None
             store = mixed.view if mixed is not None else store
-            plan = make_plan(plan_options(config), store)
+            plan = make_plan(mixing_options.plan, store)
             if mixed is not None:
-                mix.part_repeats(config, mixed, plan)
+                mix.part_repeats(mixing_options.plan, mixed, plan)
             t2 = time.perf_counter()
             read_tokens = int(inputs.store.lengths.sum())  # every token tokenized: the loss's denominator
             summary = accounting.summary(found, store, plan, inputs.cache, read_tokens=read_tokens)
             if deduped is not None:
                 summary = dataclasses.replace(summary, dedup=dedup.summary(deduped))
             if mixed is not None:  # records left out by the mix are neither packed nor dropped
-                mixing = mix.accounting(config, mixed, plan)
+                mixing = mix.accounting(mixing_options, mixed, plan)
                 warnings = [*summary.warnings, *mix.warnings(mixing)]
                 if mixed.repeats_in_same_row:
                     warnings = [*warnings, mix.same_row_warning(mixed.repeats_in_same_row)]
