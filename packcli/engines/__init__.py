@@ -53,7 +53,7 @@ class Engine(Protocol):
         store_path: Path,
         progress: Progress,
         rule_out_long: bool = False,
-        before_finish: Callable[[], None] | None = None,
+        before_finish: Callable[[dict[str, str]], None] | None = None,
     ) -> TokenStore:
         """Tokenize every record into a store at ``store_path`` (see ``ingest.tokenize_to_store``)."""
         ...
@@ -75,9 +75,11 @@ class Engine(Protocol):
         rule_out_long: bool = False,
         unchanged: Callable[[InputSource], None] | None = None,
         hold: Callable[[str], None] | None = None,
+        read_digests: dict[str, str] | None = None,
     ) -> dict[str, float]:
         """Tokenize what the cache lacks of each input into cache parts, committed as they are finished
-        (see ``ingest.tokenize_to_parts``); return the seconds by stage."""
+        (see ``ingest.tokenize_to_parts``); return the seconds by stage. ``read_digests`` receives the
+        hashes of the files the engine read through here, taken as it read them (by path), if it takes any."""
         ...
 
     def discard_store(self, store: TokenStore) -> None:

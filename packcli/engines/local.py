@@ -44,7 +44,7 @@ class LocalEngine:
         store_path: Path,
         progress: Progress,
         rule_out_long: bool = False,
-        before_finish: Callable[[], None] | None = None,
+        before_finish: Callable[[dict[str, str]], None] | None = None,
     ) -> TokenStore:
         from packcli.tokenize.ingest import tokenize_to_store
 
@@ -73,11 +73,12 @@ class LocalEngine:
         rule_out_long: bool = False,
         unchanged: Callable[[InputSource], None] | None = None,
         hold: Callable[[str], None] | None = None,
+        read_digests: dict[str, str] | None = None,
     ) -> dict[str, float]:
         from packcli.tokenize.ingest import tokenize_to_parts
 
         return tokenize_to_parts(
-            options, inputs, formats, encoder, cache_root, progress, rule_out_long, unchanged, hold
+            options, inputs, formats, encoder, cache_root, progress, rule_out_long, unchanged, hold, read_digests
         )
 
     def discard_store(self, store: TokenStore) -> None:

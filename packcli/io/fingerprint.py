@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,38 @@ from packcli.procs.stop import raise_if_stopped
 
 def file_blake2b(path: str | Path) -> str:
     """The content hash of one file, a local path or a URI (blake2b, 16 bytes), read in 4 MiB chunks."""
+    return _hash_file(path, count_lines=False)[0]
+
+
+# A newline followed by a line of nothing but whitespace (bytes.strip's): one match per blank line after
+# the first. (Led by a literal newline, the search runs at the speed of bytes.count.)
+_BLANK_AFTER = re.compile(rb"\n(?=[ \t\r\f\v]*\n)")
+CHUNK = 1 << 22
+
+
+def _hash_file(path: str | Path, count_lines: bool, chunk_size: int = CHUNK) -> tuple[str, int | None]:
+    """The content hash of one file (``file_blake2b``) and, with ``count_lines``, its lines that are not
+    blank (a JSON lines file's records, as ``io.readers.count_records`` counts them), in the same read."""
     file_hash = hashlib.blake2b(digest_size=16)
+    lines = blank = 0
+    open_blank = True  # whether the line not yet ended is blank so far
     with open_uri(str(path)) if is_uri(str(path)) else open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
+        while chunk := fh.read(chunk_size):
             file_hash.update(chunk)
             raise_if_stopped()  # may run in a thread beside the tokenizer's loading
-    return file_hash.hexdigest()
+            if not count_lines:
+                continue
+            first, last = chunk.find(b"\n"), chunk.rfind(b"\n")
+            if first < 0:
+                open_blank = open_blank and not chunk.strip()
+                continue
+            blank += open_blank and not chunk[:first].strip()  # the line begun in an earlier chunk
+            lines += chunk.count(b"\n", first, last + 1)
+            blank += len(_BLANK_AFTER.findall(chunk, first, last + 1))  # the lines ended in this chunk
+            open_blank = not chunk[last + 1 :].strip()
+    if not open_blank:  # a last line without a newline
+        lines += 1
+    return file_hash.hexdigest(), (lines - blank if count_lines else None)
 
 
 def _files_of(source: InputSource) -> list[Path]:
@@ -80,13 +107,29 @@ def fingerprint(
     remembered (a later write in the same clock tick could keep its stamp). ``remember`` False reads the
     memo but never writes it (a dry run writes nothing).
     """
+    return fingerprint_and_count(source, memo_path, known, remember, count=False)[0]
+
+
+def fingerprint_and_count(
+    source: InputSource,
+    memo_path: Path | None = None,
+    known: dict[str, str] | None = None,
+    remember: bool = True,
+    count: bool = True,
+) -> tuple[str, int | None]:
+    """Return a source's content hash (``fingerprint``) and, for a JSON lines file, its records, counted in the
+    read that hashes it and remembered with its hash (None when neither the memo nor that read gave them).
+
+    With ``count`` False, a remembered hash without a count is used as it is (the file is not read for it).
+    """
     h = hashlib.blake2b(digest_size=16)
     if source.kind == "hub":
         h.update(f"hub:{source.path}:{source.split}".encode())
-        return h.hexdigest()
+        return h.hexdigest(), None
     known = known or {}
+    counts = count and source.kind == "jsonl" and source.compression is None
     if is_uri(source.path):
-        return known.get(source.path) or file_blake2b(source.path)
+        return known.get(source.path) or file_blake2b(source.path), None
     files = _files_of(source)
     if source.label is not None:
         # A stream, copied to a file of a random name: not remembered (the copy is gone after the run).
@@ -94,26 +137,68 @@ def fingerprint(
     memo = _read_memo(memo_path)
     changed = False
     digests = []
+    records = None
     for f in files:
         key = str(f.resolve())
         stamp = _stamp(f.stat())
-        if memo.get(key, {}).get("stat") != stamp:
-            digest = known.get(str(f)) or file_blake2b(f)
+        entry = memo.get(key, {})
+        if entry.get("stat") != stamp or (counts and "records" not in entry and str(f) not in known):
+            if str(f) in known:
+                entry = {"stat": stamp, "blake2b": known[str(f)]}
+            else:
+                digest, lines = _hash_file(f, count_lines=counts)
+                entry = {"stat": stamp, "blake2b": digest, **({"records": lines} if counts else {})}
             if time.time_ns() - max(stamp[1], stamp[3]) > RACY_NS:
-                memo[key] = {"stat": stamp, "blake2b": digest}
+                memo[key] = entry
                 changed = True
             else:
                 changed = memo.pop(key, None) is not None or changed
-        else:
-            digest = memo[key]["blake2b"]
-        digests.append((f.name, digest))
+        digests.append((f.name, entry["blake2b"]))
+        records = entry.get("records")
     if remember and memo_path is not None and (changed or not memo_path.exists()):  # it also marks the cache's folder
         _write_memo(memo_path, memo)
     if source.kind != "saved_dataset":
-        return digests[0][1]
+        return digests[0][1], records
     for name, digest in digests:
         h.update(name.encode() + b"\0" + digest.encode())
-    return h.hexdigest()
+    return h.hexdigest(), None
+
+
+def remembered_format(source: InputSource, memo_path: Path | None, fields: str) -> str | None:
+    """The record format remembered for a JSON lines file as it is now (its stamp), sniffed with the fields
+    ``fields`` (a key of the fields asked for), or None: it must be sniffed."""
+    if memo_path is None or source.label is not None or source.kind != "jsonl" or is_uri(source.path):
+        return None
+    entry = _read_memo(memo_path).get(str(Path(source.path).resolve()), {})
+    try:
+        stamp = _stamp(Path(source.path).stat())
+    except OSError:
+        return None
+    found = entry.get("formats", {}).get(fields) if entry.get("stat") == stamp else None
+    return found if isinstance(found, str) else None
+
+
+def remember_formats(
+    sources: list[InputSource], memo_path: Path | None, fields: str, formats: dict[str, str | None]
+) -> None:
+    """Remember each JSON lines file's record format (``formats``, by display name) with its hash, for the
+    fields ``fields``: a later run that finds the file unchanged does not read it to sniff the format."""
+    if memo_path is None:
+        return
+    memo = _read_memo(memo_path)
+    changed = False
+    for source in sources:
+        fmt = formats.get(source.display)
+        if fmt is None or source.label is not None or source.kind != "jsonl" or is_uri(source.path):
+            continue
+        entry = memo.get(str(Path(source.path).resolve()))
+        if entry is None or entry.get("stat") != _stamp(Path(source.path).stat()):
+            continue  # not remembered (changed in the last seconds, or the hash came from elsewhere)
+        if entry.setdefault("formats", {}).get(fields) != fmt:
+            entry["formats"][fields] = fmt
+            changed = True
+    if changed:
+        _write_memo(memo_path, memo)
 
 
 # A file whose mtime or ctime is this recent is hashed again next run rather than remembered.

@@ -53,6 +53,9 @@ class InputSource:
     compression: str | None = None  # gzip | zstd | bz2 | xz, for text kinds
     # What the user named, when ``path`` is not it: "-" (stdin) or a FIFO, spooled to ``path``.
     label: str | None = None
+    # Its records, when the run knows them without reading it again (counted as it was hashed, or
+    # remembered with its hash: ``io.fingerprint``); for progress only.
+    records: int | None = field(default=None, compare=False)
 
     @property
     def display(self) -> str:

@@ -8,12 +8,14 @@ the run's engine tokenize on a miss.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import json
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,8 +24,15 @@ from packcli.config import PackConfig
 from packcli.contract import Progress, no_progress
 from packcli.engines import DigestChecker, Engine, load_engine
 from packcli.errors import InputError, Opt, RecordError, UsageError, record_fix, where
-from packcli.io.fingerprint import changed_input, fingerprint, stamps
-from packcli.io.readers import count_records, hub_reachable, read_batches
+from packcli.io.fingerprint import (
+    changed_input,
+    fingerprint,
+    fingerprint_and_count,
+    remember_formats,
+    remembered_format,
+    stamps,
+)
+from packcli.io.readers import hub_reachable, read_batches
 from packcli.io.sources import InputSource, resolve_inputs
 from packcli.owned import HASH_MEMO
 from packcli.procs.stop import raise_if_stopped
@@ -162,11 +171,15 @@ def _tokenized(
         read_chat_template(config.chat_template)  # an empty or unreadable template: before any input is read
     sources = given if given is not None else resolve_inputs(list(config.inputs), config.split)
     before = stamps(sources)  # before the format is sniffed and the contents hashed
-    task, formats = _task_and_formats(config, sources)
     cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     memo = cache_root / HASH_MEMO if config.cache else None
+    task, formats = _task_and_formats(config, sources, memo)
     spent: list[float] = []  # seconds of each pass reading the inputs through (hashes, record counts)
-    fingerprints, tokenizer_key, encoder = _hashed(config, sources, engine, memo, fill_cache, spent)
+    fingerprints, counts, tokenizer_key, encoder = _hashed(config, sources, engine, memo, fill_cache, spent)
+    if fill_cache:
+        remember_formats(sources, memo, _fields_key(config), formats)
+    # The records of each input, counted as it was hashed (or remembered): for progress, without a read.
+    sources = [dataclasses.replace(s, records=n) if n is not None else s for s, n in zip(sources, counts, strict=True)]
     # Each input by its content, in order (sample_index follows it), with the reader its file type chose and
     # the record format found: never its path, so that any spelling of a path, a copy, stdin or a preset
     # run from elsewhere finds the same entry.
@@ -242,10 +255,12 @@ def _tokenized(
         )
 
 
-def _task_and_formats(config: PackConfig, sources: list[InputSource]) -> tuple[str, dict[str, str | None]]:
+def _task_and_formats(
+    config: PackConfig, sources: list[InputSource], memo: Path | None
+) -> tuple[str, dict[str, str | None]]:
     """The run's task (--task, or found from the formats) and each input's record format."""
     task, formats = preference.resolve_task(
-        config.task, _record_formats(config, sources), config.overflow, config.output_format, config.truncate_side
+        config.task, _record_formats(config, sources, memo), config.overflow, config.output_format, config.truncate_side
     )
     if config.processor is not None and task != "sft":
         found = next(fmt for fmt in formats.values() if fmt in ("preference", "kto"))
@@ -257,8 +272,14 @@ def _task_and_formats(config: PackConfig, sources: list[InputSource]) -> tuple[s
     return task, formats
 
 
-def _record_formats(config: PackConfig, sources: list[InputSource]) -> dict[str, str | None]:
-    """Each input's record format (--format, or sniffed from its first records), by its display name.
+def _fields_key(config: PackConfig) -> str:
+    """The fields a record format is sniffed with (--field), as the key its memo is kept under."""
+    return json.dumps(config.fields, sort_keys=True)
+
+
+def _record_formats(config: PackConfig, sources: list[InputSource], memo: Path | None) -> dict[str, str | None]:
+    """Each input's record format (--format, or sniffed from its first records, or remembered from the run
+    that last sniffed the file as it is now), by its display name.
 
     Under --on-error fail, an input whose format cannot be told stops the run, naming its fields.
     """
@@ -268,6 +289,8 @@ def _record_formats(config: PackConfig, sources: list[InputSource]) -> dict[str,
         fmt: str | None
         if config.format != "auto":
             fmt, unparsed = config.format, None
+        elif (known := remembered_format(source, memo, _fields_key(config))) is not None:
+            fmt, unparsed = known, None
         else:
             fmt, unparsed = _sniff_format(source, config.fields, seen)
         if fmt is None and unparsed is not None and config.on_error == "fail":
@@ -290,12 +313,14 @@ def _hashed(
     memo: Path | None,
     remember: bool,
     spent: list[float],
-) -> tuple[list[str], str, Encoder | None]:
-    """The inputs' content hashes, the tokenizer's key, and the encoder when the run will need it.
+) -> tuple[list[str], list[int | None], str, Encoder | None]:
+    """The inputs' content hashes and record counts (None where not known without reading an input again),
+    the tokenizer's key, and the encoder when the run will need it.
 
-    Reading the inputs through (hashing them, counting records for the progress bar) and loading the
-    tokenizer each keep one core busy: where both are needed, they run side by side. The thread is
-    joined before any worker process is forked. ``spent`` receives the seconds of each pass.
+    One read of each input hashes it and counts its records (for the progress bar); a file remembered
+    by its stamp is not read. Reading the inputs and loading the tokenizer each keep one core busy:
+    where both are needed, they run side by side. The thread is joined before any worker process is
+    forked. ``spent`` receives the seconds of each pass.
     """
     encoder = None
 
@@ -306,30 +331,31 @@ def _hashed(
         finally:
             spent.append(time.perf_counter() - began)
 
+    def hashed(memo_path: Path | None) -> list[tuple[str, int | None]]:
+        return [fingerprint_and_count(s, memo_path, None, remember) for s in sources]
+
+    hashing: Future[list[tuple[str, int | None]]] | None = None
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-inputs") as ahead:
         # An engine may hash the input files elsewhere (the Ray engine: in tasks, not on the driver; nor
         # does it count records there).
         known = engine.hash_files(sources, memo)
+        found: list[tuple[str, int | None]]
         if known is not None:
-            fingerprints = [fingerprint(s, memo, known, remember) for s in sources]
+            found = [(fingerprint(s, memo, known, remember), None) for s in sources]
         elif config.cache:
-            # the key needs them first
-            fingerprints = timed(lambda: [fingerprint(s, memo, None, remember) for s in sources])
+            found = timed(lambda: hashed(memo))  # the key needs them first
         else:
-            hashing = ahead.submit(timed, lambda: [fingerprint(s, None) for s in sources])
+            hashing = ahead.submit(timed, lambda: hashed(None))
         tokenizer_key = tokenizer_fingerprint(config.tokenizer_name, config.chat_template)
         if not config.cache or tokenizer_key is None:  # a store will be made, or the key needs the tokenizer
-            counting = ahead.submit(timed, lambda: [count_records(s) for s in sources]) if known is None else None
             encoder = _encoder(config)
-            if counting is not None:
-                counting.result()
-        if not config.cache and known is None:
-            fingerprints = hashing.result()
+        if hashing is not None:
+            found = hashing.result()
     raise_if_stopped()
     if tokenizer_key is None:
         assert encoder is not None
         tokenizer_key = encoder.identity()["sha256"] + encoder.identity()["chat_template_sha256"]
-    return fingerprints, tokenizer_key, encoder
+    return [f for f, _ in found], [n for _, n in found], tokenizer_key, encoder
 
 
 def _whole_store(
@@ -357,8 +383,10 @@ def _whole_store(
         store_path = Path(tmp) / "tokens"
     raise_if_stopped()
 
-    def unchanged() -> None:
-        known = engine.rehash_files(sources)  # the Ray engine: hashed by tasks, as before
+    def unchanged(read: dict[str, str]) -> None:
+        # The hashes taken as the inputs were read (the JSON lines files read through), else hashed again:
+        # by the Ray engine's tasks, or here.
+        known = {**(engine.rehash_files(sources) or {}), **read}
         moved = changed_input(sources, before, fingerprints, known)
         if moved is not None:
             raise InputError(_changed(moved))
@@ -453,11 +481,16 @@ def _made_from_parts(
                 raise InputError(_changed(source.display))
 
         options = tokenize_options(config)
+        read: dict[str, str] = {}  # the hashes taken as the inputs were read through
         seconds = run.engine.tokenize_to_parts(
-            options, inputs, run.formats, encoder, root, run.progress, run.rule_out_long, unchanged, hold
+            options, inputs, run.formats, encoder, root, run.progress, run.rule_out_long, unchanged, hold, read
         )
-        sources = [i.source for i in inputs]
-        moved = changed_input(sources, run.before, run.fingerprints, run.engine.rehash_files(sources))
+        # The inputs parts were made of now: did one change while it was read? (The others gave only
+        # parts found by the hash taken before.)
+        made = [(i.source, f) for i, f in zip(inputs, run.fingerprints, strict=True) if i.made]
+        sources = [source for source, _ in made]
+        known = {**(run.engine.rehash_files(sources) or {}), **read}
+        moved = changed_input(sources, run.before, [f for _, f in made], known)
         if moved is not None:
             for item in inputs:
                 if item.source.display == moved:

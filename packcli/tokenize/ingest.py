@@ -73,7 +73,7 @@ def tokenize_to_store(
     progress: Progress,
     rule_out_long: bool = False,
     remote: RemoteTokenizing | None = None,
-    before_finish: Callable[[], None] | None = None,
+    before_finish: Callable[[dict[str, str]], None] | None = None,
 ) -> TokenStore:
     """Tokenize every record of the sources into a token store at ``store_path``.
 
@@ -88,7 +88,8 @@ def tokenize_to_store(
     then reads no input and no token, and keeps the same accounting.
 
     ``before_finish`` runs once every record is read, before the store is moved into place; what it
-    raises leaves no store (the run checks there that no input changed while it was read).
+    raises leaves no store (the run checks there that no input changed while it was read). It is given
+    the hashes of the files this process read through (``io.readers.read_source``), by path.
     """
     context = worker_context(options, encoder, rule_out_long)
     ruled_out_bytes = options.max_len * context.rule_out[1] if context.rule_out else None
@@ -101,11 +102,12 @@ def tokenize_to_store(
     if options.limit is not None:
         total = min(total, options.limit) if total is not None else None
     results: Iterator[TokenizedBatch] | None = None
+    digests: dict[str, str] = {}  # the hashes of the files read through, taken as they were read
     service = _encode_service(options, encoder) if remote is None else None
     slow_here = encoder.text.slow_records  # records the encode service (in this process) left to the reference
     try:
         if remote is None:
-            batches = _timed(read_batches(sources, BATCH_SIZE, options.limit), clock, "read")
+            batches = _timed(read_batches(sources, BATCH_SIZE, options.limit, digests), clock, "read")
             jobs = ((batch, formats[batch.source]) for batch in batches)
             results = _run(context, jobs, options.num_proc, service)
         else:
@@ -123,7 +125,7 @@ def tokenize_to_store(
         )
         builder.ruled_out(meta, ruled_out_bytes)
         if before_finish is not None:
-            before_finish()
+            before_finish(digests)
         finishing = time.perf_counter()
         if remote is None:
             store = builder.finish(meta)
@@ -151,6 +153,7 @@ def tokenize_to_parts(
     rule_out_long: bool = False,
     unchanged: Callable[[InputSource], None] | None = None,
     hold: Callable[[str], None] | None = None,
+    read_digests: dict[str, str] | None = None,
 ) -> dict[str, float]:
     """Tokenize what the cache lacks of each input into parts (``packcli.store.parts``), committed as
     they are finished: ``inputs[k].made`` receives them. Return the seconds by stage.
@@ -158,7 +161,8 @@ def tokenize_to_parts(
     An input whose parts were all found is not read; one whose first parts were found is read from
     the start but tokenized from the first part missing. ``unchanged(source)`` runs before each part of
     that source is committed (and raises if it changed since it was hashed); ``hold(key)`` before a
-    part is begun (the run locks it, as it locks the entries it uses).
+    part is begun (the run locks it, as it locks the entries it uses). ``read_digests`` receives the
+    hashes of the files read through, taken as they were read, by path.
     """
     context = worker_context(options, encoder, rule_out_long)
     clock: defaultdict[str, float] = defaultdict(float)
@@ -171,7 +175,7 @@ def tokenize_to_parts(
     def jobs() -> Iterator[tuple[RawBatch, str | None]]:
         for item in todo:
             skip = item.next_index
-            for batch in _timed(read_batches([item.source], BATCH_SIZE), clock, "read"):
+            for batch in _timed(read_batches([item.source], BATCH_SIZE, digests=read_digests), clock, "read"):
                 number = batch.first_index // parts.PART_RECORDS
                 if number >= skip:
                     route.append((item, number))

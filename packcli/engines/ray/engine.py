@@ -129,8 +129,11 @@ class RayEngine:
         rule_out_long: bool = False,
         unchanged: Callable[[InputSource], None] | None = None,
         hold: Callable[[str], None] | None = None,
+        read_digests: dict[str, str] | None = None,
     ) -> dict[str, float]:
-        """Tokenize on Ray the parts the cache lacks of each input, committed as they come (``ray.cached``)."""
+        """Tokenize on Ray the parts the cache lacks of each input, committed as they come (``ray.cached``).
+
+        The files are read by the cluster's tasks: ``read_digests`` is left as it is."""
         sources = [item.source for item in inputs]
         return self._on_cluster(
             ClusterTokenizing(self.session, options, sources, formats, encoder, cache_root),
@@ -148,7 +151,7 @@ class RayEngine:
         store_path: Path,
         progress: Progress,
         rule_out_long: bool = False,
-        before_finish: Callable[[], None] | None = None,
+        before_finish: Callable[[dict[str, str]], None] | None = None,
     ) -> TokenStore:
         """Tokenize every record of the sources on Ray into a token store at ``store_path``.
 

@@ -26,6 +26,8 @@ __all__ = ["count_records", "hub_reachable", "number_batches", "parquet_file", "
 
 def count_records(source: InputSource) -> int | None:
     """Return the number of records of a source when it is cheap to know (for progress), else None."""
+    if source.records is not None:
+        return source.records
     try:
         if source.kind == "jsonl" and source.compression is None:
             st = os.stat(source.path)
@@ -54,16 +56,19 @@ def _count_lines(path: str, size: int, mtime_ns: int) -> int:
     return None
 
 
-def read_batches(sources: list[InputSource], batch_size: int = 1000, limit: int | None = None) -> Iterator[RawBatch]:
+def read_batches(
+    sources: list[InputSource], batch_size: int = 1000, limit: int | None = None, digests: dict[str, str] | None = None
+) -> Iterator[RawBatch]:
     """Yield the records of all sources in order, in batches, numbering them from 0.
 
     With ``limit``, only the first ``limit`` records (over all sources, in that order) are read.
+    ``digests`` receives the hash of each JSON lines file read through (``read_source``).
     """
     index = 0
     for source in sources:
         if limit is not None and index >= limit:
             return
-        index = yield from number_batches(read_source(source, batch_size), index, limit)
+        index = yield from number_batches(read_source(source, batch_size, digests), index, limit)
 
 
 def number_batches(batches: Iterator[RawBatch], index: int, limit: int | None) -> Generator[RawBatch, None, int]:
@@ -85,11 +90,16 @@ def number_batches(batches: Iterator[RawBatch], index: int, limit: int | None) -
     return index
 
 
-def read_source(source: InputSource, batch_size: int) -> Iterator[RawBatch]:
-    """Yield one source's records in batches, by the reader of its kind, numbered from 0 within it."""
+def read_source(source: InputSource, batch_size: int, digests: dict[str, str] | None = None) -> Iterator[RawBatch]:
+    """Yield one source's records in batches, by the reader of its kind, numbered from 0 within it.
+
+    ``digests`` receives the content hash of a local JSON lines file read to its end (by its path), taken
+    from the bytes read: the run checks with it that the file did not change while it was read, without
+    reading it again. The other readers leave it as it is.
+    """
     try:
         if source.kind == "jsonl":
-            yield from read_json_lines(source, batch_size)
+            yield from read_json_lines(source, batch_size, digests)
         elif source.kind == "json":
             yield from read_json(source, batch_size)
         else:

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import bz2
 import contextlib
+import hashlib
 import io
 import lzma
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from packcli.errors import InputError, first_line
@@ -166,13 +168,51 @@ def _decompressed(raw: Any, compression: str, name: str) -> Any:
     return io.BufferedReader(Decompressed(raw, compression, name), BUFFER)
 
 
+class _Hashing(io.RawIOBase):
+    """A file read once from its start to its end, hashed as it is read (BLAKE2b, 16 bytes, as
+    ``io.fingerprint`` hashes a file): the hash of the bytes the run used, without a second read."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+        self.hash = hashlib.blake2b(digest_size=16)
+        self.at_end = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = self._raw.readinto(buffer) or 0
+        if n:
+            self.hash.update(memoryview(buffer)[:n])
+        else:
+            self.at_end = True
+        return n
+
+    def close(self) -> None:
+        try:
+            self._raw.close()
+        finally:
+            super().close()
+
+
 @contextlib.contextmanager
-def open_input(source: InputSource) -> Iterator[Any]:
-    """Open a file source for reading bytes, decompressing it as a stream when it is compressed."""
+def open_input(source: InputSource, digests: dict[str, str] | None = None) -> Iterator[Any]:
+    """Open a file source for reading bytes, decompressing it as a stream when it is compressed.
+
+    With ``digests``, a local file read through to its end leaves the hash of its bytes (as
+    ``io.fingerprint.file_blake2b`` computes it) there, by its path: the reader must read it from its
+    start to its end without seeking.
+    """
     raw = open_uri(source.path) if is_uri(source.path) else open(source.path, "rb")  # noqa: SIM115
+    hashing = None
+    if digests is not None and not is_uri(source.path):
+        hashing = _Hashing(raw)
+        raw = io.BufferedReader(hashing, BUFFER)
     fh = _decompressed(raw, source.compression, source.display) if source.compression else raw
     try:
         yield fh
+        if hashing is not None and digests is not None and hashing.at_end:
+            digests[str(Path(source.path))] = hashing.hash.hexdigest()
     finally:
         fh.close()
         raw.close()

@@ -13,12 +13,12 @@ from packcli.io.sources import InputSource, RawBatch
 from packcli.records.checks import json_value_end
 
 
-def read_json_lines(source: InputSource, batch_size: int) -> Iterator[RawBatch]:
+def read_json_lines(source: InputSource, batch_size: int, digests: dict[str, str] | None = None) -> Iterator[RawBatch]:
     path = source.display
     items: list[bytes] = []
     positions: list[int] = []
     empty = True
-    with open_input(source) as fh:
+    with open_input(source, digests) as fh:
         for line_no, line in enumerate(fh, start=1):
             if line_no == 1 and line.startswith(codecs.BOM_UTF8):
                 line = line[len(codecs.BOM_UTF8) :]  # Windows exports start with one

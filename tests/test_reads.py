@@ -1,0 +1,164 @@
+"""How often a run reads each input: the bytes read from the file, counted as the operating system hands
+them over, on a cache miss, on a rerun that knows the file and on a hit.
+
+Every read of an input by packcli's own code (the sniff, the hash, the record count, the tokenizing, the
+check that it did not change) opens it with ``open``; the test counts what those opens read.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import io
+import json
+import os
+import random
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from packcli.io import fingerprint
+from packcli.owned import HASH_MEMO
+
+from .conftest import make_conversations, write_jsonl
+
+SNIFF_BLOCK = 1 << 18  # the most the sniff may read: the first blocks, to its first 50 records
+
+
+class _CountingRaw(io.RawIOBase):
+    """A raw file that adds the bytes it reads to a counter."""
+
+    def __init__(self, path: str, counts: Counter[str]) -> None:
+        self._file = io.FileIO(path, "rb")
+        self._path = path
+        self._counts = counts
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def fileno(self) -> int:
+        return self._file.fileno()
+
+    def readinto(self, buffer: Any) -> int:
+        n = self._file.readinto(buffer) or 0
+        self._counts[self._path] += n
+        return n
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+@pytest.fixture
+def bytes_read(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
+    """Count the bytes read through ``open`` from each file opened for reading in binary, by real path."""
+    counts: Counter[str] = Counter()
+    real_open = builtins.open
+
+    def counting_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if isinstance(file, (str, os.PathLike)) and mode in ("rb", "br") and not args and not kwargs:
+            path = os.path.realpath(file)
+            if path.endswith(".jsonl"):
+                return io.BufferedReader(_CountingRaw(path, counts), buffer_size=1 << 16)
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    monkeypatch.setattr(io, "open", counting_open)
+    yield counts
+
+
+def _input(tmp_path: Path, n: int) -> Path:
+    records = [{"messages": m} for m in make_conversations(n, seed=3, max_turns=2, max_words=40)]
+    return write_jsonl(tmp_path / "data.jsonl", records)
+
+
+def _summary(pack: Any, data: Path, out: Path, *args: str) -> dict[str, Any]:
+    result = pack(data, "--max-len", "512", "-o", out, "--overwrite", "--json", "-q", *args)
+    summary: dict[str, Any] = json.loads(result.stdout)
+    return summary
+
+
+@pytest.mark.parametrize("parts", [True, False], ids=["cache-parts", "one-store"])
+def test_each_input_is_read_at_most_twice_on_a_miss_and_not_at_all_on_a_hit(
+    pack: Any, tmp_path: Path, bytes_read: Counter[str], parts: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A file written in the last two seconds is hashed again by every run (a later write in the same
+    # clock tick could keep its stamp): this one is taken as older, so that it is remembered.
+    monkeypatch.setattr(fingerprint, "RACY_NS", 0)
+    data = _input(tmp_path, 3000)
+    size = data.stat().st_size
+    assert size > 4 * SNIFF_BLOCK  # so that a whole read stands out from the sniff's block
+    path = os.path.realpath(data)
+    # One store (no parts): --limit larger than the input, which makes the run tokenize one whole store.
+    extra = () if parts else ("--limit", "1000000")
+
+    miss = _summary(pack, data, tmp_path / "out1", *extra)
+    assert miss["cache"] == "miss"
+    # The hash for the cache key, and the tokenizing pass, which hashes what it reads for the check that
+    # the input did not change meanwhile; the sniff and the record count take nothing more.
+    assert bytes_read[path] <= 2 * size + SNIFF_BLOCK, (bytes_read[path], size)
+
+    bytes_read.clear()
+    hit = _summary(pack, data, tmp_path / "out2", *extra)
+    assert hit["cache"] == "hit"
+    assert bytes_read[path] == 0  # the file's stamp alone finds the entry: no byte of it is read
+
+    bytes_read.clear()
+    again = _summary(pack, data, tmp_path / "out3", *extra, "--train-on", "all")  # other tokens: a miss
+    assert again["cache"] == "miss"
+    # The file is known by its stamp: its hash, record count and format are remembered; one pass tokenizes it.
+    assert bytes_read[path] <= size, (bytes_read[path], size)
+    assert again["records_read"] == miss["records_read"] == 3000
+
+
+def test_the_count_catches_a_second_read(pack: Any, tmp_path: Path, bytes_read: Counter[str]) -> None:
+    data = _input(tmp_path, 200)
+    with open(data, "rb") as fh:
+        while fh.read(1000):
+            pass
+    with open(data, "rb") as fh:
+        fh.read()
+    assert bytes_read[os.path.realpath(data)] == 2 * data.stat().st_size
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 64, 1 << 22])
+def test_the_hash_counts_the_records_as_the_reader_counts_them(tmp_path: Path, chunk: int) -> None:
+    # Blank lines of every kind of whitespace, a line of spaces across a chunk's edge, no final newline.
+    pieces = [b"\n", b" \n", b"\t \n", b"\r\n", b'{"a": 1}\n', b"  x  \n", b"\x0b\n", b"y", b" ", b"\n\n"]
+    rng = random.Random(chunk)
+    for case in range(60):
+        data = b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
+        path = tmp_path / f"{case}.jsonl"
+        path.write_bytes(data)
+        digest, records = fingerprint._hash_file(path, count_lines=True, chunk_size=chunk)
+        assert digest == hashlib.blake2b(data, digest_size=16).hexdigest()
+        assert records == sum(1 for line in io.BytesIO(data) if line.strip()), data
+
+
+def test_a_remembered_format_is_used_only_while_the_file_is_unchanged(
+    pack: Any, tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fingerprint, "RACY_NS", 0)
+    data = _input(tmp_path, 50)
+    _summary(pack, data, tmp_path / "out1")
+    memo = cache_dir / HASH_MEMO
+    entry = json.loads(memo.read_text())[os.path.realpath(data)]
+    assert entry["records"] == 50
+    assert list(entry["formats"].values()) == ["messages"]
+    # The same path with other content (text records): its stamp changed, so it is sniffed again.
+    write_jsonl(data, [{"text": f"record {i}"} for i in range(40)])
+    again = _summary(pack, data, tmp_path / "out2")
+    assert again["cache"] == "miss" and again["records_read"] == 40
+    assert list(json.loads(memo.read_text())[os.path.realpath(data)]["formats"].values()) == ["text"]
