@@ -10,12 +10,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,32 +21,28 @@ from typing import Any, TypeVar
 from packcli.config import PackConfig
 from packcli.contract import Progress, no_progress
 from packcli.engines import DigestChecker, Engine, load_engine
-from packcli.errors import InputError, Opt, RecordError, UsageError, record_fix, where
+from packcli.errors import InputError
 from packcli.io.fingerprint import (
     changed_input,
-    fingerprint,
-    fingerprint_and_count,
     remember_formats,
-    remembered_format,
     stamps,
 )
-from packcli.io.readers import hub_reachable, read_batches
+from packcli.io.readers import hub_reachable
 from packcli.io.sources import InputSource, resolve_inputs
 from packcli.owned import HASH_MEMO
 from packcli.procs.stop import raise_if_stopped
-from packcli.records import preference
-from packcli.records.formats import accepted_fields, detect_format
-from packcli.run.options import encode_options, image_window, split_rule, tokenize_options
+from packcli.run.identify import fields_key, hashed, run_encoder, task_and_formats
+from packcli.run.options import image_window, split_rule, tokenize_options
 from packcli.store import parts
 from packcli.store.cachedir import EntryLock, allow_open_files, touch
 from packcli.store.images import changed_image, load_images
 from packcli.store.integrity import DamagedStore
 from packcli.store.key import cache_key, default_cache_dir
 from packcli.store.tokens import TokenStore, find_store
-from packcli.tokenize import ingest, worker
+from packcli.tokenize import ingest
 from packcli.tokenize.encoder import Encoder
 from packcli.tokenize.templates import builtin_name, read_chat_template
-from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER, tokenizer_fingerprint
+from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER
 from packcli.version import __version__
 
 # Bumped whenever the same inputs and options would give other tokens, labels or store meta, so the cache
@@ -61,42 +55,6 @@ T = TypeVar("T")
 
 
 # -- stage 1: tokenize into the token store ---------------------------------------------------------
-
-
-def _sniff_format(
-    source: InputSource, fields: dict[str, str], seen: list[str] | None = None
-) -> tuple[str | None, str | None]:
-    """Return the record format of a source, from the fields of its first readable records.
-
-    When none of them could be parsed at all, also return why the first one could not (where, what
-    and the fix), since that, not the format, is the problem to report. ``seen`` receives the fields
-    of the records read (or what a record is, when it is no object), for the error that names them.
-    """
-    first_error = None
-    parsed = False
-    seen = [] if seen is None else seen
-    for batch in read_batches([source], batch_size=50):
-        errors = {pos: (reason, detail) for pos, reason, detail in batch.errors}
-        for item, pos in zip(batch.items, batch.positions, strict=True):
-            try:
-                if pos in errors:
-                    raise RecordError(*errors[pos])
-                record = worker.parse_line(item) if batch.raw_lines else item
-            except RecordError as err:
-                unit = "line" if batch.raw_lines else "record"
-                first_error = (
-                    first_error or f"{where(source.display, unit, pos)}: {err.detail}; {record_fix(err.reason)}"
-                )
-                continue
-            parsed = True
-            for name in record if isinstance(record, dict) else [f"a {type(record).__name__}, not an object"]:
-                if str(name) not in seen:
-                    seen.append(str(name))
-            fmt = detect_format(record, fields)
-            if fmt is not None:
-                return fmt, None
-        break
-    return None, None if parsed else first_error
 
 
 @dataclass
@@ -173,11 +131,11 @@ def _tokenized(
     before = stamps(sources)  # before the format is sniffed and the contents hashed
     cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     memo = cache_root / HASH_MEMO if config.cache else None
-    task, formats = _task_and_formats(config, sources, memo)
+    task, formats = task_and_formats(config, sources, memo)
     spent: list[float] = []  # seconds of each pass reading the inputs through (hashes, record counts)
-    fingerprints, counts, tokenizer_key, encoder = _hashed(config, sources, engine, memo, fill_cache, spent)
+    fingerprints, counts, tokenizer_key, encoder = hashed(config, sources, engine, memo, fill_cache, spent)
     if fill_cache:
-        remember_formats(sources, memo, _fields_key(config), formats)
+        remember_formats(sources, memo, fields_key(config), formats)
     # The records of each input, counted as it was hashed (or remembered): for progress, without a read.
     sources = [dataclasses.replace(s, records=n) if n is not None else s for s, n in zip(sources, counts, strict=True)]
     # Each input by its content, in order (sample_index follows it), with the reader its file type chose and
@@ -255,109 +213,6 @@ def _tokenized(
         )
 
 
-def _task_and_formats(
-    config: PackConfig, sources: list[InputSource], memo: Path | None
-) -> tuple[str, dict[str, str | None]]:
-    """The run's task (--task, or found from the formats) and each input's record format."""
-    task, formats = preference.resolve_task(
-        config.task, _record_formats(config, sources, memo), config.overflow, config.output_format, config.truncate_side
-    )
-    if config.processor is not None and task != "sft":
-        found = next(fmt for fmt in formats.values() if fmt in ("preference", "kto"))
-        raise UsageError(
-            f"the inputs are {found} records, and {task} data with images is not supported yet; leave out ",
-            Opt("processor"),
-            " or pack SFT records",
-        )
-    return task, formats
-
-
-def _fields_key(config: PackConfig) -> str:
-    """The fields a record format is sniffed with (--field), as the key its memo is kept under."""
-    return json.dumps(config.fields, sort_keys=True)
-
-
-def _record_formats(config: PackConfig, sources: list[InputSource], memo: Path | None) -> dict[str, str | None]:
-    """Each input's record format (--format, or sniffed from its first records, or remembered from the run
-    that last sniffed the file as it is now), by its display name.
-
-    Under --on-error fail, an input whose format cannot be told stops the run, naming its fields.
-    """
-    formats: dict[str, str | None] = {}
-    for source in sources:
-        seen: list[str] = []
-        fmt: str | None
-        if config.format != "auto":
-            fmt, unparsed = config.format, None
-        elif (known := remembered_format(source, memo, _fields_key(config))) is not None:
-            fmt, unparsed = known, None
-        else:
-            fmt, unparsed = _sniff_format(source, config.fields, seen)
-        if fmt is None and unparsed is not None and config.on_error == "fail":
-            raise InputError(unparsed)
-        if fmt is None and config.on_error == "fail":
-            shown = ", ".join(seen[:12]) + (f" and {len(seen) - 12} more" if len(seen) > 12 else "")
-            raise InputError(
-                f"{source.display}: cannot tell the record format from the fields of its first records "
-                f"({shown or 'none'}); a record needs {accepted_fields(config.fields)}; "
-                "pass --format, or --field to name the fields"
-            )
-        formats[source.display] = fmt
-    return formats
-
-
-def _hashed(
-    config: PackConfig,
-    sources: list[InputSource],
-    engine: Engine,
-    memo: Path | None,
-    remember: bool,
-    spent: list[float],
-) -> tuple[list[str], list[int | None], str, Encoder | None]:
-    """The inputs' content hashes and record counts (None where not known without reading an input again),
-    the tokenizer's key, and the encoder when the run will need it.
-
-    One read of each input hashes it and counts its records (for the progress bar); a file remembered
-    by its stamp is not read. Reading the inputs and loading the tokenizer each keep one core busy:
-    where both are needed, they run side by side. The thread is joined before any worker process is
-    forked. ``spent`` receives the seconds of each pass.
-    """
-    encoder = None
-
-    def timed(work: Callable[[], T]) -> T:
-        began = time.perf_counter()
-        try:
-            return work()
-        finally:
-            spent.append(time.perf_counter() - began)
-
-    def hashed(memo_path: Path | None) -> list[tuple[str, int | None]]:
-        return [fingerprint_and_count(s, memo_path, None, remember) for s in sources]
-
-    hashing: Future[list[tuple[str, int | None]]] | None = None
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-inputs") as ahead:
-        # An engine may hash the input files elsewhere (the Ray engine: in tasks, not on the driver; nor
-        # does it count records there).
-        known = engine.hash_files(sources, memo)
-        found: list[tuple[str, int | None]]
-        if known is not None:
-            found = [(fingerprint(s, memo, known, remember), None) for s in sources]
-        elif config.cache:
-            found = timed(lambda: hashed(memo))  # the key needs them first
-        else:
-            hashing = ahead.submit(timed, lambda: hashed(None))
-        tokenizer_key = tokenizer_fingerprint(config.tokenizer_name, config.chat_template)
-        if not config.cache or tokenizer_key is None:  # a store will be made, or the key needs the tokenizer
-            encoder = _encoder(config)
-        if hashing is not None:
-            found = hashing.result()
-    raise_if_stopped()
-    if tokenizer_key is None:
-        assert encoder is not None
-        tokenizer_key = encoder.identity()["sha256"] + encoder.identity()["chat_template_sha256"]
-    return [f for f, _ in found], [n for _, n in found], tokenizer_key, encoder
-
-
 def _whole_store(
     config: PackConfig,
     sources: list[InputSource],
@@ -375,7 +230,7 @@ def _whole_store(
     (removed with ``stack``). ``taken``: the inputs' stamps and hashes from before they were read."""
     before, fingerprints = taken
     if encoder is None:
-        encoder = _encoder(config)
+        encoder = run_encoder(config)
     if entry is not None:
         store_path = entry
     else:
@@ -473,7 +328,7 @@ def _made_from_parts(
     seconds: dict[str, float] = {}
     if not all(item.complete for item in inputs):
         if encoder is None:
-            encoder = _encoder(config)
+            encoder = run_encoder(config)
 
         def unchanged(source: InputSource) -> None:
             now = stamps([source])
@@ -503,13 +358,6 @@ def _made_from_parts(
     seconds["store"] = seconds.get("store", 0.0) + time.perf_counter() - assembling
     store.seconds = seconds
     return store
-
-
-def _encoder(config: PackConfig) -> Encoder:
-    """The run's encoder: its tokenizer and template loaded, with its processor, if any."""
-    return Encoder(
-        config.tokenizer_name, config.chat_template, encode_options(config), config.processor, encoder=config.encoder
-    )
 
 
 def _changed(display: str) -> str:

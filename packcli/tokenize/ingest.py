@@ -183,9 +183,10 @@ def tokenize_to_parts(
 
     service = _encode_service(options, encoder)
     results: Iterator[TokenizedBatch] | None = None
-    making = _PartMaking(options, formats, encoder, cache_root, clock, unchanged, hold)
-    making.ruled_out_bytes = options.max_len * context.rule_out[1] if context.rule_out else None
-    making.service = service is not None
+    ruled_out_bytes = options.max_len * context.rule_out[1] if context.rule_out else None
+    making = _PartMaking(
+        options, formats, encoder, cache_root, clock, unchanged, hold, ruled_out_bytes, service is not None
+    )
     try:
         if todo:  # the first part to make, begun before the first batch is tokenized
             making.begin(todo[0], todo[0].next_index, todo[0].next_record)
@@ -222,12 +223,14 @@ class _PartMaking:
         clock: defaultdict[str, float],
         unchanged: Callable[[InputSource], None] | None,
         hold: Callable[[str], None] | None,
+        ruled_out_bytes: int | None,
+        service: bool,
     ) -> None:
         self.options, self.formats, self.encoder, self.cache_root = options, formats, encoder, cache_root
         self.clock, self.unchanged, self.hold = clock, unchanged, hold
         self.where, self.fix = options.store_where(cache_root / "part")
-        self.ruled_out_bytes: int | None = None
-        self.service = False  # whether an encode service (this process) encodes for the workers
+        self.ruled_out_bytes = ruled_out_bytes  # a record of more bytes is ruled out as too long (None: none is)
+        self.service = service  # whether an encode service (this process) encodes for the workers
         self.slow_mark = encoder.text.slow_records
         self.part: tuple[parts.InputParts, int, StoreBuilder, int] | None = (
             None  # its input, number, builder, first record

@@ -1,0 +1,175 @@
+"""The run's inputs identified before anything is tokenized: each one's record format (sniffed from its first
+records, or remembered with its hash), the run's task, the inputs' content hashes and record counts, and
+the tokenizer's key (``run.tokenized`` keys the cache by them).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from packcli.config import PackConfig
+from packcli.engines import Engine
+from packcli.errors import InputError, Opt, RecordError, UsageError, record_fix, where
+from packcli.io.fingerprint import fingerprint, fingerprint_and_count, remembered_format
+from packcli.io.readers import read_batches
+from packcli.io.sources import InputSource
+from packcli.procs.stop import raise_if_stopped
+from packcli.records import preference
+from packcli.records.formats import accepted_fields, detect_format
+from packcli.run.options import encode_options
+from packcli.tokenize import worker
+from packcli.tokenize.encoder import Encoder
+from packcli.tokenize.tokenizer import tokenizer_fingerprint
+
+T = TypeVar("T")
+
+
+def _sniff_format(
+    source: InputSource, fields: dict[str, str], seen: list[str] | None = None
+) -> tuple[str | None, str | None]:
+    """Return the record format of a source, from the fields of its first readable records.
+
+    When none of them could be parsed at all, also return why the first one could not (where, what
+    and the fix), since that, not the format, is the problem to report. ``seen`` receives the fields
+    of the records read (or what a record is, when it is no object), for the error that names them.
+    """
+    first_error = None
+    parsed = False
+    seen = [] if seen is None else seen
+    for batch in read_batches([source], batch_size=50):
+        errors = {pos: (reason, detail) for pos, reason, detail in batch.errors}
+        for item, pos in zip(batch.items, batch.positions, strict=True):
+            try:
+                if pos in errors:
+                    raise RecordError(*errors[pos])
+                record = worker.parse_line(item) if batch.raw_lines else item
+            except RecordError as err:
+                unit = "line" if batch.raw_lines else "record"
+                first_error = (
+                    first_error or f"{where(source.display, unit, pos)}: {err.detail}; {record_fix(err.reason)}"
+                )
+                continue
+            parsed = True
+            for name in record if isinstance(record, dict) else [f"a {type(record).__name__}, not an object"]:
+                if str(name) not in seen:
+                    seen.append(str(name))
+            fmt = detect_format(record, fields)
+            if fmt is not None:
+                return fmt, None
+        break
+    return None, None if parsed else first_error
+
+
+def task_and_formats(
+    config: PackConfig, sources: list[InputSource], memo: Path | None
+) -> tuple[str, dict[str, str | None]]:
+    """The run's task (--task, or found from the formats) and each input's record format."""
+    task, formats = preference.resolve_task(
+        config.task, _record_formats(config, sources, memo), config.overflow, config.output_format, config.truncate_side
+    )
+    if config.processor is not None and task != "sft":
+        found = next(fmt for fmt in formats.values() if fmt in ("preference", "kto"))
+        raise UsageError(
+            f"the inputs are {found} records, and {task} data with images is not supported yet; leave out ",
+            Opt("processor"),
+            " or pack SFT records",
+        )
+    return task, formats
+
+
+def fields_key(config: PackConfig) -> str:
+    """The fields a record format is sniffed with (--field), as the key its memo is kept under."""
+    return json.dumps(config.fields, sort_keys=True)
+
+
+def _record_formats(config: PackConfig, sources: list[InputSource], memo: Path | None) -> dict[str, str | None]:
+    """Each input's record format (--format, or sniffed from its first records, or remembered from the run
+    that last sniffed the file as it is now), by its display name.
+
+    Under --on-error fail, an input whose format cannot be told stops the run, naming its fields.
+    """
+    formats: dict[str, str | None] = {}
+    for source in sources:
+        seen: list[str] = []
+        fmt: str | None
+        if config.format != "auto":
+            fmt, unparsed = config.format, None
+        elif (known := remembered_format(source, memo, fields_key(config))) is not None:
+            fmt, unparsed = known, None
+        else:
+            fmt, unparsed = _sniff_format(source, config.fields, seen)
+        if fmt is None and unparsed is not None and config.on_error == "fail":
+            raise InputError(unparsed)
+        if fmt is None and config.on_error == "fail":
+            shown = ", ".join(seen[:12]) + (f" and {len(seen) - 12} more" if len(seen) > 12 else "")
+            raise InputError(
+                f"{source.display}: cannot tell the record format from the fields of its first records "
+                f"({shown or 'none'}); a record needs {accepted_fields(config.fields)}; "
+                "pass --format, or --field to name the fields"
+            )
+        formats[source.display] = fmt
+    return formats
+
+
+def hashed(
+    config: PackConfig,
+    sources: list[InputSource],
+    engine: Engine,
+    memo: Path | None,
+    remember: bool,
+    spent: list[float],
+) -> tuple[list[str], list[int | None], str, Encoder | None]:
+    """The inputs' content hashes and record counts (None where not known without reading an input again),
+    the tokenizer's key, and the encoder when the run will need it.
+
+    One read of each input hashes it and counts its records (for the progress bar); a file remembered
+    by its stamp is not read. Reading the inputs and loading the tokenizer each keep one core busy:
+    where both are needed, they run side by side. The thread is joined before any worker process is
+    forked. ``spent`` receives the seconds of each pass.
+    """
+    encoder = None
+
+    def timed(work: Callable[[], T]) -> T:
+        began = time.perf_counter()
+        try:
+            return work()
+        finally:
+            spent.append(time.perf_counter() - began)
+
+    def hashed(memo_path: Path | None) -> list[tuple[str, int | None]]:
+        return [fingerprint_and_count(s, memo_path, None, remember) for s in sources]
+
+    hashing: Future[list[tuple[str, int | None]]] | None = None
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-inputs") as ahead:
+        # An engine may hash the input files elsewhere (the Ray engine: in tasks, not on the driver; nor
+        # does it count records there).
+        known = engine.hash_files(sources, memo)
+        found: list[tuple[str, int | None]]
+        if known is not None:
+            found = [(fingerprint(s, memo, known, remember), None) for s in sources]
+        elif config.cache:
+            found = timed(lambda: hashed(memo))  # the key needs them first
+        else:
+            hashing = ahead.submit(timed, lambda: hashed(None))
+        tokenizer_key = tokenizer_fingerprint(config.tokenizer_name, config.chat_template)
+        if not config.cache or tokenizer_key is None:  # a store will be made, or the key needs the tokenizer
+            encoder = run_encoder(config)
+        if hashing is not None:
+            found = hashing.result()
+    raise_if_stopped()
+    if tokenizer_key is None:
+        assert encoder is not None
+        tokenizer_key = encoder.identity()["sha256"] + encoder.identity()["chat_template_sha256"]
+    return [f for f, _ in found], [n for _, n in found], tokenizer_key, encoder
+
+
+def run_encoder(config: PackConfig) -> Encoder:
+    """The run's encoder: its tokenizer and template loaded, with its processor, if any."""
+    return Encoder(
+        config.tokenizer_name, config.chat_template, encode_options(config), config.processor, encoder=config.encoder
+    )
