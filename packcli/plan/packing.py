@@ -353,12 +353,7 @@ def _pack_decreasing(lengths: np.ndarray, capacity: int, best_fit: bool) -> np.n
     out_bins: list[np.ndarray] = [np.arange(opened, dtype=np.int64)]
     out_counts: list[np.ndarray] = [np.ones(opened, dtype=np.int64)]
     if big < nsteps and opened:
-        room = cap - sizes[:big]
-        residual[:opened] = np.repeat(room, counts[:big])
-        target = nsteps - np.searchsorted(sizes_asc, room, side="right")
-        due = target < nsteps
-        first_bins = np.cumsum(counts[:big]) - counts[:big]
-        calendar.push(first_bins[due], counts[:big][due], target[due])
+        _schedule_big_bins(sizes[:big], counts[:big], cap, sizes_asc, residual, calendar)
 
     sizes_list = sizes.tolist()
     counts_list = counts.tolist()
@@ -372,42 +367,15 @@ def _pack_decreasing(lengths: np.ndarray, capacity: int, best_fit: bool) -> np.n
         rest = c
         touched = _EMPTY
         if eligible.size:
-            head = eligible.take(c)
-            fits = residual[head] // s
-            cum = np.cumsum(fits)
-            if cum[-1] >= c:
-                k = int(np.searchsorted(cum, c)) + 1
-                eligible.give_back(head[k:])
-                touched = head[:k]
-                take = fits[:k]
-                take[-1] -= cum[k - 1] - c
-                rest = 0
-            else:
-                touched = head
-                take = fits
-                rest = c - int(cum[-1])
-            residual[touched] -= take * s
+            touched, take, rest = _fill_eligible(eligible, residual, s, c)
             out_bins.append(touched)
             out_counts.append(take)
 
         if rest:
-            per_bin = cap // s
-            full, last = divmod(rest, per_bin)
-            new = full + (1 if last else 0)
-            new_counts = np.full(new, per_bin, dtype=np.int64)
-            residual[opened : opened + full] = cap - per_bin * s
-            if last:
-                residual[opened + full] = cap - last * s
-                new_counts[-1] = last
-            out_bins.append(np.arange(opened, opened + new, dtype=np.int64))
+            new_counts, new_starts, new_lengths = _open_bins(residual, opened, rest, s, cap)
+            out_bins.append(np.arange(opened, opened + new_counts.size, dtype=np.int64))
             out_counts.append(new_counts)
-            if full and last:
-                new_starts = np.array((opened, opened + full), dtype=np.int64)
-                new_lengths = np.array((full, 1), dtype=np.int64)
-            else:
-                new_starts = np.array((opened,), dtype=np.int64)
-                new_lengths = np.array((new,), dtype=np.int64)
-            opened += new
+            opened += new_counts.size
             if touched.size:
                 ret_starts = np.concatenate((touched, new_starts))
                 ret_lengths = np.concatenate((np.ones(touched.size, dtype=np.int64), new_lengths))
@@ -420,19 +388,88 @@ def _pack_decreasing(lengths: np.ndarray, capacity: int, best_fit: bool) -> np.n
             continue
 
         if step + 1 < nsteps:
-            # Step at which each bin gets room again: the first whose size fits the room left,
-            # but never before the next step.
-            target = nsteps - np.searchsorted(sizes_asc, residual[ret_starts], side="right")
-            np.maximum(target, step + 1, out=target)
-            due = target < nsteps
-            if not due.all():
-                ret_starts, ret_lengths, target = ret_starts[due], ret_lengths[due], target[due]
-            calendar.push(ret_starts, ret_lengths, target)
+            _book_return(calendar, residual, sizes_asc, ret_starts, ret_lengths, step + 1)
 
     per_sorted_item = np.repeat(np.concatenate(out_bins), np.concatenate(out_counts))
     bins = np.empty(n, dtype=np.int64)
     bins[order] = per_sorted_item
     return bins
+
+
+def _book_return(
+    calendar: _Calendar,
+    residual: np.ndarray,
+    sizes_asc: np.ndarray,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    next_step: int,
+) -> None:
+    """Book the bin runs (``starts``, ``lengths``) in the calendar at the step they have room again, if any."""
+    nsteps = sizes_asc.size
+    # Step at which each bin gets room again: the first whose size fits the room left,
+    # but never before the next step.
+    target = nsteps - np.searchsorted(sizes_asc, residual[starts], side="right")
+    np.maximum(target, next_step, out=target)
+    due = target < nsteps
+    if not due.all():
+        starts, lengths, target = starts[due], lengths[due], target[due]
+    calendar.push(starts, lengths, target)
+
+
+def _schedule_big_bins(
+    sizes: np.ndarray, counts: np.ndarray, cap: int, sizes_asc: np.ndarray, residual: np.ndarray, calendar: _Calendar
+) -> None:
+    """Set the room left in the bins of the items over half the capacity, and book when each is eligible again."""
+    nsteps = sizes_asc.size
+    opened = int(counts.sum())
+    room = cap - sizes
+    residual[:opened] = np.repeat(room, counts)
+    target = nsteps - np.searchsorted(sizes_asc, room, side="right")
+    due = target < nsteps
+    first_bins = np.cumsum(counts) - counts
+    calendar.push(first_bins[due], counts[due], target[due])
+
+
+def _fill_eligible(
+    eligible: _FirstFitQueue | _BestFitQueue, residual: np.ndarray, s: int, c: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Put up to ``c`` items of size ``s`` into the eligible bins; return (bins filled, items each, items left)."""
+    head = eligible.take(c)
+    fits = residual[head] // s
+    cum = np.cumsum(fits)
+    if cum[-1] >= c:
+        k = int(np.searchsorted(cum, c)) + 1
+        eligible.give_back(head[k:])
+        touched = head[:k]
+        take = fits[:k]
+        take[-1] -= cum[k - 1] - c
+        rest = 0
+    else:
+        touched = head
+        take = fits
+        rest = c - int(cum[-1])
+    residual[touched] -= take * s
+    return touched, take, rest
+
+
+def _open_bins(
+    residual: np.ndarray, opened: int, rest: int, s: int, cap: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Open new bins from ``opened`` for ``rest`` items of size ``s``, full but the last.
+
+    Returns the items each new bin holds, and the new bins as (first bin, bins) runs of equal room.
+    """
+    per_bin = cap // s
+    full, last = divmod(rest, per_bin)
+    new = full + (1 if last else 0)
+    new_counts = np.full(new, per_bin, dtype=np.int64)
+    residual[opened : opened + full] = cap - per_bin * s
+    if last:
+        residual[opened + full] = cap - last * s
+        new_counts[-1] = last
+    if full and last:
+        return new_counts, np.array((opened, opened + full), dtype=np.int64), np.array((full, 1), dtype=np.int64)
+    return new_counts, np.array((opened,), dtype=np.int64), np.array((new,), dtype=np.int64)
 
 
 def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> np.ndarray:
