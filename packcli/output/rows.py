@@ -7,6 +7,7 @@ so only one shard's worth of tokens is in memory at a time.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,28 +64,26 @@ def build_rows(
         unpadded = lengths.astype(np.int32)
         lengths = padded
     weights = None if layout.loss_weighting == "token" else loss_weights(labels, lengths, layout.loss_weighting)
-    total = int(lengths.sum())
-    dst_starts = np.zeros(len(lengths), dtype=np.int64)
-    np.cumsum(lengths[:-1], out=dst_starts[1:])
-    within = np.arange(total, dtype=np.int64) - np.repeat(dst_starts, lengths)
-    row_labels = labels
     if tree is not None:
         assert pad_multiple == 1 and (skips is None or not skips.any()), "a tree is never padded inside or cut"
         positions = tree.positions()
     else:
-        positions = within.astype(np.int32)
-    del within
-    row_sample_offsets = np.zeros(len(samples_per_row) + 1, dtype=np.int64)
-    np.cumsum(samples_per_row, out=row_sample_offsets[1:])
-    row_tokens = np.zeros(len(samples_per_row), dtype=np.int64)
-    if len(lengths):
-        row_tokens = np.add.reduceat(lengths, row_sample_offsets[:-1])
-        row_tokens[samples_per_row == 0] = 0
-    seq_lengths = lengths.astype(np.int32)
-    index = sample_index.astype(np.int64)
-    pieces = np.zeros(len(index), np.int32) if piece_index is None else piece_index.astype(np.int32)
-    row_tokens_before, samples_before = row_tokens, samples_per_row
-    image_arrays: list[pa.Array] = []
+        positions = _positions_within(lengths)
+    rows = _RowArrays(
+        ids=ids,
+        labels=labels,
+        positions=positions,
+        seq_lengths=lengths.astype(np.int32),
+        index=sample_index.astype(np.int64),
+        pieces=np.zeros(len(sample_index), np.int32) if piece_index is None else piece_index.astype(np.int32),
+        row_tokens=_row_tokens(lengths, samples_per_row),
+        samples_per_row=samples_per_row,
+        unpadded=unpadded,
+        weights=weights,
+        sample_role=sample_role,
+        source=source,
+    )
+    image_arrays: list[pa.Array] | None = None
     if images is not None:
         from packcli.output.images import image_columns
 
@@ -94,44 +93,121 @@ def build_rows(
         )
     tree_columns: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # node lengths, parents, per row
     if tree is not None:
-        tree_columns = _row_nodes(tree, samples_per_row, None if pad_to is None else pad_to - row_tokens)
+        tree_columns = _row_nodes(tree, samples_per_row, None if pad_to is None else pad_to - rows.row_tokens)
     if pad_to is not None:
-        ids, row_labels, positions, seq_lengths, index, pieces, row_tokens, samples_per_row = _pad_rows(
-            ids, row_labels, positions, seq_lengths, index, pieces, row_tokens, samples_per_row, pad_to, pad_id
-        )
-        weights, unpadded = _pad_optional(row_tokens_before, samples_before, pad_to, weights, unpadded)
-        if sample_role is not None:
-            sample_role = _pad_optional(row_tokens_before, samples_before, pad_to, None, sample_role)[1]
-        if source is not None:  # -1 on a padding segment
-            shifted = _pad_optional(row_tokens_before, samples_before, pad_to, None, source.astype(np.int32) + 1)[1]
-            assert shifted is not None
-            source = shifted - 1
-    token_offsets = np.zeros(len(row_tokens) + 1, dtype=np.int64)
-    np.cumsum(row_tokens, out=token_offsets[1:])
-    seq_offsets = np.zeros(len(samples_per_row) + 1, dtype=np.int64)
-    np.cumsum(samples_per_row, out=seq_offsets[1:])
+        rows = _padded_rows(rows, pad_to, pad_id)
+    return _rows_table(rows, tree_columns, image_arrays, layout)
+
+
+@dataclass
+class _RowArrays:
+    """A batch of rows as flat arrays: per token, per sample (segment), and per row."""
+
+    ids: np.ndarray
+    labels: np.ndarray
+    positions: np.ndarray
+    seq_lengths: np.ndarray
+    index: np.ndarray
+    pieces: np.ndarray
+    row_tokens: np.ndarray
+    samples_per_row: np.ndarray
+    unpadded: np.ndarray | None  # the samples' real lengths, with --pad-to-multiple-of
+    weights: np.ndarray | None  # loss weights, unless token weighting
+    sample_role: np.ndarray | None
+    source: np.ndarray | None
+
+
+def _positions_within(lengths: np.ndarray) -> np.ndarray:
+    """Return each token's position in its sample (0 at every sample's start), as int32."""
+    dst_starts = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=dst_starts[1:])
+    within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(dst_starts, lengths)
+    return within.astype(np.int32)
+
+
+def _row_tokens(lengths: np.ndarray, samples_per_row: np.ndarray) -> np.ndarray:
+    """Return each row's tokens: the sum of its samples' lengths (0 for a row without samples)."""
+    row_sample_offsets = np.zeros(len(samples_per_row) + 1, dtype=np.int64)
+    np.cumsum(samples_per_row, out=row_sample_offsets[1:])
+    row_tokens = np.zeros(len(samples_per_row), dtype=np.int64)
+    if len(lengths):
+        row_tokens = np.add.reduceat(lengths, row_sample_offsets[:-1])
+        row_tokens[samples_per_row == 0] = 0
+    return row_tokens
+
+
+def _padded_rows(rows: _RowArrays, pad_to: int, pad_id: int) -> _RowArrays:
+    """Return the rows each padded to ``pad_to`` tokens by one padding segment (``_pad_rows``), every column."""
+    ids, labels, positions, seq_lengths, index, pieces, row_tokens, samples_per_row = _pad_rows(
+        rows.ids,
+        rows.labels,
+        rows.positions,
+        rows.seq_lengths,
+        rows.index,
+        rows.pieces,
+        rows.row_tokens,
+        rows.samples_per_row,
+        pad_to,
+        pad_id,
+    )
+    tokens_before, samples_before = rows.row_tokens, rows.samples_per_row
+    weights, unpadded = _pad_optional(tokens_before, samples_before, pad_to, rows.weights, rows.unpadded)
+    sample_role, source = rows.sample_role, rows.source
+    if sample_role is not None:
+        sample_role = _pad_optional(tokens_before, samples_before, pad_to, None, sample_role)[1]
+    if source is not None:  # -1 on a padding segment
+        shifted = _pad_optional(tokens_before, samples_before, pad_to, None, source.astype(np.int32) + 1)[1]
+        assert shifted is not None
+        source = shifted - 1
+    return _RowArrays(
+        ids,
+        labels,
+        positions,
+        seq_lengths,
+        index,
+        pieces,
+        row_tokens,
+        samples_per_row,
+        unpadded,
+        weights,
+        sample_role,
+        source,
+    )
+
+
+def _rows_table(
+    rows: _RowArrays,
+    tree_columns: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+    image_arrays: list[pa.Array] | None,
+    layout: RowLayout,
+) -> pa.Table:
+    """Return the rows as an Arrow table: the list columns, the optional ones present, the image columns."""
+    token_offsets = np.zeros(len(rows.row_tokens) + 1, dtype=np.int64)
+    np.cumsum(rows.row_tokens, out=token_offsets[1:])
+    seq_offsets = np.zeros(len(rows.samples_per_row) + 1, dtype=np.int64)
+    np.cumsum(rows.samples_per_row, out=seq_offsets[1:])
     tok_off = _arrow(token_offsets, np.int32)
     seq_off = _arrow(seq_offsets, np.int32)
     columns = [
-        pa.ListArray.from_arrays(tok_off, _arrow(ids, np.int32)),
-        pa.ListArray.from_arrays(tok_off, _arrow(row_labels, np.int32)),
-        pa.ListArray.from_arrays(tok_off, _arrow(positions, np.int32)),
-        pa.ListArray.from_arrays(seq_off, _arrow(seq_lengths, np.int32)),
-        pa.ListArray.from_arrays(seq_off, _arrow(index, np.int64)),
-        pa.ListArray.from_arrays(seq_off, _arrow(pieces, np.int32)),
+        pa.ListArray.from_arrays(tok_off, _arrow(rows.ids, np.int32)),
+        pa.ListArray.from_arrays(tok_off, _arrow(rows.labels, np.int32)),
+        pa.ListArray.from_arrays(tok_off, _arrow(rows.positions, np.int32)),
+        pa.ListArray.from_arrays(seq_off, _arrow(rows.seq_lengths, np.int32)),
+        pa.ListArray.from_arrays(seq_off, _arrow(rows.index, np.int64)),
+        pa.ListArray.from_arrays(seq_off, _arrow(rows.pieces, np.int32)),
     ]
     optional = []
-    if unpadded is not None:
-        columns.append(pa.ListArray.from_arrays(seq_off, _arrow(unpadded, np.int32)))
+    if rows.unpadded is not None:
+        columns.append(pa.ListArray.from_arrays(seq_off, _arrow(rows.unpadded, np.int32)))
         optional.append("seq_lengths_unpadded")
-    if weights is not None:
-        columns.append(pa.ListArray.from_arrays(tok_off, _arrow(weights, np.float32)))
+    if rows.weights is not None:
+        columns.append(pa.ListArray.from_arrays(tok_off, _arrow(rows.weights, np.float32)))
         optional.append("loss_weights")
-    if sample_role is not None:
-        columns.append(pa.ListArray.from_arrays(seq_off, _arrow(sample_role, np.int8)))
+    if rows.sample_role is not None:
+        columns.append(pa.ListArray.from_arrays(seq_off, _arrow(rows.sample_role, np.int8)))
         optional.append("sample_role")
-    if source is not None:
-        columns.append(pa.ListArray.from_arrays(seq_off, _arrow(source, np.int16)))
+    if rows.source is not None:
+        columns.append(pa.ListArray.from_arrays(seq_off, _arrow(rows.source, np.int16)))
         optional.append("source")
     if tree_columns is not None:
         node_lengths, node_parents, nodes_per_row = tree_columns
@@ -140,7 +216,7 @@ def build_rows(
         columns.append(pa.ListArray.from_arrays(_arrow(node_off, np.int32), _arrow(node_lengths, np.int32)))
         columns.append(pa.ListArray.from_arrays(_arrow(node_off, np.int32), _arrow(node_parents, np.int32)))
         optional.extend(TREE_COLUMNS)
-    if images is not None:
+    if image_arrays is not None:
         return pa.Table.from_arrays(columns + image_arrays, schema=layout.schema())
     return pa.Table.from_arrays(columns, schema=shard_schema(optional) if optional else SHARD_SCHEMA)
 
