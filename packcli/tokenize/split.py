@@ -82,100 +82,137 @@ def split_chat(
     the search starts. ``count`` gives a piece's token count without its labels (a piece left out
     for having no trained turn cannot be encoded with them); without it, those tokens are not counted.
     """
-    messages = sample.messages or []
-    head, spans = exchanges(messages)
-    resolved = resolve_train_on(sample, train_on)
-    trained = set(trained_turns(sample, train_on)) if resolved != "all" else None
-    cache: dict[tuple[int, int], Encoded | RecordError] = {}
+    search = _PieceSearch(sample, train_on, rule, encode, whole_tokens)
+    backward = search.resolved in ("last_assistant", "completion")
+    ranges = _ranges_backward(search) if backward else _ranges_forward(search)
+    return _kept_pieces(search, ranges, count)
 
-    def piece(a: int, b: int) -> Sample:
-        keep_head = rule.system == "all" or a == 0
-        lo, hi = spans[a][0], spans[b - 1][1]
-        picked = (list(range(head)) if keep_head else []) + list(range(lo, hi))
+
+class _PieceSearch:
+    """A conversation's candidate pieces (runs of exchanges ``[a, b)``): their samples, sizes and encodings."""
+
+    def __init__(
+        self,
+        sample: Sample,
+        train_on: str,
+        rule: SplitRule,
+        encode: Callable[[Sample], Encoded | RecordError],
+        whole_tokens: int | None,
+    ) -> None:
+        self.sample, self.rule, self.encode = sample, rule, encode
+        self.messages = messages = sample.messages or []
+        self.head, self.spans = head, spans = exchanges(messages)
+        self.resolved = resolve_train_on(sample, train_on)
+        self.trained = set(trained_turns(sample, train_on)) if self.resolved != "all" else None
+        self.cache: dict[tuple[int, int], Encoded | RecordError] = {}
+        # Where to start looking: each exchange's share of tokens by its characters, at the tokens per
+        # character of the whole record, then of the last piece encoded (pieces of one conversation are
+        # alike). Real encodes then move the cut to where it fits (usually two: the piece, one exchange more).
+        chars = [sum(len(json.dumps(m, ensure_ascii=False, default=str)) for m in messages[lo:hi]) for lo, hi in spans]
+        self.head_chars = sum(len(json.dumps(m, ensure_ascii=False, default=str)) for m in messages[:head])
+        self.prefix = [0, *itertools.accumulate(chars)]
+        if whole_tokens is None:
+            whole = encode(sample)
+            whole_tokens = rule.max_len + 1 if isinstance(whole, RecordError) else len(whole[0])
+        self.per_char = whole_tokens / max(1, self.head_chars + self.prefix[-1])
+
+    def piece(self, a: int, b: int) -> Sample:
+        """Return the sample of exchanges [a, b): the system head where kept, the trained turns renumbered."""
+        keep_head = self.rule.system == "all" or a == 0
+        lo, hi = self.spans[a][0], self.spans[b - 1][1]
+        picked = (list(range(self.head)) if keep_head else []) + list(range(lo, hi))
+        trained, marks_in = self.trained, self.sample.message_train
         turns = None if trained is None else tuple(k for k, i in enumerate(picked) if i in trained)
-        marks = None if sample.message_train is None else tuple(sample.message_train[i] for i in picked)
+        marks = None if marks_in is None else tuple(marks_in[i] for i in picked)
         return replace(
-            sample,
-            messages=[messages[i] for i in picked],
+            self.sample,
+            messages=[self.messages[i] for i in picked],
             prompt_len=None,
             trained_turns=turns,
             message_train=marks,
         )
 
-    def has_training(a: int, b: int) -> bool:
-        if trained is None:
+    def has_training(self, a: int, b: int) -> bool:
+        """Return whether exchanges [a, b) hold a trained turn."""
+        if self.trained is None:
             return True
-        lo, hi = spans[a][0], spans[b - 1][1]
-        return any(lo <= i < hi for i in trained)
+        lo, hi = self.spans[a][0], self.spans[b - 1][1]
+        return any(lo <= i < hi for i in self.trained)
 
-    # Where to start looking: each exchange's share of tokens by its characters, at the tokens per
-    # character of the whole record, then of the last piece encoded (pieces of one conversation are
-    # alike). Real encodes then move the cut to where it fits (usually two: the piece, one exchange more).
-    chars = [sum(len(json.dumps(m, ensure_ascii=False, default=str)) for m in messages[lo:hi]) for lo, hi in spans]
-    head_chars = sum(len(json.dumps(m, ensure_ascii=False, default=str)) for m in messages[:head])
-    prefix = [0, *itertools.accumulate(chars)]
+    def chars_of(self, a: int, b: int) -> int:
+        """Return the characters of the piece of exchanges [a, b), its system head included where kept."""
+        with_head = self.rule.system == "all" or a == 0
+        return (self.head_chars if with_head else 0) + self.prefix[b] - self.prefix[a]
 
-    def chars_of(a: int, b: int) -> int:
-        with_head = rule.system == "all" or a == 0
-        return (head_chars if with_head else 0) + prefix[b] - prefix[a]
+    def estimate(self, a: int, b: int) -> float:
+        """Return the guessed tokens of the piece of exchanges [a, b), from its characters."""
+        return self.per_char * self.chars_of(a, b)
 
-    if whole_tokens is None:
-        whole = encode(sample)
-        whole_tokens = rule.max_len + 1 if isinstance(whole, RecordError) else len(whole[0])
-    per_char = [whole_tokens / max(1, head_chars + prefix[-1])]
-
-    def estimate(a: int, b: int) -> float:
-        return per_char[0] * chars_of(a, b)
-
-    def length(a: int, b: int) -> int:
+    def length(self, a: int, b: int) -> int:
         """Tokens of the piece of exchanges [a, b); a piece the template cannot render counts as too long."""
-        if (a, b) not in cache:
-            cache[(a, b)] = got = encode(piece(a, b))
+        if (a, b) not in self.cache:
+            self.cache[(a, b)] = got = self.encode(self.piece(a, b))
             if not isinstance(got, RecordError):
-                per_char[0] = len(got[0]) / max(1, chars_of(a, b))
-        got = cache[(a, b)]
-        return rule.max_len + 1 if isinstance(got, RecordError) else len(got[0])
+                self.per_char = len(got[0]) / max(1, self.chars_of(a, b))
+        got = self.cache[(a, b)]
+        return self.rule.max_len + 1 if isinstance(got, RecordError) else len(got[0])
 
-    def fits(a: int, b: int) -> bool:
-        return length(a, b) <= rule.max_len
+    def fits(self, a: int, b: int) -> bool:
+        """Return whether the piece of exchanges [a, b) fits in ``max_len`` tokens."""
+        return self.length(a, b) <= self.rule.max_len
 
-    backward = resolved in ("last_assistant", "completion")
+
+def _ranges_forward(search: _PieceSearch) -> list[tuple[int, int]]:
+    """Return the pieces' exchange ranges, each as long as fits, greedy from the first exchange."""
+    max_len, n = search.rule.max_len, len(search.spans)
     ranges: list[tuple[int, int]] = []
-    if backward:
-        b = len(spans)
-        while b > 0:
-            a = b - 1
-            while a > 0 and estimate(a - 1, b) <= rule.max_len:
-                a -= 1
-            while a < b - 1 and not fits(a, b):
-                a += 1
-            while a > 0 and fits(a - 1, b):
-                a -= 1
-            ranges.append((a, b))
-            b = a
-        ranges.reverse()
-    else:
-        a = 0
-        while a < len(spans):
-            b = a + 1
-            while b < len(spans) and estimate(a, b + 1) <= rule.max_len:
-                b += 1
-            while b > a + 1 and not fits(a, b):
-                b -= 1
-            while b < len(spans) and fits(a, b + 1):
-                b += 1
-            ranges.append((a, b))
-            a = b
+    a = 0
+    while a < n:
+        b = a + 1
+        while b < n and search.estimate(a, b + 1) <= max_len:
+            b += 1
+        while b > a + 1 and not search.fits(a, b):
+            b -= 1
+        while b < n and search.fits(a, b + 1):
+            b += 1
+        ranges.append((a, b))
+        a = b
+    return ranges
+
+
+def _ranges_backward(search: _PieceSearch) -> list[tuple[int, int]]:
+    """Return the pieces' exchange ranges, each as long as fits, greedy from the last exchange (in order)."""
+    max_len = search.rule.max_len
+    ranges: list[tuple[int, int]] = []
+    b = len(search.spans)
+    while b > 0:
+        a = b - 1
+        while a > 0 and search.estimate(a - 1, b) <= max_len:
+            a -= 1
+        while a < b - 1 and not search.fits(a, b):
+            a += 1
+        while a > 0 and search.fits(a - 1, b):
+            a -= 1
+        ranges.append((a, b))
+        b = a
+    ranges.reverse()
+    return ranges
+
+
+def _kept_pieces(
+    search: _PieceSearch, ranges: list[tuple[int, int]], count: Callable[[Sample], int | None] | None
+) -> Pieces:
+    """Return the encoded pieces of ``ranges`` that train something; count the others, by reason."""
     out: list[Encoded] = []
     left_out: Counter[str] = Counter()
     tokens: Counter[str] = Counter()
     for a, b in ranges:
-        if not has_training(a, b):
+        if not search.has_training(a, b):
             left_out["untrained_piece"] += 1
-            tokens["untrained_piece"] += (count(piece(a, b)) if count is not None else None) or 0
+            tokens["untrained_piece"] += (count(search.piece(a, b)) if count is not None else None) or 0
             continue
-        length(a, b)  # encoded once, by the search or here
-        got = cache[(a, b)]
+        search.length(a, b)  # encoded once, by the search or here
+        got = search.cache[(a, b)]
         if isinstance(got, RecordError):
             left_out[f"piece_{got.reason}"] += 1  # a piece the template cannot render has no tokens to count
             continue
