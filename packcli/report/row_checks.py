@@ -116,8 +116,111 @@ def check_batch(batch: pa.RecordBatch, first_row: int, expect: Expected, totals:
     Token-sized work is a handful of comparisons over the flat columns; failing tokens and segments
     are mapped back to their rows only when there are any.
     """
-    n = batch.num_rows
     cols = {name: batch.column(name) for name in expect.columns}
+    null_rows = _null_rows(cols, batch.num_rows)
+    if null_rows.any():
+        totals.fail("nulls", np.flatnonzero(null_rows), first_row)
+        return
+    flat = _FlatRows.of(cols, batch.num_rows)
+    totals.tokens += int(flat.row_len.sum())
+    if len(flat.ids):
+        totals.max_id = max(int(flat.ids.max()), totals.max_id if totals.max_id is not None else -1)
+    if not _check_shapes(flat, expect, totals, first_row):
+        return  # the columns do not line up; the checks below would only repeat this
+    labelled = flat.labels != IGNORE_INDEX
+    totals.trainable += int(np.count_nonzero(labelled))
+    seg_row, row_sums, pad = _check_segments(flat, labelled, expect, totals, first_row)
+    row_len, segs, seq_lengths, index, piece = flat.row_len, flat.segs, flat.seq_lengths, flat.index, flat.piece
+    totals.sample_tokens += int(row_len.sum()) - int(seq_lengths[pad].sum())
+    if "seq_lengths_unpadded" in batch.schema.names:
+        alignment = _check_unpadded(
+            batch, segs, seq_lengths, pad, row_sums == row_len, labelled, expect, totals, first_row
+        )
+        totals.sample_tokens -= alignment
+        totals.alignment += alignment
+    if "loss_weights" in batch.schema.names:
+        _check_loss_weights(batch, flat, labelled, row_sums, expect, totals, first_row)
+    if "source" in batch.schema.names:
+        _check_source(batch, segs, index, pad, seg_row, expect, totals, first_row)
+    if "sample_role" in batch.schema.names:
+        _check_roles(batch, segs, index, piece, pad, seg_row, expect, totals, first_row)
+    totals.index.append(index[~pad])
+    totals.pieces.append(piece[~pad])
+    tiled = (row_sums == row_len) & (np.bincount(seg_row[seq_lengths < 1], minlength=flat.n) == 0)
+    trees = any(name in batch.schema.names for name in TREE_COLUMNS)
+    if trees and tiled.all():  # (rows whose samples do not tile them fail seq_lengths_sum already)
+        check_tree_rows(batch, row_len, segs, seq_lengths, flat.positions, labelled, totals, first_row)
+    _check_positions(flat, labelled, pad, seg_row, tiled, trees, totals, first_row)
+
+
+def _rows_of(ends: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Return the row of each set element of a flat ``mask``, given the rows' cumulative ends in it."""
+    return np.searchsorted(ends, np.flatnonzero(mask), side="right")
+
+
+@dataclass
+class _FlatRows:
+    """A batch's list columns as flat numpy arrays, with each column's per-row lengths."""
+
+    n: int
+    rows: np.ndarray
+    row_len: np.ndarray
+    ids: np.ndarray
+    lab_len: np.ndarray
+    labels: np.ndarray
+    pos_len: np.ndarray
+    positions: np.ndarray
+    segs: np.ndarray
+    seq_lengths: np.ndarray
+    idx_len: np.ndarray
+    index: np.ndarray
+    piece_len: np.ndarray
+    piece: np.ndarray
+    row_end: np.ndarray
+    seg_end: np.ndarray
+
+    @classmethod
+    def of(cls, cols: dict[str, pa.Array], n: int) -> _FlatRows:
+        """Return the flat arrays of a batch's columns (``piece_index`` all 0 where the column is absent)."""
+        row_len, ids = list_parts(cols["input_ids"])
+        lab_len, labels = list_parts(cols["labels"])
+        pos_len, positions = list_parts(cols["position_ids"])
+        segs, seq_lengths = list_parts(cols["seq_lengths"])
+        idx_len, index = list_parts(cols["sample_index"])
+        if "piece_index" in cols:
+            piece_len, piece = list_parts(cols["piece_index"])
+        else:
+            piece_len, piece = idx_len, np.zeros(len(index), np.int32)
+        return cls(
+            n=n,
+            rows=np.arange(n),
+            row_len=row_len,
+            ids=ids,
+            lab_len=lab_len,
+            labels=labels,
+            pos_len=pos_len,
+            positions=positions,
+            segs=segs,
+            seq_lengths=seq_lengths.astype(np.int64),
+            idx_len=idx_len,
+            index=index.astype(np.int64),
+            piece_len=piece_len,
+            piece=piece.astype(np.int64),
+            row_end=np.cumsum(row_len),
+            seg_end=np.cumsum(segs),
+        )
+
+    def token_rows(self, mask: np.ndarray) -> np.ndarray:
+        """Return the row of each token set in ``mask``."""
+        return _rows_of(self.row_end, mask)
+
+    def segment_rows(self, mask: np.ndarray) -> np.ndarray:
+        """Return the row of each segment set in ``mask``."""
+        return _rows_of(self.seg_end, mask)
+
+
+def _null_rows(cols: dict[str, pa.Array], n: int) -> np.ndarray:
+    """Return which of the ``n`` rows hold a null, as a row or as a value in one of their lists."""
     null_rows = np.zeros(n, dtype=bool)
     for col in cols.values():
         null_rows |= col.is_null().to_numpy(zero_copy_only=False)
@@ -125,36 +228,14 @@ def check_batch(batch: pa.RecordBatch, first_row: int, expect: Expected, totals:
             seg_lengths, _ = list_parts(col)
             nulls = col.flatten().is_null().to_numpy(zero_copy_only=False)
             null_rows[np.repeat(np.arange(n), seg_lengths)[nulls]] = True
-    if null_rows.any():
-        totals.fail("nulls", np.flatnonzero(null_rows), first_row)
-        return
-    row_len, ids = list_parts(cols["input_ids"])
-    lab_len, labels = list_parts(cols["labels"])
-    pos_len, positions = list_parts(cols["position_ids"])
-    segs, seq_lengths = list_parts(cols["seq_lengths"])
-    idx_len, index = list_parts(cols["sample_index"])
-    if "piece_index" in cols:
-        piece_len, piece = list_parts(cols["piece_index"])
-    else:
-        piece_len, piece = idx_len, np.zeros(len(index), np.int32)
-    piece = piece.astype(np.int64)
-    seq_lengths = seq_lengths.astype(np.int64)
-    index = index.astype(np.int64)
-    totals.tokens += int(row_len.sum())
-    if len(ids):
-        totals.max_id = max(int(ids.max()), totals.max_id if totals.max_id is not None else -1)
-    rows = np.arange(n)
-    row_end = np.cumsum(row_len)
-    seg_end = np.cumsum(segs)
+    return null_rows
 
-    def token_rows(mask: np.ndarray) -> np.ndarray:
-        return np.searchsorted(row_end, np.flatnonzero(mask), side="right")
 
-    def segment_rows(mask: np.ndarray) -> np.ndarray:
-        return np.searchsorted(seg_end, np.flatnonzero(mask), side="right")
-
-    token_ok = (lab_len == row_len) & (pos_len == row_len)
-    segment_ok = (idx_len == segs) & (piece_len == segs)
+def _check_shapes(flat: _FlatRows, expect: Expected, totals: ShardTotals, first_row: int) -> bool:
+    """Check the rows' lengths, the columns' agreement and the vocabulary; return whether the columns line up."""
+    rows, row_len = flat.rows, flat.row_len
+    token_ok = (flat.lab_len == row_len) & (flat.pos_len == row_len)
+    segment_ok = (flat.idx_len == flat.segs) & (flat.piece_len == flat.segs)
     totals.fail("token_columns", rows[~token_ok], first_row)
     totals.fail("segment_columns", rows[~segment_ok], first_row)
     totals.fail("empty", rows[row_len == 0], first_row)
@@ -162,18 +243,22 @@ def check_batch(batch: pa.RecordBatch, first_row: int, expect: Expected, totals:
     if expect.pad_to_max:
         totals.fail("not_padded", rows[row_len != expect.max_len], first_row)
     if expect.vocab_size:
-        totals.fail("vocab", token_rows((ids < 0) | (ids >= expect.vocab_size)), first_row)
-    if not (token_ok.all() and segment_ok.all()):
-        return  # the columns do not line up; the checks below would only repeat this
-    labelled = labels != IGNORE_INDEX
-    totals.trainable += int(np.count_nonzero(labelled))
-    totals.fail("labels", token_rows(labelled & (labels != ids)), first_row)
-    totals.fail("sample_index", segment_rows(index < -1), first_row)
-    totals.fail("piece_index", segment_rows((piece < 0) | ((index == -1) & (piece != 0))), first_row)
-    totals.fail("seq_lengths_positive", segment_rows(seq_lengths < 1), first_row)
-    seg_row = np.repeat(rows, segs)
-    row_sums = np.bincount(seg_row, weights=seq_lengths, minlength=n).astype(np.int64)
-    totals.fail("seq_lengths_sum", rows[row_sums != row_len], first_row)
+        totals.fail("vocab", flat.token_rows((flat.ids < 0) | (flat.ids >= expect.vocab_size)), first_row)
+    return bool(token_ok.all() and segment_ok.all())
+
+
+def _check_segments(
+    flat: _FlatRows, labelled: np.ndarray, expect: Expected, totals: ShardTotals, first_row: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Check labels, the segments' values, their order and padding; return (segment rows, row sums, padding)."""
+    rows, index, piece, seq_lengths = flat.rows, flat.index, flat.piece, flat.seq_lengths
+    totals.fail("labels", flat.token_rows(labelled & (flat.labels != flat.ids)), first_row)
+    totals.fail("sample_index", flat.segment_rows(index < -1), first_row)
+    totals.fail("piece_index", flat.segment_rows((piece < 0) | ((index == -1) & (piece != 0))), first_row)
+    totals.fail("seq_lengths_positive", flat.segment_rows(seq_lengths < 1), first_row)
+    seg_row = np.repeat(rows, flat.segs)
+    row_sums = np.bincount(seg_row, weights=seq_lengths, minlength=flat.n).astype(np.int64)
+    totals.fail("seq_lengths_sum", rows[row_sums != flat.row_len], first_row)
     pad = index == -1
     # The contract: a row's samples are in ascending (sample_index, piece_index) order (padding aside).
     same_row = seg_row[1:] == seg_row[:-1]
@@ -188,38 +273,49 @@ def check_batch(batch: pa.RecordBatch, first_row: int, expect: Expected, totals:
         if not expect.pad_to_max:
             totals.fail("padding_unexpected", seg_row[pad], first_row)
         is_last = np.zeros(len(index), dtype=bool)
-        is_last[seg_end[segs > 0] - 1] = True
+        is_last[flat.seg_end[flat.segs > 0] - 1] = True
         totals.fail("padding_not_last", seg_row[pad & ~is_last], first_row)
-    totals.sample_tokens += int(row_len.sum()) - int(seq_lengths[pad].sum())
-    if "seq_lengths_unpadded" in batch.schema.names:
-        alignment = _check_unpadded(
-            batch, segs, seq_lengths, pad, row_sums == row_len, labelled, expect, totals, first_row
-        )
-        totals.sample_tokens -= alignment
-        totals.alignment += alignment
-    if "loss_weights" in batch.schema.names:
-        w_len, weights = list_parts(batch.column("loss_weights"))
-        bad_len = rows[w_len != row_len]
-        totals.fail("loss_weights", bad_len, first_row)
-        if len(bad_len) == 0:
-            bad = ~np.isfinite(weights) | (weights < 0) | ((weights != 0) & ~labelled)
-            totals.fail("loss_weights", token_rows(bad), first_row)
-            if expect.loss_weighting in WEIGHTING_RULES and (row_sums == row_len).all() and (seq_lengths > 0).all():
-                # Each segment's weights as the writer computes them, from its labels (padding segments: 0).
-                want = loss_weights(labels, seq_lengths, expect.loss_weighting)
-                if not np.array_equal(weights, want):  # the writer's own values are equal bit for bit
-                    wrong = ~np.isclose(weights, want, rtol=WEIGHT_RTOL, atol=0.0) & ~bad
-                    totals.fail("loss_weights_values", token_rows(wrong), first_row)
-    if "source" in batch.schema.names:
-        _check_source(batch, segs, index, pad, seg_row, expect, totals, first_row)
-    if "sample_role" in batch.schema.names:
-        _check_roles(batch, segs, index, piece, pad, seg_row, expect, totals, first_row)
-    totals.index.append(index[~pad])
-    totals.pieces.append(piece[~pad])
-    tiled = (row_sums == row_len) & (np.bincount(seg_row[seq_lengths < 1], minlength=n) == 0)
-    trees = any(name in batch.schema.names for name in TREE_COLUMNS)
-    if trees and tiled.all():  # (rows whose samples do not tile them fail seq_lengths_sum already)
-        check_tree_rows(batch, row_len, segs, seq_lengths, positions, labelled, totals, first_row)
+    return seg_row, row_sums, pad
+
+
+def _check_loss_weights(
+    batch: pa.RecordBatch,
+    flat: _FlatRows,
+    labelled: np.ndarray,
+    row_sums: np.ndarray,
+    expect: Expected,
+    totals: ShardTotals,
+    first_row: int,
+) -> None:
+    """Check loss_weights: one per token, finite, not negative, 0 where untrained, the recorded weighting's."""
+    w_len, weights = list_parts(batch.column("loss_weights"))
+    bad_len = flat.rows[w_len != flat.row_len]
+    totals.fail("loss_weights", bad_len, first_row)
+    if len(bad_len) == 0:
+        bad = ~np.isfinite(weights) | (weights < 0) | ((weights != 0) & ~labelled)
+        totals.fail("loss_weights", flat.token_rows(bad), first_row)
+        seq_lengths = flat.seq_lengths
+        if expect.loss_weighting in WEIGHTING_RULES and (row_sums == flat.row_len).all() and (seq_lengths > 0).all():
+            # Each segment's weights as the writer computes them, from its labels (padding segments: 0).
+            want = loss_weights(flat.labels, seq_lengths, expect.loss_weighting)
+            if not np.array_equal(weights, want):  # the writer's own values are equal bit for bit
+                wrong = ~np.isclose(weights, want, rtol=WEIGHT_RTOL, atol=0.0) & ~bad
+                totals.fail("loss_weights_values", flat.token_rows(wrong), first_row)
+
+
+def _check_positions(
+    flat: _FlatRows,
+    labelled: np.ndarray,
+    pad: np.ndarray,
+    seg_row: np.ndarray,
+    tiled: np.ndarray,
+    trees: bool,
+    totals: ShardTotals,
+    first_row: int,
+) -> None:
+    """Check position_ids, first labels and padding labels in the rows whose segments tile them."""
+    rows, row_len, segs, positions, seq_lengths = flat.rows, flat.row_len, flat.segs, flat.positions, flat.seq_lengths
+    row_end = flat.row_end
     if not tiled.all():
         # Positions and first labels can be placed only in rows whose segments tile the row.
         keep_tokens = np.repeat(tiled, row_len)
@@ -238,10 +334,10 @@ def check_batch(batch: pa.RecordBatch, first_row: int, expect: Expected, totals:
     if len(positions) > 1:
         bad_position[1:] |= ~starts[1:] & (np.diff(positions) != 1)
     if not trees:  # tree rows' positions follow the tree (checked above)
-        totals.fail("positions", rows[token_rows(bad_position)], first_row)
+        totals.fail("positions", rows[_rows_of(row_end, bad_position)], first_row)
     totals.fail("first_label", seg_row[labelled[seg_start]], first_row)
     if pad.any():
-        totals.fail("padding_labels", rows[token_rows(np.repeat(pad, seq_lengths) & labelled)], first_row)
+        totals.fail("padding_labels", rows[_rows_of(row_end, np.repeat(pad, seq_lengths) & labelled)], first_row)
 
 
 def _check_source(
