@@ -9,6 +9,7 @@ dictionaries that the CLI renders or dumps as JSON.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from packcli.report.figures import (
     row_bounds,
 )
 from packcli.report.raw import parse_max_lens, raw_stats
-from packcli.results import Counts
+from packcli.results import Counts, Manifest
 
 __all__ = ["is_packed_output", "list_parts", "output_stats", "parse_max_lens", "raw_stats"]
 
@@ -68,125 +69,35 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     check_batch_size(batch_size)
     manifest = read_checked_manifest(directory)
     max_len = manifest.max_len  # a positive integer: read_checked_manifest checks it
-    row_tokens: list[np.ndarray] = []
-    row_samples: list[np.ndarray] = []
-    seq_index: list[np.ndarray] = []
-    seq_length: list[np.ndarray] = []
-    seq_real: list[np.ndarray] = []
-    seq_piece: list[np.ndarray] = []
-    seq_role: list[np.ndarray] = []
-    row_pairs: list[np.ndarray] = []
-    row_images: list[np.ndarray] = []  # an image-text output: each row's images
-    image_tokens = embedded = image_samples = 0
-    trainable = 0
-    segment_padding = 0
-    shards = manifest.shards
-    listed = manifest.columns or []
-    images_listed = has_images(listed)
-    trees_listed = all(c in listed for c in TREE_COLUMNS)
-    expanded = 0  # prefix trees: the tokens of the plain expansion
-    for entry in shards:
-        path = directory / entry.file
-        try:
-            columns = ["labels", "seq_lengths", "sample_index"]
-            columns += [c for c in ("piece_index", "sample_role", "seq_lengths_unpadded") if c in listed]
-            if trees_listed:
-                columns += ["position_ids", *TREE_COLUMNS]
-            if images_listed:
-                columns += ["image_refs", "image_tokens", "image_sample"]
-            for batch in shard_batches(path, columns):
-                row_len, labels = list_parts(batch.column("labels"))
-                segs, lengths = list_parts(batch.column("seq_lengths"))
-                _, index = list_parts(batch.column("sample_index"))
-                trainable += int(np.count_nonzero(labels != IGNORE_INDEX))
-                pad = index == -1
-                seg_row = np.repeat(np.arange(len(segs)), segs)
-                pad_per_row = np.bincount(seg_row[pad], weights=lengths[pad], minlength=len(segs)).astype(np.int64)
-                segment_padding += int(pad_per_row.sum())
-                if trees_listed:  # (a padding segment is one node: as long expanded as in the row)
-                    expanded += expanded_tokens(batch) - int(pad_per_row.sum())
-                real = lengths
-                if "seq_lengths_unpadded" in columns:
-                    _, real = list_parts(batch.column("seq_lengths_unpadded"))
-                    real = np.where(pad, lengths, real)  # padding segments are padding_segment_tokens, not this
-                alignment = np.bincount(seg_row, weights=lengths - real, minlength=len(segs)).astype(np.int64)
-                row_tokens.append(row_len - pad_per_row - alignment)
-                row_samples.append(segs - np.bincount(seg_row[pad], minlength=len(segs)))
-                seq_index.append(index[~pad].astype(np.int64))
-                if "piece_index" in columns:
-                    _, piece = list_parts(batch.column("piece_index"))
-                    seq_piece.append(piece[~pad].astype(np.int64))
-                seq_length.append(lengths[~pad].astype(np.int64))
-                seq_real.append(real[~pad].astype(np.int64))
-                if "sample_role" in columns:
-                    _, role = list_parts(batch.column("sample_role"))
-                    seq_role.append(role[~pad].astype(np.int64))
-                    row_pairs.append(np.bincount(seg_row[role == CHOSEN], minlength=len(segs)))
-                if images_listed:
-                    counts_per_row, sample_of = list_parts(batch.column("image_sample"))
-                    row_images.append(counts_per_row)
-                    image_tokens += int(list_parts(batch.column("image_tokens"))[1].sum())
-                    embedded += batch.column("image_refs").flatten().null_count  # they came as bytes
-                    image_row = np.repeat(np.arange(len(segs)), counts_per_row)
-                    image_samples += len(np.unique(image_row * (int(segs.max(initial=0)) + 1) + sample_of))
-        except (OSError, pa.ArrowException, KeyError) as exc:
-            raise OutputError(
-                f"{entry.file}: cannot be read ({first_line(exc)}); run packcli verify {directory}"
-            ) from exc
-    per_row = _concat(row_tokens)
-    samples_per_row = _concat(row_samples)
-    index = _concat(seq_index)
-    lengths = _concat(seq_length)
-    real_lengths = _concat(seq_real)
-    pieces = _concat(seq_piece) if seq_piece else np.zeros(len(index), np.int64)
+    read = _read_shards(directory, manifest)
+    arrays = read.sample_arrays()
+    per_row, samples_per_row, index, lengths = arrays.per_row, arrays.samples_per_row, arrays.index, arrays.lengths
     rows = len(per_row)
-    tokens = int(real_lengths.sum())
-    # Rank padding (--rank-remainder pad) repeats whole rows; bounds and what-ifs count a sample (one
-    # (sample_index, piece_index) pair) once. Sorted by the pair: input order.
-    distinct, first = np.unique(np.stack([index, pieces], axis=1), axis=0, return_index=True)
-    padded_lengths, distinct_lengths = lengths[first], real_lengths[first]
+    tokens = int(arrays.real_lengths.sum())
+    padded_lengths, distinct_lengths = lengths[arrays.first], arrays.real_lengths[arrays.first]
     if len(distinct_lengths) and not (int(distinct_lengths.min()) >= 1 and int(padded_lengths.max()) <= max_len):
         raise OutputError(
             f"{directory}: a sample length is outside 1..max_len {max_len}; run packcli verify {directory}"
         )
     capacity = rows * max_len
     padding_tokens = capacity - tokens
-    # Unpacked, every sample a trainer sees is a row: a --mix repeat is one (it is trained again), a row
-    # repeated by rank padding is not. With both in one output, copies of either are counted once.
     counts = manifest.counts or Counts()
-    every_copy = manifest.mix is not None and not int(counts.duplicated or 0)
-    unpacked = len(index) if every_copy else len(distinct)
-    without = unpacked * max_len - tokens if every_copy else len(distinct) * max_len - int(distinct_lengths.sum())
-    if every_copy:  # every copy, in input order (a record's copies together)
-        batched = batch_padding(real_lengths[np.lexsort((pieces, index))], batch_size)
-    else:
-        batched = batch_padding(distinct_lengths, batch_size)  # np.unique sorts: input order
+    unpacked, without, batched = _padding_without_packing(manifest, arrays, tokens, max_len, batch_size)
     spr_hist = np.bincount(samples_per_row) if rows else np.zeros(0, np.int64)
-    pairs = None
-    if seq_role:
-        # Preference data: a record's samples are one item of the plan, so the bounds are on records.
-        roles = _concat(seq_role)[first]
-        _, item_of = np.unique(distinct[:, 0], return_inverse=True)
-        item_lengths = np.bincount(item_of, weights=padded_lengths).astype(np.int64)
-        pairs = _pair_stats(roles, item_of, distinct_lengths, _concat(row_pairs), batch_size)
-        bounds = row_bounds(item_lengths, max_len, rows)
-    elif manifest.mix is not None:  # --mix: the plan packed every copy of a repeated record
-        bounds = row_bounds(lengths, max_len, rows)
-    else:
-        bounds = row_bounds(padded_lengths, max_len, rows)
+    bounds, pairs = _bounds_and_pairs(manifest, read, arrays, max_len, rows, batch_size)
     out = {
         "mode": "packed",
         "directory": str(directory),
         "max_len": max_len,
-        "shards": len(shards),
+        "shards": len(manifest.shards),
         "rows": rows,
         "sequences": len(lengths),
-        "samples": len(distinct),
+        "samples": len(arrays.distinct),
         "records": len(np.unique(index)),
         "tokens": tokens,
-        "trainable_tokens": trainable,
+        "trainable_tokens": read.trainable,
         "padding_tokens": padding_tokens,
-        "padding_segment_tokens": segment_padding,
+        "padding_segment_tokens": read.segment_padding,
         "alignment_padding_tokens": int(lengths.sum()) - tokens,
         "fill": round(tokens / capacity, 6) if capacity else 0.0,
         **bounds,
@@ -212,17 +123,181 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     }
     if pairs is not None:
         out["preference"] = pairs
-    if images_listed:
-        per_row_images = _concat(row_images)
+    return out | _output_sections(manifest, read, tokens, rows)
+
+
+@dataclass
+class _SampleArrays:
+    """A packed output's rows and sample copies as arrays, with each distinct sample's first copy."""
+
+    per_row: np.ndarray  # each row's sample tokens
+    samples_per_row: np.ndarray
+    index: np.ndarray  # each sample copy's sample_index, in shard order
+    lengths: np.ndarray  # its padded length (as in seq_lengths)
+    real_lengths: np.ndarray  # its real length
+    pieces: np.ndarray  # its piece_index
+    distinct: np.ndarray  # the distinct (sample_index, piece_index) pairs, sorted: input order
+    first: np.ndarray  # the copy of each distinct pair that comes first
+
+
+@dataclass
+class _ShardReading:
+    """What a packed output's shards hold, summed or gathered batch by batch."""
+
+    images_listed: bool
+    trees_listed: bool
+    row_tokens: list[np.ndarray] = field(default_factory=list)
+    row_samples: list[np.ndarray] = field(default_factory=list)
+    seq_index: list[np.ndarray] = field(default_factory=list)
+    seq_length: list[np.ndarray] = field(default_factory=list)
+    seq_real: list[np.ndarray] = field(default_factory=list)
+    seq_piece: list[np.ndarray] = field(default_factory=list)
+    seq_role: list[np.ndarray] = field(default_factory=list)
+    row_pairs: list[np.ndarray] = field(default_factory=list)
+    row_images: list[np.ndarray] = field(default_factory=list)  # an image-text output: each row's images
+    image_tokens: int = 0
+    embedded: int = 0
+    image_samples: int = 0
+    trainable: int = 0
+    segment_padding: int = 0
+    expanded: int = 0  # prefix trees: the tokens of the plain expansion
+
+    def add_batch(self, batch: pa.RecordBatch, columns: list[str]) -> None:
+        """Add one batch of rows read with ``columns``."""
+        row_len, labels = list_parts(batch.column("labels"))
+        segs, lengths = list_parts(batch.column("seq_lengths"))
+        _, index = list_parts(batch.column("sample_index"))
+        self.trainable += int(np.count_nonzero(labels != IGNORE_INDEX))
+        pad = index == -1
+        seg_row = np.repeat(np.arange(len(segs)), segs)
+        pad_per_row = np.bincount(seg_row[pad], weights=lengths[pad], minlength=len(segs)).astype(np.int64)
+        self.segment_padding += int(pad_per_row.sum())
+        if self.trees_listed:  # (a padding segment is one node: as long expanded as in the row)
+            self.expanded += expanded_tokens(batch) - int(pad_per_row.sum())
+        real = lengths
+        if "seq_lengths_unpadded" in columns:
+            _, real = list_parts(batch.column("seq_lengths_unpadded"))
+            real = np.where(pad, lengths, real)  # padding segments are padding_segment_tokens, not this
+        alignment = np.bincount(seg_row, weights=lengths - real, minlength=len(segs)).astype(np.int64)
+        self.row_tokens.append(row_len - pad_per_row - alignment)
+        self.row_samples.append(segs - np.bincount(seg_row[pad], minlength=len(segs)))
+        self.seq_index.append(index[~pad].astype(np.int64))
+        if "piece_index" in columns:
+            _, piece = list_parts(batch.column("piece_index"))
+            self.seq_piece.append(piece[~pad].astype(np.int64))
+        self.seq_length.append(lengths[~pad].astype(np.int64))
+        self.seq_real.append(real[~pad].astype(np.int64))
+        if "sample_role" in columns:
+            _, role = list_parts(batch.column("sample_role"))
+            self.seq_role.append(role[~pad].astype(np.int64))
+            self.row_pairs.append(np.bincount(seg_row[role == CHOSEN], minlength=len(segs)))
+        if self.images_listed:
+            self._add_images(batch, segs)
+
+    def _add_images(self, batch: pa.RecordBatch, segs: np.ndarray) -> None:
+        """Add the images of one batch of image-text rows."""
+        counts_per_row, sample_of = list_parts(batch.column("image_sample"))
+        self.row_images.append(counts_per_row)
+        self.image_tokens += int(list_parts(batch.column("image_tokens"))[1].sum())
+        self.embedded += batch.column("image_refs").flatten().null_count  # they came as bytes
+        image_row = np.repeat(np.arange(len(segs)), counts_per_row)
+        self.image_samples += len(np.unique(image_row * (int(segs.max(initial=0)) + 1) + sample_of))
+
+    def sample_arrays(self) -> _SampleArrays:
+        """Return the rows and sample copies read, as arrays, and which copies are each sample's first."""
+        index = _concat(self.seq_index)
+        pieces = _concat(self.seq_piece) if self.seq_piece else np.zeros(len(index), np.int64)
+        # Rank padding (--rank-remainder pad) repeats whole rows; bounds and what-ifs count a sample (one
+        # (sample_index, piece_index) pair) once. Sorted by the pair: input order.
+        distinct, first = np.unique(np.stack([index, pieces], axis=1), axis=0, return_index=True)
+        return _SampleArrays(
+            per_row=_concat(self.row_tokens),
+            samples_per_row=_concat(self.row_samples),
+            index=index,
+            lengths=_concat(self.seq_length),
+            real_lengths=_concat(self.seq_real),
+            pieces=pieces,
+            distinct=distinct,
+            first=first,
+        )
+
+
+def _read_shards(directory: Path, manifest: Manifest) -> _ShardReading:
+    """Read the lengths (and roles, images, trees) of every row of an output's shards, a batch at a time."""
+    listed = manifest.columns or []
+    read = _ShardReading(images_listed=has_images(listed), trees_listed=all(c in listed for c in TREE_COLUMNS))
+    for entry in manifest.shards:
+        path = directory / entry.file
+        try:
+            columns = ["labels", "seq_lengths", "sample_index"]
+            columns += [c for c in ("piece_index", "sample_role", "seq_lengths_unpadded") if c in listed]
+            if read.trees_listed:
+                columns += ["position_ids", *TREE_COLUMNS]
+            if read.images_listed:
+                columns += ["image_refs", "image_tokens", "image_sample"]
+            for batch in shard_batches(path, columns):
+                read.add_batch(batch, columns)
+        except (OSError, pa.ArrowException, KeyError) as exc:
+            raise OutputError(
+                f"{entry.file}: cannot be read ({first_line(exc)}); run packcli verify {directory}"
+            ) from exc
+    return read
+
+
+def _padding_without_packing(
+    manifest: Manifest, arrays: _SampleArrays, tokens: int, max_len: int, batch_size: int
+) -> tuple[int, int, int]:
+    """Return the what-ifs: (rows unpacked, their padding to max_len, the padding of batches padded to the longest)."""
+    # Unpacked, every sample a trainer sees is a row: a --mix repeat is one (it is trained again), a row
+    # repeated by rank padding is not. With both in one output, copies of either are counted once.
+    counts = manifest.counts or Counts()
+    distinct_lengths = arrays.real_lengths[arrays.first]
+    every_copy = manifest.mix is not None and not int(counts.duplicated or 0)
+    unpacked = len(arrays.index) if every_copy else len(arrays.distinct)
+    without = (
+        unpacked * max_len - tokens if every_copy else len(arrays.distinct) * max_len - int(distinct_lengths.sum())
+    )
+    if every_copy:  # every copy, in input order (a record's copies together)
+        order = np.lexsort((arrays.pieces, arrays.index))
+        batched = batch_padding(arrays.real_lengths[order], batch_size)
+    else:
+        batched = batch_padding(distinct_lengths, batch_size)  # np.unique sorts: input order
+    return unpacked, without, batched
+
+
+def _bounds_and_pairs(
+    manifest: Manifest, read: _ShardReading, arrays: _SampleArrays, max_len: int, rows: int, batch_size: int
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Return the row-count bounds on what the plan packed, and the preference figures (None without roles)."""
+    padded_lengths = arrays.lengths[arrays.first]
+    if read.seq_role:
+        # Preference data: a record's samples are one item of the plan, so the bounds are on records.
+        roles = _concat(read.seq_role)[arrays.first]
+        _, item_of = np.unique(arrays.distinct[:, 0], return_inverse=True)
+        item_lengths = np.bincount(item_of, weights=padded_lengths).astype(np.int64)
+        distinct_lengths = arrays.real_lengths[arrays.first]
+        pairs = _pair_stats(roles, item_of, distinct_lengths, _concat(read.row_pairs), batch_size)
+        return row_bounds(item_lengths, max_len, rows), pairs
+    if manifest.mix is not None:  # --mix: the plan packed every copy of a repeated record
+        return row_bounds(arrays.lengths, max_len, rows), None
+    return row_bounds(padded_lengths, max_len, rows), None
+
+
+def _output_sections(manifest: Manifest, read: _ShardReading, tokens: int, rows: int) -> dict[str, Any]:
+    """Return the figures only some outputs have: images, prefix trees, the mix, the eval split, reasoning."""
+    out: dict[str, Any] = {}
+    if read.images_listed:
+        per_row_images = _concat(read.row_images)
         n_images = int(per_row_images.sum())
+        embedded = read.embedded
         # Without --embed-images only the images that came as bytes are in the rows; the others by path.
         if (manifest.options or {}).get("embed_images"):
             embedded = n_images
         out["images"] = {
             "images": n_images,
-            "samples": image_samples,
-            "image_tokens": image_tokens,
-            "image_token_share": round(image_tokens / tokens, 6) if tokens else 0.0,
+            "samples": read.image_samples,
+            "image_tokens": read.image_tokens,
+            "image_token_share": round(read.image_tokens / tokens, 6) if tokens else 0.0,
             "per_row": {
                 "max": int(per_row_images.max()) if rows else 0,
                 "mean": round(float(per_row_images.mean()), 3) if rows else 0.0,
@@ -230,12 +305,12 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
             "embedded": embedded,
             "referenced": n_images - embedded,
         }
-    if trees_listed:
+    if read.trees_listed:
         out["prefix_trees"] = {
             "tokens": tokens,
-            "expanded_tokens": expanded,
-            "tokens_saved": expanded - tokens,
-            "tokens_ratio": round(tokens / expanded, 6) if expanded else 0.0,
+            "expanded_tokens": read.expanded,
+            "tokens_saved": read.expanded - tokens,
+            "tokens_ratio": round(tokens / read.expanded, 6) if read.expanded else 0.0,
         }
     if manifest.mix is not None:  # --mix: the manifest's per-source accounting
         out["mix"] = manifest.mix
