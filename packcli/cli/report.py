@@ -102,38 +102,84 @@ def stats(
 
     Examples: packcli stats out/ ; packcli stats data.jsonl --max-len 2048,4096,8192
     """
-    from packcli.config import PackConfig, option_problem
-    from packcli.errors import InputError, UsageError
-    from packcli.io.sources import missing_input
-    from packcli.report.stats import is_packed_output, output_stats, parse_max_lens, raw_stats
+    params = dict(locals())  # the flags a --config preset may also set (raw input), by name
+    from packcli.report.stats import output_stats, parse_max_lens
+
+    options, max_len = _raw_input_options(ctx, paths, max_len, params)
+    paths = _input_paths(paths, options)
+    packed = _is_packed(ctx, paths, max_len)
+    lens = parse_max_lens(max_len) if max_len is not None and not packed else []
+    _check_stats_values(num_proc, batch_size, plot)
+    if packed:
+        result = output_stats(Path(paths[0]), batch_size)
+    else:
+        result = _raw_stats(paths, options, lens, batch_size, json_out)
+    _show_stats(result, packed, plot, json_out)
+
+
+# The options of stats named as in PackConfig that a --config preset may also set (raw input).
+_PRESET_FLAGS = (
+    "split",
+    "limit",
+    "format",
+    "task",
+    "tokenizer",
+    "chat_template",
+    "processor",
+    "train_on",
+    "add_eos",
+    "on_error",
+    "fix_turns",
+    "expand_turns",
+    "prefix_tree",
+    "cache_dir",
+)
+
+
+def _raw_input_options(
+    ctx: typer.Context, paths: list[str] | None, max_len: str | None, params: dict[str, Any]
+) -> tuple[dict[str, Any], str | None]:
+    """Return the options of a raw-input run (the flags over a --config preset) and --max-len (else the preset's).
+
+    For a packed output, no options and --max-len as given.
+    """
+    from packcli.report.stats import is_packed_output
 
     options: dict[str, Any] = {}
     if paths is None or not any(is_packed_output(Path(p)) for p in paths):
-        flags = {
-            "split": split,
-            "limit": limit,
-            "format": format,
-            "task": task,
-            "tokenizer": tokenizer,
-            "chat_template": chat_template,
-            "processor": processor,
-            "train_on": train_on,
-            "add_eos": add_eos,
-            "on_error": on_error,
-            "fix_turns": fix_turns,
-            "expand_turns": expand_turns,
-            "prefix_tree": prefix_tree,
-            "cache_dir": cache_dir,
-        }
-        options = merge_preset(ctx, config, flags, field, template_kwarg, num_proc, no_cache)
+        flags = {name: params[name] for name in _PRESET_FLAGS}
+        options = merge_preset(
+            ctx,
+            params["config"],
+            flags,
+            params["field"],
+            params["template_kwarg"],
+            params["num_proc"],
+            params["no_cache"],
+        )
         if max_len is None and isinstance(options.get("max_len"), int):
             max_len = str(options["max_len"])  # the preset's
+    return options, max_len
+
+
+def _input_paths(paths: list[str] | None, options: dict[str, Any]) -> list[str]:
+    """Return the paths to read (given, else the preset's inputs); refuse none, or one that does not exist."""
+    from packcli.errors import InputError, UsageError
+    from packcli.io.sources import missing_input
+
     paths = list(paths) if paths else list(options.get("inputs", ()))
     if not paths:
         raise UsageError("no input given; pass a packed output directory or raw inputs, or name inputs in a --config")
     for p in paths:
         if missing_input(p):
             raise InputError(f"{p}: no such file or directory; check the path")
+    return paths
+
+
+def _is_packed(ctx: typer.Context, paths: list[str], max_len: str | None) -> bool:
+    """Return whether the paths are one packed output (else raw inputs); refuse options of the other kind."""
+    from packcli.errors import UsageError
+    from packcli.report.stats import is_packed_output
 
     packed = [p for p in paths if is_packed_output(Path(p))]
     if packed and len(paths) > 1:
@@ -149,7 +195,14 @@ def stats(
             f"{paths[0]} has no manifest.json, so it is read as raw input, which needs --max-len "
             "(e.g. --max-len 2048,4096,8192)"
         )
-    lens = parse_max_lens(max_len) if max_len is not None and not packed else []
+    return bool(packed)
+
+
+def _check_stats_values(num_proc: int | None, batch_size: int, plot: str | None) -> None:
+    """Refuse a --num-proc or --batch-size out of range, and a --plot file that cannot be written."""
+    from packcli.config import option_problem
+    from packcli.errors import UsageError
+
     for name, value in (("num_proc", num_proc), ("batch_size", batch_size)):
         problem = value is not None and option_problem(name, value)  # the rule pack and the library apply
         if problem:
@@ -158,15 +211,26 @@ def stats(
         from packcli.report.plot import check_plot_path
 
         check_plot_path(plot)
-    if packed:
-        result = output_stats(Path(paths[0]), batch_size)
-    else:
-        with console.progress_bars(enabled=not json_out) as progress:
-            run_options = {k: v for k, v in options.items() if k in STATS_OPTIONS} | {"inputs": tuple(paths)}
-            pack_config = PackConfig(max_len=max(lens), dry_run=True, **run_options)
-            result = raw_stats(pack_config, lens, batch_size=batch_size, progress=progress)
-        for message in result.get("warnings", []):
-            console.warning(message)
+
+
+def _raw_stats(
+    paths: list[str], options: dict[str, Any], lens: list[int], batch_size: int, json_out: bool
+) -> dict[str, Any]:
+    """Return the figures of raw inputs at each max length (progress bars unless --json); warn on stderr."""
+    from packcli.config import PackConfig
+    from packcli.report.stats import raw_stats
+
+    with console.progress_bars(enabled=not json_out) as progress:
+        run_options = {k: v for k, v in options.items() if k in STATS_OPTIONS} | {"inputs": tuple(paths)}
+        pack_config = PackConfig(max_len=max(lens), dry_run=True, **run_options)
+        result = raw_stats(pack_config, lens, batch_size=batch_size, progress=progress)
+    for message in result.get("warnings", []):
+        console.warning(message)
+    return result
+
+
+def _show_stats(result: dict[str, Any], packed: bool, plot: str | None, json_out: bool) -> None:
+    """Draw the --plot file, then print the figures: JSON, or the packed or raw table."""
     if plot is not None:
         from packcli.report.plot import plot_histograms, write_plot
 
