@@ -39,8 +39,76 @@ def make_plan(options: PlanOptions, store: TokenStore) -> Plan:
     The samples of a preference or KTO record are one item (``packcli.plan.pairs``): packed in one row,
     dropped or truncated together.
     """
-    lengths = store.lengths.astype(np.int64)
     group = pairs.groups(store)
+    over = _apply_overflow(options, store, group)
+    kept = np.flatnonzero(over.keep)
+    if len(kept) == 0:
+        _refuse_nothing_kept(options, store, group, len(store.lengths))
+    kept_len = over.lengths[kept]
+    skip, drop_rows = over.skips, over.drop_rows
+    # The plan holds a few arrays per kept sample: every temporary as long as the store goes as soon as
+    # it has served (10M samples: 80 MB each).
+    cut_rows, trained_in_window, truncated = over.cut_rows, over.trained_in_window, over.truncated
+    del over
+    bins, padded_len, items_len = _plan_bins(options, group, kept, kept_len)
+    counts = np.bincount(bins)
+    row_tokens = np.bincount(bins, weights=padded_len).astype(np.int64)
+    by_row = np.argsort(bins, kind="stable")
+    del bins
+    store_rows = kept[by_row]
+    row_lengths = kept_len[by_row]
+    del by_row
+    row_skips = skip[store_rows]
+    del skip
+    row_start = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=row_start[1:])
+    order = packing.order_rows(row_tokens, options.seed, options.world_size, options.rank_remainder)
+    if len(order.order) == 0:
+        raise InputError(
+            f"no sample left to pack: the {len(counts)} packed rows are fewer than --world-size "
+            f"{options.world_size}, and --rank-remainder drop leaves none; lower --world-size or pass "
+            "--rank-remainder pad"
+        )
+    dropped_samples = np.zeros(0, dtype=np.int64)
+    if len(order.dropped_rows):
+        dropped_samples = np.concatenate([store_rows[row_start[r] : row_start[r + 1]] for r in order.dropped_rows])
+        drop_rows["world_size_remainder"] = dropped_samples
+    trainable = _trainable(store.trainable, kept, cut_rows, trained_in_window, dropped_samples)
+    tokens = int(kept_len.sum())
+    del kept, kept_len
+    return Plan(
+        store_rows=store_rows,
+        lengths=row_lengths,
+        skips=row_skips,
+        row_start=row_start,
+        order=order,
+        drop_rows=drop_rows,
+        truncated=truncated,
+        tokens=tokens,
+        trainable=trainable,
+        n_rows=len(counts),
+        bound_l1=packing.lower_bound_l1(items_len, options.max_len),
+        bound_l2=packing.lower_bound_l2(items_len, options.max_len),
+        alignment_padding=int(padded_len.sum()) - tokens,
+    )
+
+
+@dataclass
+class _Overflow:
+    """What the overflow policy makes of every sample of the store: kept or not, its length, its cut."""
+
+    keep: np.ndarray  # the samples the plan packs
+    lengths: np.ndarray  # each sample's length in its row (at most the sample limit)
+    skips: np.ndarray  # tokens left out at its start (--truncate-side left)
+    truncated: int
+    drop_rows: dict[str, np.ndarray]  # store rows of the samples left out, by reason
+    cut_rows: np.ndarray  # store rows of the samples cut to the limit
+    trained_in_window: np.ndarray  # the trained tokens each cut sample keeps
+
+
+def _apply_overflow(options: PlanOptions, store: TokenStore, group: np.ndarray | None) -> _Overflow:
+    """Return what --overflow (or, for preference records, their fit) makes of each sample; refuse with error."""
+    lengths = store.lengths.astype(np.int64)
     # With --pad-to-multiple-of, a sample fits when its padded length does: at most sample_limit tokens.
     max_len = options.sample_limit
     drop_rows: dict[str, np.ndarray] = {}
@@ -79,86 +147,47 @@ def make_plan(options: PlanOptions, store: TokenStore) -> Plan:
         drop_rows["too_long"] = np.flatnonzero(too_long)
     if options.cut_side == "left" and group is None:
         skip[too_long] = lengths[too_long] - max_len
-    kept = np.flatnonzero(keep)
-    if len(kept) == 0:
-        if len(lengths):
-            hints: list[Hint] = [(None, "raise --max-len")]
-            if group is not None:  # a record's samples are never split; its prompt may be cut
-                hints.append((("overflow", "truncate"), "pass --overflow truncate"))
-            else:
-                hints.append((("overflow", "split"), "pass --overflow split"))
-            if options.overflow != "drop" and group is None:
-                hints.append((("cut_side", "left"), "pass --truncate-side left"))
-            raise InputError(
-                f"no sample left to pack: all {len(lengths)} tokenized samples are longer than "
-                f"{_limit_text(options)} or have nothing to train on; {_suggest(options, hints)}"
-            )
-        reasons = ", ".join(f"{k}: {v}" for k, v in store.meta["dropped"].items())
+    return _Overflow(keep, eff, skip, truncated, drop_rows, cut_rows, trained_in_window)
+
+
+def _refuse_nothing_kept(options: PlanOptions, store: TokenStore, group: np.ndarray | None, samples: int) -> None:
+    """Raise the error of a plan with no sample left, saying why and what would keep some."""
+    if samples:
+        hints: list[Hint] = [(None, "raise --max-len")]
+        if group is not None:  # a record's samples are never split; its prompt may be cut
+            hints.append((("overflow", "truncate"), "pass --overflow truncate"))
+        else:
+            hints.append((("overflow", "split"), "pass --overflow split"))
+        if options.overflow != "drop" and group is None:
+            hints.append((("cut_side", "left"), "pass --truncate-side left"))
         raise InputError(
-            f"no sample left to pack: all {store.meta['records_read']} records were dropped ({reasons}); "
-            "list them with --on-error skip --rejects FILE"
+            f"no sample left to pack: all {samples} tokenized samples are longer than "
+            f"{_limit_text(options)} or have nothing to train on; {_suggest(options, hints)}"
         )
-    kept_len = eff[kept]
-    # The plan holds a few arrays per kept sample: every temporary as long as the store goes as soon as
-    # it has served (10M samples: 80 MB each).
-    del eff, keep, too_long, lengths
+    reasons = ", ".join(f"{k}: {v}" for k, v in store.meta["dropped"].items())
+    raise InputError(
+        f"no sample left to pack: all {store.meta['records_read']} records were dropped ({reasons}); "
+        "list them with --on-error skip --rejects FILE"
+    )
+
+
+def _plan_bins(
+    options: PlanOptions, group: np.ndarray | None, kept: np.ndarray, kept_len: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return each kept sample's row, its padded length, and the lengths of the items packed (a record's, summed)."""
     # Rows are planned on the lengths as written: each sample padded to a multiple of --pad-to-multiple-of.
     padded_len = (
         kept_len
         if options.pad_multiple <= 1
         else packing.pad_lengths(kept_len, options.pad_multiple, options.pad_offset)
     )
-    items_len = padded_len
-    if group is not None:
-        # One item per record: its samples' padded lengths summed; each sample goes where its item goes.
-        _, item_of = np.unique(group[kept], return_inverse=True)
-        items_len = np.bincount(item_of, weights=padded_len).astype(np.int64)
-        bins = packing.plan_rows(items_len, options.max_len, options.algorithm)[item_of]
-    else:
-        bins = packing.plan_rows(padded_len, options.max_len, options.algorithm)
-    counts = np.bincount(bins)
-    row_tokens = np.bincount(bins, weights=padded_len).astype(np.int64)
-    by_row = np.argsort(bins, kind="stable")
-    del bins
-    store_rows = kept[by_row]
-    row_lengths = kept_len[by_row]
-    del by_row
-    row_skips = skip[store_rows]
-    del skip
-    row_start = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(counts, out=row_start[1:])
-    order = packing.order_rows(row_tokens, options.seed, options.world_size, options.rank_remainder)
-    if len(order.order) == 0:
-        raise InputError(
-            f"no sample left to pack: the {len(counts)} packed rows are fewer than --world-size "
-            f"{options.world_size}, and --rank-remainder drop leaves none; lower --world-size or pass "
-            "--rank-remainder pad"
-        )
-    dropped_samples = np.zeros(0, dtype=np.int64)
-    if len(order.dropped_rows):
-        dropped_samples = np.concatenate([store_rows[row_start[r] : row_start[r + 1]] for r in order.dropped_rows])
-        drop_rows["world_size_remainder"] = dropped_samples
-    trainable = _trainable(store.trainable, kept, cut_rows, trained_in_window, dropped_samples)
-    tokens = int(kept_len.sum())
-    del kept, kept_len
-    bound_l1 = packing.lower_bound_l1(items_len, options.max_len)
-    bound_l2 = packing.lower_bound_l2(items_len, options.max_len)
-    alignment = int(padded_len.sum()) - tokens
-    return Plan(
-        store_rows=store_rows,
-        lengths=row_lengths,
-        skips=row_skips,
-        row_start=row_start,
-        order=order,
-        drop_rows=drop_rows,
-        truncated=truncated,
-        tokens=tokens,
-        trainable=trainable,
-        n_rows=len(counts),
-        bound_l1=bound_l1,
-        bound_l2=bound_l2,
-        alignment_padding=alignment,
-    )
+    if group is None:
+        return packing.plan_rows(padded_len, options.max_len, options.algorithm), padded_len, padded_len
+    # One item per record: its samples' padded lengths summed; each sample goes where its item goes.
+    _, item_of = np.unique(group[kept], return_inverse=True)
+    items_len = np.bincount(item_of, weights=padded_len).astype(np.int64)
+    bins = packing.plan_rows(items_len, options.max_len, options.algorithm)[item_of]
+    return bins, padded_len, items_len
 
 
 def _trainable(
