@@ -24,11 +24,11 @@ from packcli.output.images import with_written_images
 from packcli.output.layout import RowLayout
 from packcli.output.manifest import write_manifest
 from packcli.owned import staging_prefix
-from packcli.plan import dedup, holdout, mix
-from packcli.plan.planner import Plan, make_plan
-from packcli.results import CacheParts, CachePruned, Counts, Manifest, RunSummary, Seconds, ShardEntry, StageSeconds
-from packcli.run import accounting, evalsplit
-from packcli.run.options import mix_options, row_layout
+from packcli.plan import holdout
+from packcli.plan.planner import Plan
+from packcli.results import CachePruned, Counts, Manifest, RunSummary, Seconds, ShardEntry, StageSeconds
+from packcli.run.options import row_layout
+from packcli.run.planned import EvalSplit, PlannedRun, plan_run, run_summary
 from packcli.run.tokenized import TokenizedInputs, tokenized_inputs
 from packcli.store.cachedir import parse_size, prune
 from packcli.store.key import default_cache_dir
@@ -58,29 +58,10 @@ def run_pack(config: PackConfig, progress: Progress | None = None, engine: Engin
 
 
 def _run(config: PackConfig, progress: Progress, engine: Engine, started: float, cap: int | None) -> RunSummary:
-    # A filesystem URI (s3://, gs://, file://) has no rename: shards are written in place and the
-    # manifest last, as the marker that the output is complete. Only the Ray engine writes there.
-    to_uri = is_uri(config.output)
-    if to_uri and config.engine != "ray":
-        raise UsageError(f"-o {config.output}: a filesystem URI output needs --engine ray; or pass a local path")
-    if to_uri and shard_format(config.output_format).index_files:
-        raise UsageError(
-            f"-o {config.output}: --output-format {config.output_format} writes "
-            f"{', '.join(shard_format(config.output_format).index_files)} beside the shards, which a URI output "
-            "does not support yet; write to a local path, or use parquet or arrow"
-        )
+    """Check and lock the output, tokenize, plan, count and write; return the summary with its timings."""
     skipped: list[str] = []
     marks: dict[str, float] = {}  # when the summary and the shards were done (see _stage_seconds)
-    prepared = None
-    sources = None  # resolved once: here for a local output (checked against them), else when tokenizing
-    if not config.dry_run:
-        if to_uri:
-            engine.check_uri_output(config.output, config.overwrite)
-            if config.rejects:
-                guard.check_rejects_target(config.rejects, Path(config.rejects).resolve())
-        else:
-            sources = resolve_inputs(list(config.inputs), config.split, skipped)
-            prepared = _prepare_output(config, sources)
+    prepared, sources = _checked_output(config, engine, skipped)
     staged = prepared.staged if prepared else None
     try:
         scratch = staged.tmp if staged else None
@@ -93,64 +74,19 @@ def _run(config: PackConfig, progress: Progress, engine: Engine, started: float,
                 config, task=cast(Task, inputs.task)
             )  # the summary and manifest record the task found
             seconds = dict(inputs.store.seconds)
-            store = inputs.store
-            mixing_options = mix_options(found)  # its plan options are the run's
-            # --dedup exact, then --mix: the plan packs their view of the store (packcli.plan.dedup, .mix)
-            deduped = dedup.drop_duplicates(store) if config.dedup == "exact" else None
-            store = deduped.view if deduped is not None else store
-            of_inputs = mix.mix_of_inputs(mixing_options.names, config.split, inputs.sources) if config.mix else None
-            held = evalsplit.split(config, store, of_inputs) if evalsplit.wanted(config) else None  # before the mix
-            store = held.train if held is not None else store
-            mixed = mix.choose(mixing_options, store, of_inputs) if of_inputs is not None else None
-            store = mixed.view if mixed is not None else store
-            plan = make_plan(mixing_options.plan, store)
-            if mixed is not None:
-                mix.part_repeats(mixing_options.plan, mixed, plan)
+            planned = plan_run(config, found, inputs)
             t2 = time.perf_counter()
             read_tokens = int(inputs.store.lengths.sum())  # every token tokenized: the loss's denominator
-            summary = accounting.summary(found, store, plan, inputs.cache, read_tokens=read_tokens)
-            if deduped is not None:
-                summary = dataclasses.replace(summary, dedup=dedup.summary(deduped))
-            if mixed is not None:  # records left out by the mix are neither packed nor dropped
-                mixing = mix.accounting(mixing_options, mixed, plan)
-                warnings = [*summary.warnings, *mix.warnings(mixing)]
-                if mixed.repeats_in_same_row:
-                    warnings = [*warnings, mix.same_row_warning(mixed.repeats_in_same_row)]
-                packed = summary.packed - mixing["records_left_out"]
-                summary = dataclasses.replace(summary, mix=mixing, packed=packed, warnings=warnings)
-            accounting.check_loss(found, summary)
-            if held is not None:
-                eval_plan, eval_summary = evalsplit.plan(found, held, inputs.cache)
-                if mixed is not None:  # the eval rows carry the source column too, numbered as the training's
-                    held.eval.meta[mix.SOURCE_KEY] = mixed.view.meta[mix.SOURCE_KEY]
-                    eval_summary = dataclasses.replace(eval_summary, mix=mix.sources_of(summary.mix))
-                summary = evalsplit.account(summary, held, eval_summary)
-            summary = dataclasses.replace(summary, warnings=[*inputs.warnings, *summary.warnings])
-            if inputs.reuse is not None:
-                summary = dataclasses.replace(summary, cache_parts=CacheParts(**inputs.reuse))
+            summary, eval_split = run_summary(found, inputs, planned, read_tokens)
             marks["summary"] = time.perf_counter()
             if not config.dry_run:
-                held_processor = store.meta["tokenizer"].get("processor") or {}
-                embedded = held_processor.get("images", {}).get("embedded", 0)
-                spanned = held_processor.get("family") in SPANNED
-                layout = row_layout(found, inputs.pad_id, embedded, spanned)
-                shards = engine.write_output(layout, store, plan, staged.tmp if staged else None, progress)
-                marks["shards"] = time.perf_counter()
-                index_files = _write_index_files(config, staged.tmp if staged else None, shards)
-                if config.rejects:
-                    rejects = prepared.rejects_path(config.rejects) if prepared else Path(config.rejects)
-                    extra = deduped.rejects if deduped is not None else []
-                    _write_rejects(rejects, store, plan, inputs.sources, config.limit, extra)
-                if config.fix_turns_log:
-                    _write_fix_log(Path(config.fix_turns_log), store)
-                rejects_file = prepared.rejects_relative.as_posix() if prepared and prepared.rejects_relative else None
-                manifest = _manifest(found, inputs, summary, shards, layout, index_files or None, rejects_file)
-                if held is not None and staged is not None:  # inside the staged output: all of it appears at once
-                    _write_eval(found, inputs, engine, layout, held, eval_plan, eval_summary, staged.tmp, progress)
+                shards, manifest = _write_output(
+                    config, found, inputs, engine, planned, summary, eval_split, prepared, progress, marks
+                )
         if staged is not None:
             write_manifest(staged.tmp, manifest, Path(config.output))
             staged.commit()
-        elif to_uri and not config.dry_run:
+        elif is_uri(config.output) and not config.dry_run:
             engine.write_manifest_uri(config.output, manifest.to_dict())
         if not config.dry_run:
             summary = dataclasses.replace(summary, shards=len(shards))
@@ -164,17 +100,7 @@ def _run(config: PackConfig, progress: Progress, engine: Engine, started: float,
             prepared.release()
     if skipped:
         summary = dataclasses.replace(summary, skipped_dirs=sorted(set(skipped)))
-    if cap is not None and config.cache and not config.dry_run:
-        cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
-        keep = frozenset({inputs.key}) if inputs.key else frozenset()
-        pruned = prune(cache_root, max_size=cap, keep=keep)
-        cache_pruned = CachePruned(
-            entries=len(pruned["removed"]),
-            bytes=pruned["bytes_freed"],
-            bytes_left=pruned["bytes_after"],
-            max_size=cap,
-        )
-        summary = dataclasses.replace(summary, cache_pruned=cache_pruned)
+    summary = _with_pruned_cache(config, cap, inputs.key, summary)
     t4 = time.perf_counter()
     return dataclasses.replace(
         summary,
@@ -187,6 +113,92 @@ def _run(config: PackConfig, progress: Progress, engine: Engine, started: float,
         stage_seconds=_stage_seconds(seconds, inputs.hash_seconds, started, t1, t2, marks, t3, t4),
         tokens_per_second=round(read_tokens / max(t4 - started, 1e-9)),  # of what was tokenized (or read)
     )
+
+
+def _checked_output(
+    config: PackConfig, engine: Engine, skipped: list[str]
+) -> tuple[staging.PreparedOutput | None, list[InputSource] | None]:
+    """Check the output before any work; return the local output locked (and the inputs it was checked against).
+
+    A dry run writes nothing: (None, None). A URI output is checked by the engine: (None, None), the inputs
+    resolved when tokenizing. ``skipped`` gets the directories left out of the inputs.
+    """
+    # A filesystem URI (s3://, gs://, file://) has no rename: shards are written in place and the
+    # manifest last, as the marker that the output is complete. Only the Ray engine writes there.
+    to_uri = is_uri(config.output)
+    if to_uri and config.engine != "ray":
+        raise UsageError(f"-o {config.output}: a filesystem URI output needs --engine ray; or pass a local path")
+    if to_uri and shard_format(config.output_format).index_files:
+        raise UsageError(
+            f"-o {config.output}: --output-format {config.output_format} writes "
+            f"{', '.join(shard_format(config.output_format).index_files)} beside the shards, which a URI output "
+            "does not support yet; write to a local path, or use parquet or arrow"
+        )
+    if config.dry_run:
+        return None, None
+    if to_uri:
+        engine.check_uri_output(config.output, config.overwrite)
+        if config.rejects:
+            guard.check_rejects_target(config.rejects, Path(config.rejects).resolve())
+        return None, None
+    sources = resolve_inputs(list(config.inputs), config.split, skipped)
+    return _prepare_output(config, sources), sources
+
+
+def _write_output(
+    config: PackConfig,
+    found: PackConfig,
+    inputs: TokenizedInputs,
+    engine: Engine,
+    planned: PlannedRun,
+    summary: RunSummary,
+    eval_split: EvalSplit | None,
+    prepared: staging.PreparedOutput | None,
+    progress: Progress,
+    marks: dict[str, float],
+) -> tuple[list[dict[str, Any]], Manifest]:
+    """Write the shards, their index files, the rejects, the fix log and the eval split; return shards and manifest.
+
+    The manifest is written last, by the caller: it marks the output complete.
+    """
+    staged = prepared.staged if prepared else None
+    store, plan = planned.store, planned.plan
+    held_processor = store.meta["tokenizer"].get("processor") or {}
+    embedded = held_processor.get("images", {}).get("embedded", 0)
+    spanned = held_processor.get("family") in SPANNED
+    layout = row_layout(found, inputs.pad_id, embedded, spanned)
+    shards = engine.write_output(layout, store, plan, staged.tmp if staged else None, progress)
+    marks["shards"] = time.perf_counter()
+    index_files = _write_index_files(config, staged.tmp if staged else None, shards)
+    if config.rejects:
+        rejects = prepared.rejects_path(config.rejects) if prepared else Path(config.rejects)
+        extra = planned.deduped.rejects if planned.deduped is not None else []
+        _write_rejects(rejects, store, plan, inputs.sources, config.limit, extra)
+    if config.fix_turns_log:
+        _write_fix_log(Path(config.fix_turns_log), store)
+    rejects_file = prepared.rejects_relative.as_posix() if prepared and prepared.rejects_relative else None
+    manifest = _manifest(found, inputs, summary, shards, layout, index_files or None, rejects_file)
+    if eval_split is not None and staged is not None:  # inside the staged output: all of it appears at once
+        _write_eval(
+            found, inputs, engine, layout, eval_split.held, eval_split.plan, eval_split.summary, staged.tmp, progress
+        )
+    return shards, manifest
+
+
+def _with_pruned_cache(config: PackConfig, cap: int | None, key: str | None, summary: RunSummary) -> RunSummary:
+    """Prune the cache to ``cap`` bytes (never this run's entry, ``key``) if asked; return the summary saying so."""
+    if cap is None or not config.cache or config.dry_run:
+        return summary
+    cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
+    keep = frozenset({key}) if key else frozenset()
+    pruned = prune(cache_root, max_size=cap, keep=keep)
+    cache_pruned = CachePruned(
+        entries=len(pruned["removed"]),
+        bytes=pruned["bytes_freed"],
+        bytes_left=pruned["bytes_after"],
+        max_size=cap,
+    )
+    return dataclasses.replace(summary, cache_pruned=cache_pruned)
 
 
 CACHE_MAX_SIZE_ENV = "PACKCLI_CACHE_MAX_SIZE"
