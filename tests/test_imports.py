@@ -221,6 +221,41 @@ def test_the_module_state_check_finds_state() -> None:
     assert _module_state(tree) == {"_SEEN", "QUEUE"}
 
 
+# A function longer than this is steps that want names of their own (a screen is about 60 lines).
+MAX_FUNCTION_LINES = 100
+
+
+def _long_functions(tree: ast.Module) -> list[tuple[str, int]]:
+    """The functions (methods and nested ones too) over MAX_FUNCTION_LINES lines, decorators left out, and theirs."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            lines = (node.end_lineno or node.lineno) - node.lineno + 1
+            if lines > MAX_FUNCTION_LINES:
+                found.append((node.name, lines))
+    return found
+
+
+def test_no_function_is_over_100_lines() -> None:
+    found = [
+        f"{_module_name(path)}.{name} ({lines} lines)"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for name, lines in _long_functions(ast.parse(path.read_text(encoding="utf-8")))
+    ]
+    assert not found, "over 100 lines (split them into named steps): " + ", ".join(found)
+
+
+def test_the_function_length_check_finds_a_long_function() -> None:
+    """The check above sees a function and a method of 101 lines, not one of 100 nor a decorator's line."""
+    body = "".join(f"    x{i} = {i}\n" for i in range(99))
+    tree = ast.parse(
+        f"@decorated\ndef fits():\n{body}\n"
+        f"def long():\n{body}    return x0\n\n"
+        f"class C:\n    async def method(self):\n{body.replace('    ', '        ')}        return 0\n"
+    )
+    assert _long_functions(tree) == [("long", 101), ("method", 101)]
+
+
 def test_stage_one_and_the_writers_know_no_pack_config() -> None:
     """Below run/, stage one, the store, the plan, the writers and the engines take their own options, never
     PackConfig (run/options.py builds them)."""
