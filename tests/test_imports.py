@@ -25,7 +25,7 @@ LAYERS = [
     {"packcli.procs"},
     {"packcli.owned"},
     {"packcli.results"},  # the typed summary, manifest, store metadata and rejects entries
-    {"packcli.contract", "packcli.errors", "packcli.version"},
+    {"packcli.contract", "packcli.errors", "packcli.version", "packcli.jsontypes"},
 ]
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from packcli.errors import RecordError, too_many_digits
+from packcli.jsontypes import Message, Record, TemplateKwargs
 
 FORMATS = ("messages", "conversations", "prompt_completion", "alpaca", "text", "tokenized", "preference", "kto")
 # Record formats whose records are not one SFT sample each (see packcli.records.preference).
@@ -90,7 +91,7 @@ class Sample:
     """
 
     kind: str
-    messages: list[dict[str, Any]] | None = None
+    messages: list[Message] | None = None
     prompt_len: int | None = None
     prompt: str | None = None
     completion: str | None = None
@@ -98,7 +99,7 @@ class Sample:
     input_ids: list[int] | None = None
     labels: list[int] | None = None
     tools: list[Any] | None = None  # function schemas, passed to the template as ``tools``
-    template_kwargs: dict[str, Any] | None = None  # the record's own ``chat_template_kwargs``
+    template_kwargs: TemplateKwargs | None = None  # the record's own ``chat_template_kwargs``
     # A piece of a split conversation: which of its messages are trained, as the whole record's rule
     # decided (None: decided by --train-on on these messages).
     trained_turns: tuple[int, ...] | None = None
@@ -202,7 +203,7 @@ def normalize(record: Any, fmt: str, fields: dict[str, str], *, rename_roles: bo
     raise ValueError(f"unknown format {fmt!r}")
 
 
-def _refuse_packed_row(record: dict[str, Any], n_tokens: int) -> None:
+def _refuse_packed_row(record: Record, n_tokens: int) -> None:
     """Raise RecordError when a tokenized record is a packed row: ``seq_lengths`` says it holds several samples.
 
     Read as one sample, its samples would attend to each other (three of 33 tokens become one of 99).
@@ -222,7 +223,7 @@ def _refuse_packed_row(record: dict[str, Any], n_tokens: int) -> None:
     )
 
 
-def _template_extras(record: dict[str, Any], fields: dict[str, str]) -> dict[str, Any]:
+def _template_extras(record: Record, fields: dict[str, str]) -> Record:
     """Return the record's ``tools`` (function schemas) and ``chat_template_kwargs``, checked."""
     extras: dict[str, Any] = {}
     tools = record.get(fields["tools"])
@@ -252,7 +253,7 @@ def _tname(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _require(record: dict[str, Any], key: str) -> Any:
+def _require(record: Record, key: str) -> Any:
     if key not in record:
         raise RecordError("missing_field", f"the record has no field '{key}' (it has: {', '.join(map(str, record))})")
     value = record[key]
@@ -261,7 +262,7 @@ def _require(record: dict[str, Any], key: str) -> Any:
     return value
 
 
-def _string(record: dict[str, Any], key: str) -> str:
+def _string(record: Record, key: str) -> str:
     value = _require(record, key)
     if not isinstance(value, str):
         raise RecordError("wrong_type", f"field '{key}' must be a string, not {_tname(value)}")
@@ -303,7 +304,7 @@ def _json_cell(value: str, key: str, expected: str) -> Any:
 class _Turns:
     """Messages as read: the messages, their training marks, and the roles renamed."""
 
-    messages: list[dict[str, Any]]
+    messages: list[Message]
     train: tuple[bool | None, ...]
     renamed: tuple[tuple[int, str, str], ...]
 
@@ -330,7 +331,7 @@ ROLE_ALIASES: dict[str, str] = {name: role for name, role in SHAREGPT_ROLES.item
 TRAIN_KEYS = ("train", "weight")
 
 
-def _train_mark(message: dict[str, Any], i: int, field: str) -> bool | None:
+def _train_mark(message: Message, i: int, field: str) -> bool | None:
     """Return a message's own training mark (None when it has none); raise RecordError for a bad one."""
     marks = []
     if "train" in message and message["train"] is not None:
@@ -350,9 +351,7 @@ def _train_mark(message: dict[str, Any], i: int, field: str) -> bool | None:
     return marks[0] if marks else None
 
 
-def _function_call_turn(
-    message: dict[str, Any], i: int, field: str, content_key: str, fields: dict[str, str]
-) -> dict[str, Any]:
+def _function_call_turn(message: Message, i: int, field: str, content_key: str, fields: dict[str, str]) -> Message:
     """Return a ShareGPT ``function_call`` turn (LLaMA-Factory's format) as an assistant message with tool calls.
 
     Its value is a JSON object ``{"name", "arguments"}``, or a list of them (parallel calls); the
@@ -395,7 +394,7 @@ def _messages(
         raise RecordError("empty_conversation", f"field '{field}' is an empty list")
     role_key = fields["from"] if sharegpt else fields["role"]
     content_key = fields["value"] if sharegpt else fields["content"]
-    out: list[dict[str, Any]] = []
+    out: list[Message] = []
     marks: list[bool | None] = []
     renamed: list[tuple[int, str, str]] = []
     for i, message in enumerate(value):

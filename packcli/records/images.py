@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from packcli.errors import RecordError
+from packcli.jsontypes import JSONObject, Message
 from packcli.records.formats import Sample
 
 IMAGE_KEY = "packcli_image"  # the normalised part's image: {"path": str} or {"bytes": bytes}
@@ -61,7 +62,7 @@ def _shown(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _payload(part: dict[str, Any]) -> Any:
+def _payload(part: JSONObject) -> Any:
     """Return the image a part holds itself, or None (the Hugging Face convention: from ``images``)."""
     for key in _PAYLOAD_KEYS:
         value = part.get(key)
@@ -103,7 +104,7 @@ def attach_images(sample: Sample, record: Any, base: str, remote: Callable[[str]
     )
     taken = 0
     changed = False
-    messages: list[dict[str, Any]] = []
+    messages: list[Message] = []
 
     def take(where: str) -> dict[str, Any]:  # the next image of the record's list
         nonlocal taken

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from packcli.errors import RecordError, TokenizerError, first_line
+from packcli.jsontypes import Message, TemplateKwargs
 from packcli.records.formats import Sample
 from packcli.records.images import IMAGE_KEY
 from packcli.tokenize.agentic import (
@@ -42,7 +43,7 @@ _NON_TEXT_PARTS = ("image", "image_url", "input_image", "audio", "input_audio", 
 class ChatTemplate:
     """One Jinja chat template with the keyword arguments it is rendered with."""
 
-    def __init__(self, template: str, source: str, template_kwargs: dict[str, Any], added_tokens: set[str]) -> None:
+    def __init__(self, template: str, source: str, template_kwargs: TemplateKwargs, added_tokens: set[str]) -> None:
         self.template = template
         self.source = source
         self.template_kwargs = template_kwargs
@@ -65,12 +66,12 @@ class ChatTemplate:
 
     def render(
         self,
-        messages: list[dict[str, Any]],
+        messages: list[Message],
         *,
         add_generation_prompt: bool = False,
         spans: bool = False,
         tools: list[Any] | None = None,
-        kwargs: dict[str, Any] | None = None,
+        kwargs: TemplateKwargs | None = None,
     ) -> tuple[str, list[tuple[int, int]]]:
         """Return the rendered conversation and, with ``spans``, its generation-block character spans."""
         from transformers.utils.chat_template_utils import render_jinja_template
@@ -92,13 +93,13 @@ class ChatTemplate:
         rendered, indices = out
         return rendered[0], (indices[0] if spans else [])
 
-    def renderer(self, tools: list[Any] | None, kwargs: dict[str, Any]) -> Render:
-        def render(messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+    def renderer(self, tools: list[Any] | None, kwargs: TemplateKwargs) -> Render:
+        def render(messages: list[Message], add_generation_prompt: bool) -> str:
             return self.render(messages, add_generation_prompt=add_generation_prompt, tools=tools, kwargs=kwargs)[0]
 
         return render
 
-    def shape(self, kwargs: dict[str, Any] | None = None) -> TemplateShape:
+    def shape(self, kwargs: TemplateKwargs | None = None) -> TemplateShape:
         """Return the template's assistant header and end markers (learned once per keyword arguments)."""
         kwargs = self.template_kwargs if kwargs is None else kwargs
         key = json.dumps(kwargs, sort_keys=True, default=str)
@@ -185,11 +186,11 @@ class ChatTemplate:
             self._tools.append(renders_tools(lambda messages, tools: self.render(messages, tools=tools)[0]))
         return self._tools[0] is False
 
-    def message(self, role: str, text: str) -> dict[str, Any]:
+    def message(self, role: str, text: str) -> Message:
         strings, parts = self.content_mode()
         return {"role": role, "content": text if strings or not parts else [{"type": "text", "text": text}]}
 
-    def prepare(self, sample: Sample) -> list[dict[str, Any]]:
+    def prepare(self, sample: Sample) -> list[Message]:
         """Return the sample's messages as the template gets them (content parts joined or kept, nulls dropped).
 
         As ``apply_chat_template`` does before rendering, every key of a message whose value is null is
@@ -237,7 +238,7 @@ class ChatTemplate:
         messages = self.prepare(sample)
         return self.render(messages, tools=sample.tools, kwargs=self._kwargs(sample))[0]
 
-    def _kwargs(self, sample: Sample) -> dict[str, Any]:
+    def _kwargs(self, sample: Sample) -> TemplateKwargs:
         # A record's own chat_template_kwargs override the run's.
         return self.template_kwargs | (sample.template_kwargs or {})
 
@@ -287,7 +288,7 @@ class ChatTemplate:
         own = train_on != "all" and len(found) == len(located)
         trained = {i: [span] for i, span in zip(which, found, strict=True)} if own else {i: spans for i in which}
 
-        def again(changed: list[dict[str, Any]]) -> str:
+        def again(changed: list[Message]) -> str:
             return self.render(changed, tools=tools, kwargs=kwargs)[0]
 
         if self.split_markers:

@@ -23,6 +23,7 @@ import numpy as np
 
 from packcli.contract import IGNORE_INDEX, vocab_sha256
 from packcli.errors import RecordError
+from packcli.jsontypes import TemplateKwargs
 from packcli.records.formats import Sample
 from packcli.tokenize import long_text, text_encoders
 from packcli.tokenize.chat_template import ChatTemplate, Reasoning
@@ -47,11 +48,11 @@ class EncodeOptions:
     template_kwargs: tuple[tuple[str, str], ...] = ()
 
     @staticmethod
-    def kwargs_items(kwargs: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    def kwargs_items(kwargs: TemplateKwargs) -> tuple[tuple[str, str], ...]:
         """Return template keyword arguments in the form ``template_kwargs`` holds them."""
         return tuple(sorted((str(k), json.dumps(v, sort_keys=True)) for k, v in kwargs.items()))
 
-    def kwargs(self) -> dict[str, Any]:
+    def kwargs(self) -> TemplateKwargs:
         """Return the template keyword arguments as a dict of JSON values."""
         return {k: json.loads(v) for k, v in self.template_kwargs}
 
@@ -150,10 +151,10 @@ class Encoder:
         return self.chat.has_generation_blocks
 
     @property
-    def template_kwargs(self) -> dict[str, Any]:
+    def template_kwargs(self) -> TemplateKwargs:
         return self.chat.template_kwargs
 
-    def shape(self, kwargs: dict[str, Any] | None = None) -> TemplateShape:
+    def shape(self, kwargs: TemplateKwargs | None = None) -> TemplateShape:
         """Return the template's assistant header and end markers."""
         return self.chat.shape(kwargs)
 
