@@ -40,10 +40,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
+# A field's metadata key: the field is held in memory only, never written (nor read back).
+IN_MEMORY = "in_memory"
+
+
 def _to_dict(record: DataclassInstance) -> dict[str, Any]:
     out: dict[str, Any] = {}
     nulls: frozenset[str] = getattr(record, "NULLS", frozenset())
     for f in dataclasses.fields(record):
+        if f.metadata.get(IN_MEMORY):
+            continue
         value = getattr(record, f.name)
         if value is None and f.name not in nulls:
             continue
@@ -59,6 +65,8 @@ def _from_dict(cls: type[T], data: object, what: str, convert: Mapping[str, Call
     convert = convert or {}
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
+        if f.metadata.get(IN_MEMORY):
+            continue
         if f.name in data:
             value = data[f.name]
             kwargs[f.name] = convert[f.name](value) if f.name in convert and value is not None else value
@@ -69,7 +77,7 @@ def _from_dict(cls: type[T], data: object, what: str, convert: Mapping[str, Call
 
 def field_names(cls: type[DataclassInstance]) -> list[str]:
     """The JSON keys a record type can have, in the order it writes them."""
-    return [f.name for f in dataclasses.fields(cls)]
+    return [f.name for f in dataclasses.fields(cls) if not f.metadata.get(IN_MEMORY)]
 
 
 def required_fields(cls: type[DataclassInstance]) -> tuple[str, ...]:
@@ -77,7 +85,9 @@ def required_fields(cls: type[DataclassInstance]) -> tuple[str, ...]:
     return tuple(
         f.name
         for f in dataclasses.fields(cls)
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+        and not f.metadata.get(IN_MEMORY)
     )
 
 
@@ -349,13 +359,16 @@ class RunSummary:
 @dataclass(frozen=True, kw_only=True)
 class ShardEntry:
     """One shard as the manifest lists it: a bare file name, its rows, tokens (padding included), largest
-    input id and sha256."""
+    input id and sha256; as a writer returns it, also the image counts of its rows (``images``, not
+    written: packcli.output.images.with_written_images sums them into the manifest's tokenizer)."""
 
     file: str
     rows: int
     tokens: int
     max_token_id: int | None = None  # absent from outputs written before it was recorded
     sha256: str
+    # Image-text rows: samples, images, image_tokens, embedded (packcli.output.images.IMAGE_COUNTS).
+    images: dict[str, int] | None = field(default=None, metadata={IN_MEMORY: True})
 
     def to_dict(self) -> dict[str, Any]:
         return _to_dict(self)

@@ -95,7 +95,7 @@ def test_imports_point_down() -> None:
 
 def test_the_training_side_and_the_packing_core_stand_alone() -> None:
     graph = _graph()
-    contract = {"packcli.contract", "packcli.errors"}
+    contract = {"packcli.contract", "packcli.errors", "packcli.jsontypes"}
     assert not graph["packcli.train.collate"] - contract - {"packcli.train.checks"}
     assert not graph["packcli.train.checks"] - contract - {"packcli.output.formats"}
     assert not graph["packcli.plan.packing"], "the packing core imports nothing of packcli"

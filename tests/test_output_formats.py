@@ -497,7 +497,7 @@ def _rewrite_shards(out: Path, edit: Any) -> None:
         entry["sha256"] = file_sha256(path)
     (out / "manifest.json").write_text(json.dumps(manifest))
     if fmt.name == "mds":
-        FORMATS["mds"].write_index(out, manifest["shards"], manifest["max_len"])
+        FORMATS["mds"].write_index(out, [s["file"] for s in manifest["shards"]], manifest["max_len"])
 
 
 def _each_row(edit_row: Any) -> Any:

@@ -26,6 +26,7 @@ from packcli.config import PackConfig
 from packcli.contract import file_sha256
 from packcli.errors import OutputError, UsageError
 from packcli.plan import planner as plan_stage
+from packcli.results import Manifest
 from packcli.store.tokens import load_store
 from packcli.tokenize import ingest
 
@@ -333,11 +334,12 @@ def test_shards_to_a_filesystem_uri(cluster: Any, corpus: Path, tmp_path: Path) 
     ray_engine.check_uri_output(uri, overwrite=False)
     entries = ray_engine.write_output(row_layout(config, 0), store, plan, tmp_path / "unused", lambda *a: None)
     local_manifest = json.loads((tmp_path / "local" / "manifest.json").read_text())
-    assert entries == local_manifest["shards"]
+    assert [e.to_dict() for e in entries] == local_manifest["shards"]
     assert not (tmp_path / "remote" / "manifest.json").exists()  # the caller writes it last
-    ray_engine.write_manifest_uri(uri, {"shards": entries})
+    ray_engine.write_manifest_uri(uri, Manifest(max_len=512, shards=entries))
     assert_same_shards(tmp_path / "local", tmp_path / "remote")
-    assert json.loads((tmp_path / "remote" / "manifest.json").read_text()) == {"shards": entries}
+    written = json.loads((tmp_path / "remote" / "manifest.json").read_text())
+    assert written == {"max_len": 512, "shards": local_manifest["shards"]}
     with pytest.raises(UsageError, match="not empty"):
         ray_engine.check_uri_output(uri, overwrite=False)
     ray_engine.check_uri_output(uri, overwrite=True)  # an overwrite first removes the completeness marker

@@ -257,10 +257,10 @@ def test_write_and_read_a_shard(tmp_path: Path, output_format: str) -> None:
                        np.array([0, 1]), RowLayout(8))  # fmt: skip
     path = tmp_path / f"shard{'.parquet' if output_format == 'parquet' else '.arrow'}"
     entry = write_shard([table.slice(0, 1), table.slice(1, 1)], path, output_format)
-    assert entry["rows"] == 2 and entry["tokens"] == 6 and len(entry["sha256"]) == 64
+    assert entry.rows == 2 and entry.tokens == 6 and len(entry.sha256) == 64
     back = read_shard(path)
     assert back.to_pylist() == table.to_pylist() and back.schema == SHARD_SCHEMA
-    assert json.dumps(entry)  # manifest entries are plain JSON
+    assert json.dumps(entry.to_dict())  # manifest entries are plain JSON
     assert isinstance(back, pa.Table)
 
 
@@ -301,7 +301,7 @@ def test_a_new_shard_format_is_one_class(tmp_path: Path, monkeypatch: pytest.Mon
     table = build_rows(np.arange(4, dtype=np.int32), np.arange(4, dtype=np.int32), np.array([4]), np.array([1]),
                        np.array([0]), RowLayout(8))  # fmt: skip
     entry = write_shard([table], tmp_path / "s.feather", "feather")
-    assert entry["rows"] == 1 and read_shard(tmp_path / "s.feather").to_pylist() == table.to_pylist()
+    assert entry.rows == 1 and read_shard(tmp_path / "s.feather").to_pylist() == table.to_pylist()
     assert [b.num_rows for b in shard_formats.shard_batches(tmp_path / "s.feather")] == [1]
 
 

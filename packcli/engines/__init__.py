@@ -17,6 +17,7 @@ from packcli.errors import UsageError
 from packcli.io.sources import InputSource
 from packcli.output.layout import RowLayout
 from packcli.plan.planner import Plan
+from packcli.results import Manifest, ShardEntry
 from packcli.store.parts import InputParts
 from packcli.store.tokens import TokenStore
 from packcli.tokenize.encoder import Encoder
@@ -88,7 +89,7 @@ class Engine(Protocol):
 
     def write_output(
         self, layout: RowLayout, store: TokenStore, plan: Plan, staged: Path | None, progress: Progress
-    ) -> list[dict[str, Any]]:
+    ) -> list[ShardEntry]:
         """Write the plan's rows as shards (into ``staged``, or to a URI output); return their entries."""
         ...
 
@@ -96,7 +97,7 @@ class Engine(Protocol):
         """Refuse a filesystem-URI output that cannot be written (engines without URIs refuse them all)."""
         ...
 
-    def write_manifest_uri(self, output: str, manifest: dict[str, Any]) -> None:
+    def write_manifest_uri(self, output: str, manifest: Manifest) -> None:
         """Write the manifest last at a filesystem-URI output, as the marker that the output is complete."""
         ...
 

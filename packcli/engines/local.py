@@ -11,6 +11,7 @@ from packcli.errors import UsageError
 from packcli.io.sources import InputSource
 from packcli.output.layout import RowLayout
 from packcli.plan.planner import Plan
+from packcli.results import Manifest, ShardEntry
 from packcli.store.parts import InputParts
 from packcli.store.tokens import TokenStore
 from packcli.tokenize.encoder import Encoder
@@ -86,7 +87,7 @@ class LocalEngine:
 
     def write_output(
         self, layout: RowLayout, store: TokenStore, plan: Plan, staged: Path | None, progress: Progress
-    ) -> list[dict[str, Any]]:
+    ) -> list[ShardEntry]:
         from packcli.output.write import write_output
 
         if staged is None:  # the local engine writes only to local paths, through a staging directory
@@ -96,7 +97,7 @@ class LocalEngine:
     def check_uri_output(self, output: str, overwrite: bool) -> None:
         raise UsageError(f"-o {output}: a filesystem URI output needs --engine ray; or pass a local path")
 
-    def write_manifest_uri(self, output: str, manifest: dict[str, Any]) -> None:
+    def write_manifest_uri(self, output: str, manifest: Manifest) -> None:
         raise UsageError(f"-o {output}: a filesystem URI output needs --engine ray; or pass a local path")
 
     def close(self) -> None:

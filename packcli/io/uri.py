@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from packcli.errors import OutputError, UsageError
+from packcli.results import Manifest
 
 # A scheme (RFC 3986: a letter, then letters, digits, "+", "-" or ".") of two characters or more, then
 # "://". One letter is a Windows drive ("C://data" is a path there), and a "://" further on is part of
@@ -85,7 +86,7 @@ def check_uri_output(output: str, overwrite: bool) -> None:
         raise OutputError(f"{output}: cannot use the output ({exc}); check the URI and credentials") from exc
 
 
-def write_manifest_uri(output: str, manifest: dict[str, Any], keep: Iterable[str] = ()) -> None:
+def write_manifest_uri(output: str, manifest: Manifest, keep: Iterable[str] = ()) -> None:
     """Write ``manifest.json`` under a URI prefix, after the shards (object stores have no rename, so the
     manifest is the completeness marker), then delete shard files of an earlier run not in ``keep``."""
 
@@ -96,8 +97,8 @@ def write_manifest_uri(output: str, manifest: dict[str, Any], keep: Iterable[str
         filesystem, base = pafs.FileSystem.from_uri(output)
         base = base.rstrip("/")
         with filesystem.open_output_stream(f"{base}/manifest.json") as out:
-            out.write((json.dumps(manifest, indent=2, sort_keys=False) + "\n").encode())
-        wanted = set(keep) | {e["file"] for e in manifest.get("shards", [])} | {"manifest.json"}
+            out.write((json.dumps(manifest.to_dict(), indent=2, sort_keys=False) + "\n").encode())
+        wanted = set(keep) | set(manifest.files) | {"manifest.json"}
         for info in filesystem.get_file_info(pafs.FileSelector(base, allow_not_found=True)):
             if info.type == pafs.FileType.File and info.base_name.startswith("shard-") and info.base_name not in wanted:
                 filesystem.delete_file(info.path)

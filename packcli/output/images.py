@@ -20,6 +20,7 @@ The manifest's image counts (``tokenizer.processor.images``) are those of the ro
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from packcli.contract import IMAGE_COLUMNS
+from packcli.results import ShardEntry
 
 # The manifest's image counts: samples with images, images, their image tokens, images that came as bytes.
 IMAGE_COUNTS = ("samples", "images", "image_tokens", "embedded")
@@ -98,11 +100,11 @@ def written_image_counts(table: pa.Table) -> dict[str, int]:
     }
 
 
-def with_written_images(tokenizer: dict[str, Any], shards: list[dict[str, Any]]) -> dict[str, Any]:
+def with_written_images(tokenizer: dict[str, Any], shards: Sequence[ShardEntry]) -> dict[str, Any]:
     """Return the run's tokenizer identity with its processor's image counts those of the shards written
     (each shard entry's ``images``, summed), not those of the token store; a text run's as it is."""
     processor = tokenizer.get("processor")
     if not isinstance(processor, dict):
         return tokenizer
-    counts = {key: sum(int(s.get("images", {}).get(key, 0)) for s in shards) for key in IMAGE_COUNTS}
+    counts = {key: sum(int((s.images or {}).get(key, 0)) for s in shards) for key in IMAGE_COUNTS}
     return {**tokenizer, "processor": {**processor, "images": counts}}

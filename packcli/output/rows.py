@@ -18,6 +18,7 @@ from packcli.contract import IGNORE_INDEX, SHARD_SCHEMA, TREE_COLUMNS, file_sha2
 from packcli.output.formats import FORMATS, shard_format
 from packcli.output.layout import RowLayout
 from packcli.plan import packing
+from packcli.results import ShardEntry
 from packcli.store.nodes import TreeNodes
 
 EXTENSIONS = {name: f.extension for name, f in FORMATS.items()}
@@ -377,7 +378,7 @@ ROW_GROUP_ROWS = 256
 
 def write_shard(
     tables: Iterable[pa.Table], path: Path, output_format: str, schema: pa.Schema = SHARD_SCHEMA
-) -> dict[str, Any]:
+) -> ShardEntry:
     """Write one shard from consecutive row groups and return its manifest entry.
 
     Row groups are written as they come, so memory holds one row group whatever the shard size.
@@ -401,9 +402,9 @@ def write_shard(
             writer.write(table)
     finally:
         writer.close()
-    entry = {"file": path.name, "rows": rows, "tokens": tokens, "max_token_id": max_id, "sha256": file_sha256(path)}
-    # Not a key of the manifest's shard entries (ShardEntry): packcli.output.images.with_written_images sums them.
-    return entry if images is None else {**entry, "images": images}
+    return ShardEntry(
+        file=path.name, rows=rows, tokens=tokens, max_token_id=max_id, sha256=file_sha256(path), images=images
+    )
 
 
 def read_shard(path: Path) -> pa.Table:

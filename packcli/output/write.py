@@ -23,6 +23,7 @@ from packcli.plan import mix
 from packcli.plan.planner import Plan
 from packcli.procs import pool
 from packcli.procs.stop import raise_if_stopped
+from packcli.results import ShardEntry
 from packcli.store.images import load_images
 from packcli.store.nodes import TreeNodes
 from packcli.store.tokens import (
@@ -94,7 +95,7 @@ def _tree_nodes(store: TokenStore, store_rows: np.ndarray) -> TreeNodes:
     return store.tree_nodes.select(store_rows)
 
 
-def _write_one_shard(job: ShardWriting, s: int, progress: Progress = no_progress) -> dict[str, Any]:
+def _write_one_shard(job: ShardWriting, s: int, progress: Progress = no_progress) -> ShardEntry:
     layout, store, plan = job.layout, job.store, job.plan
     per = layout.rows_per_shard
     path = job.staged / shard_name(s, job.n_shards, layout.output_format)
@@ -106,7 +107,7 @@ def _write_one_shard(job: ShardWriting, s: int, progress: Progress = no_progress
 
 def write_output(
     layout: RowLayout, store: TokenStore, plan: Plan, staged: Path, progress: Progress, num_proc: int
-) -> list[dict[str, Any]]:
+) -> list[ShardEntry]:
     """Write the planned rows as shards into ``staged``; return the manifest's shard entries.
 
     Shards are written in parallel by up to ``num_proc`` processes; each is the same file whichever
@@ -116,7 +117,7 @@ def write_output(
     n_shards = max(1, -(-n_rows // layout.rows_per_shard))
     workers = min(num_proc, n_shards)
     job = ShardWriting(layout, store, plan, staged, n_shards)
-    entries = []
+    entries: list[ShardEntry] = []
     try:
         if workers <= 1:
             entries = [_write_one_shard(job, s, progress) for s in range(n_shards)]
@@ -125,7 +126,7 @@ def write_output(
             with contextlib.closing(written):  # stops the workers at once if this loop fails
                 for entry in written:
                     entries.append(entry)
-                    progress("write", entry["rows"], n_rows)
+                    progress("write", entry.rows, n_rows)
     except OSError as exc:
         raise OutputError(
             f"{layout.output}: cannot write a shard ({exc.strerror or exc}); free disk space or choose another -o"

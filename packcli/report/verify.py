@@ -226,7 +226,7 @@ def _check_index_files(
     if fmt is None or not fmt.index_files or missing or not complete:
         return
     try:
-        found = fmt.index_problems(directory, entries, max_len)
+        found = fmt.index_problems(directory, [str(e.get("file", "")) for e in entries], max_len)
     except (OSError, pa.ArrowException, ValueError) as exc:
         found = [(fmt.index_files[0], f"cannot be checked against the shards ({first_line(exc)})")]
     report.problems.extend(Problem(name, message) for name, message in found)

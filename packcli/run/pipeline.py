@@ -87,7 +87,7 @@ def _run(config: PackConfig, progress: Progress, engine: Engine, started: float,
             write_manifest(staged.tmp, manifest, Path(config.output))
             staged.commit()
         elif is_uri(config.output) and not config.dry_run:
-            engine.write_manifest_uri(config.output, manifest.to_dict())
+            engine.write_manifest_uri(config.output, manifest)
         if not config.dry_run:
             summary = dataclasses.replace(summary, shards=len(shards))
         t3 = time.perf_counter()
@@ -156,7 +156,7 @@ def _write_output(
     prepared: staging.PreparedOutput | None,
     progress: Progress,
     marks: dict[str, float],
-) -> tuple[list[dict[str, Any]], Manifest]:
+) -> tuple[list[ShardEntry], Manifest]:
     """Write the shards, their index files, the rejects, the fix log and the eval split; return shards and manifest.
 
     The manifest is written last, by the caller: it marks the output complete.
@@ -269,13 +269,12 @@ def _manifest(
     config: PackConfig,
     inputs: TokenizedInputs,
     summary: RunSummary,
-    shards: list[dict[str, Any]],
+    shards: list[ShardEntry],
     layout: RowLayout,
     index_files: list[str] | None = None,
     rejects_file: str | None = None,
 ) -> Manifest:
     """The manifest of a run: how it was made (options, tokenizer, inputs), the summary's counts, its shards."""
-    entries = [ShardEntry.from_dict(s) for s in shards]
     return Manifest(
         packcli_version=__version__,
         task=config.task,
@@ -323,8 +322,8 @@ def _manifest(
         rank_token_spread=summary.rank_token_spread,
         columns=list(layout.schema().names),  # as the shards read back (shard_formats)
         # A model's input embedding must have more rows than this (packcli.train.checks.check_compatible).
-        max_token_id=max((s.max_token_id for s in entries if s.max_token_id is not None), default=-1),
-        shards=entries,
+        max_token_id=max((s.max_token_id for s in shards if s.max_token_id is not None), default=-1),
+        shards=shards,
         mix=summary.mix,
         dedup=summary.dedup,
         eval=summary.eval,
@@ -354,13 +353,13 @@ def _write_eval(
     write_manifest(directory, manifest, Path(config.output) / holdout.PATH)
 
 
-def _write_index_files(config: PackConfig, directory: Path | None, shards: list[dict[str, Any]]) -> list[str]:
+def _write_index_files(config: PackConfig, directory: Path | None, shards: list[ShardEntry]) -> list[str]:
     """Write the files the output format keeps beside its shards (MDS's index.json...); return their names."""
     fmt = shard_format(config.output_format)
     if directory is None or not fmt.index_files:
         return []
     try:
-        return fmt.write_index(directory, shards, config.max_len)
+        return fmt.write_index(directory, [s.file for s in shards], config.max_len)
     except OSError as exc:
         raise OutputError(
             f"{config.output}: cannot write {', '.join(fmt.index_files)} ({exc.strerror or exc}); "

@@ -44,6 +44,7 @@ from packcli.io.sources import InputSource
 from packcli.io.uri import check_uri_output, is_uri, write_manifest_uri
 from packcli.output.layout import RowLayout
 from packcli.plan.planner import Plan
+from packcli.results import Manifest, ShardEntry
 from packcli.store.integrity import DamagedStore
 from packcli.store.parts import InputParts
 from packcli.store.tokens import TokenStore
@@ -197,7 +198,7 @@ class RayEngine:
 
     def write_output(
         self, layout: RowLayout, store: TokenStore, plan: Plan, staged: Path | None, progress: Progress
-    ) -> list[dict[str, Any]]:
+    ) -> list[ShardEntry]:
         """Write the planned rows as shards, one call per shard; return the manifest's shard entries.
 
         Shards go into ``staged`` (a local directory), or straight to ``layout.output`` when that is a
@@ -215,7 +216,7 @@ class RayEngine:
     def check_uri_output(self, output: str, overwrite: bool) -> None:
         check_uri_output(output, overwrite)
 
-    def write_manifest_uri(self, output: str, manifest: dict[str, Any]) -> None:
+    def write_manifest_uri(self, output: str, manifest: Manifest) -> None:
         write_manifest_uri(output, manifest)
 
     def close(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +27,25 @@ from packcli.output.rows import shard_name, write_shard
 from packcli.output.write import row_group_tables
 from packcli.plan.planner import Plan
 from packcli.procs.stop import raise_if_stopped
+from packcli.results import ShardEntry
 from packcli.store.tokens import TokenStore
+
+
+@dataclass(frozen=True)
+class ShardFailed:
+    """A shard a worker could not write: the message the driver raises (an OutputError's)."""
+
+    message: str
 
 
 def shard_job(
     store: TokenStore, plan: Plan, layout: RowLayout, shard: int, name: str, destination: str
-) -> dict[str, Any]:
+) -> ShardEntry | ShardFailed:
     """Build one shard's rows from the token store and write the shard; return its manifest entry.
 
     The rows come from the default engine's own row builder (``row_group_tables``), in the same row
-    groups, so the shard's bytes are the same. On an I/O error, returns ``{"error": message}`` (the
-    default engine's message) instead of raising; the driver raises it.
+    groups, so the shard's bytes are the same. On an I/O error, returns a ``ShardFailed`` (the default
+    engine's message) instead of raising; the driver raises it.
     """
     per = layout.rows_per_shard
     rows = plan.order.order[shard * per : (shard + 1) * per]
@@ -56,7 +65,7 @@ def shard_job(
                 return entry
     except OSError as exc:
         why = exc.strerror or exc
-        return {"error": f"{layout.output}: cannot write a shard ({why}); free disk space or choose another -o"}
+        return ShardFailed(f"{layout.output}: cannot write a shard ({why}); free disk space or choose another -o")
 
 
 @ray.remote(num_cpus=1, max_retries=TASK_RETRIES)
@@ -72,7 +81,7 @@ def write_shards(
     staged: Path | None,
     progress: Progress,
     actors: list[Any],
-) -> list[dict[str, Any]]:
+) -> list[ShardEntry]:
     """Write the planned rows as shards, one call per shard; return the manifest's shard entries.
 
     Shards go into ``staged`` (a local directory), or straight to ``layout.output`` when that is a
@@ -95,7 +104,7 @@ def write_shards(
     store_ref = ray.put(dataclasses.replace(store, path=Path(store.path).resolve()))
     plan_ref = ray.put(plan)
     window = 2 * (len(actors) or cluster_cpus())
-    entries: list[dict[str, Any] | None] = [None] * n_shards
+    entries: list[ShardEntry | None] = [None] * n_shards
     pending: dict[Any, int] = {}
     try:
         for k in range(n_shards):
@@ -116,7 +125,7 @@ def write_shards(
 
 
 def _collect(
-    session: RaySession, pending: dict[Any, int], entries: list[dict[str, Any] | None], progress: Progress, n_rows: int
+    session: RaySession, pending: dict[Any, int], entries: list[ShardEntry | None], progress: Progress, n_rows: int
 ) -> None:
     done: list[Any] = []
     while not done:  # in short steps, so that a stop request is seen while the tasks run
@@ -124,8 +133,8 @@ def _collect(
         done, _ = ray.wait(list(pending), num_returns=1, timeout=0.2)
     for ref in done:
         k = pending.pop(ref)
-        entry = session.fetch(ref)
-        if "error" in entry:
-            raise OutputError(entry["error"])
+        entry: ShardEntry | ShardFailed = session.fetch(ref)
+        if isinstance(entry, ShardFailed):
+            raise OutputError(entry.message)
         entries[k] = entry
-        progress("write", entry["rows"], n_rows)
+        progress("write", entry.rows, n_rows)

@@ -10,6 +10,8 @@ from typing import Any, ClassVar, Protocol
 
 import pyarrow as pa
 
+from packcli.jsontypes import JSONObject
+
 READ_BATCH_ROWS = 1024
 # Why an index file must be there (verify: "index.json: is missing: <this>, but the file is not there").
 MISSING_INDEX = "a trainer's reader of this output format opens it"
@@ -35,12 +37,12 @@ class ShardFormat:
     # "arrow" (``Dataset.from_file``); None: training reads it back as packcli rows, in memory.
     datasets_reader: ClassVar[str | None] = None
 
-    def write_index(self, directory: Path, entries: list[dict[str, Any]], max_len: int) -> list[str]:
-        """Write the format's index files for the shards ``entries`` in ``directory``; return their names."""
+    def write_index(self, directory: Path, files: Sequence[str], max_len: int) -> list[str]:
+        """Write the format's index files for the shard files ``files`` in ``directory``; return their names."""
         return []
 
-    def index_problems(self, directory: Path, entries: list[dict[str, Any]], max_len: int) -> list[tuple[str, str]]:
-        """Return what is wrong in the index files beside the shards ``entries``, as (file, message) pairs.
+    def index_problems(self, directory: Path, files: Sequence[str], max_len: int) -> list[tuple[str, str]]:
+        """Return what is wrong in the index files beside the shard files ``files``, as (file, message) pairs.
 
         Each index file is compared with the one ``write_index`` would write for these shards, read
         again: a trainer's reader takes its columns, counts and sizes from it, not from the shards.
@@ -53,9 +55,9 @@ class ShardFormat:
         ]
         if problems or not self.index_files:
             return problems
-        return self._index_problems(directory, entries, max_len)
+        return self._index_problems(directory, files, max_len)
 
-    def _index_problems(self, directory: Path, entries: list[dict[str, Any]], max_len: int) -> list[tuple[str, str]]:
+    def _index_problems(self, directory: Path, files: Sequence[str], max_len: int) -> list[tuple[str, str]]:
         return []
 
     def writer(self, path: Path, schema: pa.Schema) -> ShardWriter:
@@ -91,7 +93,7 @@ def index_value(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def compare_index(name: str, what: str, found: Any, expected: dict[str, Any], source: str) -> list[tuple[str, str]]:
+def compare_index(name: str, what: str, found: Any, expected: JSONObject, source: str) -> list[tuple[str, str]]:
     """Compare an index object with the one ``source`` gives: one problem per key that differs.
 
     Objects are compared key by key and lists of the same length item by item, so that a message

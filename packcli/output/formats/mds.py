@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from packcli.jsontypes import JSONObject
 from packcli.output.formats.base import (
     MALFORMED,
     MAX_INDEX_PROBLEMS,
@@ -36,7 +37,7 @@ _MDS_SHAPE_DTYPES = (np.uint8, np.uint16, np.uint32, np.uint64)
 _UINT32_MAX = (1 << 32) - 1
 
 
-def _mds_config(schema: pa.Schema) -> dict[str, Any]:
+def _mds_config(schema: pa.Schema) -> JSONObject:
     names = sorted(schema.names)
     encodings = []
     for name in names:
@@ -109,7 +110,7 @@ class _MDSWriter:
             self._body_path.unlink(missing_ok=True)
 
 
-def _read_mds(path: Path) -> tuple[dict[str, Any], np.ndarray, Any]:
+def _read_mds(path: Path) -> tuple[JSONObject, np.ndarray, Any]:
     """Return an MDS shard's config, sample offsets and bytes (memory-mapped: read as they are used)."""
     try:
         with open(path, "rb") as fh:
@@ -154,7 +155,7 @@ class MDSFormat(ShardFormat):
             raise damaged("MDS", path, exc) from exc
 
     def _batches(
-        self, config: dict[str, Any], offsets: np.ndarray, data: Any, columns: Sequence[str] | None, batch_rows: int
+        self, config: JSONObject, offsets: np.ndarray, data: Any, columns: Sequence[str] | None, batch_rows: int
     ) -> Iterator[pa.RecordBatch]:
         schema = _mds_schema(config)
         wanted = list(columns) if columns else schema.names
@@ -181,28 +182,28 @@ class MDSFormat(ShardFormat):
                 arrays.append(pa.ListArray.from_arrays(pa.array(offs), pa.array(flat, type=kind.value_type)))
             yield pa.RecordBatch.from_arrays(arrays, schema=pa.schema([schema.field(c) for c in wanted]))
 
-    def write_index(self, directory: Path, entries: list[dict[str, Any]], max_len: int) -> list[str]:
+    def write_index(self, directory: Path, files: Sequence[str], max_len: int) -> list[str]:
         tmp = directory / (MDS_INDEX + ".tmp")
-        tmp.write_text(json.dumps({"shards": self._shards(directory, entries), "version": 2}, sort_keys=True))
+        tmp.write_text(json.dumps({"shards": self._shards(directory, files), "version": 2}, sort_keys=True))
         tmp.replace(directory / MDS_INDEX)
         return [MDS_INDEX]
 
-    def _shards(self, directory: Path, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """index.json's entry for each shard of ``entries``: its config (columns, encodings), size and samples."""
+    def _shards(self, directory: Path, files: Sequence[str]) -> list[JSONObject]:
+        """index.json's entry for each shard file of ``files``: its config (columns, encodings), size and samples."""
         shards = []
-        for entry in entries:
-            config, offsets, _ = _read_mds(directory / entry["file"])
+        for file in files:
+            config, offsets, _ = _read_mds(directory / file)
             shards.append(
                 {
                     **config,
-                    "raw_data": {"basename": entry["file"], "bytes": int(offsets[-1]), "hashes": {}},
+                    "raw_data": {"basename": file, "bytes": int(offsets[-1]), "hashes": {}},
                     "samples": len(offsets) - 1,
                     "zip_data": None,
                 }
             )
         return shards
 
-    def _index_problems(self, directory: Path, entries: list[dict[str, Any]], max_len: int) -> list[tuple[str, str]]:
+    def _index_problems(self, directory: Path, files: Sequence[str], max_len: int) -> list[tuple[str, str]]:
         found, problems = read_index(directory, MDS_INDEX)
         if problems:
             return problems
@@ -211,15 +212,15 @@ class MDSFormat(ShardFormat):
         listed = found["shards"]
         if found.get("version") != 2:
             problems.append((MDS_INDEX, f"has version {index_value(found.get('version'))}, not 2"))
-        if len(listed) != len(entries):
-            problems.append((MDS_INDEX, f"lists {len(listed)} shards, manifest.json lists {len(entries)}"))
+        if len(listed) != len(files):
+            problems.append((MDS_INDEX, f"lists {len(listed)} shards, manifest.json lists {len(files)}"))
             return problems
-        for k, (got, expected) in enumerate(zip(listed, self._shards(directory, entries), strict=True)):
-            problems += compare_index(MDS_INDEX, f"shard {k} ({entries[k]['file']})", got, expected, "the shard holds")
+        for k, (got, expected) in enumerate(zip(listed, self._shards(directory, files), strict=True)):
+            problems += compare_index(MDS_INDEX, f"shard {k} ({files[k]})", got, expected, "the shard holds")
         return problems[:MAX_INDEX_PROBLEMS]
 
 
-def _mds_schema(config: dict[str, Any]) -> pa.Schema:
+def _mds_schema(config: JSONObject) -> pa.Schema:
     """The packcli schema of an MDS shard's columns: SHARD_SCHEMA's order, then the optional columns."""
     from packcli.contract import OPTIONAL_COLUMNS, SHARD_SCHEMA
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from packcli.jsontypes import JSONObject
 from packcli.output.formats.base import (
     MALFORMED,
     MAX_INDEX_PROBLEMS,
@@ -194,26 +194,26 @@ class MegatronFormat(ShardFormat):
     def read(self, path: Path) -> pa.Table:
         return pa.Table.from_batches(list(self.batches(path, None, READ_BATCH_ROWS)), schema=self.schema(path))
 
-    def write_index(self, directory: Path, entries: list[dict[str, Any]], max_len: int) -> list[str]:
+    def write_index(self, directory: Path, files: Sequence[str], max_len: int) -> list[str]:
         """Write Megatron's packing metadata: one JSON list holding one object for this dataset."""
-        metadata = self._metadata(directory, entries, max_len)
+        metadata = self._metadata(directory, files, max_len)
         tmp = directory / (MEGATRON_METADATA + ".tmp")
         tmp.write_text(json.dumps([metadata]) + "\n")
         tmp.replace(directory / MEGATRON_METADATA)
         return [MEGATRON_METADATA]
 
-    def _index_problems(self, directory: Path, entries: list[dict[str, Any]], max_len: int) -> list[tuple[str, str]]:
+    def _index_problems(self, directory: Path, files: Sequence[str], max_len: int) -> list[tuple[str, str]]:
         found, problems = read_index(directory, MEGATRON_METADATA)
         if problems:
             return problems
         if not isinstance(found, list) or len(found) != 1:
             return [(MEGATRON_METADATA, "is not a JSON list holding one object (the dataset's packing metadata)")]
-        expected = self._metadata(directory, entries, max_len)
+        expected = self._metadata(directory, files, max_len)
         problems = compare_index(MEGATRON_METADATA, "the metadata", found[0], expected, "the output gives")
         return problems[:MAX_INDEX_PROBLEMS]
 
-    def _metadata(self, directory: Path, entries: list[dict[str, Any]], max_len: int) -> dict[str, Any]:
-        """Megatron's packing metadata of the shards ``entries`` packed to ``max_len``.
+    def _metadata(self, directory: Path, files: Sequence[str], max_len: int) -> JSONObject:
+        """Megatron's packing metadata of the shard files ``files`` packed to ``max_len``.
 
         Lengths are the ones Megatron runs on: n - 1 for a stored sample of n tokens.
         """
@@ -222,8 +222,8 @@ class MegatronFormat(ShardFormat):
         samples_per_row: list[np.ndarray] = []
         row_run: list[np.ndarray] = []
         longest = 0
-        for entry in entries:
-            col = pq.read_table(str(directory / entry["file"]), columns=["seq_lengths"]).column("seq_lengths")
+        for file in files:
+            col = pq.read_table(str(directory / file), columns=["seq_lengths"]).column("seq_lengths")
             col = col.combine_chunks()
             counts = np.diff(col.offsets.to_numpy()).astype(np.int64)
             run = col.flatten().to_numpy(zero_copy_only=False).astype(np.int64) - 1
