@@ -233,6 +233,61 @@ class DedupSummary:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MixSource:
+    """One ``--mix`` source: its name, the inputs it resolved to and their ``[first, end)`` sample_index
+    ranges; in the training summary also what was asked (``{"share"|"epochs": value}``), what the source
+    had and what the rows hold (records, tokens, trainable_tokens; ``realised`` also samples), its
+    epochs, repeats and what it left out. An eval manifest's source has the first three only."""
+
+    name: str
+    inputs: list[str]
+    sample_index: list[list[int]]
+    requested: dict[str, float] | None = None
+    requested_share: float | None = None
+    available: dict[str, int] | None = None
+    target: float | None = None
+    realised: dict[str, int] | None = None
+    realised_share: dict[str, float] | None = None
+    epochs: float | None = None
+    repeats: int | None = None
+    left_out: dict[str, int] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> MixSource:
+        return _from_dict(cls, data, "a mix source")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixSummary:
+    """``--mix``: the recipe (measured ``by`` records, tokens or trainable, its seed and size) and per source
+    what was asked and what was given; repeats, and the records the mix left out (counted in neither
+    ``packed`` nor ``dropped``). An eval manifest's names the sources only (no size, nothing left out)."""
+
+    by: str  # records | tokens | trainable
+    seed: int
+    size: float | None = None
+    sources: list[MixSource]
+    repeats: int
+    repeats_in_same_row: int
+    records_left_out: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> MixSummary:
+        def sources(value: Any) -> list[MixSource]:
+            if not isinstance(value, list):
+                raise DamagedResult("mix.sources is not a list")
+            return [MixSource.from_dict(s) for s in value]
+
+        return _from_dict(cls, data, "mix", {"sources": sources})
+
+
+@dataclass(frozen=True, kw_only=True)
 class EvalSummary:
     """The eval split (``--eval-fraction``/``--eval-records``): the records held out into ``path``/, and
     how they were packed there (``by_source``: input -> records held out)."""
@@ -310,7 +365,7 @@ class RunSummary:
     warnings: list[str]
     lost: Lost
     dedup: DedupSummary | None = None  # --dedup exact
-    mix: dict[str, Any] | None = None  # --mix: the recipe, and per source what was asked and what was given
+    mix: MixSummary | None = None  # --mix: the recipe, and per source what was asked and what was given
     eval: EvalSummary | None = None  # --eval-fraction/--eval-records: the records held out into eval/
     shards: int | None = None  # absent from a dry run's summary
     skipped_dirs: list[str] | None = None
@@ -338,6 +393,7 @@ class RunSummary:
                 "cache_pruned": CachePruned.from_dict,
                 "cache_parts": CacheParts.from_dict,
                 "dedup": DedupSummary.from_dict,
+                "mix": MixSummary.from_dict,
                 "eval": EvalSummary.from_dict,
                 "seconds": Seconds.from_dict,
                 "stage_seconds": StageSeconds.from_dict,
@@ -441,7 +497,7 @@ class Manifest:
     columns: list[str] | None = None
     max_token_id: int | None = None
     shards: list[ShardEntry]
-    mix: dict[str, Any] | None = None  # --mix: as in the summary; the sources the source column numbers
+    mix: MixSummary | None = None  # --mix: as in the summary; the sources the source column numbers
     dedup: DedupSummary | None = None  # --dedup exact: as in the summary
     eval: EvalSummary | None = None  # the eval split: as in the summary (its own manifest in eval/)
     prefix_trees: bool | None = None  # true when the rows hold prefix trees (contract.PREFIX_TREES)
@@ -468,6 +524,7 @@ class Manifest:
                 "lost": Lost.from_dict,
                 "shards": entries,
                 "dedup": DedupSummary.from_dict,
+                "mix": MixSummary.from_dict,
                 "eval": EvalSummary.from_dict,
             },
         )

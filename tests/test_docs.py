@@ -109,6 +109,8 @@ def test_every_field_of_the_typed_summary_and_manifest_is_documented() -> None:
             results.Seconds,
             results.StageSeconds,
             results.CachePruned,
+            results.MixSummary,
+            results.MixSource,
         ),
         "The manifest": (results.Manifest, results.Counts, results.ShardEntry, results.Lost),
     }

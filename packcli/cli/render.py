@@ -22,7 +22,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from packcli.results import RunSummary
+from packcli.results import MixSummary, RunSummary
 
 stderr = Console(stderr=True, highlight=False)
 stdout = Console(highlight=False, emoji=False)
@@ -215,8 +215,8 @@ def print_pack_summary(summary: RunSummary) -> None:
     )
     if summary.world_size > 1:
         table.add_row("rank token spread", f"{summary.rank_token_spread:.3%}")
-    if summary.mix is not None and summary.mix.get("records_left_out"):
-        table.add_row("left out by the mix", f"{summary.mix['records_left_out']:,} records")
+    if summary.mix is not None and summary.mix.records_left_out:
+        table.add_row("left out by the mix", f"{summary.mix.records_left_out:,} records")
     if summary.eval is not None:
         held = summary.eval
         table.add_row(f"eval ({held.path}/)", f"{held.records:,} records, {held.tokens:,} tokens, {held.rows:,} rows")
@@ -230,24 +230,27 @@ def print_pack_summary(summary: RunSummary) -> None:
         stderr.print(mix_table(summary.mix))
 
 
-def mix_table(mix: dict[str, Any]) -> Table:
-    """per source, the share asked for and the shares the rows hold, repeats, left out."""
-    table = Table(title=f"mix (by {mix['by']}, seed {mix['seed']})", title_justify="left")
+def mix_table(mix: MixSummary) -> Table:
+    """per source, the share asked for and the shares the rows hold, repeats, left out (a training mix's
+    sources only: an eval split's name their sources and nothing else)."""
+    table = Table(title=f"mix (by {mix.by}, seed {mix.seed})", title_justify="left")
     for name in ("source", "asked", "tokens", "trainable", "records", "epochs", "repeats", "left out"):
         table.add_column(name, justify="left" if name == "source" else "right")
-    for s in mix["sources"]:
-        kind, value = next(iter(s["requested"].items()))
+    for s in mix.sources:
+        if s.requested is None or s.realised is None or s.realised_share is None or s.left_out is None:
+            continue
+        kind, value = next(iter(s.requested.items()))
         asked = f"{value:g}x" if kind == "epochs" else f"{value:.1%}"
-        real, share = s["realised"], s["realised_share"]
+        real, share = s.realised, s.realised_share
         table.add_row(
-            s["name"],
+            s.name,
             asked,
             f"{real['tokens']:,} ({share['tokens']:.1%})",
             f"{real['trainable_tokens']:,} ({share['trainable_tokens']:.1%})",
             f"{real['records']:,} ({share['records']:.1%})",
-            f"{s['epochs']:.2f}",
-            f"{s['repeats']:,}",
-            f"{s['left_out']['records']:,}",
+            f"{s.epochs or 0.0:.2f}",
+            f"{s.repeats or 0:,}",
+            f"{s.left_out['records']:,}",
         )
     return table
 
@@ -319,7 +322,7 @@ def print_packed_stats(r: dict[str, Any]) -> None:
         )
     out.print(table)
     if "mix" in r and all("realised" in s for s in r["mix"]["sources"]):  # an eval split's names its sources only
-        out.print(mix_table(r["mix"]))
+        out.print(mix_table(MixSummary.from_dict(r["mix"])))
 
     saved = Table(title="what packing saved (padding tokens)", title_justify="left")
     saved.add_column("layout")

@@ -39,6 +39,7 @@ from packcli.io.sources import InputSource, input_identity, resolve_inputs
 from packcli.plan import packing
 from packcli.plan.options import PlanOptions
 from packcli.plan.planner import Plan, _trained_in_windows
+from packcli.results import MixSource, MixSummary
 from packcli.store.tokens import TokenStore
 
 SOURCE_KEY = "mix_source_of_input"  # view meta: the mix source of each input source
@@ -212,17 +213,18 @@ def _check_epochs(
             )
 
 
-def warnings(mixing: dict[str, Any]) -> list[str]:
+def warnings(mixing: MixSummary) -> list[str]:
     """The warnings of a mix's accounting (``accounting``): a share that repeats its source (its epochs as the
     table shows them), and a share that leaves most of its source out."""
-    measure = {"records": "records", "tokens": "tokens", "trainable": "trainable_tokens"}[mixing["by"]]
+    measure = {"records": "records", "tokens": "tokens", "trainable": "trainable_tokens"}[mixing.by]
     out = []
-    for s in mixing["sources"]:
-        if "share" not in s["requested"]:
+    for s in mixing.sources:
+        if s.requested is None or "share" not in s.requested:
             continue
-        name, epochs = s["name"], float(s["epochs"])
-        have = s["available"][measure]
-        left = s["left_out"][measure] / have if have else 0.0
+        available, left_out = s.available or {}, s.left_out or {}
+        name, epochs = s.name, float(s.epochs or 0.0)
+        have = available[measure]
+        left = left_out[measure] / have if have else 0.0
         if epochs > 1 + 1e-6:
             out.append(
                 f"--mix {name}: the shares repeat this source {epochs:.2f} times ({epochs:.2f} epochs of its "
@@ -230,8 +232,8 @@ def warnings(mixing: dict[str, Any]) -> list[str]:
             )
         elif left > 0.5:
             out.append(
-                f"--mix {name}: the shares leave out {left:.1%} of this source's {mixing['by']} "
-                f"({s['left_out']['records']:,} of {s['available']['records']:,} records): shares alone size the "
+                f"--mix {name}: the shares leave out {left:.1%} of this source's {mixing.by} "
+                f"({left_out['records']:,} of {available['records']:,} records): shares alone size the "
                 "output by the scarcest source; give this source as Nx (1x keeps all of it) to size the output by it"
             )
     return out
@@ -376,7 +378,7 @@ def _swap(plan: Plan, p: int, q: int) -> None:
         arr[p], arr[q] = arr[q], arr[p]
 
 
-def accounting(options: MixOptions, mix: Mix, plan: Plan) -> dict[str, Any]:
+def accounting(options: MixOptions, mix: Mix, plan: Plan) -> MixSummary:
     """The summary's ``mix``: per source, what was asked, what it had, what the rows hold, repeats, left out."""
     view = mix.view
     n_src = len(mix.names)
@@ -401,49 +403,48 @@ def accounting(options: MixOptions, mix: Mix, plan: Plan) -> dict[str, Any]:
     target_total = float(mix.target.sum()) or 1.0
     sources = []
     for m in range(n_src):
-        entry: dict[str, Any] = {
-            "name": mix.names[m],
-            "inputs": mix.inputs[m],
-            "sample_index": mix.ranges[m],
-            "requested": {mix.kinds[m]: mix.values[m]},
-            "requested_share": round(float(mix.target[m]) / target_total, 6),
-            "available": dict(zip(("records", "tokens", "trainable_tokens"), map(int, mix.available[m]), strict=True)),
-            "target": round(float(mix.target[m]), 3),
-            "realised": {
+        entry = MixSource(
+            name=mix.names[m],
+            inputs=mix.inputs[m],
+            sample_index=mix.ranges[m],
+            requested={mix.kinds[m]: mix.values[m]},
+            requested_share=round(float(mix.target[m]) / target_total, 6),
+            available=dict(zip(("records", "tokens", "trainable_tokens"), map(int, mix.available[m]), strict=True)),
+            target=round(float(mix.target[m]), 3),
+            realised={
                 "records": int(records[m]),
                 "samples": int(samples[m]),
                 "tokens": int(tokens[m]),
                 "trainable_tokens": int(trainable[m]),
             },
-            "realised_share": {
+            realised_share={
                 "records": round(int(records[m]) / totals[0], 6),
                 "tokens": round(int(tokens[m]) / totals[1], 6),
                 "trainable_tokens": round(int(trainable[m]) / totals[2], 6),
             },
-            "epochs": round(int(tokens[m]) / max(int(mix.available[m][1]), 1), 6),
-            "repeats": int(samples[m] - distinct[m]),
-            "left_out": dict(zip(("records", "tokens", "trainable_tokens"), map(int, mix.left_out[m]), strict=True)),
-        }
+            epochs=round(int(tokens[m]) / max(int(mix.available[m][1]), 1), 6),
+            repeats=int(samples[m] - distinct[m]),
+            left_out=dict(zip(("records", "tokens", "trainable_tokens"), map(int, mix.left_out[m]), strict=True)),
+        )
         sources.append(entry)
-    return {
-        "by": mix.measure,
-        "seed": options.plan.seed,
-        "size": round(mix.size, 3),
-        "sources": sources,
-        "repeats": int(sum(s["repeats"] for s in sources)),
-        "repeats_in_same_row": mix.repeats_in_same_row,
-        "records_left_out": int(mix.left_out[:, 0].sum()),
-    }
+    return MixSummary(
+        by=mix.measure,
+        seed=options.plan.seed,
+        size=round(mix.size, 3),
+        sources=sources,
+        repeats=int(sum(s.repeats or 0 for s in sources)),
+        repeats_in_same_row=mix.repeats_in_same_row,
+        records_left_out=int(mix.left_out[:, 0].sum()),
+    )
 
 
-def sources_of(mixing: dict[str, Any] | None) -> dict[str, Any] | None:
+def sources_of(mixing: MixSummary | None) -> MixSummary | None:
     """The eval manifest's ``mix``: the sources the source column numbers (names, inputs, sample_index
     ranges), without the training rows' accounting; nothing of the eval rows is repeated or left out."""
     if mixing is None:
         return None
-    keep = ("name", "inputs", "sample_index")
-    sources = [{k: s[k] for k in keep} for s in mixing["sources"]]
-    return {"by": mixing["by"], "seed": mixing["seed"], "sources": sources, "repeats": 0, "repeats_in_same_row": 0}
+    sources = [MixSource(name=s.name, inputs=s.inputs, sample_index=s.sample_index) for s in mixing.sources]
+    return MixSummary(by=mixing.by, seed=mixing.seed, sources=sources, repeats=0, repeats_in_same_row=0)
 
 
 def same_row_warning(n: int) -> str:

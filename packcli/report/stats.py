@@ -313,7 +313,7 @@ def _output_sections(manifest: Manifest, read: _ShardReading, tokens: int, rows:
             "tokens_ratio": round(tokens / read.expanded, 6) if read.expanded else 0.0,
         }
     if manifest.mix is not None:  # --mix: the manifest's per-source accounting
-        out["mix"] = manifest.mix
+        out["mix"] = manifest.mix.to_dict()
     if manifest.eval is not None:  # the eval split beside these rows (OUT/eval/, its own manifest)
         out["eval"] = manifest.eval.to_dict()
     if manifest.reasoning:  # trained turns whose reasoning the template left out of the tokens

@@ -78,7 +78,7 @@ def run_summary(
         warnings = [*summary.warnings, *mix.warnings(mixing)]
         if mixed.repeats_in_same_row:
             warnings = [*warnings, mix.same_row_warning(mixed.repeats_in_same_row)]
-        packed = summary.packed - mixing["records_left_out"]
+        packed = summary.packed - (mixing.records_left_out or 0)
         summary = dataclasses.replace(summary, mix=mixing, packed=packed, warnings=warnings)
     accounting.check_loss(found, summary)
     eval_split = None
