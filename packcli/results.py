@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from packcli.errors import OutputError
+from packcli.jsontypes import JSONObject
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -44,8 +45,8 @@ def _plain(value: Any) -> Any:
 IN_MEMORY = "in_memory"
 
 
-def _to_dict(record: DataclassInstance) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _to_dict(record: DataclassInstance) -> JSONObject:
+    out: JSONObject = {}
     nulls: frozenset[str] = getattr(record, "NULLS", frozenset())
     for f in dataclasses.fields(record):
         if f.metadata.get(IN_MEMORY):
@@ -107,7 +108,7 @@ class Split:
     cut_side: str | None = None
     pieces_dropped_by_plan: dict[str, int] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return _to_dict(self)
 
     @classmethod
@@ -126,7 +127,7 @@ class Lost:
     records_by_reason: dict[str, int]
     tokens_by_reason: dict[str, int]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return _to_dict(self)
 
     @classmethod
@@ -143,7 +144,7 @@ class Seconds:
     write: float
     total: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return _to_dict(self)
 
     @classmethod
@@ -174,7 +175,7 @@ class StageSeconds:
     workers_cpu: float
     total: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return _to_dict(self)
 
     @classmethod
@@ -191,7 +192,7 @@ class CachePruned:
     bytes_left: int
     max_size: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return _to_dict(self)
 
     @classmethod
@@ -208,7 +209,7 @@ class CacheParts:
     records_reused: int
     records_tokenized: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return _to_dict(self)
 
     @classmethod
@@ -224,7 +225,7 @@ class DedupSummary:
     duplicates: int
     by_source: dict[str, int]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return _to_dict(self)
 
     @classmethod
@@ -252,7 +253,7 @@ class MixSource:
     repeats: int | None = None
     left_out: dict[str, int] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return _to_dict(self)
 
     @classmethod
@@ -274,7 +275,7 @@ class MixSummary:
     repeats_in_same_row: int
     records_left_out: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return _to_dict(self)
 
     @classmethod
@@ -302,12 +303,33 @@ class EvalSummary:
     rows: int
     by_source: dict[str, int]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return _to_dict(self)
 
     @classmethod
     def from_dict(cls, data: object) -> EvalSummary:
         return _from_dict(cls, data, "eval")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EncoderInfo:
+    """The text encoder that made the tokens (packcli.tokenize.text_encoders): its name, why it is not the
+    fast one (null when it is, or was not asked for), and the records whose masks the reference
+    tokenizers made (added by the run that counts them). The fields in meta.json's (sorted) order, which
+    the summary and the manifest keep."""
+
+    NULLS: ClassVar[frozenset[str]] = frozenset({"fallback"})
+
+    fallback: str | None = None
+    name: str
+    records_slow: int | None = None
+
+    def to_dict(self) -> JSONObject:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> EncoderInfo:
+        return _from_dict(cls, data, "encoder")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -373,12 +395,12 @@ class RunSummary:
     # A run whose token store was assembled from cache parts (packcli.store.parts): reused and tokenized.
     cache_parts: CacheParts | None = None
     # The text encoder that made the tokens: name, fallback (why not the fast one), records_slow.
-    encoder: dict[str, Any] | None = None
+    encoder: EncoderInfo | None = None
     seconds: Seconds | None = None
     stage_seconds: StageSeconds | None = None
     tokens_per_second: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return _to_dict(self)
 
     @classmethod
@@ -395,6 +417,7 @@ class RunSummary:
                 "dedup": DedupSummary.from_dict,
                 "mix": MixSummary.from_dict,
                 "eval": EvalSummary.from_dict,
+                "encoder": EncoderInfo.from_dict,
                 "seconds": Seconds.from_dict,
                 "stage_seconds": StageSeconds.from_dict,
             },
@@ -426,7 +449,7 @@ class ShardEntry:
     # Image-text rows: samples, images, image_tokens, embedded (packcli.output.images.IMAGE_COUNTS).
     images: dict[str, int] | None = field(default=None, metadata={IN_MEMORY: True})
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return _to_dict(self)
 
     @classmethod
@@ -447,7 +470,7 @@ class Counts:
     split: Split | None = None
     limit: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return _to_dict(self)
 
     @classmethod
@@ -503,9 +526,9 @@ class Manifest:
     prefix_trees: bool | None = None  # true when the rows hold prefix trees (contract.PREFIX_TREES)
     index_files: list[str] | None = None  # files a format keeps beside its shards (MDS's index.json)
     rejects_file: str | None = None  # the rejects file, when written inside the output
-    encoder: dict[str, Any] | None = None  # the text encoder that made the tokens: as in the summary
+    encoder: EncoderInfo | None = None  # the text encoder that made the tokens: as in the summary
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return _to_dict(self)
 
     @classmethod
@@ -526,6 +549,7 @@ class Manifest:
                 "dedup": DedupSummary.from_dict,
                 "mix": MixSummary.from_dict,
                 "eval": EvalSummary.from_dict,
+                "encoder": EncoderInfo.from_dict,
             },
         )
 
@@ -567,17 +591,17 @@ class StoreMeta:
     ruled_out_over_bytes: int | None = None
     ruled_out_max_len: int | None = None
     segment_root: str | None = None
-    encoder: dict[str, Any] | None = None  # name, fallback, records_slow (packcli.tokenize.text_encoders)
+    encoder: EncoderInfo | None = None  # name, fallback, records_slow (packcli.tokenize.text_encoders)
     original_paths: list[str] | None = None  # in memory only (see above)
     # A cache part (packcli.store.parts): its number, first record, records and whether it is its input's last.
     part: dict[str, Any] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return _to_dict(self)
 
     @classmethod
     def from_dict(cls, data: object) -> StoreMeta:
-        return _from_dict(cls, data, "meta.json", {"split": Split.from_dict})
+        return _from_dict(cls, data, "meta.json", {"split": Split.from_dict, "encoder": EncoderInfo.from_dict})
 
 
 # -- the rejects file ------------------------------------------------------------------------------
@@ -599,7 +623,7 @@ class RejectEntry:
     record_truncated: bool
     record_chars: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return _to_dict(self)
 
     @classmethod

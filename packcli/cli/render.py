@@ -22,7 +22,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from packcli.results import MixSummary, RunSummary
+from packcli.results import EncoderInfo, MixSummary, RunSummary
 
 stderr = Console(stderr=True, highlight=False)
 stdout = Console(highlight=False, emoji=False)
@@ -129,13 +129,13 @@ TEMPLATE_SOURCES = {
 }
 
 
-def encoder_line(encoder: dict[str, Any]) -> str:
+def encoder_line(encoder: EncoderInfo) -> str:
     """The text encoder that made the tokens, why it is not the fast one, and the records it left to tokenizers."""
-    line = str(encoder.get("name"))
-    if encoder.get("fallback"):
-        line += f" (fastokens not used: {encoder['fallback']})"
-    if encoder.get("records_slow"):
-        line += f"; {encoder['records_slow']:,} records' masks made by tokenizers"
+    line = encoder.name
+    if encoder.fallback:
+        line += f" (fastokens not used: {encoder.fallback})"
+    if encoder.records_slow:
+        line += f"; {encoder.records_slow:,} records' masks made by tokenizers"
     return line
 
 

@@ -171,7 +171,7 @@ def summary(
         output=None if config.dry_run else str(config.output),
         warnings=warnings,
         lost=lost,
-        encoder=dict(meta.encoder) if meta.encoder is not None else None,
+        encoder=meta.encoder,
     )
 
 

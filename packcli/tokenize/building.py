@@ -9,6 +9,7 @@ store's JSON lines files, its counts to the tallies that become the store's meta
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 from collections import Counter
@@ -18,6 +19,7 @@ from typing import Any
 from packcli.errors import InputError, OutputError, record_fix, where as where_of
 from packcli.io.sources import InputSource
 from packcli.records import turns
+from packcli.results import EncoderInfo
 from packcli.store.images import IMAGES_FILE, image_line
 from packcli.store.tokens import TokenStore, TokenStoreWriter
 from packcli.tokenize import rounds, trees
@@ -158,7 +160,7 @@ class StoreBuilder:
         formats: dict[str, str | None],
         identity: dict[str, Any],
         pad_id: int,
-        encoder_record: dict[str, Any],
+        encoder_record: EncoderInfo,
         slow_elsewhere: int = 0,
     ) -> dict[str, Any]:
         """The store's meta.json but its files (``TokenStoreWriter.finish`` adds them): its counts.
@@ -191,7 +193,8 @@ class StoreBuilder:
             if c[key]:
                 meta[key] = c[key]
         # Which encoder made the tokens (the cache key does not depend on it: every one gives the same).
-        meta["encoder"] = encoder_record | {"records_slow": c["slow_records"] + slow_elsewhere}
+        slow = c["slow_records"] + slow_elsewhere
+        meta["encoder"] = dataclasses.replace(encoder_record, records_slow=slow).to_dict()
         if self.reasoning:
             meta["reasoning"] = {key: self.reasoning[key] for key in rounds.REASONING_KEYS}
         if options.expand_turns != "off":

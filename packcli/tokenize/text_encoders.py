@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from packcli.errors import Opt, TokenizerError, first_line
+from packcli.results import EncoderInfo
 from packcli.tokenize.byte_offsets import byte_level_mask, token_byte_lengths
 
 ENCODER_ENV = "PACKCLI_ENCODER"
@@ -199,9 +200,9 @@ class Choice:
     encoder: TextEncoder
     fallback: str | None
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> EncoderInfo:
         """What the summary and manifest say of it (records_slow is added by the run that counts them)."""
-        return {"name": self.encoder.name, "fallback": self.fallback}
+        return EncoderInfo(name=self.encoder.name, fallback=self.fallback)
 
 
 def choose(backend: Any, backend_json: str, mode: str = "auto") -> Choice:
