@@ -31,7 +31,7 @@ def _packed_result() -> dict:
     return {
         "mode": "packed",
         "max_len": 1024,
-        "length_histogram": length_histogram(np.array([5, 60, 900]), 1024).to_dict(),
+        "length_histogram": length_histogram(np.array([5, 60, 900]), 1024).bins().to_dict(),
         "row_fill_histogram": {"edges": [0, 0.5, 1], "labels": ["0-50%", "50-100%"], "counts": [1, 3]},
         "samples_per_row": {"histogram": [{"samples": 2, "rows": 3}, {"samples": 5, "rows": 1}]},
     }
@@ -55,7 +55,7 @@ def test_packed_page_has_samples_per_row_axis_titles_and_ticks() -> None:
 def test_raw_page_charts_the_samples_too_long_per_max_len() -> None:
     result = {
         "mode": "raw",
-        "length_histogram": length_histogram(np.array([5, 60, 4000]), 2048).to_dict(),
+        "length_histogram": length_histogram(np.array([5, 60, 4000]), 2048).bins().to_dict(),
         "max_lens": [
             {"max_len": m, "samples_too_long": k, "row_fill_histogram": _packed_result()["row_fill_histogram"]}
             for m, k in ((512, 7), (2048, 1))

@@ -52,6 +52,6 @@ def test_the_public_api_has_concrete_types(tmp_path: Path) -> None:
         "packcli.api.PackResult",
         "packcli.report.verify.VerifyReport",
         "packcli.report.inspect.InspectedRow",
-        "dict[str, Any]",
+        "packcli.results.OutputStats | packcli.results.RawStats",
         "packcli.errors.PackcliError",
     ], out

@@ -57,7 +57,7 @@ from packcli.errors import UsageError
 from packcli.output.formats import format_of, read_shard
 from packcli.output.manifest import read_checked_manifest
 from packcli.procs.stop import reset_stop
-from packcli.results import RunSummary
+from packcli.results import OutputStats, RawStats, RunSummary
 
 if TYPE_CHECKING:
     from packcli.report.inspect import InspectedRow
@@ -284,8 +284,10 @@ def stats(
     num_proc: int | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     **options: Any,
-) -> dict[str, Any]:
-    """Return the statistics ``packcli stats --json`` prints: of a packed output, or of raw inputs.
+) -> OutputStats | RawStats:
+    """Return the statistics ``packcli stats --json`` prints (``result.to_dict()``): of a packed output
+    (an ``OutputStats``), or of raw inputs (a ``RawStats``). Either reads as the dict it was too:
+    ``result["rows"]``, ``result.get("mix")``, ``"mix" in result``.
 
     For raw inputs, ``max_len`` is one length or several; each is planned as ``pack`` would plan it.
     """
@@ -313,8 +315,8 @@ def stats(
     reset_stop()
     with as_paths(inputs, memory_root(config)) as (paths, names), library_terms(names):
         result = raw_stats(replace(config, inputs=tuple(paths)), lens, batch_size=batch_size)
-    if isinstance(result.get("warnings"), list):
-        result["warnings"] = [api_terms(w, names) for w in result["warnings"]]
+    if result.warnings:
+        result = replace(result, warnings=[api_terms(w, names) for w in result.warnings])
     return result
 
 

@@ -22,7 +22,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from packcli.results import EncoderInfo, MixSummary, RunSummary
+from packcli.results import EncoderInfo, MixSummary, OutputStats, RawStats, RunSummary
 
 stderr = Console(stderr=True, highlight=False)
 stdout = Console(highlight=False, emoji=False)
@@ -263,7 +263,7 @@ IMAGE_STYLE = "magenta"  # an image's tokens, shown as one piece: <image 3: 28x4
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
 
 
-def print_packed_stats(r: dict[str, Any]) -> None:
+def print_packed_stats(r: OutputStats) -> None:
     out = stdout
     table = Table(title=f"packcli stats {r['directory']}", show_header=False, title_justify="left")
     table.add_column("what", style="bold")
@@ -352,7 +352,7 @@ def print_packed_stats(r: dict[str, Any]) -> None:
     out.print(_histogram_table("sample length (tokens)", "tokens", "samples", r["length_histogram"]))
 
 
-def print_raw_stats(r: dict[str, Any]) -> None:
+def print_raw_stats(r: RawStats) -> None:
     out = stdout
     title = f"packcli stats (before packing): {', '.join(r['inputs'])}"
     head = Table(title=title, show_header=False, title_justify="left")

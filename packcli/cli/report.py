@@ -41,6 +41,7 @@ from packcli.cli.options import (
     merge_preset,
 )
 from packcli.config import OPTION_GROUPS
+from packcli.results import OutputStats, RawStats
 
 RAW_ONLY = ("max_len", *TOKEN_PARAMETERS, "num_proc", "cache_dir", "no_cache")
 # The options of a raw-input stats run, by PackConfig name: what decides tokens, and the cache.
@@ -110,6 +111,7 @@ def stats(
     packed = _is_packed(ctx, paths, max_len)
     lens = parse_max_lens(max_len) if max_len is not None and not packed else []
     _check_stats_values(num_proc, batch_size, plot)
+    result: OutputStats | RawStats
     if packed:
         result = output_stats(Path(paths[0]), batch_size)
     else:
@@ -213,9 +215,7 @@ def _check_stats_values(num_proc: int | None, batch_size: int, plot: str | None)
         check_plot_path(plot)
 
 
-def _raw_stats(
-    paths: list[str], options: dict[str, Any], lens: list[int], batch_size: int, json_out: bool
-) -> dict[str, Any]:
+def _raw_stats(paths: list[str], options: dict[str, Any], lens: list[int], batch_size: int, json_out: bool) -> RawStats:
     """Return the figures of raw inputs at each max length (progress bars unless --json); warn on stderr."""
     from packcli.config import PackConfig
     from packcli.report.stats import raw_stats
@@ -229,7 +229,7 @@ def _raw_stats(
     return result
 
 
-def _show_stats(result: dict[str, Any], packed: bool, plot: str | None, json_out: bool) -> None:
+def _show_stats(result: OutputStats | RawStats, packed: bool, plot: str | None, json_out: bool) -> None:
     """Draw the --plot file, then print the figures: JSON, or the packed or raw table."""
     if plot is not None:
         from packcli.report.plot import plot_histograms, write_plot
@@ -238,14 +238,14 @@ def _show_stats(result: dict[str, Any], packed: bool, plot: str | None, json_out
         write_plot(plot, title, _plot_summary(result), plot_histograms(result))
         console.stderr.print(f"wrote {plot}", soft_wrap=True)
     if json_out:
-        console.emit_json(result)
-    elif packed:
+        console.emit_json(result.to_dict())
+    elif isinstance(result, OutputStats):
         console.print_packed_stats(result)
     else:
         console.print_raw_stats(result)
 
 
-def _plot_summary(result: dict[str, Any]) -> list[tuple[str, str]]:
+def _plot_summary(result: OutputStats | RawStats) -> list[tuple[str, str]]:
     if result["mode"] == "packed":
         return [
             ("rows", f"{result['rows']:,}"),

@@ -9,13 +9,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
 from packcli.config import option_problem
 from packcli.errors import UsageError
 from packcli.plan import packing
+from packcli.results import BinCounts, Distribution
 
 # Row fill bins in percent, right-closed: (0, 50], (50, 75], ... (99, 100]. Fine at the top, where
 # packed rows are; a uniform 10% grid would put nearly every row in one bin.
@@ -36,8 +37,9 @@ class Histogram:
     labels: list[str]
     counts: list[int]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"edges": self.edges, "labels": self.labels, "counts": self.counts}
+    def bins(self) -> BinCounts:
+        """The histogram as a stats result holds it: its bins without title and unit."""
+        return BinCounts(edges=self.edges, labels=self.labels, counts=self.counts)
 
 
 def length_histogram(lengths: np.ndarray, upper: int, title: str = "sample length (tokens)") -> Histogram:
@@ -70,18 +72,18 @@ def _right_closed_counts(values: np.ndarray, edges: np.ndarray) -> list[int]:
     return [int(c) for c in np.bincount(bins, minlength=len(edges) - 1)]
 
 
-def distribution(values: np.ndarray) -> dict[str, float | int]:
+def distribution(values: np.ndarray) -> Distribution:
     """Return the min, mean, median, 90th percentile and max of ``values`` (zeros when there are none)."""
     if len(values) == 0:
-        return {"min": 0, "mean": 0.0, "median": 0.0, "p90": 0.0, "max": 0}
+        return Distribution(min=0, mean=0.0, median=0.0, p90=0.0, max=0)
     v = np.asarray(values, dtype=np.int64)
-    return {
-        "min": int(v.min()),
-        "mean": round(float(v.mean()), 3),
-        "median": float(np.median(v)),
-        "p90": float(np.percentile(v, 90)),
-        "max": int(v.max()),
-    }
+    return Distribution(
+        min=int(v.min()),
+        mean=round(float(v.mean()), 3),
+        median=float(np.median(v)),
+        p90=float(np.percentile(v, 90)),
+        max=int(v.max()),
+    )
 
 
 # -- padding what-ifs ------------------------------------------------------------------------------
@@ -98,7 +100,16 @@ def batch_padding(lengths_in_order: np.ndarray, batch_size: int) -> int:
     return int((longest * sizes).sum() - x.sum())
 
 
-def row_bounds(lengths: np.ndarray, max_len: int, rows: int) -> dict[str, Any]:
+class RowBounds(TypedDict):
+    """The row-count bounds of a stats result (keys of OutputStats and RawLine, spliced in)."""
+
+    lower_bound_l1: int
+    lower_bound_l2: int
+    rows_over_l2: int
+    rows_over_l2_fraction: float
+
+
+def row_bounds(lengths: np.ndarray, max_len: int, rows: int) -> RowBounds:
     """Return the L1 and L2 lower bounds on the rows ``lengths`` need, and how far ``rows`` is above L2."""
     l1 = packing.lower_bound_l1(lengths, max_len)
     l2 = packing.lower_bound_l2(lengths, max_len)

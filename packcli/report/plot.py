@@ -8,10 +8,10 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from packcli.errors import OutputError, UsageError
 from packcli.report.figures import Histogram
+from packcli.results import OutputStats, RawStats
 
 PLOT_SUFFIXES = (".html", ".htm", ".png")
 
@@ -37,7 +37,7 @@ X_TITLES = {
 }
 
 
-def plot_histograms(result: dict[str, Any]) -> list[Histogram]:
+def plot_histograms(result: OutputStats | RawStats) -> list[Histogram]:
     """Return the charts of a stats result: lengths, row fill (per max length), samples per row or drops.
 
     Sample lengths are binned up to the 99th percentile or the largest max length, whichever is

@@ -22,6 +22,7 @@ from packcli.report.figures import (
     length_histogram,
     row_bounds,
 )
+from packcli.results import PolicyKept, RawLine, RawStats
 from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER
 
 
@@ -41,7 +42,7 @@ def parse_max_lens(value: str) -> list[int]:
     return out
 
 
-def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progress: Any = None) -> dict[str, Any]:
+def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progress: Any = None) -> RawStats:
     """Tokenize raw input as ``packcli pack`` would and return, per max length, packed versus unpacked.
 
     ``config`` is a PackConfig (inputs, tokenizer, template, format, label and cache options).
@@ -82,32 +83,33 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
 
             warnings = [*warnings, reasoning_warning(meta["reasoning"])]
         tokenizer_name = config.tokenizer_name or DEFAULT_TOKENIZER
-        lines = [_what_if(lengths, m, batch_size) for m in max_lens]
-        for line in lines:
-            line["policies"] = _kept_by_policy(config, store, line["max_len"], trainable, progress, tokenized.sources)
+        lines = [
+            _what_if(lengths, m, batch_size, _kept_by_policy(config, store, m, trainable, progress, tokenized.sources))
+            for m in max_lens
+        ]
     # Bins up to the 99th percentile (or the largest max length): one outlier does not widen them all.
     upper = max(int(np.percentile(lengths, 99)) if len(lengths) else 0, max(max_lens))
-    return {
-        "mode": "raw",
-        "inputs": list(inputs),
-        "tokenizer": tokenizer_name,
-        "cache": cache_state,
-        "records_read": int(meta["records_read"]),
-        "samples": len(lengths),
-        "dropped": dict(meta.get("dropped", {})),
-        **({"turns_fixed": dict(meta["turns_fixed"])} if "turns_fixed" in meta else {}),
-        **({"empty_answers": int(meta["empty_answers"])} if meta.get("empty_answers") else {}),
-        **({"leading_answers": int(meta["leading_answers"])} if meta.get("leading_answers") else {}),
-        **({"tools_left_out": int(meta["tools_left_out"])} if meta.get("tools_left_out") else {}),
-        **({"reasoning": dict(meta["reasoning"])} if meta.get("reasoning") else {}),
-        "tokens": int(lengths.sum()),
-        "trainable_tokens": trainable,
-        "sample_length": distribution(lengths),
-        "length_histogram": length_histogram(lengths, upper).to_dict(),
-        "batch_size": batch_size,
-        "max_lens": lines,
-        **({"warnings": warnings} if warnings else {}),
-    }
+    return RawStats(
+        mode="raw",
+        inputs=list(inputs),
+        tokenizer=tokenizer_name,
+        cache=cache_state,
+        records_read=int(meta["records_read"]),
+        samples=len(lengths),
+        dropped=dict(meta.get("dropped", {})),
+        turns_fixed=dict(meta["turns_fixed"]) if "turns_fixed" in meta else None,
+        empty_answers=int(meta["empty_answers"]) if meta.get("empty_answers") else None,
+        leading_answers=int(meta["leading_answers"]) if meta.get("leading_answers") else None,
+        tools_left_out=int(meta["tools_left_out"]) if meta.get("tools_left_out") else None,
+        reasoning=dict(meta["reasoning"]) if meta.get("reasoning") else None,
+        tokens=int(lengths.sum()),
+        trainable_tokens=trainable,
+        sample_length=distribution(lengths),
+        length_histogram=length_histogram(lengths, upper).bins(),
+        batch_size=batch_size,
+        max_lens=lines,
+        warnings=warnings or None,
+    )
 
 
 # What each --overflow policy keeps; truncate-left is --overflow truncate --truncate-side left.
@@ -116,7 +118,7 @@ POLICIES = ("drop", "truncate", "truncate-left", "split")
 
 def _kept_by_policy(
     config: Any, store: Any, max_len: int, trainable_total: int, progress: Any, sources: Any
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, PolicyKept]:
     """Return, per overflow policy, the records, samples, tokens and trainable tokens a pack would keep.
 
     drop and truncate are planned from the store at hand; split cuts the records longer than
@@ -132,7 +134,7 @@ def _kept_by_policy(
     from packcli.run.options import plan_options
     from packcli.run.pipeline import tokenized_inputs
 
-    def kept(cfg: Any, tokens: Any) -> dict[str, Any]:
+    def kept(cfg: Any, tokens: Any) -> PolicyKept:
         try:
             summary = accounting.summary(cfg, tokens, make_plan(plan_options(cfg), tokens), "")
             packed, samples, kept_tokens, trainable = (
@@ -143,13 +145,13 @@ def _kept_by_policy(
             )
         except InputError:  # nothing left to pack
             packed = samples = kept_tokens = trainable = 0
-        return {
-            "records": packed,
-            "samples": samples,
-            "tokens": kept_tokens,
-            "trainable_tokens": trainable,
-            "trainable_fraction": round(trainable / trainable_total, 6) if trainable_total else 0.0,
-        }
+        return PolicyKept(
+            records=packed,
+            samples=samples,
+            tokens=kept_tokens,
+            trainable_tokens=trainable,
+            trainable_fraction=round(trainable / trainable_total, 6) if trainable_total else 0.0,
+        )
 
     def under(**changes: Any) -> Any:
         """The run's options under another policy, or None where they refuse it (--expand-turns never
@@ -161,26 +163,27 @@ def _kept_by_policy(
 
     base = replace(config, max_len=max_len, world_size=1, pad_to_max=False)
     drop = kept(replace(base, overflow="drop"), store)
-    inapplicable = {**{k: 0 for k in drop}, "applies": False}
+    # The counts 0 (as ints) and ``applies`` false.
+    inapplicable = PolicyKept(records=0, samples=0, tokens=0, trainable_tokens=0, trainable_fraction=0, applies=False)
     truncate, truncate_left = under(overflow="truncate"), under(overflow="truncate", truncate_side="left")
     out = {
         "drop": drop,
-        "truncate": kept(truncate, store) if truncate is not None else dict(inapplicable),
-        "truncate-left": kept(truncate_left, store) if truncate_left is not None else dict(inapplicable),
+        "truncate": kept(truncate, store) if truncate is not None else inapplicable,
+        "truncate-left": kept(truncate_left, store) if truncate_left is not None else inapplicable,
     }
     split = under(overflow="split")
     if config.task != "sft" or split is None:
         # A preference or KTO record is never split, nor an expanded round: the policy does not apply.
-        out["split"] = dict(inapplicable)
+        out["split"] = inapplicable
     elif int(store.lengths.max(initial=0)) <= max_len:
-        out["split"] = dict(out["drop"])
+        out["split"] = out["drop"]
     else:
         with tokenized_inputs(split, progress, sources=sources) as pieces:
             out["split"] = kept(split, pieces.store)
     return out
 
 
-def _what_if(lengths: np.ndarray, max_len: int, batch_size: int) -> dict[str, Any]:
+def _what_if(lengths: np.ndarray, max_len: int, batch_size: int, policies: dict[str, PolicyKept]) -> RawLine:
     fit = lengths[lengths <= max_len]
     tokens = int(fit.sum())
     if len(fit):
@@ -189,17 +192,18 @@ def _what_if(lengths: np.ndarray, max_len: int, batch_size: int) -> dict[str, An
     else:
         row_tokens = np.zeros(0, np.int64)
     rows = len(row_tokens)
-    return {
-        "max_len": max_len,
-        "samples_fit": len(fit),
-        "samples_too_long": len(lengths) - len(fit),
-        "tokens": tokens,
-        "rows": rows,
-        "rows_without_packing": len(fit),
-        "padding_tokens": rows * max_len - tokens,
-        "padding_tokens_without_packing": len(fit) * max_len - tokens,
-        "padding_tokens_batch_padded": batch_padding(fit, batch_size),
-        "fill": round(tokens / (rows * max_len), 6) if rows else 0.0,
+    return RawLine(
+        max_len=max_len,
+        samples_fit=len(fit),
+        samples_too_long=len(lengths) - len(fit),
+        tokens=tokens,
+        rows=rows,
+        rows_without_packing=len(fit),
+        padding_tokens=rows * max_len - tokens,
+        padding_tokens_without_packing=len(fit) * max_len - tokens,
+        padding_tokens_batch_padded=batch_padding(fit, batch_size),
+        fill=round(tokens / (rows * max_len), 6) if rows else 0.0,
         **row_bounds(fit, max_len, rows),
-        "row_fill_histogram": fill_histogram(row_tokens, max_len).to_dict(),
-    }
+        row_fill_histogram=fill_histogram(row_tokens, max_len).bins(),
+        policies=policies,
+    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +21,7 @@ from packcli.errors import OutputError, first_line
 from packcli.output.formats import shard_batches
 from packcli.output.manifest import read_checked_manifest
 from packcli.report.figures import (
+    RowBounds,
     batch_padding,
     check_batch_size,
     distribution,
@@ -29,7 +30,17 @@ from packcli.report.figures import (
     row_bounds,
 )
 from packcli.report.raw import parse_max_lens, raw_stats
-from packcli.results import Counts, Manifest
+from packcli.results import (
+    Counts,
+    EvalSummary,
+    ImageStats,
+    Manifest,
+    MixSummary,
+    OutputStats,
+    PairStats,
+    PerRow,
+    TreeStats,
+)
 
 __all__ = ["is_packed_output", "list_parts", "output_stats", "parse_max_lens", "raw_stats"]
 
@@ -57,7 +68,7 @@ def is_packed_output(path: Path) -> bool:
     return path.is_dir() and (path / MANIFEST).is_file()
 
 
-def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
+def output_stats(directory: Path, batch_size: int = 8) -> OutputStats:
     """Return the figures of a packed output directory, read shard by shard.
 
     ``tokens`` counts sample tokens as the manifest does: the samples' real tokens, without the padding
@@ -85,45 +96,44 @@ def output_stats(directory: Path, batch_size: int = 8) -> dict[str, Any]:
     unpacked, without, batched = _padding_without_packing(manifest, arrays, tokens, max_len, batch_size)
     spr_hist = np.bincount(samples_per_row) if rows else np.zeros(0, np.int64)
     bounds, pairs = _bounds_and_pairs(manifest, read, arrays, max_len, rows, batch_size)
-    out = {
-        "mode": "packed",
-        "directory": str(directory),
-        "max_len": max_len,
-        "shards": len(manifest.shards),
-        "rows": rows,
-        "sequences": len(lengths),
-        "samples": len(arrays.distinct),
-        "records": len(np.unique(index)),
-        "tokens": tokens,
-        "trainable_tokens": read.trainable,
-        "padding_tokens": padding_tokens,
-        "padding_segment_tokens": read.segment_padding,
-        "alignment_padding_tokens": int(lengths.sum()) - tokens,
-        "fill": round(tokens / capacity, 6) if capacity else 0.0,
+    return OutputStats(
+        mode="packed",
+        directory=str(directory),
+        max_len=max_len,
+        shards=len(manifest.shards),
+        rows=rows,
+        sequences=len(lengths),
+        samples=len(arrays.distinct),
+        records=len(np.unique(index)),
+        tokens=tokens,
+        trainable_tokens=read.trainable,
+        padding_tokens=padding_tokens,
+        padding_segment_tokens=read.segment_padding,
+        alignment_padding_tokens=int(lengths.sum()) - tokens,
+        fill=round(tokens / capacity, 6) if capacity else 0.0,
         **bounds,
-        "samples_per_row": {
-            "min": int(samples_per_row.min()) if rows else 0,
-            "mean": round(float(samples_per_row.mean()), 3) if rows else 0.0,
-            "max": int(samples_per_row.max()) if rows else 0,
-            "histogram": [{"samples": k, "rows": int(n)} for k, n in enumerate(spr_hist) if n],
-        },
-        "sample_length": distribution(distinct_lengths),
-        "length_histogram": length_histogram(distinct_lengths, max_len).to_dict(),
-        "row_fill_histogram": fill_histogram(per_row, max_len).to_dict(),
-        "records_read": int(counts.records_read or 0),
-        "dropped": dict(counts.dropped or {}),
-        "truncated": int(counts.truncated or 0),
-        "duplicated": int(counts.duplicated or 0),
-        "batch_size": batch_size,
-        "rows_without_packing": unpacked,
-        "padding_tokens_without_packing": without,
-        "padding_tokens_batch_padded": batched,
-        "padding_saved": without - padding_tokens,
-        "padding_saved_vs_batch_padded": batched - padding_tokens,
-    }
-    if pairs is not None:
-        out["preference"] = pairs
-    return out | _output_sections(manifest, read, tokens, rows)
+        samples_per_row=PerRow(
+            min=int(samples_per_row.min()) if rows else 0,
+            mean=round(float(samples_per_row.mean()), 3) if rows else 0.0,
+            max=int(samples_per_row.max()) if rows else 0,
+            histogram=[{"samples": k, "rows": int(n)} for k, n in enumerate(spr_hist) if n],
+        ),
+        sample_length=distribution(distinct_lengths),
+        length_histogram=length_histogram(distinct_lengths, max_len).bins(),
+        row_fill_histogram=fill_histogram(per_row, max_len).bins(),
+        records_read=int(counts.records_read or 0),
+        dropped=dict(counts.dropped or {}),
+        truncated=int(counts.truncated or 0),
+        duplicated=int(counts.duplicated or 0),
+        batch_size=batch_size,
+        rows_without_packing=unpacked,
+        padding_tokens_without_packing=without,
+        padding_tokens_batch_padded=batched,
+        padding_saved=without - padding_tokens,
+        padding_saved_vs_batch_padded=batched - padding_tokens,
+        preference=pairs,
+        **_output_sections(manifest, read, tokens, rows),
+    )
 
 
 @dataclass
@@ -267,7 +277,7 @@ def _padding_without_packing(
 
 def _bounds_and_pairs(
     manifest: Manifest, read: _ShardReading, arrays: _SampleArrays, max_len: int, rows: int, batch_size: int
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
+) -> tuple[RowBounds, PairStats | None]:
     """Return the row-count bounds on what the plan packed, and the preference figures (None without roles)."""
     padded_lengths = arrays.lengths[arrays.first]
     if read.seq_role:
@@ -283,9 +293,19 @@ def _bounds_and_pairs(
     return row_bounds(padded_lengths, max_len, rows), None
 
 
-def _output_sections(manifest: Manifest, read: _ShardReading, tokens: int, rows: int) -> dict[str, Any]:
+class _Sections(TypedDict, total=False):
+    """The figures only some outputs have (OutputStats' fields of those names)."""
+
+    images: ImageStats
+    prefix_trees: TreeStats
+    mix: MixSummary
+    eval: EvalSummary
+    reasoning: dict[str, int]
+
+
+def _output_sections(manifest: Manifest, read: _ShardReading, tokens: int, rows: int) -> _Sections:
     """Return the figures only some outputs have: images, prefix trees, the mix, the eval split, reasoning."""
-    out: dict[str, Any] = {}
+    out: _Sections = {}
     if read.images_listed:
         per_row_images = _concat(read.row_images)
         n_images = int(per_row_images.sum())
@@ -293,29 +313,29 @@ def _output_sections(manifest: Manifest, read: _ShardReading, tokens: int, rows:
         # Without --embed-images only the images that came as bytes are in the rows; the others by path.
         if (manifest.options or {}).get("embed_images"):
             embedded = n_images
-        out["images"] = {
-            "images": n_images,
-            "samples": read.image_samples,
-            "image_tokens": read.image_tokens,
-            "image_token_share": round(read.image_tokens / tokens, 6) if tokens else 0.0,
-            "per_row": {
+        out["images"] = ImageStats(
+            images=n_images,
+            samples=read.image_samples,
+            image_tokens=read.image_tokens,
+            image_token_share=round(read.image_tokens / tokens, 6) if tokens else 0.0,
+            per_row={
                 "max": int(per_row_images.max()) if rows else 0,
                 "mean": round(float(per_row_images.mean()), 3) if rows else 0.0,
             },
-            "embedded": embedded,
-            "referenced": n_images - embedded,
-        }
+            embedded=embedded,
+            referenced=n_images - embedded,
+        )
     if read.trees_listed:
-        out["prefix_trees"] = {
-            "tokens": tokens,
-            "expanded_tokens": read.expanded,
-            "tokens_saved": read.expanded - tokens,
-            "tokens_ratio": round(tokens / read.expanded, 6) if read.expanded else 0.0,
-        }
+        out["prefix_trees"] = TreeStats(
+            tokens=tokens,
+            expanded_tokens=read.expanded,
+            tokens_saved=read.expanded - tokens,
+            tokens_ratio=round(tokens / read.expanded, 6) if read.expanded else 0.0,
+        )
     if manifest.mix is not None:  # --mix: the manifest's per-source accounting
-        out["mix"] = manifest.mix.to_dict()
+        out["mix"] = manifest.mix
     if manifest.eval is not None:  # the eval split beside these rows (OUT/eval/, its own manifest)
-        out["eval"] = manifest.eval.to_dict()
+        out["eval"] = manifest.eval
     if manifest.reasoning:  # trained turns whose reasoning the template left out of the tokens
         out["reasoning"] = dict(manifest.reasoning)
     return out
@@ -323,7 +343,7 @@ def _output_sections(manifest: Manifest, read: _ShardReading, tokens: int, rows:
 
 def _pair_stats(
     roles: np.ndarray, item_of: np.ndarray, lengths: np.ndarray, pairs_per_row: np.ndarray, batch_size: int
-) -> dict[str, Any]:
+) -> PairStats:
     """Return the samples by role, the pairs, pairs per row, and the padding of padded pair batches.
 
     ``padding_tokens_padded_pairs`` is what a trainer that pads pairs gives: batches of ``batch_size``
@@ -338,17 +358,17 @@ def _pair_stats(
     longest = np.zeros(int(batch_of.max()) + 1 if len(batch_of) else 0, dtype=np.int64)
     np.maximum.at(longest, batch_of, lengths)
     padded = int(longest[batch_of].sum() - lengths.sum())
-    return {
-        "roles": {SAMPLE_ROLES[k]: int(n) for k, n in enumerate(counts) if n},
-        "pairs": int(counts[CHOSEN]),
-        "pairs_per_row": {
-            "min": int(pairs_per_row.min()) if len(pairs_per_row) else 0,
-            "mean": round(float(pairs_per_row.mean()), 3) if len(pairs_per_row) else 0.0,
-            "max": int(pairs_per_row.max()) if len(pairs_per_row) else 0,
-        },
-        "padding_tokens_padded_pairs": padded,
-        "rows_padded_pairs": len(lengths),
-    }
+    return PairStats(
+        roles={SAMPLE_ROLES[k]: int(n) for k, n in enumerate(counts) if n},
+        pairs=int(counts[CHOSEN]),
+        pairs_per_row=PerRow(
+            min=int(pairs_per_row.min()) if len(pairs_per_row) else 0,
+            mean=round(float(pairs_per_row.mean()), 3) if len(pairs_per_row) else 0.0,
+            max=int(pairs_per_row.max()) if len(pairs_per_row) else 0,
+        ),
+        padding_tokens_padded_pairs=padded,
+        rows_padded_pairs=len(lengths),
+    )
 
 
 def _concat(parts: list[np.ndarray]) -> np.ndarray:
