@@ -27,6 +27,7 @@ from typing import Any
 
 from packcli.contract import MANIFEST
 from packcli.errors import OutputError
+from packcli.jsontypes import JSONObject
 from packcli.results import REJECT_KEYS as REJECT_ENTRY_KEYS
 
 LOCK_IN_OUTPUT = ".packcli.lock"
@@ -220,7 +221,7 @@ def interrupted_replace_message(display: str) -> str:
 # -- what is ours -----------------------------------------------------------------------------------
 
 
-def read_own_manifest(directory: Path) -> dict[str, Any] | None:
+def read_own_manifest(directory: Path) -> JSONObject | None:
     """Return the manifest of ``directory`` when packcli wrote it, else None."""
     path = directory / MANIFEST
     try:
@@ -237,7 +238,7 @@ def read_own_manifest(directory: Path) -> dict[str, Any] | None:
     return manifest
 
 
-def own_files(directory: Path, manifest: dict[str, Any]) -> set[str]:
+def own_files(directory: Path, manifest: JSONObject) -> set[str]:
     """The names in a previous output that packcli wrote: the manifest, its shards and index files, its rejects.
 
     A rejects file in a subdirectory (``logs/rejects.jsonl``) makes the subdirectory's name packcli's
@@ -258,7 +259,7 @@ def own_files(directory: Path, manifest: dict[str, Any]) -> set[str]:
 EVAL_DIR = "eval"  # the eval split's output, inside the output (packcli.plan.holdout)
 
 
-def names_eval(manifest: dict[str, Any]) -> bool:
+def names_eval(manifest: JSONObject) -> bool:
     """Whether a manifest names an eval split written inside its output (``eval/``)."""
     section = manifest.get("eval")
     return isinstance(section, dict) and section.get("path") == EVAL_DIR
@@ -282,7 +283,7 @@ def foreign_in_eval(directory: Path) -> set[str]:
     return {f"{EVAL_DIR}/{name}" for name in entries - own_files(path, manifest)}
 
 
-def rejects_parts(manifest: dict[str, Any]) -> tuple[str, ...]:
+def rejects_parts(manifest: JSONObject) -> tuple[str, ...]:
     """The path of the rejects file a manifest names inside its output, as parts; () when it names none."""
     rejects = manifest.get("rejects_file")
     if not isinstance(rejects, str) or not rejects or Path(rejects).is_absolute() or ".." in Path(rejects).parts:

@@ -7,7 +7,7 @@ go to stderr.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -42,6 +42,9 @@ from packcli.cli.options import (
 )
 from packcli.config import OPTION_GROUPS
 from packcli.results import OutputStats, RawStats
+
+if TYPE_CHECKING:
+    from packcli.report.reencode import Reencoded
 
 RAW_ONLY = ("max_len", *TOKEN_PARAMETERS, "num_proc", "cache_dir", "no_cache")
 # The options of a raw-input stats run, by PackConfig name: what decides tokens, and the cache.
@@ -340,11 +343,11 @@ def inspect(
 # -- verify ----------------------------------------------------------------------------------------
 
 
-def reencoded_line(reencoded: dict[str, Any]) -> str:
+def reencoded_line(reencoded: Reencoded) -> str:
     """What ``--reencode`` compared, or why it could not."""
-    if reencoded.get("skipped"):
-        return f"not re-encoded: {reencoded['skipped']}"
-    rows, samples = reencoded["rows"], reencoded["samples"]
+    if reencoded.skipped:
+        return f"not re-encoded: {reencoded.skipped}"
+    rows, samples = reencoded.rows, reencoded.samples
     return (
         f"re-encoded {rows:,} row{'s' if rows != 1 else ''} ({samples:,} sample{'s' if samples != 1 else ''}) "
         "with tokenizers: the same"

@@ -15,6 +15,7 @@ from typing import Any
 
 from packcli.contract import MANIFEST
 from packcli.errors import OutputError
+from packcli.jsontypes import JSONObject
 from packcli.owned import REPLACE_JOURNAL, interrupted_replace_message
 from packcli.results import DamagedResult, Manifest
 
@@ -42,7 +43,7 @@ def write_manifest(directory: Path, manifest: Manifest, output: Path | None = No
 # -- read side -------------------------------------------------------------------------------------
 
 
-def read_manifest(directory: Path) -> dict[str, Any]:
+def read_manifest(directory: Path) -> JSONObject:
     """Return the manifest of a packed output directory as JSON data, unchecked (verify reports what is
     wrong in it rather than stopping at the first thing)."""
     if os.path.lexists(directory / REPLACE_JOURNAL):  # its files are part old, part new: nothing to check yet
@@ -59,7 +60,7 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     return manifest
 
 
-def manifest_problems(manifest: dict[str, Any]) -> list[str]:
+def manifest_problems(manifest: JSONObject) -> list[str]:
     """Return what is missing or wrong in the manifest keys that stats, inspect and verify read.
 
     A shard entry must name a bare file name: a path that leaves the output directory is refused, so

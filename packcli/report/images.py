@@ -19,6 +19,7 @@ from typing import Any
 
 from packcli.contract import IMAGE_COLUMNS as IMAGE_FIELDS
 from packcli.errors import IncompatibleError, RecordError, TokenizerError, first_line
+from packcli.jsontypes import JSONObject
 from packcli.train.vision import RowImage, row_images
 from packcli.vision import ImageRef, VisionProcessor, image_size, load_processor
 
@@ -173,7 +174,7 @@ class ImageChecker:
         return size
 
 
-def image_checker(manifest: dict[str, Any], problems: list[str]) -> ImageChecker | None:
+def image_checker(manifest: JSONObject, problems: list[str]) -> ImageChecker | None:
     """The check of an output's images: None for a text output (no processor, no image columns).
 
     A processor directory that cannot be loaded now is one problem of the manifest (appended to
@@ -219,7 +220,7 @@ def image_columns(schema: Any, problems: list[str]) -> list[str]:
     return present
 
 
-def image_total_problems(manifest: dict[str, Any], held: dict[str, int]) -> list[str]:
+def image_total_problems(manifest: JSONObject, held: dict[str, int]) -> list[str]:
     """The manifest's image counts (tokenizer.processor.images) against what the shards hold (``held``:
     samples, images, image_tokens, embedded); each difference is a problem of the manifest.
 

@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from packcli.contract import IGNORE_INDEX, SAMPLE_ROLES, TREE_COLUMNS
 from packcli.errors import IncompatibleError, InputError, OutputError, TokenizerError, UsageError, first_line
+from packcli.jsontypes import JSONObject
 from packcli.output.formats import shard_batches
 from packcli.output.manifest import read_checked_manifest
 from packcli.report.images import RowImage, image_label, row_images
@@ -79,7 +80,7 @@ class InspectedRow:
     # The run's trained turns whose reasoning the template left out (the manifest's ``reasoning``); None: none
     reasoning: dict[str, int] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         out = asdict(self)
         if out["reasoning"] is None:
             del out["reasoning"]

@@ -20,6 +20,7 @@ import numpy as np
 
 from packcli.contract import IGNORE_INDEX
 from packcli.errors import PackcliError, first_line
+from packcli.jsontypes import JSONObject
 
 
 @dataclass
@@ -31,11 +32,11 @@ class Reencoded:
     differ: list[tuple[str, str]] = field(default_factory=list)  # (shard file, what differs)
     skipped: str | None = None  # why no row could be compared (the output or its inputs), or None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return dataclasses.asdict(self)
 
 
-def reencode_rows(directory: Path, manifest: dict[str, Any], n_rows: int) -> Reencoded:
+def reencode_rows(directory: Path, manifest: JSONObject, n_rows: int) -> Reencoded:
     """Encode ``n_rows`` rows of the output again with ``tokenizers`` and compare; return what was found."""
     from packcli.io.fingerprint import fingerprint
     from packcli.io.sources import resolve_inputs
@@ -72,7 +73,7 @@ def reencode_rows(directory: Path, manifest: dict[str, Any], n_rows: int) -> Ree
     return done
 
 
-def _cannot_redo(manifest: dict[str, Any], options: dict[str, Any]) -> str | None:
+def _cannot_redo(manifest: JSONObject, options: JSONObject) -> str | None:
     if str(manifest.get("task") or "sft") != "sft":
         return "preference and KTO outputs are not re-encoded"
     if options.get("processor") or options.get("mix") or manifest.get("eval"):
@@ -82,7 +83,7 @@ def _cannot_redo(manifest: dict[str, Any], options: dict[str, Any]) -> str | Non
     return None
 
 
-def _config(options: dict[str, Any], inputs: list[str]) -> Any:
+def _config(options: JSONObject, inputs: list[str]) -> Any:
     """The run's PackConfig, from the manifest's options (the inputs as the manifest names them)."""
     from dataclasses import fields
 
@@ -94,7 +95,7 @@ def _config(options: dict[str, Any], inputs: list[str]) -> Any:
 
 
 def _wanted_segments(
-    directory: Path, manifest: dict[str, Any], n_rows: int
+    directory: Path, manifest: JSONObject, n_rows: int
 ) -> dict[tuple[int, int], tuple[str, int, dict[str, np.ndarray]]]:
     """Each sample of the chosen rows, by (sample_index, piece_index): its shard, its row and its segment."""
     from packcli.report.inspect import locate_row, read_row

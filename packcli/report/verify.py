@@ -15,18 +15,22 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from packcli.contract import MANIFEST, OPTIONAL_COLUMNS, PREFIX_TREES, SHARD_SCHEMA, TREE_COLUMNS, Progress
 from packcli.errors import first_line
+from packcli.jsontypes import JSONObject
 from packcli.output.formats import FORMATS, MISSING_INDEX, ShardFormat, format_of, shard_batches, shard_schema
 from packcli.output.manifest import manifest_problems, read_manifest
 from packcli.output.rows import EXTENSIONS, file_sha256
 from packcli.report.images import ImageChecker, image_checker, image_columns as images_to_read, image_total_problems
 from packcli.report.row_checks import CHECKS, WEIGHTING_RULES, Expected, ShardTotals, check_batch, check_images
+
+if TYPE_CHECKING:
+    from packcli.report.reencode import Reencoded
 
 SHARD_FILE = re.compile(r"^shard-\d+-of-\d+(" + "|".join(re.escape(e) for e in EXTENSIONS.values()) + ")$")
 MAX_EXAMPLES = 5
@@ -60,13 +64,13 @@ class VerifyReport:
     index_files: list[str] = field(default_factory=list)  # the format's files beside the shards, checked
     images: int | None = None  # the images the rows hold and were checked (None: a text output)
     problems: list[Problem] = field(default_factory=list)
-    reencoded: dict[str, Any] | None = None  # --reencode N: packcli.report.reencode.Reencoded
+    reencoded: Reencoded | None = None  # --reencode N: what was encoded again and compared
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {
             "ok": self.ok,
             "directory": self.directory,
@@ -80,7 +84,7 @@ class VerifyReport:
             "alignment_padding_tokens": self.alignment_padding_tokens,
             "index_files": list(self.index_files),
             **({"images": self.images} if self.images is not None else {}),
-            **({"reencoded": self.reencoded} if self.reencoded is not None else {}),
+            **({"reencoded": self.reencoded.to_dict()} if self.reencoded is not None else {}),
             "problems": [{"file": p.file, "message": p.message} for p in self.problems],
         }
 
@@ -182,12 +186,12 @@ def verify_output(directory: Path, progress: Progress | None = None, reencode: i
         from packcli.report.reencode import reencode_rows
 
         again = reencode_rows(directory, manifest, reencode)
-        report.reencoded = again.to_dict()
+        report.reencoded = again
         report.problems += [Problem(file, what) for file, what in again.differ]
     return report
 
 
-def _output_format(manifest: dict[str, Any], entries: list[dict[str, Any]]) -> ShardFormat | None:
+def _output_format(manifest: JSONObject, entries: list[JSONObject]) -> ShardFormat | None:
     """The format the output was written in: the manifest's --output-format, else its shards' extension."""
     name = manifest.get("options", {}).get("output_format")
     if isinstance(name, str) and name in FORMATS:
@@ -202,8 +206,8 @@ def _output_format(manifest: dict[str, Any], entries: list[dict[str, Any]]) -> S
 
 def _check_index_files(
     directory: Path,
-    manifest: dict[str, Any],
-    entries: list[dict[str, Any]],
+    manifest: JSONObject,
+    entries: list[JSONObject],
     max_len: int,
     report: VerifyReport,
     complete: bool,
@@ -232,7 +236,7 @@ def _check_index_files(
     report.problems.extend(Problem(name, message) for name, message in found)
 
 
-def _pad_multiple(options: dict[str, Any]) -> int:
+def _pad_multiple(options: JSONObject) -> int:
     """The multiple the output's samples were padded to (PackConfig.pad_multiple, from the manifest)."""
     try:
         n, cp, tp = (int(options.get(k, 1) or 1) for k in ("pad_to_multiple_of", "context_parallel", "tensor_parallel"))
@@ -241,9 +245,7 @@ def _pad_multiple(options: dict[str, Any]) -> int:
     return math.lcm(max(n, 1), 2 * cp if cp > 1 else 1, tp * cp if tp > 1 else 1)
 
 
-def _check_shard(
-    directory: Path, entry: dict[str, Any], expect: Expected, problems: list[Problem]
-) -> ShardTotals | None:
+def _check_shard(directory: Path, entry: JSONObject, expect: Expected, problems: list[Problem]) -> ShardTotals | None:
     name = str(entry.get("file", ""))
     path = directory / name
     if not name or not path.is_file():
@@ -334,7 +336,7 @@ def _singular(message: str) -> str:
     return message
 
 
-def _mix_inputs(manifest: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+def _mix_inputs(manifest: JSONObject) -> tuple[np.ndarray, np.ndarray] | None:
     """--mix: each input's first sample_index, ascending, and its source, from the manifest's ``mix``."""
     if "mix" not in manifest:
         return None
@@ -351,8 +353,8 @@ def _check_samples(
     index: np.ndarray,
     pieces: np.ndarray,
     owner: np.ndarray,
-    entries: list[dict[str, Any]],
-    manifest: dict[str, Any],
+    entries: list[JSONObject],
+    manifest: JSONObject,
     problems: list[Problem],
     complete: bool,
 ) -> tuple[int, int]:
@@ -398,7 +400,7 @@ def _check_samples(
     return distinct, held
 
 
-def _check_totals(manifest: dict[str, Any], report: VerifyReport, sample_tokens: int, trainable: int) -> None:
+def _check_totals(manifest: JSONObject, report: VerifyReport, sample_tokens: int, trainable: int) -> None:
     if manifest.get("rows") is not None and manifest["rows"] != report.rows:
         report.problems.append(Problem(MANIFEST, f"counts {manifest['rows']} rows, the shards hold {report.rows}"))
     if manifest.get("tokens") is not None and manifest["tokens"] != sample_tokens:
@@ -416,7 +418,7 @@ def _check_totals(manifest: dict[str, Any], report: VerifyReport, sample_tokens:
         )
 
 
-def _manifest_images(manifest: dict[str, Any], problems: list[Problem]) -> ImageChecker | None:
+def _manifest_images(manifest: JSONObject, problems: list[Problem]) -> ImageChecker | None:
     found: list[str] = []
     checker = image_checker(manifest, found)
     problems += [Problem(MANIFEST, p) for p in found]

@@ -29,6 +29,7 @@ import numpy as np
 
 from packcli.contract import DEFAULT_TOKENIZER, MANIFEST, PREFIX_TREES, default_tokenizer_dir, vocab_sha256
 from packcli.errors import IncompatibleError, OutputError, UsageError, first_line
+from packcli.jsontypes import JSONObject
 
 TASKS = ("sft", "preference", "kto")
 # What each task's output holds, and how to train it.
@@ -47,7 +48,7 @@ _TRAIN_WITH = {
 _FREE_ROLES = ("pad_token",)
 
 
-def read_output_manifest(directory: str | Path) -> dict[str, Any]:
+def read_output_manifest(directory: str | Path) -> JSONObject:
     """Return the manifest of a ``packcli pack`` output; OutputError (one line) when there is none to read."""
     root = Path(directory)
     try:
@@ -128,7 +129,7 @@ def check_compatible(
     task: str | Collection[str] | None = None,
     model: Any = None,
     tokenizer: Any = None,
-    manifest: dict[str, Any] | None = None,
+    manifest: JSONObject | None = None,
     trees: bool = False,
 ) -> Compatibility:
     """Check, before the first step, that a packed output fits the recipe, the model and the tokenizer.
@@ -160,7 +161,7 @@ def check_compatible(
     _check_trees(root, manifest, trees)
     max_id = manifest.get("max_token_id")
     max_id = max_id if isinstance(max_id, int) and not isinstance(max_id, bool) else None
-    recorded: dict[str, Any] = manifest["tokenizer"] if isinstance(manifest.get("tokenizer"), dict) else {}
+    recorded: JSONObject = manifest["tokenizer"] if isinstance(manifest.get("tokenizer"), dict) else {}
     size = None
     if model is not None:
         size = embedding_size(model)
@@ -177,7 +178,7 @@ def check_compatible(
     return Compatibility(str(root), found, max_id, vocab if isinstance(vocab, int) else None, size, tuple(unchecked))
 
 
-def output_task(manifest: dict[str, Any]) -> str:
+def output_task(manifest: JSONObject) -> str:
     """Return the task of a packed output: its manifest's ``task``; an output written before tasks is SFT,
     unless its shards have roles (``sample_role``), then it is preference data."""
     task = manifest.get("task")
@@ -210,7 +211,7 @@ def _check_task(root: Path, found: str, task: str | Collection[str]) -> None:
     )
 
 
-def _check_trees(root: Path, manifest: dict[str, Any], trees: bool) -> None:
+def _check_trees(root: Path, manifest: JSONObject, trees: bool) -> None:
     if manifest.get(PREFIX_TREES) is True and not trees:
         raise IncompatibleError(
             f"{root}: the output holds prefix trees, whose branches would attend to each other without their "
@@ -218,7 +219,7 @@ def _check_trees(root: Path, manifest: dict[str, Any], trees: bool) -> None:
         )
 
 
-def _max_token_id(root: Path, manifest: dict[str, Any]) -> int:
+def _max_token_id(root: Path, manifest: JSONObject) -> int:
     """The largest id in the shards of an output written before its manifest recorded ``max_token_id``."""
     from packcli.output.formats import read_shard
 
@@ -255,12 +256,12 @@ def embedding_size(model: Any) -> int:
     return int(n)
 
 
-def _named(recorded: dict[str, Any]) -> str:
+def _named(recorded: JSONObject) -> str:
     size = recorded.get("vocab_size")
     return f"'{recorded.get('name', '?')}'" + (f" ({size} tokens)" if size is not None else "")
 
 
-def _check_tokenizer(root: Path, recorded: dict[str, Any], tokenizer: Any) -> list[str]:
+def _check_tokenizer(root: Path, recorded: JSONObject, tokenizer: Any) -> list[str]:
     """Refuse a tokenizer other than the recorded one; return what the manifest is too old to tell."""
     if isinstance(tokenizer, (str, Path)):
         from transformers import AutoTokenizer
