@@ -15,10 +15,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar
 
 from packcli.errors import OutputError
-from packcli.jsontypes import JSONObject
+from packcli.jsontypes import JSONObject, TemplateKwargs
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -90,6 +90,43 @@ def required_fields(cls: type[DataclassInstance]) -> tuple[str, ...]:
         and f.default_factory is dataclasses.MISSING
         and not f.metadata.get(IN_MEMORY)
     )
+
+
+# -- the tokenizer's identity ----------------------------------------------------------------------
+
+
+class ProcessorIdentity(TypedDict, total=False):
+    """An image-text run's processor, as the store and the manifest record it under the tokenizer's
+    identity: its directory, family, image token and its id, sha256, and the image counts."""
+
+    dir: str
+    family: str
+    image_token: str
+    image_token_id: int | None
+    sha256: str
+    images: dict[str, int]  # samples, images, image_tokens, embedded (packcli.output.images.IMAGE_COUNTS)
+
+
+class TokenizerIdentity(TypedDict, total=False):
+    """What identifies the tokenizer and its chat template (packcli.tokenize.encoder.Encoder.identity):
+    recorded in the store's meta.json and the manifest, part of the cache key. Keys are missing from
+    entries made before they were recorded (hence not total)."""
+
+    name: str
+    sha256: str
+    vocab_size: int
+    vocab_sha256: str
+    eos_token: str | None
+    special_tokens: dict[str, str]
+    special_token_ids: dict[str, int]
+    chat_template: str
+    chat_template_source: str  # tokenizer | file | packcli | default
+    chat_template_sha256: str
+    chat_template_generation_blocks: bool
+    chat_template_kwargs: TemplateKwargs
+    overridden: list[str]
+    warnings: list[str]
+    processor: ProcessorIdentity  # an image-text run's
 
 
 # -- the run summary -------------------------------------------------------------------------------
@@ -490,7 +527,7 @@ class Manifest:
     task: str | None = None  # absent before preference data: sft
     sample_roles: dict[str, str] | None = None  # preference and KTO outputs
     options: dict[str, Any] | None = None
-    tokenizer: dict[str, Any] | None = None
+    tokenizer: TokenizerIdentity | None = None
     inputs: list[dict[str, Any]] | None = None
     counts: Counts | None = None
     lost: Lost | None = None
@@ -570,7 +607,7 @@ class StoreMeta:
     finds an entry made from other paths names its own in memory (``original_paths`` keeps the old).
     """
 
-    tokenizer: dict[str, Any]  # the tokenizer's identity (packcli.tokenize.encoder.Encoder.identity)
+    tokenizer: TokenizerIdentity
     pad_id: int
     records_read: int
     dropped: dict[str, int]

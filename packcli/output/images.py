@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from packcli.contract import IMAGE_COLUMNS
-from packcli.results import ShardEntry
+from packcli.results import ShardEntry, TokenizerIdentity
 
 # The manifest's image counts: samples with images, images, their image tokens, images that came as bytes.
 IMAGE_COUNTS = ("samples", "images", "image_tokens", "embedded")
@@ -100,7 +100,7 @@ def written_image_counts(table: pa.Table) -> dict[str, int]:
     }
 
 
-def with_written_images(tokenizer: dict[str, Any], shards: Sequence[ShardEntry]) -> dict[str, Any]:
+def with_written_images(tokenizer: TokenizerIdentity, shards: Sequence[ShardEntry]) -> TokenizerIdentity:
     """Return the run's tokenizer identity with its processor's image counts those of the shards written
     (each shard entry's ``images``, summed), not those of the token store; a text run's as it is."""
     processor = tokenizer.get("processor")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from packcli.config import Hint, PackConfig, suggest
 from packcli.errors import InputError
 from packcli.plan import packing
 from packcli.plan.planner import Plan
-from packcli.results import Lost, RunSummary, StoreMeta
+from packcli.results import Lost, RunSummary, StoreMeta, TokenizerIdentity
 from packcli.store.tokens import TokenStore
 
 LOUD_FRACTION = 0.05
@@ -219,7 +219,16 @@ def reasoning_warning(reasoning: dict[str, int]) -> str:
     )
 
 
-def made_with(config: PackConfig, identity: dict[str, Any]) -> dict[str, Any]:
+class MadeWith(TypedDict):
+    """The summary's keys of what the tokens were made with (``made_with``)."""
+
+    tokenizer: str
+    template: str
+    template_source: str
+    task: str
+
+
+def made_with(config: PackConfig, identity: TokenizerIdentity) -> MadeWith:
     """Return what the tokens were made with: the tokenizer, the template and where it came from, the task.
 
     ``template_source`` is ``tokenizer`` (the tokenizer's own), ``file`` (a path), ``packcli`` (one of

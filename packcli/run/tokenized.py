@@ -31,6 +31,7 @@ from packcli.io.readers import hub_reachable
 from packcli.io.sources import InputSource, resolve_inputs
 from packcli.owned import HASH_MEMO
 from packcli.procs.stop import raise_if_stopped
+from packcli.results import TokenizerIdentity
 from packcli.run.identify import fields_key, hashed, run_encoder, task_and_formats
 from packcli.run.options import image_window, split_rule, tokenize_options
 from packcli.store import parts
@@ -66,7 +67,7 @@ class TokenizedInputs:
     sources: list[InputSource]
     fingerprints: list[str]
     formats: dict[str, str | None]
-    tokenizer: dict[str, Any]  # the tokenizer's identity
+    tokenizer: TokenizerIdentity
     pad_id: int
     warnings: list[str] = field(default_factory=list)
     task: str = "sft"  # sft, preference or kto (packcli.records.preference.resolve_task)

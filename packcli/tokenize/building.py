@@ -19,7 +19,7 @@ from typing import Any
 from packcli.errors import InputError, OutputError, record_fix, where as where_of
 from packcli.io.sources import InputSource
 from packcli.records import turns
-from packcli.results import EncoderInfo
+from packcli.results import EncoderInfo, TokenizerIdentity
 from packcli.store.images import IMAGES_FILE, image_line
 from packcli.store.tokens import TokenStore, TokenStoreWriter
 from packcli.tokenize import rounds, trees
@@ -158,7 +158,7 @@ class StoreBuilder:
         self,
         sources: list[InputSource],
         formats: dict[str, str | None],
-        identity: dict[str, Any],
+        identity: TokenizerIdentity,
         pad_id: int,
         encoder_record: EncoderInfo,
         slow_elsewhere: int = 0,

@@ -25,6 +25,7 @@ from packcli.contract import IGNORE_INDEX, vocab_sha256
 from packcli.errors import RecordError
 from packcli.jsontypes import TemplateKwargs
 from packcli.records.formats import Sample
+from packcli.results import TokenizerIdentity
 from packcli.tokenize import long_text, text_encoders
 from packcli.tokenize.chat_template import ChatTemplate, Reasoning
 from packcli.tokenize.images import Encoded, expand_images, image_tokens_masked
@@ -105,7 +106,7 @@ class Encoder:
             lambda text: len(self.backend.encode(text, add_special_tokens=False).ids), self.tokenizer_name
         )
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> TokenizerIdentity:
         """Return what identifies the tokenizer and template, for the manifest and the cache key."""
         return {
             "name": self.tokenizer_name,

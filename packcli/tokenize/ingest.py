@@ -14,6 +14,7 @@ from packcli.contract import Progress
 from packcli.io.readers import count_records, read_batches
 from packcli.io.sources import InputSource, RawBatch
 from packcli.procs import pool
+from packcli.results import ProcessorIdentity, TokenizerIdentity
 from packcli.store import parts
 from packcli.store.tokens import TokenStore
 from packcli.tokenize import worker
@@ -40,7 +41,7 @@ class RemoteTokenizing(Protocol):
         ...
 
 
-def processor_identity(encoder: Encoder) -> dict[str, Any]:
+def processor_identity(encoder: Encoder) -> ProcessorIdentity:
     """Return what the manifest records of the run's processor."""
     vision = encoder.vision
     return {
@@ -333,7 +334,7 @@ def _release(encoder: Encoder, service: EncodeService | None) -> None:
         service.close()
 
 
-def store_identity(encoder: Encoder) -> dict[str, Any]:
+def store_identity(encoder: Encoder) -> TokenizerIdentity:
     """The tokenizer's identity a store records (with its processor's, for a run with one)."""
     if encoder.vision is not None:
         return {**encoder.identity(), "processor": processor_identity(encoder)}

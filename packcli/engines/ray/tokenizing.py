@@ -42,6 +42,7 @@ from packcli.io.sources import InputSource
 from packcli.io.uri import is_uri, join
 from packcli.owned import owner_tag
 from packcli.procs.stop import raise_if_stopped
+from packcli.results import TokenizerIdentity
 from packcli.store.integrity import Digest, segment_files
 from packcli.tokenize import ingest, worker
 from packcli.tokenize.encoder import EncodeOptions, Encoder
@@ -108,7 +109,7 @@ class TokenizerSettings:
     fields: dict[str, str]
     split: SplitRule | None
     fix_turns: bool
-    identity: dict[str, Any]  # the driver's tokenizer identity, which every actor's must equal
+    identity: TokenizerIdentity  # the driver's tokenizer identity, which every actor's must equal
     batch_size: int
     long_text_bytes: int | None
     encoder: str = "auto"  # --encoder (packcli.tokenize.text_encoders)
