@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from packcli.errors import UsageError
+from packcli.jsontypes import Record
 
 
 @contextmanager
@@ -44,7 +45,7 @@ def as_paths(inputs: Any, cache_dir: str | os.PathLike[str] | None) -> Iterator[
         yield [str(path)], {str(path): "the in-memory records"}
 
 
-def record_line(record: dict[str, Any]) -> str:
+def record_line(record: Record) -> str:
     """One in-memory record as a JSON line; one that JSON cannot hold (bytes, arrays) as the line the
     worker rejects with that reason (``records.UNUSABLE``)."""
     from packcli.records.checks import UNUSABLE, unusable_value

@@ -17,6 +17,7 @@ from typing import Any
 from packcli.config import PackConfig, describe_value, did_you_mean, has_type, option_problem, parse_mix
 from packcli.errors import Opt, UsageError, too_many_digits
 from packcli.io.uri import is_uri
+from packcli.jsontypes import JSONObject, TemplateKwargs
 from packcli.records.formats import DEFAULT_FIELDS
 
 # A preset holds options, not data: what it may be, so that reading one is instant whatever the file.
@@ -28,7 +29,7 @@ class _PresetLimit(Exception):
     """A preset past a limit of this module (its words, for the one line the user reads)."""
 
 
-def load_config_file(path: str) -> dict[str, Any]:
+def load_config_file(path: str) -> JSONObject:
     """Read a preset (.toml, .yaml/.yml or .json); return its options with field renames merged over the defaults.
 
     ``inputs`` (a path or a list of them) and ``output`` are returned relative to the current
@@ -151,9 +152,9 @@ def _preset_inputs(path: str, value: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
-def parse_template_kwargs(values: list[str]) -> dict[str, Any]:
+def parse_template_kwargs(values: list[str]) -> TemplateKwargs:
     """Parse ``--template-kwarg KEY=VALUE`` flags; VALUE is JSON (``false``, ``"high"``) or else a string."""
-    out: dict[str, Any] = {}
+    out: TemplateKwargs = {}
     for value in values:
         name, sep, raw = value.partition("=")
         if not sep or not name.strip():

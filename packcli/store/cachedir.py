@@ -31,6 +31,7 @@ from typing import Any
 
 from packcli.errors import UsageError
 from packcli.io.fingerprint import forget_missing
+from packcli.jsontypes import JSONObject
 from packcli.owned import HASH_MEMO, clean_stale_cache_dirs, owner_tag
 
 KEY_RE = re.compile(r"^[0-9a-f]{32}$")
@@ -162,11 +163,11 @@ class Entry:
     packcli_version: str | None = None
     damaged: bool = False
 
-    def to_json(self, now: float) -> dict[str, Any]:
+    def to_json(self, now: float) -> JSONObject:
         return {**asdict(self), "age_seconds": round(max(now - self.last_used, 0.0), 1)}
 
 
-def _template_words(tokenizer: dict[str, Any]) -> str | None:
+def _template_words(tokenizer: JSONObject) -> str | None:
     """The template an entry was made with, and where it came from: ``deepseek (default)``."""
     name, source = tokenizer.get("chat_template"), tokenizer.get("chat_template_source")
     if name is None:  # an entry made before the template was named: the source held a path or a kind

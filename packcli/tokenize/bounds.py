@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from packcli.errors import RecordError
+from packcli.jsontypes import JSONObject
 from packcli.records.formats import Sample
 
 CHUNK_CHARS = 1 << 20
@@ -42,7 +43,7 @@ def _byte_alphabet() -> set[str]:
     return chars
 
 
-def _pre_tokenizers(spec: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _pre_tokenizers(spec: JSONObject | None) -> list[JSONObject]:
     if spec is None:
         return []
     if spec.get("type") == "Sequence":

@@ -18,6 +18,7 @@ from packcli.config import BUILTIN_TEMPLATES
 from packcli.contract import DEFAULT_TOKENIZER as DEFAULT_TOKENIZER, default_tokenizer_dir as default_tokenizer_dir
 from packcli.errors import TokenizerError, first_line
 from packcli.io.readers import hub_reachable
+from packcli.jsontypes import JSONObject
 from packcli.tokenize.templates import builtin_name, builtin_template, read_chat_template
 
 
@@ -123,7 +124,7 @@ def plain_backend(backend: Any) -> tuple[Any, tuple[str, ...]]:
     return plain, overrides
 
 
-def tokenizer_sha256(backend_json: str, special_tokens_map: dict[str, Any]) -> str:
+def tokenizer_sha256(backend_json: str, special_tokens_map: JSONObject) -> str:
     """Return the tokenizer's own identity: a hash of its backend (``tokenizer.json`` text) and special tokens.
 
     Not of a run's template keyword arguments (the manifest's chat_template_kwargs and the cache key's

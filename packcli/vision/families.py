@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from packcli.errors import RecordError, TokenizerError, first_line
+from packcli.jsontypes import JSONObject, TemplateKwargs
 
 
 @dataclass(frozen=True)
@@ -43,14 +44,14 @@ class ProcessorParts(Protocol):
 
     image_processor: Any
     image_token: str
-    config: dict[str, Any]
+    config: JSONObject
     # The processor class constructed here, or the parts of it the rule needs; None where the rule has none.
     processor: Any
 
 
 Rule = Callable[[ProcessorParts, int, int], ImageTokens]
 # (directory, image processor, processor config) -> the processor object the rule asks; raises TokenizerError.
-Prepare = Callable[[Path, Any, dict[str, Any]], Any]
+Prepare = Callable[[Path, Any, JSONObject], Any]
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def _refuse(directory: Path, cls: str, what: str) -> TokenizerError:
 def _construct(cls: str) -> Prepare:
     """Return a preparer that builds the processor class ``cls`` from the directory, as transformers does."""
 
-    def prepare(directory: Path, image_processor: Any, config: dict[str, Any]) -> Any:
+    def prepare(directory: Path, image_processor: Any, config: JSONObject) -> Any:
         import transformers
         from transformers import AutoTokenizer
 
@@ -123,7 +124,7 @@ def _qwen2_vl(parts: ProcessorParts, height: int, width: int) -> ImageTokens:
     return ImageTokens(count, parts.image_token * count, grid)
 
 
-def _check_llava(directory: Path, cls: str, image_processor: Any, config: dict[str, Any]) -> None:
+def _check_llava(directory: Path, cls: str, image_processor: Any, config: JSONObject) -> None:
     """Refuse what the LLaVA processors' size-only count does not follow."""
     patch = config.get("patch_size")
     if not isinstance(patch, int) or isinstance(patch, bool) or patch <= 0:
@@ -141,7 +142,7 @@ def _check_llava(directory: Path, cls: str, image_processor: Any, config: dict[s
         raise _refuse(directory, cls, "its image processor does not centre-crop (do_center_crop false)")
 
 
-def _prepare_llava(directory: Path, image_processor: Any, config: dict[str, Any]) -> Any:
+def _prepare_llava(directory: Path, image_processor: Any, config: JSONObject) -> Any:
     _check_llava(directory, "LlavaProcessor", image_processor, config)
     return _construct("LlavaProcessor")(directory, image_processor, config)
 
@@ -157,7 +158,7 @@ def _llava(parts: ProcessorParts, height: int, width: int) -> ImageTokens:
     return ImageTokens(count, parts.image_token * count)
 
 
-def _prepare_llava_next(directory: Path, image_processor: Any, config: dict[str, Any]) -> Any:
+def _prepare_llava_next(directory: Path, image_processor: Any, config: JSONObject) -> Any:
     cls = "LlavaNextProcessor"
     _check_llava(directory, cls, image_processor, config)
     pinpoints = getattr(image_processor, "image_grid_pinpoints", None)
@@ -213,14 +214,14 @@ def _check_splitting(directory: Path, cls: str, image_processor: Any) -> None:
         raise _refuse(directory, cls, f"size's longest_edge {longest} is not whole tiles of {tile} pixels")
 
 
-def _image_seq_len(directory: Path, cls: str, config: dict[str, Any], default: Any) -> int:
+def _image_seq_len(directory: Path, cls: str, config: JSONObject, default: Any) -> int:
     value = config.get("image_seq_len", default)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise _refuse(directory, cls, f"image_seq_len is {value!r} in processor_config.json, not a positive count")
     return value
 
 
-def _prepare_idefics3(directory: Path, image_processor: Any, config: dict[str, Any]) -> Any:
+def _prepare_idefics3(directory: Path, image_processor: Any, config: JSONObject) -> Any:
     cls = "Idefics3Processor"
     _check_splitting(directory, cls, image_processor)
     _image_seq_len(directory, cls, config, 169)
@@ -257,13 +258,13 @@ class SmolVLMParts:
     global_image_token: str
 
 
-def _prepare_smolvlm(directory: Path, image_processor: Any, config: dict[str, Any]) -> SmolVLMParts:
+def _prepare_smolvlm(directory: Path, image_processor: Any, config: JSONObject) -> SmolVLMParts:
     cls = "SmolVLMProcessor"
     _check_splitting(directory, cls, image_processor)
     from transformers.models.smolvlm.processing_smolvlm import SmolVLMProcessor
 
     default = inspect.signature(SmolVLMProcessor.__init__).parameters["image_seq_len"].default
-    named: dict[str, Any] = {}
+    named: TemplateKwargs = {}
     tokenizer_config = directory / "tokenizer_config.json"
     if tokenizer_config.is_file():  # the processor reads these from its tokenizer's named special tokens
         try:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from packcli.errors import RecordError, TokenizerError, first_line
+from packcli.jsontypes import JSONObject
 from packcli.vision.families import FAMILIES, ImageTokens, Rule
 
 __all__ = ["FAMILIES", "ImageTokens", "VisionProcessor", "load_processor", "processor_files"]
@@ -36,7 +37,7 @@ class VisionProcessor:
     # True: an image's token count depends on its size (read from the header); False: it is fixed.
     needs_size: bool
     rule: Rule = field(repr=False)
-    config: dict[str, Any] = field(default_factory=dict, repr=False)
+    config: JSONObject = field(default_factory=dict, repr=False)
     # The processor class built from the directory where it constructs here (its functions answer the
     # rule), or the parts of it the rule reads; None for a family whose rule needs neither.
     processor: Any = field(default=None, repr=False)
@@ -83,7 +84,7 @@ class VisionProcessor:
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path) -> JSONObject:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -91,9 +92,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def processor_files(directory: Path) -> tuple[str | None, dict[str, Any], str | None]:
+def processor_files(directory: Path) -> tuple[str | None, JSONObject, str | None]:
     """Return the processor class a saved processor names, its processor config, and its chat template."""
-    config: dict[str, Any] = {}
+    config: JSONObject = {}
     cls: str | None = None
     for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
         path = directory / name
