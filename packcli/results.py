@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NotRequired, TypedDict, TypeVar
 
 from packcli.errors import OutputError
 from packcli.jsontypes import JSONObject, TemplateKwargs
@@ -599,6 +599,31 @@ class Manifest:
 # -- the token store's meta.json -------------------------------------------------------------------
 
 
+class FileDigest(TypedDict):
+    """A store file's entry in meta.json (``files``): its size and sha256."""
+
+    bytes: int
+    sha256: str
+
+
+class Segment(TypedDict):
+    """A segment of a store's token files (``segments``): the prefix of its files' names and its tokens."""
+
+    prefix: str
+    tokens: int
+
+
+class PartInfo(TypedDict):
+    """A cache part's place in its input (``part``): its number, first record, records, whether it is
+    its input's last, and (a part of an engine's cuts) the lines or records its reading passed."""
+
+    index: int
+    first: int
+    records: int
+    last: bool
+    units: NotRequired[int]
+
+
 @dataclass(frozen=True, kw_only=True)
 class StoreMeta:
     """A token store's ``meta.json``: how its tokens were made, the records' counts, and its files.
@@ -613,8 +638,8 @@ class StoreMeta:
     dropped: dict[str, int]
     sources: list[dict[str, Any]]  # path, kind, format, unit of each input
     source_starts: list[int]  # the sample_index of each input's first record
-    segments: list[dict[str, Any]]
-    files: dict[str, dict[str, Any]]  # name -> bytes, sha256
+    segments: list[Segment]
+    files: dict[str, FileDigest]  # by file name
     meta_sha256: str
     made: dict[str, Any] | None = None
     split: Split | None = None
@@ -631,7 +656,7 @@ class StoreMeta:
     encoder: EncoderInfo | None = None  # name, fallback, records_slow (packcli.tokenize.text_encoders)
     original_paths: list[str] | None = None  # in memory only (see above)
     # A cache part (packcli.store.parts): its number, first record, records and whether it is its input's last.
-    part: dict[str, Any] | None = None
+    part: PartInfo | None = None
 
     def to_dict(self) -> JSONObject:
         return _to_dict(self)

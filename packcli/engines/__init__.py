@@ -17,7 +17,7 @@ from packcli.errors import UsageError
 from packcli.io.sources import InputSource
 from packcli.output.layout import RowLayout
 from packcli.plan.planner import Plan
-from packcli.results import Manifest, ShardEntry
+from packcli.results import FileDigest, Manifest, ShardEntry
 from packcli.store.parts import InputParts
 from packcli.store.tokens import TokenStore
 from packcli.tokenize.encoder import Encoder
@@ -26,7 +26,7 @@ from packcli.tokenize.options import TokenizeOptions
 __all__ = ["DigestChecker", "Engine", "LocalEngine", "load_engine"]
 
 # Checks a found cache entry's token files: (the entry's directory, its files' entries by name).
-DigestChecker = Callable[[str, dict[str, dict[str, Any]]], None]
+DigestChecker = Callable[[str, dict[str, FileDigest]], None]
 
 
 class Engine(Protocol):

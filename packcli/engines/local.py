@@ -11,7 +11,7 @@ from packcli.errors import UsageError
 from packcli.io.sources import InputSource
 from packcli.output.layout import RowLayout
 from packcli.plan.planner import Plan
-from packcli.results import Manifest, ShardEntry
+from packcli.results import FileDigest, Manifest, ShardEntry
 from packcli.store.parts import InputParts
 from packcli.store.tokens import TokenStore
 from packcli.tokenize.encoder import Encoder
@@ -33,7 +33,7 @@ class LocalEngine:
     def rehash_files(self, sources: list[InputSource]) -> None:
         return None
 
-    def digest_checker(self) -> Callable[[str, dict[str, dict[str, Any]]], None] | None:
+    def digest_checker(self) -> Callable[[str, dict[str, FileDigest]], None] | None:
         return None
 
     def tokenize_to_store(

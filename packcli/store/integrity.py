@@ -16,7 +16,7 @@ from typing import Any
 from packcli.contract import file_sha256
 from packcli.errors import PackcliError, first_line
 from packcli.io.uri import join
-from packcli.results import StoreMeta, required_fields
+from packcli.results import FileDigest, StoreMeta, required_fields
 
 # Every key a finished store's meta.json has (packcli.results.StoreMeta); one missing means the entry is damaged.
 META_KEYS = required_fields(StoreMeta)
@@ -39,7 +39,7 @@ class Digest:
         self.sha.update(data)
         self.bytes += len(data)
 
-    def entry(self) -> dict[str, Any]:
+    def entry(self) -> FileDigest:
         return {"bytes": self.bytes, "sha256": self.sha.hexdigest()}
 
 
@@ -53,7 +53,9 @@ def meta_digest(meta: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def check_store(path: Path, check_digests: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def check_store(
+    path: Path, check_digests: Callable[[str, dict[str, FileDigest]], None] | None = None
+) -> dict[str, Any]:
     """Check a store's meta.json and the size and sha256 of each of its files; return the meta.
 
     Raise DamagedStore naming the first problem. The cost is one sequential read of the store.
@@ -102,7 +104,7 @@ def check_store(path: Path, check_digests: Callable[[str, dict[str, Any]], None]
     return meta
 
 
-def _check_remote(uri: str, expect: dict[str, Any]) -> None:
+def _check_remote(uri: str, expect: FileDigest) -> None:
     """A segment file at a URI: present with its size (object stores keep their own checksums; reading
     it back to hash it would cost a whole download)."""
     from pyarrow import fs as pafs

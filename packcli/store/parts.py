@@ -34,6 +34,7 @@ from typing import Any
 
 from packcli.errors import OutputError
 from packcli.io.sources import InputSource
+from packcli.results import PartInfo
 from packcli.store.integrity import segment_files
 from packcli.store.key import cache_key
 from packcli.store.tokens import TokenStore, TokenStoreWriter
@@ -115,10 +116,10 @@ class InputParts:
         return sum(int(p.meta["part"]["records"]) for p in which)
 
 
-def part_meta(index: int, first: int, records: int, last: bool, units: int | None = None) -> dict[str, Any]:
+def part_meta(index: int, first: int, records: int, last: bool, units: int | None = None) -> PartInfo:
     """What a part's meta.json says of its place in its input (``units``: the lines or records its
     reading passed, for a part of an engine's cuts: what the positions of the parts after it add)."""
-    meta: dict[str, Any] = {"index": index, "first": first, "records": records, "last": last}
+    meta: PartInfo = {"index": index, "first": first, "records": records, "last": last}
     if units is not None:
         meta["units"] = units
     return meta

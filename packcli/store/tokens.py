@@ -41,6 +41,7 @@ from packcli.contract import file_sha256
 from packcli.errors import OutputError, first_line
 from packcli.io.uri import is_uri, join
 from packcli.owned import owner_tag
+from packcli.results import FileDigest, Segment
 from packcli.store.integrity import TOKEN_FILES, DamagedStore, Digest, check_store, meta_digest, segment_files
 from packcli.store.nodes import TreeNodes
 
@@ -144,7 +145,7 @@ class TokenReader:
     files are opened on first use; a sample never spans two segments.
     """
 
-    def __init__(self, root: str | Path, segments: list[dict[str, Any]]) -> None:
+    def __init__(self, root: str | Path, segments: list[Segment]) -> None:
         self.root = str(root)
         self.prefixes = [s["prefix"] for s in segments]
         self.seg_starts = np.zeros(len(segments) + 1, dtype=np.int64)
@@ -251,8 +252,8 @@ class TokenStoreWriter:
         self._tree = {k: _Column() for k in TREE_ARRAYS}  # --prefix-tree: the samples' nodes
         self._tree_on = False
         self._local_tokens = 0  # tokens written by add() into the one local segment (prefix "")
-        self._segments: list[dict[str, Any]] = []  # segments written elsewhere (add_segment), in order
-        self._segment_files: dict[str, dict[str, Any]] = {}
+        self._segments: list[Segment] = []  # segments written elsewhere (add_segment), in order
+        self._segment_files: dict[str, FileDigest] = {}
         # The token files' sizes and sha256, taken as they are written: finish never reads them back.
         self._digests = {TOKEN_FILES[0]: Digest(), TOKEN_FILES[1]: Digest()}
 
@@ -287,8 +288,8 @@ class TokenStoreWriter:
 
     def add_segment(
         self,
-        segment: dict[str, Any],
-        files: dict[str, dict[str, Any]],
+        segment: Segment,
+        files: dict[str, FileDigest],
         sample_index: np.ndarray,
         lengths: np.ndarray,
         trainable: np.ndarray,
@@ -392,7 +393,7 @@ class TokenStoreWriter:
                 segments = [{"prefix": "", "tokens": self._local_tokens}]
                 written = {name: digest.entry() for name, digest in self._digests.items()}
             names = sorted(p.name for p in self.tmp.iterdir() if p.is_file() and p.name not in written)
-            files = {
+            files: dict[str, FileDigest] = {
                 name: {"bytes": (self.tmp / name).stat().st_size, "sha256": file_sha256(self.tmp / name)}
                 for name in names
             }
@@ -437,7 +438,7 @@ class TokenStoreWriter:
 
 
 def load_store(
-    path: Path, verify: bool = True, check_digests: Callable[[str, dict[str, Any]], None] | None = None
+    path: Path, verify: bool = True, check_digests: Callable[[str, dict[str, FileDigest]], None] | None = None
 ) -> TokenStore:
     """Load a finished store's per-sample arrays and metadata, checked first unless ``verify`` is False."""
     meta = check_store(path, check_digests) if verify else json.loads((path / "meta.json").read_text())
@@ -454,7 +455,9 @@ def load_store(
     return TokenStore(path=path, meta=meta, **arrays, tree_nodes=TreeNodes.stored(tree))
 
 
-def find_store(path: Path, check_digests: Callable[[str, dict[str, Any]], None] | None = None) -> TokenStore | None:
+def find_store(
+    path: Path, check_digests: Callable[[str, dict[str, FileDigest]], None] | None = None
+) -> TokenStore | None:
     """Return the checked store at ``path``, or None when there is none.
 
     Raise DamagedStore when something is there but fails the checks: it must be rebuilt, not used.

@@ -30,7 +30,7 @@ from packcli.records.checks import (
 from packcli.records.dedup import content_key
 from packcli.records.formats import PREFERENCE_FORMATS, Sample, detect_format, normalize
 from packcli.records.images import attach_images
-from packcli.results import RejectEntry
+from packcli.results import FileDigest, RejectEntry, Segment
 from packcli.tokenize import rounds, trees
 from packcli.tokenize.bounds import rule_out_too_long
 from packcli.tokenize.chat_template import trained_turns
@@ -80,8 +80,8 @@ class TokenizedBatch:
     seconds: dict[str, float] = field(default_factory=dict)
     # From an engine that writes the tokens where it makes them (the Ray engine): the token store segment
     # that holds this batch's tokens, and its files' entries; ``ids`` and ``labels`` are then empty.
-    segment: dict[str, Any] | None = None
-    segment_files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    segment: Segment | None = None
+    segment_files: dict[str, FileDigest] = field(default_factory=dict)
     # A run with a processor: per kept sample, its images (packcli.tokenize.images); None without one.
     images: list[tuple[dict[str, Any], ...]] | None = None
     # --prefix-tree: the kept samples' nodes (a plain sample one node), and the trees counted

@@ -44,7 +44,7 @@ from packcli.io.sources import InputSource
 from packcli.io.uri import check_uri_output, is_uri, write_manifest_uri
 from packcli.output.layout import RowLayout
 from packcli.plan.planner import Plan
-from packcli.results import Manifest, ShardEntry
+from packcli.results import FileDigest, Manifest, ShardEntry
 from packcli.store.integrity import DamagedStore
 from packcli.store.parts import InputParts
 from packcli.store.tokens import TokenStore
@@ -99,10 +99,10 @@ class RayEngine:
         refs = [task.remote(f) for f in files]
         return {f: self.session.fetch(ref) for f, ref in zip(files, refs, strict=True)}
 
-    def digest_checker(self) -> Callable[[str, dict[str, dict[str, Any]]], None]:
+    def digest_checker(self) -> Callable[[str, dict[str, FileDigest]], None]:
         return self._check_digests
 
-    def _check_digests(self, directory: str, expected: dict[str, dict[str, Any]]) -> None:
+    def _check_digests(self, directory: str, expected: dict[str, FileDigest]) -> None:
         """Check the sha256 of a found cache entry's token files in tasks (the driver reads no token)."""
         self.session.ensure()
         refs = {name: _hash_token_file.remote(os.path.join(directory, name)) for name in expected}

@@ -42,7 +42,7 @@ from packcli.io.sources import InputSource
 from packcli.io.uri import is_uri, join
 from packcli.owned import owner_tag
 from packcli.procs.stop import raise_if_stopped
-from packcli.results import TokenizerIdentity
+from packcli.results import FileDigest, Segment, TokenizerIdentity
 from packcli.store.integrity import Digest, segment_files
 from packcli.tokenize import ingest, worker
 from packcli.tokenize.encoder import EncodeOptions, Encoder
@@ -88,7 +88,7 @@ class SegmentWriter:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         return open(path, "wb")
 
-    def close(self) -> tuple[dict[str, Any] | None, dict[str, dict[str, Any]]]:
+    def close(self) -> tuple[Segment | None, dict[str, FileDigest]]:
         """Close the files; return the segment (None when the part kept no sample) and its files' entries."""
         for fh in self._files:
             fh.close()
