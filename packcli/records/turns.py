@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from packcli.errors import RecordError
 from packcli.jsontypes import Message
@@ -103,14 +103,22 @@ def orphan_tool_results(messages: Sequence[Message]) -> list[int]:
     return orphans
 
 
-def clean(sample: Sample) -> tuple[Sample, list[dict[str, Any]]]:
+# One change --fix-turns made to a conversation: its kind (KINDS), the message (its index as read), and
+# for a renamed role the names ``from`` and ``to``, for a merged message the one it went ``into``.
+TurnChange = TypedDict(
+    "TurnChange",
+    {"kind": str, "message": int, "from": NotRequired[str], "to": NotRequired[str], "into": NotRequired[int]},
+)
+
+
+def clean(sample: Sample) -> tuple[Sample, list[TurnChange]]:
     """Return the repaired sample and its changes (``{"kind", "message", ...}``, in the order made).
 
     A conversation that had an answer and has none left is a RecordError (``no_answer_after_fix``).
     """
     if sample.kind != "chat" or not sample.messages:
         return sample, []
-    changes: list[dict[str, Any]] = [
+    changes: list[TurnChange] = [
         {"kind": "role_renamed", "message": i, "from": old, "to": new} for i, old, new in sample.renamed
     ]
     n = len(sample.messages)
@@ -197,7 +205,7 @@ def _mergeable(a: _Item, b: _Item) -> bool:
     )
 
 
-def counts(changes: list[dict[str, Any]]) -> Counter[str]:
+def counts(changes: list[TurnChange]) -> Counter[str]:
     """Return the changes counted by kind."""
     return Counter(c["kind"] for c in changes)
 
@@ -212,7 +220,7 @@ _WORDS = {
 }
 
 
-def describe(changes: list[dict[str, Any]]) -> str:
+def describe(changes: list[TurnChange]) -> str:
     """Return the changes in words: "drops the leading assistant turn, merges 2 consecutive turns of one role"."""
     found = counts(changes)
     return ", ".join(_WORDS[kind][found[kind] > 1].format(n=found[kind]) for kind in KINDS if found[kind])

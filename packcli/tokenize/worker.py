@@ -8,7 +8,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -65,7 +65,7 @@ class TokenizedBatch:
     roles: np.ndarray | None = None  # int8 sample_role per kept sample, for preference data (None: all SFT)
     # --fix-turns: its changes counted by kind (packcli.records.turns.KINDS), and one entry per record it changed.
     turns_fixed: dict[str, int] = field(default_factory=dict)
-    turn_fixes: list[dict[str, Any]] = field(default_factory=list)
+    turn_fixes: list[TurnFix] = field(default_factory=list)
     empty_answers: int = 0  # trained answers that are empty or whitespace only, in the samples kept
     leading_answers: int = 0  # conversations kept whose first message (after system ones) is a trained answer
     tools_left_out: int = 0  # conversations kept with a tools list the chat template does not render
@@ -139,7 +139,7 @@ def tokenize_batch(context: WorkerContext, batch: RawBatch, fmt: str | None) -> 
         kept.take(k, result, samples[k])
     encoded = time.perf_counter()
     fixed: Counter[str] = Counter()
-    fixes: list[dict[str, Any]] = []
+    fixes: list[TurnFix] = []
     for k, changes in changed.items():
         fixed.update(turns.counts(changes))
         fixes.append(_fix_entry(batch.first_index + k, batch.source, batch.positions[k], changes, raws[k], batch))
@@ -154,7 +154,7 @@ def tokenize_batch(context: WorkerContext, batch: RawBatch, fmt: str | None) -> 
 
 def _decode(
     context: WorkerContext, batch: RawBatch, fmt: str | None
-) -> tuple[list[Any], list[Any], dict[int, list[dict[str, Any]]]]:
+) -> tuple[list[Any], list[Any], dict[int, list[turns.TurnChange]]]:
     """Each raw record of the batch made a sample (or the RecordError that says why not), checked.
 
     Return the samples, the records as the rejects file shows them, and, by batch position, the
@@ -165,7 +165,7 @@ def _decode(
     base = os.path.dirname(os.path.abspath(batch.source)) if encoder.vision is not None else ""
     samples: list[Any] = []
     raws: list[Any] = []
-    changed: dict[int, list[dict[str, Any]]] = {}
+    changed: dict[int, list[turns.TurnChange]] = {}
     for item, pos in zip(batch.items, batch.positions, strict=True):
         raws.append(item)
         try:
@@ -360,7 +360,7 @@ def _hint_fix_turns(encoder: Encoder, samples: list[Any], results: list[Any]) ->
 
     Only conversations the template refused are cleaned and encoded again (one batch call).
     """
-    candidates: list[tuple[int, Sample, list[dict[str, Any]]]] = []
+    candidates: list[tuple[int, Sample, list[turns.TurnChange]]] = []
     for k, (sample, result) in enumerate(zip(samples, results, strict=True)):
         if not (isinstance(result, RecordError) and result.reason == "template_error" and isinstance(sample, Sample)):
             continue
@@ -379,9 +379,23 @@ def _hint_fix_turns(encoder: Encoder, samples: list[Any], results: list[Any]) ->
             results[k] = RecordError(err.reason, f"{err.detail}; --fix-turns {turns.describe(changes)}")
 
 
+class TurnFix(TypedDict):
+    """One line of the --fix-turns-log file: where the record is, what was changed, and the record as read
+    (its first characters when long, as in a rejects entry)."""
+
+    sample_index: int
+    source: str
+    position: int
+    unit: str  # line | record
+    changes: list[turns.TurnChange]
+    record: str
+    record_truncated: bool
+    record_chars: int
+
+
 def _fix_entry(
-    index: int, source: str, position: int, changes: list[dict[str, Any]], raw: Any, batch: RawBatch
-) -> dict[str, Any]:
+    index: int, source: str, position: int, changes: list[turns.TurnChange], raw: Any, batch: RawBatch
+) -> TurnFix:
     """One entry of the --fix-turns-log file: where the record is, what was changed, and the record as read."""
     text = record_text(raw, batch.raw_lines)
     return {
