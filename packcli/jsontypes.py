@@ -26,3 +26,7 @@ Message: TypeAlias = dict[str, Any]
 
 # Keyword arguments handed to a chat template or a model's processor: names only they know.
 TemplateKwargs: TypeAlias = dict[str, Any]
+
+# One part of a message's content list ({"type": "text", "text": ...}, {"type": "image", ...}): the
+# dataset's and the chat template's keys, as a Message's are.
+ContentPart: TypeAlias = dict[str, Any]

@@ -92,6 +92,25 @@ def required_fields(cls: type[DataclassInstance]) -> tuple[str, ...]:
     )
 
 
+# -- a sample's images -----------------------------------------------------------------------------
+
+
+class ImageRecord(TypedDict, total=False):
+    """One image of a sample, as the token store's image table (images.jsonl) and the rows record it:
+    the file (``path``, with its ``stat`` stamp when read) or the image's ``bytes`` (``path`` None), its
+    size [height, width], the processor's grid and tokens, and where its tokens are in the sample
+    (``offset``, ``span``)."""
+
+    path: str | None
+    stat: Any  # the file's stamp when it was read (packcli.io.fingerprint.file_stamp), or None
+    bytes: bytes
+    size: list[int]
+    grid: list[int]
+    tokens: int
+    offset: int
+    span: int
+
+
 # -- the tokenizer's identity ----------------------------------------------------------------------
 
 

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from packcli.contract import IMAGE_COLUMNS
-from packcli.results import ShardEntry, TokenizerIdentity
+from packcli.results import ImageRecord, ShardEntry, TokenizerIdentity
 
 # The manifest's image counts: samples with images, images, their image tokens, images that came as bytes.
 IMAGE_COUNTS = ("samples", "images", "image_tokens", "embedded")
@@ -45,7 +45,7 @@ def image_fields(with_bytes: bool, with_spans: bool = False) -> list[pa.Field]:
 
 
 def image_columns(
-    images: list[list[dict[str, Any]]],
+    images: list[list[ImageRecord]],
     lengths: np.ndarray,
     skips: np.ndarray,
     samples_per_row: np.ndarray,
@@ -67,10 +67,11 @@ def image_columns(
         row_start = int(starts[first]) if count else 0
         for j in range(first, first + count):
             for image in images[j]:
-                row["image_refs"].append(image.get("path"))
+                path = image.get("path")
+                row["image_refs"].append(path)
                 data = image.get("bytes")
-                if data is None and embed and image.get("path") is not None:
-                    data = Path(image["path"]).read_bytes()
+                if data is None and embed and path is not None:
+                    data = Path(path).read_bytes()
                 row["image_bytes"].append(data)
                 row["image_sizes"].append([int(x) for x in image["size"]])
                 row["image_grid"].append([int(x) for x in image["grid"]])

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +17,7 @@ from packcli.contract import IGNORE_INDEX, SHARD_SCHEMA, TREE_COLUMNS, file_sha2
 from packcli.output.formats import FORMATS, shard_format
 from packcli.output.layout import RowLayout
 from packcli.plan import packing
-from packcli.results import ShardEntry
+from packcli.results import ImageRecord, ShardEntry
 from packcli.store.nodes import TreeNodes
 
 EXTENSIONS = {name: f.extension for name, f in FORMATS.items()}
@@ -34,7 +33,7 @@ def build_rows(
     piece_index: np.ndarray | None = None,
     sample_role: np.ndarray | None = None,
     source: np.ndarray | None = None,
-    images: list[list[dict[str, Any]]] | None = None,
+    images: list[list[ImageRecord]] | None = None,
     skips: np.ndarray | None = None,
     tree: TreeNodes | None = None,
 ) -> pa.Table:

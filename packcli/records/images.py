@@ -20,10 +20,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypedDict
 
 from packcli.errors import RecordError
-from packcli.jsontypes import JSONObject, Message
+from packcli.jsontypes import ContentPart, JSONObject, Message
 from packcli.records.formats import Sample
 
 IMAGE_KEY = "packcli_image"  # the normalised part's image: {"path": str} or {"bytes": bytes}
@@ -32,7 +32,14 @@ IMAGES_FIELD = "images"
 _PAYLOAD_KEYS = ("image", "path", "url", "image_url")
 
 
-def _source(value: Any, base: str, where: str, remote: Callable[[str], bool]) -> dict[str, Any]:
+class ImageSource(TypedDict, total=False):
+    """A record's image made one form (an image part's ``IMAGE_KEY``): an absolute path, or bytes."""
+
+    path: str
+    bytes: bytes
+
+
+def _source(value: Any, base: str, where: str, remote: Callable[[str], bool]) -> ImageSource:
     """Return the normalised image of one value a record gives (a path, bytes, a {bytes, path} dict)."""
     if isinstance(value, dict):
         data = value.get("bytes")
@@ -106,7 +113,7 @@ def attach_images(sample: Sample, record: Any, base: str, remote: Callable[[str]
     changed = False
     messages: list[Message] = []
 
-    def take(where: str) -> dict[str, Any]:  # the next image of the record's list
+    def take(where: str) -> ImageSource:  # the next image of the record's list
         nonlocal taken
         if taken >= len(listed):
             raise RecordError(
@@ -120,7 +127,7 @@ def attach_images(sample: Sample, record: Any, base: str, remote: Callable[[str]
 
     for i, message in enumerate(sample.messages):
         content = message.get("content")
-        parts: list[dict[str, Any]] | None = None
+        parts: list[ContentPart] | None = None
         if isinstance(content, str):
             if placeholders and PLACEHOLDER in content:
                 parts = _split_text(content, take, f"message {i}")
@@ -161,9 +168,9 @@ def attach_images(sample: Sample, record: Any, base: str, remote: Callable[[str]
     return replace(sample, messages=messages) if changed else sample
 
 
-def _split_text(text: str, take: Any, where: str) -> list[dict[str, Any]]:
+def _split_text(text: str, take: Any, where: str) -> list[ContentPart]:
     """Return a text's parts with each ``<image>`` placeholder turned into the next image's part."""
-    out: list[dict[str, Any]] = []
+    out: list[ContentPart] = []
     pieces = text.split(PLACEHOLDER)
     for k, piece in enumerate(pieces):
         if k:
@@ -173,7 +180,7 @@ def _split_text(text: str, take: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
-def sample_images(sample: Sample) -> list[dict[str, Any]]:
+def sample_images(sample: Sample) -> list[ImageSource]:
     """Return the sample's normalised images in message and part order."""
     return [
         p[IMAGE_KEY]

@@ -14,14 +14,14 @@ from __future__ import annotations
 import base64
 import json
 from pathlib import Path
-from typing import Any
 
 from packcli.io.fingerprint import file_stamp
+from packcli.results import ImageRecord
 
 IMAGES_FILE = "images.jsonl"
 
 
-def image_line(sample: int, images: tuple[dict[str, Any], ...]) -> str:
+def image_line(sample: int, images: tuple[ImageRecord, ...]) -> str:
     """Return one line of the image table."""
     out = []
     for image in images:
@@ -32,12 +32,12 @@ def image_line(sample: int, images: tuple[dict[str, Any], ...]) -> str:
     return json.dumps({"sample": sample, "images": out}, separators=(",", ":"))
 
 
-def load_images(store_path: str | Path) -> dict[int, list[dict[str, Any]]]:
+def load_images(store_path: str | Path) -> dict[int, list[ImageRecord]]:
     """Return the store's image table by sample number (empty when the store has none)."""
     path = Path(store_path) / IMAGES_FILE
     if not path.is_file():
         return {}
-    table: dict[int, list[dict[str, Any]]] = {}
+    table: dict[int, list[ImageRecord]] = {}
     with open(path, encoding="utf-8") as fh:
         for line in fh:
             entry = json.loads(line)
@@ -49,7 +49,7 @@ def load_images(store_path: str | Path) -> dict[int, list[dict[str, Any]]]:
     return table
 
 
-def changed_image(table: dict[int, list[dict[str, Any]]]) -> str | None:
+def changed_image(table: dict[int, list[ImageRecord]]) -> str | None:
     """Return the path of an image file whose size or modification time differs from the table's, or None."""
     seen: set[str] = set()
     for images in table.values():

@@ -23,10 +23,11 @@ import numpy as np
 from packcli.errors import RecordError
 from packcli.io.fingerprint import file_stamp
 from packcli.records.formats import Sample
-from packcli.records.images import sample_images
+from packcli.records.images import ImageSource, sample_images
+from packcli.results import ImageRecord
 
 
-def image_info(image: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+def image_info(image: ImageSource) -> tuple[Any, ImageRecord]:
     """Return the vision ImageRef of a normalised image and its record (ref, stat) without the size."""
     from packcli.vision import ImageRef
 
@@ -41,7 +42,7 @@ def image_info(image: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     return ImageRef(data=image["bytes"]), {"path": None, "bytes": image["bytes"]}
 
 
-def _size(ref: Any, record: dict[str, Any]) -> tuple[int, int]:
+def _size(ref: Any, record: ImageRecord) -> tuple[int, int]:
     stat = record.get("stat")
     if record.get("path") is None or stat is None:
         from packcli.vision import image_size
@@ -71,7 +72,7 @@ class Encoded(tuple[np.ndarray, np.ndarray]):
     """(input_ids, labels) of a sample with images, and its images (``images``: one record each); or of a
     conversation whose trained turns have reasoning (``reasoning``: a ``chat_template.Reasoning``)."""
 
-    images: tuple[dict[str, Any], ...] = ()
+    images: tuple[ImageRecord, ...] = ()
     reasoning: Any = None
 
 
@@ -82,7 +83,7 @@ class Expanded:
     text: str
     spans: list[tuple[int, int]]  # the trained character spans, moved
     places: list[tuple[int, int]]  # each image's characters in ``text``
-    records: list[dict[str, Any]]  # each image's record (without its offset, known once encoded)
+    records: list[ImageRecord]  # each image's record (without its offset, known once encoded)
 
 
 def expand_images(vision: Any, sample: Sample, text: str, spans: list[tuple[int, int]]) -> Expanded:
@@ -105,7 +106,7 @@ def expand_images(vision: Any, sample: Sample, text: str, spans: list[tuple[int,
         )
     parts: list[str] = []
     places: list[tuple[int, int]] = []
-    records: list[dict[str, Any]] = []
+    records: list[ImageRecord] = []
     shifts: list[tuple[int, int]] = []  # (end of a placeholder in the rendered text, characters added up to it)
     prev, added = 0, 0
     for k, (place, image) in enumerate(zip(at, images, strict=True)):
@@ -122,7 +123,7 @@ def expand_images(vision: Any, sample: Sample, text: str, spans: list[tuple[int,
         added += len(tokens.text) - len(token)
         prev = place + len(token)
         shifts.append((prev, added))
-        record.update(size=[height, width], grid=list(tokens.grid), tokens=tokens.count)
+        record.update({"size": [height, width], "grid": list(tokens.grid), "tokens": tokens.count})
         records.append(record)
     parts.append(text[prev:])
 
@@ -139,7 +140,7 @@ def expand_images(vision: Any, sample: Sample, text: str, spans: list[tuple[int,
 
 def image_tokens_masked(
     enc: Any, ids: np.ndarray, mask: np.ndarray, expanded: Expanded, image_token_id: int
-) -> tuple[dict[str, Any], ...]:
+) -> tuple[ImageRecord, ...]:
     """Untrain every token of each image's expansion; return the images' records with their offsets."""
     for k, ((a, b), record) in enumerate(zip(expanded.places, expanded.records, strict=True)):
         first, last = enc.char_to_token(a), enc.char_to_token(b - 1)
@@ -152,11 +153,11 @@ def image_tokens_masked(
                 "image_tokens_mismatch",
                 f"image {k + 1} becomes {found} image tokens, its processor says {record['tokens']}",
             )
-        record.update(offset=first, span=last + 1 - first)
+        record.update({"offset": first, "span": last + 1 - first})
     return tuple(expanded.records)
 
 
-def window_cuts_image(images: tuple[dict[str, Any], ...], length: int, limit: int, side: str) -> bool:
+def window_cuts_image(images: tuple[ImageRecord, ...], length: int, limit: int, side: str) -> bool:
     """Return whether cutting a sample of ``length`` tokens to ``limit`` (from ``side``) cuts an image."""
     if length <= limit:
         return False

@@ -30,7 +30,7 @@ from packcli.records.checks import (
 from packcli.records.dedup import content_key
 from packcli.records.formats import PREFERENCE_FORMATS, Sample, detect_format, normalize
 from packcli.records.images import attach_images
-from packcli.results import FileDigest, RejectEntry, Segment
+from packcli.results import FileDigest, ImageRecord, RejectEntry, Segment
 from packcli.tokenize import rounds, trees
 from packcli.tokenize.bounds import rule_out_too_long
 from packcli.tokenize.chat_template import trained_turns
@@ -83,7 +83,7 @@ class TokenizedBatch:
     segment: Segment | None = None
     segment_files: dict[str, FileDigest] = field(default_factory=dict)
     # A run with a processor: per kept sample, its images (packcli.tokenize.images); None without one.
-    images: list[tuple[dict[str, Any], ...]] | None = None
+    images: list[tuple[ImageRecord, ...]] | None = None
     # --prefix-tree: the kept samples' nodes (a plain sample one node), and the trees counted
     # (records, trees, samples in them, their tokens and the expansion's); None and empty without it.
     tree_nodes: trees.TreeNodes | None = None
@@ -230,7 +230,7 @@ class _Kept:
         self.rejects: list[dict[str, Any]] = []
         self.roles: list[int] = []
         self.content_keys: list[bytes] = []  # per kept sample, its record's content key
-        self.images: list[tuple[dict[str, Any], ...]] = []
+        self.images: list[tuple[ImageRecord, ...]] = []
         self.left_out: Counter[str] = Counter()
         self.left_out_tokens: Counter[str] = Counter()
         self.records_split = self.pieces_made = 0
