@@ -22,11 +22,11 @@ Record: TypeAlias = dict[str, Any]
 
 # One chat message as a chat template reads it: role and content, and whatever else the dataset or the
 # template uses (tool_calls, reasoning_content, name, train marks...).
-Message: TypeAlias = dict[str, Any]
+ChatMessage: TypeAlias = dict[str, Any]
 
 # Keyword arguments handed to a chat template or a model's processor: names only they know.
 TemplateKwargs: TypeAlias = dict[str, Any]
 
 # One part of a message's content list ({"type": "text", "text": ...}, {"type": "image", ...}): the
-# dataset's and the chat template's keys, as a Message's are.
+# dataset's and the chat template's keys, as a ChatMessage's are.
 ContentPart: TypeAlias = dict[str, Any]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from packcli.errors import RecordError, too_many_digits
-from packcli.jsontypes import Message, Record, TemplateKwargs
+from packcli.jsontypes import ChatMessage, Record, TemplateKwargs
 
 FORMATS = ("messages", "conversations", "prompt_completion", "alpaca", "text", "tokenized", "preference", "kto")
 # Record formats whose records are not one SFT sample each (see packcli.records.preference).
@@ -91,7 +91,7 @@ class Sample:
     """
 
     kind: str
-    messages: list[Message] | None = None
+    messages: list[ChatMessage] | None = None
     prompt_len: int | None = None
     prompt: str | None = None
     completion: str | None = None
@@ -304,7 +304,7 @@ def _json_cell(value: str, key: str, expected: str) -> Any:
 class _Turns:
     """Messages as read: the messages, their training marks, and the roles renamed."""
 
-    messages: list[Message]
+    messages: list[ChatMessage]
     train: tuple[bool | None, ...]
     renamed: tuple[tuple[int, str, str], ...]
 
@@ -331,7 +331,7 @@ ROLE_ALIASES: dict[str, str] = {name: role for name, role in SHAREGPT_ROLES.item
 TRAIN_KEYS = ("train", "weight")
 
 
-def _train_mark(message: Message, i: int, field: str) -> bool | None:
+def _train_mark(message: ChatMessage, i: int, field: str) -> bool | None:
     """Return a message's own training mark (None when it has none); raise RecordError for a bad one."""
     marks = []
     if "train" in message and message["train"] is not None:
@@ -351,7 +351,9 @@ def _train_mark(message: Message, i: int, field: str) -> bool | None:
     return marks[0] if marks else None
 
 
-def _function_call_turn(message: Message, i: int, field: str, content_key: str, fields: dict[str, str]) -> Message:
+def _function_call_turn(
+    message: ChatMessage, i: int, field: str, content_key: str, fields: dict[str, str]
+) -> ChatMessage:
     """Return a ShareGPT ``function_call`` turn (LLaMA-Factory's format) as an assistant message with tool calls.
 
     Its value is a JSON object ``{"name", "arguments"}``, or a list of them (parallel calls); the
@@ -394,7 +396,7 @@ def _messages(
         raise RecordError("empty_conversation", f"field '{field}' is an empty list")
     role_key = fields["from"] if sharegpt else fields["role"]
     content_key = fields["value"] if sharegpt else fields["content"]
-    out: list[Message] = []
+    out: list[ChatMessage] = []
     marks: list[bool | None] = []
     renamed: list[tuple[int, str, str]] = []
     for i, message in enumerate(value):

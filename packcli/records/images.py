@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import Any, TypedDict
 
 from packcli.errors import RecordError
-from packcli.jsontypes import ContentPart, JSONObject, Message
+from packcli.jsontypes import ChatMessage, ContentPart, JSONObject
 from packcli.records.formats import Sample
 
 IMAGE_KEY = "packcli_image"  # the normalised part's image: {"path": str} or {"bytes": bytes}
@@ -111,7 +111,7 @@ def attach_images(sample: Sample, record: Any, base: str, remote: Callable[[str]
     )
     taken = 0
     changed = False
-    messages: list[Message] = []
+    messages: list[ChatMessage] = []
 
     def take(where: str) -> ImageSource:  # the next image of the record's list
         nonlocal taken

@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Any, NotRequired, TypedDict
 
 from packcli.errors import RecordError
-from packcli.jsontypes import Message
+from packcli.jsontypes import ChatMessage
 from packcli.records.formats import Sample
 
 KINDS = (
@@ -68,7 +68,7 @@ def content_is_blank(content: Any) -> bool:
     return False
 
 
-def is_empty_answer(message: Message) -> bool:
+def is_empty_answer(message: ChatMessage) -> bool:
     """Return True for an assistant message whose content is blank and that carries nothing else (no tool calls)."""
     if message.get("role") != "assistant" or not content_is_blank(message.get("content")):
         return False
@@ -90,7 +90,7 @@ def blank_answers(sample: Sample, turns: list[int]) -> int:
     return sum(is_empty_answer(messages[i]) for i in turns)
 
 
-def orphan_tool_results(messages: Sequence[Message]) -> list[int]:
+def orphan_tool_results(messages: Sequence[ChatMessage]) -> list[int]:
     """Return the indices of tool results that no call comes before: the nearest earlier message that is
     not a tool result is not an assistant message (or there is none)."""
     orphans, last = [], None
@@ -184,7 +184,7 @@ def clean(sample: Sample) -> tuple[Sample, list[TurnChange]]:
     )
 
 
-_Item = tuple[int, Message, bool | None, bool]
+_Item = tuple[int, ChatMessage, bool | None, bool]
 
 
 def _mergeable(a: _Item, b: _Item) -> bool:

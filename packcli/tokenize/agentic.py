@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from packcli.errors import RecordError
-from packcli.jsontypes import Message
+from packcli.jsontypes import ChatMessage
 from packcli.records.turns import orphan_tool_results
 from packcli.tokenize.template_shape import common_prefix
 
@@ -33,16 +33,16 @@ REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _KEY, _VALUE, _NAME = "qzxargkeyzq", "qzxargvaluezq", "qzxprobefnzq"
 
-Renderer = Callable[[list[Message]], str]
+Renderer = Callable[[list[ChatMessage]], str]
 
 
 # -- arguments -----------------------------------------------------------------------------------------
 
 
-def probe_conversation(arguments: Any, content: str | None) -> tuple[list[Message], list[Any]]:
+def probe_conversation(arguments: Any, content: str | None) -> tuple[list[ChatMessage], list[Any]]:
     """Return a one-call conversation and its tools, with the call's arguments as given."""
     call = {"id": "call0", "type": "function", "function": {"name": _NAME, "arguments": arguments}}
-    assistant: Message = {"role": "assistant", "tool_calls": [call]}
+    assistant: ChatMessage = {"role": "assistant", "tool_calls": [call]}
     if content is not None:
         assistant["content"] = content
     messages = [
@@ -55,7 +55,7 @@ def probe_conversation(arguments: Any, content: str | None) -> tuple[list[Messag
     return messages, [schema]
 
 
-def arguments_forms(render: Callable[[list[Message], list[Any]], str]) -> tuple[bool, bool]:
+def arguments_forms(render: Callable[[list[ChatMessage], list[Any]], str]) -> tuple[bool, bool]:
     """Return whether the template renders arguments given as a mapping, and given as a JSON string."""
     as_text = json.dumps({_KEY: _VALUE})
     for content in (None, ""):
@@ -75,7 +75,7 @@ def arguments_forms(render: Callable[[list[Message], list[Any]], str]) -> tuple[
     return False, False
 
 
-def renders_tools(render: Callable[[list[Message], list[Any]], str]) -> bool | None:
+def renders_tools(render: Callable[[list[ChatMessage], list[Any]], str]) -> bool | None:
     """Return whether the template renders a ``tools`` list (a probe function's name in the text), None when
     the probe does not render at all."""
     messages, tools = probe_conversation({_KEY: _VALUE}, None)
@@ -85,7 +85,7 @@ def renders_tools(render: Callable[[list[Message], list[Any]], str]) -> bool | N
         return None
 
 
-def conform_arguments(message: Message, i: int, forms: tuple[bool, bool]) -> Message:
+def conform_arguments(message: ChatMessage, i: int, forms: tuple[bool, bool]) -> ChatMessage:
     """Return the message with each call's arguments in the form the template takes (see the module doc)."""
     takes_mapping, takes_string = forms
     calls = message.get("tool_calls")
@@ -121,7 +121,7 @@ def _parsed(arguments: str, i: int, j: int, name: Any) -> Any:
         ) from exc
 
 
-def check_tool_results(messages: Sequence[Message]) -> None:
+def check_tool_results(messages: Sequence[ChatMessage]) -> None:
     """Refuse a tool result that no assistant message (a call) comes before, or whose ``tool_call_id``
     names none of the calls of the assistant message it answers (when both sides carry ids)."""
     orphans = orphan_tool_results(messages)
@@ -151,7 +151,7 @@ def check_tool_results(messages: Sequence[Message]) -> None:
                 )
 
 
-def check_calls(message: Message, i: int) -> None:
+def check_calls(message: ChatMessage, i: int) -> None:
     """Refuse a call with no function name, or whose arguments are neither an object nor JSON text of one.
 
     Trained as it is, such a call would teach the model to call nothing, or to write arguments no parser
@@ -216,7 +216,7 @@ def changed(full: str, other: str) -> tuple[int, int]:
 
 
 def check_calls_rendered(
-    messages: list[Message],
+    messages: list[ChatMessage],
     text: str,
     render: Renderer,
     trained: dict[int, list[tuple[int, int]]],
@@ -259,7 +259,7 @@ def check_calls_rendered(
 # -- reasoning -----------------------------------------------------------------------------------------
 
 
-def reasoning_of(message: Message) -> tuple[str, str | None]:
+def reasoning_of(message: ChatMessage) -> tuple[str, str | None]:
     """Return an assistant message's reasoning text (stripped; "" when none) and the key that holds it.
 
     The key is None for a ``<think>`` block at the start of the content.
@@ -277,7 +277,7 @@ def reasoning_of(message: Message) -> tuple[str, str | None]:
     return "", None
 
 
-def with_reasoning(message: Message, key: str | None, text: str) -> Message:
+def with_reasoning(message: ChatMessage, key: str | None, text: str) -> ChatMessage:
     """Return the message with its reasoning replaced by ``text`` (the key's value, or the ``<think>`` block's)."""
     if key is not None:
         return {**message, key: text}
@@ -289,7 +289,7 @@ _PROBE = "qzxreasoningprobezq"
 
 
 def reasoning_left_out(
-    messages: list[Message], text: str, render: Renderer, turns: Sequence[int]
+    messages: list[ChatMessage], text: str, render: Renderer, turns: Sequence[int]
 ) -> tuple[int, tuple[int, ...]]:
     """Return how many of the assistant messages at ``turns`` have reasoning, and those whose reasoning ``text``
     leaves out.

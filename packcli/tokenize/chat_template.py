@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from packcli.errors import RecordError, TokenizerError, first_line
-from packcli.jsontypes import Message, TemplateKwargs
+from packcli.jsontypes import ChatMessage, TemplateKwargs
 from packcli.records.formats import Sample
 from packcli.records.images import IMAGE_KEY
 from packcli.tokenize.agentic import (
@@ -66,7 +66,7 @@ class ChatTemplate:
 
     def render(
         self,
-        messages: list[Message],
+        messages: list[ChatMessage],
         *,
         add_generation_prompt: bool = False,
         spans: bool = False,
@@ -94,7 +94,7 @@ class ChatTemplate:
         return rendered[0], (indices[0] if spans else [])
 
     def renderer(self, tools: list[Any] | None, kwargs: TemplateKwargs) -> Render:
-        def render(messages: list[Message], add_generation_prompt: bool) -> str:
+        def render(messages: list[ChatMessage], add_generation_prompt: bool) -> str:
             return self.render(messages, add_generation_prompt=add_generation_prompt, tools=tools, kwargs=kwargs)[0]
 
         return render
@@ -186,11 +186,11 @@ class ChatTemplate:
             self._tools.append(renders_tools(lambda messages, tools: self.render(messages, tools=tools)[0]))
         return self._tools[0] is False
 
-    def message(self, role: str, text: str) -> Message:
+    def message(self, role: str, text: str) -> ChatMessage:
         strings, parts = self.content_mode()
         return {"role": role, "content": text if strings or not parts else [{"type": "text", "text": text}]}
 
-    def prepare(self, sample: Sample) -> list[Message]:
+    def prepare(self, sample: Sample) -> list[ChatMessage]:
         """Return the sample's messages as the template gets them (content parts joined or kept, nulls dropped).
 
         As ``apply_chat_template`` does before rendering, every key of a message whose value is null is
@@ -288,7 +288,7 @@ class ChatTemplate:
         own = train_on != "all" and len(found) == len(located)
         trained = {i: [span] for i, span in zip(which, found, strict=True)} if own else {i: spans for i in which}
 
-        def again(changed: list[Message]) -> str:
+        def again(changed: list[ChatMessage]) -> str:
             return self.render(changed, tools=tools, kwargs=kwargs)[0]
 
         if self.split_markers:

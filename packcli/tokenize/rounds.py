@@ -20,14 +20,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from packcli.errors import RecordError
-from packcli.jsontypes import Message
+from packcli.jsontypes import ChatMessage
 from packcli.records.formats import Sample
 from packcli.tokenize.chat_template import trained_turns
 
 EXPANDED_KEYS = ("records", "samples", "extra_tokens")
 
 
-def round_cuts(messages: list[Message], trained: list[int]) -> list[tuple[int, tuple[int, ...]]]:
+def round_cuts(messages: list[ChatMessage], trained: list[int]) -> list[tuple[int, tuple[int, ...]]]:
     """Return each round's cut (the number of messages up to its last assistant message) and its trained turns.
 
     Rounds that train nothing are left out (they are context of the later ones).

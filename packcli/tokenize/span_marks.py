@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from packcli.jsontypes import Message
+from packcli.jsontypes import ChatMessage
 
 # Inserted between characters to perturb a message: a private-use code point, which no tokenizer
 # vocabulary or template literal contains in practice.
@@ -26,7 +26,7 @@ OWN_MARK = "\ue0c8"
 KEEP_KEYS = frozenset({"role", "type", "name"})
 
 
-def marked_message(message: Message) -> Message:
+def marked_message(message: ChatMessage) -> ChatMessage:
     return {key: (v if key in KEEP_KEYS else _marked_value(v, key == "arguments")) for key, v in message.items()}
 
 
@@ -71,7 +71,7 @@ def answer_marks(n: int) -> list[str]:
     return [chr(MULTI_MARK + k) for k in range(n)]
 
 
-def perturb(message: Message, empty: int, mark: str = MARK, scalars: bool = False) -> Message:
+def perturb(message: ChatMessage, empty: int, mark: str = MARK, scalars: bool = False) -> ChatMessage:
     """Return ``message`` with its text changed (a mark between characters), its structure kept.
 
     Role, type and name keys are kept wherever they are, but inside a tool call's ``arguments`` (which

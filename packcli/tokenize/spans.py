@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from packcli.errors import RecordError, first_line
-from packcli.jsontypes import Message
+from packcli.jsontypes import ChatMessage
 from packcli.tokenize.span_marks import OWN_MARK, answer_marks, expand, mark_runs, marked_message, perturb
 from packcli.tokenize.template_shape import Render, TemplateShape, common_prefix
 
@@ -48,7 +48,7 @@ _MIN_SEPARATOR = 24
 
 def assistant_spans(
     render: Render,
-    messages: list[Message],
+    messages: list[ChatMessage],
     full: str,
     which: Sequence[int],
     shape: TemplateShape,
@@ -85,7 +85,7 @@ def assistant_spans(
 
 
 def _marked_at_once(
-    render: Render, messages: list[Message], full: str, which: Sequence[int], others: Sequence[int]
+    render: Render, messages: list[ChatMessage], full: str, which: Sequence[int], others: Sequence[int]
 ) -> tuple[str, list[tuple[int, int]]] | None:
     """Return one rendering's answers and other messages' runs of characters, or None when unsure.
 
@@ -116,7 +116,9 @@ def _marked_at_once(
     return other.replace(OWN_MARK, ""), mark_runs(foreign)
 
 
-def _bodies_in(full: str, other: str, messages: list[Message], which: Sequence[int]) -> list[tuple[int, int]] | None:
+def _bodies_in(
+    full: str, other: str, messages: list[ChatMessage], which: Sequence[int]
+) -> list[tuple[int, int]] | None:
     """Return the answers' bodies from ``other`` (``full`` with the answers' marks inserted), or None.
 
     Several answers: as ``_bodies_at_once`` finds them. One answer: as ``_body`` finds it, when its
@@ -134,7 +136,7 @@ def _bodies_in(full: str, other: str, messages: list[Message], which: Sequence[i
 
 def _without_other_messages(
     render: Render,
-    messages: list[Message],
+    messages: list[ChatMessage],
     full: str,
     which: Sequence[int],
     spans: list[tuple[int, int]],
@@ -177,7 +179,7 @@ def _without_other_messages(
 
 def _positions_one_by_one(
     render: Render,
-    messages: list[Message],
+    messages: list[ChatMessage],
     full: str,
     others: Sequence[int],
     which: Sequence[int],
@@ -231,7 +233,7 @@ def _cut_out(
     return pieces
 
 
-def _positions(render: Render, messages: list[Message], full: str, which: Sequence[int]) -> list[int] | None:
+def _positions(render: Render, messages: list[ChatMessage], full: str, which: Sequence[int]) -> list[int] | None:
     """Return the positions in ``full`` of the characters of the messages in ``which`` (sorted), or None.
 
     The messages are rendered with a mark between every two characters of their text (and before a
@@ -253,7 +255,7 @@ def _positions(render: Render, messages: list[Message], full: str, which: Sequen
 
 
 def _bodies_at_once(
-    render: Render, messages: list[Message], full: str, which: Sequence[int]
+    render: Render, messages: list[ChatMessage], full: str, which: Sequence[int]
 ) -> list[tuple[int, int]] | None:
     """Return the bodies of all messages in ``which`` from one rendering, or None when unsure.
 
@@ -308,7 +310,7 @@ def _bodies_from(full: str, other: str, marks: list[str]) -> list[tuple[int, int
     return bodies
 
 
-def _body(render: Render, messages: list[Message], full: str, i: int) -> tuple[int, int]:
+def _body(render: Render, messages: list[ChatMessage], full: str, i: int) -> tuple[int, int]:
     """Return the span of ``full`` that depends on message i's own text (it may be empty)."""
     for empty in (0, 1, 2):
         changed = list(messages)
@@ -358,7 +360,9 @@ def _header_end(full: str, low: int, body_start: int, shape: TemplateShape) -> i
     return None
 
 
-def _prompt_end(render: Render, messages: list[Message], full: str, i: int, low: int, body_start: int) -> int | None:
+def _prompt_end(
+    render: Render, messages: list[ChatMessage], full: str, i: int, low: int, body_start: int
+) -> int | None:
     """Return where the prompt for message i ends, when the template renders that prompt as a prefix.
 
     For turns whose header is not the generation prompt (DeepSeek answers after tool output have none).

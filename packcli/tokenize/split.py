@@ -29,7 +29,7 @@ import numpy as np
 
 from packcli.contract import IGNORE_INDEX
 from packcli.errors import RecordError
-from packcli.jsontypes import Message
+from packcli.jsontypes import ChatMessage
 from packcli.records.formats import Sample
 from packcli.tokenize.chat_template import resolve_train_on, trained_turns
 
@@ -54,7 +54,7 @@ class Pieces:
     left_out_tokens: Counter[str] = field(default_factory=Counter)
 
 
-def exchanges(messages: list[Message]) -> tuple[int, list[tuple[int, int]]]:
+def exchanges(messages: list[ChatMessage]) -> tuple[int, list[tuple[int, int]]]:
     """Return the number of leading system messages and the [start, end) message ranges of the exchanges."""
     head = 0
     while head < len(messages) and messages[head].get("role") == "system":

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from packcli.jsontypes import Message
+from packcli.jsontypes import ChatMessage
 
 # Probe texts: plain ASCII words that no template trims, splits or escapes.
 _PROBE = {
@@ -31,11 +31,11 @@ _PROBE_TOOL = "qzxprobetoolzq"
 _PROBE_NUMBER = 7345291
 
 # Renders messages with the template: ``render(messages, add_generation_prompt)``.
-Render = Callable[[list[Message], bool], str]
+Render = Callable[[list[ChatMessage], bool], str]
 # Returns the (start, end) character spans of the special tokens (and marker-looking text) in a string.
 MarkerSpans = Callable[[str], list[tuple[int, int]]]
 # Builds a probe message from a role and its text (as a string, or as text parts for templates that need them).
-MakeMessage = Callable[[str, str], Message]
+MakeMessage = Callable[[str, str], ChatMessage]
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,7 @@ def _trailing_markers(text: str, marker_spans: MarkerSpans) -> str:
     return text[start:]
 
 
-def _msg(role: str, content: str) -> Message:
+def _msg(role: str, content: str) -> ChatMessage:
     return {"role": role, "content": content}
 
 
