@@ -93,7 +93,10 @@ def mix_of_inputs(names: list[str], split: str | None, sources: list[InputSource
             other = owner.setdefault(input_identity(source), m)
             if other != m:
                 raise UsageError(
-                    f"--mix {names[other]} and --mix {path} both hold {source.display}; give each input to one source"
+                    Opt("mix"),
+                    f" {names[other]} and ",
+                    Opt("mix"),
+                    f" {path} both hold {source.display}; give each input to one source",
                 )
     try:
         return [owner[input_identity(s)] for s in sources]
@@ -104,7 +107,7 @@ def mix_of_inputs(names: list[str], split: str | None, sources: list[InputSource
 def choose(options: MixOptions, store: TokenStore, of_inputs: list[int]) -> Mix:
     """Choose the records of each source by the recipe of ``options``; return the mix and its view."""
     if options.task in ("preference", "kto") or (store.sample_role is not None and store.sample_role.any()):
-        raise UsageError("--mix applies to SFT records; preference and KTO records are not mixed yet")
+        raise UsageError("applies to SFT records; preference and KTO records are not mixed yet", option="mix")
     specs = options.specs
     n_src = len(specs)
     if len(of_inputs) != len(store.meta["source_starts"]):
@@ -140,8 +143,10 @@ def choose(options: MixOptions, store: TokenStore, of_inputs: list[int]) -> Mix:
         if have[m] <= 0:
             what = {"records": "record", "tokens": "token", "trainable": "trained token"}[options.by]
             raise InputError(
-                f"--mix {path}: the source has no {what} that can be packed (every record was dropped or is longer "
-                "than --max-len); fix or leave out the source"
+                f"{path}: the source has no {what} that can be packed (every record was dropped or is longer than ",
+                Opt("max_len"),
+                "); fix or leave out the source",
+                option="mix",
             )
     target = np.zeros(n_src)
     epochs_total = sum(value * have[m] for m, (_, kind, value) in enumerate(specs) if kind == "epochs")
@@ -205,7 +210,8 @@ def _check_epochs(
         epochs = float(target[m] / have[m])
         if kind == "share" and epochs > options.max_epochs + TINY:
             raise UsageError(
-                f"--mix {path}: the shares repeat this source {epochs:.1f} times ({epochs:.1f} epochs), more than ",
+                Opt("mix"),
+                f" {path}: the shares repeat this source {epochs:.1f} times ({epochs:.1f} epochs), more than ",
                 Opt("mix_max_epochs"),
                 f" {options.max_epochs:g}",
                 hint=("lower its share, give it as Nx, or raise ", Opt("mix_max_epochs"), " to allow it"),

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from packcli.errors import RecordError
+from packcli.errors import Opt, RecordError
 from packcli.records.formats import Sample
 
 KINDS = (
@@ -159,7 +159,9 @@ def clean(sample: Sample) -> tuple[Sample, list[dict[str, Any]]]:
     if had_answer and not any(m.get("role") == "assistant" for _, m, _, _ in items):
         raise RecordError(
             "no_answer_after_fix",
-            f"no assistant answer is left after --fix-turns ({describe(changes)})",
+            "no assistant answer is left after ",
+            Opt("fix_turns"),
+            f" ({describe(changes)})",
         )
     messages = [m for _, m, _, _ in items]
     new_flags = tuple(f for _, _, f, _ in items)

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from packcli.config import Hint, PackConfig, suggest
-from packcli.errors import InputError
+from packcli.config import Hint, PackConfig, flag_term, suggest
+from packcli.errors import InputError, Opt, Part, render
 from packcli.plan import packing
 from packcli.plan.planner import Plan
 from packcli.results import Lost, RunSummary, StoreMeta
@@ -33,50 +33,61 @@ LOUD_FRACTION = 0.05
 
 # What keeps the records or tokens that a reason loses: alternatives, each the option setting it
 # passes (left out when the run has it already: see config.suggest) or None for another step.
+RAISE_MAX_LEN: tuple[Part, ...] = ("raise ", Opt("max_len"))
 KEEP_THEM: dict[str, list[Hint]] = {
     "too_long": [
-        (("overflow", "split"), "pass --overflow split to keep them as whole pieces"),
-        (("overflow", "truncate"), "pass --overflow truncate"),
-        (None, "raise --max-len"),
+        (("overflow", "split"), ("pass ", Opt("overflow", "split"), " to keep them as whole pieces")),
+        (("overflow", "truncate"), ("pass ", Opt("overflow", "truncate"))),
+        (None, RAISE_MAX_LEN),
     ],
     "truncated": [
-        (("overflow", "split"), "pass --overflow split to keep the cut tokens as pieces"),
-        (None, "raise --max-len"),
+        (("overflow", "split"), ("pass ", Opt("overflow", "split"), " to keep the cut tokens as pieces")),
+        (None, RAISE_MAX_LEN),
     ],
     "nothing_to_train_after_truncation": [
-        (("overflow", "split"), "pass --overflow split"),
-        (("cut_side", "left"), "pass --truncate-side left"),
-        (None, "raise --max-len"),
+        (("overflow", "split"), ("pass ", Opt("overflow", "split"))),
+        (("cut_side", "left"), ("pass ", Opt("truncate_side", "left"))),
+        (None, RAISE_MAX_LEN),
     ],
-    "world_size_remainder": [(("rank_remainder", "pad"), "pass --rank-remainder pad")],
-    "no_piece_left": [(None, "lower --min-piece"), (None, "check --train-on")],
-    "piece_too_short": [(None, "lower --min-piece")],
+    "world_size_remainder": [(("rank_remainder", "pad"), ("pass ", Opt("rank_remainder", "pad")))],
+    "no_piece_left": [(None, ("lower ", Opt("min_piece"))), (None, ("check ", Opt("train_on")))],
+    "piece_too_short": [(None, ("lower ", Opt("min_piece")))],
     "untrained_piece": [
-        (("train_on", "all"), "these pieces train nothing under --train-on: pass --train-on all"),
-        (None, "raise --max-len"),
+        (
+            ("train_on", "all"),
+            ("these pieces train nothing under ", Opt("train_on"), ": pass ", Opt("train_on", "all")),
+        ),
+        (None, RAISE_MAX_LEN),
     ],
-    "no_assistant_turn": [(("train_on", "all"), "pass --train-on all to train on them"), (None, "fix the records")],
-    "nothing_to_train": [(None, "check --train-on and the records' roles")],
+    "no_assistant_turn": [
+        (("train_on", "all"), ("pass ", Opt("train_on", "all"), " to train on them")),
+        (None, "fix the records"),
+    ],
+    "nothing_to_train": [(None, ("check ", Opt("train_on"), " and the records' roles"))],
     # records whose normalised content repeats an earlier one (--dedup exact)
-    "duplicate": [(("dedup", "off"), "they repeat earlier records; leave out --dedup to keep them")],
+    "duplicate": [(("dedup", "off"), ("they repeat earlier records; leave out ", Opt("dedup"), " to keep them"))],
 }
 # Preference and KTO records are never split: only their prompts are cut, from the left.
 KEEP_THEM_PAIRS: dict[str, list[Hint]] = {
     "too_long": [
-        (None, "raise --max-len"),
-        (("overflow", "truncate"), "pass --overflow truncate to cut the prompts from the left"),
+        (None, RAISE_MAX_LEN),
+        (("overflow", "truncate"), ("pass ", Opt("overflow", "truncate"), " to cut the prompts from the left")),
     ],
-    "truncated": [(None, "raise --max-len (a record is cut only in its prompt, never split)")],
+    "truncated": [(None, (*RAISE_MAX_LEN, " (a record is cut only in its prompt, never split)"))],
 }
-BAD_DATA: list[Hint] = [(None, "fix the records (list them with --rejects FILE)")]
+BAD_DATA: list[Hint] = [(None, ("fix the records (list them with ", Opt("rejects"), " FILE)"))]
 # Under --overflow split, what is still cut or dropped is an exchange that fits in no row on its own.
 KEEP_THEM_SPLIT: dict[str, list[Hint]] = {
-    "truncated": [(None, "raise --max-len: these exchanges do not fit in one row on their own")],
+    "truncated": [(None, (*RAISE_MAX_LEN, ": these exchanges do not fit in one row on their own"))],
     "nothing_to_train_after_truncation": [
-        (None, "raise --max-len"),
+        (None, RAISE_MAX_LEN),
         (
             ("cut_side", "left"),
-            "leave out --truncate-side right (split cuts such an exchange from the left, keeping its answer)",
+            (
+                "leave out ",
+                Opt("truncate_side", "right"),
+                " (split cuts such an exchange from the left, keeping its answer)",
+            ),
         ),
     ],
 }
@@ -336,7 +347,7 @@ def _worst(lost: Lost) -> tuple[str, str]:
     return "records", max(by_records, key=lambda r: (by_records[r], r)) if by_records else ""
 
 
-def loss_words(lost: Lost, config: PackConfig) -> str:
+def loss_words(lost: Lost, config: PackConfig) -> tuple[Part, ...]:
     """Describe the loss in one clause: how much, the top reason, and what keeps it."""
     measure, reason = _worst(lost)
     by_records = measure == "records"
@@ -346,12 +357,16 @@ def loss_words(lost: Lost, config: PackConfig) -> str:
     hints = KEEP_THEM | (KEEP_THEM_SPLIT if config.overflow == "split" else {})
     if config.task in ("preference", "kto"):
         hints = hints | KEEP_THEM_PAIRS
-    fix = suggest(config, hints.get(reason, BAD_DATA)) or "raise --max-len"
+    fix = suggest(config, hints.get(reason, BAD_DATA)) or RAISE_MAX_LEN
+    named: tuple[Part, ...] = (reason,)
     if reason == "too_long":
-        reason = f"too_long, over --max-len {config.max_len}"
+        named = ("too_long, over ", Opt("max_len"), f" {config.max_len}")
     return (
         f"{fraction:.1%} of the {what} were lost ({lost.records:,} records dropped, {lost.tokens:,} tokens); "
-        f"top reason {reason} ({count:,} {what}): {fix}"
+        "top reason ",
+        *named,
+        f" ({count:,} {what}): ",
+        *fix,
     )
 
 
@@ -359,7 +374,7 @@ def loss_warning(lost: Lost, config: PackConfig) -> str | None:
     """Return the warning for a loss above LOUD_FRACTION of records or tokens, else None."""
     if max(lost.records_fraction, lost.tokens_fraction) <= LOUD_FRACTION:
         return None
-    return loss_words(lost, config)
+    return render(loss_words(lost, config), flag_term)  # a warning is text, as the command line shows it
 
 
 def check_loss(config: PackConfig, summary: RunSummary) -> None:
@@ -368,4 +383,4 @@ def check_loss(config: PackConfig, summary: RunSummary) -> None:
     lost = summary.lost
     if limit is None or max(lost.records_fraction, lost.tokens_fraction) <= limit:
         return
-    raise InputError(f"{loss_words(lost, config)}; that is more than --max-drop-fraction {limit}")
+    raise InputError(*loss_words(lost, config), "; that is more than ", Opt("max_drop_fraction"), f" {limit}")

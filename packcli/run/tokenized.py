@@ -41,6 +41,7 @@ from packcli.store.key import cache_key, default_cache_dir
 from packcli.store.tokens import TokenStore, find_store
 from packcli.tokenize import ingest
 from packcli.tokenize.encoder import Encoder
+from packcli.tokenize.options import CACHE_FIX
 from packcli.tokenize.templates import builtin_name, read_chat_template
 from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER
 from packcli.version import __version__
@@ -353,7 +354,7 @@ def _made_from_parts(
                         shutil.rmtree(part.path, ignore_errors=True)
             raise InputError(_changed(moved))
     assembling = time.perf_counter()
-    where, fix = root, "choose a writable --cache-dir with free space, or pass --no-cache"
+    where, fix = root, CACHE_FIX
     store = parts.assemble(inputs, run.formats, entry, where, fix)
     seconds["store"] = seconds.get("store", 0.0) + time.perf_counter() - assembling
     store.seconds = seconds

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from packcli.errors import RecordError, TokenizerError, first_line
+from packcli.errors import Opt, RecordError, TokenizerError, first_line
 from packcli.records.formats import Sample
 from packcli.records.images import IMAGE_KEY
 from packcli.tokenize.agentic import (
@@ -113,8 +113,13 @@ class ChatTemplate:
                 # With the run's own keyword arguments this is the template's fault, not a record's: every
                 # conversation would be dropped for it, so the run stops and names the template.
                 raise TokenizerError(
-                    f"{self.source}: cannot learn where the chat template puts assistant answers ({shape}); "
-                    "use a chat template with {% generation %} blocks (--chat-template), or pass --train-on all"
+                    f"{self.source}: cannot learn where the chat template puts assistant answers ({shape})",
+                    hint=(
+                        "use a chat template with {% generation %} blocks (",
+                        Opt("chat_template"),
+                        "), or pass ",
+                        Opt("train_on", "all"),
+                    ),
                 )
             raise RecordError(
                 "template_spans_not_found",
@@ -209,11 +214,11 @@ class ChatTemplate:
                 bad = next((k for k in kinds if k != "text" and not (self.images and k == "image")), None)
                 if bad is not None:
                     why = "is not supported yet" if bad in _NON_TEXT_PARTS else "is unknown"
-                    fix = "; pass --processor DIR to pack images" if bad in ("image", "image_url") else ""
+                    fix = ("; pass ", Opt("processor"), " DIR to pack images") if bad in ("image", "image_url") else ()
                     raise RecordError(
                         "unsupported_content_part",
-                        f"message {i} has a content part of type '{bad}', which {why}; only text parts are packed"
-                        + fix,
+                        f"message {i} has a content part of type '{bad}', which {why}; only text parts are packed",
+                        *fix,
                     )
                 if any(not isinstance(p.get("text"), str) for p in content if p.get("type") != "image"):
                     raise RecordError("wrong_type", f"message {i}: every text part needs a string 'text'")

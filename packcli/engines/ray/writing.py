@@ -19,7 +19,7 @@ import ray
 
 from packcli.contract import Progress
 from packcli.engines.ray.session import TASK_RETRIES, RaySession, cluster_cpus, kill, pickled
-from packcli.errors import OutputError
+from packcli.errors import OUTPUT, OutputError
 from packcli.io.uri import is_uri, make_dirs
 from packcli.output.layout import RowLayout
 from packcli.output.rows import shard_name, write_shard
@@ -56,7 +56,7 @@ def shard_job(
                 return entry
     except OSError as exc:
         why = exc.strerror or exc
-        return {"error": f"{layout.output}: cannot write a shard ({why}); free disk space or choose another -o"}
+        return {"error": (f"{layout.output}: cannot write a shard ({why}); free disk space or choose another ", OUTPUT)}
 
 
 @ray.remote(num_cpus=1, max_retries=TASK_RETRIES)
@@ -126,6 +126,6 @@ def _collect(
         k = pending.pop(ref)
         entry = session.fetch(ref)
         if "error" in entry:
-            raise OutputError(entry["error"])
+            raise OutputError(*entry["error"])
         entries[k] = entry
         progress("write", entry["rows"], n_rows)
