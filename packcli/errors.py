@@ -122,11 +122,6 @@ class PackcliError(Exception):
         """Return the one-line message with options named by ``terms`` (Python's names by default)."""
         return render(self.parts, terms)
 
-    @property
-    def structured(self) -> bool:
-        """Whether every option the message names is a field or an :class:`Opt` (none written as a flag)."""
-        return bool(self.option or self.hint or any(isinstance(p, Opt) for p in self.message))
-
     def __reduce__(self) -> tuple[Any, ...]:  # keyword fields survive a trip to and from a worker process
         return (_rebuild, (type(self), self.message, self.option, self.hint))
 

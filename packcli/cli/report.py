@@ -36,6 +36,7 @@ from packcli.cli.options import (
     TemplateKwargOption,
     TokenizerOption,
     TrainOnOption,
+    cli_term,
     flag,
     given,
     merge_preset,
@@ -224,6 +225,8 @@ def _raw_stats(
         run_options = {k: v for k, v in options.items() if k in STATS_OPTIONS} | {"inputs": tuple(paths)}
         pack_config = PackConfig(max_len=max(lens), dry_run=True, **run_options)
         result = raw_stats(pack_config, lens, batch_size=batch_size, progress=progress)
+    if "warnings" in result:  # named by the command line's flags, on stderr and in the JSON
+        result["warnings"] = [w.render(cli_term) for w in result["warnings"]]
     for message in result.get("warnings", []):
         console.warning(message)
     return result

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from packcli.errors import InputError, Opt, UsageError
+from packcli.errors import InputError, Message, Opt, UsageError
 from packcli.io.sources import InputSource, input_identity, resolve_inputs
 from packcli.plan import packing
 from packcli.plan.options import PlanOptions
@@ -218,7 +218,7 @@ def _check_epochs(
             )
 
 
-def warnings(mixing: dict[str, Any]) -> list[str]:
+def warnings(mixing: dict[str, Any]) -> list[Message]:
     """The warnings of a mix's accounting (``accounting``): a share that repeats its source (its epochs as the
     table shows them), and a share that leaves most of its source out."""
     measure = {"records": "records", "tokens": "tokens", "trainable": "trainable_tokens"}[mixing["by"]]
@@ -231,14 +231,21 @@ def warnings(mixing: dict[str, Any]) -> list[str]:
         left = s["left_out"][measure] / have if have else 0.0
         if epochs > 1 + 1e-6:
             out.append(
-                f"--mix {name}: the shares repeat this source {epochs:.2f} times ({epochs:.2f} epochs of its "
-                "tokens); give it as Nx to ask for the repeats, or lower its share"
+                Message(
+                    Opt("mix"),
+                    f" {name}: the shares repeat this source {epochs:.2f} times ({epochs:.2f} epochs of its "
+                    "tokens); give it as Nx to ask for the repeats, or lower its share",
+                )
             )
         elif left > 0.5:
             out.append(
-                f"--mix {name}: the shares leave out {left:.1%} of this source's {mixing['by']} "
-                f"({s['left_out']['records']:,} of {s['available']['records']:,} records): shares alone size the "
-                "output by the scarcest source; give this source as Nx (1x keeps all of it) to size the output by it"
+                Message(
+                    Opt("mix"),
+                    f" {name}: the shares leave out {left:.1%} of this source's {mixing['by']} "
+                    f"({s['left_out']['records']:,} of {s['available']['records']:,} records): shares alone size "
+                    "the output by the scarcest source; give this source as Nx (1x keeps all of it) to size the "
+                    "output by it",
+                )
             )
     return out
 
@@ -452,10 +459,11 @@ def sources_of(mixing: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"by": mixing["by"], "seed": mixing["seed"], "sources": sources, "repeats": 0, "repeats_in_same_row": 0}
 
 
-def same_row_warning(n: int) -> str:
+def same_row_warning(n: int) -> Message:
     """The warning for repeated copies that share a row with their twin (no swap could part them)."""
     copies = "copy of a repeated record shares" if n == 1 else "copies of repeated records share"
-    return (
+    return Message(
         f"{n} {copies} a row with another copy (no sample of another row could take its place); "
-        "lower the repeats or raise --max-len"
+        "lower the repeats or raise ",
+        Opt("max_len"),
     )

@@ -22,12 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from packcli.config import Hint, PackConfig, flag_term, suggest
-from packcli.errors import InputError, Opt, Part, render
+from packcli.config import Hint, PackConfig, suggest
+from packcli.errors import InputError, Message, Opt, Part
 from packcli.plan import packing
 from packcli.plan.planner import Plan
 from packcli.results import Lost, RunSummary, StoreMeta
 from packcli.store.tokens import TokenStore
+from packcli.tokenize.chat_template import stored_warning
 
 LOUD_FRACTION = 0.05
 
@@ -127,7 +128,7 @@ def summary(
             pieces_dropped_by_plan=_pieces_dropped(store, plan) if plan.drop_rows else None,
         )
     empty_answers = int(meta.empty_answers or 0)
-    warnings = list(meta.tokenizer.get("warnings", []))
+    warnings = [stored_warning(w) for w in meta.tokenizer.get("warnings", [])]
     if empty_answers:
         warnings.append(empty_answers_warning(empty_answers))
     leading_answers = int(meta.leading_answers or 0)
@@ -186,35 +187,40 @@ def summary(
     )
 
 
-def empty_answers_warning(n: int) -> str:
+def empty_answers_warning(n: int) -> Message:
     """The warning for trained answers that are empty or only whitespace (they teach an answer of nothing)."""
     answers = "answer is" if n == 1 else "answers are"
-    return (
+    return Message(
         f"{n} trained {answers} empty or only whitespace (zero-width characters included): they teach the "
-        'model to answer with nothing; pass --fix-turns to drop them, or mark them "train": false'
+        "model to answer with nothing; pass ",
+        Opt("fix_turns"),
+        ' to drop them, or mark them "train": false',
     )
 
 
-def leading_answers_warning(n: int) -> str:
+def leading_answers_warning(n: int) -> Message:
     """The warning for conversations that open with a trained assistant turn (an answer to nothing)."""
     what = "conversation opens" if n == 1 else "conversations open"
-    return (
+    return Message(
         f"{n:,} {what} with an assistant turn that is trained as an answer to nothing (no user message before "
-        "it); pass --fix-turns to drop such turns"
+        "it); pass ",
+        Opt("fix_turns"),
+        " to drop such turns",
     )
 
 
-def tools_left_out_warning(n: int) -> str:
+def tools_left_out_warning(n: int) -> Message:
     """The warning for conversations whose tools list the chat template does not render."""
     what = "conversation carries" if n == 1 else "conversations carry"
-    return (
+    return Message(
         f"the chat template leaves the tools list out of the tokens: {n:,} {what} tools the model will not see, "
-        "and their calls are trained without the functions' definitions; pass a template that renders tools "
-        "(--chat-template)"
+        "and their calls are trained without the functions' definitions; pass a template that renders tools (",
+        Opt("chat_template"),
+        ")",
     )
 
 
-def reasoning_warning(reasoning: dict[str, int]) -> str:
+def reasoning_warning(reasoning: dict[str, int]) -> Message:
     """The warning for trained answers whose reasoning the chat template leaves out of the tokens."""
     left, turns, records = reasoning["turns_left_out"], reasoning["turns"], reasoning["records_left_out"]
     if left == turns:
@@ -223,10 +229,11 @@ def reasoning_warning(reasoning: dict[str, int]) -> str:
         behaviour = "it renders the reasoning of the last round only"
     else:
         behaviour = "it leaves out the reasoning of some rounds"
-    return (
+    return Message(
         f"the chat template leaves the reasoning of {left:,} of {turns:,} trained assistant turns with reasoning "
-        f"(in {records:,} records) out of the tokens ({behaviour}): those answers are trained without it; "
-        "pass --expand-turns reasoning to train each round as the last one, or a template that keeps it"
+        f"(in {records:,} records) out of the tokens ({behaviour}): those answers are trained without it; pass ",
+        Opt("expand_turns", "reasoning"),
+        " to train each round as the last one, or a template that keeps it",
     )
 
 
@@ -370,11 +377,11 @@ def loss_words(lost: Lost, config: PackConfig) -> tuple[Part, ...]:
     )
 
 
-def loss_warning(lost: Lost, config: PackConfig) -> str | None:
+def loss_warning(lost: Lost, config: PackConfig) -> Message | None:
     """Return the warning for a loss above LOUD_FRACTION of records or tokens, else None."""
     if max(lost.records_fraction, lost.tokens_fraction) <= LOUD_FRACTION:
         return None
-    return render(loss_words(lost, config), flag_term)  # a warning is text, as the command line shows it
+    return Message(*loss_words(lost, config))
 
 
 def check_loss(config: PackConfig, summary: RunSummary) -> None:

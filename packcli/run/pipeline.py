@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO, cast
 
-from packcli.config import PackConfig, Task
+from packcli.config import PackConfig, Task, flag_term
 from packcli.contract import SAMPLE_ROLES, Progress, no_progress
 from packcli.engines import Engine, load_engine
 from packcli.errors import OUTPUT, InputError, Opt, OutputError, RecordError, Text, UsageError, parts_of
@@ -307,7 +307,7 @@ def _manifest(
         expanded=summary.expanded,
         trees=summary.trees,
         prefix_trees=True if config.prefix_tree else None,
-        warnings=summary.warnings,
+        warnings=[w.render(flag_term) for w in summary.warnings],  # the manifest records the command line's words
         tokens=summary.tokens,
         trainable_tokens=summary.trainable_tokens,
         rows=summary.rows,

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from packcli.config import PackConfig
 from packcli.contract import Progress, no_progress
 from packcli.engines import DigestChecker, Engine, load_engine
-from packcli.errors import InputError
+from packcli.errors import InputError, Message
 from packcli.io.fingerprint import (
     changed_input,
     remember_formats,
@@ -69,7 +69,7 @@ class TokenizedInputs:
     formats: dict[str, str | None]
     tokenizer: dict[str, Any]  # the tokenizer's identity
     pad_id: int
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[Message] = field(default_factory=list)
     task: str = "sft"  # sft, preference or kto (packcli.records.preference.resolve_task)
     key: str | None = None  # the cache entry's key (None with the cache off)
     hash_seconds: float = 0.0  # reading the inputs through before tokenizing: hashes, record counts
@@ -160,10 +160,12 @@ def _tokenized(
             moved_image = changed_image(load_images(store.path))
             if moved_image is not None:
                 store, state = None, "miss"
-                warnings.append(f"image {moved_image} changed since the cache entry was made; the entry is made again")
+                warnings.append(
+                    Message(f"image {moved_image} changed since the cache entry was made; the entry is made again")
+                )
         if store is None and any(s.kind == "hub" for s in sources) and not hub_reachable():
             warnings.extend(
-                f"{s.display}: the Hugging Face Hub cannot be reached; read from the local Hugging Face cache"
+                Message(f"{s.display}: the Hugging Face Hub cannot be reached; read from the local Hugging Face cache")
                 for s in sources
                 if s.kind == "hub"
             )
@@ -285,7 +287,7 @@ def _from_parts(
     inputs: list[parts.InputParts],
     entry: Path,
     encoder: Encoder | None,
-    warnings: list[str],
+    warnings: list[Message],
 ) -> TokenStore:
     """Make the run's cache entry at ``entry`` from its inputs' cache parts: found, or tokenized now.
 
@@ -302,7 +304,7 @@ def _made_from_parts(
     inputs: list[parts.InputParts],
     entry: Path,
     encoder: Encoder | None,
-    warnings: list[str],
+    warnings: list[Message],
     held: contextlib.ExitStack,
 ) -> TokenStore:
     config, root = run.config, run.cache_root
@@ -426,7 +428,7 @@ def _as_this_run(store: TokenStore, sources: list[InputSource], config: PackConf
 
 def _cached_store(
     path: Path, rule_out_max_len: int | None, check_digests: DigestChecker | None = None
-) -> tuple[TokenStore | None, str, list[str]]:
+) -> tuple[TokenStore | None, str, list[Message]]:
     """Return the checked cache entry at ``path`` (or None), the cache state, and warnings.
 
     A damaged entry is never used: it is reported in one warning and made again (state "rebuilt").
@@ -436,7 +438,7 @@ def _cached_store(
     try:
         store = find_store(path, check_digests)
     except DamagedStore as exc:
-        return None, "rebuilt", [f"the cache entry is damaged ({exc}); it is rebuilt"]
+        return None, "rebuilt", [Message("the cache entry is damaged (", *exc.parts, "); it is rebuilt")]
     # The byte limit is max_len * L, and L is the same (the tokenizer is in the key): comparing max
     # lengths compares limits.
     ruled_out = store.meta.get("ruled_out_max_len") if store is not None else None

@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from packcli.config import flag_term
 from packcli.contract import IGNORE_INDEX, vocab_sha256
-from packcli.errors import RecordError
+from packcli.errors import Message, RecordError
 from packcli.records.formats import Sample
 from packcli.tokenize import long_text, text_encoders
 from packcli.tokenize.chat_template import ChatTemplate, Reasoning
@@ -100,7 +101,7 @@ class Encoder:
         self.long_text_bytes: int | None = None
         # Set in the workers of a run whose main process encodes for them (packcli.tokenize.encode_service).
         self.remote: Any = None
-        self.warnings: list[str] = self.chat.marker_warnings(
+        self.warnings: list[Message] = self.chat.marker_warnings(
             lambda text: len(self.backend.encode(text, add_special_tokens=False).ids), self.tokenizer_name
         )
 
@@ -122,7 +123,7 @@ class Encoder:
             "chat_template_generation_blocks": self.has_generation_blocks,
             "chat_template_kwargs": self.options.kwargs(),
             "overridden": list(self.overrides),
-            "warnings": list(self.warnings),
+            "warnings": [w.render(flag_term) for w in self.warnings],  # as the manifest records them
         }
 
     @functools.cached_property
