@@ -378,9 +378,9 @@ def verify(
     with console.progress_bars(enabled=not (quiet or json_out)) as progress:
         report = verify_output(out_dir, progress, reencode)
     for problem in report.problems:
-        typer.echo(str(problem), err=True)
+        typer.echo(problem.render(cli_term), err=True)
     if json_out:
-        console.emit_json(report.to_dict())
+        console.emit_json(report.to_dict(cli_term))
     elif report.ok:
         # Records and samples differ for preference pairs and split records: both are then named.
         of_records = f" of {report.records:,} records" if report.records != report.samples else ""
@@ -394,7 +394,7 @@ def verify(
             "checksums, counts and the row contract hold" + (" with their images" if images else "")
         )
         if report.reencoded is not None:
-            typer.echo(reencoded_line(report.reencoded))
+            typer.echo(reencoded_line(report.to_dict(cli_term)["reencoded"]))
     if not report.ok:
         n = len(report.problems)
         typer.echo(f"{n} problem{'s' if n != 1 else ''} in {out_dir}", err=True)
