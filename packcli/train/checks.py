@@ -169,9 +169,9 @@ def check_compatible(
             raise IncompatibleError(
                 f"{root}: the shards hold token id {max_id}, but the model's input embedding has {size} rows; "
                 f"the output was packed with tokenizer {_named(recorded)}: train a model of that tokenizer, "
-                "or pack again with the model's tokenizer (",
+                "or pack again with the model's tokenizer (the ",
                 Opt("tokenizer"),
-                ")",
+                " option)",
             )
     if tokenizer is not None:
         unchecked += _check_tokenizer(root, recorded, tokenizer)
@@ -286,7 +286,7 @@ def _check_tokenizer(root: Path, recorded: dict[str, Any], tokenizer: Any) -> li
         named = getattr(tokenizer, "special_tokens_map", None) or {}
         roles = {k: v for k, v in named.items() if isinstance(v, str)}
     packed_with = f"the output was packed with {_named(recorded)}"
-    fix = ("pass that tokenizer, or pack again with this one (", Opt("tokenizer"), ")")
+    fix = ("pass that tokenizer, or pack again with this one (the ", Opt("tokenizer"), " option)")
     recorded_size = recorded.get("vocab_size")
     if isinstance(recorded_size, int) and size != recorded_size:
         raise IncompatibleError(f"{root}: the tokenizer has {size} tokens, but {packed_with}", hint=fix)
