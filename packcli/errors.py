@@ -20,15 +20,22 @@ class Opt:
 
     name: str
     values: tuple[Any, ...] = ()
+    short: bool = False  # the command line names it by its short flag (``-o``)
 
-    def __init__(self, name: str, *values: Any) -> None:
+    def __init__(self, name: str, *values: Any, short: bool = False) -> None:
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "values", values)
+        object.__setattr__(self, "short", short)
 
+
+# The output directory, as the command line names it in messages (``-o``).
+OUTPUT = Opt("output", short=True)
 
 # A message as parts: text, and the options it names (rendered by the reader's terms).
 Part = str | Opt
 Terms = Callable[[Opt], str]
+# Words that may name options: plain text, or text and Opt parts (a hint, a fix).
+Text = str | tuple[Part, ...]
 
 
 def python_term(opt: Opt) -> str:
@@ -49,6 +56,44 @@ def render(parts: Iterable[Part], terms: Terms = python_term) -> str:
     return "".join(terms(p) if isinstance(p, Opt) else str(p) for p in parts)
 
 
+def parts_of(message: str | Sequence[Part] | None) -> tuple[Part, ...]:
+    """Return a message (text, or text and :class:`Opt` parts) as parts."""
+    return (message,) if isinstance(message, str) else tuple(message or ())
+
+
+@dataclass(frozen=True)
+class Message:
+    """A message that is no error (a warning): text and :class:`Opt` parts, rendered by the client that shows it.
+
+    ``str()`` speaks Python (``max_len``); the command line renders it with flags (``--max-len``), and so
+    do the files it reads (the manifest records warnings as the command line shows them).
+    """
+
+    parts: tuple[Part, ...]
+
+    def __init__(self, *parts: Part) -> None:
+        object.__setattr__(self, "parts", parts)
+
+    def render(self, terms: Terms = python_term) -> str:
+        """Return the message with options named by ``terms`` (Python's names by default)."""
+        return render(self.parts, terms)
+
+    def __str__(self) -> str:
+        return self.render()
+
+    def __contains__(self, text: str) -> bool:
+        """Whether the message, as Python names its options, contains ``text``."""
+        return text in str(self)
+
+    def prefixed(self, *parts: Part) -> Message:
+        """Return the message with ``parts`` before it."""
+        return Message(*parts, *self.parts)
+
+    def replace(self, old: str, new: str) -> Message:
+        """Return the message with ``old`` replaced by ``new`` in its text (not in the options it names)."""
+        return Message(*(p.replace(old, new) if isinstance(p, str) else p for p in self.parts))
+
+
 class PackcliError(Exception):
     """A known failure: the message is one line that names what went wrong and how to fix it.
 
@@ -63,19 +108,19 @@ class PackcliError(Exception):
     def __init__(self, *message: Part, option: str | None = None, hint: str | Sequence[Part] | None = None) -> None:
         self.message: tuple[Part, ...] = message
         self.option = option
-        self.hint: tuple[Part, ...] = (hint,) if isinstance(hint, str) else tuple(hint or ())
+        self.hint: tuple[Part, ...] = parts_of(hint)
         super().__init__(self.render())
+
+    @property
+    def parts(self) -> tuple[Part, ...]:
+        """The whole message as parts: the option at fault, the message, the hint."""
+        head: tuple[Part, ...] = (Opt(self.option), " ") if self.option else ()
+        tail: tuple[Part, ...] = ("; ", *self.hint) if self.hint else ()
+        return (*head, *self.message, *tail)
 
     def render(self, terms: Terms = python_term) -> str:
         """Return the one-line message with options named by ``terms`` (Python's names by default)."""
-        head: list[Part] = [Opt(self.option), " "] if self.option else []
-        tail: list[Part] = ["; ", *self.hint] if self.hint else []
-        return render([*head, *self.message, *tail], terms)
-
-    @property
-    def structured(self) -> bool:
-        """Whether every option the message names is a field or an :class:`Opt` (none written as a flag)."""
-        return bool(self.option or self.hint or any(isinstance(p, Opt) for p in self.message))
+        return render(self.parts, terms)
 
     def __reduce__(self) -> tuple[Any, ...]:  # keyword fields survive a trip to and from a worker process
         return (_rebuild, (type(self), self.message, self.option, self.hint))
@@ -115,13 +160,31 @@ class Interrupted(PackcliError):
     exit_code = 130
 
 
-class RecordError(Exception):
-    """One record cannot be used. ``reason`` is a short snake_case key counted in the summary."""
+class ShardTooLarge(OSError):
+    """A shard past its format's size limit; the words (text and :class:`Opt` parts) name the option that
+    makes shards smaller. Raised where a shard is written, reported as the output not being written."""
 
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
+    def __init__(self, *parts: Part) -> None:
+        super().__init__(render(parts))
+        self.parts: tuple[Part, ...] = parts
+
+    def __reduce__(self) -> tuple[Any, ...]:  # the parts survive a trip from a worker process
+        return (type(self), self.parts)
+
+
+class RecordError(Exception):
+    """One record cannot be used. ``reason`` is a short snake_case key counted in the summary.
+
+    The detail is text and :class:`Opt` parts (``parts``), so that an error naming the record names
+    the options in its reader's terms; ``detail`` is its text with Python's names (the rejects file
+    holds it with the command line's flags: ``tokenize.worker.reject``).
+    """
+
+    def __init__(self, reason: str, *detail: Part) -> None:
+        super().__init__(render(detail))
         self.reason = reason
-        self.detail = detail
+        self.parts: tuple[Part, ...] = detail
+        self.detail = render(detail)
 
 
 def too_many_digits() -> str:
@@ -147,12 +210,12 @@ def where(source: str, unit: str, position: int) -> str:
     return f"{source} {unit} {position}"
 
 
-def record_fix(reason: str) -> str:
+def record_fix(reason: str) -> tuple[Part, ...]:
     """Return the fix an error about one bad record names (--on-error fail): a file cut short is copied
     again, another record fixed; or the bad records skipped."""
-    fixes = {
-        "truncated_file": "copy the file again",
-        "template_error": "fix the record or use a chat template that renders it (--chat-template)",
+    fixes: dict[str, tuple[Part, ...]] = {
+        "truncated_file": ("copy the file again",),
+        "template_error": ("fix the record or use a chat template that renders it (", Opt("chat_template"), ")"),
     }
-    fix = fixes.get(reason, "fix the record")
-    return f"{fix}, or pass --on-error skip to skip bad records"
+    fix = fixes.get(reason, ("fix the record",))
+    return (*fix, ", or pass ", Opt("on_error", "skip"), " to skip bad records")

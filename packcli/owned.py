@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from packcli.contract import MANIFEST
-from packcli.errors import OutputError
+from packcli.errors import OUTPUT, OutputError, Part
 from packcli.jsontypes import JSONObject
 from packcli.results import REJECT_KEYS as REJECT_ENTRY_KEYS
 
@@ -209,12 +209,13 @@ def replace_journal_staged(output: Path) -> str | None:
     return journal.staged if journal else None
 
 
-def interrupted_replace_message(display: str) -> str:
+def interrupted_replace_message(display: str) -> tuple[Part, ...]:
     """The one line that says an output was left mid-replace, and what to do."""
     return (
         f"{display}: a packcli run was killed while replacing this output in place (a mount point), so it "
-        "holds part of the old output and part of the new; the next packcli pack with this -o finishes "
-        "the replace from the complete new output it kept"
+        "holds part of the old output and part of the new; the next packcli pack with this ",
+        OUTPUT,
+        " finishes the replace from the complete new output it kept",
     )
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NotRequired, TypedDict, TypeVar
 
-from packcli.errors import OutputError
+from packcli.errors import Message, OutputError, Terms, python_term
 from packcli.jsontypes import JSONObject, TemplateKwargs
 
 if TYPE_CHECKING:
@@ -30,14 +30,17 @@ class DamagedResult(OutputError):
     """A summary, manifest, store metadata or rejects entry lacks a key it must have (or is no object)."""
 
 
-def _plain(value: Any) -> Any:
-    """A field's value as JSON data: nested records as dicts, containers copied."""
+def _plain(value: Any, terms: Terms = python_term) -> Any:
+    """A field's value as JSON data: nested records as dicts, containers copied, messages (warnings) as
+    text that names options by ``terms``."""
+    if isinstance(value, Message):
+        return value.render(terms)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _to_dict(value)
+        return _to_dict(value, terms)
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: _plain(v, terms) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [_plain(v, terms) for v in value]
     return value
 
 
@@ -45,7 +48,7 @@ def _plain(value: Any) -> Any:
 IN_MEMORY = "in_memory"
 
 
-def _to_dict(record: DataclassInstance) -> JSONObject:
+def _to_dict(record: DataclassInstance, terms: Terms = python_term) -> JSONObject:
     out: JSONObject = {}
     nulls: frozenset[str] = getattr(record, "NULLS", frozenset())
     for f in dataclasses.fields(record):
@@ -54,8 +57,15 @@ def _to_dict(record: DataclassInstance) -> JSONObject:
         value = getattr(record, f.name)
         if value is None and f.name not in nulls:
             continue
-        out[f.name] = _plain(value)
+        out[f.name] = _plain(value, terms)
     return out
+
+
+def _messages(value: Any) -> list[Message]:
+    """Warnings read back from JSON (text, as it was written) as messages."""
+    if not isinstance(value, list):
+        raise DamagedResult("warnings is not a list")
+    return [v if isinstance(v, Message) else Message(str(v)) for v in value]
 
 
 def _from_dict(cls: type[T], data: object, what: str, convert: Mapping[str, Callable[[Any], Any]] | None = None) -> T:
@@ -440,7 +450,7 @@ class RunSummary:
     rank_token_spread: float
     cache: str  # hit | miss | off | rebuilt
     output: str | None  # None for a dry run (written as null)
-    warnings: list[str]
+    warnings: list[Message]  # each names options by the terms of the client that shows it
     lost: Lost
     dedup: DedupSummary | None = None  # --dedup exact
     mix: MixSummary | None = None  # --mix: the recipe, and per source what was asked and what was given
@@ -456,8 +466,10 @@ class RunSummary:
     stage_seconds: StageSeconds | None = None
     tokens_per_second: int | None = None
 
-    def to_dict(self) -> JSONObject:
-        return _to_dict(self)
+    def to_dict(self, terms: Terms = python_term) -> JSONObject:
+        """The summary as JSON data; its warnings name options by ``terms`` (Python's names by default,
+        the command line's flags for ``packcli pack --json``)."""
+        return _to_dict(self, terms)
 
     @classmethod
     def from_dict(cls, data: object) -> RunSummary:
@@ -476,6 +488,7 @@ class RunSummary:
                 "encoder": EncoderInfo.from_dict,
                 "seconds": Seconds.from_dict,
                 "stage_seconds": StageSeconds.from_dict,
+                "warnings": _messages,
             },
         )
 
@@ -934,7 +947,8 @@ class RawStats(_ByKey):
     length_histogram: BinCounts
     batch_size: int
     max_lens: list[RawLine]
-    warnings: list[str] | None = None
+    # Messages as the core made them; text once a client named their options its way (cli, api).
+    warnings: list[Message | str] | None = None
 
     def to_dict(self) -> JSONObject:
         return _to_dict(self)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).parents[1] / "packcli"
@@ -279,3 +280,69 @@ def test_few_dict_str_any_left() -> None:
     total = sum(counts.values())
     listed = "\n".join(f"{n:4d} {module}" for module, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
     assert total <= MAX_ANY_DICTS, f"{total} dict[str, Any] in packcli/ (at most {MAX_ANY_DICTS}), by module:\n{listed}"
+
+
+# Messages in the core name options as Opt parts, which each client renders its own way (``--max-len`` on
+# the command line, ``max_len`` in Python): no string of the core (docstrings aside) spells a flag. None but
+# these, each with its reason.
+FLAG_TEXT = re.compile(r"(?<![\w-])(--[a-z]|-o\b)")
+ALLOWED_FLAG_TEXT = {
+    ("packcli.config", "--field"): "FLAGS: the table of the command line's flags whose name is not the option's",
+    ("packcli.config", "--template-kwarg"): "FLAGS, as above",
+    ("packcli.config", "--no-cache"): "FLAGS, as above",
+    ("packcli.config", "--add-eos/--no-add-eos"): "FLAGS, as above",
+    ("packcli.config", "-o"): "SHORT_FLAGS: the short flag a message may name the output by",
+    ("packcli.config", "--no-"): "flag_term: how the command line spells an option turned off",
+    ("packcli.config.presets", "; see packcli pack --help"): "presets are read by the command line only (--config)",
+    ("packcli.report.plot", "Samples too long (dropped by --overflow drop) per max_len"): (
+        "a label of the plot only packcli stats --plot writes"
+    ),
+}
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    """The ids of the docstring constants of a module, its classes and its functions."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def _flag_text(tree: ast.Module) -> list[tuple[int, str]]:
+    """The string constants (docstrings aside) that spell a flag, with their lines."""
+    docstrings = _docstrings(tree)
+    return sorted(
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+        and FLAG_TEXT.search(node.value)
+    )
+
+
+def test_no_string_of_the_core_names_a_flag() -> None:
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        module = _module_name(path)
+        if module == "packcli.cli" or module.startswith("packcli.cli."):
+            continue  # the command line names its flags
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        found += [(module, line, text) for line, text in _flag_text(tree) if (module, text) not in ALLOWED_FLAG_TEXT]
+    assert not found, "name options with Opt parts, not flags: " + "; ".join(f"{m}:{n}: {t!r}" for m, n, t in found)
+
+
+def test_the_flag_text_check_finds_flags() -> None:
+    """The check above sees a flag in a message, a hint and a short flag, and not in a docstring."""
+    tree = ast.parse(
+        'def f(n):\n    """Raise --max-len."""\n    raise UsageError(f"{n} tokens; raise --max-len")\n'
+        'HINT = "pass --no-cache"\nFIX = "choose another -o"\nSAFE = "a long-lived run, max_len"\n'
+    )
+    assert [text for _, text in _flag_text(tree)] == [
+        " tokens; raise --max-len",
+        "pass --no-cache",
+        "choose another -o",
+    ]

@@ -292,6 +292,8 @@ def test_a_suggestion_never_names_what_was_passed(flags: list[str], hint: str, p
 
 
 def test_loss_hints_never_name_the_runs_own_settings() -> None:
+    from packcli.config import flag_term
+    from packcli.errors import render
     from packcli.results import Lost
     from packcli.run.accounting import loss_words
 
@@ -314,7 +316,7 @@ def test_loss_hints_never_name_the_runs_own_settings() -> None:
                             "records_by_reason": {reason: 1},
                             "tokens_by_reason": {reason: 9},
                         }
-                        words = loss_words(Lost.from_dict(lost), config).split("): ", 1)[1]
+                        words = render(loss_words(Lost.from_dict(lost), config), flag_term).split("): ", 1)[1]
                         assert words and not any(f"pass {o}" in words or f"or {o}" in words for o in own), (
                             config,
                             reason,

@@ -32,8 +32,7 @@ from packcli.api.checks import (
     max_lens,
     path_strings,
 )
-from packcli.api.memory import as_paths, memory_root
-from packcli.api.terms import api_terms, library_terms
+from packcli.api.memory import as_paths, errors_named_as_passed, memory_root, named_as_passed
 from packcli.config import (
     Algorithm,
     Dedup,
@@ -53,7 +52,7 @@ from packcli.config import (
     TruncateSide,
 )
 from packcli.contract import Progress
-from packcli.errors import UsageError
+from packcli.errors import Message, UsageError
 from packcli.output.formats import format_of, read_shard
 from packcli.output.manifest import read_checked_manifest
 from packcli.procs.stop import reset_stop
@@ -72,7 +71,8 @@ class PackResult:
     """
 
     output: Path | None  # None for a dry run
-    summary: RunSummary  # every key, as ``packcli pack --json`` prints them (``summary.to_dict()``)
+    # Every key, as ``packcli pack --json`` prints them (``summary.to_dict()``; the warnings in Python's terms).
+    summary: RunSummary
 
     FIGURES: ClassVar[tuple[str, ...]] = (
         "records_read",
@@ -124,7 +124,8 @@ class PackResult:
 
     @property
     def warnings(self) -> list[str]:
-        return list(self.summary.warnings)
+        """The run's warnings, options named by their Python names (``max_len``)."""
+        return [str(w) for w in self.summary.warnings]
 
     @property
     def tokenizer(self) -> str:
@@ -248,16 +249,15 @@ def pack(
     for name in ("fields", "template_kwargs"):
         if given[name] is None:
             del given[name]
-    with library_terms():
-        config = PackConfig(inputs=(), **path_strings(given))
+    config = PackConfig(inputs=(), **path_strings(given))
     if config.mix and inputs is None:  # the recipe names the inputs (pass inputs=None)
         inputs = list(config.inputs)
     check_inputs(inputs)
     reset_stop()
-    with as_paths(inputs, memory_root(config)) as (paths, names), library_terms(names):
+    with as_paths(inputs, memory_root(config)) as (paths, names), errors_named_as_passed(names):
         result = run(replace(config, inputs=tuple(paths)))
-    # Warnings, like errors, name the keyword arguments (truncate_side="left"), not the flags.
-    warnings = [api_terms(w, names) for w in result.warnings]
+    # Warnings, like errors, name the keyword arguments (truncate_side="left") when shown (str()).
+    warnings = [named_as_passed(w, names) for w in result.summary.warnings]
     return dataclasses.replace(result, summary=dataclasses.replace(result.summary, warnings=warnings))
 
 
@@ -268,7 +268,8 @@ _PACK_OPTIONS = frozenset(inspect.signature(pack).parameters) - {"inputs"}
 def run(config: Any, progress: Progress | None = None) -> PackResult:
     """Run a pack from a complete ``PackConfig`` (what the command line builds); return what was done.
 
-    Errors keep the core's wording (flags), for clients that speak flags; :func:`pack` renames them.
+    Errors and warnings carry the options they name as data: each client names them its own way
+    (``str()`` by their Python names, the command line by its flags).
     """
     from packcli.run.pipeline import run_pack
 
@@ -303,20 +304,19 @@ def stats(
         if raw_only or options:
             name = (raw_only or sorted(options))[0]
             raise UsageError(f"{name} applies to raw inputs only; {inputs} is a packed output (it has manifest.json)")
-        with library_terms():
-            return output_stats(Path(inputs), batch_size)
+        return output_stats(Path(inputs), batch_size)
     if max_len is None:
         raise UsageError("stats of raw inputs needs max_len (one length or several)")
     lens = max_lens(max_len)
     given = {"cache_dir": cache_dir, **options, "max_len": max(lens), "dry_run": True}
     given["num_proc"] = available_cores() if num_proc is None else num_proc
-    with library_terms():
-        config = PackConfig(inputs=(), **path_strings(given))
+    config = PackConfig(inputs=(), **path_strings(given))
     reset_stop()
-    with as_paths(inputs, memory_root(config)) as (paths, names), library_terms(names):
+    with as_paths(inputs, memory_root(config)) as (paths, names), errors_named_as_passed(names):
         result = raw_stats(replace(config, inputs=tuple(paths)), lens, batch_size=batch_size)
-    if result.warnings:
-        result = replace(result, warnings=[api_terms(w, names) for w in result.warnings])
+    if result.warnings:  # options named by their Python names (max_len)
+        warnings = [str(named_as_passed(w, names)) if isinstance(w, Message) else w for w in result.warnings]
+        result = replace(result, warnings=list(warnings))
     return result
 
 
@@ -330,8 +330,7 @@ def verify(directory: str | os.PathLike[str], *, reencode: int = 0) -> VerifyRep
 
     check_directory(directory)
     check_call_options(reencode=reencode)
-    with library_terms():
-        return verify_output(Path(directory), reencode=reencode)
+    return verify_output(Path(directory), reencode=reencode)
 
 
 def inspect_row(
@@ -351,10 +350,7 @@ def inspect_row(
     check_directory(directory)
     tokenizer = os.fspath(tokenizer) if isinstance(tokenizer, os.PathLike) else tokenizer
     check_call_options(row=row, sample_index=sample_index, tokenizer=tokenizer, max_tokens=max_tokens)
-    with library_terms():
-        return _inspect_row(
-            Path(directory), row=row, sample_index=sample_index, tokenizer=tokenizer, max_tokens=max_tokens
-        )
+    return _inspect_row(Path(directory), row=row, sample_index=sample_index, tokenizer=tokenizer, max_tokens=max_tokens)
 
 
 def available_cores() -> int:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from packcli.errors import UsageError
+from packcli.errors import Message, PackcliError, Part, UsageError
 from packcli.jsontypes import Record
 
 
@@ -83,3 +84,39 @@ def memory_dir(cache_dir: str | os.PathLike[str] | None) -> Iterator[Path]:
 
 def is_dataset(value: Any) -> bool:
     return type(value).__name__ == "Dataset" and hasattr(value, "save_to_disk")
+
+
+def in_memory_terms(message: str, names: Mapping[str, str] | None) -> str:
+    """Name the files in-memory inputs were written to as what the caller passed (``names``: path ->
+    words), their lines as the list's indices (from 0)."""
+    for path, words in (names or {}).items():
+        at_line = re.compile(re.escape(path) + r" line (\d+)")
+
+        def at_index(m: re.Match[str], w: str = words) -> str:
+            return f"{w}, index {int(m.group(1)) - 1}"
+
+        message = at_line.sub(at_index, message).replace(path, words)
+    return message
+
+
+def _renamed(parts: tuple[Part, ...], names: Mapping[str, str]) -> tuple[Part, ...]:
+    return tuple(in_memory_terms(p, names) if isinstance(p, str) else p for p in parts)
+
+
+def named_as_passed(warning: Message, names: Mapping[str, str] | None) -> Message:
+    """Return a warning with in-memory inputs named as the caller passed them (``in_memory_terms``)."""
+    return Message(*_renamed(warning.parts, names)) if names else warning
+
+
+@contextmanager
+def errors_named_as_passed(names: Mapping[str, str] | None) -> Iterator[None]:
+    """Re-raise packcli errors with in-memory inputs named as the caller passed them (``in_memory_terms``)."""
+    try:
+        yield
+    except PackcliError as exc:
+        if not names:
+            raise
+        message, hint = _renamed(exc.message, names), _renamed(exc.hint, names)
+        if (message, hint) == (exc.message, exc.hint):
+            raise
+        raise type(exc)(*message, option=exc.option, hint=hint) from exc

@@ -80,15 +80,19 @@ def _root(
 INTERRUPTED = "interrupted; the previous output, if any, was left as it was"
 
 
-def known_error(exc: PackcliError | KeyboardInterrupt) -> tuple[str, int]:
-    """The one place a known error becomes its line (options named as flags) and its exit code.
+def known_error(exc: BaseException) -> tuple[str, int] | None:
+    """The one place a known error becomes its line (options named as flags) and its exit code; None for
+    an unexpected one (its traceback is shown).
 
     Each error class carries its code (``PackcliError.exit_code``: 1 data or output, 2 usage, 130
-    interrupted); a KeyboardInterrupt is an interrupted run.
+    interrupted); a KeyboardInterrupt is an interrupted run, and a flag the parser refuses bad usage.
     """
     if isinstance(exc, KeyboardInterrupt):
         exc = Interrupted(INTERRUPTED)
-    return cli_message(exc), exc.exit_code
+    if isinstance(exc, PackcliError):
+        return cli_message(exc), exc.exit_code
+    usage = _usage_error(exc) if isinstance(exc, Exception) else None
+    return None if usage is None else (usage, UsageError.exit_code)
 
 
 def handle_errors(command: Callable[..., None]) -> Callable[..., None]:
@@ -102,9 +106,11 @@ def handle_errors(command: Callable[..., None]) -> Callable[..., None]:
             with console.stdout_for_json(bool(kwargs.get("json_out"))):
                 command(*args, **kwargs)
         except (PackcliError, KeyboardInterrupt) as exc:
-            message, code = known_error(exc)
-            console.error(message)
-            raise typer.Exit(code) from None
+            known = known_error(exc)
+            if known is None:  # never: both are known errors
+                raise
+            console.error(known[0])
+            raise typer.Exit(known[1]) from None
 
     return wrapper
 
@@ -137,13 +143,9 @@ def main(argv: list[str] | None = None) -> None:
         code = app(args=argv, prog_name="packcli", standalone_mode=False)
         if isinstance(code, int) and code:
             sys.exit(code)
-    except (PackcliError, KeyboardInterrupt) as exc:
-        message, code = known_error(exc)
-        console.error(message)
-        sys.exit(code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except Exception as exc:
+    except (Exception, KeyboardInterrupt) as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":
             # Making the error rendered the help already (rich prints it as it renders); print it only
             # where rendering gave the text back instead.
@@ -151,11 +153,12 @@ def main(argv: list[str] | None = None) -> None:
             if text.strip():
                 print(text, file=sys.stderr)
             sys.exit(UsageError.exit_code)
-        usage = _usage_error(exc)
-        if usage is None:
+        known = known_error(exc)
+        if known is None:
             raise
-        console.error(usage)
-        sys.exit(UsageError.exit_code)
+        message, code = known
+        console.error(message)
+        sys.exit(code)
     finally:
         from packcli.procs.stop import stop_requested
 

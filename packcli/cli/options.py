@@ -19,8 +19,9 @@ from packcli.config import (
     BUILTIN_TEMPLATES,
     CHOICES,
     flag as flag,  # declared beside the options it names; imported from here too
+    flag_term,
 )
-from packcli.errors import Opt, PackcliError, joined
+from packcli.errors import Opt, PackcliError
 
 INPUT = "Input"
 TOKENS = "Tokenizer & template"
@@ -361,11 +362,7 @@ def place(command: Callable[..., Any], table: dict[str, tuple[str, str | None]])
 
 def cli_term(opt: Opt) -> str:
     """Return how the command line names an option: ``--max-len``, ``--overflow split or drop``, ``--no-cache``."""
-    dashed = opt.name.replace("_", "-")
-    if len(opt.values) == 1 and isinstance(opt.values[0], bool):
-        return f"--{dashed}" if opt.values[0] else f"--no-{dashed}"
-    name = "--output" if opt.name == "output" else flag(opt.name)
-    return f"{name} {joined([str(v) for v in opt.values])}" if opt.values else name
+    return flag_term(opt)
 
 
 def cli_message(error: PackcliError) -> str:

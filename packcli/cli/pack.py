@@ -30,6 +30,7 @@ from packcli.cli.options import (
     TemplateKwargOption,
     TokenizerOption,
     TrainOnOption,
+    cli_term,
     given,
     merge_preset,
 )
@@ -317,10 +318,10 @@ def _show_summary(summary: RunSummary, json_out: bool, quiet: bool) -> None:
     import packcli.cli.render as console
 
     for warning in summary.warnings:
-        console.warning(warning)
+        console.warning(warning.render(cli_term))
     for skipped in summary.skipped_dirs or []:
         console.warning(f"{skipped}: skipped; a packcli output, staging directory or cache is never read as input")
     if json_out:
-        console.emit_json(summary.to_dict())
+        console.emit_json(summary.to_dict(cli_term))
     if not quiet:
         console.print_pack_summary(summary)

@@ -6,6 +6,7 @@ go to stderr.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -36,6 +37,7 @@ from packcli.cli.options import (
     TemplateKwargOption,
     TokenizerOption,
     TrainOnOption,
+    cli_term,
     flag,
     given,
     merge_preset,
@@ -221,14 +223,18 @@ def _check_stats_values(num_proc: int | None, batch_size: int, plot: str | None)
 def _raw_stats(paths: list[str], options: dict[str, Any], lens: list[int], batch_size: int, json_out: bool) -> RawStats:
     """Return the figures of raw inputs at each max length (progress bars unless --json); warn on stderr."""
     from packcli.config import PackConfig
+    from packcli.errors import Message
     from packcli.report.stats import raw_stats
 
     with console.progress_bars(enabled=not json_out) as progress:
         run_options = {k: v for k, v in options.items() if k in STATS_OPTIONS} | {"inputs": tuple(paths)}
         pack_config = PackConfig(max_len=max(lens), dry_run=True, **run_options)
         result = raw_stats(pack_config, lens, batch_size=batch_size, progress=progress)
-    for message in result.get("warnings", []):
-        console.warning(message)
+    if result.warnings:  # named by the command line's flags, on stderr and in the JSON
+        shown = [w.render(cli_term) if isinstance(w, Message) else w for w in result.warnings]
+        result = dataclasses.replace(result, warnings=list(shown))
+        for message in shown:
+            console.warning(message)
     return result
 
 
@@ -378,9 +384,9 @@ def verify(
     with console.progress_bars(enabled=not (quiet or json_out)) as progress:
         report = verify_output(out_dir, progress, reencode)
     for problem in report.problems:
-        typer.echo(str(problem), err=True)
+        typer.echo(problem.render(cli_term), err=True)
     if json_out:
-        console.emit_json(report.to_dict())
+        console.emit_json(report.to_dict(cli_term))
     elif report.ok:
         # Records and samples differ for preference pairs and split records: both are then named.
         of_records = f" of {report.records:,} records" if report.records != report.samples else ""
@@ -394,7 +400,7 @@ def verify(
             "checksums, counts and the row contract hold" + (" with their images" if images else "")
         )
         if report.reencoded is not None:
-            typer.echo(reencoded_line(report.reencoded))
+            typer.echo(reencoded_line(report.to_dict(cli_term)["reencoded"]))
     if not report.ok:
         n = len(report.problems)
         typer.echo(f"{n} problem{'s' if n != 1 else ''} in {out_dir}", err=True)

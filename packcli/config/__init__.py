@@ -51,7 +51,7 @@ from packcli.config.values import (
     number,
     parse_mix,
 )
-from packcli.errors import Opt, UsageError
+from packcli.errors import Opt, Part, Text, UsageError, joined, parts_of
 from packcli.records.formats import DEFAULT_FIELDS, RESERVED_TEMPLATE_KWARGS
 
 # The command line's flag of each option, where it is not ``--`` and the name with dashes (see flag()).
@@ -61,6 +61,8 @@ FLAGS = {
     "cache": "--no-cache",  # the flag turns the cache off
     "add_eos": "--add-eos/--no-add-eos",
 }
+# The short flags a message may name an option by (``Opt("output", short=True)``).
+SHORT_FLAGS = {"output": "-o"}
 
 # The chat templates packcli ships (packcli/templates/NAME.jinja), named with --chat-template NAME.
 BUILTIN_TEMPLATES = ("chatml", "deepseek")
@@ -204,7 +206,7 @@ class PackConfig:
     def _check_template_kwargs(self) -> None:
         for name, value in self.template_kwargs.items():
             if name in RESERVED_TEMPLATE_KWARGS:
-                raise UsageError(f"template keyword argument '{name}' {RESERVED_TEMPLATE_KWARGS[name]}")
+                raise UsageError(f"template keyword argument '{name}' ", *parts_of(RESERVED_TEMPLATE_KWARGS[name]))
             try:  # the manifest and the cache key are strict JSON: no NaN or Infinity in them
                 json.dumps(value, allow_nan=False)
             except ValueError as exc:
@@ -237,7 +239,8 @@ class PackConfig:
         for name, value, what in NOT_WITH_IMAGES:
             if getattr(self, name) == value:
                 raise UsageError(
-                    f"{what} with images is not supported yet; leave out ",
+                    what,
+                    " with images is not supported yet; leave out ",
                     Opt(name, value),
                     " or ",
                     Opt("processor"),
@@ -258,22 +261,27 @@ class PackConfig:
         if not self.inputs:
             object.__setattr__(self, "inputs", paths)
         elif self.inputs != paths:
-            raise UsageError("--mix names the inputs: pass them with --mix PATH=SHARE only, not also as inputs")
+            raise UsageError(
+                "names the inputs: pass them with ", Opt("mix"), " PATH=SHARE only, not also as inputs", option="mix"
+            )
         if len(set(paths)) != len(paths):
-            raise UsageError("--mix names an input twice; give each PATH once")
+            raise UsageError("names an input twice; give each PATH once", option="mix")
         shares = sum(value for _, kind, value in specs if kind == "share")
         epochs = any(kind == "epochs" for _, kind, _ in specs)
         if epochs and any(kind == "share" for _, kind, _ in specs) and shares >= 1 - MIX_SUM_TOLERANCE:
             raise UsageError(
-                f"--mix shares sum to {shares:g} beside Nx sources; with Nx sources the shares must sum to less "
-                "than 1 (the Nx sources fill the rest)"
+                f"shares sum to {shares:g} beside Nx sources; with Nx sources the shares must sum to less "
+                "than 1 (the Nx sources fill the rest)",
+                option="mix",
             )
         if not epochs and abs(shares - 1) > MIX_SUM_TOLERANCE:
-            raise UsageError(f"--mix shares sum to {shares:g}; they must sum to 1 (or give a source as Nx)")
+            raise UsageError(f"shares sum to {shares:g}; they must sum to 1 (or give a source as Nx)", option="mix")
         if self.task in ("preference", "kto"):
-            raise UsageError("--mix applies to SFT records; preference and KTO records are not mixed yet")
+            raise UsageError("applies to SFT records; preference and KTO records are not mixed yet", option="mix")
         if self.engine != "local":
-            raise UsageError("--mix runs with --engine local only; leave out --engine ray")
+            raise UsageError(
+                "runs with ", Opt("engine", "local"), " only; leave out ", Opt("engine", "ray"), option="mix"
+            )
 
     def _check_padding(self) -> None:
         if self.pad_multiple > 1 and self.sample_limit < 1:
@@ -453,15 +461,30 @@ def option_problem(name: str, value: Any) -> str | None:
 
 # A hint of an error or a warning: (option, value) it would set, or None for a step that is no option,
 # and its words. ``suggest`` leaves out those that set what the run already has.
-Hint = tuple[tuple[str, Any] | None, str]
+Hint = tuple[tuple[str, Any] | None, Text]
 
 
-def suggest(config: PackConfig, hints: Iterable[Hint]) -> str:
-    """Join the hints (``A, or B``) that would change something: a suggestion never names what was passed."""
-    kept = [words for setting, words in hints if setting is None or getattr(config, setting[0]) != setting[1]]
-    return ", or ".join(kept)
+def suggest(config: Any, hints: Iterable[Hint]) -> tuple[Part, ...]:
+    """Join the hints (``A, or B``) that would change something: a suggestion never names what was passed.
+
+    ``config`` is any object with the settings the hints name (a PackConfig, the planner's options).
+    """
+    kept = [parts_of(words) for setting, words in hints if setting is None or getattr(config, setting[0]) != setting[1]]
+    return tuple(part for n, words in enumerate(kept) for part in (*((", or ",) if n else ()), *words))
 
 
 def flag(name: str) -> str:
     """Return the flag of an option name: ``max_len`` -> ``--max-len`` (``FLAGS`` holds the others)."""
     return FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+def flag_term(opt: Opt) -> str:
+    """Return how the command line names an option: ``--max-len``, ``--overflow split or drop``, ``--no-cache``.
+
+    The terms of the command line, and of the files it reads (the manifest's warnings).
+    """
+    dashed = opt.name.replace("_", "-")
+    if len(opt.values) == 1 and isinstance(opt.values[0], bool):
+        return f"--{dashed}" if opt.values[0] else f"--no-{dashed}"
+    name = SHORT_FLAGS[opt.name] if opt.short else flag(opt.name)
+    return f"{name} {joined([str(v) for v in opt.values])}" if opt.values else name

@@ -158,14 +158,15 @@ def parse_template_kwargs(values: list[str]) -> TemplateKwargs:
     for value in values:
         name, sep, raw = value.partition("=")
         if not sep or not name.strip():
-            raise UsageError(f"--template-kwarg takes KEY=VALUE (e.g. enable_thinking=false), not '{value}'")
+            raise UsageError(f"takes KEY=VALUE (e.g. enable_thinking=false), not '{value}'", option="template_kwargs")
         try:
             out[name.strip()] = json.loads(raw)
         except json.JSONDecodeError:
             out[name.strip()] = raw
         except ValueError as exc:  # an integer past Python's digit limit
             raise UsageError(
-                f"--template-kwarg {name.strip()}: the value is {too_many_digits()}; quote it to pass it as a string"
+                f"{name.strip()}: the value is {too_many_digits()}; quote it to pass it as a string",
+                option="template_kwargs",
             ) from exc
     return out
 
@@ -187,7 +188,7 @@ def parse_field_flags(values: list[str]) -> dict[str, str]:
     for value in values:
         name, sep, target = value.partition("=")
         if not sep or not name or not target:
-            raise UsageError(f"--field takes NAME=FIELD (e.g. messages=dialog), not '{value}'")
+            raise UsageError(f"takes NAME=FIELD (e.g. messages=dialog), not '{value}'", option="fields")
         out[name.strip()] = target.strip()
     return out
 

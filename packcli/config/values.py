@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from packcli.errors import UsageError, too_many_digits
+from packcli.errors import Opt, Part, UsageError, too_many_digits
 
 # What each declared type of an option must be, in words.
 EXPECTED = {
@@ -85,17 +85,30 @@ EVAL_OPTIONS = ("eval_fraction", "eval_records")  # the eval split's (in the man
 
 def check_eval(fraction: float | None, records: int | None, task: str, engine: str) -> None:
     """Refuse --eval-fraction / --eval-records that do not go together, with each other or with the run."""
-    problem = None
+    problem: tuple[Part, ...] | None = None
     if fraction is not None and records is not None:
-        problem = "--eval-fraction and --eval-records both given; pass one of them"
+        problem = (Opt("eval_fraction"), " and ", Opt("eval_records"), " both given; pass one of them")
     elif fraction is not None and not 0 < fraction < 1:
-        problem = f"--eval-fraction must be above 0 and below 1, not {number(fraction)}"
+        problem = (Opt("eval_fraction"), f" must be above 0 and below 1, not {number(fraction)}")
     elif (fraction is not None or records is not None) and task in ("preference", "kto"):
-        problem = "--eval-fraction and --eval-records apply to SFT records; preference and KTO records not yet"
+        problem = (
+            Opt("eval_fraction"),
+            " and ",
+            Opt("eval_records"),
+            " apply to SFT records; preference and KTO records not yet",
+        )
     elif (fraction is not None or records is not None) and engine != "local":
-        problem = "--eval-fraction and --eval-records run with --engine local only; leave out --engine ray"
+        problem = (
+            Opt("eval_fraction"),
+            " and ",
+            Opt("eval_records"),
+            " run with ",
+            Opt("engine", "local"),
+            " only; leave out ",
+            Opt("engine", "ray"),
+        )
     if problem:
-        raise UsageError(problem)
+        raise UsageError(*problem)
 
 
 MIX_SUM_TOLERANCE = 1e-6
@@ -114,11 +127,13 @@ def parse_mix(value: str) -> tuple[str, str, float]:
     except ValueError:
         number = math.nan
     if not sep or not path or not math.isfinite(number):
-        raise UsageError(f"--mix takes PATH=SHARE (e.g. chat.jsonl=0.7) or PATH=Nx (e.g. code/=2x), not '{value}'")
+        raise UsageError(
+            f"takes PATH=SHARE (e.g. chat.jsonl=0.7) or PATH=Nx (e.g. code/=2x), not '{value}'", option="mix"
+        )
     if epochs and number <= 0:
-        raise UsageError(f"--mix {value}: the epochs must be above 0 (e.g. 0.5x, 2x)")
+        raise UsageError(Opt("mix"), f" {value}: the epochs must be above 0 (e.g. 0.5x, 2x)")
     if not epochs and not 0 < number <= 1:
-        raise UsageError(f"--mix {value}: the share must be above 0 and at most 1 (e.g. 0.7)")
+        raise UsageError(Opt("mix"), f" {value}: the share must be above 0 and at most 1 (e.g. 0.7)")
     return path, "epochs" if epochs else "share", number
 
 
@@ -188,13 +203,13 @@ PREFIX_TREE_CONFLICTS: tuple[tuple[str, Any, str], ...] = (
 )
 
 # What --processor refuses, by (option, value, in words): images are not packed with them yet.
-NOT_WITH_IMAGES: tuple[tuple[str, Any, str], ...] = (
+NOT_WITH_IMAGES: tuple[tuple[str, Any, Part], ...] = (
     ("engine", "ray", "the Ray engine"),
     ("task", "preference", "preference data"),
     ("task", "kto", "KTO data"),
     ("format", "preference", "preference data"),
     ("format", "kto", "KTO data"),
-    ("dedup", "exact", "--dedup exact"),
+    ("dedup", "exact", Opt("dedup", "exact")),
     ("output_format", "mds", "MDS shards"),
     ("output_format", "megatron", "Megatron shards"),
 )

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from packcli.contract import Progress
 from packcli.engines.local import LocalEngine
-from packcli.errors import UsageError
+from packcli.errors import Opt, UsageError
 from packcli.io.sources import InputSource
 from packcli.output.layout import RowLayout
 from packcli.plan.planner import Plan
@@ -113,5 +113,7 @@ def load_engine(name: str, num_proc: int = 1, ray_address: str | None = None) ->
     try:
         from packcli.engines.ray.engine import RayEngine
     except ImportError as exc:
-        raise UsageError("--engine ray needs Ray, which is not installed; pip install 'packcli[ray]'") from exc
+        raise UsageError(
+            Opt("engine", "ray"), " needs Ray, which is not installed; pip install 'packcli[ray]'"
+        ) from exc
     return RayEngine(ray_address, num_proc)

@@ -9,6 +9,7 @@ from typing import Any
 from packcli.contract import Progress
 from packcli.errors import UsageError
 from packcli.io.sources import InputSource
+from packcli.io.uri import needs_ray as _uri_output
 from packcli.output.layout import RowLayout
 from packcli.plan.planner import Plan
 from packcli.results import FileDigest, Manifest, ShardEntry
@@ -91,14 +92,14 @@ class LocalEngine:
         from packcli.output.write import write_output
 
         if staged is None:  # the local engine writes only to local paths, through a staging directory
-            raise UsageError(f"-o {layout.output}: a filesystem URI output needs --engine ray; or pass a local path")
+            raise UsageError(*_uri_output(layout.output))
         return write_output(layout, store, plan, staged, progress, self.num_proc)
 
     def check_uri_output(self, output: str, overwrite: bool) -> None:
-        raise UsageError(f"-o {output}: a filesystem URI output needs --engine ray; or pass a local path")
+        raise UsageError(*_uri_output(output))
 
     def write_manifest_uri(self, output: str, manifest: Manifest) -> None:
-        raise UsageError(f"-o {output}: a filesystem URI output needs --engine ray; or pass a local path")
+        raise UsageError(*_uri_output(output))
 
     def close(self) -> None:
         return None

@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from packcli.errors import OutputError, UsageError
+from packcli.errors import Opt, OutputError, Part, UsageError
 from packcli.results import Manifest
 
 # A scheme (RFC 3986: a letter, then letters, digits, "+", "-" or ".") of two characters or more, then
@@ -78,7 +78,10 @@ def check_uri_output(output: str, overwrite: bool) -> None:
         filesystem, base = pafs.FileSystem.from_uri(output)
         infos = filesystem.get_file_info(pafs.FileSelector(base, allow_not_found=True))
         if infos and not overwrite:
-            raise UsageError(f"{output}: the output is not empty; pass --overwrite or choose another -o")
+            raise UsageError(
+                f"{output}: the output is not empty",
+                hint=("pass ", Opt("overwrite"), " or choose another ", Opt("output", short=True)),
+            )
         manifest = f"{base.rstrip('/')}/manifest.json"
         if overwrite and filesystem.get_file_info(manifest).type != pafs.FileType.NotFound:
             filesystem.delete_file(manifest)
@@ -104,3 +107,13 @@ def write_manifest_uri(output: str, manifest: Manifest, keep: Iterable[str] = ()
                 filesystem.delete_file(info.path)
     except (OSError, pa.ArrowInvalid) as exc:
         raise OutputError(f"{output}: cannot write the manifest ({exc}); check the URI and credentials") from exc
+
+
+def needs_ray(output: str) -> tuple[Part, ...]:
+    """Return the error's words for a filesystem URI output written without the Ray engine."""
+    return (
+        Opt("output", short=True),
+        f" {output}: a filesystem URI output needs ",
+        Opt("engine", "ray"),
+        "; or pass a local path",
+    )

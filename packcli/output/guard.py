@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from packcli.errors import OutputError, UsageError
+from packcli.errors import OUTPUT, Opt, OutputError, UsageError
 from packcli.owned import (
     _REJECT_LINE_BYTES,
     EVAL_DIR,
@@ -41,19 +41,25 @@ def replaceable(output: Path, display: str, overwrite: bool) -> set[str]:
     if not os.path.lexists(output):
         return set()
     if not output.is_dir():
-        raise UsageError(f"{display}: exists and is not a directory; choose another -o")
+        raise UsageError(f"{display}: exists and is not a directory; choose another ", OUTPUT)
     if os.path.lexists(output / REPLACE_JOURNAL):  # left by a replace that could not be finished
-        raise OutputError(interrupted_replace_message(display))
+        raise OutputError(*interrupted_replace_message(display))
     entries = _entries(output)
     if not entries:
         return set()
     if not overwrite:
-        raise UsageError(f"{display}: the output directory is not empty; pass --overwrite or choose another -o")
+        raise UsageError(
+            f"{display}: the output directory is not empty",
+            hint=("pass ", Opt("overwrite"), " or choose another ", Opt("output", short=True)),
+        )
     manifest = read_own_manifest(output)
     if manifest is None:
         raise UsageError(
-            f"{display}: --overwrite replaces only an empty directory or a previous packcli output, and this "
-            f"one has no manifest.json written by packcli (it holds {_some(entries)}); choose another -o"
+            f"{display}: ",
+            Opt("overwrite"),
+            " replaces only an empty directory or a previous packcli output, and this "
+            f"one has no manifest.json written by packcli (it holds {_some(entries)})",
+            hint=("choose another ", Opt("output", short=True)),
         )
     foreign = entries - own_files(output, manifest)
     parts = rejects_parts(manifest)
@@ -63,7 +69,8 @@ def replaceable(output: Path, display: str, overwrite: bool) -> set[str]:
         foreign = (foreign - {EVAL_DIR}) | foreign_in_eval(output)
     if foreign:
         raise UsageError(
-            f"{display}: holds files packcli did not write ({_some(foreign)}); move them out or choose another -o"
+            f"{display}: holds files packcli did not write ({_some(foreign)}); move them out or choose another ",
+            OUTPUT,
         )
     return entries
 
@@ -131,15 +138,17 @@ def check_paths(
         relation = _relation(output, path)
         if relation:
             raise UsageError(
-                f"{display}: the output {relation} the input {path}; writing it would replace the input; "
-                "choose an -o outside the inputs"
+                f"{display}: the output {relation} the input {path}; writing it would replace the input; choose an ",
+                OUTPUT,
+                " outside the inputs",
             )
     if cache_root is not None:
         cache = cache_root.resolve()
         relation = _relation(output, cache)
         if relation:
             raise UsageError(
-                f"{display}: the output {relation} the tokenization cache {cache}; choose another -o or --cache-dir"
+                f"{display}: the output {relation} the tokenization cache {cache}",
+                hint=("choose another ", Opt("output", short=True), " or ", Opt("cache_dir")),
             )
     if rejects is None:
         return None
@@ -147,17 +156,19 @@ def check_paths(
     for path in inputs:
         if target == path or path in target.parents:
             raise UsageError(
-                f"--rejects {rejects}: is the input {path}; writing it would replace the input; name a new file"
+                Opt("rejects"), f" {rejects}: is the input {path}; writing it would replace the input; name a new file"
             )
     if cache_root is not None and (target == cache_root.resolve() or cache_root.resolve() in target.parents):
-        raise UsageError(f"--rejects {rejects}: lies inside the tokenization cache; name a file elsewhere")
+        raise UsageError(Opt("rejects"), f" {rejects}: lies inside the tokenization cache; name a file elsewhere")
     if target == output or target in output.parents:
-        raise UsageError(f"--rejects {rejects}: is or contains the output {display}; name another file")
+        raise UsageError(Opt("rejects"), f" {rejects}: is or contains the output {display}; name another file")
     if output in target.parents:
         relative = target.relative_to(output)
         first = relative.parts[0]
         if first == MANIFEST or first in INDEX_FILES or first.startswith(("shard-", ".")):
-            raise UsageError(f"--rejects {rejects}: collides with a file packcli writes in the output; rename it")
+            raise UsageError(
+                Opt("rejects"), f" {rejects}: collides with a file packcli writes in the output; rename it"
+            )
         return relative
     check_rejects_target(rejects, target)
     return None
@@ -174,24 +185,28 @@ def check_rejects_target(rejects: str, target: Path) -> None:
         if not os.path.lexists(parent):
             continue
         if not parent.is_dir():
-            raise UsageError(f"--rejects {rejects}: {parent} is a file, not a directory; name a file in a directory")
+            raise UsageError(
+                Opt("rejects"), f" {rejects}: {parent} is a file, not a directory; name a file in a directory"
+            )
         break
     for parent in target.parents:
         if parent.is_dir() and is_packcli_dir(parent):
             raise UsageError(
-                f"--rejects {rejects}: lies inside the packcli output {parent}; writing it would change that "
-                "output; name a file outside it"
+                Opt("rejects"),
+                f" {rejects}: lies inside the packcli output {parent}; writing it would change that "
+                "output; name a file outside it",
             )
     if not os.path.lexists(target):
         return
     if target.is_dir():
-        raise UsageError(f"--rejects {rejects}: is a directory; name a file")
+        raise UsageError(Opt("rejects"), f" {rejects}: is a directory; name a file")
     if not target.is_file():
-        raise UsageError(f"--rejects {rejects}: exists and is not a regular file; name a new file")
+        raise UsageError(Opt("rejects"), f" {rejects}: exists and is not a regular file; name a new file")
     if not _is_rejects_file(target):
         raise UsageError(
-            f"--rejects {rejects}: exists and is not a rejects file packcli wrote; writing it would replace it; "
-            "remove it or name a new file"
+            Opt("rejects"),
+            f" {rejects}: exists and is not a rejects file packcli wrote; writing it would replace it; "
+            "remove it or name a new file",
         )
 
 
@@ -209,22 +224,26 @@ def check_fix_log_target(log: str, output: Path, inputs: Iterable[Path], cache_r
     """
     target = Path(log).resolve()
     if target in set(inputs):
-        raise UsageError(f"--fix-turns-log {log}: is an input; writing it would replace the input; name a new file")
+        raise UsageError(
+            Opt("fix_turns_log"), f" {log}: is an input; writing it would replace the input; name a new file"
+        )
     if cache_root is not None and target.is_relative_to(cache_root.resolve()):
-        raise UsageError(f"--fix-turns-log {log}: lies inside the tokenization cache; name a file elsewhere")
+        raise UsageError(Opt("fix_turns_log"), f" {log}: lies inside the tokenization cache; name a file elsewhere")
     if target == output or target.is_relative_to(output):
-        raise UsageError(f"--fix-turns-log {log}: lies in the output {output}; name a file outside it")
+        raise UsageError(Opt("fix_turns_log"), f" {log}: lies in the output {output}; name a file outside it")
     for parent in target.parents:
         if parent.is_dir() and is_packcli_dir(parent):
-            raise UsageError(f"--fix-turns-log {log}: lies inside the packcli output {parent}; name a file outside it")
+            raise UsageError(
+                Opt("fix_turns_log"), f" {log}: lies inside the packcli output {parent}; name a file outside it"
+            )
     if not os.path.lexists(target):
         return
     if not target.is_file():
-        raise UsageError(f"--fix-turns-log {log}: exists and is not a regular file; name a new file")
+        raise UsageError(Opt("fix_turns_log"), f" {log}: exists and is not a regular file; name a new file")
     if not _is_entry_file(target, FIX_LOG_KEYS):
         raise UsageError(
-            f"--fix-turns-log {log}: exists and is not a log packcli wrote; writing it would replace it; "
-            "remove it or name a new file"
+            Opt("fix_turns_log"),
+            f" {log}: exists and is not a log packcli wrote; writing it would replace it; remove it or name a new file",
         )
 
 
@@ -270,7 +289,8 @@ class OutputLock:
             except OSError as exc:
                 raise OutputError(
                     f"{self.display}: cannot create the output directory ({exc.strerror or exc}); "
-                    "choose a writable path with -o"
+                    "choose a writable path with ",
+                    OUTPUT,
                 ) from exc
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -279,11 +299,11 @@ class OutputLock:
                 os.close(fd)
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                     raise OutputError(
-                        f"{self.display}: cannot lock {self.path} ({exc.strerror or exc}); choose another -o"
+                        f"{self.display}: cannot lock {self.path} ({exc.strerror or exc}); choose another ", OUTPUT
                     ) from exc
                 who = f"another packcli run (PID {holder})" if holder else "another packcli run"
                 raise OutputError(
-                    f"{self.display}: {who} is writing this output; wait for it to finish or choose another -o"
+                    f"{self.display}: {who} is writing this output; wait for it to finish or choose another ", OUTPUT
                 ) from None
             try:
                 same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
@@ -327,6 +347,7 @@ def real_output(output: str) -> Path:
     path = Path(output)
     if path.is_symlink() and not path.exists():
         raise UsageError(
-            f"{output}: is a symlink to {os.readlink(path)}, which does not exist; create it or choose another -o"
+            f"{output}: is a symlink to {os.readlink(path)}, which does not exist; create it or choose another ",
+            OUTPUT,
         )
     return path.resolve()

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from packcli.contract import MANIFEST
-from packcli.errors import OutputError
+from packcli.errors import OUTPUT, OutputError
 from packcli.jsontypes import JSONObject
 from packcli.owned import REPLACE_JOURNAL, interrupted_replace_message
 from packcli.results import DamagedResult, Manifest
@@ -36,7 +36,8 @@ def write_manifest(directory: Path, manifest: Manifest, output: Path | None = No
     except OSError as exc:
         raise OutputError(
             f"{output or directory}: cannot write {MANIFEST} ({exc.strerror or exc}); "
-            "free disk space or choose another -o"
+            "free disk space or choose another ",
+            OUTPUT,
         ) from exc
 
 
@@ -47,7 +48,7 @@ def read_manifest(directory: Path) -> JSONObject:
     """Return the manifest of a packed output directory as JSON data, unchecked (verify reports what is
     wrong in it rather than stopping at the first thing)."""
     if os.path.lexists(directory / REPLACE_JOURNAL):  # its files are part old, part new: nothing to check yet
-        raise OutputError(interrupted_replace_message(str(directory)))
+        raise OutputError(*interrupted_replace_message(str(directory)))
     path = directory / MANIFEST
     try:
         manifest = json.loads(path.read_text())

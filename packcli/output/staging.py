@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from packcli.errors import OutputError
+from packcli.errors import OUTPUT, OutputError
 from packcli.output.guard import OutputLock, check_paths, check_still_replaceable, lock_path, real_output, replaceable
 from packcli.owned import (
     IN_PLACE_PREFIX,
@@ -81,14 +81,16 @@ def replace_contents(staged: Path, output: Path, old: Iterable[str]) -> None:
             shutil.rmtree(staged, ignore_errors=True)
         raise OutputError(
             f"{output}: cannot stage the new output inside it ({exc.strerror or exc}); the previous output was "
-            "left as it was; free space there or choose another -o"
+            "left as it was; free space there or choose another ",
+            OUTPUT,
         ) from exc
     try:
         _roll_forward(output, journal)
     except OSError as exc:
         raise OutputError(
-            f"{output}: cannot replace its contents ({exc.strerror or exc}); the next packcli pack with this -o "
-            "finishes the replace from the complete new output it kept"
+            f"{output}: cannot replace its contents ({exc.strerror or exc}); the next packcli pack with this ",
+            OUTPUT,
+            " finishes the replace from the complete new output it kept",
         ) from exc
 
 
@@ -293,7 +295,8 @@ class StagedOutput:
             os.chmod(self.tmp, 0o777 & ~umask)
         except OSError as exc:
             raise OutputError(
-                f"{display}: cannot create the output directory ({exc.strerror or exc}); choose a writable path with -o"
+                f"{display}: cannot create the output directory ({exc.strerror or exc}); choose a writable path with ",
+                OUTPUT,
             ) from exc
 
     def commit(self) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from packcli.contract import IGNORE_INDEX, Progress, no_progress
-from packcli.errors import OutputError
+from packcli.errors import OUTPUT, OutputError, ShardTooLarge
 from packcli.output.layout import RowLayout
 from packcli.output.rows import (
     ROW_GROUP_ROWS,
@@ -129,6 +129,9 @@ def write_output(
                     progress("write", entry.rows, n_rows)
     except OSError as exc:
         raise OutputError(
-            f"{layout.output}: cannot write a shard ({exc.strerror or exc}); free disk space or choose another -o"
+            f"{layout.output}: cannot write a shard (",
+            *(exc.parts if isinstance(exc, ShardTooLarge) else (str(exc.strerror or exc),)),
+            "); free disk space or choose another ",
+            OUTPUT,
         ) from exc
     return entries

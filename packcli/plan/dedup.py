@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packcli.errors import RecordError, UsageError, where
+from packcli.errors import Opt, RecordError, UsageError, where
 from packcli.plan.mix import store_view
 from packcli.results import DedupSummary
 from packcli.store.tokens import TokenStore
@@ -35,7 +35,11 @@ def drop_duplicates(store: TokenStore) -> Dedup:
     """Return the store's records but those whose content repeats an earlier record's (see the module)."""
     keys = store.content_key
     if keys is None or len(keys) != len(store.lengths):
-        raise UsageError("--dedup exact needs the records' content keys, which this token store lacks; pass --no-cache")
+        raise UsageError(
+            Opt("dedup", "exact"),
+            " needs the records' content keys, which this token store lacks",
+            hint=("pass ", Opt("cache", False)),
+        )
     index = store.sample_index.astype(np.int64)
     first_row = np.ones(len(index), dtype=bool)
     first_row[1:] = index[1:] != index[:-1]

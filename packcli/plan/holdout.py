@@ -66,8 +66,9 @@ def split_counts(options: HoldoutOptions, have: list[int]) -> list[int]:
         counts = [min(max(math.floor(f * n + 0.5), 1), n - 1) if n >= 2 else 0 for n in have]
         if not sum(counts):
             raise InputError(
-                f"--eval-fraction {f:g} holds out no record: each source needs at least 2 records that can be "
-                "packed; give more records or leave out the eval split"
+                f"{f:g} holds out no record: each source needs at least 2 records that can be "
+                "packed; give more records or leave out the eval split",
+                option="eval_fraction",
             )
         return counts
     want = int(options.records or 0)
@@ -75,8 +76,9 @@ def split_counts(options: HoldoutOptions, have: list[int]) -> list[int]:
     room = [max(n - 1, 0) for n in have]
     if want >= total or want > sum(room):
         raise InputError(
-            f"--eval-records {want}: the sources have {total} records that can be packed and each keeps at least "
-            f"one, so at most {sum(room)} can be held out; ask for fewer"
+            f"{want}: the sources have {total} records that can be packed and each keeps at least "
+            f"one, so at most {sum(room)} can be held out; ask for fewer",
+            option="eval_records",
         )
     quota = [want * n / total for n in have]
     counts = [min(math.floor(q), r) for q, r in zip(quota, room, strict=True)]

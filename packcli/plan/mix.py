@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from packcli.errors import InputError, Opt, UsageError
+from packcli.errors import InputError, Message, Opt, UsageError
 from packcli.io.sources import InputSource, input_identity, resolve_inputs
 from packcli.plan import packing
 from packcli.plan.options import PlanOptions
@@ -94,7 +94,10 @@ def mix_of_inputs(names: list[str], split: str | None, sources: list[InputSource
             other = owner.setdefault(input_identity(source), m)
             if other != m:
                 raise UsageError(
-                    f"--mix {names[other]} and --mix {path} both hold {source.display}; give each input to one source"
+                    Opt("mix"),
+                    f" {names[other]} and ",
+                    Opt("mix"),
+                    f" {path} both hold {source.display}; give each input to one source",
                 )
     try:
         return [owner[input_identity(s)] for s in sources]
@@ -105,7 +108,7 @@ def mix_of_inputs(names: list[str], split: str | None, sources: list[InputSource
 def choose(options: MixOptions, store: TokenStore, of_inputs: list[int]) -> Mix:
     """Choose the records of each source by the recipe of ``options``; return the mix and its view."""
     if options.task in ("preference", "kto") or (store.sample_role is not None and store.sample_role.any()):
-        raise UsageError("--mix applies to SFT records; preference and KTO records are not mixed yet")
+        raise UsageError("applies to SFT records; preference and KTO records are not mixed yet", option="mix")
     specs = options.specs
     n_src = len(specs)
     if len(of_inputs) != len(store.meta["source_starts"]):
@@ -141,8 +144,10 @@ def choose(options: MixOptions, store: TokenStore, of_inputs: list[int]) -> Mix:
         if have[m] <= 0:
             what = {"records": "record", "tokens": "token", "trainable": "trained token"}[options.by]
             raise InputError(
-                f"--mix {path}: the source has no {what} that can be packed (every record was dropped or is longer "
-                "than --max-len); fix or leave out the source"
+                f"{path}: the source has no {what} that can be packed (every record was dropped or is longer than ",
+                Opt("max_len"),
+                "); fix or leave out the source",
+                option="mix",
             )
     target = np.zeros(n_src)
     epochs_total = sum(value * have[m] for m, (_, kind, value) in enumerate(specs) if kind == "epochs")
@@ -206,14 +211,15 @@ def _check_epochs(
         epochs = float(target[m] / have[m])
         if kind == "share" and epochs > options.max_epochs + TINY:
             raise UsageError(
-                f"--mix {path}: the shares repeat this source {epochs:.1f} times ({epochs:.1f} epochs), more than ",
+                Opt("mix"),
+                f" {path}: the shares repeat this source {epochs:.1f} times ({epochs:.1f} epochs), more than ",
                 Opt("mix_max_epochs"),
                 f" {options.max_epochs:g}",
                 hint=("lower its share, give it as Nx, or raise ", Opt("mix_max_epochs"), " to allow it"),
             )
 
 
-def warnings(mixing: MixSummary) -> list[str]:
+def warnings(mixing: MixSummary) -> list[Message]:
     """The warnings of a mix's accounting (``accounting``): a share that repeats its source (its epochs as the
     table shows them), and a share that leaves most of its source out."""
     measure = {"records": "records", "tokens": "tokens", "trainable": "trainable_tokens"}[mixing.by]
@@ -227,14 +233,21 @@ def warnings(mixing: MixSummary) -> list[str]:
         left = left_out[measure] / have if have else 0.0
         if epochs > 1 + 1e-6:
             out.append(
-                f"--mix {name}: the shares repeat this source {epochs:.2f} times ({epochs:.2f} epochs of its "
-                "tokens); give it as Nx to ask for the repeats, or lower its share"
+                Message(
+                    Opt("mix"),
+                    f" {name}: the shares repeat this source {epochs:.2f} times ({epochs:.2f} epochs of its "
+                    "tokens); give it as Nx to ask for the repeats, or lower its share",
+                )
             )
         elif left > 0.5:
             out.append(
-                f"--mix {name}: the shares leave out {left:.1%} of this source's {mixing.by} "
-                f"({left_out['records']:,} of {available['records']:,} records): shares alone size the "
-                "output by the scarcest source; give this source as Nx (1x keeps all of it) to size the output by it"
+                Message(
+                    Opt("mix"),
+                    f" {name}: the shares leave out {left:.1%} of this source's {mixing.by} "
+                    f"({left_out['records']:,} of {available['records']:,} records): shares alone size "
+                    "the output by the scarcest source; give this source as Nx (1x keeps all of it) to size the "
+                    "output by it",
+                )
             )
     return out
 
@@ -447,10 +460,11 @@ def sources_of(mixing: MixSummary | None) -> MixSummary | None:
     return MixSummary(by=mixing.by, seed=mixing.seed, sources=sources, repeats=0, repeats_in_same_row=0)
 
 
-def same_row_warning(n: int) -> str:
+def same_row_warning(n: int) -> Message:
     """The warning for repeated copies that share a row with their twin (no swap could part them)."""
     copies = "copy of a repeated record shares" if n == 1 else "copies of repeated records share"
-    return (
+    return Message(
         f"{n} {copies} a row with another copy (no sample of another row could take its place); "
-        "lower the repeats or raise --max-len"
+        "lower the repeats or raise ",
+        Opt("max_len"),
     )

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from packcli.contract import CHOSEN, REJECTED
-from packcli.errors import InputError, where
+from packcli.errors import InputError, Opt, where
 from packcli.plan import packing
 from packcli.plan.options import PlanOptions
 from packcli.store.tokens import TokenStore
@@ -68,9 +68,16 @@ def fit(options: PlanOptions, store: TokenStore, group: np.ndarray) -> Fit:
         what = "the pair's samples have" if pair else "the sample has"
         raise InputError(
             f"{where(source, unit, int(store.positions[k]))}: {what} {item_len[over[0]]} tokens"
-            f"{' together' if pair else ''}, more than --max-len {options.max_len}"
-            f"{' (a pair is packed whole)' if pair else ''}; raise --max-len or pass --overflow truncate "
-            "(cuts the prompt from the left) or drop"
+            f"{' together' if pair else ''}, more than ",
+            Opt("max_len"),
+            f" {options.max_len}{' (a pair is packed whole)' if pair else ''}",
+            hint=(
+                "raise ",
+                Opt("max_len"),
+                " or pass ",
+                Opt("overflow", "truncate"),
+                " (cuts the prompt from the left) or drop",
+            ),
         )
     dropped = []
     end_row = np.searchsorted(group, over, side="right")

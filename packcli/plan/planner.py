@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packcli.config import Hint
+from packcli.config import Hint, suggest
 from packcli.contract import IGNORE_INDEX
 from packcli.errors import InputError, Opt, Part, where
 from packcli.plan import packing, pairs
@@ -65,9 +65,12 @@ def make_plan(options: PlanOptions, store: TokenStore) -> Plan:
     order = packing.order_rows(row_tokens, options.seed, options.world_size, options.rank_remainder)
     if len(order.order) == 0:
         raise InputError(
-            f"no sample left to pack: the {len(counts)} packed rows are fewer than --world-size "
-            f"{options.world_size}, and --rank-remainder drop leaves none; lower --world-size or pass "
-            "--rank-remainder pad"
+            f"no sample left to pack: the {len(counts)} packed rows are fewer than ",
+            Opt("world_size"),
+            f" {options.world_size}, and ",
+            Opt("rank_remainder", "drop"),
+            " leaves none",
+            hint=("lower ", Opt("world_size"), " or pass ", Opt("rank_remainder", "pad")),
         )
     dropped_samples = np.zeros(0, dtype=np.int64)
     if len(order.dropped_rows):
@@ -153,21 +156,23 @@ def _apply_overflow(options: PlanOptions, store: TokenStore, group: np.ndarray |
 def _refuse_nothing_kept(options: PlanOptions, store: TokenStore, group: np.ndarray | None, samples: int) -> None:
     """Raise the error of a plan with no sample left, saying why and what would keep some."""
     if samples:
-        hints: list[Hint] = [(None, "raise --max-len")]
+        hints: list[Hint] = [(None, ("raise ", Opt("max_len")))]
         if group is not None:  # a record's samples are never split; its prompt may be cut
-            hints.append((("overflow", "truncate"), "pass --overflow truncate"))
+            hints.append((("overflow", "truncate"), ("pass ", Opt("overflow", "truncate"))))
         else:
-            hints.append((("overflow", "split"), "pass --overflow split"))
+            hints.append((("overflow", "split"), ("pass ", Opt("overflow", "split"))))
         if options.overflow != "drop" and group is None:
-            hints.append((("cut_side", "left"), "pass --truncate-side left"))
+            hints.append((("cut_side", "left"), ("pass ", Opt("truncate_side", "left"))))
         raise InputError(
-            f"no sample left to pack: all {samples} tokenized samples are longer than "
-            f"{_limit_text(options)} or have nothing to train on; {_suggest(options, hints)}"
+            f"no sample left to pack: all {samples} tokenized samples are longer than ",
+            *_limit_parts(options),
+            " or have nothing to train on",
+            hint=suggest(options, hints),
         )
     reasons = ", ".join(f"{k}: {v}" for k, v in store.meta["dropped"].items())
     raise InputError(
-        f"no sample left to pack: all {store.meta['records_read']} records were dropped ({reasons}); "
-        "list them with --on-error skip --rejects FILE"
+        f"no sample left to pack: all {store.meta['records_read']} records were dropped ({reasons})",
+        hint=("list them with ", Opt("on_error", "skip"), " ", Opt("rejects"), " FILE"),
     )
 
 
@@ -206,29 +211,14 @@ def _trainable(
     return trainable
 
 
-def _suggest(options: PlanOptions, hints: list[Hint]) -> str:
-    """Join the hints (``A, or B``) that would change something: a suggestion never names what was passed."""
-    kept = [words for setting, words in hints if setting is None or getattr(options, setting[0]) != setting[1]]
-    return ", or ".join(kept)
-
-
 def _limit_parts(options: PlanOptions) -> tuple[Part, ...]:
-    """The most tokens a sample may have, as message parts (``_limit_text``'s words)."""
+    """The most tokens a sample may have, as message parts."""
     if options.sample_limit == options.max_len:
         return (Opt("max_len"), f" {options.max_len}")
     return (
         f"{options.sample_limit}, the most that fits in ",
         Opt("max_len"),
         f" {options.max_len} once padded to a multiple of {options.pad_multiple}",
-    )
-
-
-def _limit_text(options: PlanOptions) -> str:
-    if options.sample_limit == options.max_len:
-        return f"--max-len {options.max_len}"
-    return (
-        f"{options.sample_limit}, the most that fits in --max-len {options.max_len} once padded to a multiple of "
-        f"{options.pad_multiple}"
     )
 
 

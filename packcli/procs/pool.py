@@ -12,7 +12,7 @@ from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from packcli.errors import PackcliError
+from packcli.errors import Opt, PackcliError
 from packcli.procs import lifetime as procs
 from packcli.procs.stop import raise_if_stopped
 
@@ -44,8 +44,8 @@ def _result(future: Future[Any]) -> Any:
             continue
         except BrokenProcessPool as exc:
             raise PackcliError(
-                "a worker process died (killed by a signal or out of memory); "
-                "run again, with a lower --num-proc if memory is short"
+                "a worker process died (killed by a signal or out of memory)",
+                hint=("run again, with a lower ", Opt("num_proc"), " if memory is short"),
             ) from exc
 
 

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from packcli.errors import RecordError, too_many_digits
+from packcli.errors import Opt, RecordError, Text, parts_of, too_many_digits
 from packcli.jsontypes import ChatMessage, Record, TemplateKwargs
 
 FORMATS = ("messages", "conversations", "prompt_completion", "alpaca", "text", "tokenized", "preference", "kto")
@@ -71,13 +71,13 @@ SHAREGPT_ROLES: dict[str, str] = {
 
 
 # Template keyword arguments packcli passes itself, or that would leave samples incomplete.
-RESERVED_TEMPLATE_KWARGS: dict[str, str] = {
+RESERVED_TEMPLATE_KWARGS: dict[str, Text] = {
     "continue_final_message": "leaves the last message open (its end-of-turn marker is dropped), and a packed "
     "sample must be complete so that the model learns where an answer ends; leave it out",
     "add_generation_prompt": "is set by packcli (false: a packed sample ends with its last message); leave it out",
     "tools": "comes from each record's own tools field; leave it out",
     "conversations": "is the record's messages; leave it out",
-    "chat_template": "is the template itself; pass --chat-template FILE instead",
+    "chat_template": ("is the template itself; pass ", Opt("chat_template"), " FILE instead"),
     "return_assistant_tokens_mask": "is set by packcli to find what is trained; leave it out",
 }
 
@@ -243,7 +243,8 @@ def _template_extras(record: Record, fields: dict[str, str]) -> Record:
         if reserved:
             raise RecordError(
                 "reserved_template_kwarg",
-                f"field '{fields['chat_template_kwargs']}': '{reserved[0]}' {RESERVED_TEMPLATE_KWARGS[reserved[0]]}",
+                f"field '{fields['chat_template_kwargs']}': '{reserved[0]}' ",
+                *parts_of(RESERVED_TEMPLATE_KWARGS[reserved[0]]),
             )
         extras["template_kwargs"] = kwargs
     return extras
@@ -424,10 +425,11 @@ def _messages(
                 renamed.append((i, role, alias))
                 role = alias
             else:
-                fix = f"; --fix-turns renames it to '{alias}'" if alias is not None else ""
+                fix = ("; ", Opt("fix_turns"), f" renames it to '{alias}'") if alias is not None else ()
                 raise RecordError(
                     "unknown_role",
-                    f"message {i} of '{field}': unknown role '{role}' (known: {', '.join(ROLES)}){fix}",
+                    f"message {i} of '{field}': unknown role '{role}' (known: {', '.join(ROLES)})",
+                    *fix,
                 )
         content = message.get(content_key)
         if content is None and not message.get("tool_calls"):

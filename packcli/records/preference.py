@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from packcli.contract import CHOSEN, DESIRABLE, REJECTED, SAMPLE_ROLES, UNDESIRABLE
-from packcli.errors import RecordError
+from packcli.errors import Opt, RecordError
 from packcli.records.formats import PREFERENCE_FORMATS, Sample, normalize
 
 PAIR_ROLES = (CHOSEN, REJECTED)
@@ -75,8 +75,8 @@ def normalize_members(record: Any, fmt: str, fields: dict[str, str]) -> Members:
             samples.append(normalize(pc, "prompt_completion", fields))
         except RecordError as err:
             # Name the field the user wrote, not the prompt/completion pair it was read as.
-            detail = err.detail.replace(f"'{fields['completion']}'", f"'{key}'")
-            raise RecordError(err.reason, detail) from err
+            named = f"'{fields['completion']}'", f"'{key}'"
+            raise RecordError(err.reason, *(p.replace(*named) if isinstance(p, str) else p for p in err.parts)) from err
     if samples[0].kind != samples[1].kind:
         raise RecordError(
             "wrong_type",
@@ -134,7 +134,7 @@ def encode(encoder: Any, items: list[Any]) -> list[Any]:
         failed = [(r, role) for r, role in zip(members, item.roles, strict=True) if isinstance(r, RecordError)]
         if failed:
             err, role = failed[0]
-            out[k] = RecordError(err.reason, f"{SAMPLE_ROLES[role]}: {err.detail}") if len(item.roles) > 1 else err
+            out[k] = RecordError(err.reason, f"{SAMPLE_ROLES[role]}: ", *err.parts) if len(item.roles) > 1 else err
         else:
             out[k] = [(ids, labels, role) for (ids, labels), role in zip(members, item.roles, strict=True)]
     return out
@@ -157,8 +157,9 @@ def resolve_task(
         for path, fmt in formats.items():
             if fmt == "preference":
                 raise UsageError(
-                    f"{path}: preference records (chosen/rejected) cannot be packed with --task sft; "
-                    "drop --task or pass --task preference"
+                    f"{path}: preference records (chosen/rejected) cannot be packed with ",
+                    Opt("task", "sft"),
+                    hint=("drop ", Opt("task"), " or pass ", Opt("task", "preference")),
                 )
             if fmt == "kto":
                 out[path] = "prompt_completion"
@@ -169,8 +170,10 @@ def resolve_task(
             if fmt is not None and fmt != task:
                 fields = "prompt, chosen, rejected" if task == "preference" else "prompt, completion, label"
                 raise InputError(
-                    f"{path}: --task {task} needs records with {fields}, and these are {fmt} records; "
-                    "check the input or pass --field to name the fields"
+                    f"{path}: ",
+                    Opt("task", task),
+                    f" needs records with {fields}, and these are {fmt} records",
+                    hint=("check the input or pass ", Opt("fields"), " to name the fields"),
                 )
     else:
         found = {path: task_of(fmt) for path, fmt in formats.items() if fmt is not None}
@@ -181,17 +184,20 @@ def resolve_task(
         task = tasks[0] if tasks else "sft"
     if task != "sft" and overflow == "split":
         raise UsageError(
-            f"--overflow split does not apply to {task} data: a record's samples are packed whole, never split; "
-            "pass --overflow truncate (cuts the prompt from the left) or drop"
+            Opt("overflow", "split"),
+            f" does not apply to {task} data: a record's samples are packed whole, never split",
+            hint=("pass ", Opt("overflow", "truncate"), " (cuts the prompt from the left) or drop"),
         )
     if task != "sft" and truncate_side == "right":
         # Cutting a pair's answers would compare truncated answers; its prompt is cut instead, from the left.
         raise UsageError(
-            f"--truncate-side right does not apply to {task} data: a record is cut only in its prompt, from the "
-            "left, so that its answers stay whole; leave --truncate-side out"
+            Opt("truncate_side", "right"),
+            f" does not apply to {task} data: a record is cut only in its prompt, from the "
+            "left, so that its answers stay whole",
+            hint=("leave ", Opt("truncate_side"), " out"),
         )
     if task != "sft" and output_format == "megatron":
         raise UsageError(
-            f"--output-format megatron holds SFT samples only, not {task} data; write parquet, arrow or mds"
+            Opt("output_format", "megatron"), f" holds SFT samples only, not {task} data; write parquet, arrow or mds"
         )
     return task, out

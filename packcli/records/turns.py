@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, NotRequired, TypedDict
 
-from packcli.errors import RecordError
+from packcli.errors import Opt, RecordError
 from packcli.jsontypes import ChatMessage
 from packcli.records.formats import Sample
 
@@ -168,7 +168,9 @@ def clean(sample: Sample) -> tuple[Sample, list[TurnChange]]:
     if had_answer and not any(m.get("role") == "assistant" for _, m, _, _ in items):
         raise RecordError(
             "no_answer_after_fix",
-            f"no assistant answer is left after --fix-turns ({describe(changes)})",
+            "no assistant answer is left after ",
+            Opt("fix_turns"),
+            f" ({describe(changes)})",
         )
     messages = [m for _, m, _, _ in items]
     new_flags = tuple(f for _, _, f, _ in items)

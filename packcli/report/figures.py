@@ -125,4 +125,4 @@ def check_batch_size(batch_size: int) -> None:
     """Raise UsageError when ``batch_size`` breaks the rule of ``--batch-size``."""
     problem = option_problem("batch_size", batch_size)  # the rule of the command line and the library
     if problem:
-        raise UsageError(f"--batch-size {problem}")
+        raise UsageError(problem, option="batch_size")

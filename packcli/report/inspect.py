@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from packcli.contract import IGNORE_INDEX, SAMPLE_ROLES, TREE_COLUMNS
-from packcli.errors import IncompatibleError, InputError, OutputError, TokenizerError, UsageError, first_line
+from packcli.errors import IncompatibleError, InputError, Opt, OutputError, TokenizerError, UsageError, first_line
 from packcli.jsontypes import JSONObject
 from packcli.output.formats import shard_batches
 from packcli.output.manifest import read_checked_manifest
@@ -103,7 +103,7 @@ def locate_row(manifest: Manifest, row: int) -> tuple[str, int]:
     total = sum(sizes)
     if not 0 <= row < total:
         span = f"0..{total - 1}" if total else "none"
-        raise UsageError(f"--row {row} is out of range: the output has {total} rows ({span})")
+        raise UsageError(f"{row} is out of range: the output has {total} rows ({span})", option="row")
     k = int(np.searchsorted(np.cumsum(sizes), row, side="right"))
     return manifest.shards[k].file, row - sum(sizes[:k])
 
@@ -111,7 +111,7 @@ def locate_row(manifest: Manifest, row: int) -> tuple[str, int]:
 def find_sample(directory: Path, manifest: Manifest, sample_index: int) -> int:
     """Return the global row that holds ``sample_index`` (its first copy); raise InputError when none does."""
     if sample_index < 0:
-        raise UsageError(f"--sample-index must be >= 0, not {sample_index}")
+        raise UsageError(f"must be >= 0, not {sample_index}", option="sample_index")
     first_row = 0
     for entry in manifest.shards:
         try:
@@ -129,7 +129,8 @@ def find_sample(directory: Path, manifest: Manifest, sample_index: int) -> int:
     records = "?" if counts.records_read is None else counts.records_read
     raise InputError(
         f"sample_index {sample_index} is in no row: it numbers the {records} input records "
-        f"from 0, and dropped records are in no row (dropped: {dropped}); pack with --rejects FILE to list them"
+        f"from 0, and dropped records are in no row (dropped: {dropped})",
+        hint=("pack with ", Opt("rejects"), " FILE to list them"),
     )
 
 
@@ -157,9 +158,9 @@ def inspect_row(
     ``max_tokens`` tokens of each sample are decoded (``shown_tokens``); ids and labels stay whole.
     """
     if max_tokens is not None and max_tokens < 1:
-        raise UsageError(f"--max-tokens must be at least 1, not {max_tokens}")
+        raise UsageError(f"must be at least 1, not {max_tokens}", option="max_tokens")
     if row is not None and sample_index is not None:
-        raise UsageError("--row cannot be used with --sample-index; pass one of them")
+        raise UsageError("cannot be used with ", Opt("sample_index"), "; pass one of them", option="row")
     manifest = read_checked_manifest(directory)
     if sample_index is not None:
         row = find_sample(directory, manifest, sample_index)
@@ -252,7 +253,7 @@ def _load_decoder(name: str | None, sha256: str | None) -> tuple[Any, bool]:
     try:
         encoder = Encoder(name, None, EncodeOptions(), encoder="tokenizers")  # it only decodes
     except TokenizerError as exc:
-        raise TokenizerError(f"{exc}; or pass --tokenizer to decode with another one") from exc
+        raise TokenizerError(*exc.parts, "; or pass ", Opt("tokenizer"), " to decode with another one") from exc
     return encoder.tokenizer, encoder.identity()["sha256"] == sha256
 
 

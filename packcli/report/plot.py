@@ -20,11 +20,14 @@ def check_plot_path(path: str) -> None:
     """Raise UsageError unless ``path`` ends in .html/.htm, or .png with matplotlib importable."""
     suffix = Path(path).suffix.lower()
     if suffix not in PLOT_SUFFIXES:
-        raise UsageError(f"--plot writes .html or .png, not '{suffix or path}'; name the file FILE.html or FILE.png")
+        raise UsageError(
+            f"writes .html or .png, not '{suffix or path}'; name the file FILE.html or FILE.png", option="plot"
+        )
     if suffix == ".png" and importlib.util.find_spec("matplotlib") is None:
         raise UsageError(
-            "--plot FILE.png needs matplotlib, which is not installed; pip install matplotlib, "
-            "or write FILE.html (no dependency)"
+            "FILE.png needs matplotlib, which is not installed; pip install matplotlib, "
+            "or write FILE.html (no dependency)",
+            option="plot",
         )
 
 

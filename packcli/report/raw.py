@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from packcli.errors import UsageError
+from packcli.errors import Message, Opt, UsageError
 from packcli.plan import packing
 from packcli.report.figures import (
     batch_padding,
@@ -34,9 +34,11 @@ def parse_max_lens(value: str) -> list[int]:
         try:
             n = int(part)
         except ValueError:
-            raise UsageError(f"--max-len takes integers separated by commas (e.g. 2048,4096), not '{value}'") from None
+            raise UsageError(
+                f"takes integers separated by commas (e.g. 2048,4096), not '{value}'", option="max_len"
+            ) from None
         if n < 2:
-            raise UsageError(f"--max-len must be at least 2, not {n}")
+            raise UsageError(f"must be at least 2, not {n}", option="max_len")
         if n not in out:
             out.append(n)
     return out
@@ -51,7 +53,7 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
     """
     check_batch_size(batch_size)
     if not max_lens:
-        raise UsageError("a raw input needs --max-len (e.g. --max-len 2048,4096,8192)")
+        raise UsageError("a raw input needs ", Opt("max_len"), " (e.g. ", Opt("max_len"), " 2048,4096,8192)")
     inputs = config.inputs
     from packcli.io.sources import forget_streams
     from packcli.run.pipeline import tokenized_inputs
@@ -62,7 +64,8 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
         from dataclasses import replace
 
         config = replace(config, task=tokenized.task)  # preference data: pairs are planned whole
-        store, cache_state, warnings = tokenized.store, tokenized.cache, tokenized.warnings
+        store, cache_state = tokenized.store, tokenized.cache
+        warnings: list[Message | str] = list(tokenized.warnings)
         lengths = store.lengths.astype(np.int64)  # ascending sample_index: input order
         trainable = int(store.trainable.astype(np.int64).sum())
         meta = store.meta

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from packcli.contract import IGNORE_INDEX
-from packcli.errors import PackcliError, first_line
+from packcli.errors import Message, Opt, PackcliError, first_line
 from packcli.jsontypes import JSONObject
 
 
@@ -30,10 +30,11 @@ class Reencoded:
     rows: int = 0
     samples: int = 0
     differ: list[tuple[str, str]] = field(default_factory=list)  # (shard file, what differs)
-    skipped: str | None = None  # why no row could be compared (the output or its inputs), or None
+    skipped: str | Message | None = None  # why no row could be compared (the output or its inputs), or None
 
     def to_dict(self) -> JSONObject:
-        return dataclasses.asdict(self)
+        """The comparison as a dict; ``skipped`` stays a Message when it names an option (see VerifyReport.to_dict)."""
+        return {**dataclasses.asdict(dataclasses.replace(self, skipped=None)), "skipped": self.skipped}
 
 
 def reencode_rows(directory: Path, manifest: JSONObject, n_rows: int) -> Reencoded:
@@ -56,7 +57,8 @@ def reencode_rows(directory: Path, manifest: JSONObject, n_rows: int) -> Reencod
             if fingerprint(s, None) != i.get("blake2b")
         ]
     except (PackcliError, OSError, TypeError, ValueError) as exc:
-        done.skipped = f"the inputs cannot be read again ({first_line(exc)})"
+        cause = exc.parts if isinstance(exc, PackcliError) else (first_line(exc),)  # its options named by the reader
+        done.skipped = Message("the inputs cannot be read again (", *cause, ")")
         return done
     if changed or len(sources) != len(manifest["inputs"]):
         done.skipped = f"the inputs changed since the output was made ({', '.join(changed) or 'their number'})"
@@ -73,11 +75,11 @@ def reencode_rows(directory: Path, manifest: JSONObject, n_rows: int) -> Reencod
     return done
 
 
-def _cannot_redo(manifest: JSONObject, options: JSONObject) -> str | None:
+def _cannot_redo(manifest: JSONObject, options: JSONObject) -> str | Message | None:
     if str(manifest.get("task") or "sft") != "sft":
         return "preference and KTO outputs are not re-encoded"
     if options.get("processor") or options.get("mix") or manifest.get("eval"):
-        return "outputs with images, --mix or an eval split are not re-encoded"
+        return Message("outputs with images, ", Opt("mix"), " or an eval split are not re-encoded")
     if not isinstance(manifest.get("inputs"), list) or not manifest["inputs"]:
         return "the manifest names no inputs"
     return None

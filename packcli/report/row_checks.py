@@ -15,20 +15,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from packcli.contract import IGNORE_INDEX, SHARD_SCHEMA, TREE_COLUMNS
+from packcli.errors import Opt, Text
 from packcli.output.rows import loss_weights
 from packcli.plan.packing import pad_lengths
 from packcli.report.images import IMAGE_COLUMNS, ImageChecker
 from packcli.report.stats import list_parts
 from packcli.report.trees import TREE_CHECKS, check_tree_rows
 
-# Each row check: a key, and the message for the rows that fail it.
-CHECKS = {
+# Each row check: a key, and the message for the rows that fail it (text, or text and Opt parts).
+CHECKS: dict[str, Text] = {
     "nulls": "hold null values",
     "token_columns": "have input_ids, labels and position_ids of different lengths",
     "segment_columns": "have seq_lengths, sample_index and piece_index of different lengths",
     "empty": "are empty",
     "too_long": "are longer than max_len {max_len}",
-    "not_padded": "are not padded to max_len {max_len} (the output was packed with --pad-to-max)",
+    "not_padded": ("are not padded to max_len {max_len} (the output was packed with ", Opt("pad_to_max"), ")"),
     "seq_lengths_positive": "have a seq_lengths value below 1",
     "seq_lengths_sum": "have seq_lengths that do not sum to the row length",
     "vocab": "have input_ids outside the tokenizer's vocabulary [0, {vocab_size})",
@@ -36,13 +37,20 @@ CHECKS = {
     "first_label": "have a sample whose first label is not -100",
     "labels": "have labels that differ from input_ids where they are not -100",
     "sample_index": "have a sample_index below -1",
-    "padding_unexpected": "have a padding segment (sample_index -1) but the output was packed without --pad-to-max",
+    "padding_unexpected": (
+        "have a padding segment (sample_index -1) but the output was packed without ",
+        Opt("pad_to_max"),
+    ),
     "padding_labels": "have a padding segment with labels other than -100",
     "padding_not_last": "have a padding segment that is not the row's last segment",
     "sample_index_order": "have (sample_index, piece_index) pairs that do not ascend within the row",
     "piece_index": "have a piece_index below 0 (or other than 0 on a padding segment)",
     "unpadded": "have seq_lengths_unpadded values that are not the real length of their segment",
-    "alignment": "have samples not padded to the multiple the output was packed with (--pad-to-multiple-of)",
+    "alignment": (
+        "have samples not padded to the multiple the output was packed with (",
+        Opt("pad_to_multiple_of"),
+        ")",
+    ),
     "alignment_labels": "have labels other than -100 in a sample's alignment padding",
     "sample_role": "have sample_role values that are not the task's (preference: 1 chosen, 2 rejected; kto: 3 "
     "desirable, 4 undesirable; 0 on a padding segment), or not one per sample",
@@ -51,8 +59,11 @@ CHECKS = {
     "source": "have source values that are not the manifest's mix source of their sample_index (-1 on a padding "
     "segment), or not one per sample",
     "loss_weights": "have loss_weights that are negative, not finite, of the wrong length or set where labels are -100",
-    "loss_weights_values": "have loss_weights that are not the {weighting} weighting the manifest records "
-    "(--loss-weighting {weighting}: {rule} on each of a sample's n trained tokens)",
+    "loss_weights_values": (
+        "have loss_weights that are not the {weighting} weighting the manifest records (",
+        Opt("loss_weighting"),
+        " {weighting}: {rule} on each of a sample's n trained tokens)",
+    ),
     "image_rows": "have images that do not fit their tokens (the collator would refuse them)",
     "image_stray": "have image tokens but no images",
     "image_rule": "have images whose token count or grid is not what the processor gives for their size",

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from packcli.contract import MANIFEST, OPTIONAL_COLUMNS, PREFIX_TREES, SHARD_SCHEMA, TREE_COLUMNS, Progress
-from packcli.errors import first_line
+from packcli.errors import Message, Opt, Part, Terms, first_line, parts_of, python_term
 from packcli.jsontypes import JSONObject
 from packcli.output.formats import FORMATS, MISSING_INDEX, ShardFormat, format_of, shard_batches, shard_schema
 from packcli.output.manifest import manifest_problems, read_manifest
@@ -41,10 +41,15 @@ class Problem:
     """One thing wrong, and the file it is in (a shard, or manifest.json for the whole output)."""
 
     file: str
-    message: str
+    message: str | Message  # a Message when it names an option
+
+    def render(self, terms: Terms = python_term) -> str:
+        """The problem in one line, options named by ``terms`` (the command line's flags for ``packcli verify``)."""
+        message = self.message.render(terms) if isinstance(self.message, Message) else self.message
+        return f"{self.file}: {message}"
 
     def __str__(self) -> str:
-        return f"{self.file}: {self.message}"
+        return self.render()
 
 
 @dataclass
@@ -70,7 +75,15 @@ class VerifyReport:
     def ok(self) -> bool:
         return not self.problems
 
-    def to_dict(self) -> JSONObject:
+    def to_dict(self, terms: Terms = python_term) -> JSONObject:
+        """The report as JSON data; messages name options by ``terms`` (the flags for ``packcli verify --json``)."""
+
+        def text(message: str | Message) -> str:
+            return message.render(terms) if isinstance(message, Message) else message
+
+        reencoded = self.reencoded.to_dict() if self.reencoded is not None else None
+        if reencoded is not None and reencoded.get("skipped") is not None:
+            reencoded = {**reencoded, "skipped": text(reencoded["skipped"])}
         return {
             "ok": self.ok,
             "directory": self.directory,
@@ -84,8 +97,8 @@ class VerifyReport:
             "alignment_padding_tokens": self.alignment_padding_tokens,
             "index_files": list(self.index_files),
             **({"images": self.images} if self.images is not None else {}),
-            **({"reencoded": self.reencoded.to_dict()} if self.reencoded is not None else {}),
-            "problems": [{"file": p.file, "message": p.message} for p in self.problems],
+            **({"reencoded": reencoded} if reencoded is not None else {}),
+            "problems": [{"file": p.file, "message": text(p.message)} for p in self.problems],
         }
 
 
@@ -284,13 +297,21 @@ def _check_shard(directory: Path, entry: JSONObject, expect: Expected, problems:
             problems.append(
                 Problem(
                     name,
-                    f"lacks the column loss_weights (the output was packed with --loss-weighting "
-                    f"{expect.loss_weighting})",
+                    Message(
+                        "lacks the column loss_weights (the output was packed with ",
+                        Opt("loss_weighting", expect.loss_weighting),
+                        ")",
+                    ),
                 )
             )
         elif expect.loss_weighting == "token" and "loss_weights" in schema.names:
             problems.append(
-                Problem(name, "has a loss_weights column, but the output was packed with --loss-weighting token")
+                Problem(
+                    name,
+                    Message(
+                        "has a loss_weights column, but the output was packed with ", Opt("loss_weighting", "token")
+                    ),
+                )
             )
         optional = [f.name for f in OPTIONAL_COLUMNS if f.name in schema.names and schema.field(f.name).type == f.type]
         image_columns: list[str] = []
@@ -308,16 +329,19 @@ def _check_shard(directory: Path, entry: JSONObject, expect: Expected, problems:
         problems.append(Problem(name, f"cannot be read ({first})"))
         return None
     for check, (count, first_row) in totals.failures.items():
-        message = CHECKS[check].format(
-            max_len=expect.max_len,
-            vocab_size=expect.vocab_size,
-            weighting=expect.loss_weighting,
-            rule=WEIGHTING_RULES.get(str(expect.loss_weighting)),
-        )
+        said = {
+            "max_len": expect.max_len,
+            "vocab_size": expect.vocab_size,
+            "weighting": expect.loss_weighting,
+            "rule": WEIGHTING_RULES.get(str(expect.loss_weighting)),
+        }
+        parts: list[Part] = [p.format(**said) if isinstance(p, str) else p for p in parts_of(CHECKS[check])]
         noun = "row" if count == 1 else "rows"
-        verb = message if count != 1 else _singular(message)
+        if count == 1:
+            parts[0] = _singular(str(parts[0]))
         detail = f": {totals.first_problem[check]}" if check in totals.first_problem else ""
-        problems.append(Problem(name, f"{count} {noun} {verb} (first: row {first_row}{detail})"))
+        words = Message(f"{count} {noun} ", *parts, f" (first: row {first_row}{detail})")
+        problems.append(Problem(name, words if any(isinstance(p, Opt) for p in parts) else str(words)))
     if entry.get("rows") != totals.rows:
         problems.append(Problem(name, f"has {totals.rows} rows, manifest.json says {entry.get('rows')}"))
     if entry.get("tokens") != totals.tokens:
@@ -382,11 +406,11 @@ def _check_samples(
             problems.append(Problem(again, f"{name} appears {where}"))
         what = f"{len(repeat)} repeated (sample_index, piece_index) pair" + ("s" if len(repeat) != 1 else "")
         expected = (
-            f"manifest.json counts {allowed} duplicated by rank padding or repeated by --mix"
+            (f"manifest.json counts {allowed} duplicated by rank padding or repeated by ", Opt("mix"))
             if allowed
-            else "each must appear once"
+            else ("each must appear once",)
         )
-        problems.append(Problem(MANIFEST, f"{what}; {expected}"))
+        problems.append(Problem(MANIFEST, Message(f"{what}; ", *expected) if allowed else f"{what}; {expected[0]}"))
     packed = counts.get("packed")
     if packed is not None and distinct != packed:
         message = f"the shards hold {distinct} distinct records, manifest.json counts {packed} packed"

@@ -23,60 +23,72 @@ from typing import TypedDict
 import numpy as np
 
 from packcli.config import Hint, PackConfig, suggest
-from packcli.errors import InputError
+from packcli.errors import InputError, Message, Opt, Part
 from packcli.plan import packing
 from packcli.plan.planner import Plan
 from packcli.results import Lost, RunSummary, StoreMeta, TokenizerIdentity
 from packcli.store.tokens import TokenStore
+from packcli.tokenize.chat_template import stored_warning
 
 LOUD_FRACTION = 0.05
 
 # What keeps the records or tokens that a reason loses: alternatives, each the option setting it
 # passes (left out when the run has it already: see config.suggest) or None for another step.
+RAISE_MAX_LEN: tuple[Part, ...] = ("raise ", Opt("max_len"))
 KEEP_THEM: dict[str, list[Hint]] = {
     "too_long": [
-        (("overflow", "split"), "pass --overflow split to keep them as whole pieces"),
-        (("overflow", "truncate"), "pass --overflow truncate"),
-        (None, "raise --max-len"),
+        (("overflow", "split"), ("pass ", Opt("overflow", "split"), " to keep them as whole pieces")),
+        (("overflow", "truncate"), ("pass ", Opt("overflow", "truncate"))),
+        (None, RAISE_MAX_LEN),
     ],
     "truncated": [
-        (("overflow", "split"), "pass --overflow split to keep the cut tokens as pieces"),
-        (None, "raise --max-len"),
+        (("overflow", "split"), ("pass ", Opt("overflow", "split"), " to keep the cut tokens as pieces")),
+        (None, RAISE_MAX_LEN),
     ],
     "nothing_to_train_after_truncation": [
-        (("overflow", "split"), "pass --overflow split"),
-        (("cut_side", "left"), "pass --truncate-side left"),
-        (None, "raise --max-len"),
+        (("overflow", "split"), ("pass ", Opt("overflow", "split"))),
+        (("cut_side", "left"), ("pass ", Opt("truncate_side", "left"))),
+        (None, RAISE_MAX_LEN),
     ],
-    "world_size_remainder": [(("rank_remainder", "pad"), "pass --rank-remainder pad")],
-    "no_piece_left": [(None, "lower --min-piece"), (None, "check --train-on")],
-    "piece_too_short": [(None, "lower --min-piece")],
+    "world_size_remainder": [(("rank_remainder", "pad"), ("pass ", Opt("rank_remainder", "pad")))],
+    "no_piece_left": [(None, ("lower ", Opt("min_piece"))), (None, ("check ", Opt("train_on")))],
+    "piece_too_short": [(None, ("lower ", Opt("min_piece")))],
     "untrained_piece": [
-        (("train_on", "all"), "these pieces train nothing under --train-on: pass --train-on all"),
-        (None, "raise --max-len"),
+        (
+            ("train_on", "all"),
+            ("these pieces train nothing under ", Opt("train_on"), ": pass ", Opt("train_on", "all")),
+        ),
+        (None, RAISE_MAX_LEN),
     ],
-    "no_assistant_turn": [(("train_on", "all"), "pass --train-on all to train on them"), (None, "fix the records")],
-    "nothing_to_train": [(None, "check --train-on and the records' roles")],
+    "no_assistant_turn": [
+        (("train_on", "all"), ("pass ", Opt("train_on", "all"), " to train on them")),
+        (None, "fix the records"),
+    ],
+    "nothing_to_train": [(None, ("check ", Opt("train_on"), " and the records' roles"))],
     # records whose normalised content repeats an earlier one (--dedup exact)
-    "duplicate": [(("dedup", "off"), "they repeat earlier records; leave out --dedup to keep them")],
+    "duplicate": [(("dedup", "off"), ("they repeat earlier records; leave out ", Opt("dedup"), " to keep them"))],
 }
 # Preference and KTO records are never split: only their prompts are cut, from the left.
 KEEP_THEM_PAIRS: dict[str, list[Hint]] = {
     "too_long": [
-        (None, "raise --max-len"),
-        (("overflow", "truncate"), "pass --overflow truncate to cut the prompts from the left"),
+        (None, RAISE_MAX_LEN),
+        (("overflow", "truncate"), ("pass ", Opt("overflow", "truncate"), " to cut the prompts from the left")),
     ],
-    "truncated": [(None, "raise --max-len (a record is cut only in its prompt, never split)")],
+    "truncated": [(None, (*RAISE_MAX_LEN, " (a record is cut only in its prompt, never split)"))],
 }
-BAD_DATA: list[Hint] = [(None, "fix the records (list them with --rejects FILE)")]
+BAD_DATA: list[Hint] = [(None, ("fix the records (list them with ", Opt("rejects"), " FILE)"))]
 # Under --overflow split, what is still cut or dropped is an exchange that fits in no row on its own.
 KEEP_THEM_SPLIT: dict[str, list[Hint]] = {
-    "truncated": [(None, "raise --max-len: these exchanges do not fit in one row on their own")],
+    "truncated": [(None, (*RAISE_MAX_LEN, ": these exchanges do not fit in one row on their own"))],
     "nothing_to_train_after_truncation": [
-        (None, "raise --max-len"),
+        (None, RAISE_MAX_LEN),
         (
             ("cut_side", "left"),
-            "leave out --truncate-side right (split cuts such an exchange from the left, keeping its answer)",
+            (
+                "leave out ",
+                Opt("truncate_side", "right"),
+                " (split cuts such an exchange from the left, keeping its answer)",
+            ),
         ),
     ],
 }
@@ -116,7 +128,7 @@ def summary(
             pieces_dropped_by_plan=_pieces_dropped(store, plan) if plan.drop_rows else None,
         )
     empty_answers = int(meta.empty_answers or 0)
-    warnings = list(meta.tokenizer.get("warnings", []))
+    warnings = [stored_warning(w) for w in meta.tokenizer.get("warnings", [])]
     if empty_answers:
         warnings.append(empty_answers_warning(empty_answers))
     leading_answers = int(meta.leading_answers or 0)
@@ -175,35 +187,40 @@ def summary(
     )
 
 
-def empty_answers_warning(n: int) -> str:
+def empty_answers_warning(n: int) -> Message:
     """The warning for trained answers that are empty or only whitespace (they teach an answer of nothing)."""
     answers = "answer is" if n == 1 else "answers are"
-    return (
+    return Message(
         f"{n} trained {answers} empty or only whitespace (zero-width characters included): they teach the "
-        'model to answer with nothing; pass --fix-turns to drop them, or mark them "train": false'
+        "model to answer with nothing; pass ",
+        Opt("fix_turns"),
+        ' to drop them, or mark them "train": false',
     )
 
 
-def leading_answers_warning(n: int) -> str:
+def leading_answers_warning(n: int) -> Message:
     """The warning for conversations that open with a trained assistant turn (an answer to nothing)."""
     what = "conversation opens" if n == 1 else "conversations open"
-    return (
+    return Message(
         f"{n:,} {what} with an assistant turn that is trained as an answer to nothing (no user message before "
-        "it); pass --fix-turns to drop such turns"
+        "it); pass ",
+        Opt("fix_turns"),
+        " to drop such turns",
     )
 
 
-def tools_left_out_warning(n: int) -> str:
+def tools_left_out_warning(n: int) -> Message:
     """The warning for conversations whose tools list the chat template does not render."""
     what = "conversation carries" if n == 1 else "conversations carry"
-    return (
+    return Message(
         f"the chat template leaves the tools list out of the tokens: {n:,} {what} tools the model will not see, "
-        "and their calls are trained without the functions' definitions; pass a template that renders tools "
-        "(--chat-template)"
+        "and their calls are trained without the functions' definitions; pass a template that renders tools (",
+        Opt("chat_template"),
+        ")",
     )
 
 
-def reasoning_warning(reasoning: dict[str, int]) -> str:
+def reasoning_warning(reasoning: dict[str, int]) -> Message:
     """The warning for trained answers whose reasoning the chat template leaves out of the tokens."""
     left, turns, records = reasoning["turns_left_out"], reasoning["turns"], reasoning["records_left_out"]
     if left == turns:
@@ -212,10 +229,11 @@ def reasoning_warning(reasoning: dict[str, int]) -> str:
         behaviour = "it renders the reasoning of the last round only"
     else:
         behaviour = "it leaves out the reasoning of some rounds"
-    return (
+    return Message(
         f"the chat template leaves the reasoning of {left:,} of {turns:,} trained assistant turns with reasoning "
-        f"(in {records:,} records) out of the tokens ({behaviour}): those answers are trained without it; "
-        "pass --expand-turns reasoning to train each round as the last one, or a template that keeps it"
+        f"(in {records:,} records) out of the tokens ({behaviour}): those answers are trained without it; pass ",
+        Opt("expand_turns", "reasoning"),
+        " to train each round as the last one, or a template that keeps it",
     )
 
 
@@ -345,7 +363,7 @@ def _worst(lost: Lost) -> tuple[str, str]:
     return "records", max(by_records, key=lambda r: (by_records[r], r)) if by_records else ""
 
 
-def loss_words(lost: Lost, config: PackConfig) -> str:
+def loss_words(lost: Lost, config: PackConfig) -> tuple[Part, ...]:
     """Describe the loss in one clause: how much, the top reason, and what keeps it."""
     measure, reason = _worst(lost)
     by_records = measure == "records"
@@ -355,20 +373,24 @@ def loss_words(lost: Lost, config: PackConfig) -> str:
     hints = KEEP_THEM | (KEEP_THEM_SPLIT if config.overflow == "split" else {})
     if config.task in ("preference", "kto"):
         hints = hints | KEEP_THEM_PAIRS
-    fix = suggest(config, hints.get(reason, BAD_DATA)) or "raise --max-len"
+    fix = suggest(config, hints.get(reason, BAD_DATA)) or RAISE_MAX_LEN
+    named: tuple[Part, ...] = (reason,)
     if reason == "too_long":
-        reason = f"too_long, over --max-len {config.max_len}"
+        named = ("too_long, over ", Opt("max_len"), f" {config.max_len}")
     return (
         f"{fraction:.1%} of the {what} were lost ({lost.records:,} records dropped, {lost.tokens:,} tokens); "
-        f"top reason {reason} ({count:,} {what}): {fix}"
+        "top reason ",
+        *named,
+        f" ({count:,} {what}): ",
+        *fix,
     )
 
 
-def loss_warning(lost: Lost, config: PackConfig) -> str | None:
+def loss_warning(lost: Lost, config: PackConfig) -> Message | None:
     """Return the warning for a loss above LOUD_FRACTION of records or tokens, else None."""
     if max(lost.records_fraction, lost.tokens_fraction) <= LOUD_FRACTION:
         return None
-    return loss_words(lost, config)
+    return Message(*loss_words(lost, config))
 
 
 def check_loss(config: PackConfig, summary: RunSummary) -> None:
@@ -377,4 +399,4 @@ def check_loss(config: PackConfig, summary: RunSummary) -> None:
     lost = summary.lost
     if limit is None or max(lost.records_fraction, lost.tokens_fraction) <= limit:
         return
-    raise InputError(f"{loss_words(lost, config)}; that is more than --max-drop-fraction {limit}")
+    raise InputError(*loss_words(lost, config), "; that is more than ", Opt("max_drop_fraction"), f" {limit}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from packcli.config import PackConfig, parse_mix
-from packcli.errors import PackcliError
+from packcli.errors import Message, Opt, PackcliError
 from packcli.plan import holdout
 from packcli.plan.planner import Plan, make_plan
 from packcli.results import EvalSummary, RunSummary
@@ -65,10 +65,16 @@ def account(summary: RunSummary, held: holdout.Holdout, eval_summary: RunSummary
         rows=eval_summary.rows,
         by_source=held.by_source(),
     )
-    warnings = [*summary.warnings, *(f"eval: {w}" for w in eval_summary.warnings if w not in summary.warnings)]
+    warnings = [*summary.warnings, *(w.prefixed("eval: ") for w in eval_summary.warnings if w not in summary.warnings)]
     if eval_summary.tokens > summary.tokens:
         warnings.append(
-            f"the eval split holds more tokens ({eval_summary.tokens:,}) than the training rows ({summary.tokens:,}); "
-            "lower --eval-fraction or pass --eval-records N"
+            Message(
+                f"the eval split holds more tokens ({eval_summary.tokens:,}) than the training rows "
+                f"({summary.tokens:,}); lower ",
+                Opt("eval_fraction"),
+                " or pass ",
+                Opt("eval_records"),
+                " N",
+            )
         )
     return dataclasses.replace(summary, packed=summary.packed - sum(held.records), eval=section, warnings=warnings)

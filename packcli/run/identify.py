@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from packcli.config import PackConfig
 from packcli.engines import Engine
-from packcli.errors import InputError, Opt, RecordError, UsageError, record_fix, where
+from packcli.errors import InputError, Opt, Part, RecordError, UsageError, record_fix, where
 from packcli.io.fingerprint import fingerprint, fingerprint_and_count, remembered_format
 from packcli.io.readers import read_batches
 from packcli.io.sources import InputSource
@@ -31,14 +31,14 @@ T = TypeVar("T")
 
 def _sniff_format(
     source: InputSource, fields: dict[str, str], seen: list[str] | None = None
-) -> tuple[str | None, str | None]:
+) -> tuple[str | None, tuple[Part, ...] | None]:
     """Return the record format of a source, from the fields of its first readable records.
 
     When none of them could be parsed at all, also return why the first one could not (where, what
     and the fix), since that, not the format, is the problem to report. ``seen`` receives the fields
     of the records read (or what a record is, when it is no object), for the error that names them.
     """
-    first_error = None
+    first_error: tuple[Part, ...] | None = None
     parsed = False
     seen = [] if seen is None else seen
     for batch in read_batches([source], batch_size=50):
@@ -50,8 +50,11 @@ def _sniff_format(
                 record = worker.parse_line(item) if batch.raw_lines else item
             except RecordError as err:
                 unit = "line" if batch.raw_lines else "record"
-                first_error = (
-                    first_error or f"{where(source.display, unit, pos)}: {err.detail}; {record_fix(err.reason)}"
+                first_error = first_error or (
+                    f"{where(source.display, unit, pos)}: ",
+                    *err.parts,
+                    "; ",
+                    *record_fix(err.reason),
                 )
                 continue
             parsed = True
@@ -104,13 +107,13 @@ def _record_formats(config: PackConfig, sources: list[InputSource], memo: Path |
         else:
             fmt, unparsed = _sniff_format(source, config.fields, seen)
         if fmt is None and unparsed is not None and config.on_error == "fail":
-            raise InputError(unparsed)
+            raise InputError(*unparsed)
         if fmt is None and config.on_error == "fail":
             shown = ", ".join(seen[:12]) + (f" and {len(seen) - 12} more" if len(seen) > 12 else "")
             raise InputError(
                 f"{source.display}: cannot tell the record format from the fields of its first records "
-                f"({shown or 'none'}); a record needs {accepted_fields(config.fields)}; "
-                "pass --format, or --field to name the fields"
+                f"({shown or 'none'}); a record needs {accepted_fields(config.fields)}",
+                hint=("pass ", Opt("format"), ", or ", Opt("fields"), " to name the fields"),
             )
         formats[source.display] = fmt
     return formats

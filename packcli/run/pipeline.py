@@ -11,13 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO, cast
 
-from packcli.config import PackConfig, Task
+from packcli.config import PackConfig, Task, flag_term
 from packcli.contract import SAMPLE_ROLES, Progress, no_progress
 from packcli.engines import Engine, load_engine
-from packcli.errors import InputError, OutputError, RecordError, UsageError
+from packcli.errors import OUTPUT, InputError, Opt, OutputError, RecordError, Text, UsageError, parts_of
 from packcli.io.readers import read_batches
 from packcli.io.sources import STDIN, InputSource, forget_streams, resolve_inputs
-from packcli.io.uri import is_uri
+from packcli.io.uri import is_uri, needs_ray
 from packcli.output import guard, staging
 from packcli.output.formats import shard_format
 from packcli.output.images import with_written_images
@@ -127,12 +127,14 @@ def _checked_output(
     # manifest last, as the marker that the output is complete. Only the Ray engine writes there.
     to_uri = is_uri(config.output)
     if to_uri and config.engine != "ray":
-        raise UsageError(f"-o {config.output}: a filesystem URI output needs --engine ray; or pass a local path")
+        raise UsageError(*needs_ray(config.output))
     if to_uri and shard_format(config.output_format).index_files:
         raise UsageError(
-            f"-o {config.output}: --output-format {config.output_format} writes "
-            f"{', '.join(shard_format(config.output_format).index_files)} beside the shards, which a URI output "
-            "does not support yet; write to a local path, or use parquet or arrow"
+            Opt("output", short=True),
+            f" {config.output}: ",
+            Opt("output_format", config.output_format),
+            f" writes {', '.join(shard_format(config.output_format).index_files)} beside the shards, which a URI "
+            "output does not support yet; write to a local path, or use parquet or arrow",
         )
     if config.dry_run:
         return None, None
@@ -304,7 +306,7 @@ def _manifest(
         expanded=summary.expanded,
         trees=summary.trees,
         prefix_trees=True if config.prefix_tree else None,
-        warnings=summary.warnings,
+        warnings=[w.render(flag_term) for w in summary.warnings],  # the manifest records the command line's words
         tokens=summary.tokens,
         trainable_tokens=summary.trainable_tokens,
         rows=summary.rows,
@@ -363,7 +365,8 @@ def _write_index_files(config: PackConfig, directory: Path | None, shards: list[
     except OSError as exc:
         raise OutputError(
             f"{config.output}: cannot write {', '.join(fmt.index_files)} ({exc.strerror or exc}); "
-            "free disk space or choose another -o"
+            "free disk space or choose another ",
+            OUTPUT,
         ) from exc
 
 
@@ -406,12 +409,12 @@ def _write_rejects(
 
 def _write_fix_log(path: Path, store: TokenStore) -> None:
     """Copy the token store's list of the records --fix-turns changed to ``path``, atomically."""
-    with _lines_file(path, "fixes", "the --fix-turns-log file") as out:
+    with _lines_file(path, "fixes", ("the ", Opt("fix_turns_log"), " file")) as out:
         _copy_store_lines(store, store.path / ingest.TURN_FIXES, out)
 
 
 @contextlib.contextmanager
-def _lines_file(path: Path, suffix: str, what: str) -> Iterator[TextIO]:
+def _lines_file(path: Path, suffix: str, what: Text) -> Iterator[TextIO]:
     """Yield a text file that replaces ``path`` when the block ends; removed, and ``path`` untouched, on failure."""
     # A hidden name of this run's own, never a name a user file may have (FILE.tmp was).
     tmp = path.with_name(staging_prefix(path.name) + suffix)
@@ -422,7 +425,7 @@ def _lines_file(path: Path, suffix: str, what: str) -> Iterator[TextIO]:
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise OutputError(f"{path}: cannot write {what} ({exc.strerror or exc})") from exc
+        raise OutputError(f"{path}: cannot write ", *parts_of(what), f" ({exc.strerror or exc})") from exc
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

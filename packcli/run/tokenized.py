@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from packcli.config import PackConfig
 from packcli.contract import Progress, no_progress
 from packcli.engines import DigestChecker, Engine, load_engine
-from packcli.errors import InputError
+from packcli.errors import InputError, Message
 from packcli.io.fingerprint import (
     changed_input,
     remember_formats,
@@ -42,6 +42,7 @@ from packcli.store.key import cache_key, default_cache_dir
 from packcli.store.tokens import TokenStore, find_store
 from packcli.tokenize import ingest
 from packcli.tokenize.encoder import Encoder
+from packcli.tokenize.options import CACHE_FIX
 from packcli.tokenize.templates import builtin_name, read_chat_template
 from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER
 from packcli.version import __version__
@@ -69,7 +70,7 @@ class TokenizedInputs:
     formats: dict[str, str | None]
     tokenizer: TokenizerIdentity
     pad_id: int
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[Message] = field(default_factory=list)
     task: str = "sft"  # sft, preference or kto (packcli.records.preference.resolve_task)
     key: str | None = None  # the cache entry's key (None with the cache off)
     hash_seconds: float = 0.0  # reading the inputs through before tokenizing: hashes, record counts
@@ -160,10 +161,12 @@ def _tokenized(
             moved_image = changed_image(load_images(store.path))
             if moved_image is not None:
                 store, state = None, "miss"
-                warnings.append(f"image {moved_image} changed since the cache entry was made; the entry is made again")
+                warnings.append(
+                    Message(f"image {moved_image} changed since the cache entry was made; the entry is made again")
+                )
         if store is None and any(s.kind == "hub" for s in sources) and not hub_reachable():
             warnings.extend(
-                f"{s.display}: the Hugging Face Hub cannot be reached; read from the local Hugging Face cache"
+                Message(f"{s.display}: the Hugging Face Hub cannot be reached; read from the local Hugging Face cache")
                 for s in sources
                 if s.kind == "hub"
             )
@@ -285,7 +288,7 @@ def _from_parts(
     inputs: list[parts.InputParts],
     entry: Path,
     encoder: Encoder | None,
-    warnings: list[str],
+    warnings: list[Message],
 ) -> TokenStore:
     """Make the run's cache entry at ``entry`` from its inputs' cache parts: found, or tokenized now.
 
@@ -302,7 +305,7 @@ def _made_from_parts(
     inputs: list[parts.InputParts],
     entry: Path,
     encoder: Encoder | None,
-    warnings: list[str],
+    warnings: list[Message],
     held: contextlib.ExitStack,
 ) -> TokenStore:
     config, root = run.config, run.cache_root
@@ -354,7 +357,7 @@ def _made_from_parts(
                         shutil.rmtree(part.path, ignore_errors=True)
             raise InputError(_changed(moved))
     assembling = time.perf_counter()
-    where, fix = root, "choose a writable --cache-dir with free space, or pass --no-cache"
+    where, fix = root, CACHE_FIX
     store = parts.assemble(inputs, run.formats, entry, where, fix)
     seconds["store"] = seconds.get("store", 0.0) + time.perf_counter() - assembling
     store.seconds = seconds
@@ -426,7 +429,7 @@ def _as_this_run(store: TokenStore, sources: list[InputSource], config: PackConf
 
 def _cached_store(
     path: Path, rule_out_max_len: int | None, check_digests: DigestChecker | None = None
-) -> tuple[TokenStore | None, str, list[str]]:
+) -> tuple[TokenStore | None, str, list[Message]]:
     """Return the checked cache entry at ``path`` (or None), the cache state, and warnings.
 
     A damaged entry is never used: it is reported in one warning and made again (state "rebuilt").
@@ -436,7 +439,7 @@ def _cached_store(
     try:
         store = find_store(path, check_digests)
     except DamagedStore as exc:
-        return None, "rebuilt", [f"the cache entry is damaged ({exc}); it is rebuilt"]
+        return None, "rebuilt", [Message("the cache entry is damaged (", *exc.parts, "); it is rebuilt")]
     # The byte limit is max_len * L, and L is the same (the tokenizer is in the key): comparing max
     # lengths compares limits.
     ruled_out = store.meta.get("ruled_out_max_len") if store is not None else None

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packcli.errors import OutputError
+from packcli.errors import OutputError, Text
 from packcli.io.sources import InputSource
 from packcli.results import PartInfo
 from packcli.store.integrity import segment_files
@@ -125,7 +125,9 @@ def part_meta(index: int, first: int, records: int, last: bool, units: int | Non
     return meta
 
 
-def assemble(inputs: list[InputParts], formats: dict[str, str | None], path: Path, where: Path, fix: str) -> TokenStore:
+def assemble(
+    inputs: list[InputParts], formats: dict[str, str | None], path: Path, where: Path, fix: Text
+) -> TokenStore:
     """Make the run's token store at ``path`` from its inputs' parts, in input order.
 
     The samples' arrays are joined (each input's ``sample_index`` moved on by the records before it),
@@ -168,7 +170,7 @@ def assemble(inputs: list[InputParts], formats: dict[str, str | None], path: Pat
         return writer.finish(meta)
     except OSError as exc:
         writer.abort()
-        raise OutputError(f"{where}: cannot write the token store ({exc.strerror or exc}); {fix}") from exc
+        raise OutputError(f"{where}: cannot write the token store ({exc.strerror or exc})", hint=fix) from exc
     except BaseException:
         writer.abort()
         raise

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from packcli.contract import file_sha256
-from packcli.errors import OutputError, first_line
+from packcli.errors import OutputError, Text, first_line
 from packcli.io.uri import is_uri, join
 from packcli.owned import owner_tag
 from packcli.results import FileDigest, Segment
@@ -83,8 +83,8 @@ class _Column:
         return np.concatenate(parts) if parts else empty
 
 
-def _write_error(path: Path, exc: OSError, fix: str) -> OutputError:
-    return OutputError(f"{path}: cannot write the token store ({exc.strerror or exc}); {fix}")
+def _write_error(path: Path, exc: OSError, fix: Text) -> OutputError:
+    return OutputError(f"{path}: cannot write the token store ({exc.strerror or exc})", hint=fix)
 
 
 @dataclass
@@ -227,7 +227,7 @@ class TokenStoreWriter:
     space, and which path the user gave for it.
     """
 
-    def __init__(self, final_path: Path, fix: str = "free disk space", where: Path | None = None) -> None:
+    def __init__(self, final_path: Path, fix: Text = "free disk space", where: Path | None = None) -> None:
         self.final_path = final_path
         self.fix = fix
         self.where = where or final_path.parent

@@ -24,7 +24,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from packcli.errors import RecordError
+from packcli.errors import Opt, RecordError
 from packcli.jsontypes import ChatMessage
 from packcli.records.turns import orphan_tool_results
 from packcli.tokenize.template_shape import common_prefix
@@ -129,7 +129,9 @@ def check_tool_results(messages: Sequence[ChatMessage]) -> None:
         raise RecordError(
             "tool_result_without_call",
             f"message {orphans[0]} is a tool result, but no assistant message (its call) comes before it; "
-            "fix the record, or pass --fix-turns to drop such results",
+            "fix the record, or pass ",
+            Opt("fix_turns"),
+            " to drop such results",
         )
     ids: list[str] = []  # the call ids of the assistant message the results answer
     for i, message in enumerate(messages):
@@ -252,7 +254,9 @@ def check_calls_rendered(
                 raise RecordError(
                     "tool_calls_not_rendered",
                     f"message {i} calls '{name}', but the chat template leaves {lacks} out of {where} (the "
-                    "answer would be trained without its call); pass a --chat-template that renders tool_calls",
+                    "answer would be trained without its call); pass a ",
+                    Opt("chat_template"),
+                    " that renders tool_calls",
                 )
 
 

@@ -25,7 +25,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from packcli.errors import RecordError
+from packcli.errors import Opt, RecordError
 from packcli.jsontypes import JSONObject
 from packcli.records.formats import Sample
 
@@ -121,6 +121,7 @@ def rule_out_too_long(
     if n > limit:
         raise RecordError(
             "too_long",
-            f"the sample has at least {-(-n // token_bytes)} tokens, more than --max-len {max_len} "
-            f"({n} bytes of text, at most {token_bytes} bytes a token)",
+            f"the sample has at least {-(-n // token_bytes)} tokens, more than ",
+            Opt("max_len"),
+            f" {max_len} ({n} bytes of text, at most {token_bytes} bytes a token)",
         )

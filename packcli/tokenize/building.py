@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from packcli.errors import InputError, OutputError, record_fix, where as where_of
+from packcli.errors import InputError, Opt, OutputError, Text, record_fix, where as where_of
 from packcli.io.sources import InputSource
 from packcli.records import turns
 from packcli.results import EncoderInfo, TokenizerIdentity
@@ -24,7 +24,7 @@ from packcli.store.images import IMAGES_FILE, image_line
 from packcli.store.tokens import TokenStore, TokenStoreWriter
 from packcli.tokenize import rounds, trees
 from packcli.tokenize.options import TokenizeOptions
-from packcli.tokenize.worker import TokenizedBatch
+from packcli.tokenize.worker import DETAIL_PARTS, TokenizedBatch
 from packcli.version import __version__
 
 # Reasons a record is left out by policy: always counted, never an error. Every other reason is bad
@@ -56,7 +56,7 @@ class StoreBuilder:
     ``--overflow error``) raises InputError from ``take``.
     """
 
-    def __init__(self, options: TokenizeOptions, path: Path, where: Path, fix: str) -> None:
+    def __init__(self, options: TokenizeOptions, path: Path, where: Path, fix: Text) -> None:
         self.options, self.where, self.fix = options, where, fix
         self.writer = TokenStoreWriter(path, fix, where)
         assert self.writer.tmp is not None  # set by the writer, or it raised
@@ -104,14 +104,17 @@ class StoreBuilder:
         self.starts.setdefault(result.source, result.first_index)
         self.units.setdefault(result.source, result.unit)
         for reject in result.rejects:
+            detail = reject.pop(DETAIL_PARTS, None) or (reject["detail"],)
             if reject["reason"] == "too_long" and options.overflow == "error":
                 where_record = where_of(reject["source"], reject["unit"], reject["position"])
                 raise InputError(
-                    f"{where_record}: {reject['detail']}; raise --max-len or pass --overflow split, truncate or drop"
+                    f"{where_record}: ",
+                    *detail,
+                    hint=("raise ", Opt("max_len"), " or pass ", Opt("overflow", "split", "truncate", "drop")),
                 )
             if reject["reason"] not in POLICY_DROPS and options.on_error == "fail":
                 where_record = where_of(reject["source"], reject["unit"], reject["position"])
-                raise InputError(f"{where_record}: {reject['detail']}; {record_fix(reject['reason'])}")
+                raise InputError(f"{where_record}: ", *detail, hint=record_fix(reject["reason"]))
             self.dropped[reject["reason"]] += 1
             _write_line(self._rejects, json.dumps(reject, ensure_ascii=False), where, fix)
         if result.images is not None:
@@ -237,11 +240,11 @@ class StoreBuilder:
 
 
 @contextlib.contextmanager
-def _open_for_writing(path: Path, where: Path, fix: str) -> Any:
+def _open_for_writing(path: Path, where: Path, fix: Text) -> Any:
     try:
         fh = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed below
     except OSError as exc:
-        raise OutputError(f"{where}: cannot write the token store ({exc.strerror or exc}); {fix}") from exc
+        raise OutputError(f"{where}: cannot write the token store ({exc.strerror or exc})", hint=fix) from exc
     try:
         yield fh
     finally:
@@ -249,8 +252,8 @@ def _open_for_writing(path: Path, where: Path, fix: str) -> Any:
             fh.close()
 
 
-def _write_line(fh: Any, line: str, where: Path, fix: str) -> None:
+def _write_line(fh: Any, line: str, where: Path, fix: Text) -> None:
     try:
         fh.write(line + "\n")
     except OSError as exc:
-        raise OutputError(f"{where}: cannot write the token store ({exc.strerror or exc}); {fix}") from exc
+        raise OutputError(f"{where}: cannot write the token store ({exc.strerror or exc})", hint=fix) from exc

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from packcli.errors import RecordError, TokenizerError, first_line
+from packcli.errors import Message, Opt, Part, RecordError, TokenizerError, first_line, render
 from packcli.jsontypes import ChatMessage, TemplateKwargs
 from packcli.records.formats import Sample
 from packcli.records.images import IMAGE_KEY
@@ -114,8 +114,13 @@ class ChatTemplate:
                 # With the run's own keyword arguments this is the template's fault, not a record's: every
                 # conversation would be dropped for it, so the run stops and names the template.
                 raise TokenizerError(
-                    f"{self.source}: cannot learn where the chat template puts assistant answers ({shape}); "
-                    "use a chat template with {% generation %} blocks (--chat-template), or pass --train-on all"
+                    f"{self.source}: cannot learn where the chat template puts assistant answers ({shape})",
+                    hint=(
+                        "use a chat template with {% generation %} blocks (",
+                        Opt("chat_template"),
+                        "), or pass ",
+                        Opt("train_on", "all"),
+                    ),
                 )
             raise RecordError(
                 "template_spans_not_found",
@@ -134,7 +139,7 @@ class ChatTemplate:
                 at = text.find(token, at + 1)
         return found or [m.span() for m in _MARKER_RE.finditer(text)]
 
-    def marker_warnings(self, count_tokens: Callable[[str], int], tokenizer_name: str) -> list[str]:
+    def marker_warnings(self, count_tokens: Callable[[str], int], tokenizer_name: str) -> list[Message]:
         """Return a warning when the template's markers are not single tokens (a template for another model).
 
         Also sets ``split_markers``: every marker of the template's text that the tokenizer splits.
@@ -151,9 +156,11 @@ class ChatTemplate:
         if not split:
             return []
         return [
-            f"the chat template's role markers ({', '.join(split)}) are not single tokens of tokenizer "
-            f"'{tokenizer_name}': the template is probably not this tokenizer's model's; check "
-            "--tokenizer and --chat-template"
+            Message(
+                f"the chat template's role markers ({', '.join(split)}) are not single tokens of tokenizer "
+                f"'{tokenizer_name}': the template is probably not this tokenizer's model's",
+                *CHECK_BOTH,
+            )
         ]
 
     def content_mode(self) -> tuple[bool, bool]:
@@ -210,11 +217,11 @@ class ChatTemplate:
                 bad = next((k for k in kinds if k != "text" and not (self.images and k == "image")), None)
                 if bad is not None:
                     why = "is not supported yet" if bad in _NON_TEXT_PARTS else "is unknown"
-                    fix = "; pass --processor DIR to pack images" if bad in ("image", "image_url") else ""
+                    fix = ("; pass ", Opt("processor"), " DIR to pack images") if bad in ("image", "image_url") else ()
                     raise RecordError(
                         "unsupported_content_part",
-                        f"message {i} has a content part of type '{bad}', which {why}; only text parts are packed"
-                        + fix,
+                        f"message {i} has a content part of type '{bad}', which {why}; only text parts are packed",
+                        *fix,
                     )
                 if any(not isinstance(p.get("text"), str) for p in content if p.get("type") != "image"):
                     raise RecordError("wrong_type", f"message {i}: every text part needs a string 'text'")
@@ -297,6 +304,24 @@ class ChatTemplate:
             check_calls_rendered(messages, text, again, trained)
         with_reasoning, left = reasoning_left_out(messages, text, again, which)
         return Rendered(text, spans, Reasoning.of(with_reasoning, left, which) if with_reasoning else None)
+
+
+# The end of the warning for a template of another model's markers (``ChatTemplate.marker_warnings``).
+CHECK_BOTH: tuple[Part, ...] = ("; check ", Opt("tokenizer"), " and ", Opt("chat_template"))
+
+
+def stored_warning(text: str) -> Message:
+    """Return a warning the tokenizer's identity holds (as the manifest records it: flags) as a message again.
+
+    The identity is kept in the cache entry and the manifest in the command line's terms; the summary
+    names the options by the terms of whichever client shows it.
+    """
+    from packcli.config import flag_term
+
+    end = render(CHECK_BOTH, flag_term)
+    if text.endswith(end):
+        return Message(text[: -len(end)], *CHECK_BOTH)
+    return Message(text)
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from packcli.config import flag_term
 from packcli.contract import IGNORE_INDEX, vocab_sha256
-from packcli.errors import RecordError
+from packcli.errors import Message, RecordError
 from packcli.jsontypes import TemplateKwargs
 from packcli.records.formats import Sample
 from packcli.results import TokenizerIdentity
@@ -102,7 +103,7 @@ class Encoder:
         self.long_text_bytes: int | None = None
         # Set in the workers of a run whose main process encodes for them (packcli.tokenize.encode_service).
         self.remote: Any = None
-        self.warnings: list[str] = self.chat.marker_warnings(
+        self.warnings: list[Message] = self.chat.marker_warnings(
             lambda text: len(self.backend.encode(text, add_special_tokens=False).ids), self.tokenizer_name
         )
 
@@ -124,7 +125,7 @@ class Encoder:
             "chat_template_generation_blocks": self.has_generation_blocks,
             "chat_template_kwargs": self.options.kwargs(),
             "overridden": list(self.overrides),
-            "warnings": list(self.warnings),
+            "warnings": [w.render(flag_term) for w in self.warnings],  # as the manifest records them
         }
 
     @functools.cached_property

@@ -115,7 +115,7 @@ def expand_images(vision: Any, sample: Sample, text: str, spans: list[tuple[int,
             height, width = _size(ref, record)
             tokens = vision.measure(height, width)
         except RecordError as err:
-            raise RecordError(err.reason, f"image {k + 1}: {err.detail}") from None
+            raise RecordError(err.reason, f"image {k + 1}: ", *err.parts) from None
         parts.append(text[prev:place])
         start = place + added
         parts.append(tokens.text)

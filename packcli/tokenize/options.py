@@ -6,8 +6,17 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packcli.errors import Opt, Part, Text
 from packcli.tokenize.encoder import EncodeOptions
 from packcli.tokenize.split import SplitRule
+
+# What to do when the cache cannot be written.
+CACHE_FIX: tuple[Part, ...] = (
+    "choose a writable ",
+    Opt("cache_dir"),
+    " with free space, or pass ",
+    Opt("cache", False),
+)
 
 
 @dataclass(frozen=True)
@@ -39,14 +48,14 @@ class TokenizeOptions:
     cache: bool = True
     dry_run: bool = False
 
-    def store_where(self, store_path: Path) -> tuple[Path, str]:
+    def store_where(self, store_path: Path) -> tuple[Path, Text]:
         """Which path to name, and what to do, when the token store at ``store_path`` cannot be written.
 
         The store is the cache entry, or scratch space inside the output's staging directory (a
         temporary directory for a dry run): the message names the path the user chose.
         """
         if self.cache:
-            return store_path.parent, "choose a writable --cache-dir with free space, or pass --no-cache"
+            return store_path.parent, CACHE_FIX
         if self.dry_run:
             return Path(tempfile.gettempdir()), "free disk space there or set TMPDIR"
-        return Path(self.output), "free disk space or choose another -o"
+        return Path(self.output), ("free disk space or choose another ", Opt("output", short=True))

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from packcli.errors import RecordError
+from packcli.errors import Opt, RecordError
 from packcli.jsontypes import ChatMessage
 from packcli.records.formats import Sample
 from packcli.tokenize.chat_template import trained_turns
@@ -105,7 +105,7 @@ def expand(encoder: Any, samples: list[Any], results: list[Any], mode: str) -> E
         failed = [(r, m) for r, m in enumerate(made) if isinstance(m, RecordError)]
         if failed:
             at, error = failed[0]
-            out.results[k] = RecordError(error.reason, f"round {at} (--expand-turns): {error.detail}")
+            out.results[k] = RecordError(error.reason, f"round {at} (", Opt("expand_turns"), "): ", *error.parts)
             continue
         rounds = Rounds(made)
         rounds.whole_tokens = len(result[0])

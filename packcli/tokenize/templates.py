@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from packcli.config import BUILTIN_TEMPLATES
-from packcli.errors import TokenizerError
+from packcli.errors import Opt, TokenizerError
 
 # The markers of the default tokenizer's own format: a tokenizer without a chat template that has them
 # as added tokens gets the "deepseek" template, any other the "chatml" one.
@@ -54,7 +54,8 @@ def read_chat_template(path: str) -> str:
         raise TokenizerError(f"{path}: cannot read the chat template ({exc})") from exc
     if not template.strip():
         raise TokenizerError(
-            f"{path}: the chat template file is empty; give a Jinja chat template, or leave --chat-template out"
+            f"{path}: the chat template file is empty",
+            hint=("give a Jinja chat template, or leave ", Opt("chat_template"), " out"),
         )
     return template
 

@@ -12,8 +12,9 @@ from typing import Any, TypedDict
 
 import numpy as np
 
+from packcli.config import flag_term
 from packcli.contract import IGNORE_INDEX
-from packcli.errors import RecordError
+from packcli.errors import Opt, RecordError, render
 from packcli.io.sources import RawBatch
 from packcli.io.uri import is_uri
 from packcli.records import preference, turns
@@ -239,9 +240,10 @@ class _Kept:
 
     def reject(self, k: int, error: RecordError) -> None:
         batch = self.batch
-        self.rejects.append(
-            reject(batch.first_index + k, batch.source, batch.positions[k], error, self.raws[k], batch.raw_lines)
-        )
+        entry = reject(batch.first_index + k, batch.source, batch.positions[k], error, self.raws[k], batch.raw_lines)
+        if any(isinstance(p, Opt) for p in error.parts):
+            entry[DETAIL_PARTS] = error.parts  # for the error that names the record; never written (building.py)
+        self.rejects.append(entry)
 
     def take(self, k: int, result: Any, sample: Any) -> None:
         """Keep record ``k``'s samples (its rounds, trees, pair members or pieces), or reject it."""
@@ -376,7 +378,7 @@ def _hint_fix_turns(encoder: Encoder, samples: list[Any], results: list[Any]) ->
     for (k, _, changes), result in zip(candidates, again, strict=True):
         if isinstance(result, tuple):
             err = results[k]
-            results[k] = RecordError(err.reason, f"{err.detail}; --fix-turns {turns.describe(changes)}")
+            results[k] = RecordError(err.reason, *err.parts, "; ", Opt("fix_turns"), f" {turns.describe(changes)}")
 
 
 class TurnFix(TypedDict):
@@ -471,6 +473,11 @@ def _json_error(text: str, exc: json.JSONDecodeError) -> str:
     return f"{exc.msg.removesuffix(' at')} at column {exc.colno}"
 
 
+# A reject's detail as text and Opt parts, beside the entry while it is in memory: an error about the
+# record names the options in its reader's terms; the rejects file holds the text (``detail``).
+DETAIL_PARTS = "detail_parts"
+
+
 def reject(
     index: int, source: str, position: int, err: RecordError, raw: Any, raw_lines: bool, piece_index: int = 0
 ) -> dict[str, Any]:
@@ -489,7 +496,7 @@ def reject(
         position=position,
         unit="line" if raw_lines else "record",
         reason=err.reason,
-        detail=err.detail,
+        detail=render(err.parts, flag_term),  # the rejects file names options as the command line does
         record=text[:REJECT_RECORD_CHARS],
         record_truncated=len(text) > REJECT_RECORD_CHARS,
         record_chars=len(text),

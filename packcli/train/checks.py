@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from packcli.contract import DEFAULT_TOKENIZER, MANIFEST, PREFIX_TREES, default_tokenizer_dir, vocab_sha256
-from packcli.errors import IncompatibleError, OutputError, UsageError, first_line
+from packcli.errors import IncompatibleError, Opt, OutputError, UsageError, first_line
 from packcli.jsontypes import JSONObject
 
 TASKS = ("sft", "preference", "kto")
@@ -170,7 +170,9 @@ def check_compatible(
             raise IncompatibleError(
                 f"{root}: the shards hold token id {max_id}, but the model's input embedding has {size} rows; "
                 f"the output was packed with tokenizer {_named(recorded)}: train a model of that tokenizer, "
-                "or pack again with the model's tokenizer (--tokenizer)"
+                "or pack again with the model's tokenizer (the ",
+                Opt("tokenizer"),
+                " option)",
             )
     if tokenizer is not None:
         unchecked += _check_tokenizer(root, recorded, tokenizer)
@@ -285,30 +287,33 @@ def _check_tokenizer(root: Path, recorded: JSONObject, tokenizer: Any) -> list[s
         named = getattr(tokenizer, "special_tokens_map", None) or {}
         roles = {k: v for k, v in named.items() if isinstance(v, str)}
     packed_with = f"the output was packed with {_named(recorded)}"
-    fix = "pass that tokenizer, or pack again with this one (--tokenizer)"
+    fix = ("pass that tokenizer, or pack again with this one (the ", Opt("tokenizer"), " option)")
     recorded_size = recorded.get("vocab_size")
     if isinstance(recorded_size, int) and size != recorded_size:
-        raise IncompatibleError(f"{root}: the tokenizer has {size} tokens, but {packed_with}; {fix}")
+        raise IncompatibleError(f"{root}: the tokenizer has {size} tokens, but {packed_with}", hint=fix)
     recorded_roles, recorded_ids = recorded.get("special_tokens"), recorded.get("special_token_ids")
     if isinstance(recorded_roles, dict) and roles is not None:
         for role in sorted((set(recorded_roles) | set(roles)) - set(_FREE_ROLES)):
             if recorded_roles.get(role) != roles.get(role):
                 raise IncompatibleError(
                     f"{root}: the tokenizer's {role} is {roles.get(role)!r}, but {packed_with}, "
-                    f"whose {role} is {recorded_roles.get(role)!r}; {fix}"
+                    f"whose {role} is {recorded_roles.get(role)!r}",
+                    hint=fix,
                 )
     if isinstance(recorded_ids, dict):
         for token, i in recorded_ids.items():
             if vocab.get(token) != i:
                 where = "lacks it" if token not in vocab else f"gives it id {vocab[token]}"
                 raise IncompatibleError(
-                    f"{root}: special token {token!r} has id {i} in the output, but the tokenizer {where}; {fix}"
+                    f"{root}: special token {token!r} has id {i} in the output, but the tokenizer {where}",
+                    hint=fix,
                 )
     recorded_sha = recorded.get("vocab_sha256")
     if isinstance(recorded_sha, str) and vocab_sha256(vocab) != recorded_sha:
         raise IncompatibleError(
             f"{root}: the tokenizer's vocabulary differs from the one the output was packed with "
-            f"({_named(recorded)}: the same size, other tokens or ids); {fix}"
+            f"({_named(recorded)}: the same size, other tokens or ids)",
+            hint=fix,
         )
     if not isinstance(recorded_sha, str) or not isinstance(recorded_ids, dict):
         return [
@@ -333,8 +338,9 @@ def step_order(
         raise UsageError(f"world_size and batch_size must be at least 1, not {world_size} and {batch_size}")
     if rows % world_size:
         raise UsageError(
-            f"{rows} rows are not whole steps of {world_size}: pass the --world-size the output was packed "
-            "with (its manifest says), or pack it again with this one"
+            f"{rows} rows are not whole steps of {world_size}: pass the ",
+            Opt("world_size"),
+            " the output was packed with (its manifest says), or pack it again with this one",
         )
     steps = np.arange(rows // world_size, dtype=np.int64)
     if shuffle:

@@ -26,9 +26,7 @@ from packcli.store import parts
 from packcli.tokenize import ingest
 from packcli.tokenize.building import StoreBuilder
 from packcli.tokenize.encoder import Encoder
-from packcli.tokenize.options import TokenizeOptions
-
-FIX = "choose a writable --cache-dir with free space, or pass --no-cache"
+from packcli.tokenize.options import CACHE_FIX, TokenizeOptions
 
 
 def tokenize_to_parts(
@@ -62,7 +60,7 @@ def tokenize_to_parts(
         item, number = owner[part.number]
         if hold is not None:
             hold(item.key_of(number))
-        builder = StoreBuilder(options, cache_root / item.key_of(number), cache_root, FIX)
+        builder = StoreBuilder(options, cache_root / item.key_of(number), cache_root, CACHE_FIX)
         builders[part.number] = builder
         return dataclasses.replace(part, directory=str(builder.tmp.resolve()))
 

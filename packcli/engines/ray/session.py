@@ -12,7 +12,7 @@ from typing import Any
 
 import ray
 
-from packcli.errors import PackcliError, first_line
+from packcli.errors import Opt, PackcliError, first_line
 
 # Ray's own retries: a tokenizer actor that dies (a crashed or lost node) is restarted and its part run
 # again, a writer task that dies is run again. Both are idempotent: a part's segment and a shard are
@@ -59,7 +59,9 @@ class RaySession:
         except (ConnectionError, RuntimeError, ValueError) as exc:
             first = first_line(exc)
             where = "a local Ray instance" if address == "local" else f"the Ray cluster at {address or 'RAY_ADDRESS'}"
-            raise RayEngineError(f"cannot start or reach {where} ({first}); check --ray-address") from exc
+            raise RayEngineError(
+                f"cannot start or reach {where} ({first})", hint=("check ", Opt("ray_address"))
+            ) from exc
         self.started_here = True
 
     def shutdown_if_started_here(self) -> None:
@@ -122,8 +124,9 @@ def _check_reachable(address: str) -> None:
         except OSError as exc:
             error = exc
     raise RayEngineError(
-        f"--ray-address {address}: nothing answers there ({error.strerror or error}); check the address "
-        "(the head node's host:port, e.g. head-node:6379) and that the cluster is up"
+        f"{address}: nothing answers there ({error.strerror or error}); check the address "
+        "(the head node's host:port, e.g. head-node:6379) and that the cluster is up",
+        option="ray_address",
     ) from error
 
 

@@ -37,7 +37,7 @@ from packcli.engines.ray.session import (
     worker_error,
 )
 from packcli.engines.ray.writing import shard_job
-from packcli.errors import PackcliError
+from packcli.errors import Opt, PackcliError
 from packcli.io.sources import InputSource
 from packcli.io.uri import is_uri, join
 from packcli.owned import owner_tag
@@ -124,9 +124,14 @@ class Tokenizer:
         root = settings.root
         if not is_uri(root) and not os.path.isdir(root):
             raise RayEngineError(
-                f"the token store {root} is not visible on Ray node {ray.util.get_node_ip_address()}; put "
-                "--cache-dir and the output on storage every node mounts at the same path, or write to an "
-                "output URI (-o s3://bucket/prefix), where the tokens go too"
+                f"the token store {root} is not visible on Ray node {ray.util.get_node_ip_address()}",
+                hint=(
+                    "put ",
+                    Opt("cache_dir"),
+                    " and the output on storage every node mounts at the same path, or write to an output URI (",
+                    Opt("output", "s3://bucket/prefix", short=True),
+                    "), where the tokens go too",
+                ),
             )
         encoder = Encoder(settings.tokenizer, settings.chat_template, settings.options, encoder=settings.encoder)
         own, expected = encoder.identity(), settings.identity

@@ -20,7 +20,7 @@ import ray
 
 from packcli.contract import Progress
 from packcli.engines.ray.session import TASK_RETRIES, RaySession, cluster_cpus, kill, pickled
-from packcli.errors import OutputError
+from packcli.errors import OUTPUT, OutputError, Part
 from packcli.io.uri import is_uri, make_dirs
 from packcli.output.layout import RowLayout
 from packcli.output.rows import shard_name, write_shard
@@ -33,9 +33,9 @@ from packcli.store.tokens import TokenStore
 
 @dataclass(frozen=True)
 class ShardFailed:
-    """A shard a worker could not write: the message the driver raises (an OutputError's)."""
+    """A shard a worker could not write: the message the driver raises (an OutputError's parts)."""
 
-    message: str
+    message: tuple[Part, ...]
 
 
 def shard_job(
@@ -65,7 +65,9 @@ def shard_job(
                 return entry
     except OSError as exc:
         why = exc.strerror or exc
-        return ShardFailed(f"{layout.output}: cannot write a shard ({why}); free disk space or choose another -o")
+        return ShardFailed(
+            (f"{layout.output}: cannot write a shard ({why}); free disk space or choose another ", OUTPUT)
+        )
 
 
 @ray.remote(num_cpus=1, max_retries=TASK_RETRIES)
@@ -135,6 +137,6 @@ def _collect(
         k = pending.pop(ref)
         entry: ShardEntry | ShardFailed = session.fetch(ref)
         if isinstance(entry, ShardFailed):
-            raise OutputError(entry.message)
+            raise OutputError(*entry.message)
         entries[k] = entry
         progress("write", entry.rows, n_rows)

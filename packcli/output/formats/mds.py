@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from packcli.errors import Opt, ShardTooLarge
 from packcli.jsontypes import JSONObject
 from packcli.output.formats.base import (
     MALFORMED,
@@ -96,9 +97,10 @@ class _MDSWriter:
             header = 4 + 4 * (len(self._sizes) + 1) + len(config)
             offsets = header + np.concatenate([[0], np.cumsum(self._sizes, dtype=np.int64)])
             if offsets[-1] > _UINT32_MAX:
-                raise OSError(
+                raise ShardTooLarge(
                     f"{self._path.name} would be {offsets[-1]:,} bytes; an MDS shard holds at most 4 GiB "
-                    "(its offsets are 32-bit): lower --rows-per-shard"
+                    "(its offsets are 32-bit): lower ",
+                    Opt("rows_per_shard"),
                 )
             with open(self._path, "wb") as out, open(self._body_path, "rb") as body:
                 out.write(np.array([len(self._sizes)], dtype="<u4").tobytes())
