@@ -52,6 +52,6 @@ def test_the_public_api_has_concrete_types(tmp_path: Path) -> None:
         "packcli.api.PackResult",
         "packcli.report.verify.VerifyReport",
         "packcli.report.inspect.InspectedRow",
-        "packcli.results.OutputStats | packcli.results.RawStats",
+        "packcli.results.stats.OutputStats | packcli.results.stats.RawStats",  # packcli.results re-exports them
         "packcli.errors.PackcliError",
     ], out

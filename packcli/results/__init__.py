@@ -12,95 +12,73 @@ manifest written before ``max_token_id``), unless the type names it in ``NULLS``
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, NotRequired, TypedDict, TypeVar
+from typing import Any, ClassVar, NotRequired, TypedDict
 
-from packcli.errors import Message, OutputError, Terms, python_term
+from packcli.errors import Message, Terms, python_term
 from packcli.jsontypes import JSONObject, TemplateKwargs
+from packcli.results.base import (
+    IN_MEMORY,
+    DamagedResult,
+    field_names,
+    read_messages,
+    record_dict,
+    record_from_dict,
+    required_fields,
+)
+from packcli.results.sections import DedupSummary, EvalSummary, MixSource, MixSummary
+from packcli.results.stats import (
+    BinCounts,
+    Distribution,
+    ImageStats,
+    OutputStats,
+    PairStats,
+    PerRow,
+    PolicyKept,
+    RawLine,
+    RawStats,
+    TreeStats,
+)
 
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
-
-T = TypeVar("T", bound="DataclassInstance")
-
-
-class DamagedResult(OutputError):
-    """A summary, manifest, store metadata or rejects entry lacks a key it must have (or is no object)."""
-
-
-def _plain(value: Any, terms: Terms = python_term) -> Any:
-    """A field's value as JSON data: nested records as dicts, containers copied, messages (warnings) as
-    text that names options by ``terms``."""
-    if isinstance(value, Message):
-        return value.render(terms)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _to_dict(value, terms)
-    if isinstance(value, dict):
-        return {k: _plain(v, terms) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v, terms) for v in value]
-    return value
-
-
-# A field's metadata key: the field is held in memory only, never written (nor read back).
-IN_MEMORY = "in_memory"
-
-
-def _to_dict(record: DataclassInstance, terms: Terms = python_term) -> JSONObject:
-    out: JSONObject = {}
-    nulls: frozenset[str] = getattr(record, "NULLS", frozenset())
-    for f in dataclasses.fields(record):
-        if f.metadata.get(IN_MEMORY):
-            continue
-        value = getattr(record, f.name)
-        if value is None and f.name not in nulls:
-            continue
-        out[f.name] = _plain(value, terms)
-    return out
-
-
-def _messages(value: Any) -> list[Message]:
-    """Warnings read back from JSON (text, as it was written) as messages."""
-    if not isinstance(value, list):
-        raise DamagedResult("warnings is not a list")
-    return [v if isinstance(v, Message) else Message(str(v)) for v in value]
-
-
-def _from_dict(cls: type[T], data: object, what: str, convert: Mapping[str, Callable[[Any], Any]] | None = None) -> T:
-    """Build ``cls`` from JSON data: its fields by name (unknown keys ignored), ``convert`` applied to the
-    values it names; DamagedResult when ``data`` is no object or lacks a field without a default."""
-    if not isinstance(data, Mapping):
-        raise DamagedResult(f"{what} is not a JSON object")
-    convert = convert or {}
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.metadata.get(IN_MEMORY):
-            continue
-        if f.name in data:
-            value = data[f.name]
-            kwargs[f.name] = convert[f.name](value) if f.name in convert and value is not None else value
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise DamagedResult(f"{what} lacks {f.name}")
-    return cls(**kwargs)
-
-
-def field_names(cls: type[DataclassInstance]) -> list[str]:
-    """The JSON keys a record type can have, in the order it writes them."""
-    return [f.name for f in dataclasses.fields(cls) if not f.metadata.get(IN_MEMORY)]
-
-
-def required_fields(cls: type[DataclassInstance]) -> tuple[str, ...]:
-    """The JSON keys a record type must have (``from_dict`` refuses data without one), in order."""
-    return tuple(
-        f.name
-        for f in dataclasses.fields(cls)
-        if f.default is dataclasses.MISSING
-        and f.default_factory is dataclasses.MISSING
-        and not f.metadata.get(IN_MEMORY)
-    )
-
+__all__ = [
+    "REJECT_KEYS",
+    "BinCounts",
+    "CacheParts",
+    "CachePruned",
+    "Counts",
+    "DamagedResult",
+    "DedupSummary",
+    "Distribution",
+    "EncoderInfo",
+    "EvalSummary",
+    "FileDigest",
+    "ImageRecord",
+    "ImageStats",
+    "Lost",
+    "Manifest",
+    "MixSource",
+    "MixSummary",
+    "OutputStats",
+    "PairStats",
+    "PartInfo",
+    "PerRow",
+    "PolicyKept",
+    "ProcessorIdentity",
+    "RawLine",
+    "RawStats",
+    "RejectEntry",
+    "RunSummary",
+    "Seconds",
+    "Segment",
+    "ShardEntry",
+    "Split",
+    "StageSeconds",
+    "StoreMeta",
+    "TokenizerIdentity",
+    "TreeStats",
+    "field_names",
+    "required_fields",
+]
 
 # -- a sample's images -----------------------------------------------------------------------------
 
@@ -175,11 +153,11 @@ class Split:
     pieces_dropped_by_plan: dict[str, int] | None = None
 
     def to_dict(self) -> JSONObject:
-        return _to_dict(self)
+        return record_dict(self)
 
     @classmethod
     def from_dict(cls, data: object) -> Split:
-        return _from_dict(cls, data, "split")
+        return record_from_dict(cls, data, "split")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,11 +172,11 @@ class Lost:
     tokens_by_reason: dict[str, int]
 
     def to_dict(self) -> JSONObject:
-        return _to_dict(self)
+        return record_dict(self)
 
     @classmethod
     def from_dict(cls, data: object) -> Lost:
-        return _from_dict(cls, data, "lost")
+        return record_from_dict(cls, data, "lost")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,11 +189,11 @@ class Seconds:
     total: float
 
     def to_dict(self) -> JSONObject:
-        return _to_dict(self)
+        return record_dict(self)
 
     @classmethod
     def from_dict(cls, data: object) -> Seconds:
-        return _from_dict(cls, data, "seconds")
+        return record_from_dict(cls, data, "seconds")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,11 +220,11 @@ class StageSeconds:
     total: float
 
     def to_dict(self) -> JSONObject:
-        return _to_dict(self)
+        return record_dict(self)
 
     @classmethod
     def from_dict(cls, data: object) -> StageSeconds:
-        return _from_dict(cls, data, "stage_seconds")
+        return record_from_dict(cls, data, "stage_seconds")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -259,11 +237,11 @@ class CachePruned:
     max_size: int
 
     def to_dict(self) -> JSONObject:
-        return _to_dict(self)
+        return record_dict(self)
 
     @classmethod
     def from_dict(cls, data: object) -> CachePruned:
-        return _from_dict(cls, data, "cache_pruned")
+        return record_from_dict(cls, data, "cache_pruned")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -276,105 +254,11 @@ class CacheParts:
     records_tokenized: int
 
     def to_dict(self) -> JSONObject:
-        return _to_dict(self)
+        return record_dict(self)
 
     @classmethod
     def from_dict(cls, data: object) -> CacheParts:
-        return _from_dict(cls, data, "cache_parts")
-
-
-@dataclass(frozen=True, kw_only=True)
-class DedupSummary:
-    """``--dedup exact``: the records dropped as duplicates (counted in ``dropped`` too), in all and per input."""
-
-    mode: str
-    duplicates: int
-    by_source: dict[str, int]
-
-    def to_dict(self) -> JSONObject:
-        return _to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: object) -> DedupSummary:
-        return _from_dict(cls, data, "dedup")
-
-
-@dataclass(frozen=True, kw_only=True)
-class MixSource:
-    """One ``--mix`` source: its name, the inputs it resolved to and their ``[first, end)`` sample_index
-    ranges; in the training summary also what was asked (``{"share"|"epochs": value}``), what the source
-    had and what the rows hold (records, tokens, trainable_tokens; ``realised`` also samples), its
-    epochs, repeats and what it left out. An eval manifest's source has the first three only."""
-
-    name: str
-    inputs: list[str]
-    sample_index: list[list[int]]
-    requested: dict[str, float] | None = None
-    requested_share: float | None = None
-    available: dict[str, int] | None = None
-    target: float | None = None
-    realised: dict[str, int] | None = None
-    realised_share: dict[str, float] | None = None
-    epochs: float | None = None
-    repeats: int | None = None
-    left_out: dict[str, int] | None = None
-
-    def to_dict(self) -> JSONObject:
-        return _to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: object) -> MixSource:
-        return _from_dict(cls, data, "a mix source")
-
-
-@dataclass(frozen=True, kw_only=True)
-class MixSummary:
-    """``--mix``: the recipe (measured ``by`` records, tokens or trainable, its seed and size) and per source
-    what was asked and what was given; repeats, and the records the mix left out (counted in neither
-    ``packed`` nor ``dropped``). An eval manifest's names the sources only (no size, nothing left out)."""
-
-    by: str  # records | tokens | trainable
-    seed: int
-    size: float | None = None
-    sources: list[MixSource]
-    repeats: int
-    repeats_in_same_row: int
-    records_left_out: int | None = None
-
-    def to_dict(self) -> JSONObject:
-        return _to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: object) -> MixSummary:
-        def sources(value: Any) -> list[MixSource]:
-            if not isinstance(value, list):
-                raise DamagedResult("mix.sources is not a list")
-            return [MixSource.from_dict(s) for s in value]
-
-        return _from_dict(cls, data, "mix", {"sources": sources})
-
-
-@dataclass(frozen=True, kw_only=True)
-class EvalSummary:
-    """The eval split (``--eval-fraction``/``--eval-records``): the records held out into ``path``/, and
-    how they were packed there (``by_source``: input -> records held out)."""
-
-    path: str
-    records: int
-    packed: int
-    dropped: dict[str, int]
-    samples: int
-    tokens: int
-    trainable_tokens: int
-    rows: int
-    by_source: dict[str, int]
-
-    def to_dict(self) -> JSONObject:
-        return _to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: object) -> EvalSummary:
-        return _from_dict(cls, data, "eval")
+        return record_from_dict(cls, data, "cache_parts")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -391,11 +275,11 @@ class EncoderInfo:
     records_slow: int | None = None
 
     def to_dict(self) -> JSONObject:
-        return _to_dict(self)
+        return record_dict(self)
 
     @classmethod
     def from_dict(cls, data: object) -> EncoderInfo:
-        return _from_dict(cls, data, "encoder")
+        return record_from_dict(cls, data, "encoder")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -469,11 +353,11 @@ class RunSummary:
     def to_dict(self, terms: Terms = python_term) -> JSONObject:
         """The summary as JSON data; its warnings name options by ``terms`` (Python's names by default,
         the command line's flags for ``packcli pack --json``)."""
-        return _to_dict(self, terms)
+        return record_dict(self, terms)
 
     @classmethod
     def from_dict(cls, data: object) -> RunSummary:
-        return _from_dict(
+        return record_from_dict(
             cls,
             data,
             "the summary",
@@ -488,7 +372,7 @@ class RunSummary:
                 "encoder": EncoderInfo.from_dict,
                 "seconds": Seconds.from_dict,
                 "stage_seconds": StageSeconds.from_dict,
-                "warnings": _messages,
+                "warnings": read_messages,
             },
         )
 
@@ -519,11 +403,11 @@ class ShardEntry:
     images: dict[str, int] | None = field(default=None, metadata={IN_MEMORY: True})
 
     def to_dict(self) -> JSONObject:
-        return _to_dict(self)
+        return record_dict(self)
 
     @classmethod
     def from_dict(cls, data: object) -> ShardEntry:
-        return _from_dict(cls, data, "a shard entry")
+        return record_from_dict(cls, data, "a shard entry")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -540,11 +424,11 @@ class Counts:
     limit: int | None = None
 
     def to_dict(self) -> JSONObject:
-        return _to_dict(self)
+        return record_dict(self)
 
     @classmethod
     def from_dict(cls, data: object) -> Counts:
-        return _from_dict(cls, data, "counts", {"split": Split.from_dict})
+        return record_from_dict(cls, data, "counts", {"split": Split.from_dict})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -598,7 +482,7 @@ class Manifest:
     encoder: EncoderInfo | None = None  # the text encoder that made the tokens: as in the summary
 
     def to_dict(self) -> JSONObject:
-        return _to_dict(self)
+        return record_dict(self)
 
     @classmethod
     def from_dict(cls, data: object) -> Manifest:
@@ -607,7 +491,7 @@ class Manifest:
                 raise DamagedResult("shards is not a list")
             return [ShardEntry.from_dict(e) for e in value]
 
-        return _from_dict(
+        return record_from_dict(
             cls,
             data,
             "the manifest",
@@ -691,11 +575,11 @@ class StoreMeta:
     part: PartInfo | None = None
 
     def to_dict(self) -> JSONObject:
-        return _to_dict(self)
+        return record_dict(self)
 
     @classmethod
     def from_dict(cls, data: object) -> StoreMeta:
-        return _from_dict(cls, data, "meta.json", {"split": Split.from_dict, "encoder": EncoderInfo.from_dict})
+        return record_from_dict(cls, data, "meta.json", {"split": Split.from_dict, "encoder": EncoderInfo.from_dict})
 
 
 # -- the rejects file ------------------------------------------------------------------------------
@@ -718,237 +602,11 @@ class RejectEntry:
     record_chars: int
 
     def to_dict(self) -> JSONObject:
-        return _to_dict(self)
+        return record_dict(self)
 
     @classmethod
     def from_dict(cls, data: object) -> RejectEntry:
-        return _from_dict(cls, data, "a rejects entry")
+        return record_from_dict(cls, data, "a rejects entry")
 
 
 REJECT_KEYS = frozenset(field_names(RejectEntry))
-
-
-# -- packcli stats ---------------------------------------------------------------------------------
-
-
-class _ByKey:
-    """A result read as the dict it replaced: ``result["rows"]``, ``result.get("mix")``, ``"mix" in result``
-    (its JSON keys, as ``to_dict()`` gives them: nested records as dicts)."""
-
-    def to_dict(self) -> JSONObject:
-        raise NotImplementedError
-
-    def __getitem__(self, key: str) -> Any:
-        """The value of a JSON key, as when the result was a dict; KeyError when absent."""
-        return self.to_dict()[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """The value of a JSON key, or ``default`` when the result has none."""
-        return self.to_dict().get(key, default)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.to_dict()
-
-
-@dataclass(frozen=True, kw_only=True)
-class Distribution:
-    """The least, mean, median, 90th percentile and largest of some lengths (zeros when there are none)."""
-
-    min: int
-    mean: float
-    median: float
-    p90: float
-    max: int
-
-    def to_dict(self) -> JSONObject:
-        return _to_dict(self)
-
-
-@dataclass(frozen=True, kw_only=True)
-class BinCounts:
-    """A histogram's bins: their edges (right-closed), labels and counts."""
-
-    edges: list[float]
-    labels: list[str]
-    counts: list[int]
-
-    def to_dict(self) -> JSONObject:
-        return _to_dict(self)
-
-
-@dataclass(frozen=True, kw_only=True)
-class PerRow:
-    """How many of something a row holds: least, mean, most, and (samples) how many rows hold each count
-    (``{"samples": k, "rows": n}``)."""
-
-    min: int
-    mean: float
-    max: int
-    histogram: list[dict[str, int]] | None = None
-
-    def to_dict(self) -> JSONObject:
-        return _to_dict(self)
-
-
-@dataclass(frozen=True, kw_only=True)
-class PairStats:
-    """Preference and KTO outputs: samples by role, the pairs and pairs per row, and what padded pairs cost."""
-
-    roles: dict[str, int]
-    pairs: int
-    pairs_per_row: PerRow
-    padding_tokens_padded_pairs: int
-    rows_padded_pairs: int
-
-    def to_dict(self) -> JSONObject:
-        return _to_dict(self)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ImageStats:
-    """An image-text output: its images, the samples holding them, their tokens and where they are
-    (``per_row``: max and mean; ``embedded`` in the rows, ``referenced`` by path)."""
-
-    images: int
-    samples: int
-    image_tokens: int
-    image_token_share: float
-    per_row: dict[str, float]
-    embedded: int
-    referenced: int
-
-    def to_dict(self) -> JSONObject:
-        return _to_dict(self)
-
-
-@dataclass(frozen=True, kw_only=True)
-class TreeStats:
-    """Rows of prefix trees: their tokens, the tokens of the samples expanded again, and what trees saved."""
-
-    tokens: int
-    expanded_tokens: int
-    tokens_saved: int
-    tokens_ratio: float
-
-    def to_dict(self) -> JSONObject:
-        return _to_dict(self)
-
-
-@dataclass(frozen=True, kw_only=True)
-class OutputStats(_ByKey):
-    """``packcli stats --json`` of a packed output (``packcli.stats(directory)``): its rows, samples and
-    tokens, the row bounds, what packing saved, the histograms, and the manifest's counts and sections."""
-
-    mode: str  # packed
-    directory: str
-    max_len: int
-    shards: int
-    rows: int
-    sequences: int
-    samples: int
-    records: int
-    tokens: int
-    trainable_tokens: int
-    padding_tokens: int
-    padding_segment_tokens: int
-    alignment_padding_tokens: int
-    fill: float
-    lower_bound_l1: int
-    lower_bound_l2: int
-    rows_over_l2: int
-    rows_over_l2_fraction: float
-    samples_per_row: PerRow
-    sample_length: Distribution
-    length_histogram: BinCounts
-    row_fill_histogram: BinCounts
-    records_read: int
-    dropped: dict[str, int]
-    truncated: int
-    duplicated: int
-    batch_size: int
-    rows_without_packing: int
-    padding_tokens_without_packing: int
-    padding_tokens_batch_padded: int
-    padding_saved: int
-    padding_saved_vs_batch_padded: int
-    preference: PairStats | None = None
-    images: ImageStats | None = None
-    prefix_trees: TreeStats | None = None
-    mix: MixSummary | None = None
-    eval: EvalSummary | None = None
-    reasoning: dict[str, int] | None = None
-
-    def to_dict(self) -> JSONObject:
-        return _to_dict(self)
-
-
-@dataclass(frozen=True, kw_only=True)
-class PolicyKept:
-    """What one ``--overflow`` policy keeps at a max length: records, samples, tokens, trainable tokens
-    (and their fraction of all); ``applies`` is false (and the counts 0) where the run refuses the policy."""
-
-    records: int
-    samples: int
-    tokens: int
-    trainable_tokens: int
-    trainable_fraction: float
-    applies: bool | None = None
-
-    def to_dict(self) -> JSONObject:
-        return _to_dict(self)
-
-
-@dataclass(frozen=True, kw_only=True)
-class RawLine:
-    """Raw inputs packed at one max length: what fits, rows and padding packed and unpacked, the row
-    bounds, the row fill, and what each overflow policy keeps (drop, truncate, truncate-left, split)."""
-
-    max_len: int
-    samples_fit: int
-    samples_too_long: int
-    tokens: int
-    rows: int
-    rows_without_packing: int
-    padding_tokens: int
-    padding_tokens_without_packing: int
-    padding_tokens_batch_padded: int
-    fill: float
-    lower_bound_l1: int
-    lower_bound_l2: int
-    rows_over_l2: int
-    rows_over_l2_fraction: float
-    row_fill_histogram: BinCounts
-    policies: dict[str, PolicyKept]
-
-    def to_dict(self) -> JSONObject:
-        return _to_dict(self)
-
-
-@dataclass(frozen=True, kw_only=True)
-class RawStats(_ByKey):
-    """``packcli stats --json`` of raw inputs (``packcli.stats(inputs, max_len)``): the records read and
-    their samples, tokens and lengths, and per max length (``max_lens``) what packing would give."""
-
-    mode: str  # raw
-    inputs: list[str]
-    tokenizer: str
-    cache: str
-    records_read: int
-    samples: int
-    dropped: dict[str, int]
-    turns_fixed: dict[str, int] | None = None
-    empty_answers: int | None = None
-    leading_answers: int | None = None
-    tools_left_out: int | None = None
-    reasoning: dict[str, int] | None = None
-    tokens: int
-    trainable_tokens: int
-    sample_length: Distribution
-    length_histogram: BinCounts
-    batch_size: int
-    max_lens: list[RawLine]
-    # Messages as the core made them; text once a client named their options its way (cli, api).
-    warnings: list[Message | str] | None = None
-
-    def to_dict(self) -> JSONObject:
-        return _to_dict(self)
