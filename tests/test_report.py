@@ -609,3 +609,22 @@ def test_every_command_and_stats_key_is_documented() -> None:
         assert command in doc
     for key in STATS_KEYS | RAW_KEYS | RAW_LINE_KEYS | VERIFY_KEYS | SEGMENT_KEYS:
         assert f"`{key}`" in doc, key
+
+
+def test_verify_says_why_a_mixed_output_is_not_re_encoded_in_each_clients_terms(pack: Any, tmp_path: Path) -> None:
+    import packcli
+
+    sources = {}
+    for name, seed in (("a", 1), ("b", 2)):
+        sources[name] = tmp_path / f"{name}.jsonl"
+        sources[name].write_text(
+            "".join(json.dumps({"messages": m}) + "\n" for m in make_conversations(30, seed=seed, max_words=12))
+        )
+    out = tmp_path / "mixed"
+    pack("--mix", f"{sources['a']}=0.5", "--mix", f"{sources['b']}=0.5", "--max-len", "512", "-o", out, "-q")
+    result = CliRunner().invoke(app, ["verify", str(out), "--reencode", "5"])
+    assert result.exit_code == 0, result.stdout
+    assert "not re-encoded: outputs with images, --mix or an eval split are not re-encoded" in result.stdout
+    report = packcli.verify(out, reencode=5)
+    assert report.reencoded is not None
+    assert str(report.reencoded.skipped) == "outputs with images, mix or an eval split are not re-encoded"

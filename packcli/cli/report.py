@@ -350,9 +350,12 @@ def inspect(
 
 
 def reencoded_line(reencoded: Reencoded) -> str:
-    """What ``--reencode`` compared, or why it could not."""
+    """What ``--reencode`` compared, or why it could not (its options named by their flags)."""
+    from packcli.errors import Message
+
     if reencoded.skipped:
-        return f"not re-encoded: {reencoded.skipped}"
+        why = reencoded.skipped
+        return f"not re-encoded: {why.render(cli_term) if isinstance(why, Message) else why}"
     rows, samples = reencoded.rows, reencoded.samples
     return (
         f"re-encoded {rows:,} row{'s' if rows != 1 else ''} ({samples:,} sample{'s' if samples != 1 else ''}) "
@@ -400,7 +403,7 @@ def verify(
             "checksums, counts and the row contract hold" + (" with their images" if images else "")
         )
         if report.reencoded is not None:
-            typer.echo(reencoded_line(report.to_dict(cli_term)["reencoded"]))
+            typer.echo(reencoded_line(report.reencoded))
     if not report.ok:
         n = len(report.problems)
         typer.echo(f"{n} problem{'s' if n != 1 else ''} in {out_dir}", err=True)
