@@ -20,6 +20,7 @@ from packcli.jsontypes import JSONObject, TemplateKwargs
 from packcli.results.base import (
     IN_MEMORY,
     DamagedResult,
+    JSONRecord,
     field_names,
     read_messages,
     record_dict,
@@ -140,7 +141,7 @@ class TokenizerIdentity(TypedDict, total=False):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Split:
+class Split(JSONRecord):
     """What ``--overflow split`` did: records split, pieces made and left out (the store's counts), and
     what the plan cut or left out (in the summary only)."""
 
@@ -152,16 +153,11 @@ class Split:
     cut_side: str | None = None
     pieces_dropped_by_plan: dict[str, int] | None = None
 
-    def to_dict(self) -> JSONObject:
-        return record_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: object) -> Split:
-        return record_from_dict(cls, data, "split")
+    WHAT: ClassVar[str] = "split"
 
 
 @dataclass(frozen=True, kw_only=True)
-class Lost:
+class Lost(JSONRecord):
     """What did not reach the rows: records and tokens, each in all, as a fraction and by reason."""
 
     records: int
@@ -171,16 +167,11 @@ class Lost:
     records_by_reason: dict[str, int]
     tokens_by_reason: dict[str, int]
 
-    def to_dict(self) -> JSONObject:
-        return record_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: object) -> Lost:
-        return record_from_dict(cls, data, "lost")
+    WHAT: ClassVar[str] = "lost"
 
 
 @dataclass(frozen=True, kw_only=True)
-class Seconds:
+class Seconds(JSONRecord):
     """Wall seconds of the run's three phases and in all."""
 
     tokenize: float
@@ -188,16 +179,11 @@ class Seconds:
     write: float
     total: float
 
-    def to_dict(self) -> JSONObject:
-        return record_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: object) -> Seconds:
-        return record_from_dict(cls, data, "seconds")
+    WHAT: ClassVar[str] = "seconds"
 
 
 @dataclass(frozen=True, kw_only=True)
-class StageSeconds:
+class StageSeconds(JSONRecord):
     """Where a run's time went, by stage (docs/reference/summary-and-manifest.md); worker stages are sums.
 
     ``hash``, ``tokenize_wall``, ``summary``, ``finish`` and ``prune`` are 0 in a summary written before
@@ -219,16 +205,11 @@ class StageSeconds:
     workers_cpu: float
     total: float
 
-    def to_dict(self) -> JSONObject:
-        return record_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: object) -> StageSeconds:
-        return record_from_dict(cls, data, "stage_seconds")
+    WHAT: ClassVar[str] = "stage_seconds"
 
 
 @dataclass(frozen=True, kw_only=True)
-class CachePruned:
+class CachePruned(JSONRecord):
     """What the cache size cap removed after the run."""
 
     entries: int
@@ -236,16 +217,11 @@ class CachePruned:
     bytes_left: int
     max_size: int
 
-    def to_dict(self) -> JSONObject:
-        return record_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: object) -> CachePruned:
-        return record_from_dict(cls, data, "cache_pruned")
+    WHAT: ClassVar[str] = "cache_pruned"
 
 
 @dataclass(frozen=True, kw_only=True)
-class CacheParts:
+class CacheParts(JSONRecord):
     """A token store assembled from the inputs' cache parts: what was found and what was tokenized."""
 
     parts_reused: int
@@ -253,16 +229,11 @@ class CacheParts:
     records_reused: int
     records_tokenized: int
 
-    def to_dict(self) -> JSONObject:
-        return record_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: object) -> CacheParts:
-        return record_from_dict(cls, data, "cache_parts")
+    WHAT: ClassVar[str] = "cache_parts"
 
 
 @dataclass(frozen=True, kw_only=True)
-class EncoderInfo:
+class EncoderInfo(JSONRecord):
     """The text encoder that made the tokens (packcli.tokenize.text_encoders): its name, why it is not the
     fast one (null when it is, or was not asked for), and the records whose masks the reference
     tokenizers made (added by the run that counts them). The fields in meta.json's (sorted) order, which
@@ -274,12 +245,7 @@ class EncoderInfo:
     name: str
     records_slow: int | None = None
 
-    def to_dict(self) -> JSONObject:
-        return record_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: object) -> EncoderInfo:
-        return record_from_dict(cls, data, "encoder")
+    WHAT: ClassVar[str] = "encoder"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -389,7 +355,7 @@ class RunSummary:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ShardEntry:
+class ShardEntry(JSONRecord):
     """One shard as the manifest lists it: a bare file name, its rows, tokens (padding included), largest
     input id and sha256; as a writer returns it, also the image counts of its rows (``images``, not
     written: packcli.output.images.with_written_images sums them into the manifest's tokenizer)."""
@@ -402,12 +368,7 @@ class ShardEntry:
     # Image-text rows: samples, images, image_tokens, embedded (packcli.output.images.IMAGE_COUNTS).
     images: dict[str, int] | None = field(default=None, metadata={IN_MEMORY: True})
 
-    def to_dict(self) -> JSONObject:
-        return record_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: object) -> ShardEntry:
-        return record_from_dict(cls, data, "a shard entry")
+    WHAT: ClassVar[str] = "a shard entry"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -586,7 +547,7 @@ class StoreMeta:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RejectEntry:
+class RejectEntry(JSONRecord):
     """One line of the rejects file: where the record is, why it was left out, and the record (its first
     characters when long: ``record_truncated``, with ``record_chars`` its full length)."""
 
@@ -601,12 +562,7 @@ class RejectEntry:
     record_truncated: bool
     record_chars: int
 
-    def to_dict(self) -> JSONObject:
-        return record_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: object) -> RejectEntry:
-        return record_from_dict(cls, data, "a rejects entry")
+    WHAT: ClassVar[str] = "a rejects entry"
 
 
 REJECT_KEYS = frozenset(field_names(RejectEntry))

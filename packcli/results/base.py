@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar, cast
 
 from packcli.errors import Message, OutputError, Terms, python_term
 from packcli.jsontypes import JSONObject
@@ -92,3 +92,18 @@ def required_fields(cls: type[DataclassInstance]) -> tuple[str, ...]:
         and f.default_factory is dataclasses.MISSING
         and not f.metadata.get(IN_MEMORY)
     )
+
+
+class JSONRecord:
+    """A record type whose JSON form is its fields (``record_dict``), read back by ``record_from_dict``;
+    ``WHAT`` names it in a ``DamagedResult``'s message. A type whose JSON needs more overrides both."""
+
+    WHAT: ClassVar[str]
+
+    def to_dict(self) -> JSONObject:
+        return record_dict(cast("DataclassInstance", self))
+
+    @classmethod
+    def from_dict(cls, data: object) -> Self:
+        made: Self = record_from_dict(cast("type[DataclassInstance]", cls), data, cls.WHAT)  # type: ignore[assignment]
+        return made

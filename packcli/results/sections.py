@@ -5,30 +5,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from packcli.jsontypes import JSONObject
-from packcli.results.base import DamagedResult, record_dict, record_from_dict
+from packcli.results.base import DamagedResult, JSONRecord, record_dict, record_from_dict
 
 
 @dataclass(frozen=True, kw_only=True)
-class DedupSummary:
+class DedupSummary(JSONRecord):
     """``--dedup exact``: the records dropped as duplicates (counted in ``dropped`` too), in all and per input."""
 
     mode: str
     duplicates: int
     by_source: dict[str, int]
 
-    def to_dict(self) -> JSONObject:
-        return record_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: object) -> DedupSummary:
-        return record_from_dict(cls, data, "dedup")
+    WHAT: ClassVar[str] = "dedup"
 
 
 @dataclass(frozen=True, kw_only=True)
-class MixSource:
+class MixSource(JSONRecord):
     """One ``--mix`` source: its name, the inputs it resolved to and their ``[first, end)`` sample_index
     ranges; in the training summary also what was asked (``{"share"|"epochs": value}``), what the source
     had and what the rows hold (records, tokens, trainable_tokens; ``realised`` also samples), its
@@ -47,12 +42,7 @@ class MixSource:
     repeats: int | None = None
     left_out: dict[str, int] | None = None
 
-    def to_dict(self) -> JSONObject:
-        return record_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: object) -> MixSource:
-        return record_from_dict(cls, data, "a mix source")
+    WHAT: ClassVar[str] = "a mix source"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,7 +73,7 @@ class MixSummary:
 
 
 @dataclass(frozen=True, kw_only=True)
-class EvalSummary:
+class EvalSummary(JSONRecord):
     """The eval split (``--eval-fraction``/``--eval-records``): the records held out into ``path``/, and
     how they were packed there (``by_source``: input -> records held out)."""
 
@@ -97,9 +87,4 @@ class EvalSummary:
     rows: int
     by_source: dict[str, int]
 
-    def to_dict(self) -> JSONObject:
-        return record_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: object) -> EvalSummary:
-        return record_from_dict(cls, data, "eval")
+    WHAT: ClassVar[str] = "eval"
