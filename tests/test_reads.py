@@ -106,9 +106,15 @@ def test_each_input_is_read_at_most_twice_on_a_miss_and_not_at_all_on_a_hit(
 
     miss = _summary(pack, data, tmp_path / "out1", *extra)
     assert miss["cache"] == "miss"
-    # The hash for the cache key, and the tokenizing pass, which hashes what it reads for the check that
-    # the input did not change meanwhile; the sniff and the record count take nothing more.
-    assert bytes_read[path] <= 2 * size + SNIFF_BLOCK, (bytes_read[path], size)
+    if parts:
+        # The sniff's first block, and one read that hashes the file as it tokenizes it into cache parts:
+        # the entry's key is known once it is read.
+        assert bytes_read[path] <= size + SNIFF_BLOCK, (bytes_read[path], size)
+    else:
+        # The hash for the cache key, and the tokenizing pass, which hashes what it reads for the check
+        # that the input did not change meanwhile; the sniff and the record count take nothing more.
+        assert bytes_read[path] <= 2 * size + SNIFF_BLOCK, (bytes_read[path], size)
+    print("read on a miss:", bytes_read[path] / size)
 
     bytes_read.clear()
     hit = _summary(pack, data, tmp_path / "out2", *extra)
