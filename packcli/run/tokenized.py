@@ -33,6 +33,7 @@ from packcli.io.fingerprint import (
 from packcli.io.readers import hub_reachable
 from packcli.io.sources import InputSource, resolve_inputs
 from packcli.io.uri import is_uri
+from packcli.jsontypes import JSONObject
 from packcli.owned import HASH_MEMO
 from packcli.procs.stop import raise_if_stopped
 from packcli.results import TokenizerIdentity
@@ -221,7 +222,7 @@ def _hashed_as_read(config: PackConfig, fill_cache: bool, source: InputSource) -
 
 
 def _entry_key(
-    sources: list[InputSource], formats: dict[str, str | None], fingerprints: list[str | None], options: dict[str, Any]
+    sources: list[InputSource], formats: dict[str, str | None], fingerprints: list[str | None], options: JSONObject
 ) -> str | None:
     """The key of the run's cache entry, or None while the hash of an input is not known.
 
@@ -239,7 +240,7 @@ def _keying(
     source: InputSource,
     formats: dict[str, str | None],
     fingerprint: str | None,
-    options: dict[str, Any],
+    options: JSONObject,
     cuts: list[Any] | None,
     chained: bool,
 ) -> Any:
@@ -353,7 +354,7 @@ class _PartRun:
     fingerprints: list[str | None]  # None: hashed as it is read (filled in then)
     engine: Engine
     check: DigestChecker | None  # the engine's check of a found part's token files
-    options: dict[str, Any]  # the key's options
+    options: JSONObject  # the key's options
     memo: Path | None  # the hash memo, which learns the hashes taken as the inputs are read
 
 
@@ -503,7 +504,7 @@ def _changed(display: str) -> str:
     )
 
 
-def _key_options(config: PackConfig, tokenizer_key: str, encoder: Encoder | None) -> dict[str, Any]:
+def _key_options(config: PackConfig, tokenizer_key: str, encoder: Encoder | None) -> JSONObject:
     """What keys a cache entry or part besides its inputs: the tokenization options and the tokenizer."""
     return {
         "fields": config.fields,

@@ -35,6 +35,7 @@ from typing import Any
 from packcli.errors import OutputError, Text
 from packcli.io.readers import PartEnds
 from packcli.io.sources import InputSource
+from packcli.jsontypes import JSONObject
 from packcli.results import PartInfo
 from packcli.store.integrity import segment_files
 from packcli.store.key import cache_key
@@ -65,7 +66,7 @@ REJECTS, TURN_FIXES = "rejects.jsonl", "turn_fixes.jsonl"
 def part_key(
     source: list[Any],
     index: int,
-    options: dict[str, Any],
+    options: JSONObject,
     batch_size: int,
     cuts: list[Any] | None = None,
     through: str | None = None,
@@ -82,7 +83,7 @@ def part_key(
     it, keeps the part.
     """
     if through is not None:
-        layout: dict[str, Any] = {
+        layout: JSONObject = {
             "index": index, "records": PART_RECORDS, "bytes": PART_BYTES, "batch": batch_size, "through": through,
         }  # fmt: skip
     elif cuts is None:
