@@ -63,19 +63,26 @@ def test_an_input_rewritten_while_it_is_read_stops_the_run_and_caches_nothing(
 ) -> None:
     data = write_jsonl(tmp_path / "d.jsonl", _records())
     original = data.read_bytes()
-    real = ingest.read_batches
+    real, real_parts = ingest.read_batches, ingest.read_parts
 
     def rewritten_first(*args: Any, **kwargs: Any) -> Any:
-        # Between the hash (the key) and the read: another writer replaces the records in place.
+        # Between the stamp taken first (and the hash, for the key) and the read: another writer replaces
+        # the records in place.
         write_jsonl(data, _records(seed=9))
         return real(*args, **kwargs)
 
+    def rewritten_first_parts(*args: Any, **kwargs: Any) -> Any:  # the read into cache parts
+        write_jsonl(data, _records(seed=9))
+        return real_parts(*args, **kwargs)
+
     monkeypatch.setattr(ingest, "read_batches", rewritten_first)
+    monkeypatch.setattr(ingest, "read_parts", rewritten_first_parts)
     result = pack(data, "--max-len", "256", "-o", tmp_path / "bad", expect=1)
     line = one_error_line(result)
     assert line.startswith(f"Error: {data}: the input changed while it was read") and "nothing was cached" in line
     assert _entries(cache_dir) == [] and not (tmp_path / "bad").exists()
     monkeypatch.setattr(ingest, "read_batches", real)
+    monkeypatch.setattr(ingest, "read_parts", real_parts)
     data.write_bytes(original)
     cached = _summary(pack(data, "--max-len", "256", "-o", tmp_path / "a", "--json", "-q"))
     pack(data, "--max-len", "256", "-o", tmp_path / "b", "--no-cache", "-q")

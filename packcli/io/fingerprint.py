@@ -17,6 +17,7 @@ from typing import Any
 
 from packcli.io.sources import InputSource
 from packcli.io.uri import is_uri, open_uri
+from packcli.jsontypes import JSONObject
 from packcli.procs.stop import raise_if_stopped
 
 
@@ -162,6 +163,60 @@ def fingerprint_and_count(
     for name, digest in digests:
         h.update(name.encode() + b"\0" + digest.encode())
     return h.hexdigest(), None
+
+
+def remembered_hash(source: InputSource, memo_path: Path | None) -> tuple[str, int | None] | None:
+    """A local file's hash and records as the memo remembers them for its stamp now, or None: not known
+    without reading it."""
+    if memo_path is None or source.label is not None or source.kind in ("hub", "saved_dataset") or is_uri(source.path):
+        return None
+    entry = _read_memo(memo_path).get(str(Path(source.path).resolve()), {})
+    try:
+        if entry.get("stat") != _stamp(Path(source.path).stat()) or not isinstance(entry.get("blake2b"), str):
+            return None
+    except OSError:
+        return None
+    records = entry.get("records")
+    return entry["blake2b"], records if isinstance(records, int) else None
+
+
+def remembered_part_ends(source: InputSource, memo_path: Path | None, layout: str) -> list[str] | None:
+    """The ends of a JSON lines file's cache parts cut by ``layout``, as the memo remembers them for its
+    stamp now (``remember_read``), or None."""
+    if remembered_hash(source, memo_path) is None:
+        return None
+    entry = _read_memo(memo_path).get(str(Path(source.path).resolve()), {})
+    ends = entry.get("part_ends", {}).get(layout)
+    return ends if isinstance(ends, list) and all(isinstance(e, str) for e in ends) else None
+
+
+def remember_read(
+    source: InputSource,
+    memo_path: Path | None,
+    taken: tuple[str, int, list[int]],
+    fields: str,
+    fmt: str | None,
+    part_ends: tuple[str, list[str]] | None = None,
+) -> None:
+    """Remember a local file's hash and records taken by the run's one read of it (``taken``: the hash,
+    the records and the file's stamp from before that read), with its record format sniffed with the
+    fields ``fields`` and the ends of its cache parts (``part_ends``: the layout they were cut by, and the
+    ends); as ``fingerprint`` does, not for a file changed in the last seconds."""
+    digest, records, stamp = taken
+    if memo_path is None or source.label is not None or is_uri(source.path):
+        return
+    memo = _read_memo(memo_path)
+    if time.time_ns() - max(stamp[1], stamp[3]) <= RACY_NS:
+        if not memo_path.exists():
+            _write_memo(memo_path, memo)  # it also marks the cache's folder
+        return
+    entry: JSONObject = {"stat": stamp, "blake2b": digest, "records": records}
+    if fmt is not None:
+        entry["formats"] = {fields: fmt}
+    if part_ends is not None:
+        entry["part_ends"] = {part_ends[0]: part_ends[1]}
+    memo[str(Path(source.path).resolve())] = entry
+    _write_memo(memo_path, memo)
 
 
 def remembered_format(source: InputSource, memo_path: Path | None, fields: str) -> str | None:

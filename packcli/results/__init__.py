@@ -492,13 +492,17 @@ class Segment(TypedDict):
 
 class PartInfo(TypedDict):
     """A cache part's place in its input (``part``): its number, first record, records, whether it is
-    its input's last, and (a part of an engine's cuts) the lines or records its reading passed."""
+    its input's last, and (a part of an engine's cuts) the lines or records its reading passed.
+
+    A part of a JSON lines file (keyed by it) also holds ``end``, the hash of the file's bytes from its
+    start through the part's last record."""
 
     index: int
     first: int
     records: int
     last: bool
     units: NotRequired[int]
+    end: NotRequired[str]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,7 +15,7 @@ from typing import TypeVar
 from packcli.config import PackConfig
 from packcli.engines import Engine
 from packcli.errors import InputError, Opt, Part, RecordError, UsageError, record_fix, where
-from packcli.io.fingerprint import fingerprint, fingerprint_and_count, remembered_format
+from packcli.io.fingerprint import fingerprint, fingerprint_and_count, remembered_format, remembered_hash
 from packcli.io.readers import read_batches
 from packcli.io.sources import InputSource
 from packcli.procs.stop import raise_if_stopped
@@ -126,9 +126,13 @@ def hashed(
     memo: Path | None,
     remember: bool,
     spent: list[float],
-) -> tuple[list[str], list[int | None], str, Encoder | None]:
+    later: list[bool] | None = None,
+) -> tuple[list[str | None], list[int | None], str, Encoder | None]:
     """The inputs' content hashes and record counts (None where not known without reading an input again),
     the tokenizer's key, and the encoder when the run will need it.
+
+    ``later``: the inputs whose hash the run takes as it tokenizes them (the JSON lines files made into
+    cache parts): they are not read here, and their hash is None unless remembered.
 
     One read of each input hashes it and counts its records (for the progress bar); a file remembered
     by its stamp is not read. Reading the inputs and loading the tokenizer each keep one core busy:
@@ -144,15 +148,20 @@ def hashed(
         finally:
             spent.append(time.perf_counter() - began)
 
-    def hashed(memo_path: Path | None) -> list[tuple[str, int | None]]:
-        return [fingerprint_and_count(s, memo_path, None, remember) for s in sources]
+    def hashed(memo_path: Path | None) -> list[tuple[str | None, int | None]]:
+        return [
+            (remembered_hash(s, memo_path) or (None, None))
+            if then
+            else fingerprint_and_count(s, memo_path, None, remember)
+            for s, then in zip(sources, later or [False] * len(sources), strict=True)
+        ]
 
-    hashing: Future[list[tuple[str, int | None]]] | None = None
+    hashing: Future[list[tuple[str | None, int | None]]] | None = None
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-inputs") as ahead:
         # An engine may hash the input files elsewhere (the Ray engine: in tasks, not on the driver; nor
         # does it count records there).
         known = engine.hash_files(sources, memo)
-        found: list[tuple[str, int | None]]
+        found: list[tuple[str | None, int | None]]
         if known is not None:
             found = [(fingerprint(s, memo, known, remember), None) for s in sources]
         elif config.cache:

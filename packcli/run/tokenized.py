@@ -24,11 +24,16 @@ from packcli.engines import DigestChecker, Engine, load_engine
 from packcli.errors import InputError, Message
 from packcli.io.fingerprint import (
     changed_input,
+    fingerprint,
     remember_formats,
+    remember_read,
+    remembered_part_ends,
     stamps,
 )
 from packcli.io.readers import hub_reachable
 from packcli.io.sources import InputSource, resolve_inputs
+from packcli.io.uri import is_uri
+from packcli.jsontypes import JSONObject
 from packcli.owned import HASH_MEMO
 from packcli.procs.stop import raise_if_stopped
 from packcli.results import TokenizerIdentity
@@ -135,35 +140,21 @@ def _tokenized(
     memo = cache_root / HASH_MEMO if config.cache else None
     task, formats = task_and_formats(config, sources, memo)
     spent: list[float] = []  # seconds of each pass reading the inputs through (hashes, record counts)
-    fingerprints, counts, tokenizer_key, encoder = hashed(config, sources, engine, memo, fill_cache, spent)
+    # The JSON lines files made into cache parts are hashed as they are read for them, not before.
+    later = [_hashed_as_read(config, fill_cache, s) for s in sources]
+    fingerprints, counts, tokenizer_key, encoder = hashed(config, sources, engine, memo, fill_cache, spent, later)
     if fill_cache:
         remember_formats(sources, memo, fields_key(config), formats)
     # The records of each input, counted as it was hashed (or remembered): for progress, without a read.
     sources = [dataclasses.replace(s, records=n) if n is not None else s for s, n in zip(sources, counts, strict=True)]
-    # Each input by its content, in order (sample_index follows it), with the reader its file type chose and
-    # the record format found: never its path, so that any spelling of a path, a copy, stdin or a preset
-    # run from elsewhere finds the same entry.
-    entries = [[s.kind, s.compression, formats[s.display], f] for s, f in zip(sources, fingerprints, strict=True)]
     options = _key_options(config, tokenizer_key, encoder)
-    key = cache_key({"inputs": entries, **options})
+    key = _entry_key(sources, formats, fingerprints, options)  # None until every input's hash is known
     rule_out_long = rule_out_long and config.engine == "local" and config.overflow in ("drop", "error")
     limit = config.max_len if rule_out_long else None
     check = engine.digest_checker()  # who hashes a found entry's token files (None: the store, here)
     reuse: dict[str, int] | None = None
-    entry = cache_root / key
     with contextlib.ExitStack() as stack:
-        if config.cache and (fill_cache or entry.exists()):
-            lock = EntryLock(cache_root, key)
-            if lock.acquire():  # held while the entry is in use: no prune removes it
-                stack.callback(lock.release)
-        store, state, warnings = _cached_store(entry, limit, check) if config.cache else (None, "off", [])
-        if store is not None and config.processor is not None:
-            moved_image = changed_image(load_images(store.path))
-            if moved_image is not None:
-                store, state = None, "miss"
-                warnings.append(
-                    Message(f"image {moved_image} changed since the cache entry was made; the entry is made again")
-                )
+        store, state, warnings = _entry(config, cache_root, key, fill_cache, limit, check, stack)
         if store is None and any(s.kind == "hub" for s in sources) and not hub_reachable():
             warnings.extend(
                 Message(f"{s.display}: the Hugging Face Hub cannot be reached; read from the local Hugging Face cache")
@@ -172,7 +163,7 @@ def _tokenized(
             )
         if store is not None:
             if fill_cache:
-                touch(entry)  # its last use, for pruning by age
+                touch(store.path)  # its last use, for pruning by age
             _as_this_run(store, sources, config)
         elif (cuts := _part_cuts(config, fill_cache, engine, sources)) is not None:
             # Made from the inputs' cache parts: those found are reused, the rest tokenized and kept.
@@ -180,32 +171,31 @@ def _tokenized(
                 parts.InputParts(
                     s,
                     n,
-                    functools.partial(parts.part_key, e, options=options, batch_size=ingest.BATCH_SIZE, cuts=c),
+                    _keying(s, formats, f, options, c, then),
                     cuts=c,
+                    chained=then,
+                    chain=remembered_part_ends(s, memo, parts.part_layout()) if then else None,
                 )
-                for n, (s, e, c) in enumerate(zip(sources, entries, cuts, strict=True))
+                for n, (s, f, c, then) in enumerate(zip(sources, fingerprints, cuts, later, strict=True))
             ]
-            made = _from_parts(
-                _PartRun(
-                    config, formats, cache_root, progress, rule_out_long, limit, before, fingerprints, engine, check
-                ),
-                inputs,
-                entry,
-                encoder,
-                warnings,
-            )
-            store, reuse = made, parts.reused_records(inputs)
+            run = _PartRun(
+                config, formats, cache_root, progress, rule_out_long, limit, before, fingerprints, engine, check,
+                options, memo,
+            )  # fmt: skip
+            store, state, key = _from_parts(run, inputs, (key, state), encoder, warnings, stack)
+            reuse = parts.reused_records(inputs) if state != "hit" else None
             _as_this_run(store, sources, config)  # parts made by runs that named the tokenizer otherwise
         else:
+            assert key is not None  # every hash is taken first: no input is hashed as it is read
             store = _whole_store(
-                config, sources, formats, encoder, engine, progress, rule_out_long, (before, fingerprints),
-                entry if config.cache and fill_cache else None, scratch, stack,
+                config, sources, formats, encoder, engine, progress, rule_out_long, (before, _known(fingerprints)),
+                cache_root / key if config.cache and fill_cache else None, scratch, stack,
             )  # fmt: skip
         yield TokenizedInputs(
             store=store,
             cache=state,
             sources=sources,
-            fingerprints=fingerprints,
+            fingerprints=_known(fingerprints),
             formats=formats,
             tokenizer=store.meta["tokenizer"],
             pad_id=store.meta["pad_id"],
@@ -215,6 +205,89 @@ def _tokenized(
             hash_seconds=sum(spent),
             reuse=reuse,
         )
+
+
+def _hashed_as_read(config: PackConfig, fill_cache: bool, source: InputSource) -> bool:
+    """Whether the run hashes ``source`` as it reads it into cache parts, not before: a local JSON lines file
+    (stdin's spool too) that the local engine makes into parts (``_part_cuts``)."""
+    return (
+        config.cache
+        and fill_cache
+        and config.engine == "local"
+        and config.limit is None
+        and not config.processor
+        and source.kind == "jsonl"
+        and not is_uri(source.path)
+    )
+
+
+def _entry_key(
+    sources: list[InputSource], formats: dict[str, str | None], fingerprints: list[str | None], options: JSONObject
+) -> str | None:
+    """The key of the run's cache entry, or None while the hash of an input is not known.
+
+    Each input by its content, in order (sample_index follows it), with the reader its file type chose and
+    the record format found: never its path, so that any spelling of a path, a copy, stdin or a preset
+    run from elsewhere finds the same entry.
+    """
+    if any(f is None for f in fingerprints):
+        return None
+    entries = [[s.kind, s.compression, formats[s.display], f] for s, f in zip(sources, fingerprints, strict=True)]
+    return cache_key({"inputs": entries, **options})
+
+
+def _keying(
+    source: InputSource,
+    formats: dict[str, str | None],
+    fingerprint: str | None,
+    options: JSONObject,
+    cuts: list[Any] | None,
+    chained: bool,
+) -> Any:
+    """The cache keys of an input's parts, by number (``parts.InputParts.keying``): of its hash, or of the
+    hash of its bytes before each part (``chained``)."""
+    entry: list[Any] = [source.kind, source.compression, formats[source.display]]
+    if not chained:
+        entry.append(fingerprint)
+    return functools.partial(parts.part_key, entry, options=options, batch_size=ingest.BATCH_SIZE, cuts=cuts)
+
+
+def _known(fingerprints: list[str | None]) -> list[str]:
+    """The inputs' hashes, every one known."""
+    known = [f for f in fingerprints if f is not None]
+    assert len(known) == len(fingerprints)
+    return known
+
+
+def _entry(
+    config: PackConfig,
+    cache_root: Path,
+    key: str | None,
+    fill_cache: bool,
+    limit: int | None,
+    check: DigestChecker | None,
+    stack: contextlib.ExitStack,
+) -> tuple[TokenStore | None, str, list[Message]]:
+    """The run's cache entry found (or None), the cache state, and warnings; the entry locked with ``stack``
+    while it is in use. A key not known yet (an input hashed as it is read) finds nothing yet."""
+    if not config.cache:
+        return None, "off", []
+    if key is None:
+        return None, "miss", []
+    entry = cache_root / key
+    if fill_cache or entry.exists():
+        lock = EntryLock(cache_root, key)
+        if lock.acquire():  # held while the entry is in use: no prune removes it
+            stack.callback(lock.release)
+    store, state, warnings = _cached_store(entry, limit, check)
+    if store is not None and config.processor is not None:
+        moved_image = changed_image(load_images(store.path))
+        if moved_image is not None:
+            store, state = None, "miss"
+            warnings.append(
+                Message(f"image {moved_image} changed since the cache entry was made; the entry is made again")
+            )
+    return store, state, warnings
 
 
 def _whole_store(
@@ -278,90 +351,150 @@ class _PartRun:
     rule_out_long: bool
     limit: int | None  # the --max-len of the early too-long rule, or None
     before: dict[str, list[int]]  # the inputs' stamps before they were hashed
-    fingerprints: list[str]
+    fingerprints: list[str | None]  # None: hashed as it is read (filled in then)
     engine: Engine
     check: DigestChecker | None  # the engine's check of a found part's token files
+    options: JSONObject  # the key's options
+    memo: Path | None  # the hash memo, which learns the hashes taken as the inputs are read
 
 
 def _from_parts(
     run: _PartRun,
     inputs: list[parts.InputParts],
-    entry: Path,
+    looked_up: tuple[str | None, str],
     encoder: Encoder | None,
     warnings: list[Message],
-) -> TokenStore:
-    """Make the run's cache entry at ``entry`` from its inputs' cache parts: found, or tokenized now.
+    keep: contextlib.ExitStack,
+) -> tuple[TokenStore, str, str]:
+    """Make the run's cache entry from its inputs' cache parts, found or tokenized now; return it, the
+    cache state and the entry's key.
 
     Every part used is locked (shared) until the entry is made from it (then the entry's hard links
     hold its tokens), so no prune removes it in between. A part found damaged is reported and made
     again; an input that changed while it was read leaves none of the parts this run made of it.
+
+    ``looked_up``: the entry's key and the cache state its lookup gave. A key None: an input is hashed as
+    it is read, so the entry's key is known only then. An entry found under it (inputs copied, or
+    touched, since they were cached) is used, locked with ``keep``.
     """
+    key, state = looked_up
+    before = len(warnings)
     with contextlib.ExitStack() as held:
-        return _made_from_parts(run, inputs, entry, encoder, warnings, held)
+        _found_parts(run, inputs, warnings, held)
+        seconds: dict[str, float] = {}
+        if not all(item.complete for item in inputs):
+            seconds = _made_parts(run, inputs, encoder, held)
+        if key is None:
+            key = _entry_key([i.source for i in inputs], run.formats, run.fingerprints, run.options)
+            assert key is not None
+            lock = EntryLock(run.cache_root, key)
+            if lock.acquire():
+                keep.callback(lock.release)
+            found, state, said = _cached_store(run.cache_root / key, run.limit, run.check)
+            warnings[before:before] = said  # the entry's before its parts', as when its key is known first
+            if found is not None:
+                return found, state, key
+        assembling = time.perf_counter()
+        store = parts.assemble(inputs, run.formats, run.cache_root / key, run.cache_root, CACHE_FIX)
+        seconds["store"] = seconds.get("store", 0.0) + time.perf_counter() - assembling
+        store.seconds = seconds
+        return store, state, key
 
 
-def _made_from_parts(
-    run: _PartRun,
-    inputs: list[parts.InputParts],
-    entry: Path,
-    encoder: Encoder | None,
-    warnings: list[Message],
-    held: contextlib.ExitStack,
-) -> TokenStore:
-    config, root = run.config, run.cache_root
+def _found_parts(
+    run: _PartRun, inputs: list[parts.InputParts], warnings: list[Message], held: contextlib.ExitStack
+) -> None:
+    """Each input's parts found in the cache, in order, locked with ``held``: by their keys (a chained
+    input's by the ends the memo remembers for it, else as it is read: ``find``)."""
     allow_open_files()  # a lock (an open file) per part held: thousands, for a large input
+    damaged: set[str] = set()  # a damaged part is reported once, and made again
 
-    def hold(key: str) -> None:
-        lock = EntryLock(root, key)
-        if lock.acquire():
-            held.callback(lock.release)
+    def find(item: parts.InputParts, key: str) -> TokenStore | None:
+        if key in damaged:
+            return None
+        said = len(warnings)
+        found = _find_part(run, item, key, warnings, held)
+        if len(warnings) > said:
+            damaged.add(key)
+        return found
 
     for item in inputs:
-        number = 0
-        while True:
-            hold(item.key_of(number))
-            found, _, said = _cached_store(root / item.key_of(number), run.limit, run.check)
-            warnings.extend(w.replace("cache entry", f"cache part of {item.source.display}") for w in said)
-            if found is None or "part" not in found.meta:
-                break
-            touch(found.path)
+        item.find = functools.partial(find, item)
+        if item.chained:
+            chain = item.chain or []
+            item.found = [p for p in (find(item, item.key_of(n)) for n in range(len(chain))) if p is not None]
+            item.ended = bool(chain) and len(item.found) == len(chain)
+            continue
+        while (found := find(item, item.key_of(len(item.found)))) is not None:
             item.found.append(found)
             if found.meta["part"]["last"]:
                 break
-            number += 1
-    seconds: dict[str, float] = {}
-    if not all(item.complete for item in inputs):
-        if encoder is None:
-            encoder = run_encoder(config)
 
-        def unchanged(source: InputSource) -> None:
-            now = stamps([source])
-            if any(run.before.get(path) != stamp for path, stamp in now.items()):
-                raise InputError(_changed(source.display))
 
-        options = tokenize_options(config)
-        read: dict[str, str] = {}  # the hashes taken as the inputs were read through
-        seconds = run.engine.tokenize_to_parts(
-            options, inputs, run.formats, encoder, root, run.progress, run.rule_out_long, unchanged, hold, read
-        )
-        # The inputs parts were made of now: did one change while it was read? (The others gave only
-        # parts found by the hash taken before.)
-        made = [(i.source, f) for i, f in zip(inputs, run.fingerprints, strict=True) if i.made]
-        sources = [source for source, _ in made]
-        known = {**(run.engine.rehash_files(sources) or {}), **read}
-        moved = changed_input(sources, run.before, [f for _, f in made], known)
-        if moved is not None:
-            for item in inputs:
-                if item.source.display == moved:
-                    for part in item.made:
-                        shutil.rmtree(part.path, ignore_errors=True)
-            raise InputError(_changed(moved))
-    assembling = time.perf_counter()
-    where, fix = root, CACHE_FIX
-    store = parts.assemble(inputs, run.formats, entry, where, fix)
-    seconds["store"] = seconds.get("store", 0.0) + time.perf_counter() - assembling
-    store.seconds = seconds
-    return store
+def _find_part(
+    run: _PartRun, item: parts.InputParts, key: str, warnings: list[Message], held: contextlib.ExitStack
+) -> TokenStore | None:
+    """The cache part ``key`` of ``item``, checked and locked with ``held``, or None (a damaged one reported)."""
+    lock = EntryLock(run.cache_root, key)
+    if lock.acquire():
+        held.callback(lock.release)
+    found, _, said = _cached_store(run.cache_root / key, run.limit, run.check)
+    warnings.extend(w.replace("cache entry", f"cache part of {item.source.display}") for w in said)
+    if found is None or "part" not in found.meta:
+        return None
+    touch(found.path)
+    return found
+
+
+def _made_parts(
+    run: _PartRun, inputs: list[parts.InputParts], encoder: Encoder | None, held: contextlib.ExitStack
+) -> dict[str, float]:
+    """Tokenize the parts the cache lacks (and read the chained inputs whose parts found are not known to
+    be theirs); fill in the hashes taken as the inputs were read. Return the seconds by stage."""
+    config = run.config
+    if encoder is None:
+        encoder = run_encoder(config)
+
+    def unchanged(source: InputSource) -> None:
+        now = stamps([source])
+        if any(run.before.get(path) != stamp for path, stamp in now.items()):
+            raise InputError(_changed(source.display))
+
+    def hold(key: str) -> None:
+        lock = EntryLock(run.cache_root, key)
+        if lock.acquire():
+            held.callback(lock.release)
+
+    options = tokenize_options(config)
+    read: dict[str, str] = {}  # the hashes taken as the inputs were read through
+    seconds = run.engine.tokenize_to_parts(
+        options, inputs, run.formats, encoder, run.cache_root, run.progress, run.rule_out_long, unchanged, hold, read
+    )
+    later = [k for k, f in enumerate(run.fingerprints) if f is None]
+    for k in later:
+        source = inputs[k].source
+        run.fingerprints[k] = read.get(str(Path(source.path))) or fingerprint(source)
+    # The inputs read now: did one change while it was read? (The others gave only parts found by the
+    # hash taken before.)
+    now = [(i.source, f) for i, f in zip(inputs, run.fingerprints, strict=True) if i.made or i.read is not None]
+    sources = [source for source, _ in now]
+    known = {**(run.engine.rehash_files(sources) or {}), **read}
+    moved = changed_input(sources, run.before, _known([f for _, f in now]), known)
+    if moved is not None:
+        for item in inputs:
+            if item.source.display == moved:
+                for part in item.made:
+                    shutil.rmtree(part.path, ignore_errors=True)
+        raise InputError(_changed(moved))
+    for k in later:  # known by their stamps from now on, as if hashed before
+        source, digest = inputs[k].source, run.fingerprints[k]
+        stamp = run.before.get(str(Path(source.path)))
+        if digest is not None and stamp is not None:
+            item = inputs[k]
+            ends = (parts.part_layout(), item.read.ends) if item.read is not None else None
+            taken = (digest, item.records(item.parts), stamp)
+            remember_read(source, run.memo, taken, fields_key(config), run.formats[source.display], ends)
+    return seconds
 
 
 def _changed(display: str) -> str:
@@ -371,7 +504,7 @@ def _changed(display: str) -> str:
     )
 
 
-def _key_options(config: PackConfig, tokenizer_key: str, encoder: Encoder | None) -> dict[str, Any]:
+def _key_options(config: PackConfig, tokenizer_key: str, encoder: Encoder | None) -> JSONObject:
     """What keys a cache entry or part besides its inputs: the tokenization options and the tokenizer."""
     return {
         "fields": config.fields,

@@ -33,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from packcli.errors import OutputError, Text
+from packcli.io.readers import PartEnds
 from packcli.io.sources import InputSource
+from packcli.jsontypes import JSONObject
 from packcli.results import PartInfo
 from packcli.store.integrity import segment_files
 from packcli.store.key import cache_key
@@ -42,6 +44,9 @@ from packcli.version import __version__
 
 # Records of one input in a part (a multiple of the tokenizing batch, so a batch lies in one part).
 PART_RECORDS = 32768
+# A JSON lines file's part also ends at the record that takes it to this many bytes (what a read holds
+# while it finds whether the cache has the part).
+PART_BYTES = 1 << 25
 # Meta keys whose counts add up over parts (nested dicts of counts add key by key).
 SUMMED = (
     "records_read",
@@ -59,35 +64,75 @@ REJECTS, TURN_FIXES = "rejects.jsonl", "turn_fixes.jsonl"
 
 
 def part_key(
-    source: list[Any], index: int, options: dict[str, Any], batch_size: int, cuts: list[Any] | None = None
+    source: list[Any],
+    index: int,
+    options: JSONObject,
+    batch_size: int,
+    cuts: list[Any] | None = None,
+    through: str | None = None,
 ) -> str:
     """The cache key of part ``index`` of an input (``source``: its kind, compression, format and
     content hash), tokenized with ``options`` (the run's key but its inputs).
 
     ``cuts``: where an engine cuts the input otherwise than in parts of PART_RECORDS records (the Ray
     engine: byte ranges, row groups), its cuts, the part's own in its key.
+
+    ``through``: a JSON lines file's part is keyed by the hash of the file's bytes from its start
+    through the part's last record, not by the file's hash (``source`` then holds no hash). A run finds
+    the part once it has read it, before the whole is hashed, and a file that grew, or was edited after
+    it, keeps the part.
     """
-    if cuts is None:
-        layout: dict[str, Any] = {"index": index, "records": PART_RECORDS, "batch": batch_size}
+    if through is not None:
+        layout: JSONObject = {
+            "index": index, "records": PART_RECORDS, "bytes": PART_BYTES, "batch": batch_size, "through": through,
+        }  # fmt: skip
+    elif cuts is None:
+        layout = {"index": index, "records": PART_RECORDS, "batch": batch_size}
     else:
         layout = {"index": index, "cut": cuts[index], "batch": batch_size}
     return cache_key({"part": source, "layout": layout, **options})
 
 
+def part_layout() -> str:
+    """How a JSON lines file is cut into parts (``PartEnds``): the memo keeps the ends of its parts under it."""
+    return f"{PART_RECORDS}/{PART_BYTES}"
+
+
 @dataclass
 class InputParts:
-    """One input of a run: its parts found in the cache, and the keys of those to make."""
+    """One input of a run: its parts found in the cache, and the keys of those to make.
+
+    A JSON lines file (``chained``) is cut into parts by what it holds and each part keyed by the hash
+    through its end: its parts are found as it is read (``read``), or without reading it when the memo
+    remembers those hashes for the file as it is (``chain``). The others' parts are keyed by the
+    input's hash, and found before it is read.
+    """
 
     source: InputSource
     number: int  # its place among the run's inputs
-    key_of: Any  # Callable[[int], str]: part number -> cache key
+    keying: Any  # Callable[..., str]: part number (and ``through``, chained) -> cache key
     cuts: list[Any] | None = None  # the engine's cuts of the input (None: parts of PART_RECORDS records)
-    found: list[TokenStore] = field(default_factory=list)  # parts 0, 1, ... found usable, in order
-    made: list[TokenStore] = field(default_factory=list)  # parts made by this run, in order
+    found: list[TokenStore] = field(default_factory=list)  # parts found usable
+    made: list[TokenStore] = field(default_factory=list)  # parts made by this run
+    chained: bool = False
+    chain: list[str] | None = None  # a chained input's part ends, remembered with its hash
+    read: PartEnds | None = None  # what reading a chained input learned of its parts
+    ended: bool = False  # a chained input's parts are all found or made
+    find: Any = None  # Callable[[str], TokenStore | None]: a part found (and locked) by its key, or None
+
+    def key_of(self, number: int) -> str:
+        """The cache key of part ``number`` (a chained input's once its end is known)."""
+        if not self.chained:
+            return str(self.keying(number))
+        ends = self.read.ends if self.read is not None else self.chain
+        assert ends is not None and number < len(ends)
+        return str(self.keying(number, through=ends[number]))
 
     @property
     def complete(self) -> bool:
         """Whether the parts found hold the whole input (the last of them is its last part)."""
+        if self.chained:
+            return self.ended and not self.made
         return bool(self.found) and bool(self.found[-1].meta["part"]["last"])
 
     @property
@@ -97,7 +142,7 @@ class InputParts:
     @property
     def next_record(self) -> int:
         """The number of the first record no part found or made holds."""
-        done = self.found + self.made
+        done = self.parts
         if not done:
             return 0
         last = done[-1].meta["part"]
@@ -110,18 +155,31 @@ class InputParts:
 
     @property
     def parts(self) -> list[TokenStore]:
-        return self.found + self.made
+        """The parts found and made, in input order (a chained input's are found and made as it is read)."""
+        done = self.found + self.made
+        return sorted(done, key=lambda p: int(p.meta["part"]["index"])) if self.chained else done
 
     def records(self, which: list[TokenStore]) -> int:
         return sum(int(p.meta["part"]["records"]) for p in which)
 
 
-def part_meta(index: int, first: int, records: int, last: bool, units: int | None = None) -> PartInfo:
+def part_meta(
+    index: int,
+    first: int,
+    records: int,
+    last: bool,
+    units: int | None = None,
+    read: PartEnds | None = None,
+) -> PartInfo:
     """What a part's meta.json says of its place in its input (``units``: the lines or records its
-    reading passed, for a part of an engine's cuts: what the positions of the parts after it add)."""
-    meta: PartInfo = {"index": index, "first": first, "records": records, "last": last}
+    reading passed, for a part of an engine's cuts: what the positions of the parts after it add;
+    ``read``: a JSON lines file's ends, its part's ``end`` taken from it. Such a part may be another
+    file's too, or the same file's once it grew: ``last`` is then False)."""
+    meta: PartInfo = {"index": index, "first": first, "records": records, "last": last and read is None}
     if units is not None:
         meta["units"] = units
+    if read is not None:
+        meta["end"] = read.ends[index]
     return meta
 
 

@@ -6,12 +6,12 @@ import contextlib
 import os
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 from packcli.contract import Progress
-from packcli.io.readers import count_records, read_batches
+from packcli.io.readers import PartEnds, count_records, read_batches, read_parts
 from packcli.io.sources import InputSource, RawBatch
 from packcli.procs import pool
 from packcli.results import ProcessorIdentity, TokenizerIdentity
@@ -169,15 +169,20 @@ def tokenize_to_parts(
     clock: defaultdict[str, float] = defaultdict(float)
     began = time.perf_counter()
     todo = [item for item in inputs if not item.complete]
-    counted = [count_records(item.source) for item in todo]
+    counted = [count_records(item.source, read=not item.chained) for item in todo]
     total = None if None in counted else sum(counted) - sum(item.next_record for item in todo)  # type: ignore[arg-type]
     route: deque[tuple[parts.InputParts, int]] = deque()  # the part of each batch sent, in order
+    digests = read_digests if read_digests is not None else {}
 
     def jobs() -> Iterator[tuple[RawBatch, str | None]]:
         for item in todo:
-            skip = item.next_index
-            for batch in _timed(read_batches([item.source], BATCH_SIZE, digests=read_digests), clock, "read"):
-                number = batch.first_index // parts.PART_RECORDS
+            if item.chained:
+                numbered = _chained(item, clock, digests)
+            else:
+                batches = _timed(read_batches([item.source], BATCH_SIZE, digests=digests), clock, "read")
+                numbered = ((batch.first_index // parts.PART_RECORDS, batch) for batch in batches)
+            skip = 0 if item.chained else item.next_index
+            for number, batch in numbered:
                 if number >= skip:
                     route.append((item, number))
                     yield batch, formats[batch.source]
@@ -189,7 +194,7 @@ def tokenize_to_parts(
         options, formats, encoder, cache_root, clock, unchanged, hold, ruled_out_bytes, service is not None
     )
     try:
-        if todo:  # the first part to make, begun before the first batch is tokenized
+        if todo and not todo[0].chained:  # the first part to make, begun before the first batch is tokenized
             making.begin(todo[0], todo[0].next_index, todo[0].next_record)
         results = _run(context, jobs(), options.num_proc, service)
         for result in results:
@@ -199,7 +204,7 @@ def tokenize_to_parts(
         # An input with no part made now, nor its last found (empty, or killed just after its last part):
         # its last part, empty, says it is whole.
         for item in todo:
-            if not item.made or not item.made[-1].meta["part"]["last"]:
+            if not item.chained and (not item.made or not item.made[-1].meta["part"]["last"]):
                 making.begin(item, item.next_index, item.next_record)
                 making.commit(last=True)
         clock["wall"] = time.perf_counter() - began
@@ -210,6 +215,34 @@ def tokenize_to_parts(
         raise
     finally:
         _release(encoder, service)
+
+
+def _chained(
+    item: parts.InputParts, clock: defaultdict[str, float], digests: dict[str, str]
+) -> Iterator[tuple[int, RawBatch]]:
+    """The batches of a JSON lines input's parts that the cache lacks, with their part's number; the input
+    read once, from its start.
+
+    Each part is held (at most ``parts.PART_BYTES`` and a record) until its end is read: its key is then
+    known, and a part the cache has is taken from it (``item.find``), not tokenized.
+    """
+    ends = item.read = PartEnds(parts.PART_RECORDS, parts.PART_BYTES)
+    item.found.clear()  # found again as the read comes to each (the memo's ends did not find them all)
+    held: list[RawBatch] = []
+    number = 0  # the part being read
+    for batch in _timed(read_parts(item.source, BATCH_SIZE, ends, digests), clock, "read"):
+        held.append(batch)
+        if len(ends.ends) <= number:
+            continue  # the part goes on
+        found = item.find(item.key_of(number)) if item.find is not None else None
+        if found is not None:
+            item.found.append(found)
+        else:
+            yield from ((number, b) for b in held)
+        held = []
+        number += 1
+    assert not held  # the input's last part ends with it
+    item.ended = True
 
 
 class _PartMaking:
@@ -273,7 +306,7 @@ class _PartMaking:
         identity, pad_id = store_identity(encoder), store_pad_id(encoder)
         meta = builder.meta([item.source], self.formats, identity, pad_id, encoder.choice.record(), slow)
         builder.ruled_out(meta, self.ruled_out_bytes)
-        meta["part"] = parts.part_meta(number, first, int(builder.counts["records"]), last)
+        meta["part"] = parts.part_meta(number, first, int(builder.counts["records"]), last, read=item.read)
         finishing = time.perf_counter()
         item.made.append(builder.finish(meta))
         self.clock["store"] += time.perf_counter() - finishing
@@ -347,7 +380,7 @@ def store_pad_id(encoder: Encoder) -> int:
     return int(pad_id) if pad_id is not None else (encoder.eos_id or 0)
 
 
-def _timed(items: Iterator[Any], clock: defaultdict[str, float], key: str) -> Iterator[Any]:
+def _timed(items: Iterator[Any], clock: defaultdict[str, float], key: str) -> Generator[Any, None, None]:
     """Yield from ``items``, adding the seconds spent getting each one to ``clock[key]``."""
     while True:
         t = time.perf_counter()

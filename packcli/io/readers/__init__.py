@@ -16,18 +16,32 @@ from collections.abc import Generator, Iterator
 
 from packcli.errors import InputError
 from packcli.io.readers.hub import hub_reachable
-from packcli.io.readers.jsonl import read_json, read_json_lines
+from packcli.io.readers.jsonl import PartEnds, read_json, read_json_lines
 from packcli.io.readers.tabular import parquet_file, read_tabular
 from packcli.io.sources import InputSource, RawBatch
 from packcli.procs.stop import raise_if_stopped
 
-__all__ = ["count_records", "hub_reachable", "number_batches", "parquet_file", "read_batches", "read_source"]
+__all__ = [
+    "PartEnds",
+    "count_records",
+    "hub_reachable",
+    "number_batches",
+    "parquet_file",
+    "read_batches",
+    "read_parts",
+    "read_source",
+]
 
 
-def count_records(source: InputSource) -> int | None:
-    """Return the number of records of a source when it is cheap to know (for progress), else None."""
+def count_records(source: InputSource, read: bool = True) -> int | None:
+    """Return the number of records of a source when it is cheap to know (for progress), else None.
+
+    ``read`` False: only what is known without reading the file (a JSON lines file is counted by a read).
+    """
     if source.records is not None:
         return source.records
+    if not read and source.kind in ("jsonl", "json"):
+        return None
     try:
         if source.kind == "jsonl" and source.compression is None:
             st = os.stat(source.path)
@@ -69,6 +83,16 @@ def read_batches(
         if limit is not None and index >= limit:
             return
         index = yield from number_batches(read_source(source, batch_size, digests), index, limit)
+
+
+def read_parts(source: InputSource, batch_size: int, ends: PartEnds, digests: dict[str, str]) -> Iterator[RawBatch]:
+    """Yield a JSON lines file's records in batches numbered from 0, cutting it into parts and hashing where
+    each ends into ``ends`` as it reads (``io.readers.jsonl.PartEnds``)."""
+    batches = read_json_lines(source, batch_size, digests, ends)
+    try:
+        yield from number_batches(batches, 0, None)
+    except OSError as exc:
+        raise InputError(f"{source.display}: cannot read ({exc.strerror or exc}); check the file") from exc
 
 
 def number_batches(batches: Iterator[RawBatch], index: int, limit: int | None) -> Generator[RawBatch, None, int]:

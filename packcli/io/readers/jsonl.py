@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import codecs
+import hashlib
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from packcli.errors import InputError
@@ -13,7 +16,38 @@ from packcli.io.sources import InputSource, RawBatch
 from packcli.records.checks import json_value_end
 
 
-def read_json_lines(source: InputSource, batch_size: int, digests: dict[str, str] | None = None) -> Iterator[RawBatch]:
+@dataclass
+class PartEnds:
+    """What one read of a JSON lines input learns of its parts, as it reads them.
+
+    A part ends with its ``every``-th record, or with the first record that takes it to ``size`` bytes
+    or more (blank lines before a record count in its part), or with the input: cut by what the input
+    holds up to there, so a file that grows or is edited at its end keeps the parts before.
+    ``ends[k]``: the hash of the input's (decompressed) bytes from its start through part ``k``'s last
+    record; ``records[k]`` its records; ``whole``: the hash of all its (decompressed) bytes; ``file``: the
+    hash of the file's bytes (``io.fingerprint``'s: ``whole`` for a file not compressed). A part's end
+    is known before the batch that ends it is handed over, and no batch holds records of two parts.
+    """
+
+    every: int
+    size: int
+    ends: list[str] = field(default_factory=list)
+    records: list[int] = field(default_factory=list)
+    whole: str | None = None
+    file: str | None = None
+
+
+def read_json_lines(
+    source: InputSource, batch_size: int, digests: dict[str, str] | None = None, ends: PartEnds | None = None
+) -> Iterator[RawBatch]:
+    """Yield a JSON lines file's records in batches of raw lines (blank lines skipped).
+
+    ``digests`` receives the hash of the file read through, by its path. With ``ends``, the read also
+    cuts the input into parts and hashes where each ends (``PartEnds``).
+    """
+    if ends is not None:
+        yield from _read_marking(source, batch_size, digests, ends)
+        return
     path = source.display
     items: list[bytes] = []
     positions: list[int] = []
@@ -33,6 +67,60 @@ def read_json_lines(source: InputSource, batch_size: int, digests: dict[str, str
     if items:
         yield RawBatch(path, 0, items, positions, raw_lines=True)
     if empty:
+        raise InputError(f"{path}: the file is empty; remove it from the inputs")
+
+
+def _read_marking(
+    source: InputSource, batch_size: int, digests: dict[str, str] | None, ends: PartEnds
+) -> Iterator[RawBatch]:
+    """``read_json_lines`` that hashes the lines as it reads them, cutting the input into parts.
+
+    A batch is handed over once the next record (or the end) is read, so that when the batch that ends
+    a part arrives, that part's end is known.
+    """
+    path = source.display
+    plain = source.compression is None
+    whole = hashlib.blake2b(digest_size=16)
+    offset = line_no = records = 0
+    start = (0, 0)  # the offset and the records where the part being read starts
+    items: list[bytes] = []
+    positions: list[int] = []
+    held: RawBatch | None = None
+    raw_digests: dict[str, str] = {}  # a compressed file's own hash, taken under the decompression
+    with open_input(source, None if plain else raw_digests) as fh:
+        for line in fh:
+            whole.update(line)
+            offset += len(line)
+            line_no += 1
+            if line_no == 1 and line.startswith(codecs.BOM_UTF8):
+                line = line[len(codecs.BOM_UTF8) :]  # Windows exports start with one
+            if not line.strip():
+                continue
+            if held is not None:
+                yield held
+                held = None
+            items.append(line)
+            positions.append(line_no)
+            records += 1
+            if records - start[1] >= ends.every or offset - start[0] >= ends.size:
+                ends.ends.append(whole.hexdigest())
+                ends.records.append(records - start[1])
+                start = (offset, records)
+            if len(items) >= batch_size or start[1] == records:  # full, or the part's last
+                held = RawBatch(path, 0, items, positions, raw_lines=True)
+                items, positions = [], []
+    ends.whole = whole.hexdigest()
+    if records > start[1]:
+        ends.ends.append(ends.whole)
+        ends.records.append(records - start[1])
+    ends.file = ends.whole if plain else raw_digests.get(str(Path(source.path)))
+    if digests is not None and ends.file is not None:
+        digests[str(Path(source.path))] = ends.file
+    if held is not None:
+        yield held
+    if items:
+        yield RawBatch(path, 0, items, positions, raw_lines=True)
+    if not records:
         raise InputError(f"{path}: the file is empty; remove it from the inputs")
 
 
