@@ -287,11 +287,12 @@ def test_few_dict_str_any_left() -> None:
 # these, each with its reason.
 FLAG_TEXT = re.compile(r"(?<![\w-])(--[a-z]|-o\b)")
 ALLOWED_FLAG_TEXT = {
-    ("packcli.config", "--field"): "FLAGS: the table of the command line's flags whose name is not the option's",
-    ("packcli.config", "--template-kwarg"): "FLAGS, as above",
-    ("packcli.config", "--no-cache"): "FLAGS, as above",
-    ("packcli.config", "--add-eos/--no-add-eos"): "FLAGS, as above",
-    ("packcli.config", "-o"): "SHORT_FLAGS: the short flag a message may name the output by",
+    ("packcli.config", "--field"): "PackConfig: an option's declared flag, where it is not the option's name",
+    ("packcli.config", "--template-kwarg"): "PackConfig's declarations, as above",
+    ("packcli.config", "--no-cache"): "PackConfig's declarations, as above",
+    ("packcli.config", "--add-eos/--no-add-eos"): "PackConfig's declarations, as above",
+    ("packcli.config", "--no-overwrite"): "PackConfig's declarations: the off form of --overwrite, in --help only",
+    ("packcli.config", "-o"): "PackConfig's declarations: the short flag a message may name the output by",
     ("packcli.config", "--no-"): "flag_term: how the command line spells an option turned off",
     ("packcli.config.presets", "; see packcli pack --help"): "presets are read by the command line only (--config)",
     ("packcli.report.plot", "Samples too long (dropped by --overflow drop) per max_len"): (

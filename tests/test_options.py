@@ -371,56 +371,189 @@ def test_identical_answers_are_no_pair(kind: str, pack: Any, tmp_path: Path) -> 
 
 # -- one declaration per option --------------------------------------------------------------------------
 
-# The pack flags that set no PackConfig field, and the fields whose CLI default differs by its form.
+# The pack parameters that set no PackConfig field.
 NOT_OPTIONS = {"inputs", "config", "json_out", "quiet", "help"}
-CLI_FORM = {
-    "fields": None,
-    "template_kwargs": None,
-    "mix": None,
-    "num_proc": None,
-    "cache": False,
-}  # repeatable, or --no-cache
-API_FORM = {"fields": None, "template_kwargs": None, "num_proc": None}  # None: the defaults, or the cores
+
+
+def _declared_defaults() -> dict[str, Any]:
+    from dataclasses import MISSING
+
+    return {
+        f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        for f in fields(PackConfig)
+        if f.name != "inputs"
+    }
+
+
+def _cli_problems(params: list[Any]) -> list[str]:
+    """What differs between pack's click parameters and the declarations of PackConfig's fields."""
+    from packcli.cli.options import choices
+    from packcli.config import CHOICES, DECLARATIONS, HELP_PANELS, flag, flag_term
+    from packcli.errors import parts_of, render
+
+    problems = []
+    owner: dict[str, str] = {}  # CLI parameter -> the field it sets
+    order = [name for panel in HELP_PANELS.values() for name in panel]
+    for name, default in _declared_defaults().items():
+        declared = DECLARATIONS[name]
+        found = [p for p in params if flag(name).split("/")[0] in p.opts]
+        if len(found) != 1:
+            problems.append(f"{name}: {len(found)} flags")
+            continue
+        [param] = found
+        owner[param.name] = name
+        if declared.repeatable or declared.none_means is not None:
+            default = None  # none given; or what None stands for (the available cores)
+        elif flag(name).startswith("--no-") and "/" not in flag(name):
+            default = not default  # --no-cache
+        shown = declared.none_means if declared.none_means is not None else True
+        expected = {
+            "default": default,
+            "help": render(parts_of(declared.help), flag_term),
+            "metavar": choices(name) if name in CHOICES else declared.metavar,
+            "rich_help_panel": next(panel for panel, names in HELP_PANELS.items() if name in names),
+            "show_default": shown,
+            "secondary_opts": [declared.off_flag] if declared.off_flag else param.secondary_opts,
+        }
+        problems += [
+            f"{name}: {key} {getattr(param, key)!r}" for key, v in expected.items() if getattr(param, key) != v
+        ]
+    if {p.name for p in params} - set(owner) != NOT_OPTIONS - {"help"}:
+        problems.append(f"parameters of no option: {sorted({p.name for p in params} - set(owner))}")
+    listed = [owner[p.name] for p in params if p.name in owner]
+    if listed != order:
+        problems.append(f"not in the help's order: {listed}")
+    return problems
+
+
+def _accepts(keyword: Any, declared: Any) -> bool:
+    """Whether a keyword's type takes every value of the field's type (str by str | PathLike[str], a tuple by a
+    Sequence, a dict by a Mapping)."""
+    import types
+    from collections.abc import Sequence
+    from typing import Literal, Union, get_args, get_origin
+
+    def members(kind: Any) -> tuple[Any, ...]:
+        return get_args(kind) if get_origin(kind) in (Union, types.UnionType) else (kind,)
+
+    def takes(k: Any, d: Any) -> bool:
+        if k == d or k is Any:
+            return True
+        if get_origin(d) is Literal or get_origin(k) is Literal:
+            return False
+        k_origin, d_origin = get_origin(k) or k, get_origin(d) or d
+        if not (isinstance(k_origin, type) and isinstance(d_origin, type) and issubclass(d_origin, k_origin)):
+            return False
+        k_args, d_args = get_args(k), tuple(a for a in get_args(d) if a is not Ellipsis)
+        if k_origin is Sequence and d_origin is tuple:
+            return all(takes(k_args[0], a) for a in d_args)
+        return len(k_args) == len(d_args) and all(takes(ka, da) for ka, da in zip(k_args, d_args, strict=True))
+
+    return all(any(takes(k, d) for k in members(keyword)) for d in members(declared))
+
+
+def _library_problems(function: Any) -> list[str]:
+    """What differs between a function's keywords and the declarations of PackConfig's fields."""
+    from packcli.config import DECLARATIONS, OPTION_TYPES
+
+    keywords = {n: p for n, p in inspect.signature(function, eval_str=True).parameters.items() if n != "inputs"}
+    declared = _declared_defaults()
+    problems = [f"{name}: no keyword" for name in sorted(set(declared) - set(keywords))]
+    problems += [f"{name}: no option" for name in sorted(set(keywords) - set(declared))]
+    for name in sorted(set(keywords) & set(declared)):
+        param, default = keywords[name], declared[name]
+        # None where it stands for something (the available cores) or for a table's default
+        unset = DECLARATIONS[name].none_means is not None or isinstance(default, dict)
+        if param.default != (None if unset else default) or type(param.default) is not type(None if unset else default):
+            problems.append(f"{name}: default {param.default!r}")
+        if not _accepts(param.annotation, OPTION_TYPES[name]):
+            problems.append(f"{name}: type {param.annotation} does not take {OPTION_TYPES[name]}")
+    return problems
 
 
 def test_every_option_has_one_flag_and_one_keyword_as_declared() -> None:
-    """Each PackConfig field has exactly one flag of ``packcli pack`` and one keyword of ``packcli.pack``, with
-    its default and its choices (the Literal type of config.CHOICE_TYPES), and is in the docs' options table."""
-    from dataclasses import MISSING
+    """Each PackConfig field is declared (help, flag, panel) and has exactly one flag of ``packcli pack`` built
+    from that declaration, in the help's order, and one keyword of ``packcli.pack`` with its default and a type
+    that takes its values (its Literal type for a choice); and it is in the docs' options table."""
+    from typer.main import get_command
+
+    from packcli.api import pack
+    from packcli.cli import app
+    from packcli.config import CHOICE_TYPES, DECLARATIONS, HELP_PANELS, flag
+
+    assert set(DECLARATIONS) == {f.name for f in fields(PackConfig)} - {"inputs"}
+    panels = [name for names in HELP_PANELS.values() for name in names]
+    assert sorted(panels) == sorted(DECLARATIONS)  # each option in exactly one panel
+    assert all(DECLARATIONS[name].help for name in DECLARATIONS)
+    command = get_command(app).commands["pack"]  # type: ignore[attr-defined]
+    assert _cli_problems(command.params) == []
+    assert _library_problems(pack) == []
+    for name, kind in CHOICE_TYPES.items():
+        assert inspect.signature(pack, eval_str=True).parameters[name].annotation == kind, name
+    table = (Path(__file__).parents[1] / "docs" / "reference" / "pack-options.md").read_text()
+    for name in DECLARATIONS:
+        assert f"`{flag(name).split('/')[0]}" in table, f"{flag(name)} is not in docs/reference/pack-options.md"
+
+
+def test_the_declaration_checks_find_drift() -> None:
+    """A field declared without option() is refused; a CLI or a library signature that drifted from the
+    declarations is found: a default, a type, a keyword or a flag, its help or its place."""
+    import copy
+    from dataclasses import dataclass, field
 
     from typer.main import get_command
 
     from packcli.api import pack
     from packcli.cli import app
-    from packcli.cli.options import choices
-    from packcli.config import CHOICE_TYPES, CHOICES, flag
+    from packcli.config.declare import declared
 
-    declared = {
-        f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
-        for f in fields(PackConfig)
-        if f.name != "inputs"
-    }
-    command = get_command(app).commands["pack"]  # type: ignore[attr-defined]
-    table = (Path(__file__).parents[1] / "docs" / "reference" / "pack-options.md").read_text()
-    owner: dict[str, str] = {}  # CLI parameter -> the field it sets
-    for name, default in declared.items():
-        first = flag(name).split("/")[0]
-        [param] = [p for p in command.params if first in p.opts]
-        assert param.name not in owner, (name, param.name)
-        owner[param.name] = name
-        assert param.default == CLI_FORM.get(name, default), name
-        assert f"`{first}" in table, f"{first} is not in docs/reference/pack-options.md"
-        if name in CHOICES:
-            assert param.metavar == choices(name), name
-    assert {p.name for p in command.params} - set(owner) == NOT_OPTIONS - {"help"}
+    @dataclass(frozen=True)
+    class Undeclared:
+        max_len: int = 4096
+        fields: dict[str, str] = field(default_factory=dict)
+
+    for f in fields(Undeclared):
+        with pytest.raises(TypeError, match=rf"PackConfig.{f.name} is declared without option\(\)"):
+            declared(f)
 
     signature = inspect.signature(pack, eval_str=True)
-    keywords = {n: p for n, p in signature.parameters.items() if n != "inputs"}
-    assert sorted(keywords) == sorted(declared)
-    for name, param in keywords.items():
-        assert param.default == API_FORM.get(name, declared[name]), name
-        if name in CHOICES:
-            assert param.annotation == CHOICE_TYPES[name], name
+    params = dict(signature.parameters)
+    params["max_len"] = params["max_len"].replace(default=2048)
+    params["seed"] = params["seed"].replace(annotation=str)
+    params["num_proc"] = params["num_proc"].replace(default=1)
+    del params["dedup"]
+
+    def drifted() -> None: ...
+
+    drifted.__signature__ = signature.replace(parameters=list(params.values()))  # type: ignore[attr-defined]
+    assert _library_problems(drifted) == [
+        "dedup: no keyword",
+        "max_len: default 2048",
+        "num_proc: default 1",
+        "seed: type <class 'str'> does not take <class 'int'>",
+    ]
+    assert _accepts(int | None, int) and not _accepts(int, int | None) and not _accepts(str, int)
+
+    cli = [copy.copy(p) for p in get_command(app).commands["pack"].params]  # type: ignore[attr-defined]
+    by_name = {p.name: p for p in cli}
+    by_name["max_len"].default = 2048
+    by_name["overflow"].help = "Samples too long."
+    by_name["overwrite"].secondary_opts = []
+    cli.remove(by_name["seed"])
+    cli.remove(by_name["rejects"])
+    cli.insert(0, by_name["rejects"])
+    problems = _cli_problems(cli)
+    assert problems[:4] == [
+        "max_len: default 2048",
+        "overflow: help 'Samples too long.'",
+        "seed: 0 flags",
+        "overwrite: secondary_opts []",
+    ]
+    assert problems[4].startswith("not in the help's order: ['rejects', 'split',")
+    with pytest.raises(ValueError, match="not options of PackConfig: max_length"):
+        from packcli.cli.options import with_options
+
+        with_options("max_len", "max_length")
 
 
 def test_choices_come_from_their_literal_types() -> None:

@@ -16,7 +16,6 @@ whose messages name options by their Python names (``max_len``), not by their fl
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -34,6 +33,7 @@ from packcli.api.checks import (
 )
 from packcli.api.memory import as_paths, errors_named_as_passed, memory_root, named_as_passed
 from packcli.config import (
+    DECLARATIONS,
     Algorithm,
     Dedup,
     EncoderMode,
@@ -44,6 +44,7 @@ from packcli.config import (
     OnError,
     OutputFormat,
     Overflow,
+    PackConfig,
     RankRemainder,
     RecordFormat,
     SplitSystem,
@@ -179,68 +180,66 @@ PathArg = str | os.PathLike[str]
 
 def pack(
     inputs: str | os.PathLike[str] | Sequence[Any] | Any | None,
-    max_len: int = 4096,
-    output: PathArg = "packed",
+    max_len: int = PackConfig.max_len,
+    output: PathArg = PackConfig.output,
     *,
-    tokenizer: PathArg | None = None,
-    chat_template: PathArg | None = None,
-    split: str | None = None,
-    limit: int | None = None,
-    format: RecordFormat = "auto",
-    task: Task = "auto",
+    tokenizer: PathArg | None = PackConfig.tokenizer,
+    chat_template: PathArg | None = PackConfig.chat_template,
+    split: str | None = PackConfig.split,
+    limit: int | None = PackConfig.limit,
+    format: RecordFormat = PackConfig.format,
+    task: Task = PackConfig.task,
     fields: Mapping[str, str] | None = None,
-    train_on: TrainOn = "auto",
-    add_eos: bool = True,
-    overflow: Overflow = "drop",
-    truncate_side: TruncateSide = "auto",
-    split_system: SplitSystem = "all",
-    min_piece: int = 0,
-    max_drop_fraction: float | None = None,
-    on_error: OnError = "fail",
-    algorithm: Algorithm = "ffd",
-    seed: int = 0,
-    mix: Sequence[str] = (),
-    mix_by: MixBy = "tokens",
-    mix_max_epochs: float = 10.0,
-    dedup: Dedup = "off",
-    eval_fraction: float | None = None,
-    eval_records: int | None = None,
-    world_size: int = 1,
-    rank_remainder: RankRemainder = "drop",
-    rows_per_shard: int = 2048,
-    output_format: OutputFormat = "parquet",
-    pad_to_max: bool = False,
-    pad_to_multiple_of: int = 1,
-    context_parallel: int = 1,
-    tensor_parallel: int = 1,
-    loss_weighting: LossWeighting = "token",
-    overwrite: bool = False,
+    train_on: TrainOn = PackConfig.train_on,
+    add_eos: bool = PackConfig.add_eos,
+    overflow: Overflow = PackConfig.overflow,
+    truncate_side: TruncateSide = PackConfig.truncate_side,
+    split_system: SplitSystem = PackConfig.split_system,
+    min_piece: int = PackConfig.min_piece,
+    max_drop_fraction: float | None = PackConfig.max_drop_fraction,
+    on_error: OnError = PackConfig.on_error,
+    algorithm: Algorithm = PackConfig.algorithm,
+    seed: int = PackConfig.seed,
+    mix: Sequence[str] = PackConfig.mix,
+    mix_by: MixBy = PackConfig.mix_by,
+    mix_max_epochs: float = PackConfig.mix_max_epochs,
+    dedup: Dedup = PackConfig.dedup,
+    eval_fraction: float | None = PackConfig.eval_fraction,
+    eval_records: int | None = PackConfig.eval_records,
+    world_size: int = PackConfig.world_size,
+    rank_remainder: RankRemainder = PackConfig.rank_remainder,
+    rows_per_shard: int = PackConfig.rows_per_shard,
+    output_format: OutputFormat = PackConfig.output_format,
+    pad_to_max: bool = PackConfig.pad_to_max,
+    pad_to_multiple_of: int = PackConfig.pad_to_multiple_of,
+    context_parallel: int = PackConfig.context_parallel,
+    tensor_parallel: int = PackConfig.tensor_parallel,
+    loss_weighting: LossWeighting = PackConfig.loss_weighting,
+    overwrite: bool = PackConfig.overwrite,
     num_proc: int | None = None,
-    cache: bool = True,
-    cache_dir: PathArg | None = None,
-    cache_max_size: str | None = None,
-    rejects: PathArg | None = None,
-    fix_turns: bool = False,
-    fix_turns_log: PathArg | None = None,
-    expand_turns: ExpandTurns = "off",
-    prefix_tree: bool = False,
-    dry_run: bool = False,
-    engine: EngineName = "local",
-    ray_address: str | None = None,
-    encoder: EncoderMode = "auto",
+    cache: bool = PackConfig.cache,
+    cache_dir: PathArg | None = PackConfig.cache_dir,
+    cache_max_size: str | None = PackConfig.cache_max_size,
+    rejects: PathArg | None = PackConfig.rejects,
+    fix_turns: bool = PackConfig.fix_turns,
+    fix_turns_log: PathArg | None = PackConfig.fix_turns_log,
+    expand_turns: ExpandTurns = PackConfig.expand_turns,
+    prefix_tree: bool = PackConfig.prefix_tree,
+    dry_run: bool = PackConfig.dry_run,
+    engine: EngineName = PackConfig.engine,
+    ray_address: str | None = PackConfig.ray_address,
+    encoder: EncoderMode = PackConfig.encoder,
     template_kwargs: Mapping[str, Any] | None = None,
-    processor: PathArg | None = None,
-    embed_images: bool = False,
+    processor: PathArg | None = PackConfig.processor,
+    embed_images: bool = PackConfig.embed_images,
 ) -> PackResult:
     """Tokenize and pack ``inputs`` into shards under ``output``; return what was done.
 
-    The keywords are the options of ``packcli pack`` by their Python names (``PackConfig``'s fields,
-    with the same defaults; a test holds them equal). ``num_proc=None`` is the available cores;
-    ``fields`` renames only the fields it names. Every option is checked (its type and value, by the
-    command line's rules) before anything is read or written.
+    The keywords are the options of ``packcli pack`` by their Python names: ``PackConfig``'s fields,
+    their defaults taken from it (a test holds the names, types and defaults to the fields' declarations).
+    ``num_proc=None`` is the available cores; ``fields`` renames only the fields it names. Every option
+    is checked (its type and value, by the command line's rules) before anything is read or written.
     """
-    from packcli.config import PackConfig
-
     given = {name: value for name, value in locals().items() if name in _PACK_OPTIONS}
     if isinstance(mix, list):  # ["chat.jsonl=0.7", "code/=2x"]: the --mix values
         given["mix"] = tuple(mix)
@@ -261,8 +260,9 @@ def pack(
     return dataclasses.replace(result, summary=dataclasses.replace(result.summary, warnings=warnings))
 
 
-# pack()'s keywords: every option of PackConfig but its inputs (tests/test_options.py holds them equal).
-_PACK_OPTIONS = frozenset(inspect.signature(pack).parameters) - {"inputs"}
+# pack()'s keywords: every option of PackConfig but its inputs (tests/test_options.py holds the signature to
+# their declarations: the same names, types a keyword accepts, and defaults).
+_PACK_OPTIONS = frozenset(DECLARATIONS)
 
 
 def run(config: Any, progress: Progress | None = None) -> PackResult:

@@ -185,9 +185,9 @@ def _register() -> None:
     import packcli.cli.cache as cache
     import packcli.cli.pack as pack
     import packcli.cli.report as report
-    from packcli.cli.options import PACK_PANELS, place
+    from packcli.cli.options import place
 
-    app.command("pack", cls=Command)(handle_errors(place(pack.pack, PACK_PANELS)))
+    app.command("pack", cls=Command)(handle_errors(place(pack.pack, {})))
     app.command("stats", cls=Command)(handle_errors(place(report.stats, report.STATS_PANELS)))
     for name, command in (("inspect", report.inspect), ("verify", report.verify)):
         app.command(name, cls=Command)(handle_errors(command))

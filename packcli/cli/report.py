@@ -17,30 +17,13 @@ from packcli.cli.options import (
     OUTPUT,
     PACKING,
     TOKEN_PARAMETERS,
-    AddEosOption,
-    CacheDirOption,
-    ChatTemplateOption,
     ConfigOption,
-    ExpandTurnsOption,
-    FieldOption,
-    FixTurnsOption,
-    FormatOption,
     JsonFlag,
-    LimitOption,
-    NoCacheOption,
-    NumProcOption,
-    OnErrorOption,
-    PrefixTreeOption,
-    ProcessorOption,
-    SplitOption,
-    TaskOption,
-    TemplateKwargOption,
-    TokenizerOption,
-    TrainOnOption,
     cli_term,
     flag,
     given,
     merge_preset,
+    with_options,
 )
 from packcli.config import OPTION_GROUPS
 from packcli.results import OutputStats, RawStats
@@ -61,6 +44,8 @@ STATS_PANELS: dict[str, tuple[str, str | None]] = {
 # -- stats -----------------------------------------------------------------------------------------
 
 
+# The options of pack that decide tokens, and the cache's, are flags of stats too (raw input).
+@with_options(*(name for name in STATS_OPTIONS if name != "inputs"))
 def stats(
     ctx: typer.Context,
     paths: Annotated[
@@ -82,24 +67,7 @@ def stats(
         str | None, typer.Option("--max-len", help="Raw input: max lengths to compare, e.g. 2048,4096,8192.")
     ] = None,
     config: ConfigOption = None,
-    split: SplitOption = None,
-    limit: LimitOption = None,
-    format: FormatOption = "auto",
-    task: TaskOption = "auto",
-    field: FieldOption = None,
-    on_error: OnErrorOption = "fail",
-    fix_turns: FixTurnsOption = False,
-    expand_turns: ExpandTurnsOption = "off",
-    prefix_tree: PrefixTreeOption = False,
-    tokenizer: TokenizerOption = None,
-    chat_template: ChatTemplateOption = None,
-    processor: ProcessorOption = None,
-    train_on: TrainOnOption = "auto",
-    template_kwarg: TemplateKwargOption = None,
-    add_eos: AddEosOption = True,
-    num_proc: NumProcOption = None,
-    cache_dir: CacheDirOption = None,
-    no_cache: NoCacheOption = False,
+    **options: Any,
 ) -> None:
     """Show rows, tokens, fill, padding and histograms of a packed output, or what packing raw input would give.
 
@@ -108,19 +76,19 @@ def stats(
 
     Examples: packcli stats out/ ; packcli stats data.jsonl --max-len 2048,4096,8192
     """
-    params = dict(locals())  # the flags a --config preset may also set (raw input), by name
+    params = {"config": config, **options}  # the flags a --config preset may also set (raw input), by name
     from packcli.report.stats import output_stats, parse_max_lens
 
-    options, max_len = _raw_input_options(ctx, paths, max_len, params)
-    paths = _input_paths(paths, options)
+    run_options, max_len = _raw_input_options(ctx, paths, max_len, params)
+    paths = _input_paths(paths, run_options)
     packed = _is_packed(ctx, paths, max_len)
     lens = parse_max_lens(max_len) if max_len is not None and not packed else []
-    _check_stats_values(num_proc, batch_size, plot)
+    _check_stats_values(options["num_proc"], batch_size, plot)
     result: OutputStats | RawStats
     if packed:
         result = output_stats(Path(paths[0]), batch_size)
     else:
-        result = _raw_stats(paths, options, lens, batch_size, json_out)
+        result = _raw_stats(paths, run_options, lens, batch_size, json_out)
     _show_stats(result, packed, plot, json_out)
 
 

