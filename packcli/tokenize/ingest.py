@@ -6,7 +6,7 @@ import contextlib
 import os
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -160,7 +160,8 @@ def tokenize_to_parts(
     they are finished: ``inputs[k].made`` receives them. Return the seconds by stage.
 
     An input whose parts were all found is not read; one whose first parts were found is read from
-    the start but tokenized from the first part missing. ``unchanged(source)`` runs before each part of
+    the start but tokenized from the first part missing. A JSON lines input (``item.chained``) is read
+    once, its parts found as it is read (``_chained``). ``unchanged(source)`` runs before each part of
     that source is committed (and raises if it changed since it was hashed); ``hold(key)`` before a
     part is begun (the run locks it, as it locks the entries it uses). ``read_digests`` receives the
     hashes of the files read through, taken as they were read, by path.
@@ -170,7 +171,9 @@ def tokenize_to_parts(
     began = time.perf_counter()
     todo = [item for item in inputs if not item.complete]
     counted = [count_records(item.source, read=not item.chained) for item in todo]
-    total = None if None in counted else sum(counted) - sum(item.next_record for item in todo)  # type: ignore[arg-type]
+    # The records to tokenize: those of the parts not found (a chained input's found parts may be any).
+    done = sum(item.records(item.found) if item.chained else item.next_record for item in todo)
+    total = None if None in counted else sum(counted) - done  # type: ignore[arg-type]
     route: deque[tuple[parts.InputParts, int]] = deque()  # the part of each batch sent, in order
     digests = read_digests if read_digests is not None else {}
 
@@ -380,7 +383,7 @@ def store_pad_id(encoder: Encoder) -> int:
     return int(pad_id) if pad_id is not None else (encoder.eos_id or 0)
 
 
-def _timed(items: Iterator[Any], clock: defaultdict[str, float], key: str) -> Generator[Any, None, None]:
+def _timed(items: Iterator[Any], clock: defaultdict[str, float], key: str) -> Iterator[Any]:
     """Yield from ``items``, adding the seconds spent getting each one to ``clock[key]``."""
     while True:
         t = time.perf_counter()
