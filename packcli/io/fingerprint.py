@@ -12,6 +12,7 @@ import json
 import os
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -190,33 +191,39 @@ def remembered_part_ends(source: InputSource, memo_path: Path | None, layout: st
     return ends if isinstance(ends, list) and all(isinstance(e, str) for e in ends) else None
 
 
-def remember_read(
-    source: InputSource,
-    memo_path: Path | None,
-    taken: tuple[str, int, list[int]],
-    fields: str,
-    fmt: str | None,
-    part_ends: tuple[str, list[str]] | None = None,
-) -> None:
-    """Remember a local file's hash and records taken by the run's one read of it (``taken``: the hash,
-    the records and the file's stamp from before that read), with its record format sniffed with the
-    fields ``fields`` and the ends of its cache parts (``part_ends``: the layout they were cut by, and the
-    ends); as ``fingerprint`` does, not for a file changed in the last seconds."""
-    digest, records, stamp = taken
-    if memo_path is None or source.label is not None or is_uri(source.path):
+@dataclass(frozen=True)
+class Learned:
+    """What the run's one read of a local file learned of it, for the memo: ``taken`` (its hash, its
+    records, and its stamp from before that read), its record format and its cache parts' ends (the
+    layout they were cut by, and the ends), if any."""
+
+    source: InputSource
+    taken: tuple[str, int, list[int]]
+    fmt: str | None
+    part_ends: tuple[str, list[str]] | None = None
+
+
+def remember_reads(learned: list[Learned], memo_path: Path | None, fields: str) -> None:
+    """Remember what the run's reads learned of local files (``Learned``), the formats as sniffed with the
+    fields ``fields``, in one write of the memo; as ``fingerprint`` does, not for a file changed in the
+    last seconds (the memo is still made: it also marks the cache's folder)."""
+    if memo_path is None:
         return
     memo = _read_memo(memo_path)
-    if time.time_ns() - max(stamp[1], stamp[3]) <= RACY_NS:
-        if not memo_path.exists():
-            _write_memo(memo_path, memo)  # it also marks the cache's folder
-        return
-    entry: JSONObject = {"stat": stamp, "blake2b": digest, "records": records}
-    if fmt is not None:
-        entry["formats"] = {fields: fmt}
-    if part_ends is not None:
-        entry["part_ends"] = {part_ends[0]: part_ends[1]}
-    memo[str(Path(source.path).resolve())] = entry
-    _write_memo(memo_path, memo)
+    now, changed = time.time_ns(), False
+    for one in learned:
+        digest, records, stamp = one.taken
+        if one.source.label is not None or is_uri(one.source.path) or now - max(stamp[1], stamp[3]) <= RACY_NS:
+            continue
+        entry: JSONObject = {"stat": stamp, "blake2b": digest, "records": records}
+        if one.fmt is not None:
+            entry["formats"] = {fields: one.fmt}
+        if one.part_ends is not None:
+            entry["part_ends"] = {one.part_ends[0]: one.part_ends[1]}
+        memo[str(Path(one.source.path).resolve())] = entry
+        changed = True
+    if changed or not memo_path.exists():
+        _write_memo(memo_path, memo)
 
 
 def remembered_format(source: InputSource, memo_path: Path | None, fields: str) -> str | None:

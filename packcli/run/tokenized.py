@@ -23,10 +23,11 @@ from packcli.contract import Progress, no_progress
 from packcli.engines import DigestChecker, Engine, load_engine
 from packcli.errors import InputError, Message
 from packcli.io.fingerprint import (
+    Learned,
     changed_input,
     fingerprint,
     remember_formats,
-    remember_read,
+    remember_reads,
     remembered_part_ends,
     stamps,
 )
@@ -486,14 +487,15 @@ def _made_parts(
                 for part in item.made:
                     shutil.rmtree(part.path, ignore_errors=True)
         raise InputError(_changed(moved))
-    for k in later:  # known by their stamps from now on, as if hashed before
-        source, digest = inputs[k].source, run.fingerprints[k]
-        stamp = run.before.get(str(Path(source.path)))
+    learned = []  # known by their stamps from now on, as if hashed before
+    for k in later:
+        item, digest = inputs[k], run.fingerprints[k]
+        stamp = run.before.get(str(Path(item.source.path)))
         if digest is not None and stamp is not None:
-            item = inputs[k]
             ends = (parts.part_layout(), item.read.ends) if item.read is not None else None
             taken = (digest, item.records(item.parts), stamp)
-            remember_read(source, run.memo, taken, fields_key(config), run.formats[source.display], ends)
+            learned.append(Learned(item.source, taken, run.formats[item.source.display], ends))
+    remember_reads(learned, run.memo, fields_key(config))
     return seconds
 
 
