@@ -392,7 +392,7 @@ class ClusterTokenizing:
                 out = done.pop(k)
                 nodes.add(out.pop("node"))
                 yield part, out
-            # Every part is in: the actors, warm (imports done), write the shards next (write_output).
+            # Every part is in: the actors, warm (imports done), write the shards next (``RayEngine.write``).
             self.warm, self.actors = self.actors, []
         finally:
             self.stop()  # parts still pending die with their actors
