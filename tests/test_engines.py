@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from packcli.config import PackConfig
-from packcli.engines import Engine, LocalEngine, load_engine
+from packcli.engines import Engine, HashJob, LocalEngine, load_engine
 from packcli.output.layout import RowLayout
 from packcli.run import options, pipeline, tokenized
+from packcli.store.tokens import TokenStore
 
 from .conftest import make_conversations, write_jsonl
 
-PROTOCOL = {name for name, _ in inspect.getmembers(Engine, inspect.isfunction) if not name.startswith("_")}
+PROTOCOL = {
+    name
+    for name, member in inspect.getmembers(Engine)
+    if not name.startswith("_") and (inspect.isfunction(member) or isinstance(member, property))
+}
 
 
 class Recording(LocalEngine):
@@ -44,36 +51,52 @@ def test_a_run_uses_the_engine_given_and_only_its_protocol(
     summary = pipeline.run_pack(config, engine=engine)
     assert summary["cache"] == ("miss" if cache else "off") and summary["rows"] > 0
     assert set(engine.calls) <= PROTOCOL
-    # rehash_files: from within tokenize_to_store, once every record is read (did an input change?)
-    expected = ["hash_files", "digest_checker", "tokenize_to_store", "rehash_files", "write_output", "close"]
+    # hashing: who hashes the inputs (before), a found entry's token files, and the inputs again once read
+    # (from within tokenize, did an input change?); the local engine has none: the run hashes them itself.
+    expected = ["hashing", "hashing", "tokenize", "hashing", "write", "close"]
     if cache:  # the local engine tokenizes into cache parts (packcli.store.parts), the run assembles them
-        expected[2:3] = ["cache_part_cuts", "tokenize_to_parts"]
-    else:
-        expected.insert(4, "discard_store")  # a scratch store: the engine removes what it kept elsewhere
+        expected.insert(2, "cache_part_cuts")
     assert engine.calls == expected
 
 
 def test_the_protocol_is_what_both_engines_have() -> None:
-    """Every method the run calls is in Engine, and the local engine has every one of them."""
-    assert {
-        "hash_files",
-        "rehash_files",
-        "digest_checker",
-        "tokenize_to_store",
-        "tokenize_to_parts",
-        "cache_part_cuts",
-        "discard_store",
-        "write_output",
-        "check_uri_output",
-        "write_manifest_uri",
-        "close",
-    } == PROTOCOL
+    """Every member the run uses is in Engine, and both engines have every one of them."""
+    from packcli.engines.ray.engine import RayEngine
+
+    assert {"hashing", "uri_output", "cache_part_cuts", "tokenize", "write", "close"} == PROTOCOL
     local = load_engine("local", num_proc=3)
     assert isinstance(local, LocalEngine) and local.num_proc == 3
-    assert not Engine.__annotations__  # nothing but methods
+    assert local.hashing is None and local.uri_output is False
+    assert not Engine.__annotations__  # nothing but methods and read-only properties
+    ray_engine = RayEngine()  # no Ray instance is started until one is needed
     for name in PROTOCOL:
-        ours, theirs = inspect.signature(getattr(LocalEngine, name)), inspect.signature(getattr(Engine, name))
-        assert list(ours.parameters) == list(theirs.parameters), name
+        assert hasattr(local, name) and hasattr(ray_engine, name), name
+        if isinstance(getattr(Engine, name), property):
+            continue
+        theirs = inspect.signature(getattr(Engine, name))
+        for engine in (LocalEngine, RayEngine):
+            ours = inspect.signature(getattr(engine, name))
+            assert list(ours.parameters) == list(theirs.parameters), (engine, name)
+    assert ray_engine.uri_output is True and ray_engine.hashing is not None
+    assert {"hash_files", "check_digests"} <= set(dir(ray_engine.hashing))
+    ray_engine.close()
+
+
+def test_jobs_are_frozen(tmp_path: Path) -> None:
+    job = HashJob(["a"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.again = True  # type: ignore[misc]
+    assert HashJob([]).again is False
+
+
+def test_a_scratch_store_discards_only_its_segments_elsewhere(tmp_path: Path) -> None:
+    """A store that is not kept: its segments under a URI go with it (what the Ray engine writes there)."""
+    elsewhere = tmp_path / "segments"
+    (elsewhere / "x").mkdir(parents=True)
+
+    TokenStore.discard_elsewhere(SimpleNamespace(meta={"segment_root": elsewhere.as_uri()}))  # type: ignore[arg-type]
+    assert not elsewhere.exists() and tmp_path.exists()
+    TokenStore.discard_elsewhere(SimpleNamespace(meta={}))  # type: ignore[arg-type]  # all in its directory
 
 
 def test_stage_options_are_built_from_the_config() -> None:

@@ -308,9 +308,13 @@ def test_bad_record_fails_with_the_same_message(cluster: Any, corpus: Path, tmp_
 
 
 def test_shards_to_a_filesystem_uri(cluster: Any, corpus: Path, tmp_path: Path) -> None:
-    from packcli.engines import LocalEngine
+    from packcli.engines import LocalEngine, WriteJob
     from packcli.engines.ray.engine import RayEngine
+    from packcli.io.uri import check_uri_output, write_manifest_uri
     from packcli.run.options import plan_options, row_layout
+
+    def quiet(*args: Any) -> None:
+        return None
 
     cache = tmp_path / "cache"
     run_pack(
@@ -331,18 +335,19 @@ def test_shards_to_a_filesystem_uri(cluster: Any, corpus: Path, tmp_path: Path) 
     config = PackConfig(inputs=(str(corpus),), output=uri, max_len=512, rows_per_shard=9, on_error="skip", engine="ray")
     plan = plan_stage.make_plan(plan_options(config), store)
     ray_engine = RayEngine()
-    ray_engine.check_uri_output(uri, overwrite=False)
-    entries = ray_engine.write_output(row_layout(config, 0), store, plan, tmp_path / "unused", lambda *a: None)
+    check_uri_output(uri, overwrite=False)
+    job = WriteJob(layout=row_layout(config, 0), store=store, plan=plan, directory=tmp_path / "unused", progress=quiet)
+    entries = ray_engine.write(job)
     local_manifest = json.loads((tmp_path / "local" / "manifest.json").read_text())
     assert [e.to_dict() for e in entries] == local_manifest["shards"]
     assert not (tmp_path / "remote" / "manifest.json").exists()  # the caller writes it last
-    ray_engine.write_manifest_uri(uri, Manifest(max_len=512, shards=entries))
+    write_manifest_uri(uri, Manifest(max_len=512, shards=entries))
     assert_same_shards(tmp_path / "local", tmp_path / "remote")
     written = json.loads((tmp_path / "remote" / "manifest.json").read_text())
     assert written == {"max_len": 512, "shards": local_manifest["shards"]}
     with pytest.raises(UsageError, match="not empty"):
-        ray_engine.check_uri_output(uri, overwrite=False)
-    ray_engine.check_uri_output(uri, overwrite=True)  # an overwrite first removes the completeness marker
+        check_uri_output(uri, overwrite=False)
+    check_uri_output(uri, overwrite=True)  # an overwrite first removes the completeness marker
     assert not (tmp_path / "remote" / "manifest.json").exists()
 
     # A shard that cannot be written: the default engine's error message.
@@ -350,7 +355,11 @@ def test_shards_to_a_filesystem_uri(cluster: Any, corpus: Path, tmp_path: Path) 
     errors = []
     for engine in (LocalEngine(), RayEngine()):
         with pytest.raises(OutputError) as caught:
-            engine.write_output(row_layout(config, 0), store, plan, tmp_path / "missing", lambda *a: None)
+            engine.write(
+                WriteJob(
+                    layout=row_layout(config, 0), store=store, plan=plan, directory=tmp_path / "missing", progress=quiet
+                )
+            )
         errors.append(str(caught.value))
     assert errors[0] == errors[1] and "cannot write a shard" in errors[0]
 

@@ -1,104 +1,97 @@
 """Engines: where tokenizing and shard writing run. One small interface, one class per engine.
 
-The run (``packcli.run.pipeline``) makes one engine per run (``load_engine``) and calls only the
-methods of ``Engine``; an engine calls the stages (``tokenize.ingest``, ``output.write``) and never the
-run. ``local`` runs them in worker processes on this machine, ``ray`` on a Ray cluster.
+The run (``packcli.run.pipeline``) makes one engine per run (``load_engine``) and uses only the
+members of ``Engine``: what varies from one engine to another. It hands each method one job
+(``packcli.engines.jobs``: ``WholeStore`` or ``CacheParts`` to tokenize, ``WriteJob`` to write) and reads
+two capabilities: ``hashing`` (who hashes files where the engine reads them) and ``uri_output``
+(whether it writes to a filesystem URI). What is the same for every engine stays in the run: checking
+a URI output and writing its manifest (``io.uri``), removing a scratch store
+(``TokenStore.discard_elsewhere``). An engine calls the stages (``tokenize.ingest``, ``output.write``)
+and never the run. ``local`` runs them in worker processes on this machine, ``ray`` on a Ray cluster.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
-from packcli.contract import Progress
+from packcli.engines.jobs import (
+    CacheParts,
+    DigestChecker,
+    HashJob,
+    MadeParts,
+    TokenizeJob,
+    WholeStore,
+    WriteJob,
+)
 from packcli.engines.local import LocalEngine
 from packcli.errors import Opt, UsageError
 from packcli.io.sources import InputSource
-from packcli.output.layout import RowLayout
-from packcli.plan.planner import Plan
-from packcli.results import FileDigest, Manifest, ShardEntry
-from packcli.store.parts import InputParts
+from packcli.results import FileDigest, ShardEntry
 from packcli.store.tokens import TokenStore
-from packcli.tokenize.encoder import Encoder
 from packcli.tokenize.options import TokenizeOptions
 
-__all__ = ["DigestChecker", "Engine", "LocalEngine", "load_engine"]
+__all__ = [
+    "CacheParts",
+    "DigestChecker",
+    "Engine",
+    "FileHashing",
+    "HashJob",
+    "LocalEngine",
+    "MadeParts",
+    "TokenizeJob",
+    "WholeStore",
+    "WriteJob",
+    "load_engine",
+]
 
-# Checks a found cache entry's token files: (the entry's directory, its files' entries by name).
-DigestChecker = Callable[[str, dict[str, FileDigest]], None]
+
+class FileHashing(Protocol):
+    """An engine that reads the files elsewhere (not in this process) hashes them there (``Engine.hashing``)."""
+
+    def hash_files(self, job: HashJob) -> dict[str, str]:
+        """Return the content hashes (``io.fingerprint.file_blake2b``) of the job's files, by path."""
+        ...
+
+    def check_digests(self, directory: str, expected: dict[str, FileDigest]) -> None:
+        """Check the sha256 of a found cache entry's token files (``expected``, by name, in ``directory``);
+        raise ``DamagedStore`` as ``store.integrity.check_store`` does."""
+        ...
 
 
 class Engine(Protocol):
-    """What an engine does for a run: hash and tokenize the inputs into a token store, write the planned rows."""
+    """What an engine does for a run: how it cuts inputs into cache parts, tokenize, write, close; and
+    two capabilities the run reads: where it hashes files, and whether it writes to an output URI."""
 
-    def hash_files(self, sources: list[InputSource], memo: Path | None) -> dict[str, str] | None:
-        """Return the content hashes of the inputs' files not remembered in ``memo``, by path, computed
-        where the engine reads them; or None: the run hashes them itself (and counts their records)."""
+    @property
+    def hashing(self) -> FileHashing | None:
+        """Who hashes the inputs and a found cache entry's token files where the engine reads them; None:
+        the run hashes the inputs (counting their records in the same read) and the store checks its files."""
         ...
 
-    def rehash_files(self, sources: list[InputSource]) -> dict[str, str] | None:
-        """Return the inputs' hashes again once they are read (did one change?); None: the run hashes them."""
-        ...
-
-    def digest_checker(self) -> DigestChecker | None:
-        """Return what checks a found cache entry's token files; None: the token store checks them here."""
-        ...
-
-    def tokenize_to_store(
-        self,
-        options: TokenizeOptions,
-        sources: list[InputSource],
-        formats: dict[str, str | None],
-        encoder: Encoder,
-        store_path: Path,
-        progress: Progress,
-        rule_out_long: bool = False,
-        before_finish: Callable[[dict[str, str]], None] | None = None,
-    ) -> TokenStore:
-        """Tokenize every record into a store at ``store_path`` (see ``ingest.tokenize_to_store``)."""
+    @property
+    def uri_output(self) -> bool:
+        """Whether the engine writes shards straight to a filesystem URI output (``s3://``...); the run
+        then checks that output first and writes its manifest last (``io.uri``)."""
         ...
 
     def cache_part_cuts(self, options: TokenizeOptions, sources: list[InputSource]) -> list[list[Any] | None] | None:
-        """How the engine cuts each input into cache parts (``tokenize_to_parts``): None, it makes none
-        for this run (which makes one whole store); or, for each input, None (parts of
-        ``parts.PART_RECORDS`` records, the local engine's) or the list of the engine's own cuts."""
+        """How the engine cuts each input into cache parts (``CacheParts``): None, it makes none for this
+        run (which makes one ``WholeStore``); or, for each input, None (parts of ``parts.PART_RECORDS``
+        records, the local engine's) or the list of the engine's own cuts."""
         ...
 
-    def tokenize_to_parts(
-        self,
-        options: TokenizeOptions,
-        inputs: list[InputParts],
-        formats: dict[str, str | None],
-        encoder: Encoder,
-        cache_root: Path,
-        progress: Progress,
-        rule_out_long: bool = False,
-        unchanged: Callable[[InputSource], None] | None = None,
-        hold: Callable[[str], None] | None = None,
-        read_digests: dict[str, str] | None = None,
-    ) -> dict[str, float]:
-        """Tokenize what the cache lacks of each input into cache parts, committed as they are finished
-        (see ``ingest.tokenize_to_parts``); return the seconds by stage. ``read_digests`` receives the
-        hashes of the files the engine read through here, taken as it read them (by path), if it takes any."""
+    @overload
+    def tokenize(self, job: WholeStore) -> TokenStore: ...
+
+    @overload
+    def tokenize(self, job: CacheParts) -> MadeParts: ...
+
+    def tokenize(self, job: WholeStore | CacheParts) -> TokenStore | MadeParts:
+        """Tokenize as the job says: a whole store (returned), or the cache parts the cache lacks."""
         ...
 
-    def discard_store(self, store: TokenStore) -> None:
-        """Remove what a store that is not kept left outside its directory (nothing, for most engines)."""
-        ...
-
-    def write_output(
-        self, layout: RowLayout, store: TokenStore, plan: Plan, staged: Path | None, progress: Progress
-    ) -> list[ShardEntry]:
-        """Write the plan's rows as shards (into ``staged``, or to a URI output); return their entries."""
-        ...
-
-    def check_uri_output(self, output: str, overwrite: bool) -> None:
-        """Refuse a filesystem-URI output that cannot be written (engines without URIs refuse them all)."""
-        ...
-
-    def write_manifest_uri(self, output: str, manifest: Manifest) -> None:
-        """Write the manifest last at a filesystem-URI output, as the marker that the output is complete."""
+    def write(self, job: WriteJob) -> list[ShardEntry]:
+        """Write the plan's rows as shards; return their manifest entries."""
         ...
 
     def close(self) -> None:

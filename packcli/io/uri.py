@@ -7,6 +7,7 @@ output is complete; an overwrite first removes the old marker.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -107,6 +108,15 @@ def write_manifest_uri(output: str, manifest: Manifest, keep: Iterable[str] = ()
                 filesystem.delete_file(info.path)
     except (OSError, pa.ArrowInvalid) as exc:
         raise OutputError(f"{output}: cannot write the manifest ({exc}); check the URI and credentials") from exc
+
+
+def remove_uri_dir(uri: str) -> None:
+    """Remove a directory at a filesystem URI and all below it; nothing when it cannot be removed."""
+    from pyarrow import fs as pafs
+
+    with contextlib.suppress(OSError, ValueError):
+        filesystem, where = pafs.FileSystem.from_uri(uri)
+        filesystem.delete_dir(where)
 
 
 def needs_ray(output: str) -> tuple[Part, ...]:

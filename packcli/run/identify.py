@@ -13,9 +13,15 @@ from pathlib import Path
 from typing import TypeVar
 
 from packcli.config import PackConfig
-from packcli.engines import Engine
+from packcli.engines import Engine, HashJob
 from packcli.errors import InputError, Opt, Part, RecordError, UsageError, record_fix, where
-from packcli.io.fingerprint import fingerprint, fingerprint_and_count, remembered_format, remembered_hash
+from packcli.io.fingerprint import (
+    files_to_hash,
+    fingerprint,
+    fingerprint_and_count,
+    remembered_format,
+    remembered_hash,
+)
 from packcli.io.readers import read_batches
 from packcli.io.sources import InputSource
 from packcli.procs.stop import raise_if_stopped
@@ -160,9 +166,9 @@ def hashed(
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-inputs") as ahead:
         # An engine may hash the input files elsewhere (the Ray engine: in tasks, not on the driver; nor
         # does it count records there).
-        known = engine.hash_files(sources, memo)
         found: list[tuple[str | None, int | None]]
-        if known is not None:
+        if engine.hashing is not None:
+            known = engine.hashing.hash_files(HashJob(files_to_hash(sources, memo)))
             found = [(fingerprint(s, memo, known, remember), None) for s in sources]
         elif config.cache:
             found = timed(lambda: hashed(memo))  # the key needs them first

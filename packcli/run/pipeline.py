@@ -13,11 +13,11 @@ from typing import Any, TextIO, cast
 
 from packcli.config import PackConfig, Task, flag_term
 from packcli.contract import SAMPLE_ROLES, Progress, no_progress
-from packcli.engines import Engine, load_engine
+from packcli.engines import Engine, WriteJob, load_engine
 from packcli.errors import OUTPUT, InputError, Opt, OutputError, RecordError, Text, UsageError, parts_of
 from packcli.io.readers import read_batches
 from packcli.io.sources import STDIN, InputSource, forget_streams, resolve_inputs
-from packcli.io.uri import is_uri, needs_ray
+from packcli.io.uri import check_uri_output, is_uri, needs_ray, write_manifest_uri
 from packcli.output import guard, staging
 from packcli.output.formats import shard_format
 from packcli.output.images import with_written_images
@@ -87,7 +87,7 @@ def _run(config: PackConfig, progress: Progress, engine: Engine, started: float,
             write_manifest(staged.tmp, manifest, Path(config.output))
             staged.commit()
         elif is_uri(config.output) and not config.dry_run:
-            engine.write_manifest_uri(config.output, manifest)
+            write_manifest_uri(config.output, manifest)  # the marker that the output is complete
         if not config.dry_run:
             summary = dataclasses.replace(summary, shards=len(shards))
         t3 = time.perf_counter()
@@ -120,13 +120,14 @@ def _checked_output(
 ) -> tuple[staging.PreparedOutput | None, list[InputSource] | None]:
     """Check the output before any work; return the local output locked (and the inputs it was checked against).
 
-    A dry run writes nothing: (None, None). A URI output is checked by the engine: (None, None), the inputs
+    A dry run writes nothing: (None, None). A URI output (an engine with ``uri_output``): (None, None), the inputs
     resolved when tokenizing. ``skipped`` gets the directories left out of the inputs.
     """
     # A filesystem URI (s3://, gs://, file://) has no rename: shards are written in place and the
-    # manifest last, as the marker that the output is complete. Only the Ray engine writes there.
+    # manifest last, as the marker that the output is complete. Only an engine with ``uri_output`` (the Ray
+    # engine) writes there.
     to_uri = is_uri(config.output)
-    if to_uri and config.engine != "ray":
+    if to_uri and not engine.uri_output:
         raise UsageError(*needs_ray(config.output))
     if to_uri and shard_format(config.output_format).index_files:
         raise UsageError(
@@ -139,7 +140,7 @@ def _checked_output(
     if config.dry_run:
         return None, None
     if to_uri:
-        engine.check_uri_output(config.output, config.overwrite)
+        check_uri_output(config.output, config.overwrite)
         if config.rejects:
             guard.check_rejects_target(config.rejects, Path(config.rejects).resolve())
         return None, None
@@ -169,7 +170,9 @@ def _write_output(
     embedded = held_processor.get("images", {}).get("embedded", 0)
     spanned = held_processor.get("family") in SPANNED
     layout = row_layout(found, inputs.pad_id, embedded, spanned)
-    shards = engine.write_output(layout, store, plan, staged.tmp if staged else None, progress)
+    shards = engine.write(
+        WriteJob(layout=layout, store=store, plan=plan, directory=staged.tmp if staged else None, progress=progress)
+    )
     marks["shards"] = time.perf_counter()
     index_files = _write_index_files(config, staged.tmp if staged else None, shards)
     if config.rejects:
@@ -349,7 +352,7 @@ def _write_eval(
     """Write the eval records' shards and manifest into ``eval/`` of the staged output (a mix's source column too)."""
     directory = staged / holdout.PATH
     directory.mkdir()
-    shards = engine.write_output(layout, held.eval, plan, directory, progress)
+    shards = engine.write(WriteJob(layout=layout, store=held.eval, plan=plan, directory=directory, progress=progress))
     index_files = _write_index_files(config, directory, shards)
     manifest = _manifest(config, inputs, summary, shards, layout, index_files or None)
     write_manifest(directory, manifest, Path(config.output) / holdout.PATH)

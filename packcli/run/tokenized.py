@@ -20,11 +20,12 @@ from typing import Any, TypeVar
 
 from packcli.config import PackConfig
 from packcli.contract import Progress, no_progress
-from packcli.engines import DigestChecker, Engine, load_engine
+from packcli.engines import CacheParts, DigestChecker, Engine, HashJob, WholeStore, load_engine
 from packcli.errors import InputError, Message
 from packcli.io.fingerprint import (
     Learned,
     changed_input,
+    files_to_hash,
     fingerprint,
     remember_formats,
     remember_reads,
@@ -152,7 +153,8 @@ def _tokenized(
     key = _entry_key(sources, formats, fingerprints, options)  # None until every input's hash is known
     rule_out_long = rule_out_long and config.engine == "local" and config.overflow in ("drop", "error")
     limit = config.max_len if rule_out_long else None
-    check = engine.digest_checker()  # who hashes a found entry's token files (None: the store, here)
+    # Who hashes a found entry's token files: the engine, where it reads them; None: the store, here.
+    check = engine.hashing.check_digests if engine.hashing is not None else None
     reuse: dict[str, int] | None = None
     with contextlib.ExitStack() as stack:
         store, state, warnings = _entry(config, cache_root, key, fill_cache, limit, check, stack)
@@ -319,16 +321,27 @@ def _whole_store(
     def unchanged(read: dict[str, str]) -> None:
         # The hashes taken as the inputs were read (the JSON lines files read through), else hashed again:
         # by the Ray engine's tasks, or here.
-        known = {**(engine.rehash_files(sources) or {}), **read}
+        known = {**_rehashed(engine, sources), **read}
         moved = changed_input(sources, before, fingerprints, known)
         if moved is not None:
             raise InputError(_changed(moved))
 
-    options = tokenize_options(config)
-    store = engine.tokenize_to_store(options, sources, formats, encoder, store_path, progress, rule_out_long, unchanged)
+    job = WholeStore(
+        options=tokenize_options(config), formats=formats, encoder=encoder, progress=progress,
+        rule_out_long=rule_out_long, sources=sources, path=store_path, before_finish=unchanged,
+    )  # fmt: skip
+    store = engine.tokenize(job)
     if entry is None:
-        stack.callback(engine.discard_store, store)  # a scratch store's tokens kept elsewhere
+        stack.callback(store.discard_elsewhere)  # a scratch store's tokens kept outside its directory
     return store
+
+
+def _rehashed(engine: Engine, sources: list[InputSource]) -> dict[str, str]:
+    """The inputs' hashes taken again, once read, by the engine where it reads them (none: the run hashes
+    them itself, in ``changed_input``)."""
+    if engine.hashing is None:
+        return {}
+    return engine.hashing.hash_files(HashJob(files_to_hash(sources), again=True))
 
 
 def _part_cuts(
@@ -466,11 +479,12 @@ def _made_parts(
         if lock.acquire():
             held.callback(lock.release)
 
-    options = tokenize_options(config)
-    read: dict[str, str] = {}  # the hashes taken as the inputs were read through
-    seconds = run.engine.tokenize_to_parts(
-        options, inputs, run.formats, encoder, run.cache_root, run.progress, run.rule_out_long, unchanged, hold, read
-    )
+    job = CacheParts(
+        options=tokenize_options(config), formats=run.formats, encoder=encoder, progress=run.progress,
+        rule_out_long=run.rule_out_long, inputs=inputs, cache_root=run.cache_root, unchanged=unchanged, hold=hold,
+    )  # fmt: skip
+    made = run.engine.tokenize(job)
+    read = made.read_digests  # the hashes taken as the inputs were read through
     later = [k for k, f in enumerate(run.fingerprints) if f is None]
     for k in later:
         source = inputs[k].source
@@ -479,7 +493,7 @@ def _made_parts(
     # hash taken before.)
     now = [(i.source, f) for i, f in zip(inputs, run.fingerprints, strict=True) if i.made or i.read is not None]
     sources = [source for source, _ in now]
-    known = {**(run.engine.rehash_files(sources) or {}), **read}
+    known = {**_rehashed(run.engine, sources), **read}
     moved = changed_input(sources, run.before, _known([f for _, f in now]), known)
     if moved is not None:
         for item in inputs:
@@ -496,7 +510,7 @@ def _made_parts(
             taken = (digest, item.records(item.parts), stamp)
             learned.append(Learned(item.source, taken, run.formats[item.source.display], ends))
     remember_reads(learned, run.memo, fields_key(config))
-    return seconds
+    return made.seconds
 
 
 def _changed(display: str) -> str:

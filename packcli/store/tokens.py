@@ -39,7 +39,7 @@ import numpy as np
 
 from packcli.contract import file_sha256
 from packcli.errors import OutputError, Text, first_line
-from packcli.io.uri import is_uri, join
+from packcli.io.uri import is_uri, join, remove_uri_dir
 from packcli.owned import owner_tag
 from packcli.results import FileDigest, Segment
 from packcli.store.integrity import TOKEN_FILES, DamagedStore, Digest, check_store, meta_digest, segment_files
@@ -124,6 +124,13 @@ class TokenStore:
     def segment_root(self) -> str:
         """Where the segments' files are: the store's directory, or the URI in meta.json."""
         return self.meta.get("segment_root") or str(self.path)
+
+    def discard_elsewhere(self) -> None:
+        """Remove the segments a store that is not kept has outside its directory (at ``segment_root``, a
+        URI: under an output URI, where the Ray engine writes them); its directory is its owner's to remove."""
+        root = self.meta.get("segment_root")
+        if root:
+            remove_uri_dir(root)
 
     def source_of(self, sample_index: int) -> tuple[str, str]:
         """Return the path of a sample's source and the unit of its positions there (line or record)."""

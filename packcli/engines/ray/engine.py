@@ -1,18 +1,19 @@
 """The Ray engine (``--engine ray``): reading, tokenizing and writing on a Ray cluster; the driver handles lengths.
 
 The run (``packcli.run.pipeline``) calls a ``RayEngine`` as it calls the local engine, with the same
-arguments and results:
+jobs (``packcli.engines.jobs``) and results:
 
-- ``tokenize_to_store``: parts of the inputs are read and tokenized by actors, and their tokens written
-  as segments of the token store where the store is (``ray.tokenizing``); the driver runs the local
-  engine's accounting loop on the samples' metadata.
-- ``tokenize_to_parts``: the same, each part a cache part of its own, committed as it comes
+- ``tokenize(WholeStore)``: parts of the inputs are read and tokenized by actors, and their tokens
+  written as segments of the token store where the store is (``ray.tokenizing``); the driver runs the
+  local engine's accounting loop on the samples' metadata.
+- ``tokenize(CacheParts)``: the same, each part a cache part of its own, committed as it comes
   (``ray.cached``): a run that adds an input or resumes after a kill tokenizes only what the cache lacks.
-- ``write_output``: the plan is made on the driver from the lengths alone; each shard is written by one
+- ``write``: the plan is made on the driver from the lengths alone; each shard is written by one
   call to a tokenizer actor of the run (warm: its imports are done), or on a cache hit by one Ray task
-  (``ray.writing``), to a local directory or to a pyarrow filesystem URI (``s3://``, ``gs://``, ``file://``).
-- ``hash_files``, ``rehash_files`` and ``digest_checker``: the inputs and a found cache entry's token
-  files are hashed by tasks, where they are read, not on the driver.
+  (``ray.writing``), to a local directory or to a pyarrow filesystem URI (``s3://``, ``gs://``, ``file://``:
+  ``uri_output``).
+- ``hashing`` (``TaskHashing``): the inputs and a found cache entry's token files are hashed by tasks,
+  where they are read, not on the driver.
 
 No input byte and no token passes through the driver. What each node needs (see docs/ray.md): the
 inputs at a URI or at the same path, and either storage for the output and token store that every
@@ -29,27 +30,24 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import ray
 
-from packcli.contract import Progress, file_sha256
+from packcli.contract import file_sha256
+from packcli.engines.jobs import CacheParts, HashJob, MadeParts, WholeStore, WriteJob
 from packcli.engines.ray import cached
 from packcli.engines.ray.parts import input_cuts
 from packcli.engines.ray.session import TASK_RETRIES, RaySession, cluster_cpus, kill, pickled
-from packcli.engines.ray.tokenizing import ClusterTokenizing, remove_uri_dir
+from packcli.engines.ray.tokenizing import ClusterTokenizing
 from packcli.engines.ray.writing import write_shards
-from packcli.io.fingerprint import file_blake2b, files_to_hash
+from packcli.io.fingerprint import file_blake2b
 from packcli.io.sources import InputSource
-from packcli.io.uri import check_uri_output, is_uri, write_manifest_uri
-from packcli.output.layout import RowLayout
-from packcli.plan.planner import Plan
-from packcli.results import FileDigest, Manifest, ShardEntry
+from packcli.io.uri import is_uri
+from packcli.results import FileDigest, ShardEntry
 from packcli.store.integrity import DamagedStore
-from packcli.store.parts import InputParts
 from packcli.store.tokens import TokenStore
 from packcli.tokenize import ingest
-from packcli.tokenize.encoder import Encoder
 from packcli.tokenize.options import TokenizeOptions
 
 T = TypeVar("T")
@@ -65,6 +63,31 @@ def _hash_token_file(path: str) -> bytes:
     return pickled(file_sha256(Path(path)))
 
 
+class TaskHashing:
+    """The Ray engine's ``hashing``: files hashed by tasks, one a file, where they are read (not on the driver)."""
+
+    def __init__(self, session: RaySession) -> None:
+        self.session = session
+
+    def hash_files(self, job: HashJob) -> dict[str, str]:
+        """The files' content hashes. Hashed again once read (``job.again``), by tasks that need no free
+        CPU: the actors hold them all."""
+        if not job.files:
+            return {}
+        self.session.ensure()
+        task = _hash_input.options(num_cpus=0) if job.again else _hash_input
+        refs = [task.remote(f) for f in job.files]
+        return {f: self.session.fetch(ref) for f, ref in zip(job.files, refs, strict=True)}
+
+    def check_digests(self, directory: str, expected: dict[str, FileDigest]) -> None:
+        """Check the sha256 of a found cache entry's token files in tasks (the driver reads no token)."""
+        self.session.ensure()
+        refs = {name: _hash_token_file.remote(os.path.join(directory, name)) for name in expected}
+        for name, ref in refs.items():
+            if self.session.fetch(ref) != expected[name]["sha256"]:
+                raise DamagedStore(f"{Path(directory) / name}: sha256 differs from meta.json (changed bytes)")
+
+
 class RayEngine:
     """Ray actors tokenize, the driver plans from lengths, Ray actors or tasks write the shards (``--engine ray``).
 
@@ -74,41 +97,17 @@ class RayEngine:
     are written, ``shutdown_seconds``.
     """
 
+    uri_output = True  # shards written in place at a filesystem URI, the manifest last (by the run)
+
     def __init__(self, address: str | None = None, num_cpus: int = 1) -> None:
         self.session = RaySession(address, num_cpus)
+        self.hashing = TaskHashing(self.session)
         self.last_run: dict[str, Any] = {}
         self._warm: list[Any] = []  # the tokenizer actors of this run, kept to write its shards
 
     @property
     def received(self) -> dict[str, int]:
         return self.session.received
-
-    def hash_files(self, sources: list[InputSource], memo: Path | None) -> dict[str, str]:
-        """The content hashes of the inputs' files not remembered in ``memo``, computed by tasks, one a file."""
-        return self._hash(files_to_hash(sources, memo))
-
-    def rehash_files(self, sources: list[InputSource]) -> dict[str, str]:
-        """The inputs' hashes again, once read: by tasks that need no free CPU (the actors hold them all)."""
-        return self._hash(files_to_hash(sources), cpus=0)
-
-    def _hash(self, files: list[str], cpus: float = 1) -> dict[str, str]:
-        if not files:
-            return {}
-        self.session.ensure()
-        task = _hash_input if cpus == 1 else _hash_input.options(num_cpus=cpus)
-        refs = [task.remote(f) for f in files]
-        return {f: self.session.fetch(ref) for f, ref in zip(files, refs, strict=True)}
-
-    def digest_checker(self) -> Callable[[str, dict[str, FileDigest]], None]:
-        return self._check_digests
-
-    def _check_digests(self, directory: str, expected: dict[str, FileDigest]) -> None:
-        """Check the sha256 of a found cache entry's token files in tasks (the driver reads no token)."""
-        self.session.ensure()
-        refs = {name: _hash_token_file.remote(os.path.join(directory, name)) for name in expected}
-        for name, ref in refs.items():
-            if self.session.fetch(ref) != expected[name]["sha256"]:
-                raise DamagedStore(f"{Path(directory) / name}: sha256 differs from meta.json (changed bytes)")
 
     def cache_part_cuts(self, options: TokenizeOptions, sources: list[InputSource]) -> list[list[Any] | None] | None:
         """Each input's cuts (``ray.parts.input_cuts``): its parts are cache parts. None for an output
@@ -119,54 +118,37 @@ class RayEngine:
         cpus = cluster_cpus()
         return [input_cuts(source, cpus) for source in sources]
 
-    def tokenize_to_parts(
-        self,
-        options: TokenizeOptions,
-        inputs: list[InputParts],
-        formats: dict[str, str | None],
-        encoder: Encoder,
-        cache_root: Path,
-        progress: Progress,
-        rule_out_long: bool = False,
-        unchanged: Callable[[InputSource], None] | None = None,
-        hold: Callable[[str], None] | None = None,
-        read_digests: dict[str, str] | None = None,
-    ) -> dict[str, float]:
-        """Tokenize on Ray the parts the cache lacks of each input, committed as they come (``ray.cached``).
+    @overload
+    def tokenize(self, job: WholeStore) -> TokenStore: ...
 
-        The files are read by the cluster's tasks: ``read_digests`` is left as it is."""
-        sources = [item.source for item in inputs]
-        return self._on_cluster(
-            ClusterTokenizing(self.session, options, sources, formats, encoder, cache_root),
-            lambda remote: cached.tokenize_to_parts(
-                remote, options, inputs, encoder, cache_root, progress, unchanged, hold
-            ),
-        )
+    @overload
+    def tokenize(self, job: CacheParts) -> MadeParts: ...
 
-    def tokenize_to_store(
-        self,
-        options: TokenizeOptions,
-        sources: list[InputSource],
-        formats: dict[str, str | None],
-        encoder: Encoder,
-        store_path: Path,
-        progress: Progress,
-        rule_out_long: bool = False,
-        before_finish: Callable[[dict[str, str]], None] | None = None,
-    ) -> TokenStore:
-        """Tokenize every record of the sources on Ray into a token store at ``store_path``.
+    def tokenize(self, job: WholeStore | CacheParts) -> TokenStore | MadeParts:
+        """Tokenize on Ray: every record of the sources into a token store at ``job.path`` (``WholeStore``),
+        or the parts the cache lacks of each input, committed as they come (``CacheParts``, ``ray.cached``).
 
         The accounting (counts, rejects, ``--on-error fail``, the store's metadata) is the local
-        engine's own loop; the reading, tokenizing and token writing run on the cluster. The early
-        too-long rule (``rule_out_long``) needs the driver's renderer in every actor: this engine
-        tokenizes every record.
+        engine's own loop; the reading, tokenizing and token writing run on the cluster, so no file is
+        read here (``MadeParts.read_digests`` is empty). The early too-long rule (``rule_out_long``) needs
+        the driver's renderer in every actor: this engine tokenizes every record.
         """
-        return self._on_cluster(
-            ClusterTokenizing(self.session, options, sources, formats, encoder, store_path),
-            lambda remote: ingest.tokenize_to_store(
-                options, sources, formats, encoder, store_path, progress, remote=remote, before_finish=before_finish
+        if isinstance(job, WholeStore):
+            return self._on_cluster(
+                ClusterTokenizing(self.session, job.options, job.sources, job.formats, job.encoder, job.path),
+                lambda remote: ingest.tokenize_to_store(
+                    job.options, job.sources, job.formats, job.encoder, job.path, job.progress, remote=remote,
+                    before_finish=job.before_finish,
+                ),
+            )  # fmt: skip
+        sources = [item.source for item in job.inputs]
+        seconds = self._on_cluster(
+            ClusterTokenizing(self.session, job.options, sources, job.formats, job.encoder, job.cache_root),
+            lambda remote: cached.tokenize_to_parts(
+                remote, job.options, job.inputs, job.encoder, job.cache_root, job.progress, job.unchanged, job.hold
             ),
         )
+        return MadeParts(seconds)
 
     def _on_cluster(self, remote: ClusterTokenizing, work: Callable[[ClusterTokenizing], T]) -> T:
         """Run ``work(remote)``, the run's tokenizing on the cluster; on failure stop everything it started."""
@@ -190,34 +172,20 @@ class RayEngine:
         self._warm = remote.warm
         return done
 
-    def discard_store(self, store: TokenStore) -> None:
-        """A store that is not kept (``--no-cache``): remove its segments where they are not in its directory."""
-        root = store.meta.get("segment_root")
-        if root:
-            remove_uri_dir(root)
-
-    def write_output(
-        self, layout: RowLayout, store: TokenStore, plan: Plan, staged: Path | None, progress: Progress
-    ) -> list[ShardEntry]:
+    def write(self, job: WriteJob) -> list[ShardEntry]:
         """Write the planned rows as shards, one call per shard; return the manifest's shard entries.
 
-        Shards go into ``staged`` (a local directory), or straight to ``layout.output`` when that is a
-        filesystem URI (``s3://bucket/prefix``): there the run writes ``manifest.json`` last, with
-        ``write_manifest_uri``, as the marker that the output is complete.
+        Shards go into ``job.directory`` (a local directory), or straight to ``job.layout.output`` when
+        that is a filesystem URI (``s3://bucket/prefix``): there the run writes ``manifest.json`` last
+        (``io.uri.write_manifest_uri``), as the marker that the output is complete.
         """
         actors, self._warm = self._warm, []
         try:
-            return write_shards(self.session, layout, store, plan, staged, progress, actors)
+            return write_shards(self.session, job.layout, job.store, job.plan, job.directory, job.progress, actors)
         finally:
             t = time.perf_counter()
             self.session.shutdown_if_started_here()
             self.last_run["shutdown_seconds"] = time.perf_counter() - t
-
-    def check_uri_output(self, output: str, overwrite: bool) -> None:
-        check_uri_output(output, overwrite)
-
-    def write_manifest_uri(self, output: str, manifest: Manifest) -> None:
-        write_manifest_uri(output, manifest)
 
     def close(self) -> None:
         """Stop the actors still held, and the Ray instance this engine started (a dry run, a failed run)."""

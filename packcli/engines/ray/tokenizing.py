@@ -39,7 +39,7 @@ from packcli.engines.ray.session import (
 from packcli.engines.ray.writing import shard_job
 from packcli.errors import Opt, PackcliError
 from packcli.io.sources import InputSource
-from packcli.io.uri import is_uri, join
+from packcli.io.uri import is_uri, join, remove_uri_dir
 from packcli.owned import owner_tag
 from packcli.procs.stop import raise_if_stopped
 from packcli.results import FileDigest, Segment, TokenizerIdentity
@@ -392,7 +392,7 @@ class ClusterTokenizing:
                 out = done.pop(k)
                 nodes.add(out.pop("node"))
                 yield part, out
-            # Every part is in: the actors, warm (imports done), write the shards next (write_output).
+            # Every part is in: the actors, warm (imports done), write the shards next (``RayEngine.write``).
             self.warm, self.actors = self.actors, []
         finally:
             self.stop()  # parts still pending die with their actors
@@ -455,15 +455,6 @@ class ClusterTokenizing:
         """Remove segments written under the output URI (a failed run, or a store that is not kept)."""
         if self.segment_root is not None:
             remove_uri_dir(self.segment_root)
-
-
-def remove_uri_dir(uri: str) -> None:
-    """Remove a directory at a filesystem URI and all below it; nothing when it cannot be removed."""
-    from pyarrow import fs as pafs
-
-    with contextlib.suppress(OSError, ValueError):
-        filesystem, where = pafs.FileSystem.from_uri(uri)
-        filesystem.delete_dir(where)
 
 
 def _absolute_if_local(path: str | None) -> str | None:
