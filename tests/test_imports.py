@@ -286,14 +286,15 @@ def test_few_dict_str_any_left() -> None:
 # the command line, ``max_len`` in Python): no string of the core (docstrings aside) spells a flag. None but
 # these, each with its reason.
 FLAG_TEXT = re.compile(r"(?<![\w-])(--[a-z]|-o\b)")
+PACK_CONFIG = "packcli.config.pack_config"  # where PackConfig declares its options
 ALLOWED_FLAG_TEXT = {
-    ("packcli.config", "--field"): "PackConfig: an option's declared flag, where it is not the option's name",
-    ("packcli.config", "--template-kwarg"): "PackConfig's declarations, as above",
-    ("packcli.config", "--no-cache"): "PackConfig's declarations, as above",
-    ("packcli.config", "--add-eos/--no-add-eos"): "PackConfig's declarations, as above",
-    ("packcli.config", "--no-overwrite"): "PackConfig's declarations: the off form of --overwrite, in --help only",
-    ("packcli.config", "-o"): "PackConfig's declarations: the short flag a message may name the output by",
-    ("packcli.config", "--no-"): "flag_term: how the command line spells an option turned off",
+    (PACK_CONFIG, "--field"): "PackConfig: an option's declared flag, where it is not the option's name",
+    (PACK_CONFIG, "--template-kwarg"): "PackConfig's declarations, as above",
+    (PACK_CONFIG, "--no-cache"): "PackConfig's declarations, as above",
+    (PACK_CONFIG, "--add-eos/--no-add-eos"): "PackConfig's declarations, as above",
+    (PACK_CONFIG, "--no-overwrite"): "PackConfig's declarations: the off form of --overwrite, in --help only",
+    (PACK_CONFIG, "-o"): "PackConfig's declarations: the short flag a message may name the output by",
+    ("packcli.config.terms", "--no-"): "flag_term: how the command line spells an option turned off",
     ("packcli.config.presets", "; see packcli pack --help"): "presets are read by the command line only (--config)",
     ("packcli.report.plot", "Samples too long (dropped by --overflow drop) per max_len"): (
         "a label of the plot only packcli stats --plot writes"

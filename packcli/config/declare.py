@@ -3,8 +3,9 @@
 The field gives the option's name, type and default (its choices are its ``Literal`` type); ``option()``
 adds what the command line shows of it: the help, the flag where it is not the name with dashes, the
 metavar, the words of a default that is no value. ``HELP_PANELS`` places each option in
-``packcli pack --help``. The command line builds its parameters from these (``packcli.cli.options``);
-the library's ``packcli.pack`` takes its defaults from the fields, and a test holds its signature to them.
+``packcli pack --help``, and ``OPTION_GROUPS`` in its concern (what it decides of the run). The command
+line builds its parameters from these (``packcli.cli.options``); the library's ``packcli.pack`` takes its
+defaults from the fields, and a test holds its signature to them.
 """
 
 from __future__ import annotations
@@ -117,3 +118,56 @@ HELP_PANELS: dict[str, tuple[str, ...]] = {
 }
 # The panel of each option, by name.
 PANEL_OF = {name: panel for panel, names in HELP_PANELS.items() for name in names}
+
+
+# Every option of PackConfig belongs to exactly one concern. Only "tokenization" decides a sample's
+# tokens and labels, so only it (with the inputs' contents) keys the tokenization cache.
+OPTION_GROUPS: dict[str, tuple[str, ...]] = {
+    "input": ("inputs", "split", "limit", "format", "task", "fields"),
+    "tokenization": (
+        "tokenizer",
+        "chat_template",
+        "template_kwargs",
+        "train_on",
+        "add_eos",
+        "on_error",
+        "fix_turns",
+        "expand_turns",
+        "prefix_tree",
+        "processor",
+    ),
+    "packing": (
+        "mix",
+        "mix_by",
+        "mix_max_epochs",
+        "dedup",
+        "eval_fraction",
+        "eval_records",
+        "max_len",
+        "overflow",
+        "truncate_side",
+        "split_system",
+        "min_piece",
+        "max_drop_fraction",
+        "algorithm",
+        "seed",
+        "world_size",
+        "rank_remainder",
+        "pad_to_max",
+        "pad_to_multiple_of",
+        "context_parallel",
+        "tensor_parallel",
+    ),
+    "output": (
+        "output",
+        "output_format",
+        "rows_per_shard",
+        "overwrite",
+        "rejects",
+        "fix_turns_log",
+        "dry_run",
+        "loss_weighting",
+        "embed_images",
+    ),
+    "run": ("num_proc", "cache", "cache_dir", "cache_max_size", "engine", "ray_address", "encoder"),
+}

@@ -23,63 +23,28 @@ with another copy of its record is swapped with a sample of another row (one of 
 first, so rows keep their lengths; else, unless --world-size leaves rows out, any that fits both rows,
 and the rows' order is made again) that holds no copy of it;
 copies that no such swap can part are counted (``repeats_in_same_row``).
+
+This module chooses the mix (``choose``); its types are ``mix_types``', the parting of repeats
+``repeats``', what the mix gave ``mix_accounting``', the store views it packs ``views``': all
+re-exported here.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from packcli.errors import InputError, Message, Opt, UsageError
+from packcli.errors import InputError, Opt, UsageError
 from packcli.io.sources import InputSource, input_identity, resolve_inputs
-from packcli.plan import packing
-from packcli.plan.options import PlanOptions
-from packcli.plan.planner import Plan, _trained_in_windows
-from packcli.results import MixSource, MixSummary
+from packcli.plan.mix_accounting import accounting as accounting, sources_of as sources_of, warnings as warnings
+from packcli.plan.mix_types import Mix as Mix, MixOptions as MixOptions
+from packcli.plan.repeats import SEARCH as SEARCH, part_repeats as part_repeats, same_row_warning as same_row_warning
+from packcli.plan.views import SOURCE_KEY as SOURCE_KEY, source_ids as source_ids, store_view as store_view
 from packcli.store.tokens import TokenStore
 
-SOURCE_KEY = "mix_source_of_input"  # view meta: the mix source of each input source
 TINY = 1e-9
-SEARCH = 4096  # most samples looked at to part one repeated copy from its twin
-
-
-@dataclass(frozen=True)
-class MixOptions:
-    """The options of a mix: its sources' recipes, the measure they are given in, and the plan it feeds."""
-
-    specs: list[tuple[str, str, float]]  # per source: its path, share or epochs, the value
-    plan: PlanOptions  # the plan the mix feeds: the sample limit, overflow, padding, seed and ranks
-    by: str = "tokens"  # records, tokens or trainable: what a share is a share of
-    max_epochs: float = 1.0  # the most times a share may repeat its source
-    task: str = "sft"
-
-    @property
-    def names(self) -> list[str]:
-        """Each source's path as given."""
-        return [path for path, _, _ in self.specs]
-
-
-@dataclass
-class Mix:
-    """The chosen mix: the view of the store the plan packs, and what each source has and gives."""
-
-    view: TokenStore  # the store's samples as mixed: chosen records, a repeated record's copies adjacent
-    names: list[str]
-    kinds: list[str]  # share | epochs
-    values: list[float]
-    inputs: list[list[str]]  # the input files each source resolved to
-    ranges: list[list[list[int]]]  # per source, the [first, end) sample_index of each of its inputs
-    available: np.ndarray  # per source: [records, tokens, trainable] that can be packed
-    target: np.ndarray  # per source: the measure aimed at
-    left_out: np.ndarray  # per source: [records, tokens, trainable] the mix leaves out
-    repeats_in_same_row: int = 0
-    measure: str = "tokens"
-    size: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def mix_of_inputs(names: list[str], split: str | None, sources: list[InputSource]) -> list[int]:
@@ -217,254 +182,3 @@ def _check_epochs(
                 f" {options.max_epochs:g}",
                 hint=("lower its share, give it as Nx, or raise ", Opt("mix_max_epochs"), " to allow it"),
             )
-
-
-def warnings(mixing: MixSummary) -> list[Message]:
-    """The warnings of a mix's accounting (``accounting``): a share that repeats its source (its epochs as the
-    table shows them), and a share that leaves most of its source out."""
-    measure = {"records": "records", "tokens": "tokens", "trainable": "trainable_tokens"}[mixing.by]
-    out = []
-    for s in mixing.sources:
-        if s.requested is None or "share" not in s.requested:
-            continue
-        available, left_out = s.available or {}, s.left_out or {}
-        name, epochs = s.name, float(s.epochs or 0.0)
-        have = available[measure]
-        left = left_out[measure] / have if have else 0.0
-        if epochs > 1 + 1e-6:
-            out.append(
-                Message(
-                    Opt("mix"),
-                    f" {name}: the shares repeat this source {epochs:.2f} times ({epochs:.2f} epochs of its "
-                    "tokens); give it as Nx to ask for the repeats, or lower its share",
-                )
-            )
-        elif left > 0.5:
-            out.append(
-                Message(
-                    Opt("mix"),
-                    f" {name}: the shares leave out {left:.1%} of this source's {mixing.by} "
-                    f"({left_out['records']:,} of {available['records']:,} records): shares alone size "
-                    "the output by the scarcest source; give this source as Nx (1x keeps all of it) to size the "
-                    "output by it",
-                )
-            )
-    return out
-
-
-def store_view(store: TokenStore, rows: np.ndarray) -> TokenStore:
-    """The store's rows ``rows`` (repeats allowed) as a store: the same token files, read at their offsets."""
-    view = TokenStore(
-        path=store.path,
-        sample_index=store.sample_index[rows],
-        piece_index=store.piece_index[rows],
-        lengths=store.lengths[rows],
-        trainable=store.trainable[rows],
-        first_trained=store.first_trained[rows],
-        positions=store.positions[rows],
-        meta=dict(store.meta),
-        sample_role=None if store.sample_role is None else store.sample_role[rows],
-        seconds=store.seconds,
-        content_key=None if store.content_key is None else store.content_key[rows],
-        tree_nodes=None if store.tree_nodes is None else store.tree_nodes.select(rows),
-    )
-    view.__dict__["starts"] = store.starts[rows]  # the cached property, set: offsets in the token files
-    return view
-
-
-def source_ids(store: TokenStore, rows: np.ndarray) -> np.ndarray:
-    """The mix source (int16) of each of the store's rows ``rows``: the ``source`` column."""
-    of_input = np.asarray(store.meta[SOURCE_KEY], dtype=np.int16)
-    starts = np.asarray(store.meta["source_starts"], dtype=np.int64)
-    return of_input[np.searchsorted(starts, store.sample_index[rows], side="right") - 1]
-
-
-def part_repeats(options: PlanOptions, mix: Mix, plan: Plan) -> None:
-    """Part copies of a record that share a row (see the module docstring); count those that stay."""
-    view = mix.view
-    keys = view.sample_index.astype(np.int64) * (1 << 24) + view.piece_index.astype(np.int64)
-    pos_key = keys[plan.store_rows]
-    counts = np.diff(plan.row_start)
-    row_of = np.repeat(np.arange(len(counts)), counts)
-    # Is any key twice in one row? (rows hold ascending view rows, so twins are neighbours)
-    twin = np.zeros(len(pos_key), dtype=bool)
-    twin[1:] = (pos_key[1:] == pos_key[:-1]) & (row_of[1:] == row_of[:-1])
-    conflicts = np.flatnonzero(twin)
-    if not len(conflicts):
-        return
-    padded = packing.pad_lengths(plan.lengths.astype(np.int64), options.pad_multiple, options.pad_offset)
-    row_tokens = np.bincount(row_of, weights=padded, minlength=len(counts)).astype(np.int64)
-    fixed = set(plan.order.dropped_rows.tolist())
-    movable = np.flatnonzero(~np.isin(row_of, list(fixed))) if fixed else np.arange(len(pos_key))
-    by_length: dict[int, list[int]] = {}
-    for p in movable.tolist():
-        by_length.setdefault(int(padded[p]), []).append(p)
-    lengths_known = np.array(sorted(by_length), dtype=np.int64)
-    row_keys: dict[int, dict[int, int]] = {}
-
-    def keys_of(r: int) -> dict[int, int]:
-        if r not in row_keys:
-            found: dict[int, int] = {}
-            for k in pos_key[plan.row_start[r] : plan.row_start[r + 1]].tolist():
-                found[k] = found.get(k, 0) + 1
-            row_keys[r] = found
-        return row_keys[r]
-
-    touched: set[int] = set()
-    stuck = 0
-    # Rows may change lengths when the row order can be made again without changing what is written: one
-    # rank, or no rows left out by --world-size (then the order is made again from the new row lengths).
-    free = options.world_size == 1 or not len(plan.order.dropped_rows)
-    resized = False
-    for p in conflicts.tolist():
-        a = int(row_of[p])
-        if a in fixed:  # a row --world-size leaves out: not written
-            continue
-        kp, lp = int(pos_key[p]), int(padded[p])
-        if keys_of(a).get(kp, 0) < 2:  # parted already (this position took another sample in a swap)
-            continue
-        room_a = options.max_len - int(row_tokens[a])
-        # Same padded length first, then (one rank only) the nearest lengths that fit row a.
-        tries = _lengths_to_try(lp, room_a, lengths_known if free else None)
-        done = False
-        looked = 0
-        for length in tries:
-            for q in by_length.get(length, []):
-                looked += 1
-                if looked > SEARCH:
-                    break
-                b = int(row_of[q])
-                kq = int(pos_key[q])
-                if b == a or kp in keys_of(b) or kq in keys_of(a):
-                    continue
-                if options.max_len - int(row_tokens[b]) < lp - length:
-                    continue
-                _swap(plan, p, q)
-                pos_key[p], pos_key[q] = kq, kp
-                padded[p], padded[q] = length, lp
-                row_of_keys_a, row_of_keys_b = keys_of(a), keys_of(b)
-                row_of_keys_a[kp] -= 1
-                row_of_keys_a[kq] = row_of_keys_a.get(kq, 0) + 1
-                row_of_keys_b[kq] -= 1
-                if not row_of_keys_b[kq]:
-                    del row_of_keys_b[kq]
-                row_of_keys_b[kp] = 1
-                row_tokens[a] += length - lp
-                row_tokens[b] += lp - length
-                resized = resized or length != lp
-                by_length[length].remove(q)
-                by_length[length].append(p)
-                by_length[lp].remove(p)
-                by_length[lp].append(q)
-                touched.update((a, b))
-                done = True
-                break
-            if done or looked > SEARCH:
-                break
-        if not done:
-            stuck += 1
-    for r in sorted(touched):  # a row's samples ascend (by view row: sample_index, then piece)
-        lo, hi = int(plan.row_start[r]), int(plan.row_start[r + 1])
-        order = np.argsort(plan.store_rows[lo:hi], kind="stable") + lo
-        plan.store_rows[lo:hi] = plan.store_rows[order]
-        plan.lengths[lo:hi] = plan.lengths[order]
-        plan.skips[lo:hi] = plan.skips[order]
-    if resized and options.world_size > 1:  # the ranks' balance, from the rows' new lengths
-        plan.order = packing.order_rows(row_tokens, options.seed, options.world_size, options.rank_remainder)
-    mix.repeats_in_same_row = stuck
-
-
-def _lengths_to_try(length: int, room: int, known: np.ndarray | None) -> Iterator[int]:
-    """The padded lengths to look for a swap partner in: ``length``, then the nearest others that fit."""
-    yield length
-    if known is None:
-        return
-    near = np.argsort(np.abs(known - length), kind="stable")
-    for i in near.tolist():
-        other = int(known[i])
-        if other != length and other - length <= room:
-            yield other
-
-
-def _swap(plan: Plan, p: int, q: int) -> None:
-    for arr in (plan.store_rows, plan.lengths, plan.skips):
-        arr[p], arr[q] = arr[q], arr[p]
-
-
-def accounting(options: MixOptions, mix: Mix, plan: Plan) -> MixSummary:
-    """The summary's ``mix``: per source, what was asked, what it had, what the rows hold, repeats, left out."""
-    view = mix.view
-    n_src = len(mix.names)
-    written = np.ones(len(plan.store_rows), dtype=bool)
-    for r in plan.order.dropped_rows.tolist():
-        written[plan.row_start[r] : plan.row_start[r + 1]] = False
-    rows = plan.store_rows[written]
-    lengths = plan.lengths[written].astype(np.int64)
-    trained = view.trainable[rows].astype(np.int64)
-    cut = np.flatnonzero(lengths < view.lengths[rows])
-    if len(cut):  # a cut sample trains what its window holds (as the plan counts it)
-        trained[cut] = _trained_in_windows(view, rows[cut], options.plan.sample_limit, options.plan.cut_side)
-    src = source_ids(view, rows).astype(np.int64)
-    tokens = np.bincount(src, weights=lengths, minlength=n_src).astype(np.int64)
-    trainable = np.bincount(src, weights=trained, minlength=n_src).astype(np.int64)
-    samples = np.bincount(src, minlength=n_src)
-    key = view.sample_index[rows].astype(np.int64) * (1 << 24) + view.piece_index[rows].astype(np.int64)
-    distinct_keys, first_pos = np.unique(key, return_index=True)
-    distinct = np.bincount(src[first_pos], minlength=n_src)
-    records = np.bincount(src[first_pos[np.r_[True, np.diff(distinct_keys >> 24) != 0]]], minlength=n_src)
-    totals = [max(int(records.sum()), 1), max(int(tokens.sum()), 1), max(int(trainable.sum()), 1)]
-    target_total = float(mix.target.sum()) or 1.0
-    sources = []
-    for m in range(n_src):
-        entry = MixSource(
-            name=mix.names[m],
-            inputs=mix.inputs[m],
-            sample_index=mix.ranges[m],
-            requested={mix.kinds[m]: mix.values[m]},
-            requested_share=round(float(mix.target[m]) / target_total, 6),
-            available=dict(zip(("records", "tokens", "trainable_tokens"), map(int, mix.available[m]), strict=True)),
-            target=round(float(mix.target[m]), 3),
-            realised={
-                "records": int(records[m]),
-                "samples": int(samples[m]),
-                "tokens": int(tokens[m]),
-                "trainable_tokens": int(trainable[m]),
-            },
-            realised_share={
-                "records": round(int(records[m]) / totals[0], 6),
-                "tokens": round(int(tokens[m]) / totals[1], 6),
-                "trainable_tokens": round(int(trainable[m]) / totals[2], 6),
-            },
-            epochs=round(int(tokens[m]) / max(int(mix.available[m][1]), 1), 6),
-            repeats=int(samples[m] - distinct[m]),
-            left_out=dict(zip(("records", "tokens", "trainable_tokens"), map(int, mix.left_out[m]), strict=True)),
-        )
-        sources.append(entry)
-    return MixSummary(
-        by=mix.measure,
-        seed=options.plan.seed,
-        size=round(mix.size, 3),
-        sources=sources,
-        repeats=int(sum(s.repeats or 0 for s in sources)),
-        repeats_in_same_row=mix.repeats_in_same_row,
-        records_left_out=int(mix.left_out[:, 0].sum()),
-    )
-
-
-def sources_of(mixing: MixSummary | None) -> MixSummary | None:
-    """The eval manifest's ``mix``: the sources the source column numbers (names, inputs, sample_index
-    ranges), without the training rows' accounting; nothing of the eval rows is repeated or left out."""
-    if mixing is None:
-        return None
-    sources = [MixSource(name=s.name, inputs=s.inputs, sample_index=s.sample_index) for s in mixing.sources]
-    return MixSummary(by=mixing.by, seed=mixing.seed, sources=sources, repeats=0, repeats_in_same_row=0)
-
-
-def same_row_warning(n: int) -> Message:
-    """The warning for repeated copies that share a row with their twin (no swap could part them)."""
-    copies = "copy of a repeated record shares" if n == 1 else "copies of repeated records share"
-    return Message(
-        f"{n} {copies} a row with another copy (no sample of another row could take its place); "
-        "lower the repeats or raise ",
-        Opt("max_len"),
-    )

@@ -5,6 +5,9 @@ Record formats: ``messages`` (OpenAI-style chat), ``conversations`` (ShareGPT), 
 and preference data (``preference``: ``chosen``/``rejected`` with an optional ``prompt``; ``kto``:
 ``prompt``/``completion``/``label``), which ``packcli.records.preference`` turns into several Samples per record.
 Field names can be remapped (``--field messages=dialog``), so every lookup goes through ``fields``.
+
+The names of formats, fields and roles are ``names``' (re-exported here), the reading of one field
+``cells``', the reading of a message list ``messages``'.
 """
 
 from __future__ import annotations
@@ -14,72 +17,28 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from packcli.errors import Opt, RecordError, Text, parts_of, too_many_digits
+from packcli.errors import RecordError, parts_of
 from packcli.jsontypes import ChatMessage, Record, TemplateKwargs
-
-FORMATS = ("messages", "conversations", "prompt_completion", "alpaca", "text", "tokenized", "preference", "kto")
-# Record formats whose records are not one SFT sample each (see packcli.records.preference).
-PREFERENCE_FORMATS = ("preference", "kto")
-
-DEFAULT_FIELDS: dict[str, str] = {
-    "messages": "messages",
-    "conversations": "conversations",
-    "role": "role",
-    "content": "content",
-    "from": "from",
-    "value": "value",
-    "prompt": "prompt",
-    "completion": "completion",
-    "instruction": "instruction",
-    "input": "input",
-    "output": "output",
-    "system": "system",
-    "text": "text",
-    "input_ids": "input_ids",
-    "labels": "labels",
-    "tools": "tools",
-    "chat_template_kwargs": "chat_template_kwargs",
-    "chosen": "chosen",
-    "rejected": "rejected",
-    "label": "label",
-}
-
-ROLES = ("system", "user", "assistant", "tool")
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-
-# ShareGPT speaker names seen in real exports, mapped to chat roles.
-SHAREGPT_ROLES: dict[str, str] = {
-    "system": "system",
-    "human": "user",
-    "user": "user",
-    "prompter": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "chatgpt": "assistant",
-    "bing": "assistant",
-    "bard": "assistant",
-    "model": "assistant",
-    "bot": "assistant",
-    "ai": "assistant",
-    "function_call": "assistant",
-    "tool": "tool",
-    "function": "tool",
-    "function_response": "tool",
-    "observation": "tool",
-    "ipython": "tool",
-}
-
-
-# Template keyword arguments packcli passes itself, or that would leave samples incomplete.
-RESERVED_TEMPLATE_KWARGS: dict[str, Text] = {
-    "continue_final_message": "leaves the last message open (its end-of-turn marker is dropped), and a packed "
-    "sample must be complete so that the model learns where an answer ends; leave it out",
-    "add_generation_prompt": "is set by packcli (false: a packed sample ends with its last message); leave it out",
-    "tools": "comes from each record's own tools field; leave it out",
-    "conversations": "is the record's messages; leave it out",
-    "chat_template": ("is the template itself; pass ", Opt("chat_template"), " FILE instead"),
-    "return_assistant_tokens_mask": "is set by packcli to find what is trained; leave it out",
-}
+from packcli.records.cells import (
+    INT64_MAX as INT64_MAX,
+    INT64_MIN as INT64_MIN,
+    int_list,
+    json_cell,
+    require,
+    string,
+    tname,
+)
+from packcli.records.messages import read_messages
+from packcli.records.names import (
+    DEFAULT_FIELDS as DEFAULT_FIELDS,
+    FORMATS as FORMATS,
+    PREFERENCE_FORMATS as PREFERENCE_FORMATS,
+    RESERVED_TEMPLATE_KWARGS as RESERVED_TEMPLATE_KWARGS,
+    ROLE_ALIASES as ROLE_ALIASES,
+    ROLES as ROLES,
+    SHAREGPT_ROLES as SHAREGPT_ROLES,
+    TRAIN_KEYS as TRAIN_KEYS,
+)
 
 
 @dataclass(frozen=True)
@@ -158,28 +117,30 @@ def normalize(record: Any, fmt: str, fields: dict[str, str], *, rename_roles: bo
         raise RecordError("not_an_object", f"the record is a {type(record).__name__}, not a JSON object")
     if fmt in ("messages", "conversations"):
         sharegpt = fmt == "conversations"
-        turns = _messages(_require(record, fields[fmt]), fields, sharegpt=sharegpt, rename=rename_roles)
+        turns = read_messages(require(record, fields[fmt]), fields, sharegpt=sharegpt, rename=rename_roles)
         return Sample("chat", **turns.sample_fields(), **_template_extras(record, fields))
     if fmt == "prompt_completion":
-        prompt = _require(record, fields["prompt"])
-        completion = _require(record, fields["completion"])
+        prompt = require(record, fields["prompt"])
+        completion = require(record, fields["completion"])
         if isinstance(prompt, str) and isinstance(completion, str):
             return Sample("prompt_completion", prompt=prompt, completion=completion)
         if isinstance(prompt, str):
             prompt = [{"role": "user", "content": prompt}]
         if isinstance(completion, str):
             completion = [{"role": "assistant", "content": completion}]
-        head = _messages(prompt, fields, sharegpt=False, field=fields["prompt"], allow_empty=True, rename=rename_roles)
-        tail = _messages(completion, fields, sharegpt=False, field=fields["completion"], rename=rename_roles)
+        head = read_messages(
+            prompt, fields, sharegpt=False, field=fields["prompt"], allow_empty=True, rename=rename_roles
+        )
+        tail = read_messages(completion, fields, sharegpt=False, field=fields["completion"], rename=rename_roles)
         extras = _template_extras(record, fields)
         turns = head.then(tail)
         return Sample("chat", **turns.sample_fields(), prompt_len=len(head.messages), **extras)
     if fmt == "alpaca":
-        instruction = _string(record, fields["instruction"])
+        instruction = string(record, fields["instruction"])
         extra = record.get(fields["input"])
         if extra is not None and not isinstance(extra, str):
-            raise RecordError("wrong_type", f"field '{fields['input']}' must be a string, not {_tname(extra)}")
-        output = _string(record, fields["output"])
+            raise RecordError("wrong_type", f"field '{fields['input']}' must be a string, not {tname(extra)}")
+        output = string(record, fields["output"])
         user = instruction + ("\n\n" + extra if extra else "")
         messages = [{"role": "user", "content": user}, {"role": "assistant", "content": output}]
         system = record.get(fields["system"])
@@ -187,12 +148,12 @@ def normalize(record: Any, fmt: str, fields: dict[str, str], *, rename_roles: bo
             messages.insert(0, {"role": "system", "content": system})
         return Sample("chat", messages=messages, prompt_len=len(messages) - 1)
     if fmt == "text":
-        return Sample("text", text=_string(record, fields["text"]))
+        return Sample("text", text=string(record, fields["text"]))
     if fmt == "tokenized":
-        ids = _int_list(_require(record, fields["input_ids"]), fields["input_ids"])
+        ids = int_list(require(record, fields["input_ids"]), fields["input_ids"])
         labels = record.get(fields["labels"])
         if labels is not None:
-            labels = _int_list(labels, fields["labels"])
+            labels = int_list(labels, fields["labels"])
             if len(labels) != len(ids):
                 raise RecordError(
                     "length_mismatch",
@@ -215,7 +176,7 @@ def _refuse_packed_row(record: Record, n_tokens: int) -> None:
             lengths = json.loads(lengths)
     if lengths is None or lengths == [n_tokens]:
         return
-    shown = f"{len(lengths)} samples" if isinstance(lengths, list) else f"{_tname(lengths)}"
+    shown = f"{len(lengths)} samples" if isinstance(lengths, list) else f"{tname(lengths)}"
     raise RecordError(
         "packed_row",
         f"the record is a packed row ('seq_lengths' holds {shown}): read as one sample, their boundaries would be "
@@ -228,14 +189,14 @@ def _template_extras(record: Record, fields: dict[str, str]) -> Record:
     extras: dict[str, Any] = {}
     tools = record.get(fields["tools"])
     if isinstance(tools, str):
-        tools = _json_cell(tools, fields["tools"], "a list of function schemas")
+        tools = json_cell(tools, fields["tools"], "a list of function schemas")
     if tools is not None:
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
             raise RecordError("wrong_type", f"field '{fields['tools']}' must be a list of objects (function schemas)")
         extras["tools"] = tools or None
     kwargs = record.get(fields["chat_template_kwargs"])
     if isinstance(kwargs, str):
-        kwargs = _json_cell(kwargs, fields["chat_template_kwargs"], "an object")
+        kwargs = json_cell(kwargs, fields["chat_template_kwargs"], "an object")
     if kwargs is not None:
         if not isinstance(kwargs, dict):
             raise RecordError("wrong_type", f"field '{fields['chat_template_kwargs']}' must be an object")
@@ -248,207 +209,3 @@ def _template_extras(record: Record, fields: dict[str, str]) -> Record:
             )
         extras["template_kwargs"] = kwargs
     return extras
-
-
-def _tname(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def _require(record: Record, key: str) -> Any:
-    if key not in record:
-        raise RecordError("missing_field", f"the record has no field '{key}' (it has: {', '.join(map(str, record))})")
-    value = record[key]
-    if value is None:
-        raise RecordError("wrong_type", f"field '{key}' is null")
-    return value
-
-
-def _string(record: Record, key: str) -> str:
-    value = _require(record, key)
-    if not isinstance(value, str):
-        raise RecordError("wrong_type", f"field '{key}' must be a string, not {_tname(value)}")
-    return value
-
-
-def _int_list(value: Any, key: str) -> list[int]:
-    if isinstance(value, str):
-        value = _json_cell(value, key, "a list of integers")
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise RecordError("wrong_type", f"field '{key}' must be a list of integers")
-    if value and not INT64_MIN <= min(value) <= max(value) <= INT64_MAX:
-        # JSON integers have no size limit; token ids and labels are machine integers.
-        big = next(v for v in value if not INT64_MIN <= v <= INT64_MAX)
-        shown = str(big) if len(str(big)) <= 30 else str(big)[:27] + "..."
-        raise RecordError("integer_out_of_range", f"field '{key}' holds {shown}, beyond the 64-bit integer range")
-    return value
-
-
-def _json_cell(value: str, key: str, expected: str) -> Any:
-    # CSV cells and some exports carry lists as JSON text.
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise RecordError(
-            "wrong_type",
-            f"field '{key}' must be {expected}; it is a string that is not valid JSON "
-            f"({exc.msg} at character {exc.pos})",
-        ) from exc
-    except ValueError as exc:  # the only other one: an integer past Python's digit limit
-        raise RecordError(
-            "integer_out_of_range", f"field '{key}' holds {too_many_digits()}; write it as a string"
-        ) from exc
-    except RecursionError as exc:  # the decoder recurses per nesting level
-        raise RecordError("too_deep", f"field '{key}' nests too deep to decode") from exc
-
-
-@dataclass(frozen=True)
-class _Turns:
-    """Messages as read: the messages, their training marks, and the roles renamed."""
-
-    messages: list[ChatMessage]
-    train: tuple[bool | None, ...]
-    renamed: tuple[tuple[int, str, str], ...]
-
-    def then(self, other: _Turns) -> _Turns:
-        shift = len(self.messages)
-        return _Turns(
-            self.messages + other.messages,
-            self.train + other.train,
-            self.renamed + tuple((i + shift, old, new) for i, old, new in other.renamed),
-        )
-
-    def sample_fields(self) -> dict[str, Any]:
-        marked = any(flag is not None for flag in self.train)
-        return {"messages": self.messages, "message_train": self.train if marked else None, "renamed": self.renamed}
-
-
-# Role names of other tools and exports that name one chat role unambiguously (``--fix-turns`` renames
-# them in message lists; ShareGPT speakers are always mapped, by SHAREGPT_ROLES). Matched case-insensitively.
-# Left out: speakers only ShareGPT exports use, and roles templates know by their own name (Llama 3's
-# "ipython" is its tool role; "function_call" and "function_response" are parts of a turn elsewhere).
-_NOT_ALIASES = ("bing", "bard", "function_call", "function_response", "ipython")
-ROLE_ALIASES: dict[str, str] = {name: role for name, role in SHAREGPT_ROLES.items() if name not in _NOT_ALIASES}
-# Per-message training marks: "train" (true/false), and axolotl's "weight" (1/0).
-TRAIN_KEYS = ("train", "weight")
-
-
-def _train_mark(message: ChatMessage, i: int, field: str) -> bool | None:
-    """Return a message's own training mark (None when it has none); raise RecordError for a bad one."""
-    marks = []
-    if "train" in message and message["train"] is not None:
-        if not isinstance(message["train"], bool):
-            raise RecordError(
-                "wrong_type", f"message {i} of '{field}': 'train' must be true or false, not {_tname(message['train'])}"
-            )
-        marks.append(message["train"])
-    if "weight" in message and message["weight"] is not None:
-        weight = message["weight"]
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight not in (0, 1):
-            shown = json.dumps(weight) if isinstance(weight, (int, float, str, bool)) else _tname(weight)
-            raise RecordError("wrong_type", f"message {i} of '{field}': 'weight' must be 0 or 1, not {shown}")
-        marks.append(weight == 1)
-    if len(set(marks)) > 1:
-        raise RecordError("wrong_type", f"message {i} of '{field}': 'train' and 'weight' disagree; keep one")
-    return marks[0] if marks else None
-
-
-def _function_call_turn(
-    message: ChatMessage, i: int, field: str, content_key: str, fields: dict[str, str]
-) -> ChatMessage:
-    """Return a ShareGPT ``function_call`` turn (LLaMA-Factory's format) as an assistant message with tool calls.
-
-    Its value is a JSON object ``{"name", "arguments"}``, or a list of them (parallel calls); the
-    ``observation`` turns that follow are the tool results.
-    """
-    value = message.get(content_key)
-    calls: Any = None
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError, RecursionError):
-            calls = json.loads(value)
-    calls = [calls] if isinstance(calls, dict) else calls
-    if not isinstance(calls, list) or not calls or not all(isinstance(c, dict) and "name" in c for c in calls):
-        raise RecordError(
-            "wrong_type",
-            f"message {i} of '{field}': a function_call turn must hold a JSON object with 'name' and 'arguments' "
-            "(or a list of them)",
-        )
-    tool_calls = [
-        {"type": "function", "function": {"name": c["name"], "arguments": c.get("arguments", {})}} for c in calls
-    ]
-    rest = {k: v for k, v in message.items() if k not in (fields["from"], content_key)}
-    return {fields["from"]: "assistant", content_key: None, **rest, "tool_calls": tool_calls}
-
-
-def _messages(
-    value: Any,
-    fields: dict[str, str],
-    *,
-    sharegpt: bool,
-    field: str | None = None,
-    allow_empty: bool = False,
-    rename: bool = False,
-) -> _Turns:
-    field = field or (fields["conversations"] if sharegpt else fields["messages"])
-    if isinstance(value, str):
-        value = _json_cell(value, field, "a list of messages")
-    if not isinstance(value, list):
-        raise RecordError("wrong_type", f"field '{field}' must be a list of messages, not {_tname(value)}")
-    if not value and not allow_empty:
-        raise RecordError("empty_conversation", f"field '{field}' is an empty list")
-    role_key = fields["from"] if sharegpt else fields["role"]
-    content_key = fields["value"] if sharegpt else fields["content"]
-    out: list[ChatMessage] = []
-    marks: list[bool | None] = []
-    renamed: list[tuple[int, str, str]] = []
-    for i, message in enumerate(value):
-        if not isinstance(message, dict):
-            raise RecordError("wrong_type", f"message {i} of '{field}' is a {_tname(message)}, not an object")
-        if role_key not in message:
-            raise RecordError("missing_field", f"message {i} of '{field}' has no '{role_key}'")
-        role = message[role_key]
-        if not isinstance(role, str):
-            raise RecordError("wrong_type", f"message {i} of '{field}': '{role_key}' must be a string")
-        if sharegpt and role.lower() == "function_call":
-            message = _function_call_turn(message, i, field, content_key, fields)
-            role = "assistant"
-        if sharegpt:
-            mapped = SHAREGPT_ROLES.get(role.lower())
-            if mapped is None:
-                raise RecordError(
-                    "unknown_role",
-                    f"message {i} of '{field}': unknown speaker '{role}' (known: {', '.join(SHAREGPT_ROLES)})",
-                )
-            role = mapped
-        elif role not in ROLES:
-            alias = ROLE_ALIASES.get(role.lower())
-            if alias is not None and rename:
-                renamed.append((i, role, alias))
-                role = alias
-            else:
-                fix = ("; ", Opt("fix_turns"), f" renames it to '{alias}'") if alias is not None else ()
-                raise RecordError(
-                    "unknown_role",
-                    f"message {i} of '{field}': unknown role '{role}' (known: {', '.join(ROLES)})",
-                    *fix,
-                )
-        content = message.get(content_key)
-        if content is None and not message.get("tool_calls"):
-            raise RecordError("wrong_type", f"message {i} of '{field}': '{content_key}' is missing or null")
-        if content is not None and not isinstance(content, (str, list)):
-            raise RecordError(
-                "wrong_type", f"message {i} of '{field}': '{content_key}' must be a string, not {_tname(content)}"
-            )
-        if isinstance(content, list) and not all(isinstance(p, dict) for p in content):
-            raise RecordError("wrong_type", f"message {i} of '{field}': content parts must be objects")
-        marks.append(_train_mark(message, i, field))
-        if sharegpt or role_key != "role" or content_key != "content" or role != message[role_key]:
-            # Keep every other key (tool_calls, reasoning, names): templates may read them.
-            # A stray "role" or "content" key never replaces the mapped ones (a human turn with
-            # "role": "assistant" would otherwise be trained on).
-            rest = {k: v for k, v in message.items() if k not in (role_key, content_key, "role", "content")}
-            message = {"role": role, "content": content, **rest}
-        if any(k in message for k in TRAIN_KEYS):
-            # The marks are packcli's, not the template's: the template renders the message without them.
-            message = {k: v for k, v in message.items() if k not in TRAIN_KEYS}
-        out.append(message)
-    return _Turns(out, tuple(marks), tuple(renamed))

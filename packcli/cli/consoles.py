@@ -1,0 +1,103 @@
+"""The two consoles and the lines written on them: stderr for people (``Error:`` and ``Warning:`` lines,
+progress bars), stdout for what a command prints (under ``--json``, kept for its JSON alone).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stdout
+from contextvars import ContextVar
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+stderr = Console(stderr=True, highlight=False)
+stdout = Console(highlight=False, emoji=False)
+
+STAGE_LABELS = {"tokenize": "Tokenizing records", "write": "Writing rows"}
+
+
+# The stdout that --json writes to, while everything else written to stdout goes to stderr.
+_JSON_STDOUT: ContextVar[Any] = ContextVar("json_stdout", default=None)
+
+
+@contextmanager
+def stdout_for_json(enabled: bool) -> Iterator[None]:
+    """While a ``--json`` command runs, keep stdout for its JSON: other writes to it go to stderr.
+
+    Libraries print there too (Ray's driver prints a task's retry notice on stdout), and one such line
+    would make the output unreadable by ``json.load``. ``emit_json`` writes to the stdout kept here.
+    """
+    if not enabled:
+        yield
+        return
+    kept = _JSON_STDOUT.set(sys.stdout)
+    try:
+        with redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _JSON_STDOUT.reset(kept)
+
+
+def emit_json(data: Any, ensure_ascii: bool = True) -> None:
+    """Write ``data`` as indented JSON (one document) to stdout, the one kept by ``stdout_for_json``."""
+    import json
+
+    stream = _JSON_STDOUT.get() or sys.stdout
+    stream.write(json.dumps(data, indent=2, ensure_ascii=ensure_ascii) + "\n")
+    stream.flush()
+
+
+def error(message: str) -> None:
+    """Print one error line on stderr."""
+    stderr.print(f"[bold red]Error:[/] {escape(message)}", soft_wrap=True, markup=True, highlight=False, emoji=False)
+
+
+def warning(message: str) -> None:
+    """Print one warning line on stderr."""
+    stderr.print(
+        f"[bold yellow]Warning:[/] {escape(message)}", soft_wrap=True, markup=True, highlight=False, emoji=False
+    )
+
+
+@contextmanager
+def progress_bars(enabled: bool) -> Iterator[Any]:
+    """Yield a progress callback (stage, advance, total); bars only on a terminal and when enabled."""
+    if not enabled or not sys.stderr.isatty():
+        yield lambda stage, advance, total: None
+        return
+    bars = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=stderr,
+        transient=False,
+    )
+    tasks: dict[str, TaskID] = {}
+
+    def update(stage: str, advance: int, total: int | None) -> None:
+        if stage not in tasks:
+            tasks[stage] = bars.add_task(STAGE_LABELS.get(stage, stage), total=total, rate="")
+        task = tasks[stage]
+        bars.update(task, advance=advance, total=total)
+        speed = bars.tasks[task].speed
+        if speed:
+            bars.update(task, rate=f"{speed:,.0f}/s")
+
+    with bars:
+        yield update

@@ -1,0 +1,80 @@
+"""One packed row as ``packcli inspect`` shows it on stdout (``print_row``): its samples in turn, trained
+tokens in colour (bracketed without colour), masked ones dim, images and prefix-tree nodes named.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+
+from packcli.cli.consoles import stdout
+from packcli.cli.pack_summary import reasoning_words
+
+TRAINED_STYLE = "bold green"
+MASKED_STYLE = "dim"
+IMAGE_STYLE = "magenta"  # an image's tokens, shown as one piece: <image 3: 28x40 patches, 280 tokens>
+# Without colour (a pipe, NO_COLOR) trained runs are bracketed instead.
+TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
+
+
+def print_row(result: Any) -> None:
+    out = stdout
+    marks = out.no_color or out.color_system is None
+    header = (
+        f"row {result.row} (rows 0..{result.rows - 1}; {result.shard}, row {result.row_in_shard}): "
+        f"{result.tokens:,}/{result.max_len:,} tokens, {sum(not s.padding for s in result.segments)} samples, "
+        f"{result.trained_tokens:,} trained"
+    )
+    out.print(Text(header, style="bold"), soft_wrap=True)
+    if getattr(result, "reasoning", None) and result.reasoning.get("turns_left_out"):
+        note = f"reasoning left out of the tokens (whole run): {reasoning_words(result.reasoning)}"
+        out.print(Text(note, style="yellow"), soft_wrap=True)
+    legend = Text("legend: ")
+    legend.append(f"{TRAINED_OPEN}trained{TRAINED_CLOSE}" if marks else "trained", style=TRAINED_STYLE)
+    legend.append("  ")
+    legend.append("masked (label -100)", style=MASKED_STYLE)
+    out.print(legend)
+    for seg in result.segments:
+        if seg.padding:
+            out.rule(Text(f"padding: {seg.length:,} tokens (sample_index -1)", style=MASKED_STYLE), align="left")
+            continue
+        name = f"sample_index {seg.sample_index}" + (f" piece {seg.piece_index}" if seg.piece_index else "")
+        if seg.role not in (None, "sft"):
+            name += f" ({seg.role})"
+        title = f"{name}: {seg.length:,} tokens, {seg.trained_tokens:,} trained"
+        style = "bold yellow" if seg.sample_index == result.requested_sample_index else "bold"
+        out.rule(Text(title, style=style), align="left")
+        nodes = getattr(seg, "nodes", None) or []
+        starts = [node["start"] for node in nodes] if len(nodes) > 1 else [0]
+        at = 0
+        body = Text()
+        for piece in seg.pieces:
+            if len(starts) > 1 and at in starts:  # a prefix tree: each node under its own heading
+                if body:
+                    out.print(body, soft_wrap=True)
+                    body = Text()
+                out.print(Text(_node_heading(starts.index(at), nodes[starts.index(at)]), style="bold"))
+            at += piece.tokens
+            if getattr(piece, "image", None) is not None:
+                body.append(piece.text, style=IMAGE_STYLE)
+            elif piece.trained:
+                body.append(_bracketed(piece.text) if marks else piece.text, style=TRAINED_STYLE)
+            else:
+                body.append(piece.text, style=MASKED_STYLE)
+        out.print(body, soft_wrap=True)
+        if seg.shown_tokens < seg.length:
+            more = seg.length - seg.shown_tokens
+            out.print(Text(f"... {more:,} more tokens (--max-tokens {seg.shown_tokens})", style=MASKED_STYLE))
+
+
+def _node_heading(index: int, node: dict[str, int]) -> str:
+    last = node["position"] + node["length"] - 1
+    parent = "root" if node["parent"] < 0 else f"branch of node {node['parent']}"
+    return f"node {index} ({parent}): {node['length']:,} tokens, positions {node['position']}..{last}"
+
+
+def _bracketed(text: str) -> str:
+    # The closing mark goes before trailing newlines, so it stays on the line of the text it closes.
+    core = text.rstrip("\n")
+    return f"{TRAINED_OPEN}{core}{TRAINED_CLOSE}{text[len(core) :]}"
