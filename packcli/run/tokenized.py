@@ -10,9 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,15 +18,11 @@ from typing import Any, TypeVar
 
 from packcli.config import PackConfig
 from packcli.contract import Progress, no_progress
-from packcli.engines import CacheParts, DigestChecker, Engine, HashJob, WholeStore, load_engine
+from packcli.engines import DigestChecker, Engine, WholeStore, load_engine
 from packcli.errors import InputError, Message
 from packcli.io.fingerprint import (
-    Learned,
     changed_input,
-    files_to_hash,
-    fingerprint,
     remember_formats,
-    remember_reads,
     remembered_part_ends,
     stamps,
 )
@@ -39,17 +33,17 @@ from packcli.jsontypes import JSONObject
 from packcli.owned import HASH_MEMO
 from packcli.procs.stop import raise_if_stopped
 from packcli.results import TokenizerIdentity
+from packcli.run.entries import all_known, cached_store, changed, entry_key, rehashed
+from packcli.run.from_parts import PartRun, from_parts
 from packcli.run.identify import fields_key, hashed, run_encoder, task_and_formats
 from packcli.run.options import image_window, split_rule, tokenize_options
 from packcli.store import parts
-from packcli.store.cachedir import EntryLock, allow_open_files, touch
+from packcli.store.cachedir import EntryLock, touch
 from packcli.store.images import changed_image, load_images
-from packcli.store.integrity import DamagedStore
-from packcli.store.key import cache_key, default_cache_dir
-from packcli.store.tokens import TokenStore, find_store
+from packcli.store.key import default_cache_dir
+from packcli.store.tokens import TokenStore
 from packcli.tokenize import ingest
 from packcli.tokenize.encoder import Encoder
-from packcli.tokenize.options import CACHE_FIX
 from packcli.tokenize.templates import builtin_name, read_chat_template
 from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER
 from packcli.version import __version__
@@ -150,7 +144,7 @@ def _tokenized(
     # The records of each input, counted as it was hashed (or remembered): for progress, without a read.
     sources = [dataclasses.replace(s, records=n) if n is not None else s for s, n in zip(sources, counts, strict=True)]
     options = _key_options(config, tokenizer_key, encoder)
-    key = _entry_key(sources, formats, fingerprints, options)  # None until every input's hash is known
+    key = entry_key(sources, formats, fingerprints, options)  # None until every input's hash is known
     rule_out_long = rule_out_long and config.engine == "local" and config.overflow in ("drop", "error")
     limit = config.max_len if rule_out_long else None
     # Who hashes a found entry's token files: the engine, where it reads them; None: the store, here.
@@ -181,24 +175,24 @@ def _tokenized(
                 )
                 for n, (s, f, c, then) in enumerate(zip(sources, fingerprints, cuts, later, strict=True))
             ]
-            run = _PartRun(
+            run = PartRun(
                 config, formats, cache_root, progress, rule_out_long, limit, before, fingerprints, engine, check,
                 options, memo,
             )  # fmt: skip
-            store, state, key = _from_parts(run, inputs, (key, state), encoder, warnings, stack)
+            store, state, key = from_parts(run, inputs, (key, state), encoder, warnings, stack)
             reuse = parts.reused_records(inputs) if state != "hit" else None
             _as_this_run(store, sources, config)  # parts made by runs that named the tokenizer otherwise
         else:
             assert key is not None  # every hash is taken first: no input is hashed as it is read
             store = _whole_store(
-                config, sources, formats, encoder, engine, progress, rule_out_long, (before, _known(fingerprints)),
+                config, sources, formats, encoder, engine, progress, rule_out_long, (before, all_known(fingerprints)),
                 cache_root / key if config.cache and fill_cache else None, scratch, stack,
             )  # fmt: skip
         yield TokenizedInputs(
             store=store,
             cache=state,
             sources=sources,
-            fingerprints=_known(fingerprints),
+            fingerprints=all_known(fingerprints),
             formats=formats,
             tokenizer=store.meta["tokenizer"],
             pad_id=store.meta["pad_id"],
@@ -224,21 +218,6 @@ def _hashed_as_read(config: PackConfig, fill_cache: bool, source: InputSource) -
     )
 
 
-def _entry_key(
-    sources: list[InputSource], formats: dict[str, str | None], fingerprints: list[str | None], options: JSONObject
-) -> str | None:
-    """The key of the run's cache entry, or None while the hash of an input is not known.
-
-    Each input by its content, in order (sample_index follows it), with the reader its file type chose and
-    the record format found: never its path, so that any spelling of a path, a copy, stdin or a preset
-    run from elsewhere finds the same entry.
-    """
-    if any(f is None for f in fingerprints):
-        return None
-    entries = [[s.kind, s.compression, formats[s.display], f] for s, f in zip(sources, fingerprints, strict=True)]
-    return cache_key({"inputs": entries, **options})
-
-
 def _keying(
     source: InputSource,
     formats: dict[str, str | None],
@@ -253,13 +232,6 @@ def _keying(
     if not chained:
         entry.append(fingerprint)
     return functools.partial(parts.part_key, entry, options=options, batch_size=ingest.BATCH_SIZE, cuts=cuts)
-
-
-def _known(fingerprints: list[str | None]) -> list[str]:
-    """The inputs' hashes, every one known."""
-    known = [f for f in fingerprints if f is not None]
-    assert len(known) == len(fingerprints)
-    return known
 
 
 def _entry(
@@ -282,7 +254,7 @@ def _entry(
         lock = EntryLock(cache_root, key)
         if lock.acquire():  # held while the entry is in use: no prune removes it
             stack.callback(lock.release)
-    store, state, warnings = _cached_store(entry, limit, check)
+    store, state, warnings = cached_store(entry, limit, check)
     if store is not None and config.processor is not None:
         moved_image = changed_image(load_images(store.path))
         if moved_image is not None:
@@ -321,10 +293,10 @@ def _whole_store(
     def unchanged(read: dict[str, str]) -> None:
         # The hashes taken as the inputs were read (the JSON lines files read through), else hashed again:
         # by the Ray engine's tasks, or here.
-        known = {**_rehashed(engine, sources), **read}
+        known = {**rehashed(engine, sources), **read}
         moved = changed_input(sources, before, fingerprints, known)
         if moved is not None:
-            raise InputError(_changed(moved))
+            raise InputError(changed(moved))
 
     job = WholeStore(
         options=tokenize_options(config), formats=formats, encoder=encoder, progress=progress,
@@ -336,14 +308,6 @@ def _whole_store(
     return store
 
 
-def _rehashed(engine: Engine, sources: list[InputSource]) -> dict[str, str]:
-    """The inputs' hashes taken again, once read, by the engine where it reads them (none: the run hashes
-    them itself, in ``changed_input``)."""
-    if engine.hashing is None:
-        return {}
-    return engine.hashing.hash_files(HashJob(files_to_hash(sources), again=True))
-
-
 def _part_cuts(
     config: PackConfig, fill_cache: bool, engine: Engine, sources: list[InputSource]
 ) -> list[list[Any] | None] | None:
@@ -352,172 +316,6 @@ def _part_cuts(
     if not (config.cache and fill_cache) or config.limit is not None or config.processor:
         return None
     return engine.cache_part_cuts(tokenize_options(config), sources)
-
-
-@dataclass
-class _PartRun:
-    """What making a store from cache parts needs of the run (``_from_parts``)."""
-
-    config: PackConfig
-    formats: dict[str, str | None]
-    cache_root: Path
-    progress: Progress
-    rule_out_long: bool
-    limit: int | None  # the --max-len of the early too-long rule, or None
-    before: dict[str, list[int]]  # the inputs' stamps before they were hashed
-    fingerprints: list[str | None]  # None: hashed as it is read (filled in then)
-    engine: Engine
-    check: DigestChecker | None  # the engine's check of a found part's token files
-    options: JSONObject  # the key's options
-    memo: Path | None  # the hash memo, which learns the hashes taken as the inputs are read
-
-
-def _from_parts(
-    run: _PartRun,
-    inputs: list[parts.InputParts],
-    looked_up: tuple[str | None, str],
-    encoder: Encoder | None,
-    warnings: list[Message],
-    keep: contextlib.ExitStack,
-) -> tuple[TokenStore, str, str]:
-    """Make the run's cache entry from its inputs' cache parts, found or tokenized now; return it, the
-    cache state and the entry's key.
-
-    Every part used is locked (shared) until the entry is made from it (then the entry's hard links
-    hold its tokens), so no prune removes it in between. A part found damaged is reported and made
-    again; an input that changed while it was read leaves none of the parts this run made of it.
-
-    ``looked_up``: the entry's key and the cache state its lookup gave. A key None: an input is hashed as
-    it is read, so the entry's key is known only then. An entry found under it (inputs copied, or
-    touched, since they were cached) is used, locked with ``keep``.
-    """
-    key, state = looked_up
-    before = len(warnings)
-    with contextlib.ExitStack() as held:
-        _found_parts(run, inputs, warnings, held)
-        seconds: dict[str, float] = {}
-        if not all(item.complete for item in inputs):
-            seconds = _made_parts(run, inputs, encoder, held)
-        if key is None:
-            key = _entry_key([i.source for i in inputs], run.formats, run.fingerprints, run.options)
-            assert key is not None
-            lock = EntryLock(run.cache_root, key)
-            if lock.acquire():
-                keep.callback(lock.release)
-            found, state, said = _cached_store(run.cache_root / key, run.limit, run.check)
-            warnings[before:before] = said  # the entry's before its parts', as when its key is known first
-            if found is not None:
-                return found, state, key
-        assembling = time.perf_counter()
-        store = parts.assemble(inputs, run.formats, run.cache_root / key, run.cache_root, CACHE_FIX)
-        seconds["store"] = seconds.get("store", 0.0) + time.perf_counter() - assembling
-        store.seconds = seconds
-        return store, state, key
-
-
-def _found_parts(
-    run: _PartRun, inputs: list[parts.InputParts], warnings: list[Message], held: contextlib.ExitStack
-) -> None:
-    """Each input's parts found in the cache, in order, locked with ``held``: by their keys (a chained
-    input's by the ends the memo remembers for it, else as it is read: ``find``)."""
-    allow_open_files()  # a lock (an open file) per part held: thousands, for a large input
-    damaged: set[str] = set()  # a damaged part is reported once, and made again
-
-    def find(item: parts.InputParts, key: str) -> TokenStore | None:
-        if key in damaged:
-            return None
-        said = len(warnings)
-        found = _find_part(run, item, key, warnings, held)
-        if len(warnings) > said:
-            damaged.add(key)
-        return found
-
-    for item in inputs:
-        item.find = functools.partial(find, item)
-        if item.chained:
-            chain = item.chain or []
-            item.found = [p for p in (find(item, item.key_of(n)) for n in range(len(chain))) if p is not None]
-            item.ended = bool(chain) and len(item.found) == len(chain)
-            continue
-        while (found := find(item, item.key_of(len(item.found)))) is not None:
-            item.found.append(found)
-            if found.meta["part"]["last"]:
-                break
-
-
-def _find_part(
-    run: _PartRun, item: parts.InputParts, key: str, warnings: list[Message], held: contextlib.ExitStack
-) -> TokenStore | None:
-    """The cache part ``key`` of ``item``, checked and locked with ``held``, or None (a damaged one reported)."""
-    lock = EntryLock(run.cache_root, key)
-    if lock.acquire():
-        held.callback(lock.release)
-    found, _, said = _cached_store(run.cache_root / key, run.limit, run.check)
-    warnings.extend(w.replace("cache entry", f"cache part of {item.source.display}") for w in said)
-    if found is None or "part" not in found.meta:
-        return None
-    touch(found.path)
-    return found
-
-
-def _made_parts(
-    run: _PartRun, inputs: list[parts.InputParts], encoder: Encoder | None, held: contextlib.ExitStack
-) -> dict[str, float]:
-    """Tokenize the parts the cache lacks (and read the chained inputs whose parts found are not known to
-    be theirs); fill in the hashes taken as the inputs were read. Return the seconds by stage."""
-    config = run.config
-    if encoder is None:
-        encoder = run_encoder(config)
-
-    def unchanged(source: InputSource) -> None:
-        now = stamps([source])
-        if any(run.before.get(path) != stamp for path, stamp in now.items()):
-            raise InputError(_changed(source.display))
-
-    def hold(key: str) -> None:
-        lock = EntryLock(run.cache_root, key)
-        if lock.acquire():
-            held.callback(lock.release)
-
-    job = CacheParts(
-        options=tokenize_options(config), formats=run.formats, encoder=encoder, progress=run.progress,
-        rule_out_long=run.rule_out_long, inputs=inputs, cache_root=run.cache_root, unchanged=unchanged, hold=hold,
-    )  # fmt: skip
-    made = run.engine.tokenize(job)
-    read = made.read_digests  # the hashes taken as the inputs were read through
-    later = [k for k, f in enumerate(run.fingerprints) if f is None]
-    for k in later:
-        source = inputs[k].source
-        run.fingerprints[k] = read.get(str(Path(source.path))) or fingerprint(source)
-    # The inputs read now: did one change while it was read? (The others gave only parts found by the
-    # hash taken before.)
-    now = [(i.source, f) for i, f in zip(inputs, run.fingerprints, strict=True) if i.made or i.read is not None]
-    sources = [source for source, _ in now]
-    known = {**_rehashed(run.engine, sources), **read}
-    moved = changed_input(sources, run.before, _known([f for _, f in now]), known)
-    if moved is not None:
-        for item in inputs:
-            if item.source.display == moved:
-                for part in item.made:
-                    shutil.rmtree(part.path, ignore_errors=True)
-        raise InputError(_changed(moved))
-    learned = []  # known by their stamps from now on, as if hashed before
-    for k in later:
-        item, digest = inputs[k], run.fingerprints[k]
-        stamp = run.before.get(str(Path(item.source.path)))
-        if digest is not None and stamp is not None:
-            ends = (parts.part_layout(), item.read.ends) if item.read is not None else None
-            taken = (digest, item.records(item.parts), stamp)
-            learned.append(Learned(item.source, taken, run.formats[item.source.display], ends))
-    remember_reads(learned, run.memo, fields_key(config))
-    return made.seconds
-
-
-def _changed(display: str) -> str:
-    return (
-        f"{display}: the input changed while it was read (its size, time stamps or contents differ "
-        "from before the run); nothing was cached or written; run again once it is no longer being written"
-    )
 
 
 def _key_options(config: PackConfig, tokenizer_key: str, encoder: Encoder | None) -> JSONObject:
@@ -574,24 +372,3 @@ def _as_this_run(store: TokenStore, sources: list[InputSource], config: PackConf
         tokenizer["chat_template"] = builtin if builtin is not None else str(config.chat_template)
         tokenizer["chat_template_source"] = "packcli" if builtin is not None else "file"
     store.meta["tokenizer"] = tokenizer
-
-
-def _cached_store(
-    path: Path, rule_out_max_len: int | None, check_digests: DigestChecker | None = None
-) -> tuple[TokenStore | None, str, list[Message]]:
-    """Return the checked cache entry at ``path`` (or None), the cache state, and warnings.
-
-    A damaged entry is never used: it is reported in one warning and made again (state "rebuilt").
-    An entry that left out long records untokenized serves only runs that would drop them too: a run
-    that truncates, or allows longer samples, makes the entry again (a miss).
-    """
-    try:
-        store = find_store(path, check_digests)
-    except DamagedStore as exc:
-        return None, "rebuilt", [Message("the cache entry is damaged (", *exc.parts, "); it is rebuilt")]
-    # The byte limit is max_len * L, and L is the same (the tokenizer is in the key): comparing max
-    # lengths compares limits.
-    ruled_out = store.meta.get("ruled_out_max_len") if store is not None else None
-    if ruled_out is not None and (rule_out_max_len is None or rule_out_max_len > ruled_out):
-        return None, "miss", []
-    return store, ("miss" if store is None else "hit"), []

@@ -222,7 +222,7 @@ class StoreBuilder:
     def ruled_out(self, meta: dict[str, Any], ruled_out_bytes: int | None) -> None:
         """Record in ``meta`` that records over ``ruled_out_bytes`` were left out untokenized, if any was.
 
-        Only runs whose limit is no higher may then use this store (``run.tokenized._cached_store``).
+        Only runs whose limit is no higher may then use this store (``run.entries.cached_store``).
         """
         if ruled_out_bytes is not None and self.dropped["too_long"]:
             meta["ruled_out_over_bytes"] = ruled_out_bytes
