@@ -193,3 +193,32 @@ def test_a_remembered_format_is_used_only_while_the_file_is_unchanged(
     again = _summary(pack, data, tmp_path / "out2")
     assert again["cache"] == "miss" and again["records_read"] == 40
     assert list(json.loads(memo.read_text())[os.path.realpath(data)]["formats"].values()) == ["text"]
+
+
+def test_the_progress_of_a_file_read_for_the_first_time_has_an_estimated_total(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its records are not counted before it is read: the total is its size times the records a byte of
+    # it held so far, and the records at the end. (Parts of 256 records: the first batches are sent
+    # while most of the file is not read yet.)
+    from packcli.config import PackConfig
+    from packcli.run.pipeline import run_pack
+    from packcli.store import parts
+
+    monkeypatch.setattr(parts, "PART_RECORDS", 256)
+    data = _input(tmp_path, 1500)
+    seen: list[tuple[int, int | None]] = []
+
+    def progress(stage: str, advance: int, total: int | None) -> None:
+        if stage == "tokenize":
+            seen.append((advance, total))
+
+    config = PackConfig(
+        inputs=(str(data),), output=str(tmp_path / "out"), max_len=512, cache_dir=str(tmp_path / "cache")
+    )
+    run_pack(config, progress)
+    assert sum(advance for advance, _ in seen) == 1500
+    totals = [total for _, total in seen]
+    assert None not in totals and totals[-1] == 1500
+    assert all(abs(total - 1500) <= 150 for total in totals), totals  # within 10% from the first batch
+    assert totals[0] != 1500  # an estimate, not a count

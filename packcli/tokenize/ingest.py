@@ -202,7 +202,7 @@ def tokenize_to_parts(
         results = _run(context, jobs(), options.num_proc, service)
         for result in results:
             making.take(*route.popleft(), result)
-            progress("tokenize", result.n_records, total)
+            progress("tokenize", result.n_records, total if total is not None else _estimate(todo, counted))
         making.commit(last=True)
         # An input with no part made now, nor its last found (empty, or killed just after its last part):
         # its last part, empty, says it is whole.
@@ -218,6 +218,31 @@ def tokenize_to_parts(
         raise
     finally:
         _release(encoder, service)
+
+
+def _estimate(todo: list[parts.InputParts], counted: list[int | None]) -> int | None:
+    """The records left to tokenize, for progress, where a JSON lines file's records were not counted
+    before its read: its size times the records a byte of it held so far (of the files read so far,
+    before its read begins); None for a compressed file, whose size is not its content's, or before
+    any byte is read. The parts found are left out as they are found."""
+    passed = sum(item.read.passed[0] for item in todo if item.read is not None)
+    seen = sum(item.read.passed[1] for item in todo if item.read is not None)
+    total = 0
+    for item, count in zip(todo, counted, strict=True):
+        if count is None:
+            if item.source.compression is not None or not passed:
+                return None
+            try:
+                size = os.stat(item.source.path).st_size
+            except OSError:
+                return None
+            own, records = item.read.passed if item.read is not None else (0, 0)
+            if item.read is not None and item.read.whole is not None:  # read to its end: counted
+                count = sum(item.read.records)
+            else:  # by its own bytes so far, else by the files' read so far
+                count = max(records, round(records * size / own)) if own else round(seen * size / passed)
+        total += count - (item.records(item.found) if item.chained else item.next_record)
+    return total
 
 
 def _chained(

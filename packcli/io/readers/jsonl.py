@@ -35,6 +35,8 @@ class PartEnds:
     records: list[int] = field(default_factory=list)
     whole: str | None = None
     file: str | None = None
+    # How far the read is, as of the last batch handed over: the (decompressed) bytes and the records.
+    passed: tuple[int, int] = (0, 0)
 
 
 def read_json_lines(
@@ -109,6 +111,7 @@ def _read_marking(
             if len(items) >= batch_size or start[1] == records:  # full, or the part's last
                 held = RawBatch(path, 0, items, positions, raw_lines=True)
                 items, positions = [], []
+                ends.passed = (offset, records)
     ends.whole = whole.hexdigest()
     if records > start[1]:
         ends.ends.append(ends.whole)
