@@ -701,7 +701,8 @@ def test_two_interrupts_end_a_slow_batch_at_once(num_proc: int, tmp_path: Path) 
         workers = _wait_for(lambda: len(_children(run.pid)) == 2 and _children(run.pid))
     else:
         workers = []
-        _wait_for(lambda: any((tmp_path / "cache").glob(".tmp-*/*")))  # tokenizing has begun
+        # Its one cache part read and looked up (the lookup locks it): its batches go to be tokenized.
+        _wait_for(lambda: any((tmp_path / "cache").glob("*.lock")))
         time.sleep(0.5)  # into the slow first record
     user = snapshot(tmp_path, skip=("cache", ".out.*"))
     os.killpg(run.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
