@@ -51,8 +51,9 @@ def test_a_run_uses_the_engine_given_and_only_its_protocol(
     summary = pipeline.run_pack(config, engine=engine)
     assert summary["cache"] == ("miss" if cache else "off") and summary["rows"] > 0
     assert set(engine.calls) <= PROTOCOL
-    # hashing: who hashes the inputs (before), a found entry's token files, and the inputs again once read
-    # (from within tokenize, did an input change?); the local engine has none: the run hashes them itself.
+    # hashing: who hashes the inputs and a found entry's token files (the run asks once), who hashes the
+    # inputs not hashed as they are read (before), and the inputs again once read (from within tokenize,
+    # did an input change?); the local engine has none: the run hashes them itself.
     expected = ["hashing", "hashing", "tokenize", "hashing", "write", "close"]
     if cache:  # the local engine tokenizes into cache parts (packcli.store.parts), the run assembles them
         expected.insert(2, "cache_part_cuts")

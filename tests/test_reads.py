@@ -103,20 +103,14 @@ def test_each_input_is_read_once_on_a_miss_and_not_at_all_on_a_hit(
     size = data.stat().st_size
     assert size > 4 * SNIFF_BLOCK  # so that a whole read stands out from the sniff's block
     path = os.path.realpath(data)
-    # One store (no parts): --limit larger than the input, which makes the run tokenize one whole store. It
-    # hashes the input first (for the key), then reads it to tokenize it: twice.
+    # One store (no parts): --limit larger than the input, which makes the run tokenize one whole store.
     extra = () if parts else ("--limit", "1000000")
 
     miss = _summary(pack, data, tmp_path / "out1", *extra)
     assert miss["cache"] == "miss"
-    if parts:
-        # The sniff's first block, and one read that hashes the file as it tokenizes it into cache parts:
-        # the entry's key is known once it is read.
-        assert bytes_read[path] <= size + SNIFF_BLOCK, (bytes_read[path], size)
-    else:
-        # The hash for the cache key, and the tokenizing pass, which hashes what it reads for the check
-        # that the input did not change meanwhile; the sniff and the record count take nothing more.
-        assert bytes_read[path] <= 2 * size + SNIFF_BLOCK, (bytes_read[path], size)
+    # The sniff's first block, and one read that hashes the file as it tokenizes it (into cache parts, or
+    # one store): the entry's key is known once it is read.
+    assert bytes_read[path] <= size + SNIFF_BLOCK, (bytes_read[path], size)
 
     bytes_read.clear()
     hit = _summary(pack, data, tmp_path / "out2", *extra)
@@ -222,3 +216,58 @@ def test_the_progress_of_a_file_read_for_the_first_time_has_an_estimated_total(
     assert None not in totals and totals[-1] == 1500
     assert all(abs(total - 1500) <= 150 for total in totals), totals  # within 10% from the first batch
     assert totals[0] != 1500  # an estimate, not a count
+
+
+def _shards(out: Path) -> dict[str, bytes]:
+    found = {p.name: p.read_bytes() for p in sorted(out.glob("shard-*.parquet"))}
+    assert found
+    return found
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [("--limit", "700"), ("--dry-run",), ("--no-cache",)],
+    ids=["limit-cuts-the-file", "dry-run", "no-cache"],
+)
+def test_a_run_that_makes_one_whole_store_reads_each_input_once(
+    pack: Any, tmp_path: Path, bytes_read: Counter[str], monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...]
+) -> None:
+    # Two inputs: with --limit 700 the first is cut by the limit (its rest is read for its hash alone) and
+    # the second is read for its hash alone; the cache's key is of whole files all the same.
+    monkeypatch.setattr(fingerprint, "RACY_NS", 0)
+    first = _input(tmp_path, 2000)
+    second = write_jsonl(tmp_path / "second.jsonl", [{"messages": m} for m in make_conversations(1500, seed=4)])
+    made = _summary(pack, first, second, tmp_path / "out1", *flags)
+    assert made["cache"] == ("off" if "--no-cache" in flags else "miss")
+    for data in (first, second):
+        assert bytes_read[os.path.realpath(data)] <= data.stat().st_size + SNIFF_BLOCK, (data, bytes_read)
+    assert made["records_read"] == (700 if "--limit" in flags else 3500)
+    if "--dry-run" in flags:
+        return
+    # The same run with every hash taken first (the memo knows the files now, or the cache is off): the
+    # same shards, and, with the cache, the entry the first run keyed once it had read the files.
+    bytes_read.clear()
+    again = _summary(pack, first, second, tmp_path / "out2", *flags)
+    assert again["cache"] == ("off" if "--no-cache" in flags else "hit")
+    if "--no-cache" not in flags:
+        assert bytes_read[os.path.realpath(first)] == bytes_read[os.path.realpath(second)] == 0
+    assert _shards(tmp_path / "out1") == _shards(tmp_path / "out2")
+
+
+def test_a_copy_of_a_cached_input_finds_its_whole_store_once_read(
+    pack: Any, tmp_path: Path, bytes_read: Counter[str], cache_dir: Path
+) -> None:
+    data = _input(tmp_path, 1500)
+    _summary(pack, data, tmp_path / "out1", "--limit", "1000")
+    entries = sorted(p.name for p in cache_dir.iterdir() if p.is_dir())
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(data.read_bytes())
+    bytes_read.clear()
+    again = _summary(pack, copy, tmp_path / "out2", "--limit", "1000")
+    # Tokenized as it was read (its key not known before), then found under that key: the store just made
+    # is let go, and the entry is not made twice.
+    assert again["cache"] == "hit"
+    assert bytes_read[os.path.realpath(copy)] <= copy.stat().st_size + SNIFF_BLOCK
+    assert sorted(p.name for p in cache_dir.iterdir() if p.is_dir()) == entries
+    assert not [p for p in cache_dir.rglob(".tmp-*")]
+    assert _shards(tmp_path / "out1") == _shards(tmp_path / "out2")

@@ -45,11 +45,13 @@ class WholeStore(TokenizeJob):
 
     ``before_finish`` runs once every record is read, before the store is moved into place, given the
     hashes of the files the engine read through in this process (by path); what it raises leaves no store.
+    It may return where the store goes instead of ``path`` (in the same directory: the run's cache entry,
+    keyed by hashes taken as the inputs were read).
     """
 
     sources: list[InputSource]
     path: Path
-    before_finish: Callable[[dict[str, str]], None] | None = None
+    before_finish: Callable[[dict[str, str]], Path | None] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

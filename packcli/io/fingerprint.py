@@ -198,7 +198,7 @@ class Learned:
     layout they were cut by, and the ends), if any."""
 
     source: InputSource
-    taken: tuple[str, int, list[int]]
+    taken: tuple[str, int | None, list[int]]  # records None: not known (the read was cut by --limit)
     fmt: str | None
     part_ends: tuple[str, list[str]] | None = None
 

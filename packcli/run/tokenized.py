@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +17,9 @@ from typing import Any, TypeVar
 
 from packcli.config import PackConfig
 from packcli.contract import Progress, no_progress
-from packcli.engines import DigestChecker, Engine, WholeStore, load_engine
-from packcli.errors import InputError, Message
+from packcli.engines import DigestChecker, Engine, load_engine
+from packcli.errors import Message
 from packcli.io.fingerprint import (
-    changed_input,
     remember_formats,
     remembered_part_ends,
     stamps,
@@ -31,12 +29,12 @@ from packcli.io.sources import InputSource, resolve_inputs
 from packcli.io.uri import is_uri
 from packcli.jsontypes import JSONObject
 from packcli.owned import HASH_MEMO
-from packcli.procs.stop import raise_if_stopped
 from packcli.results import TokenizerIdentity
-from packcli.run.entries import all_known, cached_store, changed, entry_key, rehashed
+from packcli.run.entries import all_known, cached_store, entry_key
 from packcli.run.from_parts import PartRun, from_parts
-from packcli.run.identify import fields_key, hashed, run_encoder, task_and_formats
+from packcli.run.identify import fields_key, hashed, task_and_formats
 from packcli.run.options import image_window, split_rule, tokenize_options
+from packcli.run.whole import WholeRun, whole_store
 from packcli.store import parts
 from packcli.store.cachedir import EntryLock, touch
 from packcli.store.images import changed_image, load_images
@@ -136,8 +134,10 @@ def _tokenized(
     memo = cache_root / HASH_MEMO if config.cache else None
     task, formats = task_and_formats(config, sources, memo)
     spent: list[float] = []  # seconds of each pass reading the inputs through (hashes, record counts)
-    # The JSON lines files made into cache parts are hashed as they are read for them, not before.
-    later = [_hashed_as_read(config, fill_cache, s) for s in sources]
+    # Who hashes the inputs where it reads them, and a found entry's token files: the engine (Ray's tasks);
+    # None: this process, and the local JSON lines files are hashed as they are read to be tokenized.
+    hashing = engine.hashing
+    later = [hashing is None and _hashed_as_read(s) for s in sources]
     fingerprints, counts, tokenizer_key, encoder = hashed(config, sources, engine, memo, fill_cache, spent, later)
     if fill_cache:
         remember_formats(sources, memo, fields_key(config), formats)
@@ -147,8 +147,7 @@ def _tokenized(
     key = entry_key(sources, formats, fingerprints, options)  # None until every input's hash is known
     rule_out_long = rule_out_long and config.engine == "local" and config.overflow in ("drop", "error")
     limit = config.max_len if rule_out_long else None
-    # Who hashes a found entry's token files: the engine, where it reads them; None: the store, here.
-    check = engine.hashing.check_digests if engine.hashing is not None else None
+    check = hashing.check_digests if hashing is not None else None
     reuse: dict[str, int] | None = None
     with contextlib.ExitStack() as stack:
         store, state, warnings = _entry(config, cache_root, key, fill_cache, limit, check, stack)
@@ -183,11 +182,16 @@ def _tokenized(
             reuse = parts.reused_records(inputs) if state != "hit" else None
             _as_this_run(store, sources, config)  # parts made by runs that named the tokenizer otherwise
         else:
-            assert key is not None  # every hash is taken first: no input is hashed as it is read
-            store = _whole_store(
-                config, sources, formats, encoder, engine, progress, rule_out_long, (before, all_known(fingerprints)),
-                cache_root / key if config.cache and fill_cache else None, scratch, stack,
+            whole = WholeRun(
+                config, sources, formats, engine, progress, rule_out_long, before, fingerprints, options, cache_root,
+                memo if fill_cache else None, warnings,
             )  # fmt: skip
+            store, state, key = whole_store(
+                whole, (key, state), lambda k: _entry(config, cache_root, k, fill_cache, limit, check, stack),
+                encoder, config.cache and fill_cache, scratch, stack,
+            )  # fmt: skip
+            if state == "hit":  # a copy of a cached input, found once read
+                _as_this_run(store, sources, config)
         yield TokenizedInputs(
             store=store,
             cache=state,
@@ -204,18 +208,10 @@ def _tokenized(
         )
 
 
-def _hashed_as_read(config: PackConfig, fill_cache: bool, source: InputSource) -> bool:
-    """Whether the run hashes ``source`` as it reads it into cache parts, not before: a local JSON lines file
-    (stdin's spool too) that the local engine makes into parts (``_part_cuts``)."""
-    return (
-        config.cache
-        and fill_cache
-        and config.engine == "local"
-        and config.limit is None
-        and not config.processor
-        and source.kind == "jsonl"
-        and not is_uri(source.path)
-    )
+def _hashed_as_read(source: InputSource) -> bool:
+    """Whether the run can hash ``source`` as it reads it to tokenize it, not before, when it reads it in this
+    process: a local JSON lines file (stdin's spool too)."""
+    return source.kind == "jsonl" and not is_uri(source.path)
 
 
 def _keying(
@@ -263,49 +259,6 @@ def _entry(
                 Message(f"image {moved_image} changed since the cache entry was made; the entry is made again")
             )
     return store, state, warnings
-
-
-def _whole_store(
-    config: PackConfig,
-    sources: list[InputSource],
-    formats: dict[str, str | None],
-    encoder: Encoder | None,
-    engine: Engine,
-    progress: Progress,
-    rule_out_long: bool,
-    taken: tuple[dict[str, list[int]], list[str]],
-    entry: Path | None,
-    scratch: Path | None,
-    stack: contextlib.ExitStack,
-) -> TokenStore:
-    """Tokenize every input into one store: the cache ``entry``, or scratch space under ``scratch``
-    (removed with ``stack``). ``taken``: the inputs' stamps and hashes from before they were read."""
-    before, fingerprints = taken
-    if encoder is None:
-        encoder = run_encoder(config)
-    if entry is not None:
-        store_path = entry
-    else:
-        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=".packcli-tokens-", dir=scratch))
-        store_path = Path(tmp) / "tokens"
-    raise_if_stopped()
-
-    def unchanged(read: dict[str, str]) -> None:
-        # The hashes taken as the inputs were read (the JSON lines files read through), else hashed again:
-        # by the Ray engine's tasks, or here.
-        known = {**rehashed(engine, sources), **read}
-        moved = changed_input(sources, before, fingerprints, known)
-        if moved is not None:
-            raise InputError(changed(moved))
-
-    job = WholeStore(
-        options=tokenize_options(config), formats=formats, encoder=encoder, progress=progress,
-        rule_out_long=rule_out_long, sources=sources, path=store_path, before_finish=unchanged,
-    )  # fmt: skip
-    store = engine.tokenize(job)
-    if entry is None:
-        stack.callback(store.discard_elsewhere)  # a scratch store's tokens kept outside its directory
-    return store
 
 
 def _part_cuts(

@@ -233,6 +233,12 @@ class StoreBuilder:
         self._files.close()
         return self.writer.finish(meta, segment_root=segment_root, verify=verify)
 
+    def place(self, path: Path) -> None:
+        """Move the store to ``path`` when it is finished, not to the path it was begun for (the same
+        directory: a cache entry whose key is known once the inputs are read)."""
+        assert path.parent == self.writer.final_path.parent
+        self.writer.final_path = path
+
     def abort(self) -> None:
         """Close the files and remove the store being made."""
         self._files.close()

@@ -22,6 +22,7 @@ from packcli.tokenize.bounds import max_token_bytes
 from packcli.tokenize.building import POLICY_DROPS, TURN_FIXES, StoreBuilder
 from packcli.tokenize.encode_service import EncodeService, encode_in_main
 from packcli.tokenize.encoder import Encoder
+from packcli.tokenize.estimate import ReadRate, parts_left
 from packcli.tokenize.options import TokenizeOptions
 from packcli.tokenize.worker import TokenizedBatch
 
@@ -74,7 +75,7 @@ def tokenize_to_store(
     progress: Progress,
     rule_out_long: bool = False,
     remote: RemoteTokenizing | None = None,
-    before_finish: Callable[[dict[str, str]], None] | None = None,
+    before_finish: Callable[[dict[str, str]], Path | None] | None = None,
 ) -> TokenStore:
     """Tokenize every record of the sources into a token store at ``store_path``.
 
@@ -90,7 +91,9 @@ def tokenize_to_store(
 
     ``before_finish`` runs once every record is read, before the store is moved into place; what it
     raises leaves no store (the run checks there that no input changed while it was read). It is given
-    the hashes of the files this process read through (``io.readers.read_source``), by path.
+    the hashes of the files this process read through (``io.readers.read_source``), by path, and may
+    return where the store goes instead of ``store_path`` (a path in the same directory: the run's cache
+    entry, whose key is known once the inputs are read).
     """
     context = worker_context(options, encoder, rule_out_long)
     ruled_out_bytes = options.max_len * context.rule_out[1] if context.rule_out else None
@@ -98,10 +101,8 @@ def tokenize_to_store(
     builder = StoreBuilder(options, store_path, where, fix)
     clock: defaultdict[str, float] = defaultdict(float)  # seconds by stage (see TokenStore.seconds)
     began = time.perf_counter()
-    counted = [count_records(s) for s in sources] if remote is None else [None]
-    total = None if None in counted else sum(counted)  # type: ignore[arg-type]
-    if options.limit is not None:
-        total = min(total, options.limit) if total is not None else None
+    # A JSON lines file not counted before (hashed as it is read): its records estimated as it is read.
+    rate = ReadRate(sources if remote is None else [], options.limit)
     results: Iterator[TokenizedBatch] | None = None
     digests: dict[str, str] = {}  # the hashes of the files read through, taken as they were read
     service = _encode_service(options, encoder) if remote is None else None
@@ -109,7 +110,7 @@ def tokenize_to_store(
     try:
         if remote is None:
             batches = _timed(read_batches(sources, BATCH_SIZE, options.limit, digests), clock, "read")
-            jobs = ((batch, formats[batch.source]) for batch in batches)
+            jobs = ((rate.seen(batch), formats[batch.source]) for batch in batches)
             results = _run(context, jobs, options.num_proc, service)
         else:
             results = remote.results(builder.tmp)
@@ -119,14 +120,14 @@ def tokenize_to_store(
                 clock[key] += value
             builder.take(result)
             clock["store"] += time.perf_counter() - stored
-            progress("tokenize", result.n_records, total)
+            progress("tokenize", result.n_records, rate.total())
         slow_elsewhere = encoder.text.slow_records - slow_here if service is not None else 0
         meta = builder.meta(
             sources, formats, store_identity(encoder), store_pad_id(encoder), encoder.choice.record(), slow_elsewhere
         )
         builder.ruled_out(meta, ruled_out_bytes)
-        if before_finish is not None:
-            before_finish(digests)
+        if before_finish is not None and (final := before_finish(digests)) is not None:
+            builder.place(final)  # known once the inputs are read (their hashes key it)
         finishing = time.perf_counter()
         if remote is None:
             store = builder.finish(meta)
@@ -202,7 +203,7 @@ def tokenize_to_parts(
         results = _run(context, jobs(), options.num_proc, service)
         for result in results:
             making.take(*route.popleft(), result)
-            progress("tokenize", result.n_records, total if total is not None else _estimate(todo, counted))
+            progress("tokenize", result.n_records, total if total is not None else parts_left(todo, counted))
         making.commit(last=True)
         # An input with no part made now, nor its last found (empty, or killed just after its last part):
         # its last part, empty, says it is whole.
@@ -218,31 +219,6 @@ def tokenize_to_parts(
         raise
     finally:
         _release(encoder, service)
-
-
-def _estimate(todo: list[parts.InputParts], counted: list[int | None]) -> int | None:
-    """The records left to tokenize, for progress, where a JSON lines file's records were not counted
-    before its read: its size times the records a byte of it held so far (of the files read so far,
-    before its read begins); None for a compressed file, whose size is not its content's, or before
-    any byte is read. The parts found are left out as they are found."""
-    passed = sum(item.read.passed[0] for item in todo if item.read is not None)
-    seen = sum(item.read.passed[1] for item in todo if item.read is not None)
-    total = 0
-    for item, count in zip(todo, counted, strict=True):
-        if count is None:
-            if item.source.compression is not None or not passed:
-                return None
-            try:
-                size = os.stat(item.source.path).st_size
-            except OSError:
-                return None
-            own, records = item.read.passed if item.read is not None else (0, 0)
-            if item.read is not None and item.read.whole is not None:  # read to its end: counted
-                count = sum(item.read.records)
-            else:  # by its own bytes so far, else by the files' read so far
-                count = max(records, round(records * size / own)) if own else round(seen * size / passed)
-        total += count - (item.records(item.found) if item.chained else item.next_record)
-    return total
 
 
 def _chained(

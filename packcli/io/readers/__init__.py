@@ -15,6 +15,7 @@ import os
 from collections.abc import Generator, Iterator
 
 from packcli.errors import InputError
+from packcli.io.readers.compressed import open_input, read_rest
 from packcli.io.readers.hub import hub_reachable
 from packcli.io.readers.jsonl import PartEnds, read_json, read_json_lines
 from packcli.io.readers.tabular import parquet_file, read_tabular
@@ -24,6 +25,7 @@ from packcli.procs.stop import raise_if_stopped
 __all__ = [
     "PartEnds",
     "count_records",
+    "hash_through",
     "hub_reachable",
     "number_batches",
     "parquet_file",
@@ -76,13 +78,31 @@ def read_batches(
     """Yield the records of all sources in order, in batches, numbering them from 0.
 
     With ``limit``, only the first ``limit`` records (over all sources, in that order) are read.
-    ``digests`` receives the hash of each JSON lines file read through (``read_source``).
+    ``digests`` receives the hash of each local JSON lines file (``read_source``); with ``limit`` too, the
+    rest of a file cut by the limit, and the files after it, are read through for their hash alone (no
+    record of them is handed over): the run's key is of whole files, and it needs no other read of them.
     """
     index = 0
     for source in sources:
         if limit is not None and index >= limit:
-            return
-        index = yield from number_batches(read_source(source, batch_size, digests), index, limit)
+            if digests is None:
+                return
+            hash_through(source, digests)
+            continue
+        left = None if limit is None or digests is None else limit - index
+        index = yield from number_batches(read_source(source, batch_size, digests, left), index, limit)
+
+
+def hash_through(source: InputSource, digests: dict[str, str]) -> None:
+    """Put the hash of a local JSON lines file into ``digests`` (by its path), read for it alone: a file
+    the run's ``--limit`` leaves unread, whose hash its key still holds."""
+    if source.kind != "jsonl":
+        return
+    try:
+        with open_input(source, digests) as fh:
+            read_rest(fh)
+    except OSError as exc:
+        raise InputError(f"{source.display}: cannot read ({exc.strerror or exc}); check the file") from exc
 
 
 def read_parts(source: InputSource, batch_size: int, ends: PartEnds, digests: dict[str, str]) -> Iterator[RawBatch]:
@@ -114,16 +134,19 @@ def number_batches(batches: Iterator[RawBatch], index: int, limit: int | None) -
     return index
 
 
-def read_source(source: InputSource, batch_size: int, digests: dict[str, str] | None = None) -> Iterator[RawBatch]:
+def read_source(
+    source: InputSource, batch_size: int, digests: dict[str, str] | None = None, records: int | None = None
+) -> Iterator[RawBatch]:
     """Yield one source's records in batches, by the reader of its kind, numbered from 0 within it.
 
     ``digests`` receives the content hash of a local JSON lines file read to its end (by its path), taken
     from the bytes read: the run checks with it that the file did not change while it was read, without
-    reading it again. The other readers leave it as it is.
+    reading it again. The other readers leave it as it is. ``records``: a JSON lines file's first records
+    only are handed over (the rest is read for the hash, with ``digests``; the other readers ignore it).
     """
     try:
         if source.kind == "jsonl":
-            yield from read_json_lines(source, batch_size, digests)
+            yield from read_json_lines(source, batch_size, digests, records=records)
         elif source.kind == "json":
             yield from read_json(source, batch_size)
         else:

@@ -195,6 +195,12 @@ class _Hashing(io.RawIOBase):
             super().close()
 
 
+def read_rest(fh: Any) -> None:
+    """Read an open input to its end, for its hash (``open_input``'s ``digests``) alone."""
+    while fh.read(BUFFER):
+        raise_if_stopped()
+
+
 @contextlib.contextmanager
 def open_input(source: InputSource, digests: dict[str, str] | None = None) -> Iterator[Any]:
     """Open a file source for reading bytes, decompressing it as a stream when it is compressed.

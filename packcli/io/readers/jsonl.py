@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from packcli.errors import InputError
-from packcli.io.readers.compressed import open_input
+from packcli.io.readers.compressed import open_input, read_rest
 from packcli.io.sources import InputSource, RawBatch
 from packcli.records.checks import json_value_end
 
@@ -40,12 +40,18 @@ class PartEnds:
 
 
 def read_json_lines(
-    source: InputSource, batch_size: int, digests: dict[str, str] | None = None, ends: PartEnds | None = None
+    source: InputSource,
+    batch_size: int,
+    digests: dict[str, str] | None = None,
+    ends: PartEnds | None = None,
+    records: int | None = None,
 ) -> Iterator[RawBatch]:
     """Yield a JSON lines file's records in batches of raw lines (blank lines skipped).
 
     ``digests`` receives the hash of the file read through, by its path. With ``ends``, the read also
-    cuts the input into parts and hashes where each ends (``PartEnds``).
+    cuts the input into parts and hashes where each ends (``PartEnds``). ``records``: the first records
+    only are handed over; with ``digests``, the rest of the file is read for its hash before the last
+    batch is (a reader that stops there has the hash).
     """
     if ends is not None:
         yield from _read_marking(source, batch_size, digests, ends)
@@ -54,6 +60,7 @@ def read_json_lines(
     items: list[bytes] = []
     positions: list[int] = []
     empty = True
+    left = records
     with open_input(source, digests) as fh:
         for line_no, line in enumerate(fh, start=1):
             if line_no == 1 and line.startswith(codecs.BOM_UTF8):
@@ -63,6 +70,12 @@ def read_json_lines(
             empty = False
             items.append(line)
             positions.append(line_no)
+            if left is not None:
+                left -= 1
+                if not left:
+                    if digests is not None:
+                        read_rest(fh)
+                    break
             if len(items) >= batch_size:
                 yield RawBatch(path, 0, items, positions, raw_lines=True)
                 items, positions = [], []

@@ -1,0 +1,145 @@
+"""The run's token store made whole (no cache parts: ``--limit``, ``--processor``, a dry run, the cache off,
+or an engine that makes no parts), its inputs read once.
+
+A local JSON lines file the memo does not know is hashed as it is tokenized, not before: the entry's key
+is then known once the inputs are read, and the store goes there (or, when another run made that entry
+in the meantime, or it is a copy of a cached input, the entry found is used and the store just made let
+go). With ``--limit``, the rest of a file cut by the limit, and the files after it, are read for their
+hashes alone. The memo learns what the read learned, so a rerun finds the entry by the files' stamps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from packcli.config import PackConfig
+from packcli.contract import Progress
+from packcli.engines import Engine, WholeStore
+from packcli.errors import InputError, Message
+from packcli.io.fingerprint import Learned, changed_input, fingerprint, remember_reads
+from packcli.io.sources import InputSource
+from packcli.jsontypes import JSONObject
+from packcli.procs.stop import raise_if_stopped
+from packcli.run.entries import all_known, changed, entry_key, rehashed
+from packcli.run.identify import fields_key, run_encoder
+from packcli.run.options import tokenize_options
+from packcli.store.cachedir import touch
+from packcli.store.tokens import TokenStore
+from packcli.tokenize.encoder import Encoder
+
+# Looks up the run's entry by its key: the store found (locked while in use), the cache state, warnings.
+LookUp = Callable[[str], tuple[TokenStore | None, str, list[Message]]]
+
+
+@dataclass
+class WholeRun:
+    """What making one whole store needs of the run (``whole_store``)."""
+
+    config: PackConfig
+    sources: list[InputSource]
+    formats: dict[str, str | None]
+    engine: Engine
+    progress: Progress
+    rule_out_long: bool
+    before: dict[str, list[int]]  # the inputs' stamps before they were read
+    fingerprints: list[str | None]  # None: hashed as it is read (filled in then)
+    options: JSONObject  # the key's options
+    cache_root: Path
+    memo: Path | None  # the hash memo, which learns the hashes taken as the inputs are read
+    warnings: list[Message]  # the run's, which the entry's lookup adds to
+
+
+class _Found(Exception):
+    """The run's entry, found under the key known once the inputs were read: used instead of the store made."""
+
+    def __init__(self, store: TokenStore, state: str) -> None:
+        super().__init__()
+        self.store, self.state = store, state
+
+
+def whole_store(
+    run: WholeRun,
+    looked_up: tuple[str | None, str],
+    look_up: LookUp,
+    encoder: Encoder | None,
+    entry: bool,
+    scratch: Path | None,
+    stack: contextlib.ExitStack,
+) -> tuple[TokenStore, str, str | None]:
+    """Tokenize every input into one store; return it, the cache state and the entry's key.
+
+    ``looked_up``: the entry's key (None while an input's hash is taken as it is read) and the state its
+    lookup gave. ``entry``: the store is the cache entry (else scratch space under ``scratch``, removed with
+    ``stack``). A key known only once the inputs are read is looked up then (``look_up``).
+    """
+    key, state = looked_up
+    config = run.config
+    if encoder is None:
+        encoder = run_encoder(config)
+    if entry:
+        # Its key known, or known once read: the store is begun beside the entries (its name then given).
+        store_path = run.cache_root / (key if key is not None else "pending")
+    else:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=".packcli-tokens-", dir=scratch))
+        store_path = Path(tmp) / "tokens"
+    raise_if_stopped()
+
+    def read_through(read: dict[str, str]) -> Path | None:
+        nonlocal key, state
+        _unchanged(run, read)
+        if key is not None or not config.cache:
+            return None
+        key = entry_key(run.sources, run.formats, run.fingerprints, run.options)
+        assert key is not None
+        found, state, said = look_up(key)
+        if found is not None:
+            raise _Found(found, state)
+        run.warnings.extend(said)  # a damaged entry under it, made again
+        return run.cache_root / key if entry else None
+
+    job = WholeStore(
+        options=tokenize_options(config), formats=run.formats, encoder=encoder, progress=run.progress,
+        rule_out_long=run.rule_out_long, sources=run.sources, path=store_path, before_finish=read_through,
+    )  # fmt: skip
+    learning = [f is None for f in run.fingerprints]
+    try:
+        store = run.engine.tokenize(job)
+    except _Found as found:
+        if entry:
+            touch(found.store.path)  # its last use, for pruning by age
+        return found.store, found.state, key
+    if not entry:
+        stack.callback(store.discard_elsewhere)  # a scratch store's tokens kept outside its directory
+    elif any(learning):
+        remember_reads(_learned(run, store, learning), run.memo, fields_key(config))
+    return store, state, key
+
+
+def _unchanged(run: WholeRun, read: dict[str, str]) -> None:
+    """Fill in the hashes taken as the inputs were read; raise if an input changed while it was read
+    (its stamp, or its hash, differ from those taken before the run)."""
+    for k, source in enumerate(run.sources):
+        if run.fingerprints[k] is None:
+            run.fingerprints[k] = read.get(str(Path(source.path))) or fingerprint(source)
+    # The hashes taken as the inputs were read, else hashed again: by the Ray engine's tasks, or here.
+    known = {**rehashed(run.engine, run.sources), **read}
+    moved = changed_input(run.sources, run.before, all_known(run.fingerprints), known)
+    if moved is not None:
+        raise InputError(changed(moved))
+
+
+def _learned(run: WholeRun, store: TokenStore, learning: list[bool]) -> list[Learned]:
+    """What the read learned of the inputs hashed as they were read, for the memo: their hashes, and their
+    records when every one was read (not with ``--limit``)."""
+    starts = [*store.meta["source_starts"], store.meta["records_read"]]
+    learned = []
+    for k, source in enumerate(run.sources):
+        digest, stamp = run.fingerprints[k], run.before.get(str(Path(source.path)))
+        if learning[k] and digest is not None and stamp is not None:
+            records = starts[k + 1] - starts[k] if run.config.limit is None else None
+            learned.append(Learned(source, (digest, records, stamp), run.formats[source.display]))
+    return learned
