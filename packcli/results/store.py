@@ -138,7 +138,8 @@ class StoreMeta:
 
     Written with sorted keys (its checksum, ``meta_sha256``, is of that text less itself); a field that
     is None is not written. A run that finds an entry made from other paths names its own in memory
-    (``original_paths`` keeps the old).
+    (``original_paths`` keeps the old). ``segments``, ``files`` and ``meta_sha256`` are set by
+    ``TokenStoreWriter.finish``: the metadata handed to it holds them empty.
     """
 
     tokenizer: TokenizerIdentity
