@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from packcli.cli import app
+from packcli.results import StoreMeta
 from packcli.tokenize.tokenizer import default_tokenizer_dir
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -327,6 +328,14 @@ def make_conversations(n: int, seed: int = 0, max_turns: int = 4, max_words: int
             messages.append({"role": "assistant", "content": text(rng.randint(1, max_words))})
         conversations.append(messages)
     return conversations
+
+
+def bare_meta(**fields: Any) -> StoreMeta:
+    """A token store's metadata with nothing counted and no input, but ``fields``; its segments, files and
+    checksum empty, as ``TokenStoreWriter.finish`` takes it."""
+    empty: dict[str, Any] = {"tokenizer": {}, "pad_id": 0, "records_read": 0, "dropped": {}, "sources": []}
+    empty |= {"source_starts": [], "segments": [], "files": {}, "meta_sha256": ""}
+    return StoreMeta(**{**empty, **fields})
 
 
 def write_jsonl(path: Path, records: list[Any]) -> Path:

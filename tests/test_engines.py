@@ -16,7 +16,7 @@ from packcli.output.layout import RowLayout
 from packcli.run import options, pipeline, tokenized
 from packcli.store.tokens import TokenStore
 
-from .conftest import make_conversations, write_jsonl
+from .conftest import bare_meta, make_conversations, write_jsonl
 
 PROTOCOL = {
     name
@@ -95,9 +95,9 @@ def test_a_scratch_store_discards_only_its_segments_elsewhere(tmp_path: Path) ->
     elsewhere = tmp_path / "segments"
     (elsewhere / "x").mkdir(parents=True)
 
-    TokenStore.discard_elsewhere(SimpleNamespace(meta={"segment_root": elsewhere.as_uri()}))  # type: ignore[arg-type]
+    TokenStore.discard_elsewhere(SimpleNamespace(meta=bare_meta(segment_root=elsewhere.as_uri())))  # type: ignore[arg-type]
     assert not elsewhere.exists() and tmp_path.exists()
-    TokenStore.discard_elsewhere(SimpleNamespace(meta={}))  # type: ignore[arg-type]  # all in its directory
+    TokenStore.discard_elsewhere(SimpleNamespace(meta=bare_meta()))  # type: ignore[arg-type]  # all in its directory
 
 
 def test_stage_options_are_built_from_the_config() -> None:

@@ -500,10 +500,14 @@ def test_the_plan_holds_a_few_arrays_per_sample_at_its_peak() -> None:
 
     from packcli.plan.options import PlanOptions
     from packcli.plan.planner import make_plan
+    from packcli.results import StoreSource
     from packcli.store.tokens import TokenStore
+
+    from .conftest import bare_meta
 
     n = 50_000
     lengths = np.random.default_rng(0).integers(20, 200, n).astype(np.int32)
+    source = StoreSource(path="a", kind="jsonl", format="messages", unit="line")
     store = TokenStore(
         path=Path("unused"),
         sample_index=np.arange(n, dtype=np.int64),
@@ -512,7 +516,7 @@ def test_the_plan_holds_a_few_arrays_per_sample_at_its_peak() -> None:
         trainable=lengths // 2,
         first_trained=np.ones(n, np.int32),
         positions=np.arange(n, dtype=np.int32),
-        meta={"sources": [{"path": "a", "unit": "line"}], "source_starts": [0], "dropped": {}, "records_read": n},
+        meta=bare_meta(sources=[source], source_starts=[0], records_read=n),
     )
     tracemalloc.start()
     try:

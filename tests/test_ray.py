@@ -183,13 +183,13 @@ def test_ray_engine_writes_what_the_local_engine_writes(cluster: Any, corpus: Pa
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
         assert getattr(a, name).dtype == getattr(b, name).dtype
     # the local store: a segment per cache part (packcli.store.parts), linked from the parts
-    assert all(seg["prefix"].startswith("segments/part") for seg in a.meta["segments"])
-    assert len(b.meta["segments"]) > 10
+    assert all(seg["prefix"].startswith("segments/part") for seg in a.meta.segments)
+    assert len(b.meta.segments) > 10
     segments = ("segments", "files", "meta_sha256", "made")  # made: when, by which packcli
-    assert {k: v for k, v in a.meta.items() if k not in segments} == {
-        k: v for k, v in b.meta.items() if k not in segments
+    assert {k: v for k, v in a.meta.to_dict().items() if k not in segments} == {
+        k: v for k, v in b.meta.to_dict().items() if k not in segments
     }
-    assert a.meta["source_starts"] == [0, 131, 242, 302, 328]
+    assert a.meta.source_starts == [0, 131, 242, 302, 328]
     with a.open_tokens() as ra, b.open_tokens() as rb:
         for got, expected in zip(ra.gather(a.starts, a.lengths), rb.gather(b.starts, b.lengths), strict=True):
             assert np.array_equal(got, expected)
@@ -376,10 +376,10 @@ def test_cli_output_to_a_filesystem_uri(cluster: Any, corpus: Path, tmp_path: Pa
     assert manifests[0]["shards"] == manifests[1]["shards"]
     # The cache entry (on the driver) holds the per-sample arrays; its segments are under the output URI.
     store = load_store(store_in(cache))
-    assert store.meta["segment_root"] == f"{uri}/.packcli-tokens/{store.path.name}"
-    assert not list(store.path.glob("segments/*")) and len(store.meta["segments"]) > 10
+    assert store.meta.segment_root == f"{uri}/.packcli-tokens/{store.path.name}"
+    assert not list(store.path.glob("segments/*")) and len(store.meta.segments) > 10
     assert len(list((tmp_path / "remote" / ".packcli-tokens" / store.path.name / "segments").iterdir())) == 2 * len(
-        store.meta["segments"]
+        store.meta.segments
     )
     # The local engine reads that entry (its tokens from the URI): a cache hit, the same shards.
     again = run_pack(corpus, "-o", tmp_path / "again", *flags, "--json", cache=cache)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 import packcli
 from packcli.cli import app
 from packcli.output.manifest import manifest_text, read_checked_manifest
-from packcli.results import DamagedResult, Manifest, RejectEntry, RunSummary, StoreMeta
+from packcli.results import DamagedResult, Manifest, RejectEntry, RunSummary, StoreMade, StoreMeta, StoreSource
 from tests.conftest import make_conversations, one_error_line, write_jsonl
 
 
@@ -48,7 +49,24 @@ def test_a_real_runs_summary_and_manifest_read_back_to_the_same_json(
     metas = [json.loads(path.read_text()) for path in cache_dir.glob("*/meta.json")]
     assert sorted("part" in meta for meta in metas) == [False, True]
     for meta in metas:
-        assert StoreMeta.from_dict(meta).to_dict() == meta
+        typed_meta = StoreMeta.from_dict(meta)
+        assert typed_meta.to_dict() == meta
+        assert isinstance(typed_meta.sources[0], StoreSource) and isinstance(typed_meta.made, StoreMade)
+
+
+def test_a_stores_meta_writes_no_in_memory_field_and_refuses_a_source_that_lacks_a_key() -> None:
+    meta = {
+        "tokenizer": {"name": "t"}, "pad_id": 0, "records_read": 1, "dropped": {}, "source_starts": [0],
+        "sources": [{"path": "a.jsonl", "kind": "jsonl", "format": None, "unit": "line"}],
+        "segments": [], "files": {}, "meta_sha256": "", "made": {"packcli_version": "0.7.0", "time": 1.5},
+    }  # fmt: skip
+    typed = StoreMeta.from_dict(meta)
+    assert typed.sources[0].format is None and typed.made is not None and typed.made.parts is None
+    renamed = dataclasses.replace(typed, original_paths=["b.jsonl"], mix_source_of_input=[0])
+    assert renamed.to_dict() == typed.to_dict() == meta  # a null format written; the in-memory fields never
+    del meta["sources"][0]["unit"]
+    with pytest.raises(DamagedResult, match=r"a source of meta\.json lacks unit"):
+        StoreMeta.from_dict(meta)
 
 
 def test_the_library_result_holds_the_typed_summary(tmp_path: Path) -> None:

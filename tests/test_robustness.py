@@ -22,7 +22,7 @@ from packcli.output import manifest as output_manifest, rows as shards
 from packcli.store import tokens as cache_mod
 from packcli.tokenize import bounds, building, encoder as tokenize
 
-from .conftest import make_conversations, one_stderr_line, read_rows, write_jsonl
+from .conftest import bare_meta, make_conversations, one_stderr_line, read_rows, write_jsonl
 
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}
 GOOD_LINE = json.dumps(GOOD)
@@ -203,11 +203,9 @@ def test_store_checks_every_file_it_lists(tmp_path: Path) -> None:
         np.array([1], np.int32),
         np.array([1], np.int32),
     )
-    store = writer.finish(
-        {k: 0 for k in ("tokenizer", "pad_id", "records_read", "dropped", "sources", "source_starts")}
-    )
-    assert set(store.meta["files"]) == {"input_ids.bin", "labels.bin", "samples.npz"}
-    assert store.meta["files"]["input_ids.bin"]["bytes"] == 40
+    store = writer.finish(bare_meta())
+    assert set(store.meta.files) == {"input_ids.bin", "labels.bin", "samples.npz"}
+    assert store.meta.files["input_ids.bin"]["bytes"] == 40
     (tmp_path / "s" / "extra").write_text("x")  # a file the meta does not list is not read
     assert cache_mod.find_store(tmp_path / "s") is not None
     (tmp_path / "s" / "meta.json").unlink()
@@ -217,7 +215,7 @@ def test_store_checks_every_file_it_lists(tmp_path: Path) -> None:
 
 
 def test_two_runs_finishing_the_same_entry_both_succeed(tmp_path: Path, monkeypatch: Any) -> None:
-    meta = {k: 0 for k in ("tokenizer", "pad_id", "records_read", "dropped", "sources", "source_starts")}
+    meta = bare_meta()
     ids = np.arange(6, dtype=np.int32)
     one = np.array([1], np.int32)
     writers = [cache_mod.TokenStoreWriter(tmp_path / "entry") for _ in range(2)]
@@ -234,7 +232,7 @@ def test_two_runs_finishing_the_same_entry_both_succeed(tmp_path: Path, monkeypa
 
     monkeypatch.setattr(cache_mod.os, "replace", replace_after_the_other_run)
     first = writers[0].finish(meta)  # the entry is already there: it is used, not an error
-    assert raced and first.meta["files"] == cache_mod.find_store(tmp_path / "entry").meta["files"]
+    assert raced and first.meta.files == cache_mod.find_store(tmp_path / "entry").meta.files
     assert [p.name for p in tmp_path.iterdir()] == ["entry"]  # no temporary directory left
 
 

@@ -20,7 +20,7 @@ from packcli.output.rows import SHARD_SCHEMA, build_rows, read_shard, write_shar
 from packcli.records.formats import DEFAULT_FIELDS, detect_format, normalize
 from packcli.store.tokens import TokenStoreWriter, find_store
 
-from .conftest import write_jsonl
+from .conftest import bare_meta, write_jsonl
 
 # -- sources -----------------------------------------------------------------------------------------
 
@@ -129,17 +129,9 @@ def test_token_store_round_trip(tmp_path: Path) -> None:
         np.array([0, 2, 3], dtype=np.int64), lengths, ids, labels, np.array([1, 2, 1], np.int32),
         np.array([1, 0, 1], np.int32), np.array([1, 3, 4], np.int32),
     )  # fmt: skip
-    meta = {
-        "records_read": 4,
-        "dropped": {"empty": 1},
-        "tokenizer": {},
-        "pad_id": 0,
-        "sources": [],
-        "source_starts": [],
-    }
-    store = writer.finish(meta)
+    store = writer.finish(bare_meta(records_read=4, dropped={"empty": 1}))
     again = find_store(tmp_path / "store")
-    assert again is not None and again.meta["records_read"] == 4
+    assert again is not None and again.meta.records_read == 4
     assert again.sample_index.tolist() == [0, 2, 3] and again.lengths.tolist() == [3, 5, 2]
     with store.open_tokens() as reader:
         got_ids, got_labels = reader.gather(store.starts[[2, 0]], store.lengths[[2, 0]])
@@ -168,13 +160,13 @@ def test_finishing_a_store_never_reads_its_token_files_back(tmp_path: Path, monk
     for i, ids in enumerate(batches):
         one = np.array([1], np.int32)
         writer.add(np.array([i]), np.array([len(ids)], np.int32), ids, -ids, one, one, one)
-    meta = {k: 0 for k in ("tokenizer", "pad_id", "records_read", "dropped", "sources", "source_starts")}
+    meta = bare_meta()
     store = writer.finish(meta)
     assert hashed == ["samples.npz"]
     ids = np.concatenate(batches).astype("<i4").tobytes()
-    assert store.meta["files"]["input_ids.bin"] == {"bytes": len(ids), "sha256": hashlib.sha256(ids).hexdigest()}
+    assert store.meta.files["input_ids.bin"] == {"bytes": len(ids), "sha256": hashlib.sha256(ids).hexdigest()}
     labels = (-np.concatenate(batches)).astype("<i4").tobytes()
-    assert store.meta["files"]["labels.bin"]["sha256"] == hashlib.sha256(labels).hexdigest()
+    assert store.meta.files["labels.bin"]["sha256"] == hashlib.sha256(labels).hexdigest()
     assert find_store(tmp_path / "store") is not None  # the checksums hold when the entry is read
     assert sorted(hashed[1:]) == ["input_ids.bin", "labels.bin", "samples.npz"]
 
@@ -194,7 +186,7 @@ def test_finishing_a_store_keeps_its_per_sample_arrays_once(tmp_path: Path, monk
         writer.add(np.array([i]), np.array([4], np.int32), ids, ids, one, first, np.array([i], np.int32))
     del one, first
     batches = [weakref.ref(part) for column in writer._arrays.values() for part in column.pending]
-    meta = {k: 0 for k in ("tokenizer", "pad_id", "records_read", "dropped", "sources", "source_starts")}
+    meta = bare_meta()
     store = writer.finish(meta)
     assert loads == [] and not any(c.chunks or c.pending for c in writer._arrays.values())  # nothing kept
     assert len(batches) == 18 and all(ref() is None for ref in batches)  # the batches' arrays are freed
@@ -220,7 +212,7 @@ def test_the_store_writer_holds_chunks_not_one_array_per_batch(tmp_path: Path, m
         writer.add(index, lengths, ids, ids, lengths - 1, lengths - 1, index.astype(np.int32), sample_role=roles)
     held = [len(c.chunks) + len(c.pending) for c in (*writer._arrays.values(), writer._roles)]
     assert max(held) <= 420 // 100 + 100 // 7 + 1, held  # 4 chunks and the batches since the last
-    meta = {k: 0 for k in ("tokenizer", "pad_id", "records_read", "dropped", "sources", "source_starts")}
+    meta = bare_meta()
     store = writer.finish(meta)
     assert store.sample_index.tolist() == list(range(420)) and store.positions.tolist() == list(range(420))
     assert store.sample_role is not None

@@ -10,6 +10,7 @@ detail names the first occurrence (its input, position and sample_index).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,7 +53,8 @@ def drop_duplicates(store: TokenStore) -> Dedup:
     view = store_view(store, np.flatnonzero(~dropped_rows))
     n = int(duplicate.sum())
     if n:
-        view.meta["dropped"] = {**store.meta["dropped"], REASON: int(store.meta["dropped"].get(REASON, 0)) + n}
+        dropped = {**store.meta.dropped, REASON: int(store.meta.dropped.get(REASON, 0)) + n}
+        view.meta = dataclasses.replace(view.meta, dropped=dropped)
     by_source: dict[str, int] = {}
     rejects = []
     for r, o in zip(rows[duplicate].tolist(), original[duplicate].tolist(), strict=True):

@@ -21,6 +21,7 @@ position), so the same seed holds out the same records.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ import numpy as np
 
 from packcli.errors import InputError
 from packcli.plan.mix import store_view
+from packcli.results import Split, StoreMeta
 from packcli.store.tokens import TokenStore
 
 STREAM = 0xE5A1  # the seed stream of the eval split, apart from the mix's
@@ -92,14 +94,14 @@ def split_counts(options: HoldoutOptions, have: list[int]) -> list[int]:
 
 def hold_out(options: HoldoutOptions, store: TokenStore, of_inputs: list[int], names: list[str]) -> Holdout:
     """Split the store's records into training and eval records; ``of_inputs``: each input's source."""
-    if len(of_inputs) != len(store.meta["source_starts"]):
+    if len(of_inputs) != len(store.meta.source_starts):
         raise InputError("the inputs changed while the eval split was made (files came or went); run again")
     index = store.sample_index.astype(np.int64)
     new = np.ones(len(index), dtype=bool)
     new[1:] = index[1:] != index[:-1]
     first = np.flatnonzero(new)
     size = np.diff(np.append(first, len(index)))
-    starts = np.asarray(store.meta["source_starts"], dtype=np.int64)
+    starts = np.asarray(store.meta.source_starts, dtype=np.int64)
     of_input = np.asarray(of_inputs, dtype=np.int64)
     unit_src = of_input[np.searchsorted(starts, index[first], side="right") - 1] if len(first) else first
     eligible = np.ones(len(first), dtype=bool)
@@ -120,19 +122,27 @@ def hold_out(options: HoldoutOptions, store: TokenStore, of_inputs: list[int], n
     return Holdout(train=train, eval=evals, names=names, records=counts)
 
 
-def eval_meta(meta: dict, records: int, held: np.ndarray, size: np.ndarray, first_piece: np.ndarray) -> dict:
+def eval_meta(meta: StoreMeta, records: int, held: np.ndarray, size: np.ndarray, first_piece: np.ndarray) -> StoreMeta:
     """The eval view's store metadata: its records as those read, nothing dropped before the plan.
 
     Records dropped before tokenizing, the pieces the workers left out, the turns fixed, the empty
     answers and the reasoning left out are the whole run's, counted in the training output's summary;
     ``split`` counts the eval records that have more than one piece, and their pieces.
     """
-    out = dict(meta)
-    out["records_read"] = records
-    out["dropped"] = {}
-    for key in ("turns_fixed", "empty_answers", "leading_answers", "tools_left_out", "reasoning", "expanded", "trees"):
-        out.pop(key, None)
-    if meta.get("split") is not None:
+    split = None
+    if meta.split is not None:
         pieced = held & ((size > 1) | (first_piece > 0))
-        out["split"] = {"pieces": int(size[pieced].sum()), "pieces_left_out": {}, "records_split": int(pieced.sum())}
-    return out
+        split = Split(pieces=int(size[pieced].sum()), pieces_left_out={}, records_split=int(pieced.sum()))
+    return dataclasses.replace(
+        meta,
+        records_read=records,
+        dropped={},
+        turns_fixed=None,
+        empty_answers=None,
+        leading_answers=None,
+        tools_left_out=None,
+        reasoning=None,
+        expanded=None,
+        trees=None,
+        split=split,
+    )

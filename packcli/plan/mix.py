@@ -31,6 +31,7 @@ re-exported here.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -41,7 +42,7 @@ from packcli.io.sources import InputSource, input_identity, resolve_inputs
 from packcli.plan.mix_accounting import accounting as accounting, sources_of as sources_of, warnings as warnings
 from packcli.plan.mix_types import Mix as Mix, MixOptions as MixOptions
 from packcli.plan.repeats import SEARCH as SEARCH, part_repeats as part_repeats, same_row_warning as same_row_warning
-from packcli.plan.views import SOURCE_KEY as SOURCE_KEY, source_ids as source_ids, store_view as store_view
+from packcli.plan.views import source_ids as source_ids, store_view as store_view
 from packcli.store.tokens import TokenStore
 
 TINY = 1e-9
@@ -76,10 +77,10 @@ def choose(options: MixOptions, store: TokenStore, of_inputs: list[int]) -> Mix:
         raise UsageError("applies to SFT records; preference and KTO records are not mixed yet", option="mix")
     specs = options.specs
     n_src = len(specs)
-    if len(of_inputs) != len(store.meta["source_starts"]):
+    if len(of_inputs) != len(store.meta.source_starts):
         raise InputError("the inputs changed while the mix was resolved (files came or went); run again")
     of_input = np.asarray(of_inputs, dtype=np.int64)
-    starts = np.asarray(store.meta["source_starts"], dtype=np.int64)
+    starts = np.asarray(store.meta.source_starts, dtype=np.int64)
     index = store.sample_index.astype(np.int64)
     # Units: records (sample_index), their rows contiguous in the store.
     new = np.ones(len(index), dtype=bool)
@@ -145,14 +146,14 @@ def choose(options: MixOptions, store: TokenStore, of_inputs: list[int]) -> Mix:
         np.arange(int(seq_size.sum()), dtype=np.int64) - np.repeat(np.cumsum(seq_size) - seq_size, seq_size)
     )
     view = store_view(store, rows)
-    view.meta[SOURCE_KEY] = of_input.tolist()
+    view.meta = dataclasses.replace(view.meta, mix_source_of_input=of_input.tolist())
     left = eligible & (copies == 0)
     left_out = np.zeros((n_src, 3), dtype=np.int64)
     for m in range(n_src):
         left_out[m] = per_unit[left & (unit_src == m)].sum(axis=0)
-    ends = [*starts[1:].tolist(), int(store.meta["records_read"])]
+    ends = [*starts[1:].tolist(), store.meta.records_read]
     ranges = [[[int(starts[i]), int(ends[i])] for i in np.flatnonzero(of_input == m)] for m in range(n_src)]
-    paths = [s["path"] for s in store.meta["sources"]]
+    paths = [s.path for s in store.meta.sources]
     return Mix(
         view=view,
         names=[p for p, _, _ in specs],

@@ -169,9 +169,9 @@ def _refuse_nothing_kept(options: PlanOptions, store: TokenStore, group: np.ndar
             " or have nothing to train on",
             hint=suggest(options, hints),
         )
-    reasons = ", ".join(f"{k}: {v}" for k, v in store.meta["dropped"].items())
+    reasons = ", ".join(f"{k}: {v}" for k, v in store.meta.dropped.items())
     raise InputError(
-        f"no sample left to pack: all {store.meta['records_read']} records were dropped ({reasons})",
+        f"no sample left to pack: all {store.meta.records_read} records were dropped ({reasons})",
         hint=("list them with ", Opt("on_error", "skip"), " ", Opt("rejects"), " FILE"),
     )
 

@@ -1,6 +1,6 @@
 """Views of the token store for the plan: chosen rows (repeats allowed) as a store of their own
 (``store_view``, as a mix, a dedup and an eval split pick records), and the mix source of each row
-(``source_ids``, from the view's ``SOURCE_KEY``).
+(``source_ids``, from the view's ``mix_source_of_input``).
 """
 
 from __future__ import annotations
@@ -8,8 +8,6 @@ from __future__ import annotations
 import numpy as np
 
 from packcli.store.tokens import TokenStore
-
-SOURCE_KEY = "mix_source_of_input"  # view meta: the mix source of each input source
 
 
 def store_view(store: TokenStore, rows: np.ndarray) -> TokenStore:
@@ -22,7 +20,7 @@ def store_view(store: TokenStore, rows: np.ndarray) -> TokenStore:
         trainable=store.trainable[rows],
         first_trained=store.first_trained[rows],
         positions=store.positions[rows],
-        meta=dict(store.meta),
+        meta=store.meta,
         sample_role=None if store.sample_role is None else store.sample_role[rows],
         seconds=store.seconds,
         content_key=None if store.content_key is None else store.content_key[rows],
@@ -34,6 +32,7 @@ def store_view(store: TokenStore, rows: np.ndarray) -> TokenStore:
 
 def source_ids(store: TokenStore, rows: np.ndarray) -> np.ndarray:
     """The mix source (int16) of each of the store's rows ``rows``: the ``source`` column."""
-    of_input = np.asarray(store.meta[SOURCE_KEY], dtype=np.int16)
-    starts = np.asarray(store.meta["source_starts"], dtype=np.int64)
+    assert store.meta.mix_source_of_input is not None, "a mix's view of the store"
+    of_input = np.asarray(store.meta.mix_source_of_input, dtype=np.int16)
+    starts = np.asarray(store.meta.source_starts, dtype=np.int64)
     return of_input[np.searchsorted(starts, store.sample_index[rows], side="right") - 1]

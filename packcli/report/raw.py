@@ -69,22 +69,22 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
         lengths = store.lengths.astype(np.int64)  # ascending sample_index: input order
         trainable = int(store.trainable.astype(np.int64).sum())
         meta = store.meta
-        if meta.get("empty_answers"):
+        if meta.empty_answers:
             from packcli.run.accounting import empty_answers_warning
 
-            warnings = [*warnings, empty_answers_warning(int(meta["empty_answers"]))]
-        if meta.get("leading_answers"):
+            warnings = [*warnings, empty_answers_warning(meta.empty_answers)]
+        if meta.leading_answers:
             from packcli.run.accounting import leading_answers_warning
 
-            warnings = [*warnings, leading_answers_warning(int(meta["leading_answers"]))]
-        if meta.get("tools_left_out"):
+            warnings = [*warnings, leading_answers_warning(meta.leading_answers)]
+        if meta.tools_left_out:
             from packcli.run.accounting import tools_left_out_warning
 
-            warnings = [*warnings, tools_left_out_warning(int(meta["tools_left_out"]))]
-        if meta.get("reasoning", {}).get("turns_left_out"):
+            warnings = [*warnings, tools_left_out_warning(meta.tools_left_out)]
+        if meta.reasoning and meta.reasoning.get("turns_left_out"):
             from packcli.run.accounting import reasoning_warning
 
-            warnings = [*warnings, reasoning_warning(meta["reasoning"])]
+            warnings = [*warnings, reasoning_warning(meta.reasoning)]
         tokenizer_name = config.tokenizer_name or DEFAULT_TOKENIZER
         lines = [
             _what_if(lengths, m, batch_size, _kept_by_policy(config, store, m, trainable, progress, tokenized.sources))
@@ -97,14 +97,14 @@ def raw_stats(config: Any, max_lens: Sequence[int], batch_size: int = 8, progres
         inputs=list(inputs),
         tokenizer=tokenizer_name,
         cache=cache_state,
-        records_read=int(meta["records_read"]),
+        records_read=meta.records_read,
         samples=len(lengths),
-        dropped=dict(meta.get("dropped", {})),
-        turns_fixed=dict(meta["turns_fixed"]) if "turns_fixed" in meta else None,
-        empty_answers=int(meta["empty_answers"]) if meta.get("empty_answers") else None,
-        leading_answers=int(meta["leading_answers"]) if meta.get("leading_answers") else None,
-        tools_left_out=int(meta["tools_left_out"]) if meta.get("tools_left_out") else None,
-        reasoning=dict(meta["reasoning"]) if meta.get("reasoning") else None,
+        dropped=dict(meta.dropped),
+        turns_fixed=dict(meta.turns_fixed) if meta.turns_fixed is not None else None,
+        empty_answers=meta.empty_answers or None,
+        leading_answers=meta.leading_answers or None,
+        tools_left_out=meta.tools_left_out or None,
+        reasoning=dict(meta.reasoning) if meta.reasoning else None,
         tokens=int(lengths.sum()),
         trainable_tokens=trainable,
         sample_length=distribution(lengths),

@@ -47,7 +47,9 @@ from packcli.results.store import (
     PartInfo,
     ProcessorIdentity,
     Segment,
+    StoreMade,
     StoreMeta,
+    StoreSource,
     TokenizerIdentity,
 )
 from packcli.results.summary import (
@@ -94,7 +96,9 @@ __all__ = [
     "ShardEntry",
     "Split",
     "StageSeconds",
+    "StoreMade",
     "StoreMeta",
+    "StoreSource",
     "TokenizerIdentity",
     "TreeStats",
     "field_names",

@@ -4,11 +4,11 @@ part), the tokenizer's identity it shares with the manifest, and a sample's imag
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, NotRequired, TypedDict
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, NotRequired, TypedDict
 
 from packcli.jsontypes import JSONObject, TemplateKwargs
-from packcli.results.base import record_dict, record_from_dict
+from packcli.results.base import IN_MEMORY, DamagedResult, JSONRecord, record_dict, record_from_dict
 from packcli.results.summary import EncoderInfo, Split
 
 # -- a sample's images -----------------------------------------------------------------------------
@@ -100,23 +100,58 @@ class PartInfo(TypedDict):
 
 
 @dataclass(frozen=True, kw_only=True)
+class StoreSource(JSONRecord):
+    """An input of the store (``sources``): its path as the run that made it named it, its kind, its
+    record format (null when none was found for it) and the unit of its positions (line or record)."""
+
+    NULLS: ClassVar[frozenset[str]] = frozenset({"format"})
+
+    path: str
+    kind: str  # jsonl | json | parquet | csv | arrow | saved_dataset | hub (packcli.io.sources.InputSource)
+    format: str | None
+    unit: str
+
+    WHAT: ClassVar[str] = "a source of meta.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreMade(JSONRecord):
+    """When and by which packcli version a store was made (``made``), and, for a store assembled from
+    cache parts, how many parts it joined."""
+
+    packcli_version: str
+    time: float  # seconds since the epoch, rounded to milliseconds
+    parts: int | None = None
+
+    WHAT: ClassVar[str] = "meta.json's made"
+
+
+def _sources(value: object) -> list[StoreSource]:
+    if not isinstance(value, list):
+        raise DamagedResult("meta.json's sources is not a list")
+    return [StoreSource.from_dict(s) for s in value]
+
+
+@dataclass(frozen=True, kw_only=True)
 class StoreMeta:
     """A token store's ``meta.json``: how its tokens were made, the records' counts, and its files.
 
-    Written with sorted keys (its checksum, ``meta_sha256``, is of that text less itself); a run that
-    finds an entry made from other paths names its own in memory (``original_paths`` keeps the old).
+    Written with sorted keys (its checksum, ``meta_sha256``, is of that text less itself); a field that
+    is None is not written. A run that finds an entry made from other paths names its own in memory
+    (``original_paths`` keeps the old). ``segments``, ``files`` and ``meta_sha256`` are set by
+    ``TokenStoreWriter.finish``: the metadata handed to it holds them empty.
     """
 
     tokenizer: TokenizerIdentity
     pad_id: int
     records_read: int
     dropped: dict[str, int]
-    sources: list[dict[str, Any]]  # path, kind, format, unit of each input
+    sources: list[StoreSource]
     source_starts: list[int]  # the sample_index of each input's first record
     segments: list[Segment]
     files: dict[str, FileDigest]  # by file name
     meta_sha256: str
-    made: dict[str, Any] | None = None
+    made: StoreMade | None = None
     split: Split | None = None
     turns_fixed: dict[str, int] | None = None
     empty_answers: int | None = None
@@ -129,13 +164,22 @@ class StoreMeta:
     ruled_out_max_len: int | None = None
     segment_root: str | None = None
     encoder: EncoderInfo | None = None  # name, fallback, records_slow (packcli.tokenize.text_encoders)
-    original_paths: list[str] | None = None  # in memory only (see above)
     # A cache part (packcli.store.parts): its number, first record, records and whether it is its input's last.
     part: PartInfo | None = None
+    # In memory only: the paths of the inputs as the run that made a found entry named them.
+    original_paths: list[str] | None = field(default=None, metadata={IN_MEMORY: True})
+    # In memory only, in a --mix's views of the store: the mix source of each input (packcli.plan.views).
+    mix_source_of_input: list[int] | None = field(default=None, metadata={IN_MEMORY: True})
 
     def to_dict(self) -> JSONObject:
         return record_dict(self)
 
     @classmethod
     def from_dict(cls, data: object) -> StoreMeta:
-        return record_from_dict(cls, data, "meta.json", {"split": Split.from_dict, "encoder": EncoderInfo.from_dict})
+        convert = {
+            "sources": _sources,
+            "made": StoreMade.from_dict,
+            "split": Split.from_dict,
+            "encoder": EncoderInfo.from_dict,
+        }
+        return record_from_dict(cls, data, "meta.json", convert)

@@ -26,7 +26,7 @@ from packcli.config import Hint, PackConfig, suggest
 from packcli.errors import InputError, Message, Opt, Part
 from packcli.plan import packing
 from packcli.plan.planner import Plan
-from packcli.results import Lost, RunSummary, StoreMeta, TokenizerIdentity
+from packcli.results import Lost, RunSummary, TokenizerIdentity
 from packcli.store.tokens import TokenStore
 from packcli.tokenize.chat_template import stored_warning
 
@@ -103,7 +103,7 @@ def summary(
     the tokens of every sample tokenized from the inputs (the whole store), of which lost tokens are a
     fraction (None: ``store``'s own).
     """
-    meta = StoreMeta.from_dict(store.meta)
+    meta = store.meta
     dropped = Counter(meta.dropped) + Counter(_records_lost(store, plan))
     records = int(meta.records_read)
     rows = len(plan.order.order)
@@ -337,7 +337,7 @@ def _lost(
     if cut > 0:
         tokens_by_reason["truncated"] += cut
     # Pieces the split left out never reached the store: their tokens are counted where they were cut.
-    split = StoreMeta.from_dict(store.meta).split
+    split = store.meta.split
     left_out = Counter({k: int(v) for k, v in (split.tokens_left_out if split else {}).items()})
     tokens_by_reason.update(+left_out)
     total_tokens = read_tokens + sum(left_out.values())

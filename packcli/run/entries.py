@@ -67,7 +67,7 @@ def cached_store(
         return None, "rebuilt", [Message("the cache entry is damaged (", *exc.parts, "); it is rebuilt")]
     # The byte limit is max_len * L, and L is the same (the tokenizer is in the key): comparing max
     # lengths compares limits.
-    ruled_out = store.meta.get("ruled_out_max_len") if store is not None else None
+    ruled_out = store.meta.ruled_out_max_len if store is not None else None
     if ruled_out is not None and (rule_out_max_len is None or rule_out_max_len > ruled_out):
         return None, "miss", []
     return store, ("miss" if store is None else "hit"), []

@@ -32,8 +32,8 @@ def split(config: PackConfig, store: TokenStore, of_mix: list[int] | None = None
         of_inputs = of_mix
         names = [parse_mix(v)[0] for v in config.mix]
     else:
-        of_inputs = list(range(len(store.meta["source_starts"])))
-        names = [s["path"] for s in store.meta["sources"]]
+        of_inputs = list(range(len(store.meta.source_starts)))
+        names = [s.path for s in store.meta.sources]
     return holdout.hold_out(holdout_options(config), store, of_inputs, names)
 
 

@@ -122,7 +122,7 @@ def _found_parts(
             continue
         while (found := find(item, item.key_of(len(item.found)))) is not None:
             item.found.append(found)
-            if found.meta["part"]["last"]:
+            if parts.part_info(found)["last"]:
                 break
 
 
@@ -135,7 +135,7 @@ def _find_part(
         held.callback(lock.release)
     found, _, said = cached_store(run.cache_root / key, run.limit, run.check)
     warnings.extend(w.replace("cache entry", f"cache part of {item.source.display}") for w in said)
-    if found is None or "part" not in found.meta:
+    if found is None or found.meta.part is None:
         return None
     touch(found.path)
     return found

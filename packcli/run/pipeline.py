@@ -166,7 +166,7 @@ def _write_output(
     """
     staged = prepared.staged if prepared else None
     store, plan = planned.store, planned.plan
-    held_processor = store.meta["tokenizer"].get("processor") or {}
+    held_processor = store.meta.tokenizer.get("processor") or {}
     embedded = held_processor.get("images", {}).get("embedded", 0)
     spanned = held_processor.get("family") in SPANNED
     layout = row_layout(found, inputs.pad_id, embedded, spanned)
@@ -437,7 +437,7 @@ def _lines_file(path: Path, suffix: str, what: Text) -> Iterator[TextIO]:
 def _copy_store_lines(store: TokenStore, lines: Path, out: TextIO) -> None:
     """Copy a JSON lines file of the token store; from a found cache entry made from other paths, each
     line names the input as this run names it."""
-    renamed = store.meta.get("original_paths", []) != [s["path"] for s in store.meta["sources"]]
+    renamed = (store.meta.original_paths or []) != [s.path for s in store.meta.sources]
     with open(lines, encoding="utf-8") as src:
         for line in src:
             out.write(_this_runs_source(line, store) if renamed else line)

@@ -85,7 +85,8 @@ def run_summary(
     if held is not None:
         eval_plan, eval_summary = evalsplit.plan(found, held, inputs.cache)
         if mixed is not None:  # the eval rows carry the source column too, numbered as the training's
-            held.eval.meta[mix.SOURCE_KEY] = mixed.view.meta[mix.SOURCE_KEY]
+            of_input = mixed.view.meta.mix_source_of_input
+            held.eval.meta = dataclasses.replace(held.eval.meta, mix_source_of_input=of_input)
             eval_summary = dataclasses.replace(eval_summary, mix=mix.sources_of(summary.mix))
         summary = evalsplit.account(summary, held, eval_summary)
         eval_split = EvalSplit(held, eval_plan, eval_summary)

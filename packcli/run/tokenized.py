@@ -198,8 +198,8 @@ def _tokenized(
             sources=sources,
             fingerprints=all_known(fingerprints),
             formats=formats,
-            tokenizer=store.meta["tokenizer"],
-            pad_id=store.meta["pad_id"],
+            tokenizer=store.meta.tokenizer,
+            pad_id=store.meta.pad_id,
             warnings=warnings,
             task=task,
             key=key if config.cache else None,
@@ -315,13 +315,13 @@ def processor_key(config: PackConfig, encoder: Encoder | None) -> str:
 def _as_this_run(store: TokenStore, sources: list[InputSource], config: PackConfig) -> None:
     """A found entry, made by a run whose inputs, tokenizer or template may have had other paths: its
     metadata (in memory) names this run's, which the manifest, the rejects file and errors show."""
-    original = [s["path"] for s in store.meta["sources"]]
-    store.meta["sources"] = [{**m, "path": s.display} for m, s in zip(store.meta["sources"], sources, strict=True)]
-    store.meta["original_paths"] = original
-    tokenizer = dict(store.meta["tokenizer"])
+    meta = store.meta
+    original = [s.path for s in meta.sources]
+    renamed = [dataclasses.replace(m, path=s.display) for m, s in zip(meta.sources, sources, strict=True)]
+    tokenizer = meta.tokenizer.copy()
     tokenizer["name"] = config.tokenizer_name or DEFAULT_TOKENIZER
     if config.chat_template is not None:  # the key holds the template's text, not its path
         builtin = builtin_name(config.chat_template)
         tokenizer["chat_template"] = builtin if builtin is not None else str(config.chat_template)
         tokenizer["chat_template_source"] = "packcli" if builtin is not None else "file"
-    store.meta["tokenizer"] = tokenizer
+    store.meta = dataclasses.replace(meta, sources=renamed, original_paths=original, tokenizer=tokenizer)

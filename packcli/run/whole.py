@@ -135,7 +135,7 @@ def _unchanged(run: WholeRun, read: dict[str, str]) -> None:
 def _learned(run: WholeRun, store: TokenStore, learning: list[bool]) -> list[Learned]:
     """What the read learned of the inputs hashed as they were read, for the memo: their hashes, and their
     records when every one was read (not with ``--limit``)."""
-    starts = [*store.meta["source_starts"], store.meta["records_read"]]
+    starts = [*store.meta.source_starts, store.meta.records_read]
     learned = []
     for k, source in enumerate(run.sources):
         digest, stamp = run.fingerprints[k], run.before.get(str(Path(source.path)))

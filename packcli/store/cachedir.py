@@ -33,6 +33,7 @@ from packcli.errors import UsageError
 from packcli.io.fingerprint import forget_missing
 from packcli.jsontypes import JSONObject
 from packcli.owned import HASH_MEMO, clean_stale_cache_dirs, owner_tag
+from packcli.results import DamagedResult, StoreMeta, TokenizerIdentity
 
 KEY_RE = re.compile(r"^[0-9a-f]{32}$")
 LEGACY_INPUTS = "inputs"
@@ -167,7 +168,7 @@ class Entry:
         return {**asdict(self), "age_seconds": round(max(now - self.last_used, 0.0), 1)}
 
 
-def _template_words(tokenizer: JSONObject) -> str | None:
+def _template_words(tokenizer: TokenizerIdentity) -> str | None:
     """The template an entry was made with, and where it came from: ``deepseek (default)``."""
     name, source = tokenizer.get("chat_template"), tokenizer.get("chat_template_source")
     if name is None:  # an entry made before the template was named: the source held a path or a kind
@@ -220,28 +221,25 @@ def list_entries(root: Path) -> list[Entry]:
 def _token_entry(root: Path, path: Path) -> Entry:
     used = path.stat().st_mtime
     try:
-        meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
-        assert isinstance(meta, dict)
-        tokenizer = meta.get("tokenizer") or {}
-        made = meta.get("made") or {}
-        part = meta.get("part")
-        inputs = [str(s.get("path")) for s in meta.get("sources", [])]
-        if isinstance(part, dict):  # a cache part: which records of its input
+        meta = StoreMeta.from_dict(json.loads((path / "meta.json").read_text(encoding="utf-8")))
+        made, part = meta.made, meta.part
+        inputs = [str(s.path) for s in meta.sources]
+        if part is not None:  # a cache part: which records of its input
             first, records = int(part["first"]), int(part["records"])
             inputs = [f"{name} (records {first:,} to {first + records - 1:,})" for name in inputs]
         return Entry(
             key=path.name,
-            kind="part" if isinstance(part, dict) else "tokens",
+            kind="tokens" if part is None else "part",
             bytes=_size(path),
-            created=float(made.get("time", used)),
+            created=used if made is None else float(made.time),
             last_used=used,
             in_use=_in_use(root, path.name),
-            tokenizer=tokenizer.get("name"),
-            template=_template_words(tokenizer),
+            tokenizer=meta.tokenizer.get("name"),
+            template=_template_words(meta.tokenizer),
             inputs=inputs,
-            packcli_version=made.get("packcli_version"),
+            packcli_version=None if made is None else made.packcli_version,
         )
-    except (OSError, ValueError, AssertionError, AttributeError, TypeError, KeyError):
+    except (OSError, ValueError, DamagedResult, AttributeError, TypeError, KeyError):
         return Entry(path.name, "tokens", _size(path), used, used, _in_use(root, path.name), damaged=True)
 
 

@@ -11,12 +11,12 @@ import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from packcli.contract import file_sha256
 from packcli.errors import PackcliError, first_line
 from packcli.io.uri import join
-from packcli.results import FileDigest, StoreMeta, required_fields
+from packcli.jsontypes import JSONObject
+from packcli.results import DamagedResult, FileDigest, StoreMeta, required_fields
 
 # Every key a finished store's meta.json has (packcli.results.StoreMeta); one missing means the entry is damaged.
 META_KEYS = required_fields(StoreMeta)
@@ -47,15 +47,13 @@ class DamagedStore(PackcliError):
     """A store exists at the path but fails its checks; the message says which file and how."""
 
 
-def meta_digest(meta: dict[str, Any]) -> str:
-    """Return the sha256 of a meta.json's content but its own checksum (``meta_sha256``)."""
+def meta_digest(meta: JSONObject) -> str:
+    """Return the sha256 of a meta.json's content (as JSON data) but its own checksum (``meta_sha256``)."""
     body = {k: v for k, v in meta.items() if k != "meta_sha256"}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def check_store(
-    path: Path, check_digests: Callable[[str, dict[str, FileDigest]], None] | None = None
-) -> dict[str, Any]:
+def check_store(path: Path, check_digests: Callable[[str, dict[str, FileDigest]], None] | None = None) -> StoreMeta:
     """Check a store's meta.json and the size and sha256 of each of its files; return the meta.
 
     Raise DamagedStore naming the first problem. The cost is one sequential read of the store.
@@ -76,14 +74,15 @@ def check_store(
         raise DamagedStore(f"{path}: meta.json lacks {', '.join(missing)}")
     if meta["meta_sha256"] != meta_digest(meta):
         raise DamagedStore(f"{path}: meta.json does not match its checksum")
-    files, segments = meta["files"], meta["segments"]
+    checked = read_meta(path, meta)
+    files, segments = checked.files, checked.segments
     try:
         token_files = {name for seg in segments for name in segment_files(seg["prefix"])}
     except (TypeError, KeyError):
         raise DamagedStore(f"{path}: meta.json does not list the store's segments") from None
     if not isinstance(files, dict) or not {"samples.npz", *token_files} <= set(files):
         raise DamagedStore(f"{path}: meta.json does not list the store's files")
-    remote = meta.get("segment_root")
+    remote = checked.segment_root
     for name, expect in sorted(files.items()):
         if remote and name in token_files:
             _check_remote(join(remote, name), expect)
@@ -101,7 +100,18 @@ def check_store(
             raise DamagedStore(f"{file}: cannot be read ({exc.strerror or exc})") from exc
     if check_digests is not None:
         check_digests(str(path), {n: files[n] for n in sorted(token_files)})
-    return meta
+    return checked
+
+
+def read_meta(path: Path, data: object) -> StoreMeta:
+    """A store's meta.json (``data``, as read) as StoreMeta; DamagedStore when a key lacks or a part of it
+    is not what it should be."""
+    try:
+        return StoreMeta.from_dict(data)
+    except DamagedResult as exc:
+        raise DamagedStore(f"{path}: ", *exc.parts) from None
+    except (TypeError, ValueError, AttributeError):
+        raise DamagedStore(f"{path}: meta.json is not a token store's metadata") from None
 
 
 def _check_remote(uri: str, expect: FileDigest) -> None:

@@ -23,6 +23,7 @@ the parts may be pruned without harming it, and the cache holds the tokens once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -36,7 +37,7 @@ from packcli.errors import OutputError, Text
 from packcli.io.readers import PartEnds
 from packcli.io.sources import InputSource
 from packcli.jsontypes import JSONObject
-from packcli.results import PartInfo
+from packcli.results import PartInfo, Split, StoreMade, StoreMeta, StoreSource
 from packcli.store.integrity import segment_files
 from packcli.store.key import cache_key
 from packcli.store.tokens import TokenStore, TokenStoreWriter
@@ -47,19 +48,6 @@ PART_RECORDS = 32768
 # A JSON lines file's part also ends at the record that takes it to this many bytes (what a read holds
 # while it finds whether the cache has the part).
 PART_BYTES = 1 << 25
-# Meta keys whose counts add up over parts (nested dicts of counts add key by key).
-SUMMED = (
-    "records_read",
-    "dropped",
-    "turns_fixed",
-    "empty_answers",
-    "leading_answers",
-    "tools_left_out",
-    "reasoning",
-    "expanded",
-    "trees",
-    "split",
-)
 REJECTS, TURN_FIXES = "rejects.jsonl", "turn_fixes.jsonl"
 
 
@@ -133,7 +121,7 @@ class InputParts:
         """Whether the parts found hold the whole input (the last of them is its last part)."""
         if self.chained:
             return self.ended and not self.made
-        return bool(self.found) and bool(self.found[-1].meta["part"]["last"])
+        return bool(self.found) and bool(part_info(self.found[-1])["last"])
 
     @property
     def next_index(self) -> int:
@@ -145,22 +133,28 @@ class InputParts:
         done = self.parts
         if not done:
             return 0
-        last = done[-1].meta["part"]
+        last = part_info(done[-1])
         return int(last["first"]) + int(last["records"])
 
     @property
     def next_unit(self) -> int:
         """The lines (or records) that the reading of the parts found or made passed (parts of an engine's cuts)."""
-        return sum(int(p.meta["part"].get("units", 0)) for p in self.found + self.made)
+        return sum(int(part_info(p).get("units", 0)) for p in self.found + self.made)
 
     @property
     def parts(self) -> list[TokenStore]:
         """The parts found and made, in input order (a chained input's are found and made as it is read)."""
         done = self.found + self.made
-        return sorted(done, key=lambda p: int(p.meta["part"]["index"])) if self.chained else done
+        return sorted(done, key=lambda p: int(part_info(p)["index"])) if self.chained else done
 
     def records(self, which: list[TokenStore]) -> int:
-        return sum(int(p.meta["part"]["records"]) for p in which)
+        return sum(int(part_info(p)["records"]) for p in which)
+
+
+def part_info(part: TokenStore) -> PartInfo:
+    """A cache part's place in its input (its meta.json's ``part``)."""
+    assert part.meta.part is not None, "a cache part's meta.json says which part it is"
+    return part.meta.part
 
 
 def part_meta(
@@ -175,12 +169,12 @@ def part_meta(
     reading passed, for a part of an engine's cuts: what the positions of the parts after it add;
     ``read``: a JSON lines file's ends, its part's ``end`` taken from it. Such a part may be another
     file's too, or the same file's once it grew: ``last`` is then False)."""
-    meta: PartInfo = {"index": index, "first": first, "records": records, "last": last and read is None}
+    info: PartInfo = {"index": index, "first": first, "records": records, "last": last and read is None}
     if units is not None:
-        meta["units"] = units
+        info["units"] = units
     if read is not None:
-        meta["end"] = read.ends[index]
-    return meta
+        info["end"] = read.ends[index]
+    return info
 
 
 def assemble(
@@ -196,7 +190,7 @@ def assemble(
     assert writer.tmp is not None
     tmp = writer.tmp
     try:
-        metas: list[dict[str, Any]] = []
+        metas: list[StoreMeta] = []
         start = 0
         starts: list[int] = []
         units: list[str] = []
@@ -211,21 +205,19 @@ def assemble(
                 for part in item.parts:  # their sample_index counts from the input's first record
                     meta = part.meta
                     metas.append(meta)
-                    unit = meta["sources"][0]["unit"] if int(meta["records_read"]) else unit
+                    unit = meta.sources[0].unit if meta.records_read else unit
                     _lines(part.path / REJECTS, rejects, start, item.source.display)
                     _lines(part.path / TURN_FIXES, fixes, start, item.source.display)
                     if len(part.lengths):
                         _add_part(writer, tmp, part, start, linked)
                         linked += 1
-                start += sum(int(part.meta["records_read"]) for part in item.parts)
+                start += sum(part.meta.records_read for part in item.parts)
                 units.append(unit)
-        meta = merged_meta(metas)
-        meta["sources"] = [
-            {"path": i.source.display, "kind": i.source.kind, "format": formats[i.source.display], "unit": u}
+        sources = [
+            StoreSource(path=i.source.display, kind=i.source.kind, format=formats[i.source.display], unit=u)
             for i, u in zip(inputs, units, strict=True)
         ]
-        meta["source_starts"] = starts
-        return writer.finish(meta)
+        return writer.finish(dataclasses.replace(merged_meta(metas), sources=sources, source_starts=starts))
     except OSError as exc:
         writer.abort()
         raise OutputError(f"{where}: cannot write the token store ({exc.strerror or exc})", hint=fix) from exc
@@ -236,13 +228,13 @@ def assemble(
 
 def _add_part(writer: TokenStoreWriter, tmp: Path, part: TokenStore, start: int, number: int) -> None:
     """Add a part's samples to the store being assembled, its token files linked in as one segment."""
-    (segment,) = part.meta["segments"]  # a part is made in one pass by this process: one segment
+    (segment,) = part.meta.segments  # a part is made in one pass by this process: one segment
     prefix = f"segments/part{number:05d}-"
     (tmp / "segments").mkdir(exist_ok=True)
     files = {}
     for theirs, ours in zip(segment_files(segment["prefix"]), segment_files(prefix), strict=True):
         _link(Path(part.segment_root) / theirs, tmp / ours)
-        files[ours] = part.meta["files"][theirs]
+        files[ours] = part.meta.files[theirs]
     roles = part.sample_role if part.sample_role is not None and part.sample_role.any() else None
     writer.add_segment(
         {"prefix": prefix, "tokens": int(segment["tokens"])},
@@ -285,28 +277,48 @@ def _lines(path: Path, out: Any, start: int, display: str) -> None:
             out.write(text + "\n")
 
 
-def merged_meta(metas: list[dict[str, Any]]) -> dict[str, Any]:
-    """The meta.json of a store assembled from parts (but its sources, starts and files): counts added up,
-    the tokenizer's identity and the pad id those of the parts (the same: they are in the key), the
-    records ruled out untokenized those of the strictest part."""
-    first = metas[0]
-    meta: dict[str, Any] = {"tokenizer": first["tokenizer"], "pad_id": first["pad_id"]}
-    for key in SUMMED:
-        values = [m[key] for m in metas if key in m]
-        if values:
-            meta[key] = _sum(values)
-    if "dropped" not in meta:
-        meta["dropped"] = {}
-    meta["dropped"] = dict(sorted(meta["dropped"].items()))
-    encoders = [m["encoder"] for m in metas if "encoder" in m]
-    if encoders:
-        meta["encoder"] = {**encoders[-1], "records_slow": sum(int(e.get("records_slow", 0)) for e in encoders)}
-    for key in ("ruled_out_over_bytes", "ruled_out_max_len"):
-        values = [m[key] for m in metas if key in m]
-        if values:
-            meta[key] = min(values)
-    meta["made"] = {"packcli_version": __version__, "time": round(time.time(), 3), "parts": len(metas)}
-    return meta
+def merged_meta(metas: list[StoreMeta]) -> StoreMeta:
+    """The meta.json of a store assembled from parts but its sources, starts, segments, files and checksum
+    (which are empty): counts added up, the tokenizer's identity and the pad id those of the parts (the
+    same: they are in the key), the records ruled out untokenized those of the strictest part."""
+    split = _added(metas, "split")
+    encoders = [m.encoder for m in metas if m.encoder is not None]
+    slow = sum(e.records_slow or 0 for e in encoders)
+    return StoreMeta(
+        tokenizer=metas[0].tokenizer,
+        pad_id=metas[0].pad_id,
+        records_read=_added(metas, "records_read"),
+        dropped=dict(sorted((_added(metas, "dropped") or {}).items())),
+        sources=[],
+        source_starts=[],
+        segments=[],
+        files={},
+        meta_sha256="",
+        turns_fixed=_added(metas, "turns_fixed"),
+        empty_answers=_added(metas, "empty_answers"),
+        leading_answers=_added(metas, "leading_answers"),
+        tools_left_out=_added(metas, "tools_left_out"),
+        reasoning=_added(metas, "reasoning"),
+        expanded=_added(metas, "expanded"),
+        trees=_added(metas, "trees"),
+        split=None if split is None else Split.from_dict(split),
+        encoder=dataclasses.replace(encoders[-1], records_slow=slow) if encoders else None,
+        ruled_out_over_bytes=_least(metas, "ruled_out_over_bytes"),
+        ruled_out_max_len=_least(metas, "ruled_out_max_len"),
+        made=StoreMade(packcli_version=__version__, time=round(time.time(), 3), parts=len(metas)),
+    )
+
+
+def _added(metas: list[StoreMeta], key: str) -> Any:
+    """A count of the parts' meta.json added up over the parts that have it (None: none has), a dict of
+    counts key by key."""
+    values = [v.to_dict() if isinstance(v, Split) else v for m in metas if (v := getattr(m, key)) is not None]
+    return _sum(values) if values else None
+
+
+def _least(metas: list[StoreMeta], key: str) -> int | None:
+    values = [int(v) for m in metas if (v := getattr(m, key)) is not None]
+    return min(values) if values else None
 
 
 def _sum(values: list[Any]) -> Any:

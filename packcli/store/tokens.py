@@ -31,7 +31,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from packcli.contract import file_sha256
 from packcli.errors import OutputError, Text, first_line
 from packcli.io.uri import is_uri, join, remove_uri_dir
 from packcli.owned import owner_tag
-from packcli.results import FileDigest, Segment
+from packcli.results import FileDigest, Segment, StoreMeta
 from packcli.store.integrity import TOKEN_FILES, DamagedStore, Digest, check_store, meta_digest, segment_files
 from packcli.store.nodes import TreeNodes
 
@@ -98,7 +98,7 @@ class TokenStore:
     trainable: np.ndarray  # int32: tokens with a label
     first_trained: np.ndarray  # int32: position of the first token with a label
     positions: np.ndarray  # int32: line or record number in its source
-    meta: dict[str, Any]
+    meta: StoreMeta
     # int8 per sample: its sample_role (packcli.contract.SAMPLE_ROLES); all 0 (SFT) for a store without one.
     sample_role: np.ndarray | None = None
     # Seconds by stage of the run that made the store (read, decode, tokenize, store, cpu, wall); empty
@@ -123,24 +123,24 @@ class TokenStore:
     @property
     def segment_root(self) -> str:
         """Where the segments' files are: the store's directory, or the URI in meta.json."""
-        return self.meta.get("segment_root") or str(self.path)
+        return self.meta.segment_root or str(self.path)
 
     def discard_elsewhere(self) -> None:
         """Remove the segments a store that is not kept has outside its directory (at ``segment_root``, a
         URI: under an output URI, where the Ray engine writes them); its directory is its owner's to remove."""
-        root = self.meta.get("segment_root")
+        root = self.meta.segment_root
         if root:
             remove_uri_dir(root)
 
     def source_of(self, sample_index: int) -> tuple[str, str]:
         """Return the path of a sample's source and the unit of its positions there (line or record)."""
-        sources = self.meta["sources"]
-        k = int(np.searchsorted(np.asarray(self.meta["source_starts"]), sample_index, side="right")) - 1
-        return sources[max(k, 0)]["path"], sources[max(k, 0)]["unit"]
+        sources = self.meta.sources
+        k = int(np.searchsorted(np.asarray(self.meta.source_starts), sample_index, side="right")) - 1
+        return sources[max(k, 0)].path, sources[max(k, 0)].unit
 
     def open_tokens(self) -> TokenReader:
         """Open the token files for reading samples by offset."""
-        return TokenReader(self.segment_root, self.meta["segments"])
+        return TokenReader(self.segment_root, self.meta.segments)
 
 
 class TokenReader:
@@ -366,8 +366,10 @@ class TokenStoreWriter:
         ):
             self._arrays[key].append(value)
 
-    def finish(self, meta: dict[str, Any], segment_root: str | None = None, verify: bool = True) -> TokenStore:
+    def finish(self, meta: StoreMeta, segment_root: str | None = None, verify: bool = True) -> TokenStore:
         """Close the files, record their checksums, move the store into place and return it.
+
+        ``meta``: the store's metadata but its segments, files and checksum, which are set here.
 
         ``segment_root``: the URI where the segments added by ``add_segment`` are (None: under the
         store's directory). The store moved into place is not read back: its token files' checksums
@@ -404,16 +406,12 @@ class TokenStoreWriter:
                 name: {"bytes": (self.tmp / name).stat().st_size, "sha256": file_sha256(self.tmp / name)}
                 for name in names
             }
-            files.update(written)
-            meta = {
-                **meta,
-                "segments": segments,
-                "files": dict(sorted({**files, **self._segment_files}.items())),
-                **({"segment_root": segment_root} if segment_root else {}),
-            }
-            meta["meta_sha256"] = meta_digest(meta)
+            files = dict(sorted({**files, **written, **self._segment_files}.items()))
+            root = segment_root or meta.segment_root
+            body = replace(meta, segments=segments, files=files, segment_root=root).to_dict()
+            on_disk = {**body, "meta_sha256": meta_digest(body)}
             # Written last: a store without a whole meta.json fails its check and is rebuilt.
-            (self.tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+            (self.tmp / "meta.json").write_text(json.dumps(on_disk, indent=1, sort_keys=True))
             if self.final_path.is_dir() and not self.final_path.is_symlink():
                 shutil.rmtree(self.final_path, ignore_errors=True)
             elif self.final_path.exists() or self.final_path.is_symlink():
@@ -432,7 +430,7 @@ class TokenStoreWriter:
         if theirs:
             return load_store(self.final_path, verify=verify)
         # This run's entry: the arrays in memory are those just saved (not loaded again from samples.npz).
-        meta = json.loads((self.final_path / "meta.json").read_text())
+        meta = StoreMeta.from_dict(json.loads((self.final_path / "meta.json").read_text()))
         return TokenStore(path=self.final_path, meta=meta, **arrays, tree_nodes=TreeNodes.stored(tree))
 
     def abort(self) -> None:
@@ -448,7 +446,10 @@ def load_store(
     path: Path, verify: bool = True, check_digests: Callable[[str, dict[str, FileDigest]], None] | None = None
 ) -> TokenStore:
     """Load a finished store's per-sample arrays and metadata, checked first unless ``verify`` is False."""
-    meta = check_store(path, check_digests) if verify else json.loads((path / "meta.json").read_text())
+    if verify:
+        meta = check_store(path, check_digests)
+    else:
+        meta = StoreMeta.from_dict(json.loads((path / "meta.json").read_text()))
     try:
         with np.load(path / "samples.npz") as data:
             arrays = {k: data[k] for k in ARRAYS}

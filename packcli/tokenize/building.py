@@ -19,7 +19,7 @@ from typing import Any
 from packcli.errors import InputError, Opt, OutputError, Text, record_fix, where as where_of
 from packcli.io.sources import InputSource
 from packcli.records import turns
-from packcli.results import EncoderInfo, TokenizerIdentity
+from packcli.results import EncoderInfo, Split, StoreMade, StoreMeta, StoreSource, TokenizerIdentity
 from packcli.store.images import IMAGES_FILE, image_line
 from packcli.store.tokens import TokenStore, TokenStoreWriter
 from packcli.tokenize import rounds, trees
@@ -165,8 +165,9 @@ class StoreBuilder:
         pad_id: int,
         encoder_record: EncoderInfo,
         slow_elsewhere: int = 0,
-    ) -> dict[str, Any]:
-        """The store's meta.json but its files (``TokenStoreWriter.finish`` adds them): its counts.
+    ) -> StoreMeta:
+        """The store's meta.json but its segments, files and checksum (``TokenStoreWriter.finish`` sets
+        them): its counts.
 
         ``identity`` is the tokenizer's (``Encoder.identity``, with the processor's under one);
         ``encoder_record`` which encoder made the tokens, to which ``records_slow`` is added: the
@@ -174,61 +175,58 @@ class StoreBuilder:
         """
         options, c = self.options, self.counts
         records = c["records"]
-        meta: dict[str, Any] = {
-            "tokenizer": identity,
-            "pad_id": pad_id,
-            "records_read": records,
-            "dropped": dict(sorted(self.dropped.items())),
-            "sources": [
-                {
-                    "path": s.display,
-                    "kind": s.kind,
-                    "format": formats[s.display],
-                    "unit": self.units.get(s.display, "record"),
-                }
+        expanding = options.expand_turns != "off"
+        if "processor" in identity:
+            images = {k: self.image_counts[k] for k in ("samples", "images", "image_tokens", "embedded")}
+            identity = {**identity, "processor": identity["processor"] | {"images": images}}
+        split = None
+        if options.overflow == "split":
+            split = Split(
+                records_split=c["records_split"],
+                pieces=c["pieces"],
+                pieces_left_out=dict(sorted(self.left_out.items())),
+                # The tokens of the pieces left out, by reason: counted in the summary's lost tokens.
+                tokens_left_out=dict(sorted(self.left_out_tokens.items())),
+            )
+        return StoreMeta(
+            tokenizer=identity,
+            pad_id=pad_id,
+            records_read=records,
+            dropped=dict(sorted(self.dropped.items())),
+            sources=[
+                StoreSource(
+                    path=s.display, kind=s.kind, format=formats[s.display], unit=self.units.get(s.display, "record")
+                )
                 for s in sources
             ],
-            "source_starts": [self.starts.get(s.display, records) for s in sources],
-        }
-        if options.fix_turns:
-            meta["turns_fixed"] = {kind: self.turns_fixed[kind] for kind in turns.KINDS}
-        for key in ("empty_answers", "leading_answers", "tools_left_out"):
-            if c[key]:
-                meta[key] = c[key]
-        # Which encoder made the tokens (the cache key does not depend on it: every one gives the same).
-        slow = c["slow_records"] + slow_elsewhere
-        meta["encoder"] = dataclasses.replace(encoder_record, records_slow=slow).to_dict()
-        if self.reasoning:
-            meta["reasoning"] = {key: self.reasoning[key] for key in rounds.REASONING_KEYS}
-        if options.expand_turns != "off":
-            meta["expanded"] = {key: self.expanded[key] for key in rounds.EXPANDED_KEYS}
-        if options.prefix_tree:
-            meta["trees"] = {key: self.prefix_trees[key] for key in trees.TREE_KEYS}
-        if "processor" in identity:
-            processor = identity["processor"]
-            images = {k: self.image_counts[k] for k in ("samples", "images", "image_tokens", "embedded")}
-            meta["tokenizer"] = {**identity, "processor": processor | {"images": images}}
-        if options.overflow == "split":
-            meta["split"] = {
-                "records_split": c["records_split"],
-                "pieces": c["pieces"],
-                "pieces_left_out": dict(sorted(self.left_out.items())),
-                # The tokens of the pieces left out, by reason: counted in the summary's lost tokens.
-                "tokens_left_out": dict(sorted(self.left_out_tokens.items())),
-            }
-        meta["made"] = {"packcli_version": __version__, "time": round(time.time(), 3)}
-        return meta
+            source_starts=[self.starts.get(s.display, records) for s in sources],
+            segments=[],
+            files={},
+            meta_sha256="",
+            turns_fixed={kind: self.turns_fixed[kind] for kind in turns.KINDS} if options.fix_turns else None,
+            empty_answers=c["empty_answers"] or None,
+            leading_answers=c["leading_answers"] or None,
+            tools_left_out=c["tools_left_out"] or None,
+            # Which encoder made the tokens (the cache key does not depend on it: every one gives the same).
+            encoder=dataclasses.replace(encoder_record, records_slow=c["slow_records"] + slow_elsewhere),
+            reasoning={key: self.reasoning[key] for key in rounds.REASONING_KEYS} if self.reasoning else None,
+            expanded={key: self.expanded[key] for key in rounds.EXPANDED_KEYS} if expanding else None,
+            trees={key: self.prefix_trees[key] for key in trees.TREE_KEYS} if options.prefix_tree else None,
+            split=split,
+            made=StoreMade(packcli_version=__version__, time=round(time.time(), 3)),
+        )
 
-    def ruled_out(self, meta: dict[str, Any], ruled_out_bytes: int | None) -> None:
-        """Record in ``meta`` that records over ``ruled_out_bytes`` were left out untokenized, if any was.
+    def ruled_out(self, meta: StoreMeta, ruled_out_bytes: int | None) -> StoreMeta:
+        """``meta``, recording that records over ``ruled_out_bytes`` were left out untokenized, if any was.
 
         Only runs whose limit is no higher may then use this store (``run.entries.cached_store``).
         """
         if ruled_out_bytes is not None and self.dropped["too_long"]:
-            meta["ruled_out_over_bytes"] = ruled_out_bytes
-            meta["ruled_out_max_len"] = self.options.max_len
+            limit = self.options.max_len
+            return dataclasses.replace(meta, ruled_out_over_bytes=ruled_out_bytes, ruled_out_max_len=limit)
+        return meta
 
-    def finish(self, meta: dict[str, Any], segment_root: str | None = None, verify: bool = True) -> TokenStore:
+    def finish(self, meta: StoreMeta, segment_root: str | None = None, verify: bool = True) -> TokenStore:
         """Close the store's files and move it into place (``TokenStoreWriter.finish``)."""
         self._files.close()
         return self.writer.finish(meta, segment_root=segment_root, verify=verify)

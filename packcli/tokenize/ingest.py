@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections import defaultdict, deque
@@ -125,7 +126,7 @@ def tokenize_to_store(
         meta = builder.meta(
             sources, formats, store_identity(encoder), store_pad_id(encoder), encoder.choice.record(), slow_elsewhere
         )
-        builder.ruled_out(meta, ruled_out_bytes)
+        meta = builder.ruled_out(meta, ruled_out_bytes)
         if before_finish is not None and (final := before_finish(digests)) is not None:
             builder.place(final)  # known once the inputs are read (their hashes key it)
         finishing = time.perf_counter()
@@ -208,7 +209,7 @@ def tokenize_to_parts(
         # An input with no part made now, nor its last found (empty, or killed just after its last part):
         # its last part, empty, says it is whole.
         for item in todo:
-            if not item.chained and (not item.made or not item.made[-1].meta["part"]["last"]):
+            if not item.chained and (not item.made or not parts.part_info(item.made[-1])["last"]):
                 making.begin(item, item.next_index, item.next_record)
                 making.commit(last=True)
         clock["wall"] = time.perf_counter() - began
@@ -309,8 +310,9 @@ class _PartMaking:
         self.slow_mark = encoder.text.slow_records
         identity, pad_id = store_identity(encoder), store_pad_id(encoder)
         meta = builder.meta([item.source], self.formats, identity, pad_id, encoder.choice.record(), slow)
-        builder.ruled_out(meta, self.ruled_out_bytes)
-        meta["part"] = parts.part_meta(number, first, int(builder.counts["records"]), last, read=item.read)
+        meta = builder.ruled_out(meta, self.ruled_out_bytes)
+        part = parts.part_meta(number, first, int(builder.counts["records"]), last, read=item.read)
+        meta = dataclasses.replace(meta, part=part)
         finishing = time.perf_counter()
         item.made.append(builder.finish(meta))
         self.clock["store"] += time.perf_counter() - finishing

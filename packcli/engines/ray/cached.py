@@ -82,7 +82,8 @@ def tokenize_to_parts(
             if unchanged is not None:
                 unchanged(item.source)
             meta = builder.meta([item.source], formats, identity, pad_id, encoder.choice.record())
-            meta["part"] = parts.part_meta(number, first, out["n_records"], part.last_of_source, out["units"])
+            where = parts.part_meta(number, first, out["n_records"], part.last_of_source, out["units"])
+            meta = dataclasses.replace(meta, part=where)
             item.made.append(builder.finish(meta, verify=False))  # the actor hashed its tokens as it wrote them
             del builders[part.number]
             clock["store"] += time.perf_counter() - stored
