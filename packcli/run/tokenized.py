@@ -20,12 +20,7 @@ from packcli.config import PackConfig
 from packcli.contract import Progress, no_progress
 from packcli.engines import DigestChecker, Engine, WholeStore, load_engine
 from packcli.errors import InputError, Message
-from packcli.io.fingerprint import (
-    changed_input,
-    remember_formats,
-    remembered_part_ends,
-    stamps,
-)
+from packcli.io.fingerprint import Memo, changed_input, stamps
 from packcli.io.readers import hub_reachable
 from packcli.io.sources import InputSource, resolve_inputs
 from packcli.io.uri import is_uri
@@ -133,14 +128,15 @@ def _tokenized(
     sources = given if given is not None else resolve_inputs(list(config.inputs), config.split)
     before = stamps(sources)  # before the format is sniffed and the contents hashed
     cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
-    memo = cache_root / HASH_MEMO if config.cache else None
+    memo = Memo.load(cache_root / HASH_MEMO if config.cache else None)  # read once for the run's inputs
     task, formats = task_and_formats(config, sources, memo)
     spent: list[float] = []  # seconds of each pass reading the inputs through (hashes, record counts)
     # The JSON lines files made into cache parts are hashed as they are read for them, not before.
     later = [_hashed_as_read(config, fill_cache, s) for s in sources]
-    fingerprints, counts, tokenizer_key, encoder = hashed(config, sources, engine, memo, fill_cache, spent, later)
-    if fill_cache:
-        remember_formats(sources, memo, fields_key(config), formats)
+    fingerprints, counts, tokenizer_key, encoder = hashed(config, sources, engine, memo, spent, later)
+    if fill_cache:  # a dry run writes nothing
+        memo.remember_formats(sources, fields_key(config), formats)
+        memo.save()
     # The records of each input, counted as it was hashed (or remembered): for progress, without a read.
     sources = [dataclasses.replace(s, records=n) if n is not None else s for s, n in zip(sources, counts, strict=True)]
     options = _key_options(config, tokenizer_key, encoder)
@@ -171,7 +167,7 @@ def _tokenized(
                     _keying(s, formats, f, options, c, then),
                     cuts=c,
                     chained=then,
-                    chain=remembered_part_ends(s, memo, parts.part_layout()) if then else None,
+                    chain=memo.remembered_part_ends(s, parts.part_layout()) if then else None,
                 )
                 for n, (s, f, c, then) in enumerate(zip(sources, fingerprints, cuts, later, strict=True))
             ]
