@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from packcli.io import fingerprint
+from packcli.io.sources import InputSource
 from packcli.owned import HASH_MEMO
 
 from .conftest import make_conversations, write_jsonl
@@ -271,3 +272,45 @@ def test_a_copy_of_a_cached_input_finds_its_whole_store_once_read(
     assert sorted(p.name for p in cache_dir.iterdir() if p.is_dir()) == entries
     assert not [p for p in cache_dir.rglob(".tmp-*")]
     assert _shards(tmp_path / "out1") == _shards(tmp_path / "out2")
+
+
+@pytest.mark.parametrize("parts", [True, False], ids=["cache-parts", "one-store"])
+def test_a_run_reads_and_writes_the_memo_a_few_times_whatever_its_inputs(
+    pack: Any, tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, parts: bool
+) -> None:
+    """The hash memo is read once a run and written once a step, not once an input (which is O(N^2) bytes
+    of memo over thousands of inputs)."""
+    monkeypatch.setattr(fingerprint, "RACY_NS", 0)
+    calls: Counter[str] = Counter()
+    for name in ("_read_memo", "_write_memo"):
+        real = getattr(fingerprint, name)
+
+        def counted(path: Path | None, *args: Any, _real: Any = real, _name: str = name) -> Any:
+            calls[_name] += path is not None  # a read of the memo's file (without one, nothing is read)
+            return _real(path, *args)
+
+        monkeypatch.setattr(fingerprint, name, counted)
+    inputs = [
+        write_jsonl(tmp_path / f"in{i}.jsonl", [{"text": f"record {i} {j}"} for j in range(3)]) for i in range(30)
+    ]
+    extra = () if parts else ("--limit", "1000000")
+    for n, state in enumerate(["miss", "hit"]):
+        calls.clear()
+        summary = _summary(pack, *inputs, tmp_path / f"out{n}", *extra)
+        assert summary["cache"] == state and summary["records_read"] == 90
+        # Read once, and once more to merge what it learned into what another run may have written meanwhile.
+        assert calls["_read_memo"] <= 2 and calls["_write_memo"] <= 1, calls
+    memo = json.loads((cache_dir / HASH_MEMO).read_text())
+    assert {os.path.realpath(p) for p in inputs} <= set(memo)
+    assert all(memo[os.path.realpath(p)]["records"] == 3 for p in inputs)
+
+
+def test_a_saved_memo_keeps_what_another_run_wrote_meanwhile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fingerprint, "RACY_NS", 0)
+    path = tmp_path / HASH_MEMO
+    ours, theirs = (write_jsonl(tmp_path / f"{name}.jsonl", [{"text": name}]) for name in ("ours", "theirs"))
+    memo = fingerprint.Memo.load(path)
+    memo.fingerprint_and_count(InputSource(str(ours), "jsonl"))
+    fingerprint.fingerprint(InputSource(str(theirs), "jsonl"), path)  # another run's, while this one runs
+    memo.save()
+    assert set(json.loads(path.read_text())) == {os.path.realpath(ours), os.path.realpath(theirs)}

@@ -74,23 +74,9 @@ def file_stamp(path: str | os.PathLike[str]) -> list[int]:
 
 
 def files_to_hash(sources: list[InputSource], memo_path: Path | None = None) -> list[str]:
-    """The files whose hash ``fingerprint`` would compute (not remembered, or changed since), in order.
-
-    An engine that hashes them elsewhere passes the hashes back to ``fingerprint`` as ``known``.
-    """
-    out: list[str] = []
-    for source in sources:
-        if source.kind == "hub":
-            continue
-        if is_uri(source.path):  # no stamp to remember a hash by: hashed every run
-            out.append(source.path)
-            continue
-        memo = _read_memo(None if source.label is not None else memo_path)
-        for f in _files_of(source):
-            key = str(f.resolve())
-            if memo.get(key, {}).get("stat") != _stamp(f.stat()):
-                out.append(str(f))
-    return out
+    """The files whose hash ``fingerprint`` would compute (not remembered, or changed since), in order
+    (``Memo.files_to_hash``, with the memo at ``memo_path``, if any)."""
+    return Memo.load(memo_path).files_to_hash(sources)
 
 
 def fingerprint(
@@ -108,6 +94,8 @@ def fingerprint(
     restores size, mtime and inode still changes the stamp. A file changed in the last seconds is not
     remembered (a later write in the same clock tick could keep its stamp). ``remember`` False reads the
     memo but never writes it (a dry run writes nothing).
+
+    For one source; a run asks a ``Memo`` it reads once for all of its inputs.
     """
     return fingerprint_and_count(source, memo_path, known, remember, count=False)[0]
 
@@ -119,76 +107,13 @@ def fingerprint_and_count(
     remember: bool = True,
     count: bool = True,
 ) -> tuple[str, int | None]:
-    """Return a source's content hash (``fingerprint``) and, for a JSON lines file, its records, counted in the
-    read that hashes it and remembered with its hash (None when neither the memo nor that read gave them).
-
-    With ``count`` False, a remembered hash without a count is used as it is (the file is not read for it).
-    """
-    h = hashlib.blake2b(digest_size=16)
-    if source.kind == "hub":
-        h.update(f"hub:{source.path}:{source.split}".encode())
-        return h.hexdigest(), None
-    known = known or {}
-    counts = count and source.kind == "jsonl" and source.compression is None
-    if is_uri(source.path):
-        return known.get(source.path) or file_blake2b(source.path), None
-    files = _files_of(source)
-    if source.label is not None:
-        # A stream, copied to a file of a random name: not remembered (the copy is gone after the run).
-        memo_path = None
-    memo = _read_memo(memo_path)
-    changed = False
-    digests = []
-    records = None
-    for f in files:
-        key = str(f.resolve())
-        stamp = _stamp(f.stat())
-        entry = memo.get(key, {})
-        if entry.get("stat") != stamp or (counts and "records" not in entry and str(f) not in known):
-            if str(f) in known:
-                entry = {"stat": stamp, "blake2b": known[str(f)]}
-            else:
-                digest, lines = _hash_file(f, count_lines=counts)
-                entry = {"stat": stamp, "blake2b": digest, **({"records": lines} if counts else {})}
-            if time.time_ns() - max(stamp[1], stamp[3]) > RACY_NS:
-                memo[key] = entry
-                changed = True
-            else:
-                changed = memo.pop(key, None) is not None or changed
-        digests.append((f.name, entry["blake2b"]))
-        records = entry.get("records")
-    if remember and memo_path is not None and (changed or not memo_path.exists()):  # it also marks the cache's folder
-        _write_memo(memo_path, memo)
-    if source.kind != "saved_dataset":
-        return digests[0][1], records
-    for name, digest in digests:
-        h.update(name.encode() + b"\0" + digest.encode())
-    return h.hexdigest(), None
-
-
-def remembered_hash(source: InputSource, memo_path: Path | None) -> tuple[str, int | None] | None:
-    """A local file's hash and records as the memo remembers them for its stamp now, or None: not known
-    without reading it."""
-    if memo_path is None or source.label is not None or source.kind in ("hub", "saved_dataset") or is_uri(source.path):
-        return None
-    entry = _read_memo(memo_path).get(str(Path(source.path).resolve()), {})
-    try:
-        if entry.get("stat") != _stamp(Path(source.path).stat()) or not isinstance(entry.get("blake2b"), str):
-            return None
-    except OSError:
-        return None
-    records = entry.get("records")
-    return entry["blake2b"], records if isinstance(records, int) else None
-
-
-def remembered_part_ends(source: InputSource, memo_path: Path | None, layout: str) -> list[str] | None:
-    """The ends of a JSON lines file's cache parts cut by ``layout``, as the memo remembers them for its
-    stamp now (``remember_read``), or None."""
-    if remembered_hash(source, memo_path) is None:
-        return None
-    entry = _read_memo(memo_path).get(str(Path(source.path).resolve()), {})
-    ends = entry.get("part_ends", {}).get(layout)
-    return ends if isinstance(ends, list) and all(isinstance(e, str) for e in ends) else None
+    """Return a source's content hash and records (``Memo.fingerprint_and_count``), with the memo at
+    ``memo_path``, if any, read for this source and written unless ``remember`` is False."""
+    memo = Memo.load(memo_path)
+    found = memo.fingerprint_and_count(source, known, count)
+    if remember:
+        memo.save()
+    return found
 
 
 @dataclass(frozen=True)
@@ -203,64 +128,186 @@ class Learned:
     part_ends: tuple[str, list[str]] | None = None
 
 
-def remember_reads(learned: list[Learned], memo_path: Path | None, fields: str) -> None:
-    """Remember what the run's reads learned of local files (``Learned``), the formats as sniffed with the
-    fields ``fields``, in one write of the memo; as ``fingerprint`` does, not for a file changed in the
-    last seconds (the memo is still made: it also marks the cache's folder)."""
-    if memo_path is None:
-        return
-    memo = _read_memo(memo_path)
-    now, changed = time.time_ns(), False
-    for one in learned:
-        digest, records, stamp = one.taken
-        if one.source.label is not None or is_uri(one.source.path) or now - max(stamp[1], stamp[3]) <= RACY_NS:
-            continue
-        entry: JSONObject = {"stat": stamp, "blake2b": digest, "records": records}
-        if one.fmt is not None:
-            entry["formats"] = {fields: one.fmt}
-        if one.part_ends is not None:
-            entry["part_ends"] = {one.part_ends[0]: one.part_ends[1]}
-        memo[str(Path(one.source.path).resolve())] = entry
-        changed = True
-    if changed or not memo_path.exists():
-        _write_memo(memo_path, memo)
+class Memo:
+    """The hash memo of a run: read once (``load``), asked of each input, and what the run learned
+    written once a step (``save``), not once an input.
 
+    The memo maps a local file's resolved path to its stamp and what was learned of it as it was then:
+    its hash (``blake2b``), its records, its record formats by the fields sniffed with, and its cache
+    parts' ends by layout. Labelled sources (streams copied to files of random names), URIs, Hub and
+    saved datasets' own entries are not kept. Without a path (the cache off), it remembers nothing.
+    """
 
-def remembered_format(source: InputSource, memo_path: Path | None, fields: str) -> str | None:
-    """The record format remembered for a JSON lines file as it is now (its stamp), sniffed with the fields
-    ``fields`` (a key of the fields asked for), or None: it must be sniffed."""
-    if memo_path is None or source.label is not None or source.kind != "jsonl" or is_uri(source.path):
-        return None
-    entry = _read_memo(memo_path).get(str(Path(source.path).resolve()), {})
-    try:
-        stamp = _stamp(Path(source.path).stat())
-    except OSError:
-        return None
-    found = entry.get("formats", {}).get(fields) if entry.get("stat") == stamp else None
-    return found if isinstance(found, str) else None
+    def __init__(self, path: Path | None, entries: JSONObject) -> None:
+        self.path = path
+        self._entries = entries
+        # What this run changed, by path: the new entry, or None for one dropped (``save`` writes these
+        # over what another run may have written meanwhile).
+        self._changes: dict[str, JSONObject | None] = {}
+        self._mark = False  # make the memo when it is missing, though nothing changed: it marks the cache's folder
 
+    @classmethod
+    def load(cls, path: Path | None) -> Memo:
+        """The memo at ``path`` (None: no memo), read now."""
+        return cls(path, _read_memo(path))
 
-def remember_formats(
-    sources: list[InputSource], memo_path: Path | None, fields: str, formats: dict[str, str | None]
-) -> None:
-    """Remember each JSON lines file's record format (``formats``, by display name) with its hash, for the
-    fields ``fields``: a later run that finds the file unchanged does not read it to sniff the format."""
-    if memo_path is None:
-        return
-    memo = _read_memo(memo_path)
-    changed = False
-    for source in sources:
-        fmt = formats.get(source.display)
-        if fmt is None or source.label is not None or source.kind != "jsonl" or is_uri(source.path):
-            continue
-        entry = memo.get(str(Path(source.path).resolve()))
-        if entry is None or entry.get("stat") != _stamp(Path(source.path).stat()):
-            continue  # not remembered (changed in the last seconds, or the hash came from elsewhere)
-        if entry.setdefault("formats", {}).get(fields) != fmt:
-            entry["formats"][fields] = fmt
-            changed = True
-    if changed:
-        _write_memo(memo_path, memo)
+    def _set(self, key: str, entry: JSONObject | None) -> None:
+        if entry is None:
+            if self._entries.pop(key, None) is not None:
+                self._changes[key] = None
+        else:
+            self._entries[key] = self._changes[key] = entry
+
+    def _kept(self, source: InputSource) -> bool:
+        """Whether the memo may hold ``source``'s files: a local file or saved dataset, not a stream's copy."""
+        return self.path is not None and source.label is None and source.kind != "hub" and not is_uri(source.path)
+
+    def files_to_hash(self, sources: list[InputSource]) -> list[str]:
+        """The files whose hash ``fingerprint_and_count`` would compute (not remembered, or changed since),
+        in order.
+
+        An engine that hashes them elsewhere passes the hashes back to ``fingerprint_and_count`` as ``known``.
+        """
+        out: list[str] = []
+        for source in sources:
+            if source.kind == "hub":
+                continue
+            if is_uri(source.path):  # no stamp to remember a hash by: hashed every run
+                out.append(source.path)
+                continue
+            memo = self._entries if self._kept(source) else {}
+            for f in _files_of(source):
+                if memo.get(str(f.resolve()), {}).get("stat") != _stamp(f.stat()):
+                    out.append(str(f))
+        return out
+
+    def fingerprint_and_count(
+        self, source: InputSource, known: dict[str, str] | None = None, count: bool = True
+    ) -> tuple[str, int | None]:
+        """Return a source's content hash (``fingerprint``) and, for a JSON lines file, its records, counted in
+        the read that hashes it and remembered with its hash (None when neither the memo nor that read gave
+        them). The hashes computed are remembered here, and written by ``save``.
+
+        With ``count`` False, a remembered hash without a count is used as it is (the file is not read for it).
+        """
+        h = hashlib.blake2b(digest_size=16)
+        if source.kind == "hub":
+            h.update(f"hub:{source.path}:{source.split}".encode())
+            return h.hexdigest(), None
+        known = known or {}
+        counts = count and source.kind == "jsonl" and source.compression is None
+        if is_uri(source.path):
+            return known.get(source.path) or file_blake2b(source.path), None
+        files = _files_of(source)
+        # A stream, copied to a file of a random name: not remembered (the copy is gone after the run).
+        kept = self._kept(source)
+        memo = self._entries if kept else {}
+        self._mark = self._mark or kept
+        digests = []
+        records = None
+        for f in files:
+            key = str(f.resolve())
+            stamp = _stamp(f.stat())
+            entry = memo.get(key, {})
+            if entry.get("stat") != stamp or (counts and "records" not in entry and str(f) not in known):
+                if str(f) in known:
+                    entry = {"stat": stamp, "blake2b": known[str(f)]}
+                else:
+                    digest, lines = _hash_file(f, count_lines=counts)
+                    entry = {"stat": stamp, "blake2b": digest, **({"records": lines} if counts else {})}
+                if kept:
+                    self._set(key, entry if time.time_ns() - max(stamp[1], stamp[3]) > RACY_NS else None)
+            digests.append((f.name, entry["blake2b"]))
+            records = entry.get("records")
+        if source.kind != "saved_dataset":
+            return digests[0][1], records
+        for name, digest in digests:
+            h.update(name.encode() + b"\0" + digest.encode())
+        return h.hexdigest(), None
+
+    def _entry_now(self, source: InputSource) -> JSONObject | None:
+        """The entry of a local file (not a saved dataset) while its stamp is the one remembered, or None."""
+        if not self._kept(source) or source.kind == "saved_dataset":
+            return None
+        entry = self._entries.get(str(Path(source.path).resolve()))
+        try:
+            return entry if entry is not None and entry.get("stat") == _stamp(Path(source.path).stat()) else None
+        except OSError:
+            return None
+
+    def remembered_hash(self, source: InputSource) -> tuple[str, int | None] | None:
+        """A local file's hash and records as the memo remembers them for its stamp now, or None: not known
+        without reading it."""
+        entry = self._entry_now(source)
+        if entry is None or not isinstance(entry.get("blake2b"), str):
+            return None
+        records = entry.get("records")
+        return entry["blake2b"], records if isinstance(records, int) else None
+
+    def remembered_part_ends(self, source: InputSource, layout: str) -> list[str] | None:
+        """The ends of a JSON lines file's cache parts cut by ``layout``, as the memo remembers them for its
+        stamp now (``remember_reads``), or None."""
+        if self.remembered_hash(source) is None:
+            return None
+        entry = self._entries.get(str(Path(source.path).resolve()), {})
+        ends = entry.get("part_ends", {}).get(layout)
+        return ends if isinstance(ends, list) and all(isinstance(e, str) for e in ends) else None
+
+    def remembered_format(self, source: InputSource, fields: str) -> str | None:
+        """The record format remembered for a JSON lines file as it is now (its stamp), sniffed with the fields
+        ``fields`` (a key of the fields asked for), or None: it must be sniffed."""
+        entry = self._entry_now(source) if source.kind == "jsonl" else None
+        found = entry.get("formats", {}).get(fields) if entry is not None else None
+        return found if isinstance(found, str) else None
+
+    def remember_formats(self, sources: list[InputSource], fields: str, formats: dict[str, str | None]) -> None:
+        """Remember each JSON lines file's record format (``formats``, by display name) with its hash, for the
+        fields ``fields``: a later run that finds the file unchanged does not read it to sniff the format."""
+        for source in sources:
+            fmt = formats.get(source.display)
+            if fmt is None or not self._kept(source) or source.kind != "jsonl":
+                continue
+            key = str(Path(source.path).resolve())
+            entry = self._entries.get(key)
+            if entry is None or entry.get("stat") != _stamp(Path(source.path).stat()):
+                continue  # not remembered (changed in the last seconds, or the hash came from elsewhere)
+            if entry.get("formats", {}).get(fields) != fmt:
+                self._set(key, {**entry, "formats": {**entry.get("formats", {}), fields: fmt}})
+
+    def remember_reads(self, learned: list[Learned], fields: str) -> None:
+        """Remember what the run's reads learned of local files (``Learned``), the formats as sniffed with the
+        fields ``fields``; as ``fingerprint_and_count`` does, not for a file changed in the last seconds (the
+        memo is still made by ``save``: it also marks the cache's folder)."""
+        if self.path is None:
+            return
+        self._mark = True
+        now = time.time_ns()
+        for one in learned:
+            digest, records, stamp = one.taken
+            if one.source.label is not None or is_uri(one.source.path) or now - max(stamp[1], stamp[3]) <= RACY_NS:
+                continue
+            entry: JSONObject = {"stat": stamp, "blake2b": digest, "records": records}
+            if one.fmt is not None:
+                entry["formats"] = {fields: one.fmt}
+            if one.part_ends is not None:
+                entry["part_ends"] = {one.part_ends[0]: one.part_ends[1]}
+            self._set(str(Path(one.source.path).resolve()), entry)
+
+    def save(self) -> None:
+        """Write what the run changed since it was last saved, in one write: over the memo as it is now, so
+        that what another run wrote meanwhile is kept (an entry both changed is this run's). The memo is
+        made, though nothing changed, when a hash was asked of it or reads were remembered (it marks the
+        cache's folder)."""
+        if self.path is None or not (self._changes or (self._mark and not self.path.exists())):
+            return
+        memo = _read_memo(self.path) if self._changes else {}
+        for key, entry in self._changes.items():
+            if entry is None:
+                memo.pop(key, None)
+            else:
+                memo[key] = entry
+        _write_memo(self.path, memo)
+        self._changes.clear()
 
 
 # A file whose mtime or ctime is this recent is hashed again next run rather than remembered.

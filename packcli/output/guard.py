@@ -210,7 +210,7 @@ def check_rejects_target(rejects: str, target: Path) -> None:
         )
 
 
-# The keys of every entry of a --fix-turns-log file (worker._fix_entry).
+# The keys of every entry of a --fix-turns-log file (tokenize.record_entries.fix_entry).
 FIX_LOG_KEYS = frozenset(
     {"sample_index", "source", "position", "unit", "changes", "record", "record_truncated", "record_chars"}
 )

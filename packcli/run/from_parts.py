@@ -16,13 +16,7 @@ from packcli.config import PackConfig
 from packcli.contract import Progress
 from packcli.engines import CacheParts, DigestChecker, Engine
 from packcli.errors import InputError, Message
-from packcli.io.fingerprint import (
-    Learned,
-    changed_input,
-    fingerprint,
-    remember_reads,
-    stamps,
-)
+from packcli.io.fingerprint import Learned, Memo, changed_input, fingerprint, stamps
 from packcli.io.sources import InputSource
 from packcli.jsontypes import JSONObject
 from packcli.run.entries import all_known, cached_store, changed, entry_key, rehashed
@@ -50,7 +44,7 @@ class PartRun:
     engine: Engine
     check: DigestChecker | None  # the engine's check of a found part's token files
     options: JSONObject  # the key's options
-    memo: Path | None  # the hash memo, which learns the hashes taken as the inputs are read
+    memo: Memo  # the run's hash memo, which learns the hashes taken as the inputs are read
 
 
 def from_parts(
@@ -190,5 +184,5 @@ def _made_parts(
             ends = (parts.part_layout(), item.read.ends) if item.read is not None else None
             taken = (digest, item.records(item.parts), stamp)
             learned.append(Learned(item.source, taken, run.formats[item.source.display], ends))
-    remember_reads(learned, run.memo, fields_key(config))
+    run.memo.remember_reads(learned, fields_key(config))  # saved by the run
     return made.seconds

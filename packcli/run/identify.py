@@ -9,19 +9,12 @@ import json
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import TypeVar
 
 from packcli.config import PackConfig
 from packcli.engines import Engine, HashJob
 from packcli.errors import InputError, Opt, Part, RecordError, UsageError, record_fix, where
-from packcli.io.fingerprint import (
-    files_to_hash,
-    fingerprint,
-    fingerprint_and_count,
-    remembered_format,
-    remembered_hash,
-)
+from packcli.io.fingerprint import Memo
 from packcli.io.readers import read_batches
 from packcli.io.sources import InputSource
 from packcli.procs.stop import raise_if_stopped
@@ -74,10 +67,9 @@ def _sniff_format(
     return None, None if parsed else first_error
 
 
-def task_and_formats(
-    config: PackConfig, sources: list[InputSource], memo: Path | None
-) -> tuple[str, dict[str, str | None]]:
-    """The run's task (--task, or found from the formats) and each input's record format."""
+def task_and_formats(config: PackConfig, sources: list[InputSource], memo: Memo) -> tuple[str, dict[str, str | None]]:
+    """The run's task (--task, or found from the formats) and each input's record format (remembered in
+    ``memo``, the run's hash memo, or sniffed)."""
     task, formats = preference.resolve_task(
         config.task, _record_formats(config, sources, memo), config.overflow, config.output_format, config.truncate_side
     )
@@ -96,7 +88,7 @@ def fields_key(config: PackConfig) -> str:
     return json.dumps(config.fields, sort_keys=True)
 
 
-def _record_formats(config: PackConfig, sources: list[InputSource], memo: Path | None) -> dict[str, str | None]:
+def _record_formats(config: PackConfig, sources: list[InputSource], memo: Memo) -> dict[str, str | None]:
     """Each input's record format (--format, or sniffed from its first records, or remembered from the run
     that last sniffed the file as it is now), by its display name.
 
@@ -108,7 +100,7 @@ def _record_formats(config: PackConfig, sources: list[InputSource], memo: Path |
         fmt: str | None
         if config.format != "auto":
             fmt, unparsed = config.format, None
-        elif (known := remembered_format(source, memo, fields_key(config))) is not None:
+        elif (known := memo.remembered_format(source, fields_key(config))) is not None:
             fmt, unparsed = known, None
         else:
             fmt, unparsed = _sniff_format(source, config.fields, seen)
@@ -129,8 +121,7 @@ def hashed(
     config: PackConfig,
     sources: list[InputSource],
     engine: Engine,
-    memo: Path | None,
-    remember: bool,
+    memo: Memo,
     spent: list[float],
     later: list[bool] | None = None,
 ) -> tuple[list[str | None], list[int | None], str, Encoder | None]:
@@ -141,9 +132,10 @@ def hashed(
     cache parts): they are not read here, and their hash is None unless remembered.
 
     One read of each input hashes it and counts its records (for the progress bar); a file remembered
-    by its stamp is not read. Reading the inputs and loading the tokenizer each keep one core busy:
-    where both are needed, they run side by side. The thread is joined before any worker process is
-    forked. ``spent`` receives the seconds of each pass.
+    by its stamp in ``memo`` (the run's hash memo, which learns the hashes taken here; the caller saves
+    it) is not read. Reading the inputs and loading the tokenizer each keep one core busy: where both are
+    needed, they run side by side. The thread is joined before any worker process is forked. ``spent``
+    receives the seconds of each pass.
     """
     encoder = None
 
@@ -154,11 +146,9 @@ def hashed(
         finally:
             spent.append(time.perf_counter() - began)
 
-    def hashed(memo_path: Path | None) -> list[tuple[str | None, int | None]]:
+    def hashed() -> list[tuple[str | None, int | None]]:
         return [
-            (remembered_hash(s, memo_path) or (None, None))
-            if then
-            else fingerprint_and_count(s, memo_path, None, remember)
+            (memo.remembered_hash(s) or (None, None)) if then else memo.fingerprint_and_count(s)
             for s, then in zip(sources, later or [False] * len(sources), strict=True)
         ]
 
@@ -168,12 +158,12 @@ def hashed(
         # does it count records there).
         found: list[tuple[str | None, int | None]]
         if engine.hashing is not None:
-            known = engine.hashing.hash_files(HashJob(files_to_hash(sources, memo)))
-            found = [(fingerprint(s, memo, known, remember), None) for s in sources]
+            known = engine.hashing.hash_files(HashJob(memo.files_to_hash(sources)))
+            found = [(memo.fingerprint_and_count(s, known, count=False)[0], None) for s in sources]
         elif config.cache:
-            found = timed(lambda: hashed(memo))  # the key needs them first
+            found = timed(hashed)  # the key needs them first
         else:
-            hashing = ahead.submit(timed, lambda: hashed(None))
+            hashing = ahead.submit(timed, hashed)  # no memo: the cache is off
         tokenizer_key = tokenizer_fingerprint(config.tokenizer_name, config.chat_template)
         if not config.cache or tokenizer_key is None:  # a store will be made, or the key needs the tokenizer
             encoder = run_encoder(config)

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO, cast
+from typing import cast
 
 from packcli.config import PackConfig, Task, flag_term
 from packcli.contract import SAMPLE_ROLES, Progress, no_progress
 from packcli.engines import Engine, WriteJob, load_engine
-from packcli.errors import OUTPUT, InputError, Opt, OutputError, RecordError, Text, UsageError, parts_of
-from packcli.io.readers import read_batches
+from packcli.errors import OUTPUT, Opt, OutputError, UsageError
 from packcli.io.sources import STDIN, InputSource, forget_streams, resolve_inputs
 from packcli.io.uri import check_uri_output, is_uri, needs_ray, write_manifest_uri
 from packcli.output import guard, staging
@@ -23,17 +19,15 @@ from packcli.output.formats import shard_format
 from packcli.output.images import with_written_images
 from packcli.output.layout import RowLayout
 from packcli.output.manifest import write_manifest
-from packcli.owned import staging_prefix
 from packcli.plan import holdout
 from packcli.plan.planner import Plan
 from packcli.results import CachePruned, Counts, Manifest, RunSummary, Seconds, ShardEntry, StageSeconds
 from packcli.run.options import row_layout
 from packcli.run.planned import EvalSplit, PlannedRun, plan_run, run_summary
+from packcli.run.record_files import write_fix_log, write_rejects
 from packcli.run.tokenized import TokenizedInputs, tokenized_inputs
 from packcli.store.cachedir import parse_size, prune
 from packcli.store.key import default_cache_dir
-from packcli.store.tokens import TokenStore
-from packcli.tokenize import ingest, worker
 from packcli.version import __version__
 from packcli.vision.families import SPANNED
 
@@ -178,9 +172,9 @@ def _write_output(
     if config.rejects:
         rejects = prepared.rejects_path(config.rejects) if prepared else Path(config.rejects)
         extra = planned.deduped.rejects if planned.deduped is not None else []
-        _write_rejects(rejects, store, plan, inputs.sources, config.limit, extra)
+        write_rejects(rejects, store, plan, inputs.sources, config.limit, extra)
     if config.fix_turns_log:
-        _write_fix_log(Path(config.fix_turns_log), store)
+        write_fix_log(Path(config.fix_turns_log), store)
     rejects_file = prepared.rejects_relative.as_posix() if prepared and prepared.rejects_relative else None
     manifest = _manifest(found, inputs, summary, shards, layout, index_files or None, rejects_file)
     if eval_split is not None and staged is not None:  # inside the staged output: all of it appears at once
@@ -371,107 +365,3 @@ def _write_index_files(config: PackConfig, directory: Path | None, shards: list[
             "free disk space or choose another ",
             OUTPUT,
         ) from exc
-
-
-def _write_rejects(
-    path: Path,
-    store: TokenStore,
-    plan: Plan,
-    sources: list[InputSource],
-    limit: int | None = None,
-    extra: list[tuple[int, int, RecordError]] | None = None,
-) -> None:
-    """Write every dropped record (with reason and input position) to a JSON lines file, atomically.
-
-    Records dropped before packing were written by the workers, with the record. Those the plan drops
-    (too long, the world-size remainder, a piece of a split record) are in the token store as tokens
-    only: their records are read again from the inputs, so that every entry has the same keys (see
-    ``worker.reject``); a dropped piece is named by its ``piece_index`` beside its whole record.
-    """
-    planned = sorted(
-        (int(store.sample_index[r]), reason, int(r)) for reason, rows in plan.drop_rows.items() for r in rows.tolist()
-    )
-    with _lines_file(path, "rejects", "the rejects file") as out:
-        _copy_store_lines(store, store.path / "rejects.jsonl", out)
-        extra = extra or []  # (sample_index, position, error) of records dropped before the plan
-        raws = _records_at(sources, [p[0] for p in planned] + [e[0] for e in extra], limit)
-        for index, reason, r in planned:
-            source, _ = store.source_of(index)
-            err = RecordError(reason, f"{int(store.lengths[r])} tokens")
-            raw, raw_lines = raws[index]
-            position, piece = int(store.positions[r]), int(store.piece_index[r])
-            entry = worker.reject(index, source, position, err, raw, raw_lines, piece_index=piece)
-            out.write(json.dumps(entry, ensure_ascii=False) + "\n")
-        for index, position, err in extra:
-            source, _ = store.source_of(index)
-            raw, raw_lines = raws[index]
-            out.write(
-                json.dumps(worker.reject(index, source, position, err, raw, raw_lines), ensure_ascii=False) + "\n"
-            )
-
-
-def _write_fix_log(path: Path, store: TokenStore) -> None:
-    """Copy the token store's list of the records --fix-turns changed to ``path``, atomically."""
-    with _lines_file(path, "fixes", ("the ", Opt("fix_turns_log"), " file")) as out:
-        _copy_store_lines(store, store.path / ingest.TURN_FIXES, out)
-
-
-@contextlib.contextmanager
-def _lines_file(path: Path, suffix: str, what: Text) -> Iterator[TextIO]:
-    """Yield a text file that replaces ``path`` when the block ends; removed, and ``path`` untouched, on failure."""
-    # A hidden name of this run's own, never a name a user file may have (FILE.tmp was).
-    tmp = path.with_name(staging_prefix(path.name) + suffix)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as out:
-            yield out
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise OutputError(f"{path}: cannot write ", *parts_of(what), f" ({exc.strerror or exc})") from exc
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _copy_store_lines(store: TokenStore, lines: Path, out: TextIO) -> None:
-    """Copy a JSON lines file of the token store; from a found cache entry made from other paths, each
-    line names the input as this run names it."""
-    renamed = (store.meta.original_paths or []) != [s.path for s in store.meta.sources]
-    with open(lines, encoding="utf-8") as src:
-        for line in src:
-            out.write(_this_runs_source(line, store) if renamed else line)
-
-
-def _this_runs_source(line: str, store: TokenStore) -> str:
-    """A rejects or fix-log line of a found cache entry, naming the input as this run names it."""
-    entry = json.loads(line)
-    entry["source"], _ = store.source_of(int(entry["sample_index"]))
-    text = json.dumps(entry, ensure_ascii=False)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate: kept escaped, as it was
-        text = json.dumps(entry)
-    return text + "\n"
-
-
-def _records_at(sources: list[InputSource], wanted: list[int], limit: int | None) -> dict[int, tuple[Any, bool]]:
-    """Read the inputs again up to the last wanted record; return (raw record, raw_lines) by sample_index."""
-    found: dict[int, tuple[Any, bool]] = {}
-    if not wanted:
-        return found
-    todo = set(wanted)
-    last = max(wanted)
-    for batch in read_batches(sources, batch_size=1000, limit=limit):
-        end = batch.first_index + len(batch.items)
-        for index in todo.intersection(range(batch.first_index, end)):
-            found[index] = (batch.items[index - batch.first_index], batch.raw_lines)
-        if end > last:
-            break
-    missing = todo - set(found)
-    if missing:
-        raise InputError(
-            f"the inputs changed during the run: record {min(missing)} is no longer there to write to the rejects "
-            "file; run again"
-        )
-    return found

@@ -19,11 +19,7 @@ from packcli.config import PackConfig
 from packcli.contract import Progress, no_progress
 from packcli.engines import DigestChecker, Engine, load_engine
 from packcli.errors import Message
-from packcli.io.fingerprint import (
-    remember_formats,
-    remembered_part_ends,
-    stamps,
-)
+from packcli.io.fingerprint import Memo, stamps
 from packcli.io.readers import hub_reachable
 from packcli.io.sources import InputSource, resolve_inputs
 from packcli.io.uri import is_uri
@@ -131,16 +127,16 @@ def _tokenized(
     sources = given if given is not None else resolve_inputs(list(config.inputs), config.split)
     before = stamps(sources)  # before the format is sniffed and the contents hashed
     cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
-    memo = cache_root / HASH_MEMO if config.cache else None
+    memo = Memo.load(cache_root / HASH_MEMO if config.cache else None)  # read once for the run's inputs
     task, formats = task_and_formats(config, sources, memo)
     spent: list[float] = []  # seconds of each pass reading the inputs through (hashes, record counts)
     # Who hashes the inputs where it reads them, and a found entry's token files: the engine (Ray's tasks);
     # None: this process, and the local JSON lines files are hashed as they are read to be tokenized.
     hashing = engine.hashing
     later = [hashing is None and _hashed_as_read(s) for s in sources]
-    fingerprints, counts, tokenizer_key, encoder = hashed(config, sources, engine, memo, fill_cache, spent, later)
-    if fill_cache:
-        remember_formats(sources, memo, fields_key(config), formats)
+    fingerprints, counts, tokenizer_key, encoder = hashed(config, sources, engine, memo, spent, later)
+    if fill_cache:  # a dry run writes nothing
+        memo.remember_formats(sources, fields_key(config), formats)
     # The records of each input, counted as it was hashed (or remembered): for progress, without a read.
     sources = [dataclasses.replace(s, records=n) if n is not None else s for s, n in zip(sources, counts, strict=True)]
     options = _key_options(config, tokenizer_key, encoder)
@@ -170,7 +166,7 @@ def _tokenized(
                     _keying(s, formats, f, options, c, then),
                     cuts=c,
                     chained=then,
-                    chain=remembered_part_ends(s, memo, parts.part_layout()) if then else None,
+                    chain=memo.remembered_part_ends(s, parts.part_layout()) if then else None,
                 )
                 for n, (s, f, c, then) in enumerate(zip(sources, fingerprints, cuts, later, strict=True))
             ]
@@ -184,7 +180,7 @@ def _tokenized(
         else:
             whole = WholeRun(
                 config, sources, formats, engine, progress, rule_out_long, before, fingerprints, options, cache_root,
-                memo if fill_cache else None, warnings,
+                memo, warnings,
             )  # fmt: skip
             store, state, key = whole_store(
                 whole, (key, state), lambda k: _entry(config, cache_root, k, fill_cache, limit, check, stack),
@@ -192,6 +188,8 @@ def _tokenized(
             )  # fmt: skip
             if state == "hit":  # a copy of a cached input, found once read
                 _as_this_run(store, sources, config)
+        if fill_cache:  # what the run learned of its inputs, in one write (saved once they are read)
+            memo.save()
         yield TokenizedInputs(
             store=store,
             cache=state,

@@ -20,7 +20,7 @@ from packcli.config import PackConfig
 from packcli.contract import Progress
 from packcli.engines import Engine, WholeStore
 from packcli.errors import InputError, Message
-from packcli.io.fingerprint import Learned, changed_input, fingerprint, remember_reads
+from packcli.io.fingerprint import Learned, Memo, changed_input, fingerprint
 from packcli.io.sources import InputSource
 from packcli.jsontypes import JSONObject
 from packcli.procs.stop import raise_if_stopped
@@ -49,7 +49,7 @@ class WholeRun:
     fingerprints: list[str | None]  # None: hashed as it is read (filled in then)
     options: JSONObject  # the key's options
     cache_root: Path
-    memo: Path | None  # the hash memo, which learns the hashes taken as the inputs are read
+    memo: Memo  # the run's hash memo, which learns the hashes taken as the inputs are read
     warnings: list[Message]  # the run's, which the entry's lookup adds to
 
 
@@ -115,7 +115,7 @@ def whole_store(
     if not entry:
         stack.callback(store.discard_elsewhere)  # a scratch store's tokens kept outside its directory
     elif any(learning):
-        remember_reads(_learned(run, store, learning), run.memo, fields_key(config))
+        run.memo.remember_reads(_learned(run, store, learning), fields_key(config))  # saved by the run
     return store, state, key
 
 
@@ -134,12 +134,14 @@ def _unchanged(run: WholeRun, read: dict[str, str]) -> None:
 
 def _learned(run: WholeRun, store: TokenStore, learning: list[bool]) -> list[Learned]:
     """What the read learned of the inputs hashed as they were read, for the memo: their hashes, and their
-    records when every one was read (not with ``--limit``)."""
+    records when every one was read (not those of an input ``--limit`` may have cut)."""
     starts = [*store.meta.source_starts, store.meta.records_read]
     learned = []
     for k, source in enumerate(run.sources):
         digest, stamp = run.fingerprints[k], run.before.get(str(Path(source.path)))
         if learning[k] and digest is not None and stamp is not None:
-            records = starts[k + 1] - starts[k] if run.config.limit is None else None
+            # Its records, unless --limit may have cut it (it ended before the limit was reached: whole).
+            whole = run.config.limit is None or starts[k + 1] < run.config.limit
+            records = starts[k + 1] - starts[k] if whole else None
             learned.append(Learned(source, (digest, records, stamp), run.formats[source.display]))
     return learned

@@ -15,7 +15,7 @@ The flow, for one batch of records (in a worker process, or a Ray actor):
 4. **split**: with ``--overflow split``, a sample longer than a row becomes several (``split``): a
    conversation at turn boundaries, anything else in consecutive chunks.
 5. **worker**: the batch's kept samples go out as flat arrays (a ``TokenizedBatch``), with an entry for
-   every record left out (``worker.reject``).
+   every record left out (``record_entries.reject``).
 
 The stage that runs batches through the workers into a token store is ``ingest``.
 
@@ -33,6 +33,8 @@ Which module holds what:
 - ``long_text``: a text too long for a row, encoded by joined windows in bounded memory.
 - ``bounds``: the early too-long rule (a lower bound on tokens from UTF-8 bytes).
 - ``split``: ``--overflow split``'s pieces.
-- ``worker``: one batch of raw records to a ``TokenizedBatch``, reject entries, the worker's context.
+- ``worker``: one batch of raw records to a ``TokenizedBatch``, and the worker's context.
+- ``json_line``: a JSON line decoded into a record, or the error that says why not.
+- ``record_entries``: the entries of the rejects file and of the --fix-turns-log.
 - ``ingest``: stage 1, every record tokenized and accounted for, into a token store.
 """

@@ -24,7 +24,8 @@ from packcli.store.images import IMAGES_FILE, image_line
 from packcli.store.tokens import TokenStore, TokenStoreWriter
 from packcli.tokenize import rounds, trees
 from packcli.tokenize.options import TokenizeOptions
-from packcli.tokenize.worker import DETAIL_PARTS, TokenizedBatch
+from packcli.tokenize.record_entries import DETAIL_PARTS
+from packcli.tokenize.worker import TokenizedBatch
 from packcli.version import __version__
 
 # Reasons a record is left out by policy: always counted, never an error. Every other reason is bad

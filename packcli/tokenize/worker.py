@@ -1,45 +1,45 @@
-"""The worker side of tokenizing: one RawBatch of records in, one TokenizedBatch (flat arrays) out."""
+"""The worker side of tokenizing: one RawBatch of records in, one TokenizedBatch (flat arrays) out.
+
+A JSON line is decoded by ``json_line``; the entries of the rejects file and of the --fix-turns-log
+are made by ``record_entries``: both re-exported here.
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any
 
 import numpy as np
 
-from packcli.config import flag_term
 from packcli.contract import IGNORE_INDEX
-from packcli.errors import Opt, RecordError, render
+from packcli.errors import Opt, RecordError
 from packcli.io.sources import RawBatch
 from packcli.io.uri import is_uri
 from packcli.records import preference, turns
-from packcli.records.checks import (
-    UNUSABLE,
-    UnusableRecord,
-    check_sample,
-    cut_last_line,
-    ends_inside_value,
-    integer_too_long,
-    raw_line_is_clean,
-    too_deep,
-)
+from packcli.records.checks import UnusableRecord, check_sample, raw_line_is_clean
 from packcli.records.dedup import content_key
 from packcli.records.formats import PREFERENCE_FORMATS, Sample, detect_format, normalize
 from packcli.records.images import attach_images
-from packcli.results import FileDigest, ImageRecord, RejectEntry, Segment
+from packcli.results import FileDigest, ImageRecord, Segment
 from packcli.tokenize import rounds, trees
 from packcli.tokenize.bounds import rule_out_too_long
 from packcli.tokenize.chat_template import trained_turns
 from packcli.tokenize.encoder import Encoder
 from packcli.tokenize.images import window_cuts_image
+from packcli.tokenize.json_line import parse_line as parse_line
+from packcli.tokenize.record_entries import (
+    DETAIL_PARTS as DETAIL_PARTS,
+    REJECT_RECORD_CHARS as REJECT_RECORD_CHARS,
+    TurnFix as TurnFix,
+    fix_entry,
+    record_text as record_text,
+    reject as reject,
+)
 from packcli.tokenize.split import Pieces, SplitRule, chunk_tokens, split_chat
-
-REJECT_RECORD_CHARS = 100_000
 
 
 @dataclass
@@ -143,7 +143,7 @@ def tokenize_batch(context: WorkerContext, batch: RawBatch, fmt: str | None) -> 
     fixes: list[TurnFix] = []
     for k, changes in changed.items():
         fixed.update(turns.counts(changes))
-        fixes.append(_fix_entry(batch.first_index + k, batch.source, batch.positions[k], changes, raws[k], batch))
+        fixes.append(fix_entry(batch.first_index + k, batch.source, batch.positions[k], changes, raws[k], batch))
     out = kept.result(expanded)
     out.empty_answers, out.leading_answers, out.tools_left_out = _answer_counts(encoder, samples, results)
     out.turns_fixed, out.turn_fixes = dict(fixed), fixes
@@ -381,37 +381,6 @@ def _hint_fix_turns(encoder: Encoder, samples: list[Any], results: list[Any]) ->
             results[k] = RecordError(err.reason, *err.parts, "; ", Opt("fix_turns"), f" {turns.describe(changes)}")
 
 
-class TurnFix(TypedDict):
-    """One line of the --fix-turns-log file: where the record is, what was changed, and the record as read
-    (its first characters when long, as in a rejects entry)."""
-
-    sample_index: int
-    source: str
-    position: int
-    unit: str  # line | record
-    changes: list[turns.TurnChange]
-    record: str
-    record_truncated: bool
-    record_chars: int
-
-
-def _fix_entry(
-    index: int, source: str, position: int, changes: list[turns.TurnChange], raw: Any, batch: RawBatch
-) -> TurnFix:
-    """One entry of the --fix-turns-log file: where the record is, what was changed, and the record as read."""
-    text = record_text(raw, batch.raw_lines)
-    return {
-        "sample_index": index,
-        "source": source,
-        "position": position,
-        "unit": "line" if batch.raw_lines else "record",
-        "changes": changes,
-        "record": text[:REJECT_RECORD_CHARS],
-        "record_truncated": len(text) > REJECT_RECORD_CHARS,
-        "record_chars": len(text),
-    }
-
-
 def _pieces(sample: Any, whole: tuple[np.ndarray, np.ndarray], split: SplitRule, encoder: Encoder) -> Pieces:
     if sample.kind == "chat":
         encode = lambda piece: encoder.encode_batch([piece])[0]  # noqa: E731
@@ -434,90 +403,3 @@ def label_stats(labels: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np
     owner = np.searchsorted(starts, hits, side="right") - 1
     _, first_hit = np.unique(owner, return_index=True)
     return counts, (hits[first_hit] - starts).astype(np.int32)
-
-
-def parse_line(line: bytes) -> Any:
-    try:
-        text = line.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RecordError("invalid_utf8", f"byte {exc.start} of the line is not UTF-8; re-encode the file") from exc
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as exc:
-        if not line.endswith(b"\n") and ends_inside_value(text):  # only a file's last line lacks its newline
-            raise cut_last_line(_json_error(text, exc)) from exc
-        raise RecordError("invalid_json", f"invalid JSON ({_json_error(text, exc)})") from exc
-    except ValueError as exc:  # the only other one: an integer past Python's digit limit
-        raise integer_too_long() from exc
-    except RecursionError as exc:  # the decoder recurses per nesting level
-        raise too_deep() from exc
-    if isinstance(record, dict) and UNUSABLE in record and isinstance(record[UNUSABLE], dict):
-        raise UnusableRecord(record[UNUSABLE])  # an in-memory record JSON could not hold (checks.UNUSABLE)
-    return record
-
-
-def _json_error(text: str, exc: json.JSONDecodeError) -> str:
-    """Return what is wrong with a JSON line that does not decode, at the column of the record's text
-    (``Expecting ',' delimiter at column 91``).
-
-    The line is decoded with its newline (stripping it would copy every line), so an error found at
-    the newline, as in a record cut short, is looked for again in the text without it.
-    """
-    record = text.rstrip("\r\n")
-    if len(record) < len(text):
-        try:
-            json.loads(record)
-        except json.JSONDecodeError as inner:
-            exc = inner
-    # Some of the decoder's messages end in "at" ("Unterminated string starting at"): say it once.
-    return f"{exc.msg.removesuffix(' at')} at column {exc.colno}"
-
-
-# A reject's detail as text and Opt parts, beside the entry while it is in memory: an error about the
-# record names the options in its reader's terms; the rejects file holds the text (``detail``).
-DETAIL_PARTS = "detail_parts"
-
-
-def reject(
-    index: int, source: str, position: int, err: RecordError, raw: Any, raw_lines: bool, piece_index: int = 0
-) -> dict[str, Any]:
-    """One entry of the rejects file: where the record is, why it was left out, and the record itself.
-
-    Every entry has the same keys. A record longer than REJECT_RECORD_CHARS characters is given as its
-    prefix (``record_truncated`` true, ``record_chars`` its full length); its position finds it whole.
-    ``piece_index`` is 0 but for a piece of a record split by ``--overflow split``. A later run
-    recognises a rejects file it may replace by these keys (``packcli.results.REJECT_KEYS``).
-    """
-    text = record_text(raw, raw_lines)
-    entry = RejectEntry(
-        sample_index=index,
-        piece_index=piece_index,
-        source=source,
-        position=position,
-        unit="line" if raw_lines else "record",
-        reason=err.reason,
-        detail=render(err.parts, flag_term),  # the rejects file names options as the command line does
-        record=text[:REJECT_RECORD_CHARS],
-        record_truncated=len(text) > REJECT_RECORD_CHARS,
-        record_chars=len(text),
-    )
-    return entry.to_dict()
-
-
-def record_text(raw: Any, raw_lines: bool) -> str:
-    """A raw record as the rejects file shows it: a JSON line as it was, other records as JSON text."""
-    if raw_lines and isinstance(raw, bytes):
-        return raw.decode("utf-8", errors="replace").rstrip("\n")
-    return raw if isinstance(raw, str) else _record_text(raw)
-
-
-def _record_text(record: Any) -> str:
-    """The record as JSON text for the rejects file, even when it cannot be written as UTF-8 as is."""
-    try:
-        text = json.dumps(record, ensure_ascii=False, default=str)
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate: keep it escaped, as it was in the input
-        text = json.dumps(record, default=str)
-    except RecursionError:
-        text = "(nested too deep to show)"
-    return text
