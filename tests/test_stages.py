@@ -18,7 +18,8 @@ from packcli.io.sources import resolve_inputs
 from packcli.output.layout import RowLayout
 from packcli.output.rows import SHARD_SCHEMA, build_rows, read_shard, write_shard
 from packcli.records.formats import DEFAULT_FIELDS, detect_format, normalize
-from packcli.store.tokens import TokenStoreWriter, find_store
+from packcli.store.tokens import find_store
+from packcli.store.writer import TokenStoreWriter
 
 from .conftest import bare_meta, write_jsonl
 
@@ -144,16 +145,16 @@ def test_finishing_a_store_never_reads_its_token_files_back(tmp_path: Path, monk
     """The token files are hashed as they are written: finish and the load after it read none of them
     (they are the bulk of a run's bytes), and the checksums are those of the bytes, so a later lookup
     of the entry checks them."""
-    from packcli.store import integrity, tokens
+    from packcli.store import integrity, writer as store_writer
 
     hashed: list[str] = []
-    real = tokens.file_sha256
+    real = store_writer.file_sha256
 
     def counted(path: Any) -> str:
         hashed.append(Path(path).name)
         return real(path)
 
-    monkeypatch.setattr(tokens, "file_sha256", counted)
+    monkeypatch.setattr(store_writer, "file_sha256", counted)
     monkeypatch.setattr(integrity, "file_sha256", counted)
     writer = TokenStoreWriter(tmp_path / "store")
     batches = [np.arange(5, dtype=np.int32), np.arange(100, 103, dtype=np.int32)]
@@ -200,9 +201,9 @@ def test_the_store_writer_holds_chunks_not_one_array_per_batch(tmp_path: Path, m
     """A worker's batch is 256 samples: 10M samples are 40,000 batches. The writer joins them into chunks
     as they come, so it holds a few large arrays per column (returned to the system when freed), not
     tens of thousands of small ones (which stay in the heap), and the store is the same."""
-    from packcli.store import tokens
+    from packcli.store import writer as store_writer
 
-    monkeypatch.setattr(tokens, "CHUNK_SAMPLES", 100)
+    monkeypatch.setattr(store_writer, "CHUNK_SAMPLES", 100)
     writer = TokenStoreWriter(tmp_path / "store")
     for b in range(60):  # 60 batches of 7 samples: 420 samples
         lengths = np.full(7, 2, np.int32)

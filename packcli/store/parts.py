@@ -40,7 +40,8 @@ from packcli.jsontypes import JSONObject
 from packcli.results import PartInfo, Split, StoreMade, StoreMeta, StoreSource
 from packcli.store.integrity import segment_files
 from packcli.store.key import cache_key
-from packcli.store.tokens import TokenStore, TokenStoreWriter
+from packcli.store.tokens import TokenStore
+from packcli.store.writer import TokenStoreWriter
 from packcli.version import __version__
 
 # Records of one input in a part (a multiple of the tokenizing batch, so a batch lies in one part).

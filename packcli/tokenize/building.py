@@ -21,7 +21,8 @@ from packcli.io.sources import InputSource
 from packcli.records import turns
 from packcli.results import EncoderInfo, Split, StoreMade, StoreMeta, StoreSource, TokenizerIdentity
 from packcli.store.images import IMAGES_FILE, image_line
-from packcli.store.tokens import TokenStore, TokenStoreWriter
+from packcli.store.tokens import TokenStore
+from packcli.store.writer import TokenStoreWriter
 from packcli.tokenize import rounds, trees
 from packcli.tokenize.options import TokenizeOptions
 from packcli.tokenize.record_entries import DETAIL_PARTS
