@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
@@ -88,6 +90,51 @@ def test_an_input_rewritten_while_it_is_read_stops_the_run_and_caches_nothing(
     pack(data, "--max-len", "256", "-o", tmp_path / "b", "--no-cache", "-q")
     assert cached["cache"] == "miss"
     assert read_rows(tmp_path / "a") == read_rows(tmp_path / "b")
+
+
+def test_a_settled_stamp_is_trusted_and_a_fresh_one_is_checked_by_its_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The check that an input did not change while it was read: a stamp that had settled when it was
+    # taken (a write since would have moved the file's ctime) is trusted, as the memo trusts it; one
+    # taken within RACY_NS of the file's last write is checked by a hash read again.
+    from packcli.io import fingerprint as fp
+
+    pq.write_table(pa.table({"text": [f"record {i}" for i in range(50)]}), tmp_path / "d.parquet")
+    sources = resolve_inputs([str(tmp_path / "d.parquet")])
+    hashed = [fingerprint(s) for s in sources]
+    reads: list[str] = []
+    real = fp._hash_file
+    monkeypatch.setattr(fp, "_hash_file", lambda path, *a, **k: reads.append(str(path)) or real(path, *a, **k))
+    stamped = time.time_ns()
+    before = fp.stamps(sources)
+    assert fp.changed_input(sources, before, hashed, stamped_ns=stamped) is None
+    assert len(reads) == 1  # written just now: not settled, hashed again
+    assert fp.changed_input(sources, before, hashed, stamped_ns=stamped + 2 * fp.RACY_NS) is None
+    assert len(reads) == 1  # settled: its unchanged stamp is enough
+    # A hash taken as it was read is compared all the same, and a changed stamp is caught without one.
+    known = {str(tmp_path / "d.parquet"): "0" * 32}
+    assert fp.changed_input(sources, before, hashed, known, stamped_ns=stamped + 2 * fp.RACY_NS) is not None
+    pq.write_table(pa.table({"text": ["other"]}), tmp_path / "d.parquet")
+    assert fp.changed_input(sources, before, hashed, stamped_ns=stamped + 2 * fp.RACY_NS) is not None
+    assert len(reads) == 1
+
+
+def test_a_parquet_input_is_hashed_once_on_a_miss(pack: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Hashed for the key, read to be tokenized, and not hashed again for the check that it did not change
+    # (its stamp had settled: RACY_NS 0 stands for a file written long before the run).
+    from packcli.io import fingerprint as fp
+
+    monkeypatch.setattr(fp, "RACY_NS", 0)
+    data = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"messages": [m for m in make_conversations(40, seed=2)]}), data)
+    time.sleep(0.01)
+    reads: list[str] = []
+    real = fp._hash_file
+    monkeypatch.setattr(fp, "_hash_file", lambda path, *a, **k: reads.append(str(path)) or real(path, *a, **k))
+    result = pack(data, "--max-len", "512", "-o", tmp_path / "out", "--json", "-q")
+    assert json.loads(result.stdout)["cache"] == "miss"
+    assert reads == [str(data)]
 
 
 def test_a_change_that_keeps_the_stamp_is_found_by_the_hash(tmp_path: Path) -> None:

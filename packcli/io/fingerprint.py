@@ -330,12 +330,17 @@ def changed_input(
     before: dict[str, list[int]],
     fingerprints: list[str],
     known: dict[str, str] | None = None,
+    stamped_ns: int | None = None,
 ) -> str | None:
     """The first source whose content is not what was hashed before the run, or None.
 
-    A local file is compared by its stamp (``before``) and then hashed again: a write within one
-    clock tick may keep the stamp. ``known`` holds hashes computed elsewhere (an engine's).
+    A local file is compared by its stamp (``before``, taken at ``stamped_ns``) and then by its hash: a
+    write within one clock tick may keep the stamp. A file whose stamp is unchanged and had settled when
+    it was taken (its mtime and ctime more than ``RACY_NS`` before ``stamped_ns``: a later write would
+    have moved its ctime) is not hashed again, as the memo trusts a settled stamp for the key; its hash
+    is still compared when it is ``known`` (taken as it was read, or by an engine).
     """
+    known = known or {}
     for source, expected in zip(sources, fingerprints, strict=True):
         if source.kind == "hub":
             continue
@@ -346,6 +351,11 @@ def changed_input(
                 return source.display
             if now != {k: v for k, v in before.items() if k in now} or not set(now) <= set(before):
                 return source.display
+            settled = stamped_ns is not None and all(
+                stamped_ns - max(stamp[1], stamp[3]) > RACY_NS for stamp in now.values()
+            )
+            if settled and not any(path in known for path in now):
+                continue
         try:
             if fingerprint(source, None, known) != expected:
                 return source.display

@@ -45,6 +45,7 @@ class PartRun:
     check: DigestChecker | None  # the engine's check of a found part's token files
     options: JSONObject  # the key's options
     memo: Memo  # the run's hash memo, which learns the hashes taken as the inputs are read
+    stamped_ns: int  # when ``before`` was taken (``changed_input``)
 
 
 def from_parts(
@@ -169,7 +170,7 @@ def _made_parts(
     now = [(i.source, f) for i, f in zip(inputs, run.fingerprints, strict=True) if i.made or i.read is not None]
     sources = [source for source, _ in now]
     hashes = {**rehashed(run.engine, sources), **read}
-    moved = changed_input(sources, run.before, all_known([f for _, f in now]), hashes)
+    moved = changed_input(sources, run.before, all_known([f for _, f in now]), hashes, run.stamped_ns)
     if moved is not None:
         for item in inputs:
             if item.source.display == moved:

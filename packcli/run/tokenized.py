@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +126,7 @@ def _tokenized(
     if config.chat_template is not None and builtin_name(config.chat_template) is None:
         read_chat_template(config.chat_template)  # an empty or unreadable template: before any input is read
     sources = given if given is not None else resolve_inputs(list(config.inputs), config.split)
+    stamped_ns = time.time_ns()
     before = stamps(sources)  # before the format is sniffed and the contents hashed
     cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     memo = Memo.load(cache_root / HASH_MEMO if config.cache else None)  # read once for the run's inputs
@@ -172,7 +174,7 @@ def _tokenized(
             ]
             run = PartRun(
                 config, formats, cache_root, progress, rule_out_long, limit, before, fingerprints, engine, check,
-                options, memo,
+                options, memo, stamped_ns,
             )  # fmt: skip
             store, state, key = from_parts(run, inputs, (key, state), encoder, warnings, stack)
             reuse = parts.reused_records(inputs) if state != "hit" else None
@@ -180,7 +182,7 @@ def _tokenized(
         else:
             whole = WholeRun(
                 config, sources, formats, engine, progress, rule_out_long, before, fingerprints, options, cache_root,
-                memo, warnings,
+                memo, warnings, stamped_ns,
             )  # fmt: skip
             store, state, key = whole_store(
                 whole, (key, state), lambda k: _entry(config, cache_root, k, fill_cache, limit, check, stack),

@@ -51,6 +51,7 @@ class WholeRun:
     cache_root: Path
     memo: Memo  # the run's hash memo, which learns the hashes taken as the inputs are read
     warnings: list[Message]  # the run's, which the entry's lookup adds to
+    stamped_ns: int  # when ``before`` was taken (``changed_input``)
 
 
 class _Found(Exception):
@@ -127,7 +128,7 @@ def _unchanged(run: WholeRun, read: dict[str, str]) -> None:
             run.fingerprints[k] = read.get(str(Path(source.path))) or fingerprint(source)
     # The hashes taken as the inputs were read, else hashed again: by the Ray engine's tasks, or here.
     known = {**rehashed(run.engine, run.sources), **read}
-    moved = changed_input(run.sources, run.before, all_known(run.fingerprints), known)
+    moved = changed_input(run.sources, run.before, all_known(run.fingerprints), known, run.stamped_ns)
     if moved is not None:
         raise InputError(changed(moved))
 
