@@ -19,7 +19,7 @@ import pytest
 
 from packcli.contract import file_sha256
 from packcli.output import manifest as output_manifest, rows as shards
-from packcli.store import tokens as cache_mod
+from packcli.store import tokens as cache_mod, writer as store_writer
 from packcli.tokenize import bounds, building, encoder as tokenize
 
 from .conftest import bare_meta, make_conversations, one_stderr_line, read_rows, write_jsonl
@@ -192,7 +192,7 @@ def test_truncated_entry_is_not_a_dead_end_on_disk_space(
 
 
 def test_store_checks_every_file_it_lists(tmp_path: Path) -> None:
-    writer = cache_mod.TokenStoreWriter(tmp_path / "s")
+    writer = store_writer.TokenStoreWriter(tmp_path / "s")
     ids = np.arange(10, dtype=np.int32)
     writer.add(
         np.array([0]),
@@ -218,7 +218,7 @@ def test_two_runs_finishing_the_same_entry_both_succeed(tmp_path: Path, monkeypa
     meta = bare_meta()
     ids = np.arange(6, dtype=np.int32)
     one = np.array([1], np.int32)
-    writers = [cache_mod.TokenStoreWriter(tmp_path / "entry") for _ in range(2)]
+    writers = [store_writer.TokenStoreWriter(tmp_path / "entry") for _ in range(2)]
     for writer in writers:
         writer.add(np.array([0]), np.array([6], np.int32), ids, ids, np.array([5], np.int32), one, one)
     real_replace = os.replace
@@ -230,7 +230,7 @@ def test_two_runs_finishing_the_same_entry_both_succeed(tmp_path: Path, monkeypa
             writers[1].finish(meta)
         real_replace(src, dst)
 
-    monkeypatch.setattr(cache_mod.os, "replace", replace_after_the_other_run)
+    monkeypatch.setattr(store_writer.os, "replace", replace_after_the_other_run)
     first = writers[0].finish(meta)  # the entry is already there: it is used, not an error
     assert raced and first.meta.files == cache_mod.find_store(tmp_path / "entry").meta.files
     assert [p.name for p in tmp_path.iterdir()] == ["entry"]  # no temporary directory left
@@ -268,7 +268,7 @@ def test_cache_dir_that_is_a_file(chat: Path, pack: Any, tmp_path: Path) -> None
 
 
 def test_cache_dir_read_only(chat: Path, pack: Any, tmp_path: Path, cache_dir: Path, monkeypatch: Any) -> None:
-    real = cache_mod.tempfile.mkdtemp
+    real = store_writer.tempfile.mkdtemp
 
     def read_only(*args: Any, dir: Any = None, **kwargs: Any) -> Any:
         # Root ignores file modes, so the read-only file system is simulated where the cache writes.
@@ -276,7 +276,7 @@ def test_cache_dir_read_only(chat: Path, pack: Any, tmp_path: Path, cache_dir: P
             raise OSError(errno.EROFS, os.strerror(errno.EROFS))
         return real(*args, dir=dir, **kwargs)
 
-    monkeypatch.setattr(cache_mod.tempfile, "mkdtemp", read_only)
+    monkeypatch.setattr(store_writer.tempfile, "mkdtemp", read_only)
     before = digest(chat)
     result = pack(chat, "--max-len", "96", "-o", tmp_path / "out", expect=1)
     assert (
@@ -287,7 +287,7 @@ def test_cache_dir_read_only(chat: Path, pack: Any, tmp_path: Path, cache_dir: P
 
 
 def test_cache_dir_full(chat: Path, pack: Any, tmp_path: Path, cache_dir: Path, monkeypatch: Any) -> None:
-    monkeypatch.setattr(cache_mod, "open", full_open("input_ids.bin"), raising=False)
+    monkeypatch.setattr(store_writer, "open", full_open("input_ids.bin"), raising=False)
     before = digest(chat)
     result = pack(chat, "--max-len", "96", "-o", tmp_path / "out", expect=1)
     assert one_stderr_line(result) == (
@@ -454,9 +454,9 @@ def test_disk_full_while_tokenizing_or_writing_the_store(
         data.write_text(GOOD_LINE + "\n{broken\n")
         monkeypatch.setattr(building, "open", full_open("rejects.jsonl"), raising=False)
     elif stage == "tokenizing":
-        monkeypatch.setattr(cache_mod, "open", full_open("labels.bin"), raising=False)
+        monkeypatch.setattr(store_writer, "open", full_open("labels.bin"), raising=False)
     else:
-        monkeypatch.setattr(cache_mod.np, "savez", enospc)
+        monkeypatch.setattr(store_writer.np, "savez", enospc)
     before = digest(data)
     result = pack(data, "--max-len", "96", "-o", out, "--no-cache", "--on-error", "skip", expect=1)
     assert one_stderr_line(result) == (
