@@ -73,6 +73,18 @@ SLOW_TESTS: dict[str, set[str]] = {
     "test_cache_parts": {
         "test_a_killed_pack_resumes_from_its_finished_parts",
         "test_prune_never_removes_a_part_a_running_pack_holds",
+        # The quick tier keeps the Parquet case; each packs three times.
+        "test_a_parquet_csv_arrow_or_json_input_in_parts_writes_what_one_part_writes[.csv]",
+        "test_a_parquet_csv_arrow_or_json_input_in_parts_writes_what_one_part_writes[.arrow]",
+        "test_a_parquet_csv_arrow_or_json_input_in_parts_writes_what_one_part_writes[.json]",
+        "test_a_parquet_file_written_again_with_more_records_keeps_its_parts",
+    },
+    # Each packs twice; the quick tier keeps the cache parts of a Parquet file and --limit on a CSV file.
+    "test_reads": {
+        f"test_a_parquet_csv_arrow_or_json_input_is_read_once_on_a_miss_and_not_at_all_on_a_hit[{flags}-{kind}]"
+        for flags in ("cache-parts", "limit", "no-cache")
+        for kind in ("parquet", "csv", "arrow", "json")
+        if (flags, kind) not in (("cache-parts", "parquet"), ("limit", "csv"))
     },
     "test_span_gate": {"test_a_span_that_cuts_a_split_marker_is_refused"},
     "test_api": {

@@ -22,6 +22,7 @@ import packcli
 from packcli.cli import app
 from packcli.io.fingerprint import fingerprint
 from packcli.io.sources import resolve_inputs
+from packcli.owned import HASH_MEMO
 from packcli.tokenize import ingest
 
 from .conftest import make_conversations, one_error_line, read_rows, write_jsonl
@@ -120,9 +121,12 @@ def test_a_settled_stamp_is_trusted_and_a_fresh_one_is_checked_by_its_hash(
     assert len(reads) == 1
 
 
-def test_a_parquet_input_is_hashed_once_on_a_miss(pack: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Hashed for the key, read to be tokenized, and not hashed again for the check that it did not change
-    # (its stamp had settled: RACY_NS 0 stands for a file written long before the run).
+def test_a_parquet_input_is_hashed_by_the_read_that_tokenizes_it(
+    pack: Any, tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Not hashed for the key before it is read, nor again for the check that it did not change (its stamp
+    # had settled: RACY_NS 0 stands for a file written long before the run): the read that tokenizes it
+    # hashes it, and the memo learns that hash, so that a rerun is a hit by the stamp alone.
     from packcli.io import fingerprint as fp
 
     monkeypatch.setattr(fp, "RACY_NS", 0)
@@ -132,9 +136,12 @@ def test_a_parquet_input_is_hashed_once_on_a_miss(pack: Any, tmp_path: Path, mon
     reads: list[str] = []
     real = fp._hash_file
     monkeypatch.setattr(fp, "_hash_file", lambda path, *a, **k: reads.append(str(path)) or real(path, *a, **k))
-    result = pack(data, "--max-len", "512", "-o", tmp_path / "out", "--json", "-q")
-    assert json.loads(result.stdout)["cache"] == "miss"
-    assert reads == [str(data)]
+    for cache, args in (("miss", ()), ("hit", ()), ("miss", ("--no-cache",)), ("miss", ("--limit", "7"))):
+        result = pack(data, "--max-len", "512", "-o", tmp_path / "out", "--overwrite", "--json", "-q", *args)
+        assert json.loads(result.stdout)["cache"] == (cache if not args or args[0] != "--no-cache" else "off")
+    assert reads == []
+    memo = json.loads((cache_dir / HASH_MEMO).read_text())
+    assert memo[str(data.resolve())]["blake2b"] == fp.file_blake2b(data)
 
 
 def test_a_change_that_keeps_the_stamp_is_found_by_the_hash(tmp_path: Path) -> None:
@@ -455,3 +462,32 @@ def test_a_template_copy_hits_and_the_manifest_names_this_runs_template(tmp_path
     assert (again["template"], again["template_source"]) == (str(second), "file")
     tokenizer = json.loads((tmp_path / "b" / "manifest.json").read_text())["tokenizer"]
     assert (tokenizer["chat_template"], tokenizer["chat_template_source"]) == (str(second), "file")
+
+
+def test_an_engine_hashes_again_only_the_inputs_whose_stamps_had_not_settled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The Ray engine hashes the inputs again once read, in its tasks: only those changed_input cannot trust
+    # by their stamps (changed, or written within RACY_NS of the run's start).
+    from types import SimpleNamespace
+
+    from packcli.io import fingerprint as fp
+    from packcli.run.entries import rehashed
+
+    monkeypatch.setattr(fp, "RACY_NS", 100_000_000)  # 0.1 s
+    old = write_jsonl(tmp_path / "old.jsonl", [{"text": "a"}])
+    time.sleep(0.3)
+    new = write_jsonl(tmp_path / "new.jsonl", [{"text": "b"}])
+    stamped = time.time_ns()
+    sources = resolve_inputs([str(old), str(new)])
+    before = fp.stamps(sources)
+    settled = [s for s in sources if s.path == str(old)]
+    asked: list[list[str]] = []
+    engine = SimpleNamespace(hashing=SimpleNamespace(hash_files=lambda job: asked.append(job.files) or {}))
+    assert rehashed(engine, sources, before, stamped) == {}  # type: ignore[arg-type]
+    assert asked == [[str(new)]]
+    asked.clear()
+    assert rehashed(engine, settled, before, stamped) == {} and asked == []  # type: ignore[arg-type]
+    old.write_text(json.dumps({"text": "c"}) + "\n")  # a changed stamp: hashed again
+    rehashed(engine, settled, before, stamped)  # type: ignore[arg-type]
+    assert asked == [[str(old)]]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -339,3 +340,66 @@ def test_copies_and_files_that_begin_alike_share_their_parts(pack: Any, tmp_path
     # The entry; one's three parts (512, 512, 76 records), the copy's the same; other's second (88 + 300).
     assert sorted(m["part"]["records"] for m in stores if "part" in m) == [76, 388, 512, 512]
     assert sum("part" not in m for m in stores) == 1
+
+
+def _write(path: Path, records: list[dict[str, Any]], row_group: int = 300) -> Path:
+    """``records`` in a file of the kind its name says (Parquet in row groups of ``row_group`` records)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    if path.suffix == ".json":
+        path.write_text(json.dumps(records))
+        return path
+    if path.suffix == ".csv":
+        flat = [{"prompt": r["messages"][0]["content"], "completion": r["messages"][1]["content"]} for r in records]
+        pacsv.write_csv(pa.Table.from_pylist(flat), path)
+        return path
+    table = pa.Table.from_pylist(records)
+    if path.suffix == ".parquet":
+        pq.write_table(table, path, row_group_size=row_group)
+    else:
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=row_group)
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv", ".arrow", ".json"])
+def test_a_parquet_csv_arrow_or_json_input_in_parts_writes_what_one_part_writes(
+    pack: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, suffix: str
+) -> None:
+    # Cut into parts by its records as it is read (their hash through each part keys it): the same shards
+    # as one part, and a rerun finds every part by the file's stamp, or by its records once read.
+    data = _write(tmp_path / f"d{suffix}", chats(1300, seed=6))
+    outs = {}
+    for name, size in (("one", 1 << 20), ("many", SMALL_PARTS)):
+        monkeypatch.setattr(parts, "PART_RECORDS", size)
+        outs[name] = run(pack, tmp_path / name, data, cache=tmp_path / f"cache-{name}")
+    assert shards(tmp_path / "one") == shards(tmp_path / "many")
+    assert outs["one"]["cache_parts"]["parts_made"] == 1
+    assert outs["many"]["cache_parts"]["parts_made"] >= 3  # 1300 records in parts of at least 512
+    assert outs["many"]["records_read"] == outs["one"]["records_read"] == 1300
+    cache = tmp_path / "cache-many"
+    (cache / "input-hashes.json").unlink()  # the memo lost, and the entry: the parts found once read
+    for entry in cache.iterdir():
+        if (entry / "meta.json").exists() and "part" not in json.loads((entry / "meta.json").read_text()):
+            shutil.rmtree(entry)
+    again = run(pack, tmp_path / "again", data, cache=tmp_path / "cache-many")
+    assert again["cache_parts"]["records_tokenized"] == 0
+    assert shards(tmp_path / "again") == shards(tmp_path / "one")
+
+
+def test_a_parquet_file_written_again_with_more_records_keeps_its_parts(pack: Any, tmp_path: Path) -> None:
+    # Other bytes (other row groups), the same first records: the parts of those are found by their records.
+    records = chats(1600, seed=7)
+    data = _write(tmp_path / "d.parquet", records[:1200], row_group=300)
+    cache = tmp_path / "cache"
+    first = run(pack, tmp_path / "a", data, cache=cache)
+    assert first["cache_parts"]["records_tokenized"] == 1200
+    _write(data, records, row_group=700)
+    grown = run(pack, tmp_path / "b", data, cache=cache)
+    assert grown["cache_parts"] == {
+        "parts_reused": 2, "parts_made": 2, "records_reused": 1024, "records_tokenized": 576,
+    }  # fmt: skip  # parts of 512: the third part of the first file ended with it, at 1200
+    run(pack, tmp_path / "cold", data, cache=tmp_path / "cold-cache")
+    assert shards(tmp_path / "b") == shards(tmp_path / "cold")

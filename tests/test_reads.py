@@ -27,6 +27,7 @@ from packcli.owned import HASH_MEMO
 from .conftest import make_conversations, write_jsonl
 
 SNIFF_BLOCK = 1 << 18  # the most the sniff may read: the first blocks, to its first 50 records
+INPUTS = (".jsonl", ".json", ".csv", ".parquet", ".arrow")  # the files whose reads are counted
 
 
 class _CountingRaw(io.RawIOBase):
@@ -69,10 +70,12 @@ def bytes_read(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
     real_open = builtins.open
 
     def counting_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-        if isinstance(file, (str, os.PathLike)) and mode in ("rb", "br") and not args and not kwargs:
+        if isinstance(file, (str, os.PathLike)) and mode in ("rb", "br") and not args:
             path = os.path.realpath(file)
-            if path.endswith(".jsonl"):
+            if path.endswith(INPUTS) and not kwargs:
                 return io.BufferedReader(_CountingRaw(path, counts), buffer_size=1 << 16)
+            if path.endswith(INPUTS) and kwargs == {"buffering": 0}:  # a reader that seeks (Parquet, Arrow)
+                return _CountingRaw(path, counts)
         return real_open(file, mode, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "open", counting_open)
@@ -147,6 +150,66 @@ def test_an_added_input_is_the_only_one_read_and_a_copy_is_read_once(
     again = _summary(pack, copy, tmp_path / "out3")
     assert again["cache"] == "hit"
     assert bytes_read[os.path.realpath(copy)] <= copy.stat().st_size + SNIFF_BLOCK
+
+
+def _tabular(tmp_path: Path, kind: str, n: int) -> Path:
+    """``n`` chats (prompt and completion pairs in CSV) in a file of ``kind``, of incompressible words; a Parquet
+    file in row groups of 300 records and pages of 32 KiB (as a sniff reads it: its first pages)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    rng = random.Random(kind)
+
+    def words(k: int) -> str:
+        return " ".join(
+            "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))) for _ in range(k)
+        )
+
+    pairs = [(words(rng.randint(5, 60)), words(rng.randint(5, 60))) for _ in range(n)]
+    path = tmp_path / f"data.{kind}"
+    if kind == "csv":
+        pacsv.write_csv(pa.table({"prompt": [p for p, _ in pairs], "completion": [c for _, c in pairs]}), path)
+        return path
+    records = [{"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": c}]} for p, c in pairs]
+    if kind == "json":
+        path.write_text(json.dumps(records))
+    elif kind == "parquet":
+        pq.write_table(pa.Table.from_pylist(records), path, row_group_size=300, data_page_size=1 << 15)
+    else:
+        table = pa.Table.from_pylist(records)
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=500)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["parquet", "csv", "arrow", "json"])
+@pytest.mark.parametrize("flags", [(), ("--limit", "1000"), ("--no-cache",)], ids=["cache-parts", "limit", "no-cache"])
+def test_a_parquet_csv_arrow_or_json_input_is_read_once_on_a_miss_and_not_at_all_on_a_hit(
+    pack: Any,
+    tmp_path: Path,
+    bytes_read: Counter[str],
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    flags: tuple[str, ...],
+) -> None:
+    # Hashed by the read that tokenizes it (Parquet and Arrow: in file order, the footer read first kept
+    # until the hash comes to it), never before: at most its size and the sniff's first block.
+    monkeypatch.setattr(fingerprint, "RACY_NS", 0)
+    data = _tabular(tmp_path, kind, 3000)
+    size = data.stat().st_size
+    assert size > 4 * SNIFF_BLOCK
+    path = os.path.realpath(data)
+    miss = _summary(pack, data, tmp_path / "out1", *flags)
+    assert miss["cache"] == ("off" if "--no-cache" in flags else "miss")
+    assert miss["records_read"] == (1000 if "--limit" in flags else 3000)
+    assert 0 < bytes_read[path] <= size + SNIFF_BLOCK, (bytes_read[path], size)
+    bytes_read.clear()
+    again = _summary(pack, data, tmp_path / "out2", *flags)
+    if "--no-cache" not in flags:
+        assert again["cache"] == "hit"
+        assert bytes_read[path] == 0  # its stamp finds its hash, format and parts: no byte of it is read
+    assert _shards(tmp_path / "out1") == _shards(tmp_path / "out2")
 
 
 def test_the_count_catches_a_second_read(pack: Any, tmp_path: Path, bytes_read: Counter[str]) -> None:
@@ -314,3 +377,41 @@ def test_a_saved_memo_keeps_what_another_run_wrote_meanwhile(tmp_path: Path, mon
     fingerprint.fingerprint(InputSource(str(theirs), "jsonl"), path)  # another run's, while this one runs
     memo.save()
     assert set(json.loads(path.read_text())) == {os.path.realpath(ours), os.path.realpath(theirs)}
+
+
+@pytest.mark.parametrize("gap,keep", [(1 << 20, 1 << 26), (64, 4096)], ids=["as-set", "small-gap-and-keep"])
+def test_a_file_read_in_any_order_is_hashed_in_file_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gap: int, keep: int
+) -> None:
+    # Whatever ranges a reader asks for, it gets the file's bytes, and finish gives the file's hash.
+    from packcli.io.readers import inorder
+
+    monkeypatch.setattr(inorder, "GAP", gap)
+    monkeypatch.setattr(inorder, "KEEP", keep)
+    rng = random.Random(7)
+    data = rng.randbytes(200_000)
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    for _ in range(100):
+        with inorder.InOrderFile(str(path)) as fh:
+            for _ in range(rng.randint(0, 12)):
+                pos, n = rng.randrange(len(data) + 10), rng.randint(0, 70_000)
+                fh.seek(pos)
+                assert fh.read(n) == data[pos : pos + n]
+            assert fh.finish() == fingerprint.file_blake2b(path)
+
+
+def test_a_footer_read_first_is_not_read_again(tmp_path: Path) -> None:
+    # Parquet's and Arrow's readers: the footer (the file's tail), then the rest in file order; the tail is
+    # kept until the hash comes to it, a small gap (a leading magic) is hashed and kept till asked for.
+    from packcli.io.readers import inorder
+
+    data = random.Random(8).randbytes(3_000_000)
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    with inorder.InOrderFile(str(path)) as fh:
+        for pos, n in ((len(data) - 65536, 65536), (4, 1_000_000), (0, 4), (1_000_004, 1_990_000)):
+            fh.seek(pos)
+            assert fh.read(n) == data[pos : pos + n]
+        assert fh.finish() == fingerprint.file_blake2b(path)
+        assert fh.read_bytes == len(data)

@@ -254,18 +254,18 @@ class Memo:
         return ends if isinstance(ends, list) and all(isinstance(e, str) for e in ends) else None
 
     def remembered_format(self, source: InputSource, fields: str) -> str | None:
-        """The record format remembered for a JSON lines file as it is now (its stamp), sniffed with the fields
+        """The record format remembered for a local file as it is now (its stamp), sniffed with the fields
         ``fields`` (a key of the fields asked for), or None: it must be sniffed."""
-        entry = self._entry_now(source) if source.kind == "jsonl" else None
+        entry = self._entry_now(source)
         found = entry.get("formats", {}).get(fields) if entry is not None else None
         return found if isinstance(found, str) else None
 
     def remember_formats(self, sources: list[InputSource], fields: str, formats: dict[str, str | None]) -> None:
-        """Remember each JSON lines file's record format (``formats``, by display name) with its hash, for the
+        """Remember each local file's record format (``formats``, by display name) with its hash, for the
         fields ``fields``: a later run that finds the file unchanged does not read it to sniff the format."""
         for source in sources:
             fmt = formats.get(source.display)
-            if fmt is None or not self._kept(source) or source.kind != "jsonl":
+            if fmt is None or not self._kept(source) or source.kind == "saved_dataset":
                 continue
             key = str(Path(source.path).resolve())
             entry = self._entries.get(key)
@@ -351,10 +351,7 @@ def changed_input(
                 return source.display
             if now != {k: v for k, v in before.items() if k in now} or not set(now) <= set(before):
                 return source.display
-            settled = stamped_ns is not None and all(
-                stamped_ns - max(stamp[1], stamp[3]) > RACY_NS for stamp in now.values()
-            )
-            if settled and not any(path in known for path in now):
+            if _settled(now, stamped_ns) and not any(path in known for path in now):
                 continue
         try:
             if fingerprint(source, None, known) != expected:
@@ -362,6 +359,24 @@ def changed_input(
         except OSError:
             return source.display
     return None
+
+
+def _settled(now: dict[str, list[int]], stamped_ns: int | None) -> bool:
+    """Whether the stamps ``now`` had settled when taken at ``stamped_ns``: their mtime and ctime more than
+    ``RACY_NS`` earlier (a later write would have moved the ctime)."""
+    return stamped_ns is not None and all(stamped_ns - max(stamp[1], stamp[3]) > RACY_NS for stamp in now.values())
+
+
+def settled_unchanged(source: InputSource, before: dict[str, list[int]], stamped_ns: int | None) -> bool:
+    """Whether a local file (or saved dataset) has the stamps it had before the run (``before``, taken at
+    ``stamped_ns``) and they had settled then: ``changed_input`` needs no hash of it."""
+    if source.kind == "hub" or is_uri(source.path):
+        return False
+    try:
+        now = {str(f): _stamp(f.stat()) for f in _files_of(source)}
+    except OSError:
+        return False
+    return all(before.get(k) == v for k, v in now.items()) and _settled(now, stamped_ns)
 
 
 def _read_memo(path: Path | None) -> dict[str, Any]:

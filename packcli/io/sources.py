@@ -15,6 +15,7 @@ import shutil
 import stat
 import sys
 import tempfile
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,39 @@ class RawBatch:
     positions: list[int]
     raw_lines: bool = False
     errors: list[tuple[int, str, str]] = field(default_factory=list)  # (position, reason, detail)
+    # The hash of its records, where the reader made it from what it decoded them from (an Arrow batch's
+    # serialized form, of ``hashed_bytes``): cheaper than pickling the records (``io.readers.read_parts``).
+    digest: bytes | None = None
+    hashed_bytes: int = 0
+
+    def cut(self, keep: int) -> None:
+        """Keep the first ``keep`` records only (and their errors)."""
+        self.items, self.positions = self.items[:keep], self.positions[:keep]
+        kept = set(self.positions)
+        self.errors = [e for e in self.errors if e[0] in kept]
+        self.digest = None
+
+
+def first_records(
+    batches: Iterator[RawBatch], records: int | None, finish: Callable[[], None] | None = None
+) -> Generator[RawBatch, None, int]:
+    """Yield ``batches``, or their first ``records`` records; return how many were yielded. ``finish`` runs
+    once the last batch is known, before it is handed over (a reader that stops there has what it did)."""
+    held: RawBatch | None = None
+    handed = 0
+    for batch in batches:
+        if held is not None:
+            yield held
+        if records is not None and handed + len(batch.items) >= records:
+            batch.cut(records - handed)
+            handed, held = records, batch
+            break
+        handed, held = handed + len(batch.items), batch
+    if finish is not None:
+        finish()
+    if held is not None:
+        yield held
+    return handed
 
 
 def _is_saved_dataset(path: Path) -> bool:

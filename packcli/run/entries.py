@@ -7,7 +7,7 @@ from pathlib import Path
 
 from packcli.engines import DigestChecker, Engine, HashJob
 from packcli.errors import Message
-from packcli.io.fingerprint import files_to_hash
+from packcli.io.fingerprint import files_to_hash, settled_unchanged
 from packcli.io.sources import InputSource
 from packcli.jsontypes import JSONObject
 from packcli.store.integrity import DamagedStore
@@ -37,12 +37,18 @@ def all_known(fingerprints: list[str | None]) -> list[str]:
     return found
 
 
-def rehashed(engine: Engine, sources: list[InputSource]) -> dict[str, str]:
+def rehashed(
+    engine: Engine, sources: list[InputSource], before: dict[str, list[int]], stamped_ns: int
+) -> dict[str, str]:
     """The inputs' hashes taken again, once read, by the engine where it reads them (none: the run hashes
-    them itself, in ``changed_input``)."""
+    them itself, in ``changed_input``): of the inputs whose stamps changed or had not settled when taken
+    (``before``, at ``stamped_ns``); ``changed_input`` trusts the others' stamps."""
     if engine.hashing is None:
         return {}
-    return engine.hashing.hash_files(HashJob(files_to_hash(sources), again=True))
+    unsure = [s for s in sources if not settled_unchanged(s, before, stamped_ns)]
+    if not unsure:
+        return {}
+    return engine.hashing.hash_files(HashJob(files_to_hash(unsure), again=True))
 
 
 def changed(display: str) -> str:

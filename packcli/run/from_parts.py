@@ -169,7 +169,7 @@ def _made_parts(
     # hash taken before.)
     now = [(i.source, f) for i, f in zip(inputs, run.fingerprints, strict=True) if i.made or i.read is not None]
     sources = [source for source, _ in now]
-    hashes = {**rehashed(run.engine, sources), **read}
+    hashes = {**rehashed(run.engine, sources, run.before, run.stamped_ns), **read}
     moved = changed_input(sources, run.before, all_known([f for _, f in now]), hashes, run.stamped_ns)
     if moved is not None:
         for item in inputs:
@@ -182,7 +182,7 @@ def _made_parts(
         item, digest = inputs[k], run.fingerprints[k]
         stamp = run.before.get(str(Path(item.source.path)))
         if digest is not None and stamp is not None:
-            ends = (parts.part_layout(), item.read.ends) if item.read is not None else None
+            ends = (parts.part_layout(item.source), item.read.ends) if item.read is not None else None
             taken = (digest, item.records(item.parts), stamp)
             learned.append(Learned(item.source, taken, run.formats[item.source.display], ends))
     run.memo.remember_reads(learned, fields_key(config))  # saved by the run

@@ -15,7 +15,7 @@ from packcli.config import PackConfig
 from packcli.engines import Engine, HashJob
 from packcli.errors import InputError, Opt, Part, RecordError, UsageError, record_fix, where
 from packcli.io.fingerprint import Memo
-from packcli.io.readers import read_batches
+from packcli.io.readers import read_head
 from packcli.io.sources import InputSource
 from packcli.procs.stop import raise_if_stopped
 from packcli.records import preference
@@ -40,7 +40,7 @@ def _sniff_format(
     first_error: tuple[Part, ...] | None = None
     parsed = False
     seen = [] if seen is None else seen
-    for batch in read_batches([source], batch_size=50):
+    for batch in read_head(source, 50):
         errors = {pos: (reason, detail) for pos, reason, detail in batch.errors}
         for item, pos in zip(batch.items, batch.positions, strict=True):
             try:

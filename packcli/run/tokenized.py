@@ -21,9 +21,8 @@ from packcli.contract import Progress, no_progress
 from packcli.engines import DigestChecker, Engine, load_engine
 from packcli.errors import Message
 from packcli.io.fingerprint import Memo, stamps
-from packcli.io.readers import hub_reachable
+from packcli.io.readers import hashed_as_read, hub_reachable
 from packcli.io.sources import InputSource, resolve_inputs
-from packcli.io.uri import is_uri
 from packcli.jsontypes import JSONObject
 from packcli.owned import HASH_MEMO
 from packcli.results import TokenizerIdentity
@@ -133,9 +132,9 @@ def _tokenized(
     task, formats = task_and_formats(config, sources, memo)
     spent: list[float] = []  # seconds of each pass reading the inputs through (hashes, record counts)
     # Who hashes the inputs where it reads them, and a found entry's token files: the engine (Ray's tasks);
-    # None: this process, and the local JSON lines files are hashed as they are read to be tokenized.
+    # None: this process, and the local files are hashed as they are read to be tokenized.
     hashing = engine.hashing
-    later = [hashing is None and _hashed_as_read(s) for s in sources]
+    later = [hashing is None and hashed_as_read(s) for s in sources]
     fingerprints, counts, tokenizer_key, encoder = hashed(config, sources, engine, memo, spent, later)
     if fill_cache:  # a dry run writes nothing
         memo.remember_formats(sources, fields_key(config), formats)
@@ -168,7 +167,7 @@ def _tokenized(
                     _keying(s, formats, f, options, c, then),
                     cuts=c,
                     chained=then,
-                    chain=memo.remembered_part_ends(s, parts.part_layout()) if then else None,
+                    chain=memo.remembered_part_ends(s, parts.part_layout(s)) if then else None,
                 )
                 for n, (s, f, c, then) in enumerate(zip(sources, fingerprints, cuts, later, strict=True))
             ]
@@ -208,12 +207,6 @@ def _tokenized(
         )
 
 
-def _hashed_as_read(source: InputSource) -> bool:
-    """Whether the run can hash ``source`` as it reads it to tokenize it, not before, when it reads it in this
-    process: a local JSON lines file (stdin's spool too)."""
-    return source.kind == "jsonl" and not is_uri(source.path)
-
-
 def _keying(
     source: InputSource,
     formats: dict[str, str | None],
@@ -223,7 +216,7 @@ def _keying(
     chained: bool,
 ) -> Any:
     """The cache keys of an input's parts, by number (``parts.InputParts.keying``): of its hash, or of the
-    hash of its bytes before each part (``chained``)."""
+    hash of what it holds through each part (``chained``)."""
     entry: list[Any] = [source.kind, source.compression, formats[source.display]]
     if not chained:
         entry.append(fingerprint)

@@ -1,10 +1,11 @@
 """The run's token store made whole (no cache parts: ``--limit``, ``--processor``, a dry run, the cache off,
 or an engine that makes no parts), its inputs read once.
 
-A local JSON lines file the memo does not know is hashed as it is tokenized, not before: the entry's key
-is then known once the inputs are read, and the store goes there (or, when another run made that entry
-in the meantime, or it is a copy of a cached input, the entry found is used and the store just made let
-go). With ``--limit``, the rest of a file cut by the limit, and the files after it, are read for their
+A local file the memo does not know (JSON lines, JSON, CSV, Parquet, Arrow) is hashed as it is tokenized,
+not before: the entry's key is then known once the inputs are read, and the store goes there (or, when
+another run made that entry in the meantime, or it is a copy of a cached input, the entry found is used and
+the store just made let go). With ``--limit``, the rest of a file cut by the limit, and the files after it,
+are read for their
 hashes alone. The memo learns what the read learned, so a rerun finds the entry by the files' stamps.
 """
 
@@ -127,7 +128,7 @@ def _unchanged(run: WholeRun, read: dict[str, str]) -> None:
         if run.fingerprints[k] is None:
             run.fingerprints[k] = read.get(str(Path(source.path))) or fingerprint(source)
     # The hashes taken as the inputs were read, else hashed again: by the Ray engine's tasks, or here.
-    known = {**rehashed(run.engine, run.sources), **read}
+    known = {**rehashed(run.engine, run.sources, run.before, run.stamped_ns), **read}
     moved = changed_input(run.sources, run.before, all_known(run.fingerprints), known, run.stamped_ns)
     if moved is not None:
         raise InputError(changed(moved))

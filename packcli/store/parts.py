@@ -66,10 +66,10 @@ def part_key(
     ``cuts``: where an engine cuts the input otherwise than in parts of PART_RECORDS records (the Ray
     engine: byte ranges, row groups), its cuts, the part's own in its key.
 
-    ``through``: a JSON lines file's part is keyed by the hash of the file's bytes from its start
-    through the part's last record, not by the file's hash (``source`` then holds no hash). A run finds
-    the part once it has read it, before the whole is hashed, and a file that grew, or was edited after
-    it, keeps the part.
+    ``through``: a local file's part is keyed by the hash of what the file holds from its start through
+    the part's last record, not by the file's hash (``source`` then holds no hash): a JSON lines file's
+    bytes, another kind's records (``io.readers.read_parts``). A run finds the part once it has read it,
+    before the whole is hashed, and a file that grew, or was edited after it, keeps the part.
     """
     if through is not None:
         layout: JSONObject = {
@@ -82,19 +82,22 @@ def part_key(
     return cache_key({"part": source, "layout": layout, **options})
 
 
-def part_layout() -> str:
-    """How a JSON lines file is cut into parts (``PartEnds``): the memo keeps the ends of its parts under it."""
-    return f"{PART_RECORDS}/{PART_BYTES}"
+def part_layout(source: InputSource) -> str:
+    """How a file is cut into parts (``PartEnds``: a JSON lines file by its bytes, the other kinds by their
+    records): the memo keeps the ends of its parts under it."""
+    by = "" if source.kind == "jsonl" else "records:"
+    return f"{by}{PART_RECORDS}/{PART_BYTES}"
 
 
 @dataclass
 class InputParts:
     """One input of a run: its parts found in the cache, and the keys of those to make.
 
-    A JSON lines file (``chained``) is cut into parts by what it holds and each part keyed by the hash
-    through its end: its parts are found as it is read (``read``), or without reading it when the memo
-    remembers those hashes for the file as it is (``chain``). The others' parts are keyed by the
-    input's hash, and found before it is read.
+    A local file read in this process (``chained``) is cut into parts by what it holds and each part
+    keyed by the hash through its end: its parts are found as it is read (``read``), or without reading
+    it when the memo remembers those hashes for the file as it is (``chain``). The others' parts (a saved
+    or Hub dataset, a URI, an input the Ray engine reads) are keyed by the input's hash, and found before
+    it is read.
     """
 
     source: InputSource

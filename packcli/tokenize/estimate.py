@@ -72,7 +72,7 @@ def parts_left(todo: list[parts.InputParts], counted: list[int | None]) -> int |
     total = 0
     for item, count in zip(todo, counted, strict=True):
         if count is None:
-            if item.source.compression is not None or not passed:
+            if item.source.kind != "jsonl" or item.source.compression is not None or not passed:
                 return None
             try:
                 size = os.stat(item.source.path).st_size

@@ -102,7 +102,7 @@ def tokenize_to_store(
     builder = StoreBuilder(options, store_path, where, fix)
     clock: defaultdict[str, float] = defaultdict(float)  # seconds by stage (see TokenStore.seconds)
     began = time.perf_counter()
-    # A JSON lines file not counted before (hashed as it is read): its records estimated as it is read.
+    # A file not counted before (hashed as it is read): a JSON lines file's records estimated as it is read.
     rate = ReadRate(sources if remote is None else [], options.limit)
     results: Iterator[TokenizedBatch] | None = None
     digests: dict[str, str] = {}  # the hashes of the files read through, taken as they were read
@@ -162,8 +162,8 @@ def tokenize_to_parts(
     they are finished: ``inputs[k].made`` receives them. Return the seconds by stage.
 
     An input whose parts were all found is not read; one whose first parts were found is read from
-    the start but tokenized from the first part missing. A JSON lines input (``item.chained``) is read
-    once, its parts found as it is read (``_chained``). ``unchanged(source)`` runs before each part of
+    the start but tokenized from the first part missing. A local file (``item.chained``) is read once,
+    its parts found as it is read (``_chained``). ``unchanged(source)`` runs before each part of
     that source is committed (and raises if it changed since it was hashed); ``hold(key)`` before a
     part is begun (the run locks it, as it locks the entries it uses). ``read_digests`` receives the
     hashes of the files read through, taken as they were read, by path.
@@ -225,8 +225,8 @@ def tokenize_to_parts(
 def _chained(
     item: parts.InputParts, clock: defaultdict[str, float], digests: dict[str, str]
 ) -> Iterator[tuple[int, RawBatch]]:
-    """The batches of a JSON lines input's parts that the cache lacks, with their part's number; the input
-    read once, from its start.
+    """The batches of a local input's parts that the cache lacks, with their part's number; the input read
+    once, from its start (a JSON lines file cut by its bytes, the other kinds by their records).
 
     Each part is held (at most ``parts.PART_BYTES`` and a record) until its end is read: its key is then
     known, and a part the cache has is taken from it (``item.find``), not tokenized.

@@ -11,25 +11,31 @@ CSV, saved datasets), ``hub`` (Hub datasets); ``compressed`` opens a file and de
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+import pickle
 from collections.abc import Generator, Iterator
+from pathlib import Path
 
 from packcli.errors import InputError
 from packcli.io.readers.compressed import open_input, read_rest
 from packcli.io.readers.hub import hub_reachable
 from packcli.io.readers.jsonl import PartEnds, read_json, read_json_lines
-from packcli.io.readers.tabular import parquet_file, read_tabular
+from packcli.io.readers.tabular import parquet_file, parquet_rows, read_tabular
 from packcli.io.sources import InputSource, RawBatch
+from packcli.io.uri import is_uri
 from packcli.procs.stop import raise_if_stopped
 
 __all__ = [
     "PartEnds",
     "count_records",
     "hash_through",
+    "hashed_as_read",
     "hub_reachable",
     "number_batches",
     "parquet_file",
     "read_batches",
+    "read_head",
     "read_parts",
     "read_source",
 ]
@@ -49,9 +55,7 @@ def count_records(source: InputSource, read: bool = True) -> int | None:
             st = os.stat(source.path)
             return _count_lines(os.path.abspath(source.path), st.st_size, st.st_mtime_ns)
         if source.kind == "parquet":
-            import pyarrow.parquet as pq
-
-            return pq.ParquetFile(source.path).metadata.num_rows
+            return parquet_rows(source.path)
     except Exception:  # a file that cannot be read is reported by the reader, with its reason
         return None
     return None
@@ -93,10 +97,16 @@ def read_batches(
         index = yield from number_batches(read_source(source, batch_size, digests, left), index, limit)
 
 
+def hashed_as_read(source: InputSource) -> bool:
+    """Whether reading ``source`` to its end gives its hash (``read_source``'s ``digests``): a local file (not a
+    saved dataset, nor a Hub dataset)."""
+    return source.kind in ("jsonl", "json", "parquet", "csv", "arrow") and not is_uri(source.path)
+
+
 def hash_through(source: InputSource, digests: dict[str, str]) -> None:
-    """Put the hash of a local JSON lines file into ``digests`` (by its path), read for it alone: a file
-    the run's ``--limit`` leaves unread, whose hash its key still holds."""
-    if source.kind != "jsonl":
+    """Put the hash of a local file into ``digests`` (by its path), read for it alone: a file the run's
+    ``--limit`` leaves unread, whose hash its key still holds."""
+    if not hashed_as_read(source):
         return
     try:
         with open_input(source, digests) as fh:
@@ -106,13 +116,54 @@ def hash_through(source: InputSource, digests: dict[str, str]) -> None:
 
 
 def read_parts(source: InputSource, batch_size: int, ends: PartEnds, digests: dict[str, str]) -> Iterator[RawBatch]:
-    """Yield a JSON lines file's records in batches numbered from 0, cutting it into parts and hashing where
-    each ends into ``ends`` as it reads (``io.readers.jsonl.PartEnds``)."""
-    batches = read_json_lines(source, batch_size, digests, ends)
+    """Yield a local file's records in batches numbered from 0, cutting it into parts and hashing where each
+    ends into ``ends`` as it reads (``io.readers.jsonl.PartEnds``): a JSON lines file by its bytes, the other
+    kinds by the records read (``_marked``)."""
+    if source.kind == "jsonl":
+        batches = read_json_lines(source, batch_size, digests, ends)
+    else:
+        batches = _marked(read_source(source, batch_size, digests, hashed=True), ends, digests, str(Path(source.path)))
     try:
         yield from number_batches(batches, 0, None)
     except OSError as exc:
         raise InputError(f"{source.display}: cannot read ({exc.strerror or exc}); check the file") from exc
+
+
+def _marked(batches: Iterator[RawBatch], ends: PartEnds, digests: dict[str, str], path: str) -> Iterator[RawBatch]:
+    """The batches of an input read as records, cut into parts by what they hold: a part ends with the batch
+    that takes it to ``ends.every`` records or ``ends.size`` bytes of records, or with the input.
+
+    ``ends.ends[k]`` is the hash of the records of parts ``0..k``: of each batch's ``digest`` (its Arrow
+    form's), else of its records, their numbers and errors, pickled. The same records, read again from a
+    file written again, find the same parts. A batch is handed over once the next is read, so that the
+    batch that ends a part arrives after its end is known."""
+    chain = hashlib.blake2b(digest_size=16)
+    records = start = size = 0  # records read, where the part being read starts, its bytes (hashed)
+    held: RawBatch | None = None
+    for batch in batches:
+        if held is not None:
+            yield held
+        if batch.digest is not None:
+            data, hashed = batch.digest, batch.hashed_bytes
+        else:
+            data = pickle.dumps((batch.items, batch.positions, batch.errors), protocol=5)
+            hashed = len(data)
+        chain.update(len(data).to_bytes(8, "little"))
+        chain.update(data)
+        records, size = records + len(batch.items), size + hashed
+        if records - start >= ends.every or size >= ends.size:
+            ends.ends.append(chain.hexdigest())
+            ends.records.append(records - start)
+            start, size = records, 0
+        held = batch
+        ends.passed = (0, records)
+    ends.whole = chain.hexdigest()
+    if records > start:
+        ends.ends.append(ends.whole)
+        ends.records.append(records - start)
+    ends.file = digests.get(path)
+    if held is not None:
+        yield held
 
 
 def number_batches(batches: Iterator[RawBatch], index: int, limit: int | None) -> Generator[RawBatch, None, int]:
@@ -122,9 +173,7 @@ def number_batches(batches: Iterator[RawBatch], index: int, limit: int | None) -
     """
     for batch in batches:
         if limit is not None and index + len(batch.items) > limit:
-            keep = limit - index
-            batch.items, batch.positions = batch.items[:keep], batch.positions[:keep]
-            batch.errors = [e for e in batch.errors if e[0] in set(batch.positions)]
+            batch.cut(limit - index)
         batch.first_index = index
         index += len(batch.items)
         if batch.items:
@@ -134,22 +183,35 @@ def number_batches(batches: Iterator[RawBatch], index: int, limit: int | None) -
     return index
 
 
+def read_head(source: InputSource, records: int) -> Iterator[RawBatch]:
+    """The first ``records`` records of a source (for the sniff), read as little of it as its reader can: a
+    Parquet file's first pages of each column, not its first row group."""
+    return number_batches(read_source(source, records, records=records, head=True), 0, records)
+
+
 def read_source(
-    source: InputSource, batch_size: int, digests: dict[str, str] | None = None, records: int | None = None
+    source: InputSource,
+    batch_size: int,
+    digests: dict[str, str] | None = None,
+    records: int | None = None,
+    head: bool = False,
+    hashed: bool = False,
 ) -> Iterator[RawBatch]:
     """Yield one source's records in batches, by the reader of its kind, numbered from 0 within it.
 
-    ``digests`` receives the content hash of a local JSON lines file read to its end (by its path), taken
-    from the bytes read: the run checks with it that the file did not change while it was read, without
-    reading it again. The other readers leave it as it is. ``records``: a JSON lines file's first records
-    only are handed over (the rest is read for the hash, with ``digests``; the other readers ignore it).
+    ``digests`` receives the content hash of a local file read to its end (by its path), taken from the
+    bytes read: the run checks with it that the file did not change while it was read, without reading it
+    again (a saved dataset, a Hub dataset and a URI are not hashed so). ``records``: the first records only
+    are handed over (with ``digests``, the rest of the file is read for the hash). ``head``: only the first
+    records will be read (``read_head``). ``hashed``: a reader that can hashes each batch's records from what
+    it decoded them from (``RawBatch.digest``).
     """
     try:
         if source.kind == "jsonl":
             yield from read_json_lines(source, batch_size, digests, records=records)
         elif source.kind == "json":
-            yield from read_json(source, batch_size)
+            yield from read_json(source, batch_size, digests, records, head)
         else:
-            yield from read_tabular(source, batch_size)
+            yield from read_tabular(source, batch_size, digests, records, head, hashed)
     except OSError as exc:
         raise InputError(f"{source.display}: cannot read ({exc.strerror or exc}); check the file") from exc

@@ -11,7 +11,7 @@ import hashlib
 import io
 import lzma
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -172,10 +172,10 @@ class _Hashing(io.RawIOBase):
     """A file read once from its start to its end, hashed as it is read (BLAKE2b, 16 bytes, as
     ``io.fingerprint`` hashes a file): the hash of the bytes the run used, without a second read."""
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: Any, at_end: Callable[[str], None]) -> None:
         self._raw = raw
         self.hash = hashlib.blake2b(digest_size=16)
-        self.at_end = False
+        self._at_end: Callable[[str], None] | None = at_end  # given the hash once the end is read
 
     def readable(self) -> bool:
         return True
@@ -184,8 +184,9 @@ class _Hashing(io.RawIOBase):
         n = self._raw.readinto(buffer) or 0
         if n:
             self.hash.update(memoryview(buffer)[:n])
-        else:
-            self.at_end = True
+        elif self._at_end is not None:
+            self._at_end(self.hash.hexdigest())
+            self._at_end = None
         return n
 
     def close(self) -> None:
@@ -206,19 +207,16 @@ def open_input(source: InputSource, digests: dict[str, str] | None = None) -> It
     """Open a file source for reading bytes, decompressing it as a stream when it is compressed.
 
     With ``digests``, a local file read through to its end leaves the hash of its bytes (as
-    ``io.fingerprint.file_blake2b`` computes it) there, by its path: the reader must read it from its
-    start to its end without seeking.
+    ``io.fingerprint.file_blake2b`` computes it) there, by its path, once its end is read: the reader
+    must read it from its start to its end without seeking.
     """
     raw = open_uri(source.path) if is_uri(source.path) else open(source.path, "rb")  # noqa: SIM115
-    hashing = None
     if digests is not None and not is_uri(source.path):
-        hashing = _Hashing(raw)
-        raw = io.BufferedReader(hashing, BUFFER)
+        path = str(Path(source.path))
+        raw = io.BufferedReader(_Hashing(raw, lambda digest: digests.__setitem__(path, digest)), BUFFER)
     fh = _decompressed(raw, source.compression, source.display) if source.compression else raw
     try:
         yield fh
-        if hashing is not None and digests is not None and hashing.at_end:
-            digests[str(Path(source.path))] = hashing.hash.hexdigest()
     finally:
         fh.close()
         raw.close()

@@ -12,13 +12,14 @@ from typing import Any
 
 from packcli.errors import InputError
 from packcli.io.readers.compressed import open_input, read_rest
-from packcli.io.sources import InputSource, RawBatch
+from packcli.io.sources import InputSource, RawBatch, first_records
 from packcli.records.checks import json_value_end
 
 
 @dataclass
 class PartEnds:
-    """What one read of a JSON lines input learns of its parts, as it reads them.
+    """What one read of an input learns of its parts, as it reads them (a JSON lines file's; the other
+    kinds' are cut by their records: ``io.readers._marked``).
 
     A part ends with its ``every``-th record, or with the first record that takes it to ``size`` bytes
     or more (blank lines before a record count in its part), or with the input: cut by what the input
@@ -141,14 +142,16 @@ def _read_marking(
 
 
 CHUNK = 1 << 20
+HEAD_CHUNK = 1 << 16  # read at a time for the first records only
 
 
 class _TextStream:
     """A source's text, decoded from UTF-8 by chunks: a window ``buf`` that grows at its end on demand."""
 
-    def __init__(self, fh: Any, name: str) -> None:
+    def __init__(self, fh: Any, name: str, chunk: int = CHUNK) -> None:
         self.fh = fh
         self.name = name
+        self.chunk = chunk
         self.decoder = codecs.getincrementaldecoder("utf-8")()
         self.buf = ""
         self.eof = False
@@ -161,7 +164,7 @@ class _TextStream:
         """Append the next chunk to ``buf``; return False at the end of the stream."""
         if self.eof:
             return False
-        data = self.fh.read(CHUNK)
+        data = self.fh.read(self.chunk)
         if self.first and data.startswith(codecs.BOM_UTF8):
             data = data[len(codecs.BOM_UTF8) :]  # Windows exports start with one
             self.bom = len(codecs.BOM_UTF8)
@@ -194,17 +197,24 @@ def _skip_space(stream: _TextStream, pos: int) -> int:
             return pos
 
 
-def read_json(source: InputSource, batch_size: int) -> Iterator[RawBatch]:
+def read_json(
+    source: InputSource,
+    batch_size: int,
+    digests: dict[str, str] | None = None,
+    records: int | None = None,
+    head: bool = False,
+) -> Iterator[RawBatch]:
     """Read a JSON array of records element by element, as a stream, or fall back to JSON lines.
 
     Elements are delimited by a scan of brackets and strings and decoded one at a time, so that memory
     holds one record (and a chunk), never the whole file, and a file cut off in the middle of a record
     (a broken download) still gives every complete record before the cut; the cut itself is reported
-    as one bad record.
+    as one bad record. ``digests`` and ``records`` as ``read_json_lines`` takes them; ``head``: only the
+    first records will be read (the sniff), by chunks of ``HEAD_CHUNK``.
     """
     path = source.display
-    with open_input(source) as fh:
-        stream = _TextStream(fh, path)
+    with open_input(source, digests) as fh:
+        stream = _TextStream(fh, path, HEAD_CHUNK if head else CHUNK)
         pos = _skip_space(stream, 0)
         if pos >= len(stream.buf):
             raise InputError(f"{path}: the file is empty; remove it from the inputs")
@@ -213,10 +223,11 @@ def read_json(source: InputSource, batch_size: int) -> Iterator[RawBatch]:
             lines_mode = True
         else:
             lines_mode = False
-            yield from _read_json_array(stream, pos + 1, path, batch_size)
+            finish = (lambda: read_rest(fh)) if digests is not None else None
+            yield from first_records(_read_json_array(stream, pos + 1, path, batch_size), records, finish)
     if lines_mode:
         # A .json file holding JSON lines, as many exports do.
-        yield from read_json_lines(source, batch_size)
+        yield from read_json_lines(source, batch_size, digests, records=records)
 
 
 _DECODER = json.JSONDecoder()
