@@ -212,6 +212,22 @@ def test_a_parquet_csv_arrow_or_json_input_is_read_once_on_a_miss_and_not_at_all
     assert _shards(tmp_path / "out1") == _shards(tmp_path / "out2")
 
 
+def test_a_json_file_of_json_lines_is_read_once(
+    pack: Any, tmp_path: Path, bytes_read: Counter[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its first bytes tell that it holds no array: the JSON lines reader goes on from them, not from its start.
+    monkeypatch.setattr(fingerprint, "RACY_NS", 0)
+    lines = _input(tmp_path, 3000)
+    data = tmp_path / "lines.json"
+    data.write_bytes(lines.read_bytes())
+    assert data.stat().st_size > 4 * SNIFF_BLOCK
+    made = _summary(pack, data, tmp_path / "out1")
+    assert made["cache"] == "miss" and made["records_read"] == 3000
+    assert bytes_read[os.path.realpath(data)] <= data.stat().st_size + SNIFF_BLOCK
+    _summary(pack, lines, tmp_path / "out2", "--no-cache")
+    assert _shards(tmp_path / "out1") == _shards(tmp_path / "out2")
+
+
 def test_the_count_catches_a_second_read(pack: Any, tmp_path: Path, bytes_read: Counter[str]) -> None:
     data = _input(tmp_path, 200)
     with open(data, "rb") as fh:

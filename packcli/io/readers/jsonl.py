@@ -5,7 +5,7 @@ from __future__ import annotations
 import codecs
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,33 +57,51 @@ def read_json_lines(
     if ends is not None:
         yield from _read_marking(source, batch_size, digests, ends)
         return
-    path = source.display
+    with open_input(source, digests) as fh:
+        yield from _lines_read(source.display, fh, fh, batch_size, records, digests is not None)
+
+
+def _lines_read(
+    path: str, lines: Iterable[bytes], fh: Any, batch_size: int, records: int | None, to_end: bool
+) -> Iterator[RawBatch]:
+    """``read_json_lines`` of the ``lines`` of an open file ``fh`` (``to_end``: read to its end for its
+    hash once ``records`` are handed over)."""
     items: list[bytes] = []
     positions: list[int] = []
     empty = True
     left = records
-    with open_input(source, digests) as fh:
-        for line_no, line in enumerate(fh, start=1):
-            if line_no == 1 and line.startswith(codecs.BOM_UTF8):
-                line = line[len(codecs.BOM_UTF8) :]  # Windows exports start with one
-            if not line.strip():
-                continue
-            empty = False
-            items.append(line)
-            positions.append(line_no)
-            if left is not None:
-                left -= 1
-                if not left:
-                    if digests is not None:
-                        read_rest(fh)
-                    break
-            if len(items) >= batch_size:
-                yield RawBatch(path, 0, items, positions, raw_lines=True)
-                items, positions = [], []
+    for line_no, line in enumerate(lines, start=1):
+        if line_no == 1 and line.startswith(codecs.BOM_UTF8):
+            line = line[len(codecs.BOM_UTF8) :]  # Windows exports start with one
+        if not line.strip():
+            continue
+        empty = False
+        items.append(line)
+        positions.append(line_no)
+        if left is not None:
+            left -= 1
+            if not left:
+                if to_end:
+                    read_rest(fh)
+                break
+        if len(items) >= batch_size:
+            yield RawBatch(path, 0, items, positions, raw_lines=True)
+            items, positions = [], []
     if items:
         yield RawBatch(path, 0, items, positions, raw_lines=True)
     if empty:
         raise InputError(f"{path}: the file is empty; remove it from the inputs")
+
+
+def _after(head: bytes, fh: Any) -> Iterator[bytes]:
+    """The lines of a file whose first bytes ``head`` were read already, the rest still in ``fh``."""
+    lines = head.splitlines(keepends=True)
+    cut = lines.pop() if lines and not lines[-1].endswith(b"\n") else b""
+    yield from lines
+    joined = cut + fh.readline()
+    if joined:
+        yield joined
+    yield from fh
 
 
 def _read_marking(
@@ -142,7 +160,8 @@ def _read_marking(
 
 
 CHUNK = 1 << 20
-HEAD_CHUNK = 1 << 16  # read at a time for the first records only
+# Read first (a file that is no array is read again as JSON lines), and at a time for the first records only.
+HEAD_CHUNK = 1 << 16
 
 
 class _TextStream:
@@ -157,6 +176,8 @@ class _TextStream:
         self.eof = False
         self.bytes_read = 0
         self.first = True
+        self.raw = b""  # the bytes read, while it is not known whether the file holds an array
+        self.keeping = True
         self.bom = 0  # bytes of the byte order mark skipped at the start
         self.dropped_bytes = 0  # bytes of the text dropped from the start of ``buf``
 
@@ -164,7 +185,9 @@ class _TextStream:
         """Append the next chunk to ``buf``; return False at the end of the stream."""
         if self.eof:
             return False
-        data = self.fh.read(self.chunk)
+        data = self.fh.read(HEAD_CHUNK if self.first else self.chunk)
+        if self.keeping:
+            self.raw += data
         if self.first and data.startswith(codecs.BOM_UTF8):
             data = data[len(codecs.BOM_UTF8) :]  # Windows exports start with one
             self.bom = len(codecs.BOM_UTF8)
@@ -220,14 +243,13 @@ def read_json(
             raise InputError(f"{path}: the file is empty; remove it from the inputs")
         if stream.buf[pos] != "[":
             _refuse_object_over_lines(stream, pos, path)
-            lines_mode = True
-        else:
-            lines_mode = False
-            finish = (lambda: read_rest(fh)) if digests is not None else None
-            yield from first_records(_read_json_array(stream, pos + 1, path, batch_size), records, finish)
-    if lines_mode:
-        # A .json file holding JSON lines, as many exports do.
-        yield from read_json_lines(source, batch_size, digests, records=records)
+            # A .json file holding JSON lines, as many exports do: read on, from the bytes read so far.
+            lines = _after(stream.raw, fh)
+            yield from _lines_read(path, lines, fh, batch_size, records, digests is not None)
+            return
+        stream.raw, stream.keeping = b"", False
+        finish = (lambda: read_rest(fh)) if digests is not None else None
+        yield from first_records(_read_json_array(stream, pos + 1, path, batch_size), records, finish)
 
 
 _DECODER = json.JSONDecoder()
