@@ -100,10 +100,19 @@ class InOrderFile(io.RawIOBase):
                 self._filled[gap_at] = gap
         behind = b""
         if pos < self._hashed:  # hashed already: a gap filled before, else read again
-            behind = self._covered(self._filled, pos, min(end, self._hashed))
-            for start in [s for s, b in self._filled.items() if s + len(b) <= min(end, self._hashed)]:
-                del self._filled[start]
+            upto = min(end, self._hashed)
+            behind = self._covered(self._filled, pos, upto)
+            self._forget(pos, upto)
         return behind + (self._advance(end) if end > self._hashed else b"")
+
+    def _forget(self, pos: int, end: int) -> None:
+        """Let go of ``[pos, end)`` of the gaps kept (the reader has it now); keep the rest of each."""
+        for start in [s for s, b in self._filled.items() if s < end and s + len(b) > pos]:
+            block = self._filled.pop(start)
+            if start < pos:
+                self._filled[start] = block[: pos - start]
+            if start + len(block) > end:
+                self._filled[end] = block[end - start :]
 
     def _advance(self, end: int) -> bytes:
         """Hash the bytes from where the hash is to ``end`` (ranges kept ahead used, the rest read)."""

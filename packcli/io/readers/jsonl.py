@@ -185,7 +185,7 @@ class _TextStream:
         """Append the next chunk to ``buf``; return False at the end of the stream."""
         if self.eof:
             return False
-        data = self.fh.read(HEAD_CHUNK if self.first else self.chunk)
+        data = self.fh.read(min(HEAD_CHUNK, self.chunk) if self.first else self.chunk)
         if self.keeping:
             self.raw += data
         if self.first and data.startswith(codecs.BOM_UTF8):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from packcli.errors import InputError, first_line
+from packcli.io.footer import parquet_footer
 from packcli.io.readers.compressed import open_input, read_rest
 from packcli.io.readers.hub import read_hub
 from packcli.io.readers.inorder import InOrderFile
@@ -38,7 +39,8 @@ def parquet_rows(path: str) -> int:
     import pyarrow.parquet as pq
 
     with InOrderFile(path, hashing=False) as fh:
-        return int(pq.ParquetFile(fh).metadata.num_rows)
+        footer = parquet_footer(fh)
+        return int((footer if footer is not None else pq.ParquetFile(fh).metadata).num_rows)
 
 
 def read_tabular(
@@ -122,10 +124,15 @@ def _arrow_batches(source: InputSource, batch_size: int, where: _Finish, head: b
         if source.kind == "parquet":
             if is_uri(source.path):
                 parquet = parquet_file(source.path)
-            elif head:
-                parquet = pq.ParquetFile(where.seekable(), pre_buffer=False, buffer_size=HEAD_BUFFER)
             else:
-                parquet = pq.ParquetFile(where.seekable())
+                # The footer read alone (not pyarrow's last 64 KiB); none: pyarrow reads it, and says what is wrong.
+                fh = where.seekable()
+                footer = parquet_footer(fh)
+                fh.seek(0)
+                if head:
+                    parquet = pq.ParquetFile(fh, metadata=footer, pre_buffer=False, buffer_size=HEAD_BUFFER)
+                else:
+                    parquet = pq.ParquetFile(fh, metadata=footer)
             yield from parquet.iter_batches(batch_size=batch_size)
         elif source.kind == "csv" and head:
             yield from _head_csv(source, batch_size)
