@@ -430,16 +430,19 @@ def test_a_file_read_in_any_order_is_hashed_in_file_order(
             assert fh.finish() == fingerprint.file_blake2b(path)
 
 
-def test_a_footer_read_first_is_not_read_again(tmp_path: Path) -> None:
-    # Parquet's and Arrow's readers: the footer (the file's tail), then the rest in file order; the tail is
-    # kept until the hash comes to it, a small gap (a leading magic) is hashed and kept till asked for.
+@pytest.mark.parametrize("size", [3_000_000, 300_000], ids=["footer-far", "footer-within-a-gap"])
+def test_a_footer_read_first_is_not_read_again(tmp_path: Path, size: int) -> None:
+    # Parquet's and Arrow's readers: the footer (the file's tail), then the rest in file order. A tail far
+    # ahead is kept until the hash comes to it; a tail within GAP of the start makes the bytes before it a
+    # gap, hashed then and kept till the reader asks for them, piece by piece.
     from packcli.io.readers import inorder
 
-    data = random.Random(8).randbytes(3_000_000)
+    data = random.Random(8).randbytes(size)
     path = tmp_path / "f.bin"
     path.write_bytes(data)
+    third = size // 3
     with inorder.InOrderFile(str(path)) as fh:
-        for pos, n in ((len(data) - 65536, 65536), (4, 1_000_000), (0, 4), (1_000_004, 1_990_000)):
+        for pos, n in ((size - 65536, 65536), (4, third), (0, 4), (4 + third, size - 65536 - 4 - third + 10)):
             fh.seek(pos)
             assert fh.read(n) == data[pos : pos + n]
         assert fh.finish() == fingerprint.file_blake2b(path)

@@ -98,6 +98,10 @@ class InOrderFile(io.RawIOBase):
             gap = self._advance(pos)  # a small gap: hashed now, kept until the reader asks for it
             if gap and _total(self._filled) + len(gap) <= KEEP:
                 self._filled[gap_at] = gap
+            data = self._advance(end)
+            if _total(self._filled) + len(data) <= KEEP:  # asked for ahead (a footer): it may be asked again
+                self._filled[pos] = data
+            return data
         behind = b""
         if pos < self._hashed:  # hashed already: a gap filled before, else read again
             upto = min(end, self._hashed)
