@@ -93,6 +93,24 @@ class RawBatch:
         self.digest = None
 
 
+@dataclass(frozen=True)
+class Reading:
+    """How a reader reads one source (``io.readers.read_source``): ``batch_size`` records a batch.
+
+    ``digests`` receives the hash of a local file read through (by its path), taken from the bytes read;
+    ``records``: the first records only are handed over (with ``digests``, the rest of the file is read for
+    its hash before the last batch is); ``head``: only the first records will be read (the sniff), as
+    little of the file as the reader can; ``hashed``: each batch with the hash of its records where the
+    reader can make it from what it decoded them from (``RawBatch.digest``).
+    """
+
+    batch_size: int
+    digests: dict[str, str] | None = None
+    records: int | None = None
+    head: bool = False
+    hashed: bool = False
+
+
 def first_records(
     batches: Iterator[RawBatch], records: int | None, finish: Callable[[], None] | None = None
 ) -> Generator[RawBatch, None, int]:

@@ -22,7 +22,7 @@ from packcli.io.readers.compressed import open_input, read_rest
 from packcli.io.readers.hub import hub_reachable
 from packcli.io.readers.jsonl import PartEnds, read_json, read_json_lines
 from packcli.io.readers.tabular import parquet_file, parquet_rows, read_tabular
-from packcli.io.sources import InputSource, RawBatch
+from packcli.io.sources import InputSource, RawBatch, Reading
 from packcli.io.uri import is_uri
 from packcli.procs.stop import raise_if_stopped
 
@@ -197,21 +197,19 @@ def read_source(
     head: bool = False,
     hashed: bool = False,
 ) -> Iterator[RawBatch]:
-    """Yield one source's records in batches, by the reader of its kind, numbered from 0 within it.
+    """Yield one source's records in batches, by the reader of its kind, numbered from 0 within it; the
+    arguments as ``io.sources.Reading`` holds them.
 
-    ``digests`` receives the content hash of a local file read to its end (by its path), taken from the
-    bytes read: the run checks with it that the file did not change while it was read, without reading it
-    again (a saved dataset, a Hub dataset and a URI are not hashed so). ``records``: the first records only
-    are handed over (with ``digests``, the rest of the file is read for the hash). ``head``: only the first
-    records will be read (``read_head``). ``hashed``: a reader that can hashes each batch's records from what
-    it decoded them from (``RawBatch.digest``).
+    ``digests`` receives the content hash of a local file read to its end: the run checks with it that the
+    file did not change while it was read, without reading it again (a saved dataset, a Hub dataset and a
+    URI are not hashed so).
     """
     try:
         if source.kind == "jsonl":
             yield from read_json_lines(source, batch_size, digests, records=records)
         elif source.kind == "json":
-            yield from read_json(source, batch_size, digests, records, head)
+            yield from read_json(source, Reading(batch_size, digests, records, head))
         else:
-            yield from read_tabular(source, batch_size, digests, records, head, hashed)
+            yield from read_tabular(source, Reading(batch_size, digests, records, head, hashed))
     except OSError as exc:
         raise InputError(f"{source.display}: cannot read ({exc.strerror or exc}); check the file") from exc

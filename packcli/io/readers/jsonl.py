@@ -12,7 +12,7 @@ from typing import Any
 
 from packcli.errors import InputError
 from packcli.io.readers.compressed import open_input, read_rest
-from packcli.io.sources import InputSource, RawBatch, first_records
+from packcli.io.sources import InputSource, RawBatch, Reading, first_records
 from packcli.records.checks import json_value_end
 
 
@@ -220,24 +220,17 @@ def _skip_space(stream: _TextStream, pos: int) -> int:
             return pos
 
 
-def read_json(
-    source: InputSource,
-    batch_size: int,
-    digests: dict[str, str] | None = None,
-    records: int | None = None,
-    head: bool = False,
-) -> Iterator[RawBatch]:
+def read_json(source: InputSource, how: Reading) -> Iterator[RawBatch]:
     """Read a JSON array of records element by element, as a stream, or fall back to JSON lines.
 
     Elements are delimited by a scan of brackets and strings and decoded one at a time, so that memory
     holds one record (and a chunk), never the whole file, and a file cut off in the middle of a record
     (a broken download) still gives every complete record before the cut; the cut itself is reported
-    as one bad record. ``digests`` and ``records`` as ``read_json_lines`` takes them; ``head``: only the
-    first records will be read (the sniff), by chunks of ``HEAD_CHUNK``.
+    as one bad record. ``how.head``: read by chunks of ``HEAD_CHUNK``.
     """
-    path = source.display
+    path, batch_size, digests, records = source.display, how.batch_size, how.digests, how.records
     with open_input(source, digests) as fh:
-        stream = _TextStream(fh, path, HEAD_CHUNK if head else CHUNK)
+        stream = _TextStream(fh, path, HEAD_CHUNK if how.head else CHUNK)
         pos = _skip_space(stream, 0)
         if pos >= len(stream.buf):
             raise InputError(f"{path}: the file is empty; remove it from the inputs")

@@ -16,7 +16,7 @@ from packcli.io.footer import parquet_footer
 from packcli.io.readers.compressed import open_input, read_rest
 from packcli.io.readers.hub import read_hub
 from packcli.io.readers.inorder import InOrderFile
-from packcli.io.sources import InputSource, RawBatch, first_records
+from packcli.io.sources import InputSource, RawBatch, Reading, first_records
 from packcli.io.uri import is_uri
 
 
@@ -43,27 +43,18 @@ def parquet_rows(path: str) -> int:
         return int((footer if footer is not None else pq.ParquetFile(fh).metadata).num_rows)
 
 
-def read_tabular(
-    source: InputSource,
-    batch_size: int,
-    digests: dict[str, str] | None = None,
-    records: int | None = None,
-    head: bool = False,
-    hashed: bool = False,
-) -> Iterator[RawBatch]:
-    """Yield a Parquet, Arrow, CSV, saved or Hub dataset's records as dicts, in batches of ``batch_size``.
+def read_tabular(source: InputSource, how: Reading) -> Iterator[RawBatch]:
+    """Yield a Parquet, Arrow, CSV, saved or Hub dataset's records as dicts, in batches of ``how.batch_size``.
 
-    ``digests`` receives the hash of a local Parquet, Arrow or CSV file (by its path), taken as it is read
-    (``InOrderFile``, ``open_input``). ``records``: the first records only are handed over; with ``digests``,
-    the rest of the file is read for its hash before the last batch is. ``head``: only the first records
-    will be read: a Parquet file's column chunks are read by pages, not whole (``HEAD_BUFFER``). ``hashed``:
-    each batch with the hash of its records (``raw_batches``).
+    ``how.digests`` receives the hash of a local Parquet, Arrow or CSV file, taken as it is read
+    (``InOrderFile``, ``open_input``). ``how.head``: a Parquet file's column chunks are read by pages, not
+    whole (``HEAD_BUFFER``); ``how.hashed``: each batch with the hash of its records (``raw_batches``).
     """
-    file_digests = digests if source.kind in ("parquet", "arrow", "csv") and not is_uri(source.path) else None
+    local = source.kind in ("parquet", "arrow", "csv") and not is_uri(source.path)
     with contextlib.ExitStack() as stack:
-        finish = _Finish(source, file_digests, stack)
-        batches = raw_batches(source, _arrow_batches(source, batch_size, finish, head), hashed)
-        record_no = yield from first_records(batches, records, finish)
+        finish = _Finish(source, how.digests if local else None, stack)
+        batches = raw_batches(source, _arrow_batches(source, how.batch_size, finish, how.head), how.hashed)
+        record_no = yield from first_records(batches, how.records, finish)
     if record_no == 0:
         raise InputError(f"{source.display}: the input holds no records; remove it from the inputs")
 
