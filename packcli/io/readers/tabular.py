@@ -93,7 +93,9 @@ def raw_batches(
         rows = record_batch.to_pylist()
         batch = RawBatch(source.display, 0, rows, list(range(record_no + 1, record_no + n + 1)))
         if hashed:  # the schema too: the same bytes in columns of other names or types are other records
-            digest = hashlib.blake2b(record_batch.schema.serialize(), digest_size=16)
+            # SHA-256: it hashes the decoded records (about twice the file's bytes), and is twice as fast as
+            # BLAKE2b where the CPU has SHA instructions (x86 since 2017, ARMv8).
+            digest = hashlib.sha256(record_batch.schema.serialize())
             data = record_batch.serialize()
             digest.update(data)
             batch.digest, batch.hashed_bytes = digest.digest(), data.size
