@@ -21,8 +21,9 @@ from packcli.errors import InputError
 from packcli.io.readers.compressed import open_input, read_rest
 from packcli.io.readers.hub import hub_reachable
 from packcli.io.readers.jsonl import PartEnds, read_json, read_json_lines
+from packcli.io.readers.reading import Reading
 from packcli.io.readers.tabular import parquet_file, parquet_rows, read_tabular
-from packcli.io.sources import InputSource, RawBatch, Reading
+from packcli.io.sources import InputSource, RawBatch
 from packcli.io.uri import is_uri
 from packcli.procs.stop import raise_if_stopped
 
@@ -198,7 +199,7 @@ def read_source(
     hashed: bool = False,
 ) -> Iterator[RawBatch]:
     """Yield one source's records in batches, by the reader of its kind, numbered from 0 within it; the
-    arguments as ``io.sources.Reading`` holds them.
+    arguments as ``io.readers.reading.Reading`` holds them.
 
     ``digests`` receives the content hash of a local file read to its end: the run checks with it that the
     file did not change while it was read, without reading it again (a saved dataset, a Hub dataset and a

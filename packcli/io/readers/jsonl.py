@@ -12,7 +12,8 @@ from typing import Any
 
 from packcli.errors import InputError
 from packcli.io.readers.compressed import open_input, read_rest
-from packcli.io.sources import InputSource, RawBatch, Reading, first_records
+from packcli.io.readers.reading import Reading, first_records
+from packcli.io.sources import InputSource, RawBatch
 from packcli.records.checks import json_value_end
 
 

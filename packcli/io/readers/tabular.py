@@ -16,7 +16,8 @@ from packcli.io.footer import parquet_footer
 from packcli.io.readers.compressed import open_input, read_rest
 from packcli.io.readers.hub import read_hub
 from packcli.io.readers.inorder import InOrderFile
-from packcli.io.sources import InputSource, RawBatch, Reading, first_records
+from packcli.io.readers.reading import Reading, first_records
+from packcli.io.sources import InputSource, RawBatch
 from packcli.io.uri import is_uri
 
 
