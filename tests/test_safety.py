@@ -18,7 +18,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +27,10 @@ from typer.testing import CliRunner
 from packcli import owned
 from packcli.cli import app
 from packcli.output import staging
-from packcli.procs import lifetime as procs
+from packcli.procs import pool
 
 from .conftest import one_error_line, write_jsonl
+from .processes import alive, children, running_with, wait_for
 
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}
 # A chat template that takes hours on a record whose first message is "slow", and is ChatML otherwise.
@@ -500,16 +500,6 @@ def _spawn(tmp_path: Path, *args: Any) -> subprocess.Popen[str]:
     return proc
 
 
-def _wait_for(condition: Callable[[], Any], seconds: float = 60) -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("timed out")
-
-
 def _slow_run(tmp_path: Path, out: Path, *extra: Any) -> subprocess.Popen[str]:
     """A pack run stuck in its first batch (its first record renders for hours)."""
     data = write_jsonl(tmp_path / "slow.jsonl", chat(600, first="slow"))
@@ -536,7 +526,7 @@ def test_second_run_on_the_same_output_is_refused_naming_the_holder(pack: Any, t
     pack(data, "--max-len", "64", "-o", out, "-q")
     first = _slow_run(tmp_path, out, "--overwrite", "--num-proc", "2")
     lock = tmp_path / ".out.lock"
-    _wait_for(lambda: lock.is_file() and lock.read_text().strip() == str(first.pid))
+    wait_for(lambda: lock.is_file() and lock.read_text().strip() == str(first.pid))
     user = snapshot(tmp_path, skip=("cache", ".out.*"))  # the inputs and the previous output
     result = pack(data, "--max-len", "64", "-o", out, "--overwrite", expect=1)
     assert one_error_line(result) == (
@@ -635,53 +625,19 @@ def test_previous_output_moved_aside_by_a_killed_run_is_put_back(pack: Any, tmp_
 # -- processes --------------------------------------------------------------------------------------
 
 
-def _children(pid: int) -> list[int]:
-    kids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                kids.append(int(entry.name))
-    return kids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _running_with(marker: str) -> list[int]:
-    """Live processes whose command line holds ``marker`` (workers are forks: same command line)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker.encode() in cmdline and _alive(int(entry.name)):
-                found.append(int(entry.name))
-    return found
-
-
 def test_workers_die_with_packcli_after_sigkill(tmp_path: Path) -> None:
     run = _slow_run(tmp_path, tmp_path / "out", "--num-proc", "2")
-    workers = _wait_for(lambda: len(_children(run.pid)) == 2 and _children(run.pid))
+    workers = wait_for(lambda: len(children(run.pid)) == 2 and children(run.pid))
     user = snapshot(tmp_path, skip=("cache", ".out.*"))
     run.kill()  # as the OOM killer or a CI timeout does
     run.communicate(timeout=30)
-    _wait_for(lambda: not any(_alive(w) for w in workers), seconds=10)
+    wait_for(lambda: not any(alive(w) for w in workers), seconds=10)
     assert snapshot(tmp_path, skip=("cache", ".out.*")) == user and not (tmp_path / "out").exists()
 
 
 def test_worker_takes_sigterm_and_the_run_says_so(tmp_path: Path) -> None:
     run = _slow_run(tmp_path, tmp_path / "out", "--num-proc", "2")
-    workers = _wait_for(lambda: len(_children(run.pid)) == 2 and _children(run.pid))
+    workers = wait_for(lambda: len(children(run.pid)) == 2 and children(run.pid))
     os.kill(workers[0], signal.SIGTERM)  # as the OOM killer or a container runtime might
     _, err = run.communicate(timeout=30)
     assert run.returncode == 1, err
@@ -689,7 +645,7 @@ def test_worker_takes_sigterm_and_the_run_says_so(tmp_path: Path) -> None:
         "Error: a worker process died (killed by a signal or out of memory); "
         "run again, with a lower --num-proc if memory is short"
     ]
-    _wait_for(lambda: not any(_alive(w) for w in workers), seconds=10)
+    wait_for(lambda: not any(alive(w) for w in workers), seconds=10)
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
@@ -698,11 +654,11 @@ def test_worker_takes_sigterm_and_the_run_says_so(tmp_path: Path) -> None:
 def test_two_interrupts_end_a_slow_batch_at_once(num_proc: int, tmp_path: Path) -> None:
     run = _slow_run(tmp_path, tmp_path / "out", "--num-proc", str(num_proc))
     if num_proc > 1:
-        workers = _wait_for(lambda: len(_children(run.pid)) == 2 and _children(run.pid))
+        workers = wait_for(lambda: len(children(run.pid)) == 2 and children(run.pid))
     else:
         workers = []
         # Its one cache part read and looked up (the lookup locks it): its batches go to be tokenized.
-        _wait_for(lambda: any((tmp_path / "cache").glob("*.lock")))
+        wait_for(lambda: any((tmp_path / "cache").glob("*.lock")))
         time.sleep(0.5)  # into the slow first record
     user = snapshot(tmp_path, skip=("cache", ".out.*"))
     os.killpg(run.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
@@ -712,20 +668,20 @@ def test_two_interrupts_end_a_slow_batch_at_once(num_proc: int, tmp_path: Path) 
     assert run.returncode == 130, err
     assert err.strip().splitlines()[-1] == "Error: interrupted; the previous output, if any, was left as it was"
     assert "Traceback" not in err
-    _wait_for(lambda: not any(_alive(w) for w in workers), seconds=10)
+    wait_for(lambda: not any(alive(w) for w in workers), seconds=10)
     assert snapshot(tmp_path, skip=("cache",)) == user
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
 def test_num_proc_never_starts_more_workers_than_batches(pack: Any, tmp_path: Path, monkeypatch: Any) -> None:
     started: list[int] = []
-    real_start = procs.start_pool
+    real_pool = pool.WorkerPool
 
-    def start_pool(workers: int, *args: Any) -> Any:
+    def worker_pool(workers: int, *args: Any) -> Any:
         started.append(workers)
-        return real_start(workers, *args)
+        return real_pool(workers, *args)
 
-    monkeypatch.setattr(procs, "start_pool", start_pool)
+    monkeypatch.setattr(pool, "WorkerPool", worker_pool)
     for n_records, pools in ((20, []), (600, [3])):  # batches of 256 records: 1 and 3 batches
         data = write_jsonl(tmp_path / f"d{n_records}.jsonl", chat(n_records))
         before = snapshot(tmp_path, skip=("cache", "many", "one"))
@@ -770,7 +726,7 @@ def test_sigkill_at_random_points_loses_nothing(tmp_path: Path) -> None:
         proc.kill()
         proc.communicate(timeout=30)
         # No worker outlives the killed run.
-        _wait_for(lambda: not _running_with(str(out)), seconds=10)
+        wait_for(lambda: not running_with(str(out)), seconds=10)
         # The output is the previous one, or the complete new one if the kill came after the swap.
         assert snapshot(out) in (states[current], states[other])
         # The next run succeeds and gives the same bytes, whatever the killed run left behind.
@@ -1023,7 +979,7 @@ def test_stream_copy_left_by_a_killed_run_is_removed_once_its_process_is_gone(
         )
     _SPAWNED.append(proc)
     # The copy is whole, and its name carries the run's host and PID.
-    copy = _wait_for(lambda: next((p for p in temp.iterdir() if p.stat().st_size == data.stat().st_size), None))
+    copy = wait_for(lambda: next((p for p in temp.iterdir() if p.stat().st_size == data.stat().st_size), None))
     assert copy.name.startswith(f".packcli-stream-{host()}-{proc.pid}-") and copy.suffix == ".jsonl"
     proc.kill()
     proc.wait(timeout=30)

@@ -15,14 +15,14 @@ import signal
 import sys
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 PR_SET_PDEATHSIG = 1
 WATCH_SECONDS = 1.0
 
 # The pools alive in this process, so that a second Ctrl-C can kill their workers at once.
-_POOLS: list[ProcessPoolExecutor] = []
+_POOLS: list[Pool] = []
 
 
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
@@ -58,57 +58,58 @@ def _watch_parent(parent_pid: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def start_pool(workers: int, context: Any, initializer: Any, *initargs: Any) -> ProcessPoolExecutor:
-    """Start a pool of ``workers`` processes whose initializer gets this process's PID, then ``initargs``."""
-    pool = ProcessPoolExecutor(
-        max_workers=workers, mp_context=context, initializer=initializer, initargs=(os.getpid(), *initargs)
-    )
-    _POOLS.append(pool)
-    return pool
-
-
-def submit(pool: ProcessPoolExecutor, fn: Any, *args: Any) -> Any:
-    """Submit a job with SIGINT and SIGTERM held back: a pool forks its workers on the first submit, and
-    an interrupt between a fork and the pool's record of the new process would leave a worker that
-    nothing stops. A signal that comes meanwhile is handled right after."""
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back while the body runs (a fork); one that came meanwhile is handled right after."""
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
-        return pool.submit(fn, *args)
+        yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _processes(pool: ProcessPoolExecutor) -> list[Any]:
-    return list((getattr(pool, "_processes", None) or {}).values())
+class Pool(Protocol):
+    """What this module asks of a pool it keeps: its processes, and to kill them."""
+
+    def processes(self) -> list[Any]: ...
+
+    def kill(self) -> None: ...
+
+    @property
+    def last_answer(self) -> float: ...
 
 
-def stop_pool(pool: ProcessPoolExecutor, grace: float = 1.0) -> None:
-    """Stop a pool without waiting for the work in flight: SIGTERM, then SIGKILL after ``grace``."""
-    processes = _processes(pool)
-    for process in processes:
-        with contextlib.suppress(OSError, ValueError):
-            process.terminate()
-    deadline = time.monotonic() + grace
-    for process in processes:
-        with contextlib.suppress(OSError, ValueError, AssertionError):
-            process.join(max(0.0, deadline - time.monotonic()))
-    for process in processes:
-        with contextlib.suppress(OSError, ValueError, AssertionError):
-            if process.is_alive():
-                process.kill()
-                process.join(1.0)
-    close_pool(pool, wait=True, cancel=True)
+def register(pool: Pool) -> None:
+    """Keep ``pool`` until it is forgotten, so that a second interrupt or the watchdog can reach its workers."""
+    _POOLS.append(pool)
 
 
-def close_pool(pool: ProcessPoolExecutor, wait: bool = True, cancel: bool = False) -> None:
+def forget(pool: Pool) -> None:
     with contextlib.suppress(ValueError):
         _POOLS.remove(pool)
-    pool.shutdown(wait=wait, cancel_futures=cancel)
 
 
 def kill_all() -> None:
     """SIGKILL every worker of every pool (called on a second interrupt: end everything at once)."""
     for pool in list(_POOLS):
-        for process in _processes(pool):
-            with contextlib.suppress(OSError, ValueError, AttributeError):
-                process.kill()
+        pool.kill()
+
+
+def pools_open() -> int:
+    """How many pools are open in this process."""
+    return len(_POOLS)
+
+
+def stalled(seconds: float) -> bool:
+    """Whether an open pool has no live worker and has not answered for ``seconds`` (a run waiting on nothing)."""
+    now = time.monotonic()
+    for pool in list(_POOLS):
+        if now - pool.last_answer <= seconds:
+            continue
+        alive = False
+        for process in pool.processes():
+            with contextlib.suppress(OSError, ValueError, AssertionError):
+                alive = alive or bool(process.is_alive())
+        if not alive:
+            return True
+    return False
