@@ -160,6 +160,9 @@ class Interrupted(PackcliError):
     exit_code = 130
 
 
+INTERRUPTED = "interrupted; the previous output, if any, was left as it was"
+
+
 class ShardTooLarge(OSError):
     """A shard past its format's size limit; the words (text and :class:`Opt` parts) name the option that
     makes shards smaller. Raised where a shard is written, reported as the output not being written."""

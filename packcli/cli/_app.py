@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from packcli.cli.options import cli_message
-from packcli.errors import Interrupted, PackcliError, UsageError
+from packcli.errors import INTERRUPTED, Interrupted, PackcliError, UsageError
 from packcli.version import __version__
 
 
@@ -77,9 +77,6 @@ def _root(
     """Pack raw fine-tuning data into trainer-ready Parquet shards."""
 
 
-INTERRUPTED = "interrupted; the previous output, if any, was left as it was"
-
-
 def known_error(exc: BaseException) -> tuple[str, int] | None:
     """The one place a known error becomes its line (options named as flags) and its exit code; None for
     an unexpected one (its traceback is shown).
@@ -115,18 +112,21 @@ def handle_errors(command: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
+STALLED = (
+    "the run stopped making progress: its worker processes are gone and none answered for "
+    "{seconds:.0f} s; run again, with a lower --num-proc if memory is short"
+)
+
+
 def _on_signal(signum: int, frame: Any) -> None:
-    # The first SIGINT/SIGTERM asks the run to stop at its next safe point (within a batch); a second
-    # one stops it at once: the workers are killed, not waited for. A signal that comes when the run is
-    # already stopping only kills the workers, so that the cleanup itself is never cut short.
+    # The first SIGINT/SIGTERM asks the run to stop at its next safe point (within a batch); the watchdog
+    # ends it if none comes within its grace. A second one ends it at once: the workers are killed, the
+    # temporary files removed (procs.cleanup), never in the middle of the swap that makes the output.
+    from packcli.procs.cleanup import end_now
     from packcli.procs.stop import begin_stopping, request_stop, stop_at_once, stop_requested
 
     if stop_requested():
-        procs = sys.modules.get("packcli.procs.lifetime")  # loaded whenever a pool was started; no import here
-        if procs is not None:
-            procs.kill_all()
-        if begin_stopping():
-            raise KeyboardInterrupt
+        end_now(Interrupted.exit_code, f"Error: {INTERRUPTED}")
         return
     request_stop()
     if stop_at_once():  # blocked where no safe point comes (a FIFO no program writes): stop there
@@ -137,8 +137,10 @@ def _on_signal(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; map known errors to one line on stderr and an exit code."""
     import packcli.cli.render as console
+    from packcli.procs import watchdog
 
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    watchdog.start(f"Error: {INTERRUPTED}", "Error: " + STALLED.format(seconds=watchdog.STALL))
     try:
         code = app(args=argv, prog_name="packcli", standalone_mode=False)
         if isinstance(code, int) and code:

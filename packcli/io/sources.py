@@ -22,6 +22,7 @@ from typing import Any
 from packcli.errors import InputError, UsageError
 from packcli.io.footer import parquet_footer
 from packcli.io.uri import is_uri
+from packcli.procs import cleanup
 from packcli.procs.stop import interruptible
 
 FILE_TYPES = {
@@ -384,6 +385,7 @@ def _stream_source(raw: str) -> InputSource:
     # The owner's host and PID in the name: a later run removes the copy once that process is gone.
     fd, spool = tempfile.mkstemp(prefix=f"{STREAM_COPY_PREFIX}{owner_tag()}-", suffix=suffix)
     atexit.register(_remove, spool)
+    cleanup.temporary(Path(spool))
     try:
         # Opening a FIFO waits for a writer, and reading a stream for its data, for ever if none comes:
         # the first SIGINT or SIGTERM stops them at once.
@@ -409,3 +411,4 @@ def _stream_source(raw: str) -> InputSource:
 def _remove(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
+    cleanup.kept(Path(path))

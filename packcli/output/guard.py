@@ -30,6 +30,7 @@ from packcli.owned import (
     read_own_manifest,
     rejects_parts,
 )
+from packcli.procs import cleanup
 
 
 def replaceable(output: Path, display: str, overwrite: bool) -> set[str]:
@@ -315,6 +316,7 @@ class OutputLock:
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())
             self._fd = fd
+            cleanup.temporary(self.path)
             return
 
     def release(self) -> None:
@@ -322,6 +324,7 @@ class OutputLock:
             return
         with contextlib.suppress(OSError):
             os.unlink(self.path)
+        cleanup.kept(self.path)
         os.close(self._fd)
         self._fd = None
 

@@ -31,6 +31,7 @@ from packcli.owned import (
     replace_journal_staged,
     staging_prefix,
 )
+from packcli.procs import cleanup
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -288,7 +289,7 @@ class StagedOutput:
         prefix = f"{IN_PLACE_PREFIX}{owner_tag()}-" if in_place else staging_prefix(output.name)
         try:
             parent.mkdir(parents=True, exist_ok=True)
-            self.tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+            self.tmp = cleanup.temporary(Path(tempfile.mkdtemp(prefix=prefix, dir=parent)))
             # mkdtemp makes the directory private; the output is an ordinary directory.
             umask = os.umask(0)
             os.umask(umask)
@@ -300,6 +301,12 @@ class StagedOutput:
             ) from exc
 
     def commit(self) -> None:
+        """Swap the staged output in; never cut by an end at once (``procs.cleanup.critical``)."""
+        with cleanup.critical():
+            cleanup.kept(self.tmp)  # from here on it is the new output, or what the next run finishes from
+            self._commit()
+
+    def _commit(self) -> None:
         # The output was checked when the run began; what was put there since must not go with it.
         check_still_replaceable(self.output, self.display, self.old)
         if self.in_place:
@@ -334,3 +341,4 @@ class StagedOutput:
         if replace_journal_staged(self.output) == self.tmp.name:
             return  # a replace cut short by an error: the next run finishes it from this copy
         shutil.rmtree(self.tmp, ignore_errors=True)
+        cleanup.kept(self.tmp)

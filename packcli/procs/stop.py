@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 
 _STOP = threading.Event()
 _STOPPING = threading.Event()
 # How deep the main thread is in blocking calls that a stop request interrupts at once (see interruptible).
 _BLOCKING = [0]
+# When the stop was first requested (time.monotonic()), for the watchdog.
+_ASKED_AT: list[float] = []
 
 
 def stop_requested() -> bool:
@@ -24,12 +27,20 @@ def stop_requested() -> bool:
 
 def request_stop() -> None:
     """Ask the running pack to stop at its next safe point (called from a signal handler)."""
+    if not _ASKED_AT:
+        _ASKED_AT.append(time.monotonic())
     _STOP.set()
+
+
+def stop_requested_at() -> float | None:
+    """When the stop was first requested (``time.monotonic()``), or None."""
+    return _ASKED_AT[0] if _ASKED_AT and _STOP.is_set() else None
 
 
 def reset_stop() -> None:
     """Forget an earlier stop request, so that a new run in the same process (a library call) runs."""
     _STOP.clear()
+    _ASKED_AT.clear()
 
 
 def raise_if_stopped() -> None:

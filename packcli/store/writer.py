@@ -20,6 +20,7 @@ import numpy as np
 from packcli.contract import file_sha256
 from packcli.errors import OutputError, Text
 from packcli.owned import owner_tag
+from packcli.procs import cleanup
 from packcli.results import FileDigest, Segment, StoreMeta
 from packcli.store.integrity import TOKEN_FILES, Digest, meta_digest
 from packcli.store.nodes import TreeNodes
@@ -78,7 +79,7 @@ class TokenStoreWriter:
                 raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
             final_path.parent.mkdir(parents=True, exist_ok=True)
             # The host and PID in the name let a later run remove it once this process is gone.
-            self.tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{owner_tag()}-", dir=final_path.parent))
+            self.tmp = cleanup.temporary(Path(tempfile.mkdtemp(prefix=f".tmp-{owner_tag()}-", dir=final_path.parent)))
             self._ids = open(self.tmp / TOKEN_FILES[0], "wb")  # noqa: SIM115 - closed in finish/abort
             self._labels = open(self.tmp / TOKEN_FILES[1], "wb")  # noqa: SIM115
         except OSError as exc:
@@ -250,6 +251,7 @@ class TokenStoreWriter:
                 self.final_path.unlink()
             try:
                 os.replace(self.tmp, self.final_path)
+                cleanup.kept(self.tmp)
             except OSError as exc:
                 if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not self.final_path.is_dir():
                     raise
@@ -272,3 +274,4 @@ class TokenStoreWriter:
                     fh.close()
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
+            cleanup.kept(self.tmp)
