@@ -26,7 +26,7 @@ TEMPLATE_MARKER_RE = re.compile(
 # The test tiers (markers registered in pyproject.toml), by module (and single slow tests by SLOW_TESTS below):
 # CI runs them all; ``-m quick`` runs the tests in none of them, for the edit-test loop (docs/development.md).
 TIERS: dict[str, set[str]] = {
-    "slow": {"test_safety", "test_robustness"},
+    "slow": {"test_safety", "test_robustness", "test_never_hang"},
     "ray": {"test_ray"},
     "torch": {
         "test_trainer",
