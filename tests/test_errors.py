@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
+from typer.testing import CliRunner
 
+from packcli.cli import app
 from packcli.errors import RecordError
 from packcli.io.sources import RawBatch
 from packcli.output import write
@@ -380,6 +382,55 @@ def test_tokenizer_not_found_and_template_that_raises(
         or "{}"
     )
     assert summary == {}  # nothing left to pack is an error even in skip mode
+
+
+NO_TOKENIZER_FILES = (
+    "the directory holds no tokenizer files (none of tokenizer.json, tokenizer_config.json, vocab.json, "
+    "merges.txt, vocab.txt, *.model, *.tiktoken; it holds config.json, model.safetensors)"
+)
+
+
+def model_without_tokenizer(tmp_path: Path) -> Path:
+    """A model's directory as a user may pass it for the tokenizer: its config.json and weights only."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    (model / "model.safetensors").write_bytes(b"\0")
+    return model
+
+
+def test_a_model_directory_without_its_tokenizer_names_the_files_looked_for(
+    pack: Any, chat_jsonl: Path, tmp_path: Path
+) -> None:
+    """A model's directory (config.json and weights, no tokenizer file) is one line wherever a tokenizer
+    is loaded, naming the directory, the files looked for and the fix (not transformers' "Couldn't
+    instantiate the backend tokenizer from one of: ;"); load_rows: tests/test_training_checks.py)."""
+    import packcli
+
+    model = model_without_tokenizer(tmp_path)
+    fix = "pass the directory or Hub name of the model's tokenizer as --tokenizer, or save the tokenizer into "
+    fix += "this directory with tokenizer.save_pretrained"
+    expected = f"Error: cannot load tokenizer '{model}': {NO_TOKENIZER_FILES}; {fix}"
+    assert one_error_line(pack(chat_jsonl, "--tokenizer", model, "-o", tmp_path / "o", expect=1)) == expected
+    stats = CliRunner().invoke(
+        app, ["stats", str(chat_jsonl), "--max-len", "64", "--tokenizer", str(model), "--no-cache"]
+    )
+    assert (stats.exit_code, one_error_line(stats)) == (1, expected)
+    assert not (tmp_path / "o").exists()
+
+    with pytest.raises(packcli.TokenizerError) as error:
+        packcli.pack(chat_jsonl, 64, tmp_path / "o", tokenizer=str(model), cache=False)
+    assert str(error.value) == expected.removeprefix("Error: ").replace("--tokenizer", "tokenizer")
+
+    # --processor DIR: the run's tokenizer is the processor directory's.
+    (model / "preprocessor_config.json").write_text('{"processor_class": "Qwen2VLProcessor"}')
+    line = one_error_line(pack(chat_jsonl, "--processor", model, "-o", tmp_path / "o", expect=1))
+    assert line == (
+        f"Error: cannot load the tokenizer of processor '{model}': "
+        + NO_TOKENIZER_FILES.replace("model.safetensors", "model.safetensors, preprocessor_config.json")
+        + "; save the processor with processor.save_pretrained (which writes its tokenizer too) and pass that "
+        "directory as --processor"
+    )
 
 
 def test_output_not_writable(pack: Any, chat_jsonl: Path, tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from packcli.contract import file_sha256
 from packcli.output.rows import SHARD_SCHEMA
 
 from .conftest import make_conversations, read_rows
+from .test_errors import NO_TOKENIZER_FILES, model_without_tokenizer
 
 MAX_LEN = 1024
 
@@ -421,6 +422,18 @@ def test_inspect_row_out_of_range(workdir: Path, capsys: pytest.CaptureFixture[s
     code, _, err = run_main(capsys, "inspect", workdir / "out", "--row", n)
     assert code == 2
     assert f"Error: --row {n} is out of range: the output has {n} rows (0..{n - 1})" in err
+
+
+def test_inspect_with_a_model_directory_for_tokenizer_names_the_files_looked_for(
+    workdir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = model_without_tokenizer(tmp_path)
+    code, out, err = run_main(capsys, "inspect", workdir / "out", "--tokenizer", model)
+    assert (code, out) == (1, "")
+    assert err == (
+        f"Error: cannot load tokenizer '{model}': {NO_TOKENIZER_FILES}; pass the directory or Hub name of the "
+        "model's tokenizer as --tokenizer, or save the tokenizer into this directory with tokenizer.save_pretrained\n"
+    )
 
 
 def test_inspect_dropped_sample(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:

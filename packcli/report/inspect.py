@@ -253,6 +253,8 @@ def _load_decoder(name: str | None, sha256: str | None) -> tuple[Any, bool]:
     try:
         encoder = Encoder(name, None, EncodeOptions(), encoder="tokenizers")  # it only decodes
     except TokenizerError as exc:
+        if Opt("tokenizer") in exc.parts:  # its fix already names the option
+            raise
         raise TokenizerError(*exc.parts, "; or pass ", Opt("tokenizer"), " to decode with another one") from exc
     return encoder.tokenizer, encoder.identity()["sha256"] == sha256
 
