@@ -83,9 +83,10 @@ CUT = '{"messages": [{"role": "user", "content": "hel'
 @pytest.mark.parametrize(
     ("bad", "problem"),
     [
-        (NO_BRACE + "\n", f"Expecting ',' delimiter at column {len(NO_BRACE) + 1}"),  # the end, not the newline
-        (CUT + "\n", f"Unterminated string starting at column {CUT.rindex(chr(34)) + 1}"),
-        (NO_BRACE + "}}", f"Extra data at column {len(NO_BRACE) + 2}"),  # the file's last line, whole
+        # the end, not the newline
+        (NO_BRACE + "\n", f"Expecting ',' delimiter at column {len(NO_BRACE) + 1}, found the end of the line"),
+        (CUT + "\n", f"Unterminated string starting at column {CUT.rindex(chr(34)) + 1}, found '\"hel'"),
+        (NO_BRACE + "}}", f"Extra data at column {len(NO_BRACE) + 2}, found '}}'"),  # the file's last line, whole
     ],
     ids=["no-brace", "cut-in-a-string", "extra-data-at-the-end-of-the-file"],
 )
@@ -130,6 +131,39 @@ def test_a_jsonl_file_of_one_line_cut_says_so_too(pack: Any, tmp_path: Path) -> 
     line = one_error_line(pack(data, "--max-len", "64", "-o", tmp_path / "out", expect=1))
     assert line.startswith(f"Error: {data} line 1: the file looks cut (a truncated copy?)")
     assert line.endswith("; copy the file again, or pass --on-error skip to skip bad records")
+
+
+FIRST_LINE_BAD = [
+    # (file, text, the error's place and what it found): a first line that is no JSON, then records
+    # whose format the sniff cannot tell (it named their fields, "(a)", not the line).
+    (
+        "d.jsonl",
+        'id,text,a\n{"a": 1}\n{"a": 2}\n',
+        "line 1: invalid JSON (Expecting value at column 1, found 'id,text,a')",
+    ),
+    (
+        "d.jsonl",
+        '# exported 2024-01-01 from the labelling tool, version 3\n{"a": 1}\n',  # quoted up to 30 characters
+        "line 1: invalid JSON (Expecting value at column 1, found '# exported 2024-01-01 from the...')",
+    ),
+    (
+        "d.json",
+        '[{a: 1}, {"a": 2}]',
+        "record 1: invalid JSON (Expecting property name enclosed in double quotes at "
+        "byte 2 of the file, found 'a: 1}')",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "problem"), FIRST_LINE_BAD, ids=["jsonl-header", "jsonl-note", "json"])
+def test_a_first_line_that_is_not_json_is_named_with_what_it_holds(
+    name: str, text: str, problem: str, pack: Any, tmp_path: Path
+) -> None:
+    data = tmp_path / name
+    data.write_text(text)
+    line = one_error_line(pack(data, "--max-len", "64", "-o", tmp_path / "out", expect=1))
+    assert line == f"Error: {data} {problem}; fix the record, or pass --on-error skip to skip bad records"
+    assert not (tmp_path / "out").exists()
 
 
 def test_policy_drops_never_fail_and_are_counted(pack: Any, tmp_path: Path) -> None:
@@ -179,7 +213,9 @@ def test_a_broken_element_of_a_json_array_is_one_bad_record(pack: Any, tmp_path:
     data.write_text(f'[{good}, {{"a": tru}}, {good}, {good}]')
     at = len(f'[{good}, {{"a": '.encode())
     line = one_error_line(pack(data, "--max-len", "64", "-o", tmp_path / "o", expect=1))
-    assert line.startswith(f"Error: {data} record 2: invalid JSON (Expecting value at byte {at} of the file)")
+    assert line.startswith(
+        f"Error: {data} record 2: invalid JSON (Expecting value at byte {at} of the file, found 'tru}}')"
+    )
     summary = json.loads(
         pack(data, "--max-len", "64", "-o", tmp_path / "o", "--on-error", "skip", "--json", "-q").stdout
     )
