@@ -1,5 +1,6 @@
 """One packed row as ``packcli inspect`` shows it on stdout (``print_row``): its samples in turn, trained
-tokens in colour (bracketed without colour), masked ones dim, images and prefix-tree nodes named.
+tokens in colour (bracketed without colour), masked ones dim, images and prefix-tree nodes named; or one
+input record's samples alone, each under its row and offset (``print_sample``, ``--sample-index``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,30 @@ def print_row(result: Any) -> None:
             continue
         style = "bold yellow" if seg.sample_index == result.requested_sample_index else "bold"
         _print_segment(seg, _segment_title(seg), style, marks)
+
+
+def print_sample(result: Any) -> None:
+    """An input record's samples alone (``inspect --sample-index``), each under its row and offset."""
+    found = result.occurrences
+    if len(found) == 1:
+        first = found[0]
+        where = (
+            f"(not the rest of its row): row {first.row} at token {first.offset} (rows 0..{result.rows - 1}; "
+            f"{first.shard}, row {first.row_in_shard}); --row {first.row} shows the whole row"
+        )
+    else:
+        places = [f"row {o.row} at token {o.offset}" for o in found]
+        if len(places) > 6:  # the header stays one line; each sample's heading names its place
+            places = [*places[:5], f"{len(places) - 5} more"]
+        where = (
+            f"(not the rest of its rows): {len(found)} occurrences, {', '.join(places[:-1])} and {places[-1]} "
+            f"(rows 0..{result.rows - 1}); --row N shows a whole row"
+        )
+    marks = _print_head(f"sample_index {result.sample_index} only {where}", result)
+    for occurrence in found:
+        seg = occurrence.segment
+        title = f"row {occurrence.row} at token {occurrence.offset}: {_segment_title(seg)}"
+        _print_segment(seg, title, "bold yellow", marks)
 
 
 def _print_head(header: str, result: Any) -> bool:
