@@ -135,6 +135,34 @@ def default_tokenizer_dir() -> str:
     return next(iter(spec.submodule_search_locations))
 
 
+# The files a saved tokenizer is (tokenizer.json and tokenizer_config.json from save_pretrained; the
+# vocabularies of slow tokenizers: SentencePiece's *.model, BPE's vocab.json and merges.txt, WordPiece's
+# vocab.txt, tiktoken's *.tiktoken): a directory with none of them holds no tokenizer (a model's
+# config.json and weights alone).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "vocab.txt")
+TOKENIZER_SUFFIXES = (".model", ".tiktoken")
+
+
+def missing_tokenizer(directory: str | Path) -> str | None:
+    """Return the words that say a directory holds no tokenizer file (``TOKENIZER_FILES``), naming the
+    files looked for and what it holds (the caller names the directory); None when it holds one, or is
+    no directory.
+
+    Asked before transformers is, whose error for such a directory names no file ("Couldn't instantiate
+    the backend tokenizer from one of: ;").
+    """
+    path = Path(directory)
+    try:
+        names = sorted(p.name for p in path.iterdir() if p.is_file())
+    except OSError:
+        return None
+    if any(name in TOKENIZER_FILES or name.endswith(TOKENIZER_SUFFIXES) for name in names):
+        return None
+    looked_for = ", ".join((*TOKENIZER_FILES, *(f"*{suffix}" for suffix in TOKENIZER_SUFFIXES)))
+    held = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "") if names else "no file"
+    return f"the directory holds no tokenizer files (none of {looked_for}; it holds {held})"
+
+
 def tree_attention(node_lengths: np.ndarray | list[int], node_parents: np.ndarray | list[int]) -> np.ndarray:
     """Return the attention rule of a row with tree columns: ``allowed[t, s]`` (bool, [n, n]) is True
     where token t may attend token s.

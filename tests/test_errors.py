@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
+from typer.testing import CliRunner
 
+from packcli.cli import app
 from packcli.errors import RecordError
 from packcli.io.sources import RawBatch
 from packcli.output import write
@@ -81,9 +83,10 @@ CUT = '{"messages": [{"role": "user", "content": "hel'
 @pytest.mark.parametrize(
     ("bad", "problem"),
     [
-        (NO_BRACE + "\n", f"Expecting ',' delimiter at column {len(NO_BRACE) + 1}"),  # the end, not the newline
-        (CUT + "\n", f"Unterminated string starting at column {CUT.rindex(chr(34)) + 1}"),
-        (NO_BRACE + "}}", f"Extra data at column {len(NO_BRACE) + 2}"),  # the file's last line, whole
+        # the end, not the newline
+        (NO_BRACE + "\n", f"Expecting ',' delimiter at column {len(NO_BRACE) + 1}, found the end of the line"),
+        (CUT + "\n", f"Unterminated string starting at column {CUT.rindex(chr(34)) + 1}, found '\"hel'"),
+        (NO_BRACE + "}}", f"Extra data at column {len(NO_BRACE) + 2}, found '}}'"),  # the file's last line, whole
     ],
     ids=["no-brace", "cut-in-a-string", "extra-data-at-the-end-of-the-file"],
 )
@@ -128,6 +131,39 @@ def test_a_jsonl_file_of_one_line_cut_says_so_too(pack: Any, tmp_path: Path) -> 
     line = one_error_line(pack(data, "--max-len", "64", "-o", tmp_path / "out", expect=1))
     assert line.startswith(f"Error: {data} line 1: the file looks cut (a truncated copy?)")
     assert line.endswith("; copy the file again, or pass --on-error skip to skip bad records")
+
+
+FIRST_LINE_BAD = [
+    # (file, text, the error's place and what it found): a first line that is no JSON, then records
+    # whose format the sniff cannot tell (it named their fields, "(a)", not the line).
+    (
+        "d.jsonl",
+        'id,text,a\n{"a": 1}\n{"a": 2}\n',
+        "line 1: invalid JSON (Expecting value at column 1, found 'id,text,a')",
+    ),
+    (
+        "d.jsonl",
+        '# exported 2024-01-01 from the labelling tool, version 3\n{"a": 1}\n',  # quoted up to 30 characters
+        "line 1: invalid JSON (Expecting value at column 1, found '# exported 2024-01-01 from the...')",
+    ),
+    (
+        "d.json",
+        '[{a: 1}, {"a": 2}]',
+        "record 1: invalid JSON (Expecting property name enclosed in double quotes at "
+        "byte 2 of the file, found 'a: 1}')",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "problem"), FIRST_LINE_BAD, ids=["jsonl-header", "jsonl-note", "json"])
+def test_a_first_line_that_is_not_json_is_named_with_what_it_holds(
+    name: str, text: str, problem: str, pack: Any, tmp_path: Path
+) -> None:
+    data = tmp_path / name
+    data.write_text(text)
+    line = one_error_line(pack(data, "--max-len", "64", "-o", tmp_path / "out", expect=1))
+    assert line == f"Error: {data} {problem}; fix the record, or pass --on-error skip to skip bad records"
+    assert not (tmp_path / "out").exists()
 
 
 def test_policy_drops_never_fail_and_are_counted(pack: Any, tmp_path: Path) -> None:
@@ -177,7 +213,9 @@ def test_a_broken_element_of_a_json_array_is_one_bad_record(pack: Any, tmp_path:
     data.write_text(f'[{good}, {{"a": tru}}, {good}, {good}]')
     at = len(f'[{good}, {{"a": '.encode())
     line = one_error_line(pack(data, "--max-len", "64", "-o", tmp_path / "o", expect=1))
-    assert line.startswith(f"Error: {data} record 2: invalid JSON (Expecting value at byte {at} of the file)")
+    assert line.startswith(
+        f"Error: {data} record 2: invalid JSON (Expecting value at byte {at} of the file, found 'tru}}')"
+    )
     summary = json.loads(
         pack(data, "--max-len", "64", "-o", tmp_path / "o", "--on-error", "skip", "--json", "-q").stdout
     )
@@ -380,6 +418,55 @@ def test_tokenizer_not_found_and_template_that_raises(
         or "{}"
     )
     assert summary == {}  # nothing left to pack is an error even in skip mode
+
+
+NO_TOKENIZER_FILES = (
+    "the directory holds no tokenizer files (none of tokenizer.json, tokenizer_config.json, vocab.json, "
+    "merges.txt, vocab.txt, *.model, *.tiktoken; it holds config.json, model.safetensors)"
+)
+
+
+def model_without_tokenizer(tmp_path: Path) -> Path:
+    """A model's directory as a user may pass it for the tokenizer: its config.json and weights only."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    (model / "model.safetensors").write_bytes(b"\0")
+    return model
+
+
+def test_a_model_directory_without_its_tokenizer_names_the_files_looked_for(
+    pack: Any, chat_jsonl: Path, tmp_path: Path
+) -> None:
+    """A model's directory (config.json and weights, no tokenizer file) is one line wherever a tokenizer
+    is loaded, naming the directory, the files looked for and the fix (not transformers' "Couldn't
+    instantiate the backend tokenizer from one of: ;"); load_rows: tests/test_training_checks.py)."""
+    import packcli
+
+    model = model_without_tokenizer(tmp_path)
+    fix = "pass the directory or Hub name of the model's tokenizer as --tokenizer, or save the tokenizer into "
+    fix += "this directory with tokenizer.save_pretrained"
+    expected = f"Error: cannot load tokenizer '{model}': {NO_TOKENIZER_FILES}; {fix}"
+    assert one_error_line(pack(chat_jsonl, "--tokenizer", model, "-o", tmp_path / "o", expect=1)) == expected
+    stats = CliRunner().invoke(
+        app, ["stats", str(chat_jsonl), "--max-len", "64", "--tokenizer", str(model), "--no-cache"]
+    )
+    assert (stats.exit_code, one_error_line(stats)) == (1, expected)
+    assert not (tmp_path / "o").exists()
+
+    with pytest.raises(packcli.TokenizerError) as error:
+        packcli.pack(chat_jsonl, 64, tmp_path / "o", tokenizer=str(model), cache=False)
+    assert str(error.value) == expected.removeprefix("Error: ").replace("--tokenizer", "tokenizer")
+
+    # --processor DIR: the run's tokenizer is the processor directory's.
+    (model / "preprocessor_config.json").write_text('{"processor_class": "Qwen2VLProcessor"}')
+    line = one_error_line(pack(chat_jsonl, "--processor", model, "-o", tmp_path / "o", expect=1))
+    assert line == (
+        f"Error: cannot load the tokenizer of processor '{model}': "
+        + NO_TOKENIZER_FILES.replace("model.safetensors", "model.safetensors, preprocessor_config.json")
+        + "; save the processor with processor.save_pretrained (which writes its tokenizer too) and pass that "
+        "directory as --processor"
+    )
 
 
 def test_output_not_writable(pack: Any, chat_jsonl: Path, tmp_path: Path) -> None:

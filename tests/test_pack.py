@@ -14,7 +14,7 @@ import pytest
 from packcli.contract import file_sha256
 from packcli.tokenize.templates import builtin_template
 
-from .conftest import make_conversations, read_rows, write_jsonl
+from .conftest import make_conversations, one_error_line, read_rows, write_jsonl
 
 CONTRACT = {
     "input_ids": pa.list_(pa.int32()),
@@ -374,17 +374,38 @@ def test_output_directory_rules(pack: Any, chat_jsonl: Path, tmp_path: Path) -> 
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("x")
+    (out / "notes").mkdir()
+    # Not packcli's: the first refusal says that only another -o works (--overwrite would be refused too).
     result = pack(chat_jsonl, "--max-len", "300", "-o", out, expect=2)
-    assert (
-        result.stderr.strip()
-        == f"Error: {out}: the output directory is not empty; pass --overwrite or choose another -o"
+    assert one_error_line(result) == (
+        f"Error: {out}: the output directory is not empty and is not a packcli output (no manifest.json written "
+        "by packcli; it holds keep.txt, notes); packcli writes only into an empty directory, and --overwrite "
+        "replaces only a previous packcli output; choose another -o"
     )
     assert (out / "keep.txt").exists()
     # --overwrite replaces only packcli's own output (tests/test_safety.py has the details).
-    pack(chat_jsonl, "--max-len", "300", "-o", out, "--overwrite", "-q", expect=2)
+    result = pack(chat_jsonl, "--max-len", "300", "-o", out, "--overwrite", "-q", expect=2)
+    assert one_error_line(result) == (
+        f"Error: {out}: --overwrite replaces only an empty directory or a previous packcli output, and this one "
+        "has no manifest.json written by packcli (it holds keep.txt, notes); choose another -o"
+    )
     assert (out / "keep.txt").read_text() == "x"
     (out / "keep.txt").unlink()
+    (out / "notes").rmdir()
     pack(chat_jsonl, "--max-len", "300", "-o", out, "-q")
+    # A previous packcli output: only it is replaced by --overwrite, which the refusal names.
+    result = pack(chat_jsonl, "--max-len", "200", "-o", out, "-q", expect=2)
+    assert one_error_line(result) == (
+        f"Error: {out}: the output directory holds a previous packcli output; pass --overwrite to replace it, "
+        "or choose another -o"
+    )
+    (out / "keep.txt").write_text("x")
+    result = pack(chat_jsonl, "--max-len", "200", "-o", out, "-q", expect=2)
+    assert one_error_line(result) == (
+        f"Error: {out}: holds files packcli did not write (keep.txt); move them out and pass --overwrite, "
+        "or choose another -o"
+    )
+    (out / "keep.txt").unlink()
     pack(chat_jsonl, "--max-len", "200", "-o", out, "--overwrite", "-q")
     assert json.loads((out / "manifest.json").read_text())["options"]["max_len"] == 200
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging left behind

@@ -19,6 +19,7 @@ from packcli.contract import file_sha256
 from packcli.output.rows import SHARD_SCHEMA
 
 from .conftest import make_conversations, read_rows
+from .test_errors import NO_TOKENIZER_FILES, model_without_tokenizer
 
 MAX_LEN = 1024
 
@@ -396,14 +397,119 @@ def test_inspect_row_json_decodes_the_row(workdir: Path, base_tokenizer: Any) ->
         assert "<｜Assistant｜>" in s["text"]
 
 
-def test_inspect_sample_index_finds_its_row(workdir: Path) -> None:
+def _places(out: Path, k: int) -> list[tuple[int, int, int, int]]:
+    """(row, offset in the row, piece, length) of each sample of record ``k``, read from the shards, in row order."""
+    found = []
+    for i, row in enumerate(read_rows(out)):
+        offsets = np.cumsum([0, *row["seq_lengths"]])
+        for j, index in enumerate(row["sample_index"]):
+            if index == k:
+                found.append((i, int(offsets[j]), row["piece_index"][j], row["seq_lengths"][j]))
+    return found
+
+
+def test_inspect_sample_index_json_gives_the_sample_its_row_and_offset(workdir: Path) -> None:
     out = workdir / "out"
     rows = read_rows(out)
     k = 42
-    holder = next(i for i, r in enumerate(rows) if k in r["sample_index"])
+    [(holder, offset, _, length)] = _places(out, k)
     result = json.loads(invoke("inspect", out, "--sample-index", k, "--json").stdout)
-    assert result["row"] == holder and result["requested_sample_index"] == k
-    assert k in [s["sample_index"] for s in result["segments"]]
+    assert set(result) == {
+        "directory",
+        "sample_index",
+        "rows",
+        "max_len",
+        "tokenizer",
+        "tokenizer_matches",
+        "occurrences",
+    }
+    assert (result["sample_index"], result["rows"], result["max_len"]) == (k, len(rows), MAX_LEN)
+    [found] = result["occurrences"]
+    shards = manifest_of(out)["shards"]
+    shard = next(i for i, total in enumerate(np.cumsum([e["rows"] for e in shards])) if holder < total)
+    in_shard = holder - sum(e["rows"] for e in shards[:shard])
+    segment = found.pop("segment")
+    assert found == {
+        "row": holder,
+        "shard": shards[shard]["file"],
+        "row_in_shard": in_shard,
+        "offset": offset,
+        "row_tokens": len(rows[holder]["input_ids"]),
+    }
+    assert set(segment) == SEGMENT_KEYS and (segment["sample_index"], segment["start"]) == (k, offset)
+    assert segment["input_ids"] == rows[holder]["input_ids"][offset : offset + length]
+    assert segment["trained"] == [x != -100 for x in rows[holder]["labels"][offset : offset + length]]
+
+
+def test_inspect_sample_index_shows_that_sample_alone(workdir: Path) -> None:
+    out = workdir / "out"
+    k = 42
+    [(holder, offset, _, length)] = _places(out, k)
+    row = read_rows(out)[holder]
+    others = [i for i in row["sample_index"] if i != k]
+    assert others  # the row holds other samples, which are not shown
+    manifest = manifest_of(out)
+    sizes = [0, *np.cumsum([e["rows"] for e in manifest["shards"]]).tolist()]
+    index = int(np.searchsorted(sizes, holder, side="right")) - 1
+    shard, in_shard = manifest["shards"][index]["file"], holder - sizes[index]
+    result = invoke("inspect", out, "--sample-index", k)
+    lines = result.stdout.splitlines()
+    assert lines[0] == (
+        f"sample_index {k} only (not the rest of its row): row {holder} at token {offset} "
+        f"(rows 0..{manifest['rows'] - 1}; {shard}, row {in_shard}); --row {holder} shows the whole row"
+    )
+    trained = sum(x != -100 for x in row["labels"][offset : offset + length])
+    assert [line.rstrip("─ ") for line in lines if line.startswith("row ")] == [
+        f"row {holder} at token {offset}: sample_index {k}: {length:,} tokens, {trained:,} trained"
+    ]
+    assert not [i for i in others if f"sample_index {i}:" in result.stdout]
+
+
+@pytest.fixture(scope="module")
+def pieces_and_repeats(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three records, the middle one split into two pieces at --max-len 64, all repeated 4 times by a mix."""
+    root = tmp_path_factory.mktemp("pieces")
+    long = " ".join(["packing rows"] * 40)
+    records = [
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]},
+        {
+            "messages": [
+                {"role": "user", "content": "q1"},
+                {"role": "assistant", "content": long},
+                {"role": "user", "content": "q2"},
+                {"role": "assistant", "content": long},
+            ]
+        },
+        {"messages": [{"role": "user", "content": "why"}, {"role": "assistant", "content": "because"}]},
+    ]
+    (root / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    mix = ["--mix", f"{root / 'a.jsonl'}=4x", "--overflow", "split", "--max-len", 64, "--no-cache", "--num-proc", 1]
+    invoke("pack", *mix, "-o", root / "out", "-q")
+    return root / "out"
+
+
+def test_inspect_sample_index_shows_each_piece_and_repeat_with_its_row_and_offset(pieces_and_repeats: Path) -> None:
+    out = pieces_and_repeats
+    rows = read_rows(out)
+    places = sorted(_places(out, 1), key=lambda p: (p[2], p[0], p[1]))  # by piece, then row
+    assert [piece for _, _, piece, _ in places] == [0] * 4 + [1] * 4  # two pieces, each in four rows
+    result = invoke("inspect", out, "--sample-index", 1)
+    lines = result.stdout.splitlines()
+    where = [f"row {row} at token {offset}" for row, offset, _, _ in places]
+    assert (
+        lines[0]
+        == (  # the first five places, then each sample's heading names its own
+            f"sample_index 1 only (not the rest of its rows): 8 occurrences, {', '.join(where[:5])} and 3 more "
+            f"(rows 0..{len(rows) - 1}); --row N shows a whole row"
+        )
+    )
+    titles = []
+    for (row, offset, piece, length), at in zip(places, where, strict=True):
+        trained = sum(x != -100 for x in rows[row]["labels"][offset : offset + length])
+        name = "sample_index 1" + (f" piece {piece}" if piece else "")
+        titles.append(f"{at}: {name}: {length:,} tokens, {trained:,} trained")
+    assert [line.rstrip("─ ") for line in lines if line.startswith("row ")] == titles
+    assert "sample_index 0" not in result.stdout and "sample_index 2" not in result.stdout
 
 
 def test_inspect_marks_boundaries_and_trained_text(workdir: Path) -> None:
@@ -421,6 +527,18 @@ def test_inspect_row_out_of_range(workdir: Path, capsys: pytest.CaptureFixture[s
     code, _, err = run_main(capsys, "inspect", workdir / "out", "--row", n)
     assert code == 2
     assert f"Error: --row {n} is out of range: the output has {n} rows (0..{n - 1})" in err
+
+
+def test_inspect_with_a_model_directory_for_tokenizer_names_the_files_looked_for(
+    workdir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = model_without_tokenizer(tmp_path)
+    code, out, err = run_main(capsys, "inspect", workdir / "out", "--tokenizer", model)
+    assert (code, out) == (1, "")
+    assert err == (
+        f"Error: cannot load tokenizer '{model}': {NO_TOKENIZER_FILES}; pass the directory or Hub name of the "
+        "model's tokenizer as --tokenizer, or save the tokenizer into this directory with tokenizer.save_pretrained\n"
+    )
 
 
 def test_inspect_dropped_sample(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:

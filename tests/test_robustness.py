@@ -597,7 +597,10 @@ def test_when_no_sniffed_record_parses_the_json_error_is_said(pack: Any, tmp_pat
     data.write_text('{"messages": [1,}\n{"text": \n')
     before = digest(data)
     result = pack(data, "--max-len", "64", "-o", tmp_path / "out", expect=1)
-    assert one_stderr_line(result) == f"Error: {data} line 1: invalid JSON (Expecting value at column 17){SKIP_HINT}"
+    assert (
+        one_stderr_line(result)
+        == f"Error: {data} line 1: invalid JSON (Expecting value at column 17, found '}}'){SKIP_HINT}"
+    )
     assert digest(data) == before and not (tmp_path / "out").exists()
 
 

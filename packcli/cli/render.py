@@ -3,7 +3,7 @@
 The commands reach it as one module (``import packcli.cli.render as console``); its parts are in
 ``consoles`` (the two consoles, ``Error:``/``Warning:`` lines, progress bars, ``--json``'s stdout),
 ``pack_summary`` (the pack summary's table), ``stats_tables`` (``packcli stats``' tables) and
-``row_view`` (``packcli inspect``'s row).
+``row_view`` (``packcli inspect``'s row, or record).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from packcli.cli.row_view import (
     TRAINED_OPEN as TRAINED_OPEN,
     TRAINED_STYLE as TRAINED_STYLE,
     print_row as print_row,
+    print_sample as print_sample,
 )
 from packcli.cli.stats_tables import (
     BAR_WIDTH as BAR_WIDTH,

@@ -268,7 +268,12 @@ def inspect(
     ] = None,
     sample_index: Annotated[
         int | None,
-        typer.Option("--sample-index", metavar="N", help="Show the row that holds this input record (0-based)."),
+        typer.Option(
+            "--sample-index",
+            metavar="N",
+            help="Show this input record (0-based) alone: each of its samples (pieces, rounds, repeats) "
+            "with its row and offset.",
+        ),
     ] = None,
     tokenizer: Annotated[
         str | None,
@@ -288,13 +293,20 @@ def inspect(
     ] = None,
     json_out: JsonFlag = False,
 ) -> None:
-    """Decode one packed row: sample boundaries, trained tokens (green) and masked tokens (dim).
+    """Decode one packed row: sample boundaries, trained tokens (green) and masked tokens (dim); or one input
+    record's samples alone.
 
     Examples: packcli inspect out/ --row 3 ; packcli inspect out/ --sample-index 120 --json
     """
-    from packcli.report.inspect import inspect_row
+    from packcli.report.inspect import InspectedRow, inspect_row
+    from packcli.report.sample import InspectedSample, inspect_sample
 
-    result = inspect_row(out_dir, row=row, sample_index=sample_index, tokenizer=tokenizer, max_tokens=max_tokens)
+    result: InspectedRow | InspectedSample
+    if sample_index is not None and row is None:
+        result = inspect_sample(out_dir, sample_index, tokenizer=tokenizer, max_tokens=max_tokens)
+    else:  # --row, or none (row 0); with both, inspect_row refuses them
+        result = inspect_row(out_dir, row=row, sample_index=sample_index, tokenizer=tokenizer, max_tokens=max_tokens)
+    show = console.print_sample if isinstance(result, InspectedSample) else console.print_row
     if not result.tokenizer_matches:
         console.stderr.print(
             f"warning: tokenizer '{result.tokenizer}' is not the one the output was packed with "
@@ -309,9 +321,9 @@ def inspect(
 
         os.environ.setdefault("LESS", "-R")  # less shows the colours of trained and masked tokens
         with console.stdout.pager(styles=True):
-            console.print_row(result)
+            show(result)
     else:
-        console.print_row(result)
+        show(result)
 
 
 # -- verify ----------------------------------------------------------------------------------------

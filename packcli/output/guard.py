@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from packcli.errors import OUTPUT, Opt, OutputError, UsageError
+from packcli.errors import OUTPUT, Opt, OutputError, Part, UsageError
 from packcli.owned import (
     _REJECT_LINE_BYTES,
     EVAL_DIR,
@@ -36,8 +36,9 @@ from packcli.procs import cleanup
 def replaceable(output: Path, display: str, overwrite: bool) -> set[str]:
     """Check that packcli may write ``output``; return the names in it that the new output replaces.
 
-    A missing or empty directory is always fine. A non-empty one needs ``--overwrite`` and must be a
-    previous packcli output holding nothing but what packcli wrote.
+    A missing or empty directory is always fine. A non-empty one must be a previous packcli output
+    holding nothing but what packcli wrote, and needs ``--overwrite``: the refusal without it says which
+    of the two it lacks, so that it never asks for an ``--overwrite`` that would be refused too.
     """
     if not os.path.lexists(output):
         return set()
@@ -48,19 +49,22 @@ def replaceable(output: Path, display: str, overwrite: bool) -> set[str]:
     entries = _entries(output)
     if not entries:
         return set()
-    if not overwrite:
-        raise UsageError(
-            f"{display}: the output directory is not empty",
-            hint=("pass ", Opt("overwrite"), " or choose another ", Opt("output", short=True)),
-        )
     manifest = read_own_manifest(output)
+    if manifest is None and not overwrite:
+        raise UsageError(
+            f"{display}: the output directory is not empty and is not a packcli output (no manifest.json written by "
+            f"packcli; it holds {_some(entries)}); packcli writes only into an empty directory, and ",
+            Opt("overwrite"),
+            " replaces only a previous packcli output",
+            hint=("choose another ", OUTPUT),
+        )
     if manifest is None:
         raise UsageError(
             f"{display}: ",
             Opt("overwrite"),
             " replaces only an empty directory or a previous packcli output, and this "
             f"one has no manifest.json written by packcli (it holds {_some(entries)})",
-            hint=("choose another ", Opt("output", short=True)),
+            hint=("choose another ", OUTPUT),
         )
     foreign = entries - own_files(output, manifest)
     parts = rejects_parts(manifest)
@@ -69,9 +73,14 @@ def replaceable(output: Path, display: str, overwrite: bool) -> set[str]:
     if EVAL_DIR in foreign and names_eval(manifest):  # likewise for the eval split's directory
         foreign = (foreign - {EVAL_DIR}) | foreign_in_eval(output)
     if foreign:
+        fix: tuple[Part, ...] = ("move them out or choose another ", OUTPUT)
+        if not overwrite:  # moving them out leaves a previous output, which --overwrite replaces
+            fix = ("move them out and pass ", Opt("overwrite"), ", or choose another ", OUTPUT)
+        raise UsageError(f"{display}: holds files packcli did not write ({_some(foreign)})", hint=fix)
+    if not overwrite:
         raise UsageError(
-            f"{display}: holds files packcli did not write ({_some(foreign)}); move them out or choose another ",
-            OUTPUT,
+            f"{display}: the output directory holds a previous packcli output",
+            hint=("pass ", Opt("overwrite"), " to replace it, or choose another ", OUTPUT),
         )
     return entries
 

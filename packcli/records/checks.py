@@ -40,6 +40,20 @@ def cut_last_line(why: str) -> RecordError:
     )
 
 
+# The characters of a line an invalid JSON error quotes from where the decoder stopped (``found_at``).
+EXCERPT_CHARS = 30
+
+
+def found_at(text: str, pos: int) -> str:
+    """Return the words that say what a JSON decoder met at ``pos`` of ``text``: the rest of that line,
+    quoted, at most ``EXCERPT_CHARS`` characters (``found 'hello, world'``), or the line's end."""
+    rest = text[pos:].split("\n", 1)[0].rstrip("\r")
+    if not rest.strip():
+        return "found the end of the line"
+    excerpt = rest[:EXCERPT_CHARS] + ("..." if len(rest) > EXCERPT_CHARS else "")
+    return f"found {excerpt!r}"
+
+
 def ends_inside_value(text: str) -> bool:
     """Return True when JSON text ends inside its first value: a string or a bracket still open.
 

@@ -7,7 +7,7 @@ per-shard row counts without reading other shards; a sample is found by scanning
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -85,16 +85,21 @@ class InspectedRow:
         if out["reasoning"] is None:
             del out["reasoning"]
         for segment in out["segments"]:
-            if segment["role"] is None:  # not preference data: the segments are as before roles existed
-                del segment["role"]
-            if segment["images"] is None:  # a text output: as before images existed
-                del segment["images"]
-            if segment["nodes"] is None:  # not prefix trees: as before trees existed
-                del segment["nodes"]
-            for piece in segment["pieces"]:
-                if piece["image"] is None:
-                    del piece["image"]
+            trim_segment(segment)
         return out
+
+
+def trim_segment(segment: JSONObject) -> None:
+    """Leave out of a segment's dict the keys its output does not have (as before they existed)."""
+    if segment["role"] is None:  # not preference data: the segments are as before roles existed
+        del segment["role"]
+    if segment["images"] is None:  # a text output: as before images existed
+        del segment["images"]
+    if segment["nodes"] is None:  # not prefix trees: as before trees existed
+        del segment["nodes"]
+    for piece in segment["pieces"]:
+        if piece["image"] is None:
+            del piece["image"]
 
 
 def locate_row(manifest: Manifest, row: int) -> tuple[str, int]:
@@ -110,6 +115,14 @@ def locate_row(manifest: Manifest, row: int) -> tuple[str, int]:
 
 def find_sample(directory: Path, manifest: Manifest, sample_index: int) -> int:
     """Return the global row that holds ``sample_index`` (its first copy); raise InputError when none does."""
+    for row, _ in sample_hits(directory, manifest, sample_index):
+        return row
+    raise in_no_row(manifest, sample_index)
+
+
+def sample_hits(directory: Path, manifest: Manifest, sample_index: int) -> Iterator[tuple[int, int]]:
+    """Yield (global row, segment in the row) of every segment of ``sample_index``, in row order: its
+    pieces, its rounds and its repeats. Only the ``sample_index`` column is read, shard by shard."""
     if sample_index < 0:
         raise UsageError(f"must be >= 0, not {sample_index}", option="sample_index")
     first_row = 0
@@ -120,14 +133,20 @@ def find_sample(directory: Path, manifest: Manifest, sample_index: int) -> int:
                 hits = np.flatnonzero(index == sample_index)
                 if len(hits):
                     row_of = np.repeat(np.arange(batch.num_rows), segs)
-                    return first_row + int(row_of[hits[0]])
+                    starts = np.cumsum(segs) - segs  # each row's first segment in ``index``
+                    for hit in hits.tolist():
+                        row = int(row_of[hit])
+                        yield first_row + row, hit - int(starts[row])
                 first_row += batch.num_rows
         except (OSError, pa.ArrowException) as exc:
             raise _unreadable(directory, entry.file, exc) from exc
+
+
+def in_no_row(manifest: Manifest, sample_index: int) -> InputError:
     counts = manifest.counts or Counts()
     dropped = ", ".join(f"{reason} {n}" for reason, n in (counts.dropped or {}).items()) or "none"
     records = "?" if counts.records_read is None else counts.records_read
-    raise InputError(
+    return InputError(
         f"sample_index {sample_index} is in no row: it numbers the {records} input records "
         f"from 0, and dropped records are in no row (dropped: {dropped})",
         hint=("pack with ", Opt("rejects"), " FILE to list them"),
@@ -157,22 +176,63 @@ def inspect_row(
     says whether its identity equals the manifest's. With ``max_tokens``, only the first
     ``max_tokens`` tokens of each sample are decoded (``shown_tokens``); ids and labels stay whole.
     """
-    if max_tokens is not None and max_tokens < 1:
-        raise UsageError(f"must be at least 1, not {max_tokens}", option="max_tokens")
+    check_max_tokens(max_tokens)
     if row is not None and sample_index is not None:
         raise UsageError("cannot be used with ", Opt("sample_index"), "; pass one of them", option="row")
     manifest = read_checked_manifest(directory)
     if sample_index is not None:
         row = find_sample(directory, manifest, sample_index)
     row = 0 if row is None else row
+    shard, row_in_shard, data = load_row(directory, manifest, row)
+    decoder, name, matches = load_decoder(manifest, tokenizer)
+    return InspectedRow(
+        directory=str(directory),
+        row=row,
+        rows=sum(e.rows for e in manifest.shards),
+        shard=shard,
+        row_in_shard=row_in_shard,
+        max_len=manifest.max_len,
+        tokens=len(data["input_ids"]),
+        trained_tokens=int((np.asarray(data["labels"], dtype=np.int64) != IGNORE_INDEX).sum()),
+        tokenizer=name,
+        tokenizer_matches=matches,
+        requested_sample_index=sample_index,
+        segments=row_segments(data, manifest, decoder, max_tokens),
+        reasoning=dict(manifest.reasoning) if manifest.reasoning else None,
+    )
+
+
+def check_max_tokens(max_tokens: int | None) -> None:
+    if max_tokens is not None and max_tokens < 1:
+        raise UsageError(f"must be at least 1, not {max_tokens}", option="max_tokens")
+
+
+def load_row(directory: Path, manifest: Manifest, row: int) -> tuple[str, int, dict[str, list[int]]]:
+    """Return (shard file, row within the shard, the row as lists) of global row ``row``."""
     shard, row_in_shard = locate_row(manifest, row)
     try:
-        data = read_row(directory / shard, row_in_shard)
+        return shard, row_in_shard, read_row(directory / shard, row_in_shard)
     except (OSError, pa.ArrowException) as exc:
         raise _unreadable(directory, shard, exc) from exc
+
+
+def load_decoder(manifest: Manifest, tokenizer: str | None) -> tuple[Any, str, bool]:
+    """Return the tokenizer that decodes the rows (``tokenizer``, else the manifest's), its name, and whether
+    its identity equals the manifest's."""
     identity = manifest.tokenizer or {}
     name = tokenizer or identity.get("name")
     decoder, matches = _load_decoder(name, identity.get("sha256"))
+    return decoder, str(name), matches
+
+
+def row_segments(
+    data: dict[str, list[int]],
+    manifest: Manifest,
+    decoder: Any,
+    max_tokens: int | None,
+    only: Container[int] | None = None,
+) -> list[Segment]:
+    """Decode a row's segments (only those numbered in ``only``, when given), in row order."""
     ids = np.asarray(data["input_ids"], dtype=np.int64)
     trained = np.asarray(data["labels"], dtype=np.int64) != IGNORE_INDEX
     segments = []
@@ -187,6 +247,9 @@ def inspect_row(
     for k, (index, piece, length, role) in enumerate(
         zip(data["sample_index"], piece_of, data["seq_lengths"], role_of, strict=False)
     ):
+        if only is not None and k not in only:
+            start += length
+            continue
         seg_ids = ids[start : start + length]
         seg_trained = trained[start : start + length]
         own = [im for im in images or () if im.sample == k]
@@ -210,21 +273,7 @@ def inspect_row(
             ]
         segments.append(segment)
         start += length
-    return InspectedRow(
-        directory=str(directory),
-        row=row,
-        rows=sum(e.rows for e in manifest.shards),
-        shard=shard,
-        row_in_shard=row_in_shard,
-        max_len=manifest.max_len,
-        tokens=len(ids),
-        trained_tokens=int(trained.sum()),
-        tokenizer=str(name),
-        tokenizer_matches=matches,
-        requested_sample_index=sample_index,
-        segments=segments,
-        reasoning=dict(manifest.reasoning) if manifest.reasoning else None,
-    )
+    return segments
 
 
 def _tree_nodes(data: dict[str, Any]) -> dict[int, list[dict[str, int]]] | None:
@@ -253,6 +302,8 @@ def _load_decoder(name: str | None, sha256: str | None) -> tuple[Any, bool]:
     try:
         encoder = Encoder(name, None, EncodeOptions(), encoder="tokenizers")  # it only decodes
     except TokenizerError as exc:
+        if Opt("tokenizer") in exc.parts:  # its fix already names the option
+            raise
         raise TokenizerError(*exc.parts, "; or pass ", Opt("tokenizer"), " to decode with another one") from exc
     return encoder.tokenizer, encoder.identity()["sha256"] == sha256
 

@@ -33,9 +33,10 @@ def _sniff_format(
 ) -> tuple[str | None, tuple[Part, ...] | None]:
     """Return the record format of a source, from the fields of its first readable records.
 
-    When none of them could be parsed at all, also return why the first one could not (where, what
-    and the fix), since that, not the format, is the problem to report. ``seen`` receives the fields
-    of the records read (or what a record is, when it is no object), for the error that names them.
+    When it cannot be told and a record could not be parsed before the first that could (a first line
+    that is no JSON: a header, a note), also return why (where, what and the fix): in input order that,
+    not the fields of the records after it, is the problem to report. ``seen`` receives the fields of
+    the records read (or what a record is, when it is no object), for the error that names them.
     """
     first_error: tuple[Part, ...] | None = None
     parsed = False
@@ -49,12 +50,13 @@ def _sniff_format(
                 record = worker.parse_line(item) if batch.raw_lines else item
             except RecordError as err:
                 unit = "line" if batch.raw_lines else "record"
-                first_error = first_error or (
-                    f"{where(source.display, unit, pos)}: ",
-                    *err.parts,
-                    "; ",
-                    *record_fix(err.reason),
-                )
+                if not parsed:
+                    first_error = first_error or (
+                        f"{where(source.display, unit, pos)}: ",
+                        *err.parts,
+                        "; ",
+                        *record_fix(err.reason),
+                    )
                 continue
             parsed = True
             for name in record if isinstance(record, dict) else [f"a {type(record).__name__}, not an object"]:
@@ -64,7 +66,7 @@ def _sniff_format(
             if fmt is not None:
                 return fmt, None
         break
-    return None, None if parsed else first_error
+    return None, first_error
 
 
 def task_and_formats(config: PackConfig, sources: list[InputSource], memo: Memo) -> tuple[str, dict[str, str | None]]:

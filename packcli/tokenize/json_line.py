@@ -12,6 +12,7 @@ from packcli.records.checks import (
     UnusableRecord,
     cut_last_line,
     ends_inside_value,
+    found_at,
     integer_too_long,
     too_deep,
 )
@@ -27,7 +28,7 @@ def parse_line(line: bytes) -> Any:
     except json.JSONDecodeError as exc:
         if not line.endswith(b"\n") and ends_inside_value(text):  # only a file's last line lacks its newline
             raise cut_last_line(_json_error(text, exc)) from exc
-        raise RecordError("invalid_json", f"invalid JSON ({_json_error(text, exc)})") from exc
+        raise RecordError("invalid_json", f"invalid JSON ({_json_error(text, exc, found=True)})") from exc
     except ValueError as exc:  # the only other one: an integer past Python's digit limit
         raise integer_too_long() from exc
     except RecursionError as exc:  # the decoder recurses per nesting level
@@ -37,9 +38,9 @@ def parse_line(line: bytes) -> Any:
     return record
 
 
-def _json_error(text: str, exc: json.JSONDecodeError) -> str:
+def _json_error(text: str, exc: json.JSONDecodeError, found: bool = False) -> str:
     """Return what is wrong with a JSON line that does not decode, at the column of the record's text
-    (``Expecting ',' delimiter at column 91``).
+    (``Expecting ',' delimiter at column 91``), and with ``found`` what is there (``, found 'oops}'``).
 
     The line is decoded with its newline (stripping it would copy every line), so an error found at
     the newline, as in a record cut short, is looked for again in the text without it.
@@ -51,4 +52,5 @@ def _json_error(text: str, exc: json.JSONDecodeError) -> str:
         except json.JSONDecodeError as inner:
             exc = inner
     # Some of the decoder's messages end in "at" ("Unterminated string starting at"): say it once.
-    return f"{exc.msg.removesuffix(' at')} at column {exc.colno}"
+    where = f"{exc.msg.removesuffix(' at')} at column {exc.colno}"
+    return f"{where}, {found_at(record, exc.pos)}" if found else where

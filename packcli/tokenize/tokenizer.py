@@ -15,8 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from packcli.config import BUILTIN_TEMPLATES
-from packcli.contract import DEFAULT_TOKENIZER as DEFAULT_TOKENIZER, default_tokenizer_dir as default_tokenizer_dir
-from packcli.errors import TokenizerError, first_line
+from packcli.contract import (
+    DEFAULT_TOKENIZER as DEFAULT_TOKENIZER,
+    default_tokenizer_dir as default_tokenizer_dir,
+    missing_tokenizer,
+)
+from packcli.errors import Opt, TokenizerError, first_line
 from packcli.io.readers import hub_reachable
 from packcli.jsontypes import JSONObject
 from packcli.tokenize.templates import builtin_name, builtin_template, read_chat_template
@@ -53,17 +57,28 @@ def tokenizer_fingerprint(name: str | None, chat_template_file: str | None) -> s
     return h.hexdigest()
 
 
+# What to do about a directory that holds no tokenizer (contract.missing_tokenizer).
+TOKENIZER_FIX = (
+    "pass the directory or Hub name of the model's tokenizer as ",
+    Opt("tokenizer"),
+    ", or save the tokenizer into this directory with tokenizer.save_pretrained",
+)
+
+
 def load_tokenizer(name: str | None) -> Any:
     """Load a fast Hugging Face tokenizer by Hub name or local directory (None: the default one)."""
+    source = default_tokenizer_dir() if name in (None, DEFAULT_TOKENIZER) else name
+    local = os.path.exists(source)
+    if not local and _looks_like_path(source):
+        raise TokenizerError(f"cannot load tokenizer '{name}': no such directory; check the path")
+    missing = missing_tokenizer(source) if local and os.path.isdir(source) else None
+    if missing is not None:  # a model's directory, say: transformers' own error names no file
+        raise TokenizerError(f"cannot load tokenizer '{name}': {missing}", hint=TOKENIZER_FIX)
     # packcli needs no PyTorch: keep transformers' import-time advice about it off stderr.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    source = default_tokenizer_dir() if name in (None, DEFAULT_TOKENIZER) else name
-    local = os.path.exists(source)
-    if not local and _looks_like_path(source):
-        raise TokenizerError(f"cannot load tokenizer '{name}': no such directory; check the path")
     # Without network, read the local Hub cache only, instead of retrying the download for a minute.
     offline = not local and not hub_reachable()
     try:

@@ -27,7 +27,14 @@ from typing import Any
 
 import numpy as np
 
-from packcli.contract import DEFAULT_TOKENIZER, MANIFEST, PREFIX_TREES, default_tokenizer_dir, vocab_sha256
+from packcli.contract import (
+    DEFAULT_TOKENIZER,
+    MANIFEST,
+    PREFIX_TREES,
+    default_tokenizer_dir,
+    missing_tokenizer,
+    vocab_sha256,
+)
 from packcli.errors import IncompatibleError, Opt, OutputError, UsageError, first_line
 from packcli.jsontypes import JSONObject
 
@@ -77,14 +84,14 @@ def load_rows(
     :func:`check_compatible` with them. An output of prefix trees is refused unless ``trees`` says that
     the rows go to a consumer that builds their attention mask (``PackedCollator("padded")``).
     """
-    from datasets import Dataset, concatenate_datasets
-
     root = Path(directory)
     manifest = read_output_manifest(root)
     if task is not None or model is not None or tokenizer is not None:
         check_compatible(root, task=task, model=model, tokenizer=tokenizer, manifest=manifest, trees=trees)
     else:
         _check_trees(root, manifest, trees)
+    from datasets import Dataset, concatenate_datasets  # after the checks: a refusal needs no datasets (0.8 s)
+
     try:
         files = [root / entry["file"] for entry in manifest["shards"]]
     except (KeyError, TypeError) as exc:
@@ -272,6 +279,15 @@ def _check_tokenizer(root: Path, recorded: JSONObject, tokenizer: Any) -> list[s
         # The default tokenizer's name (what the summary and manifest show) is the installed package's copy:
         # never a Hub lookup, which offline retries for most of a minute.
         source = default_tokenizer_dir() if name == DEFAULT_TOKENIZER else name
+        missing = missing_tokenizer(source)
+        if missing is not None:  # a model's directory, say: transformers' own error names no file
+            raise UsageError(
+                f"cannot load tokenizer '{name}': {missing}",
+                hint=(
+                    "pass the directory or Hub name of the model's tokenizer, or the loaded tokenizer, as ",
+                    Opt("tokenizer"),
+                ),
+            )
         try:
             tokenizer = AutoTokenizer.from_pretrained(source)
         except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors... for one failure

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packcli.errors import RecordError, TokenizerError, first_line
+from packcli.contract import missing_tokenizer
+from packcli.errors import Opt, RecordError, TokenizerError, first_line
 from packcli.jsontypes import JSONObject
 from packcli.vision.families import FAMILIES, ImageTokens, Rule
 
@@ -149,6 +150,16 @@ def load_processor(name: str) -> VisionProcessor:
         known = ", ".join(sorted(FAMILIES))
         raise TokenizerError(f"processor '{name}' is a {cls}, which packcli does not know; known: {known}")
     family = FAMILIES[cls]
+    missing = missing_tokenizer(directory)
+    if missing is not None:  # the processor's tokenizer is its directory's (the run's tokenizer)
+        raise TokenizerError(
+            f"cannot load the tokenizer of processor '{name}': {missing}",
+            hint=(
+                "save the processor with processor.save_pretrained (which writes its tokenizer too) and pass "
+                "that directory as ",
+                Opt("processor"),
+            ),
+        )
     _require_pillow(name)
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     from transformers import AutoImageProcessor

@@ -14,7 +14,7 @@ from packcli.errors import InputError
 from packcli.io.readers.compressed import open_input, read_rest
 from packcli.io.readers.reading import Reading, first_records
 from packcli.io.sources import InputSource, RawBatch
-from packcli.records.checks import json_value_end
+from packcli.records.checks import found_at, json_value_end
 
 
 @dataclass
@@ -318,8 +318,9 @@ def _read_json_array(stream: _TextStream, pos: int, path: str, batch_size: int) 
                 # The element's end is known (its brackets and strings balance): it is one bad record,
                 # and the elements after it are still read (stopping here lost them uncounted).
                 where = stream.byte_offset(pos + exc.pos)
+                found = found_at(stream.buf[pos:end], exc.pos)  # within the element
                 batch.errors.append(
-                    (record_no, "invalid_json", f"invalid JSON ({exc.msg} at byte {where} of the file)")
+                    (record_no, "invalid_json", f"invalid JSON ({exc.msg} at byte {where} of the file, {found})")
                 )
                 value = None
             except ValueError:  # an integer past Python's digit limit: this record only, as below
