@@ -111,6 +111,7 @@ def test_every_field_of_the_typed_summary_and_manifest_is_documented() -> None:
             results.CachePruned,
             results.MixSummary,
             results.MixSource,
+            results.StepBalance,
         ),
         "The manifest": (results.Manifest, results.Counts, results.ShardEntry, results.Lost),
     }

@@ -50,6 +50,8 @@ WRONG: dict[str, tuple[Any, Any]] = {
     "seed": ("0", -1),
     "world_size": (2.0, 0),
     "rank_remainder": (0, "keep"),
+    "balance": (0, "cost"),
+    "balance_model": (7, "huge"),
     "rows_per_shard": (True, 0),
     "output_format": (0, "npy"),
     "pad_to_max": ("false", None),
@@ -85,6 +87,7 @@ WRONG: dict[str, tuple[Any, Any]] = {
 STARTS = {
     ("fields", 1): r"unknown field name\(s\) mesages \(did you mean messages\?\)",
     ("cache_max_size", 1): r"cache_max_size takes a size such as 500MB, 10GB or 2GiB, not '10XB'",
+    ("balance_model", 1): r"balance_model takes a size \(1b, 3b, 7b, 8b, 13b, 32b, 70b\) or LAYERS,D_MODEL,PARAMS",
     ("mix", 1): r"mix takes PATH=SHARE \(e\.g\. chat\.jsonl=0\.7\) or PATH=Nx",
     ("template_kwargs", 1): r"template keyword argument 'continue_final_message' leaves the last message open",
 }

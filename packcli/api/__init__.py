@@ -35,6 +35,7 @@ from packcli.api.memory import as_paths, errors_named_as_passed, memory_root, na
 from packcli.config import (
     DECLARATIONS,
     Algorithm,
+    Balance,
     Dedup,
     EncoderMode,
     EngineName,
@@ -208,6 +209,8 @@ def pack(
     eval_records: int | None = PackConfig.eval_records,
     world_size: int = PackConfig.world_size,
     rank_remainder: RankRemainder = PackConfig.rank_remainder,
+    balance: Balance = PackConfig.balance,
+    balance_model: str = PackConfig.balance_model,
     rows_per_shard: int = PackConfig.rows_per_shard,
     output_format: OutputFormat = PackConfig.output_format,
     pad_to_max: bool = PackConfig.pad_to_max,

@@ -9,13 +9,19 @@ from typing import Any
 from rich.table import Table
 
 from packcli.cli.consoles import stderr
-from packcli.results import EncoderInfo, MixSummary, RunSummary
+from packcli.results import EncoderInfo, MixSummary, RunSummary, StepBalance
 
 
 def reasoning_words(reasoning: dict[str, int]) -> str:
     """Return the reasoning count of a summary as one table cell: "2 of 3 turns (1 record)"."""
     records = reasoning["records_left_out"]
     return f"{reasoning['turns_left_out']:,} of {reasoning['turns']:,} turns ({records:,} record{'s' * (records != 1)})"
+
+
+def step_idle_words(steps: StepBalance) -> str:
+    """Return the steps' idle fraction as one table cell: as written, then with the steps by tokens and by cost."""
+    by_tokens = "?" if steps.idle_tokens is None else f"{steps.idle_tokens:.2%}"
+    return f"{steps.idle:.2%} (steps by tokens {by_tokens}, by cost {steps.idle_compute:.2%}; model {steps.model})"
 
 
 def _fmt(value: Any) -> str:
@@ -122,6 +128,8 @@ def print_pack_summary(summary: RunSummary) -> None:
     )
     if summary.world_size > 1:
         table.add_row("rank token spread", f"{summary.rank_token_spread:.3%}")
+    if summary.step_balance is not None:
+        table.add_row(f"idle at steps ({summary.step_balance.balance})", step_idle_words(summary.step_balance))
     if summary.mix is not None and summary.mix.records_left_out:
         table.add_row("left out by the mix", f"{summary.mix.records_left_out:,} records")
     if summary.eval is not None:

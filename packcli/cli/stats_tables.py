@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from packcli.cli.consoles import stdout
-from packcli.cli.pack_summary import mix_table, reasoning_words
+from packcli.cli.pack_summary import mix_table, reasoning_words, step_idle_words
 from packcli.results import MixSummary, OutputStats, RawStats
 
 BAR_WIDTH = 32
@@ -32,6 +32,8 @@ def print_packed_stats(r: OutputStats) -> None:
         "rows over L2 bound",
         f"{r['rows_over_l2']:,} ({r['rows_over_l2_fraction']:.3%}; L2 = {r['lower_bound_l2']:,})",
     )
+    if r.step_balance is not None:
+        table.add_row(f"idle at steps ({r.step_balance.balance})", step_idle_words(r.step_balance))
     spr = r["samples_per_row"]
     table.add_row("samples per row", f"min {spr['min']} / mean {spr['mean']:.2f} / max {spr['max']}")
     if "preference" in r:

@@ -18,6 +18,7 @@ from packcli.config.choices import (
     CHOICE_TYPES as CHOICE_TYPES,
     CHOICES as CHOICES,
     Algorithm as Algorithm,
+    Balance as Balance,
     Dedup as Dedup,
     EncoderMode as EncoderMode,
     EngineName as EngineName,

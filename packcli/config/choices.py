@@ -19,6 +19,7 @@ OnError = Literal["fail", "skip"]
 OutputFormat = Literal["parquet", "arrow", "mds", "megatron"]
 Algorithm = Literal["ffd", "bfd"]
 RankRemainder = Literal["drop", "pad"]
+Balance = Literal["tokens", "compute"]  # --balance: what the rows of a --world-size step have alike
 EngineName = Literal["local", "ray"]
 LossWeighting = Literal["token", "sample", "sqrt"]
 MixBy = Literal["tokens", "trainable", "records"]  # --mix: what a share is a share of
@@ -38,6 +39,7 @@ CHOICE_TYPES: dict[str, Any] = {
     "output_format": OutputFormat,
     "algorithm": Algorithm,
     "rank_remainder": RankRemainder,
+    "balance": Balance,
     "engine": EngineName,
     "loss_weighting": LossWeighting,
     "mix_by": MixBy,

@@ -16,6 +16,7 @@ from typing import Any, get_type_hints
 from packcli.config.choices import (
     CHOICES,
     Algorithm,
+    Balance,
     Dedup,
     EncoderMode,
     EngineName,
@@ -34,6 +35,7 @@ from packcli.config.choices import (
 )
 from packcli.config.declare import OPTION_GROUPS, Declared, declared, option, table_option
 from packcli.config.rules import check_expand_turns, check_mix, check_padding, check_processor, check_template_kwargs
+from packcli.config.shapes import DEFAULT_MODEL, check_balance
 from packcli.config.values import (
     CALL_OPTIONS,
     EVAL_OPTIONS,
@@ -131,6 +133,21 @@ class PackConfig:
     world_size: int = option(1, "Balance rows and tokens over N data-parallel ranks.", metavar="N")
     rank_remainder: RankRemainder = option(
         "drop", ("Rows left over by ", Opt("world_size"), ": drop or pad (repeat rows).")
+    )
+    balance: Balance = option(
+        "tokens",
+        (
+            "What the rows of a ",
+            Opt("world_size"),
+            " step have alike: tokens, or compute (tokens + sum of L^2 / K over their samples, K from ",
+            Opt("balance_model"),
+            ").",
+        ),
+    )
+    balance_model: str = option(
+        DEFAULT_MODEL,
+        "The model a row's cost is weighed for: 1b, 3b, 7b, 8b, 13b, 32b, 70b, or LAYERS,D_MODEL,PARAMS.",
+        metavar="SIZE|L,D,P",
     )
     rows_per_shard: int = option(2048, "Rows per shard file.", metavar="N")
     output_format: OutputFormat = option(
@@ -295,6 +312,7 @@ class PackConfig:
             )
         check_padding(self)
         check_processor(self)
+        check_balance(self)
         if self.fix_turns_log is not None and not self.fix_turns:
             raise UsageError(
                 "lists what ",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from packcli.config.shapes import DEFAULT_MODEL
+
 
 @dataclass(frozen=True)
 class PlanOptions:
@@ -19,3 +21,5 @@ class PlanOptions:
     seed: int = 0
     world_size: int = 1
     rank_remainder: str = "drop"
+    balance: str = "tokens"  # what the rows of a step have alike: tokens or compute (packcli.plan.balance)
+    balance_model: str = DEFAULT_MODEL  # the model shape a row's cost is weighed for

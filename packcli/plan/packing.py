@@ -630,7 +630,13 @@ def _rank_assignment(tokens_desc: np.ndarray, world: int) -> np.ndarray:
     return slot_rank[block_of_step[:, None], slot].reshape(-1)
 
 
-def order_rows(row_tokens: np.ndarray, seed: int, world_size: int = 1, remainder: str = "drop") -> RowOrder:
+def order_rows(
+    row_tokens: np.ndarray,
+    seed: int,
+    world_size: int = 1,
+    remainder: str = "drop",
+    row_costs: np.ndarray | None = None,
+) -> RowOrder:
     """Return the seeded write order of packed rows, balanced across ``world_size`` ranks.
 
     With one rank the order is a random permutation of all rows. With ``N > 1`` ranks the written
@@ -640,8 +646,17 @@ def order_rows(row_tokens: np.ndarray, seed: int, world_size: int = 1, remainder
     rows with the fewest tokens a second time (cycling if more pads than rows are needed), so
     every rank reads the same number of rows. Steps are cut from the rows sorted by tokens, each
     step's rows assigned so running per-rank token totals stay balanced, then the steps are
-    shuffled. Raises ValueError for ``world_size < 1``, an unknown remainder, or a row token
-    array that is not 1-D integers >= 0.
+    shuffled.
+
+    With ``row_costs`` (one finite number per row, ``packcli.plan.balance``), the same rows (the
+    same left out or repeated) are cut into steps by cost instead: sorted by cost, largest first
+    (ties: by tokens, then row id), N neighbours a step, so that the rows of a step cost about the
+    same; in a step, rows go to ranks by tokens as above. No other grouping of these rows into steps
+    leaves less of the steps' time idle (the sum of the steps' costliest rows is least when each
+    step holds neighbours in cost order).
+
+    Raises ValueError for ``world_size < 1``, an unknown remainder, a row token array that is not
+    1-D integers >= 0, or row costs that are not one finite number per row.
     """
     if isinstance(world_size, bool | np.bool_):
         raise ValueError(f"world_size must be an integer, got {world_size!r}")
@@ -688,6 +703,8 @@ def order_rows(row_tokens: np.ndarray, seed: int, world_size: int = 1, remainder
         tail = np.concatenate((rows[cut:], padded))
         rows = np.concatenate((rows[:cut], tail[np.argsort(-tokens[tail], kind="stable")]))
     steps = rows.size // world
+    if row_costs is not None:
+        rows = _rows_by_cost(rows, tokens, _check_costs(row_costs, n), world)
     rank_of = _rank_assignment(tokens[rows], world)
     # Slot (step, rank) -> row; then shuffle whole steps, keeping each row on its rank.
     grid = np.empty((steps, world), dtype=np.int64)
@@ -699,6 +716,26 @@ def order_rows(row_tokens: np.ndarray, seed: int, world_size: int = 1, remainder
         padded_rows=padded,
         rank_tokens=tokens[grid].sum(axis=0, dtype=np.int64),
     )
+
+
+def _check_costs(row_costs: np.ndarray, n: int) -> np.ndarray:
+    """Return the row costs as float64, or raise ValueError unless they are ``n`` finite numbers."""
+    costs = np.asarray(row_costs)
+    if costs.shape != (n,) or (costs.size and not np.issubdtype(costs.dtype, np.number)):
+        raise ValueError(f"row_costs must be one number per row ({n}), got shape {costs.shape}")
+    costs = costs.astype(np.float64, copy=False)
+    if not np.isfinite(costs).all():
+        raise ValueError("row_costs must be finite")
+    return costs
+
+
+def _rows_by_cost(rows: np.ndarray, tokens: np.ndarray, costs: np.ndarray, world: int) -> np.ndarray:
+    """Return ``rows`` (by tokens, largest first) sorted by cost, largest first, then each step of ``world``
+    neighbours by tokens, largest first, as ``_rank_assignment`` takes them."""
+    by_cost = rows[np.argsort(-costs[rows], kind="stable")]
+    steps = by_cost.reshape(-1, world)
+    within = np.argsort(-tokens[steps], axis=1, kind="stable")
+    return np.take_along_axis(steps, within, axis=1).reshape(-1)
 
 
 def rank_token_spread(rank_tokens: np.ndarray) -> float:

@@ -9,7 +9,7 @@ import numpy as np
 from packcli.config import Hint, suggest
 from packcli.contract import IGNORE_INDEX
 from packcli.errors import InputError, Opt, Part, where
-from packcli.plan import packing, pairs
+from packcli.plan import balance, packing, pairs
 from packcli.plan.options import PlanOptions
 from packcli.store.tokens import TokenStore
 
@@ -57,12 +57,15 @@ def make_plan(options: PlanOptions, store: TokenStore) -> Plan:
     del bins
     store_rows = kept[by_row]
     row_lengths = kept_len[by_row]
+    row_padded = padded_len[by_row] if options.balance == "compute" else None  # what rows' costs weigh
     del by_row
     row_skips = skip[store_rows]
     del skip
     row_start = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=row_start[1:])
-    order = packing.order_rows(row_tokens, options.seed, options.world_size, options.rank_remainder)
+    costs = None if row_padded is None else balance.balance_costs(options, row_padded, row_start)
+    del row_padded
+    order = packing.order_rows(row_tokens, options.seed, options.world_size, options.rank_remainder, costs)
     if len(order.order) == 0:
         raise InputError(
             f"no sample left to pack: the {len(counts)} packed rows are fewer than ",

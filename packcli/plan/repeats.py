@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from packcli.errors import Message, Opt
-from packcli.plan import packing
+from packcli.plan import balance, packing
 from packcli.plan.mix_types import Mix
 from packcli.plan.options import PlanOptions
 from packcli.plan.planner import Plan
@@ -109,7 +109,8 @@ def part_repeats(options: PlanOptions, mix: Mix, plan: Plan) -> None:
         plan.lengths[lo:hi] = plan.lengths[order]
         plan.skips[lo:hi] = plan.skips[order]
     if resized and options.world_size > 1:  # the ranks' balance, from the rows' new lengths
-        plan.order = packing.order_rows(row_tokens, options.seed, options.world_size, options.rank_remainder)
+        costs = balance.balance_costs(options, padded, plan.row_start)
+        plan.order = packing.order_rows(row_tokens, options.seed, options.world_size, options.rank_remainder, costs)
     mix.repeats_in_same_row = stuck
 
 

@@ -20,6 +20,7 @@ from packcli.contract import CHOSEN, IGNORE_INDEX, MANIFEST, TREE_COLUMNS
 from packcli.errors import OutputError, first_line
 from packcli.output.formats import shard_batches
 from packcli.output.manifest import read_checked_manifest
+from packcli.plan.balance import row_loads, written_step_balance
 from packcli.report.figures import (
     RowBounds,
     batch_padding,
@@ -133,6 +134,9 @@ def output_stats(directory: Path, batch_size: int = 8) -> OutputStats:
         padding_saved_vs_batch_padded=batched - padding_tokens,
         preference=pairs,
         **_output_sections(manifest, read, tokens, rows),
+        step_balance=written_step_balance(
+            manifest.world_size or 1, manifest.step_balance, _concat(read.row_load), _concat(read.row_squares)
+        ),
     )
 
 
@@ -165,6 +169,8 @@ class _ShardReading:
     seq_role: list[np.ndarray] = field(default_factory=list)
     row_pairs: list[np.ndarray] = field(default_factory=list)
     row_images: list[np.ndarray] = field(default_factory=list)  # an image-text output: each row's images
+    row_load: list[np.ndarray] = field(default_factory=list)  # each row's samples' tokens as packed (padded)
+    row_squares: list[np.ndarray] = field(default_factory=list)  # and the sum of their squares
     image_tokens: int = 0
     embedded: int = 0
     image_samples: int = 0
@@ -191,6 +197,12 @@ class _ShardReading:
         alignment = np.bincount(seg_row, weights=lengths - real, minlength=len(segs)).astype(np.int64)
         self.row_tokens.append(row_len - pad_per_row - alignment)
         self.row_samples.append(segs - np.bincount(seg_row[pad], minlength=len(segs)))
+        # A row's cost (packcli.plan.balance): its samples as packed, padding segments left out.
+        starts = np.zeros(len(segs) + 1, dtype=np.int64)
+        np.cumsum(self.row_samples[-1], out=starts[1:])
+        load, squares = row_loads(lengths[~pad], starts)
+        self.row_load.append(load)
+        self.row_squares.append(squares)
         self.seq_index.append(index[~pad].astype(np.int64))
         if "piece_index" in columns:
             _, piece = list_parts(batch.column("piece_index"))

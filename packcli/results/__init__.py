@@ -28,7 +28,7 @@ from packcli.results.base import (
     required_fields,
 )
 from packcli.results.manifest import REJECT_KEYS, Counts, Manifest, RejectEntry, ShardEntry
-from packcli.results.sections import DedupSummary, EvalSummary, MixSource, MixSummary
+from packcli.results.sections import DedupSummary, EvalSummary, MixSource, MixSummary, StepBalance
 from packcli.results.stats import (
     BinCounts,
     Distribution,
@@ -96,6 +96,7 @@ __all__ = [
     "ShardEntry",
     "Split",
     "StageSeconds",
+    "StepBalance",
     "StoreMade",
     "StoreMeta",
     "StoreSource",

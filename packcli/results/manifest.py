@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from packcli.jsontypes import JSONObject
 from packcli.results.base import IN_MEMORY, DamagedResult, JSONRecord, field_names, record_dict, record_from_dict
-from packcli.results.sections import DedupSummary, EvalSummary, MixSummary
+from packcli.results.sections import DedupSummary, EvalSummary, MixSummary, StepBalance
 from packcli.results.store import TokenizerIdentity
 from packcli.results.summary import EncoderInfo, Lost, Split
 
@@ -93,6 +93,7 @@ class Manifest:
     world_size: int | None = None
     rank_tokens: list[int] | None = None
     rank_token_spread: float | None = None
+    step_balance: StepBalance | None = None  # --world-size above 1: as in the summary
     columns: list[str] | None = None
     max_token_id: int | None = None
     shards: list[ShardEntry]
@@ -125,6 +126,7 @@ class Manifest:
                 "dedup": DedupSummary.from_dict,
                 "mix": MixSummary.from_dict,
                 "eval": EvalSummary.from_dict,
+                "step_balance": StepBalance.from_dict,
                 "encoder": EncoderInfo.from_dict,
             },
         )

@@ -1,6 +1,6 @@
 """The sections a summary and a manifest get from the plan's extra steps: ``--dedup exact``
-(``DedupSummary``), ``--mix`` (``MixSummary``, a ``MixSource`` each) and the eval split (``EvalSummary``);
-``packcli stats`` reports the last two too."""
+(``DedupSummary``), ``--mix`` (``MixSummary``, a ``MixSource`` each), the eval split (``EvalSummary``)
+and the ``--world-size`` steps' balance (``StepBalance``); ``packcli stats`` reports the last three too."""
 
 from __future__ import annotations
 
@@ -88,3 +88,19 @@ class EvalSummary(JSONRecord):
     by_source: dict[str, int]
 
     WHAT: ClassVar[str] = "eval"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepBalance(JSONRecord):
+    """``--world-size`` N: the steps' predicted idle fraction (``packcli.plan.balance``), as written and with
+    the steps made each way: ``idle_tokens`` by tokens (without ``--balance compute``), ``idle_compute`` by
+    cost (with it). A row's cost is its tokens + sum(L^2) / ``k`` over its samples; ``k`` is ``model``'s."""
+
+    balance: str  # tokens | compute: how the written steps were made
+    model: str  # the --balance-model the costs are weighed for
+    k: float
+    idle: float
+    idle_tokens: float | None = None  # None: not known (stats of an output made by cost, without it recorded)
+    idle_compute: float
+
+    WHAT: ClassVar[str] = "step_balance"

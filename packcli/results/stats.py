@@ -9,7 +9,7 @@ from typing import Any
 from packcli.errors import Message
 from packcli.jsontypes import JSONObject
 from packcli.results.base import record_dict
-from packcli.results.sections import EvalSummary, MixSummary
+from packcli.results.sections import EvalSummary, MixSummary, StepBalance
 
 
 class _ByKey:
@@ -158,6 +158,7 @@ class OutputStats(_ByKey):
     mix: MixSummary | None = None
     eval: EvalSummary | None = None
     reasoning: dict[str, int] | None = None
+    step_balance: StepBalance | None = None  # an output packed with --world-size above 1
 
     def to_dict(self) -> JSONObject:
         return record_dict(self)

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from packcli.errors import Message, Terms, python_term
 from packcli.jsontypes import JSONObject
 from packcli.results.base import JSONRecord, read_messages, record_dict, record_from_dict
-from packcli.results.sections import DedupSummary, EvalSummary, MixSummary
+from packcli.results.sections import DedupSummary, EvalSummary, MixSummary, StepBalance
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,6 +174,8 @@ class RunSummary:
     world_size: int
     rank_tokens: list[int]
     rank_token_spread: float
+    # --world-size above 1: the steps' predicted idle fraction, as written and made by tokens or by cost
+    step_balance: StepBalance | None = None
     cache: str  # hit | miss | off | rebuilt
     output: str | None  # None for a dry run (written as null)
     warnings: list[Message]  # each names options by the terms of the client that shows it
@@ -211,6 +213,7 @@ class RunSummary:
                 "dedup": DedupSummary.from_dict,
                 "mix": MixSummary.from_dict,
                 "eval": EvalSummary.from_dict,
+                "step_balance": StepBalance.from_dict,
                 "encoder": EncoderInfo.from_dict,
                 "seconds": Seconds.from_dict,
                 "stage_seconds": StageSeconds.from_dict,

@@ -24,9 +24,10 @@ import numpy as np
 
 from packcli.config import Hint, PackConfig, suggest
 from packcli.errors import InputError, Message, Opt, Part
-from packcli.plan import packing
+from packcli.plan import balance, packing
 from packcli.plan.planner import Plan
-from packcli.results import Lost, RunSummary, TokenizerIdentity
+from packcli.results import Lost, RunSummary, StepBalance, TokenizerIdentity
+from packcli.run.options import plan_options
 from packcli.store.tokens import TokenStore
 from packcli.tokenize.chat_template import stored_warning
 
@@ -179,6 +180,7 @@ def summary(
         world_size=config.world_size,
         rank_tokens=[int(x) for x in plan.order.rank_tokens],
         rank_token_spread=round(float(packing.rank_token_spread(plan.order.rank_tokens)), 6),
+        step_balance=_step_balance(config, plan),
         cache=cache_state,
         output=None if config.dry_run else str(config.output),
         warnings=warnings,
@@ -279,6 +281,12 @@ def _alignment_padding(config: PackConfig, plan: Plan) -> int:
     per_row = np.add.reduceat(extra, plan.row_start[:-1]) if len(extra) else np.zeros(0, np.int64)
     per_row[np.diff(plan.row_start) == 0] = 0
     return int(per_row[plan.order.order].sum())
+
+
+def _step_balance(config: PackConfig, plan: Plan) -> StepBalance | None:
+    """Return the --world-size steps' predicted idle fraction, as written and made each way (None: one rank)."""
+    padded = packing.pad_lengths(plan.lengths, config.pad_multiple, config.pad_offset)
+    return balance.step_balance(plan_options(config), padded, plan.row_start, plan.order)
 
 
 def _lengths_in_rows(store: TokenStore, plan: Plan) -> np.ndarray:

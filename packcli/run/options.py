@@ -79,6 +79,8 @@ def plan_options(config: PackConfig) -> PlanOptions:
         seed=config.seed,
         world_size=config.world_size,
         rank_remainder=config.rank_remainder,
+        balance=config.balance,
+        balance_model=config.balance_model,
     )
 
 

@@ -319,6 +319,7 @@ def _manifest(
         world_size=summary.world_size,
         rank_tokens=summary.rank_tokens,
         rank_token_spread=summary.rank_token_spread,
+        step_balance=summary.step_balance,
         columns=list(layout.schema().names),  # as the shards read back (shard_formats)
         # A model's input embedding must have more rows than this (packcli.train.checks.check_compatible).
         max_token_id=max((s.max_token_id for s in shards if s.max_token_id is not None), default=-1),
