@@ -19,6 +19,7 @@ from packcli.errors import Message, Opt, Part, RecordError, TokenizerError, firs
 from packcli.jsontypes import ChatMessage, TemplateKwargs
 from packcli.records.formats import Sample
 from packcli.records.images import IMAGE_KEY
+from packcli.tokenize import rendering
 from packcli.tokenize.agentic import (
     arguments_forms,
     check_calls,
@@ -28,6 +29,7 @@ from packcli.tokenize.agentic import (
     reasoning_left_out,
     renders_tools,
 )
+from packcli.tokenize.rendering import compile_template
 from packcli.tokenize.spans import assistant_spans
 from packcli.tokenize.template_shape import Render, TemplateShape, learn_shape
 
@@ -57,9 +59,7 @@ class ChatTemplate:
         # A run with a processor: image parts (packcli.records.images) render as {"type": "image"}.
         self.images = False
         try:
-            from transformers.utils.chat_template_utils import _compile_jinja_template
-
-            _compile_jinja_template(template)
+            compile_template(template)
         except Exception as exc:
             first = first_line(exc, limit=10_000)
             raise TokenizerError(f"the chat template does not compile ({first}); fix the template") from exc
@@ -74,24 +74,19 @@ class ChatTemplate:
         kwargs: TemplateKwargs | None = None,
     ) -> tuple[str, list[tuple[int, int]]]:
         """Return the rendered conversation and, with ``spans``, its generation-block character spans."""
-        from transformers.utils.chat_template_utils import render_jinja_template
-
         try:
-            # transformers annotates -> str; it returns (rendered conversations, generation indices).
-            out: tuple[list[str], list[list[tuple[int, int]]]] = render_jinja_template(  # type: ignore[assignment]
-                conversations=[messages],
+            return rendering.render(
+                self.template,
+                messages,
                 tools=tools,
-                chat_template=self.template,
-                return_assistant_tokens_mask=spans,
                 add_generation_prompt=add_generation_prompt,
+                spans=spans,
                 **(self.template_kwargs if kwargs is None else kwargs),
             )
         except RecordError:
             raise
         except Exception as exc:  # a template may raise anything (raise_exception, TypeError, ...)
             raise RecordError("template_error", _template_failure(exc)) from exc
-        rendered, indices = out
-        return rendered[0], (indices[0] if spans else [])
 
     def renderer(self, tools: list[Any] | None, kwargs: TemplateKwargs) -> Render:
         def render(messages: list[ChatMessage], add_generation_prompt: bool) -> str:
