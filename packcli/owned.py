@@ -140,9 +140,10 @@ def clean_stale_stream_copies(directory: Path) -> list[Path]:
 
 
 def clean_stale_cache_dirs(cache_root: Path) -> None:
-    """Remove the temporary entries a killed run left in the cache."""
-    with contextlib.suppress(OSError):
-        remove_stale(cache_root, [p.name for p in cache_root.iterdir() if p.name.startswith(".tmp-")])
+    """Remove the temporary entries (and tokenizer records being written) a killed run left in the cache."""
+    for folder in (cache_root, cache_root / "tokenizers"):
+        with contextlib.suppress(OSError):
+            remove_stale(folder, [p.name for p in folder.iterdir() if p.name.startswith(".tmp-")])
 
 
 # -- an in-place replace, journaled -----------------------------------------------------------------

@@ -82,13 +82,13 @@ def full_open(name_suffix: str) -> Any:
     return fake
 
 
-_load_tokenizer_once = functools.lru_cache(maxsize=None)(tokenize.load_tokenizer)
+_open_tokenizer_once = functools.lru_cache(maxsize=None)(tokenize.open_tokenizer)
 
 
 @pytest.fixture(autouse=True)
 def _tokenizer_loaded_once(monkeypatch: Any) -> None:
     # Every test here packs with the default tokenizer: load it once, not once per run (test speed only).
-    monkeypatch.setattr(tokenize, "load_tokenizer", _load_tokenizer_once)
+    monkeypatch.setattr(tokenize, "open_tokenizer", _open_tokenizer_once)
 
 
 @pytest.fixture

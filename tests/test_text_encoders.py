@@ -28,6 +28,12 @@ from .conftest import make_conversations, write_jsonl
 MARK = "ZQXMARK"  # a text holding it is made to encode differently by the fast encoder (see below)
 
 
+@pytest.fixture(autouse=True)
+def _fast_on_small_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These inputs are small, which ``auto`` encodes with tokenizers: the environment asks for the fast one."""
+    monkeypatch.setenv(ENCODER_ENV, "fastokens")
+
+
 def _shards(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.glob("shard-*.parquet"))}
 
@@ -132,7 +138,7 @@ def test_a_post_processor_that_trims_offsets_falls_back(tmp_path: Path) -> None:
     from tokenizers import Tokenizer
 
     backend = Tokenizer.from_str(json.dumps(spec))
-    choice = choose(backend, backend.to_str())
+    choice = choose(backend, backend.to_str)
     assert choice.encoder.name == "tokenizers"
     assert choice.fallback == "the tokenizer's post-processor trims offsets, which label masks follow"
 
@@ -187,6 +193,27 @@ def test_records_the_fast_path_cannot_vouch_for_take_the_reference_path(
     data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in conversations])
     auto, _ = _pack_both(pack, tmp_path, data)
     assert auto["encoder"] == {"name": "fastokens", "fallback": None, "records_slow": marked}
+
+
+def test_a_small_input_is_encoded_with_tokenizers_a_large_one_with_the_fast_encoder(
+    tmp_path: Path, pack: Any, chat_jsonl: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from packcli.tokenize import text_encoders
+
+    monkeypatch.delenv(ENCODER_ENV)
+    size = chat_jsonl.stat().st_size
+    small = _summary(pack(chat_jsonl, "-o", tmp_path / "small", "--no-cache", "--num-proc", "2", "--json", "-q"))
+    per = text_encoders.FAST_MIN_BYTES * 2 / 1e6
+    assert small["encoder"] == {
+        "name": "tokenizers",
+        "fallback": f"the input is small ({size / 1e6:.1f} MB, under {per:.0f} MB): tokenizers encodes it in less "
+        "time than the fast encoder takes to load",
+        "records_slow": 0,
+    }
+    monkeypatch.setattr(text_encoders, "FAST_MIN_BYTES", size // 2)  # as if the input were twice the break-even
+    large = _summary(pack(chat_jsonl, "-o", tmp_path / "large", "--no-cache", "--num-proc", "1", "--json", "-q"))
+    assert large["encoder"] == {"name": "fastokens", "fallback": None, "records_slow": 0}
+    assert _shards(tmp_path / "small") == _shards(tmp_path / "large")
 
 
 def test_the_environment_forces_tokenizers_and_the_cache_key_ignores_the_encoder(

@@ -143,7 +143,7 @@ def _made_parts(
     be theirs); fill in the hashes taken as the inputs were read. Return the seconds by stage."""
     config = run.config
     if encoder is None:
-        encoder = run_encoder(config)
+        encoder = run_encoder(config, [item.source for item in inputs if not item.complete])
 
     def unchanged(source: InputSource) -> None:
         now = stamps([source])

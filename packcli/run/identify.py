@@ -6,9 +6,11 @@ the tokenizer's key (``run.tokenized`` keys the cache by them).
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import TypeVar
 
 from packcli.config import PackConfig
@@ -17,12 +19,15 @@ from packcli.errors import InputError, Opt, Part, RecordError, UsageError, recor
 from packcli.io.fingerprint import Memo
 from packcli.io.readers import read_head
 from packcli.io.sources import InputSource
+from packcli.io.uri import is_uri
 from packcli.procs.stop import raise_if_stopped
 from packcli.records import preference
 from packcli.records.formats import accepted_fields, detect_format
 from packcli.run.options import encode_options
+from packcli.store.key import default_cache_dir
 from packcli.tokenize import worker
 from packcli.tokenize.encoder import Encoder
+from packcli.tokenize.text_encoders import Work
 from packcli.tokenize.tokenizer import tokenizer_fingerprint
 
 T = TypeVar("T")
@@ -168,7 +173,7 @@ def hashed(
             hashing = ahead.submit(timed, hashed)  # no memo: the cache is off
         tokenizer_key = tokenizer_fingerprint(config.tokenizer_name, config.chat_template)
         if not config.cache or tokenizer_key is None:  # a store will be made, or the key needs the tokenizer
-            encoder = run_encoder(config)
+            encoder = run_encoder(config, sources)
         if hashing is not None:
             found = hashing.result()
     raise_if_stopped()
@@ -178,8 +183,39 @@ def hashed(
     return [f for f, _ in found], [n for _, n in found], tokenizer_key, encoder
 
 
-def run_encoder(config: PackConfig) -> Encoder:
-    """The run's encoder: its tokenizer and template loaded, with its processor, if any."""
+def run_encoder(config: PackConfig, sources: list[InputSource] | None = None) -> Encoder:
+    """The run's encoder: its tokenizer and template loaded, with its processor, if any.
+
+    ``sources``: the inputs it will tokenize (all of them when None), whose size decides whether the fast
+    encoder pays for its load (``text_encoders.Work``). The tokenizer is opened from its record in the
+    cache, which learns it, unless the run writes nothing there (``--no-cache``, a dry run).
+    """
+    records = None
+    if config.cache and not config.dry_run:
+        records = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
+    size = input_bytes(sources) if sources is not None else None
+    work = Work(size, config.num_proc) if size is not None else None
     return Encoder(
-        config.tokenizer_name, config.chat_template, encode_options(config), config.processor, encoder=config.encoder
+        config.tokenizer_name,
+        config.chat_template,
+        encode_options(config),
+        config.processor,
+        encoder=config.encoder,
+        records=records,
+        work=work,
     )
+
+
+def input_bytes(sources: list[InputSource]) -> int | None:
+    """The bytes of the inputs on local disk (as stored: compressed ones count their compressed size, times
+    four); None when one is not a local file (a URI, a Hub dataset, a saved dataset's directory)."""
+    total = 0
+    for source in sources:
+        if source.kind in ("hub", "saved_dataset") or is_uri(source.path):
+            return None
+        try:
+            size = os.path.getsize(source.path)
+        except OSError:
+            return None
+        total += size * (4 if source.compression else 1)
+    return total

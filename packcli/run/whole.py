@@ -81,7 +81,7 @@ def whole_store(
     key, state = looked_up
     config = run.config
     if encoder is None:
-        encoder = run_encoder(config)
+        encoder = run_encoder(config, run.sources)
     if entry:
         # Its key known, or known once read: the store is begun beside the entries (its name then given).
         store_path = run.cache_root / (key if key is not None else "pending")

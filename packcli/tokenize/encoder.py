@@ -17,6 +17,7 @@ import functools
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,7 @@ from packcli.tokenize.long_text import NO_AFFIXES, Affixes, Joined
 from packcli.tokenize.template_shape import TemplateShape
 from packcli.tokenize.templates import TemplateChoice, choose_template
 from packcli.tokenize.text_encoders import ids_and_mask, span_mask
-from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER, load_tokenizer, plain_backend, tokenizer_sha256
+from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER, open_tokenizer, plain_backend, tokenizer_sha256
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class Encoder:
         options: EncodeOptions,
         processor: str | None = None,
         encoder: str = "auto",
+        records: Path | None = None,
+        work: text_encoders.Work | None = None,
     ) -> None:
         self.tokenizer_name = tokenizer_name or DEFAULT_TOKENIZER
         # --processor DIR: its tokenizer (the run's tokenizer is DIR), its chat template, its image rule.
@@ -77,10 +80,10 @@ class Encoder:
             from packcli.vision import load_processor
 
             self.vision = load_processor(processor)
-        self.tokenizer = load_tokenizer(tokenizer_name)
+        self.tokenizer = open_tokenizer(tokenizer_name, records)
         self.backend, self.overrides = plain_backend(self.tokenizer.backend_tokenizer)
         # The text encoder, chosen once (packcli.tokenize.text_encoders): the fast one where it is exact.
-        self.choice = text_encoders.choose(self.backend, self.backend_json, encoder)
+        self.choice = text_encoders.choose(self.backend, lambda: self.backend_json, encoder, work)
         self.text = self.choice.encoder
         self.options = options
         added = {t.content for t in self.tokenizer.added_tokens_decoder.values() if t.content}
@@ -131,7 +134,8 @@ class Encoder:
     @functools.cached_property
     def vocab_sha256(self) -> str:
         """The vocabulary's fingerprint (contract.vocab_sha256), which a trainer checks its tokenizer against."""
-        return vocab_sha256(self.tokenizer.get_vocab())
+        recorded = getattr(self.tokenizer, "vocab_sha256", None)  # a recorded tokenizer knows it
+        return recorded if isinstance(recorded, str) else vocab_sha256(self.tokenizer.get_vocab())
 
     @functools.cached_property
     def backend_json(self) -> str:

@@ -22,6 +22,7 @@ import functools
 import itertools
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -34,6 +35,11 @@ from packcli.tokenize.byte_offsets import byte_level_mask, token_byte_lengths
 ENCODER_ENV = "PACKCLI_ENCODER"
 REFERENCE = "tokenizers"
 FAST = "fastokens"
+# Below this many input bytes per worker process, ``auto`` encodes with the reference: the fast encoder
+# takes longer to load (1.2 to 1.6 s for a 128k vocabulary, built once before the workers fork) than the
+# reference takes to encode them (2.5 MB/s a process on real chat; the break-even measured at 3.1 to 3.4 MB:
+# ``benchmarks/bench_fixed.py --break-even``).
+FAST_MIN_BYTES = 4 << 20
 
 # (text, the trained character spans): what a masked encode takes per text.
 Item = tuple[str, list[tuple[int, int]]]
@@ -189,6 +195,24 @@ class FastEncoder:
         return probe_differences(self, reference)
 
 
+@dataclass(frozen=True)
+class Work:
+    """What a run will encode: its inputs' bytes (at most), and the processes that share the encoding."""
+
+    input_bytes: int
+    workers: int
+
+    def small(self) -> bool:
+        return self.input_bytes < FAST_MIN_BYTES * max(1, self.workers)
+
+    def why_reference(self) -> str:
+        per = FAST_MIN_BYTES * max(1, self.workers) / 1e6
+        return (
+            f"the input is small ({self.input_bytes / 1e6:.1f} MB, under {per:.0f} MB): tokenizers encodes it "
+            "in less time than the fast encoder takes to load"
+        )
+
+
 class FastUnavailable(Exception):
     """The fast encoder cannot serve this tokenizer; the message says why (one line)."""
 
@@ -205,11 +229,14 @@ class Choice:
         return EncoderInfo(name=self.encoder.name, fallback=self.fallback)
 
 
-def choose(backend: Any, backend_json: str, mode: str = "auto") -> Choice:
+def choose(backend: Any, backend_json: Callable[[], str], mode: str = "auto", work: Work | None = None) -> Choice:
     """Return the encoder for a tokenizer: ``mode`` auto, tokenizers or fast (see the module's doc).
 
     ``fast`` is ``auto`` that raises ``TokenizerError`` where ``auto`` would fall back (but for the
-    environment variable, which forces the reference whatever the option).
+    environment variable, which forces the reference whatever the option). ``work``: what the run will
+    encode, when known; ``auto`` takes the reference for less than ``FAST_MIN_BYTES`` a worker, unless
+    the environment variable says ``fastokens`` (the tests of the fast encoder on small inputs).
+    ``backend_json`` gives the tokenizer's JSON, asked for only when the fast encoder is tried.
     """
     reference = ReferenceEncoder(backend)
     forced = os.environ.get(ENCODER_ENV, "").strip().lower()
@@ -217,7 +244,9 @@ def choose(backend: Any, backend_json: str, mode: str = "auto") -> Choice:
         return Choice(reference, f"{ENCODER_ENV}={REFERENCE}" if mode != REFERENCE else None)
     if mode == REFERENCE:
         return Choice(reference, None)
-    fast, why = _fast_for(backend_json, reference)
+    if mode == "auto" and work is not None and work.small() and forced != FAST:
+        return Choice(reference, work.why_reference())
+    fast, why = _fast_for(backend_json(), reference)
     if fast is not None and why is None:
         return Choice(fast, None)
     if mode == "fast":

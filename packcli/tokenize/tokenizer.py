@@ -23,6 +23,7 @@ from packcli.contract import (
 from packcli.errors import Opt, TokenizerError, first_line
 from packcli.io.readers import hub_reachable
 from packcli.jsontypes import JSONObject
+from packcli.tokenize.recorded import RecordedTokenizer, read_record, record_of, shipped_record, write_record
 from packcli.tokenize.templates import builtin_name, builtin_template, read_chat_template
 
 
@@ -63,6 +64,28 @@ TOKENIZER_FIX = (
     Opt("tokenizer"),
     ", or save the tokenizer into this directory with tokenizer.save_pretrained",
 )
+
+
+def open_tokenizer(name: str | None, records: Path | None = None) -> Any:
+    """Return the run's tokenizer (None: the default one): opened from its record when one is kept in
+    ``records`` (the cache directory) or ships with packcli, with no transformers import; else loaded by
+    transformers (``load_tokenizer``) and recorded into ``records`` for the next run
+    (``packcli.tokenize.recorded``)."""
+    default = name in (None, DEFAULT_TOKENIZER)
+    directory = Path(default_tokenizer_dir() if default else str(name))
+    local = directory.is_dir() and (directory / "tokenizer.json").is_file()
+    if local:
+        record = shipped_record(directory) if default else None
+        if record is None and records is not None:
+            record = read_record(records, directory)
+        if record is not None:
+            return RecordedTokenizer(record, directory)
+    tokenizer = load_tokenizer(name)
+    if local and records is not None:
+        made = record_of(tokenizer, directory)
+        if made is not None:
+            write_record(records, made)
+    return tokenizer
 
 
 def load_tokenizer(name: str | None) -> Any:

@@ -1,0 +1,139 @@
+"""A tokenizer opened from its record is the tokenizer transformers loads (``packcli.tokenize.recorded``).
+
+The record of the default tokenizer ships with packcli; others are made by the first run that loads them
+with transformers and kept in the cache, so that later runs import no transformers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from packcli.contract import default_tokenizer_dir
+from packcli.tokenize.recorded import (
+    RECORDS_DIR,
+    RecordedTokenizer,
+    TokenizerRecord,
+    read_record,
+    record_of,
+    shipped_record,
+)
+from packcli.tokenize.tokenizer import load_tokenizer, open_tokenizer
+
+from .conftest import make_conversations, write_jsonl
+
+
+def _facts(tokenizer: Any) -> dict[str, Any]:
+    """What a run reads of a tokenizer: each must be the same, recorded or loaded."""
+    return {
+        "backend": tokenizer.backend_tokenizer.to_str(),
+        "special_tokens_map": dict(tokenizer.special_tokens_map),
+        "added": sorted((i, t.content) for i, t in tokenizer.added_tokens_decoder.items()),
+        "all_special": (list(tokenizer.all_special_tokens), list(tokenizer.all_special_ids)),
+        "named": [getattr(tokenizer, f"{n}_token{s}") for n in ("bos", "eos", "pad", "unk") for s in ("", "_id")],
+        "len": len(tokenizer),
+        "vocab": tokenizer.get_vocab(),
+        "chat_template": tokenizer.chat_template,
+        "decode": tokenizer.decode([5, 6, 7, 1], skip_special_tokens=False, clean_up_tokenization_spaces=False),
+        "unknown": tokenizer.convert_tokens_to_ids("no such token at all"),
+    }
+
+
+def test_the_shipped_record_is_what_transformers_gives_for_the_default_tokenizer() -> None:
+    directory = Path(default_tokenizer_dir())
+    shipped = shipped_record(directory)
+    assert shipped is not None
+    made = record_of(load_tokenizer(None), directory)
+    assert made is not None
+    assert dataclasses.replace(shipped, transformers=made.transformers) == made
+    assert _facts(RecordedTokenizer(shipped, directory)) == _facts(load_tokenizer(None))
+
+
+@pytest.fixture(scope="module")
+def rewritten(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tokenizer whose class transformers rebuilds on load (GPT2Tokenizer: its pre-tokenizer replaced),
+    with added special tokens and a chat template file beside its config."""
+    from transformers import AutoTokenizer
+
+    out = tmp_path_factory.mktemp("gpt2-class")
+    tok = AutoTokenizer.from_pretrained(default_tokenizer_dir())
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.save_pretrained(out)
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "GPT2Tokenizer"
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    (out / "chat_template.jinja").write_text(
+        "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+    )
+    return out
+
+
+def test_a_tokenizer_transformers_rebuilds_is_recorded_as_rebuilt(rewritten: Path, tmp_path: Path) -> None:
+    loaded = load_tokenizer(str(rewritten))
+    record = record_of(loaded, rewritten)
+    assert record is not None and record.backend is not None  # not tokenizer.json as it is
+    assert record.chat_template is not None
+    assert _facts(RecordedTokenizer(record, rewritten)) == _facts(loaded)
+    assert TokenizerRecord.from_json(record.to_json()) == record
+
+
+def test_a_run_records_the_tokenizer_and_the_next_one_opens_it_without_transformers(
+    rewritten: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    first = open_tokenizer(str(rewritten), cache)
+    assert not isinstance(first, RecordedTokenizer)  # loaded by transformers, then recorded
+    assert [p.suffix for p in (cache / RECORDS_DIR).iterdir()] == [".json"]
+    assert read_record(cache, rewritten) is not None
+    script = (
+        "import sys; from pathlib import Path; from packcli.tokenize.tokenizer import open_tokenizer; "
+        f"t = open_tokenizer({str(rewritten)!r}, Path({str(cache)!r})); "
+        "assert 'transformers' not in sys.modules; print(type(t).__name__)"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip() == "RecordedTokenizer", run.stderr
+    assert _facts(open_tokenizer(str(rewritten), cache)) == _facts(first)
+
+
+def test_a_changed_tokenizer_file_or_a_damaged_record_is_not_used(rewritten: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "tok"
+    shutil.copytree(rewritten, copy)
+    cache = tmp_path / "cache"
+    open_tokenizer(str(copy), cache)
+    (record,) = (cache / RECORDS_DIR).iterdir()
+    record.write_text("{not json")
+    assert read_record(cache, copy) is None
+    open_tokenizer(str(copy), cache)  # recorded again
+    assert read_record(cache, copy) is not None
+    config = json.loads((copy / "tokenizer_config.json").read_text())
+    config["model_max_length"] = 77
+    (copy / "tokenizer_config.json").write_text(json.dumps(config))
+    assert read_record(cache, copy) is None  # another file: another key
+
+
+def test_packs_with_a_recorded_tokenizer_give_the_same_shards_and_identity(
+    rewritten: Path, tmp_path: Path, pack: Any
+) -> None:
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in make_conversations(30, seed=4)])
+    outs = []
+    for k, cache in enumerate(("--no-cache", "--cache-dir", "--cache-dir")):
+        out = tmp_path / f"out{k}"
+        extra = [cache, str(tmp_path / "cache")] if cache == "--cache-dir" else [cache]
+        # The second and third runs use the same cache: the first of them records, the second reads the record
+        # (a tokenizer-keyed cache miss both times: --seed changes no key, the entry is the same; cleared here).
+        pack(data, "-o", out, "--tokenizer", rewritten, "--max-len", "256", "-q", *extra)
+        for entry in (tmp_path / "cache").glob("*"):
+            if entry.is_dir() and entry.name != RECORDS_DIR:
+                shutil.rmtree(entry)
+        outs.append(out)
+    shards = [{p.name: p.read_bytes() for p in out.glob("shard-*")} for out in outs]
+    assert shards[0] and shards[0] == shards[1] == shards[2]
+    identities = [json.loads((out / "manifest.json").read_text())["tokenizer"] for out in outs]
+    assert identities[0] == identities[1] == identities[2]
