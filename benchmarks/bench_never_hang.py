@@ -84,7 +84,9 @@ def temporaries(root: Path) -> list[str]:
     return [
         str(p.relative_to(root))
         for p in root.rglob("*")
-        if p.name.startswith((".tmp-", ".packcli-")) or ".partial-" in p.name or (p.suffix == ".lock" and p.parent == root)
+        if p.name.startswith((".tmp-", ".packcli-"))
+        or ".partial-" in p.name
+        or (p.suffix == ".lock" and p.parent == root)
     ]
 
 
@@ -141,7 +143,9 @@ def one_try(case: str, data: Path, work: Path, rng: random.Random, tmpfs: bool, 
     elif case == "error":
         lines = data.read_text().splitlines()
         k = rng.randrange(len(lines))
-        lines[k] = json.dumps({"messages": [{"role": "user", "content": "boom"}, {"role": "assistant", "content": "x"}]})
+        lines[k] = json.dumps(
+            {"messages": [{"role": "user", "content": "boom"}, {"role": "assistant", "content": "x"}]}
+        )
         data = work / "data.jsonl"
         data.write_text("\n".join(lines) + "\n")
         (work / "raising.jinja").write_text(RAISING)
@@ -165,7 +169,9 @@ def one_try(case: str, data: Path, work: Path, rng: random.Random, tmpfs: bool, 
     if mounted:
         subprocess.run(["umount", str(cache)])
     interrupted = code != 0
-    changed = previous is not None and out.exists() and sorted((p.name, p.read_bytes()) for p in out.iterdir()) != previous
+    changed = (
+        previous is not None and out.exists() and sorted((p.name, p.read_bytes()) for p in out.iterdir()) != previous
+    )
     return {
         "code": code,
         "seconds": seconds,

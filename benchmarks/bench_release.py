@@ -42,22 +42,52 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_scale  # noqa: E402  (a sibling script: the short corpus)
 
+# Where a version has been set: packcli/version.py since 0.6.0, before it the package or pyproject.toml.
+VERSION_FILES = ("packcli/version.py", "packcli/__init__.py", "pyproject.toml")
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
+
+
+def _key(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("."))
+
 
 def last_release() -> str:
-    """The newest tag of the form vX.Y.Z, by version."""
-    tags = subprocess.run(["git", "tag", "--list", "v*"], cwd=REPO, capture_output=True, text=True, check=True)
-    versions = [t for t in tags.stdout.split() if re.fullmatch(r"v\d+(\.\d+)*", t)]
+    """The newest release, vX.Y.Z: the newest such tag, or, in a clone without tags, the newest version
+    the history ever set (see ``release_commit``)."""
+    tags = [t for t in _git("tag", "--list", "v*").split() if re.fullmatch(r"v\d+(\.\d+)*", t)]
+    if tags:
+        return max(tags, key=lambda t: _key(t[1:]))
+    log = _git("log", "-p", "--format=", "--", *VERSION_FILES)
+    versions = set(re.findall(r'^\+(?:__version__|version) = "(\d+(?:\.\d+)*)"', log, flags=re.M))
     if not versions:
-        raise SystemExit("no release tag (vX.Y.Z) in this repository; pass --tag")
-    return max(versions, key=lambda t: tuple(int(x) for x in t[1:].split(".")))
+        raise SystemExit("no release in this repository's history; pass --tag")
+    return "v" + max(versions, key=_key)
+
+
+def release_commit(tag: str) -> str:
+    """The commit of release ``tag`` (vX.Y.Z): the tag's, or in a clone without tags (clones carry none) the
+    commit that set the version to X.Y.Z, the oldest that added a ``__version__ = "X.Y.Z"`` line."""
+    with_tag = subprocess.run(
+        ["git", "rev-parse", "--verify", "-q", f"{tag}^{{commit}}"], cwd=REPO, capture_output=True, text=True
+    )
+    if with_tag.returncode == 0:
+        return with_tag.stdout.strip()
+    version = re.escape(tag.removeprefix("v"))
+    found = _git("log", "--format=%H", "--reverse", "-G", f'^(__version__|version) = "{version}"', "--", *VERSION_FILES)
+    if not found.split():
+        raise SystemExit(f"{tag}: no tag of that name, and no commit set the version to {tag.removeprefix('v')}")
+    return found.split()[0]
 
 
 def materialise(tag: str, workdir: Path) -> Path:
-    """The release's files under ``workdir/release-TAG`` (from ``git archive``), made once."""
+    """The release's files under ``workdir/release-TAG`` (from ``git archive`` of its commit), made once."""
     root = workdir / f"release-{tag}"
     if not (root / "packcli").is_dir():
         root.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(["git", "archive", tag], cwd=REPO, capture_output=True, check=True)
+        archive = subprocess.run(["git", "archive", release_commit(tag)], cwd=REPO, capture_output=True, check=True)
         subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, check=True)
     return root
 
@@ -180,7 +210,10 @@ def main(argv: list[str] | None = None) -> None:
     tag = args.tag or last_release()
     roots = {"release": materialise(tag, args.workdir), "tree": args.tree.resolve()}
     results = [compare(name, data, roots, args) for name, data in corpora(args.workdir, args.chat, args.short).items()]
-    print(f"release {tag} against the working tree, {args.rounds} paired rounds, --num-proc {args.num_proc}")
+    print(
+        f"release {tag} ({release_commit(tag)[:10]}) against the working tree, {args.rounds} paired rounds, "
+        f"--num-proc {args.num_proc}"
+    )
     print(
         "| corpus | records | release/tree (median, range) | s per 1M records release -> tree | "
         "peak RSS MB release -> tree | shards identical |"
