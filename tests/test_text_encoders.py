@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -263,3 +264,55 @@ def test_verify_reencode_finds_labels_tokenizers_would_not_give(
             line,
         ), line
     assert lines[-1] == f"{len(lines) - 1} problems in {tmp_path / 'bad'}"
+
+
+def test_what_a_run_learns_of_the_fast_encoder_is_kept_and_not_learned_again(
+    tmp_path: Path, pack: Any, chat_jsonl: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from packcli.tokenize import probe, text_encoders
+
+    cache = tmp_path / "cache"
+    text_encoders._loaded.cache_clear()  # what this process loaded before: the facts must come from the cache
+    first = _summary(pack(chat_jsonl, "-o", tmp_path / "a", "--cache-dir", cache, "--json", "-q"))
+    assert first["encoder"] == {"name": "fastokens", "fallback": None, "records_slow": 0}
+    assert len(list((cache / "tokenizers").glob("*.encoder.npz"))) == 1
+
+    def never(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("learned again")
+
+    monkeypatch.setattr(probe, "probe_differences", never)
+    monkeypatch.setattr(text_encoders, "token_byte_lengths", never)
+    text_encoders._loaded.cache_clear()
+    for entry in cache.iterdir():
+        if entry.is_dir() and entry.name != "tokenizers":
+            shutil.rmtree(entry)  # tokenized again, by the fast encoder the facts vouch for
+    second = _summary(pack(chat_jsonl, "-o", tmp_path / "b", "--cache-dir", cache, "--json", "-q"))
+    assert second["cache"] == "miss" and second["encoder"] == first["encoder"]
+    assert _shards(tmp_path / "a") == _shards(tmp_path / "b")
+
+
+def test_a_tokenizer_the_fast_encoder_cannot_serve_is_remembered(
+    tmp_path: Path, pack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fastokens
+
+    from packcli.tokenize import text_encoders
+
+    spec = json.loads((Path(default_tokenizer_dir()) / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["post_processor"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_str(json.dumps(spec))
+    cache = tmp_path / "cache"
+    text_encoders._loaded.cache_clear()
+    first = choose(backend, backend.to_str, facts=cache)
+    assert first.fallback == "the tokenizer's post-processor trims offsets, which label masks follow"
+
+    def never(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("built again")
+
+    monkeypatch.setattr(fastokens.Tokenizer, "from_json_str", never)
+    monkeypatch.setattr(text_encoders.FastEncoder, "load", never)
+    text_encoders._loaded.cache_clear()
+    again = choose(backend, backend.to_str, facts=cache)
+    assert (again.encoder.name, again.fallback) == ("tokenizers", first.fallback)

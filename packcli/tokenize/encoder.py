@@ -29,6 +29,7 @@ from packcli.jsontypes import TemplateKwargs
 from packcli.records.formats import Sample
 from packcli.results import TokenizerIdentity
 from packcli.tokenize import long_text, text_encoders
+from packcli.tokenize.bounds import max_token_bytes
 from packcli.tokenize.chat_template import ChatTemplate, Reasoning
 from packcli.tokenize.images import Encoded, expand_images, image_tokens_masked
 from packcli.tokenize.long_text import NO_AFFIXES, Affixes, Joined
@@ -83,7 +84,7 @@ class Encoder:
         self.tokenizer = open_tokenizer(tokenizer_name, records)
         self.backend, self.overrides = plain_backend(self.tokenizer.backend_tokenizer)
         # The text encoder, chosen once (packcli.tokenize.text_encoders): the fast one where it is exact.
-        self.choice = text_encoders.choose(self.backend, lambda: self.backend_json, encoder, work)
+        self.choice = text_encoders.choose(self.backend, lambda: self.backend_json, encoder, work, records)
         self.text = self.choice.encoder
         self.options = options
         added = {t.content for t in self.tokenizer.added_tokens_decoder.values() if t.content}
@@ -136,6 +137,15 @@ class Encoder:
         """The vocabulary's fingerprint (contract.vocab_sha256), which a trainer checks its tokenizer against."""
         recorded = getattr(self.tokenizer, "vocab_sha256", None)  # a recorded tokenizer knows it
         return recorded if isinstance(recorded, str) else vocab_sha256(self.tokenizer.get_vocab())
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int | None:
+        """The most text bytes one token covers (``tokenize.bounds``), or None: from the tokenizer's record
+        when it has one (the bound is read out of the whole ``tokenizer.json``, a third of a second)."""
+        record = getattr(self.tokenizer, "record", None)
+        if record is not None and not self.overrides:
+            return record.max_token_bytes
+        return max_token_bytes(self.backend_json)
 
     @functools.cached_property
     def backend_json(self) -> str:

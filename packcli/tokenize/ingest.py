@@ -19,7 +19,6 @@ from packcli.results import ProcessorIdentity, TokenizerIdentity
 from packcli.store import parts
 from packcli.store.tokens import TokenStore
 from packcli.tokenize import worker
-from packcli.tokenize.bounds import max_token_bytes
 from packcli.tokenize.building import POLICY_DROPS, TURN_FIXES, StoreBuilder
 from packcli.tokenize.encode_service import EncodeService, encode_in_main
 from packcli.tokenize.encoder import Encoder
@@ -63,7 +62,7 @@ def long_text_bytes(options: TokenizeOptions, encoder: Encoder) -> int | None:
     """
     if options.overflow not in ("truncate", "split"):
         return None
-    token_bytes = max_token_bytes(encoder.backend_json)
+    token_bytes = encoder.max_token_bytes
     return options.max_len * token_bytes if token_bytes else None
 
 
@@ -326,7 +325,7 @@ class _PartMaking:
 
 def worker_context(options: TokenizeOptions, encoder: Encoder, rule_out_long: bool = False) -> worker.WorkerContext:
     """What the workers tokenize this run's batches with; with ``rule_out_long``, the early too-long rule."""
-    token_bytes = max_token_bytes(encoder.backend_json) if rule_out_long else None
+    token_bytes = encoder.max_token_bytes if rule_out_long else None
     encoder.long_text_bytes = long_text_bytes(options, encoder)
     return worker.WorkerContext(
         encoder,

@@ -29,8 +29,9 @@ from typing import Any
 
 from packcli.contract import vocab_sha256
 from packcli.owned import owner_tag
+from packcli.tokenize.bounds import max_token_bytes
 
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2
 RECORDS_DIR = "tokenizers"
 DEFAULT_RECORD = "default_tokenizer.json"
 # The files of a tokenizer directory that transformers may read (what a record's key hashes).
@@ -75,6 +76,8 @@ class TokenizerRecord:
     vocab_size: int  # len(tokenizer): the vocabulary with its added tokens
     vocab_sha256: str
     chat_template: str | dict[str, str] | None
+    # Derived from the backend once, not asked of transformers: the most bytes a token covers (``tokenize.bounds``).
+    max_token_bytes: int | None = None
     format: int = RECORD_FORMAT
 
     def key(self) -> str:
@@ -133,6 +136,7 @@ def record_of(tokenizer: Any, directory: Path) -> TokenizerRecord | None:
         vocab_size=len(tokenizer),
         vocab_sha256=vocab_sha256(tokenizer.get_vocab()),
         chat_template=template,
+        max_token_bytes=max_token_bytes(backend),
     )
 
 

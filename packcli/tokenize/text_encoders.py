@@ -24,6 +24,7 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -31,6 +32,7 @@ import numpy as np
 from packcli.errors import Opt, TokenizerError, first_line
 from packcli.results import EncoderInfo
 from packcli.tokenize.byte_offsets import byte_level_mask, token_byte_lengths
+from packcli.tokenize.encoder_facts import EncoderFacts, facts_key, read_facts, write_facts
 
 ENCODER_ENV = "PACKCLI_ENCODER"
 REFERENCE = "tokenizers"
@@ -105,8 +107,10 @@ class FastEncoder:
         self.slow_records = 0
 
     @classmethod
-    def load(cls, backend_json: str, reference: ReferenceEncoder) -> FastEncoder:
-        """Load ``fastokens`` on the tokenizer's JSON; raises ``FastUnavailable`` saying why it cannot."""
+    def load(cls, backend_json: str, reference: ReferenceEncoder, known: EncoderFacts | None = None) -> FastEncoder:
+        """Load ``fastokens`` on the tokenizer's JSON; raises ``FastUnavailable`` saying why it cannot.
+
+        ``known``: what an earlier run learned of this tokenizer (its byte lengths are not read again)."""
         why = offsets_trimmed(reference.backend)
         if why is not None:
             raise FastUnavailable(why)
@@ -118,6 +122,8 @@ class FastEncoder:
             raise FastUnavailable(f"fastokens is not installed ({first_line(exc)})") from exc
         except Exception as exc:  # it raises ValueError, RuntimeError... for a tokenizer it does not support
             raise FastUnavailable(f"fastokens cannot load the tokenizer ({first_line(exc)})") from exc
+        if known is not None:
+            return cls(native, reference, known.adds_tokens, known.byte_lengths)
         sample = "a b"
         adds = list(native.encode(sample, add_special_tokens=True).ids) != list(native.encode(sample).ids)
         return cls(native, reference, adds, token_byte_lengths(backend_json))
@@ -229,14 +235,21 @@ class Choice:
         return EncoderInfo(name=self.encoder.name, fallback=self.fallback)
 
 
-def choose(backend: Any, backend_json: Callable[[], str], mode: str = "auto", work: Work | None = None) -> Choice:
+def choose(
+    backend: Any,
+    backend_json: Callable[[], str],
+    mode: str = "auto",
+    work: Work | None = None,
+    facts: Path | None = None,
+) -> Choice:
     """Return the encoder for a tokenizer: ``mode`` auto, tokenizers or fast (see the module's doc).
 
     ``fast`` is ``auto`` that raises ``TokenizerError`` where ``auto`` would fall back (but for the
     environment variable, which forces the reference whatever the option). ``work``: what the run will
     encode, when known; ``auto`` takes the reference for less than ``FAST_MIN_BYTES`` a worker, unless
     the environment variable says ``fastokens`` (the tests of the fast encoder on small inputs).
-    ``backend_json`` gives the tokenizer's JSON, asked for only when the fast encoder is tried.
+    ``backend_json`` gives the tokenizer's JSON, asked for only when the fast encoder is tried. ``facts``:
+    the cache directory that keeps what is learned of the tokenizer (``encoder_facts``), or None.
     """
     reference = ReferenceEncoder(backend)
     forced = os.environ.get(ENCODER_ENV, "").strip().lower()
@@ -246,7 +259,7 @@ def choose(backend: Any, backend_json: Callable[[], str], mode: str = "auto", wo
         return Choice(reference, None)
     if mode == "auto" and work is not None and work.small() and forced != FAST:
         return Choice(reference, work.why_reference())
-    fast, why = _fast_for(backend_json(), reference)
+    fast, why = _fast_for(backend_json(), reference, facts)
     if fast is not None and why is None:
         return Choice(fast, None)
     if mode == "fast":
@@ -257,9 +270,11 @@ def choose(backend: Any, backend_json: Callable[[], str], mode: str = "auto", wo
     return Choice(reference, why)
 
 
-def _fast_for(backend_json: str, reference: ReferenceEncoder) -> tuple[FastEncoder | None, str | None]:
+def _fast_for(
+    backend_json: str, reference: ReferenceEncoder, facts: Path | None
+) -> tuple[FastEncoder | None, str | None]:
     """Return the fast encoder for a tokenizer (None where it cannot load) and why it is not exact (None)."""
-    loaded, why = _loaded(_Tokenizer(backend_json, reference))
+    loaded, why = _loaded(_Tokenizer(backend_json, reference, facts))
     if loaded is None:
         return None, why
     # The same native encoder; this run's reference and counts.
@@ -269,8 +284,8 @@ def _fast_for(backend_json: str, reference: ReferenceEncoder) -> tuple[FastEncod
 class _Tokenizer:
     """A tokenizer by its JSON alone, with the reference encoder that loads and probes its fast encoder once."""
 
-    def __init__(self, backend_json: str, reference: ReferenceEncoder | None) -> None:
-        self.backend_json, self.reference = backend_json, reference
+    def __init__(self, backend_json: str, reference: ReferenceEncoder | None, facts: Path | None) -> None:
+        self.backend_json, self.reference, self.facts = backend_json, reference, facts
 
     def __hash__(self) -> int:
         return hash(self.backend_json)
@@ -286,11 +301,19 @@ class _Tokenizer:
 def _loaded(tokenizer: _Tokenizer) -> tuple[tuple[Any, bool, np.ndarray | None] | None, str | None]:
     reference, tokenizer.reference = tokenizer.reference, None  # the key is kept, its reference not
     assert reference is not None
+    key = facts_key(tokenizer.backend_json) if tokenizer.facts is not None else ""
+    known = read_facts(tokenizer.facts, key) if tokenizer.facts is not None else None
+    if known is not None and known.fast is not None:
+        return None, known.fast  # an earlier run found it cannot serve this tokenizer: not built again
     try:
-        fast = FastEncoder.load(tokenizer.backend_json, reference)
-        return (fast.native, fast.adds_tokens, fast.byte_lengths), fast.probe(reference)
+        fast = FastEncoder.load(tokenizer.backend_json, reference, known)
     except FastUnavailable as exc:
+        write_facts(tokenizer.facts, key, EncoderFacts(str(exc), False, None))
         return None, str(exc)
+    verdict = fast.probe(reference) if known is None else None
+    if known is None:
+        write_facts(tokenizer.facts, key, EncoderFacts(verdict, fast.adds_tokens, fast.byte_lengths))
+    return (fast.native, fast.adds_tokens, fast.byte_lengths), verdict
 
 
 def piece_cuts(text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[bool]]:
