@@ -137,3 +137,25 @@ def test_packs_with_a_recorded_tokenizer_give_the_same_shards_and_identity(
     assert shards[0] and shards[0] == shards[1] == shards[2]
     identities = [json.loads((out / "manifest.json").read_text())["tokenizer"] for out in outs]
     assert identities[0] == identities[1] == identities[2]
+
+
+def test_a_run_the_fast_encoder_serves_never_opens_the_tokenizers_backend(tmp_path: Path) -> None:
+    """Both at once hold a vocabulary twice (Gemma 3: 280 and 245 MB): the backend is opened only where used."""
+    from packcli.tokenize import text_encoders
+    from packcli.tokenize.encoder import EncodeOptions, Encoder
+    from packcli.tokenize.ingest import worker_context
+    from packcli.tokenize.options import TokenizeOptions
+
+    cache, big = tmp_path / "cache", text_encoders.Work(10**9, 2)
+    text_encoders._loaded.cache_clear()
+    first = Encoder(None, None, EncodeOptions(), records=cache, work=big)  # learns the facts: the probe opens it
+    assert first.choice.encoder.name == "fastokens" and "backend" in first.__dict__
+    text_encoders._loaded.cache_clear()
+    again = Encoder(None, None, EncodeOptions(), records=cache, work=big)
+    assert again.choice.encoder.name == "fastokens"
+    assert "backend" not in again.__dict__ and "backend_tokenizer" not in again.tokenizer.__dict__
+    assert again.identity() == first.identity()
+    small = Encoder(None, None, EncodeOptions(), records=cache, work=text_encoders.Work(1000, 2))
+    assert small.choice.encoder.name == "tokenizers"
+    worker_context(TokenizeOptions(max_len=512), small)
+    assert "backend" in small.__dict__  # opened before the workers fork, to be shared with them

@@ -214,20 +214,40 @@ def _serve(parent_pid: int, sock: socket.socket, inherited: list[socket.socket],
     lifetime.init_worker(parent_pid)
     for other in inherited:  # the pool's ends: held here, they would keep a socket from ending
         other.close()
+    trim = _malloc_trim()
     while True:
         try:
             job = channel.receive(sock)
         except (channel.WorkerGone, OSError):
             return
-        try:
-            message: tuple[str, Any] = ("ok", call(*job))
-            reply = channel.frame(message)
-        except BaseException as exc:
-            reply = channel.frame(channel.error_message(exc))
+        reply = _answer(call, job)
+        del job
         try:
             sock.sendall(reply)
         except OSError:
             return
+        del reply
+        if trim is not None:
+            trim(0)  # the job's memory back to the system: glibc keeps what a large record took otherwise
+
+
+def _answer(call: Callable[..., Any], job: tuple[Any, ...]) -> bytes:
+    """The message that answers a job: its result, or the error it raised."""
+    try:
+        return channel.frame(("ok", call(*job)))
+    except BaseException as exc:
+        return channel.frame(channel.error_message(exc))
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None on a system without it."""
+    try:
+        import ctypes
+
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
 
 
 def map_ordered(

@@ -82,9 +82,13 @@ class Encoder:
 
             self.vision = load_processor(processor)
         self.tokenizer = open_tokenizer(tokenizer_name, records)
-        self.backend, self.overrides = plain_backend(self.tokenizer.backend_tokenizer)
+        self.record = getattr(self.tokenizer, "record", None)  # a tokenizer opened from its record knows its facts
+        if self.record is not None:
+            self.overrides: tuple[str, ...] = self.record.overridden  # its backend opened when first asked for
+        else:
+            self.backend, self.overrides = plain_backend(self.tokenizer.backend_tokenizer)
         # The text encoder, chosen once (packcli.tokenize.text_encoders): the fast one where it is exact.
-        self.choice = text_encoders.choose(self.backend, lambda: self.backend_json, encoder, work, records)
+        self.choice = text_encoders.choose(lambda: self.backend, lambda: self.backend_json, encoder, work, records)
         self.text = self.choice.encoder
         self.options = options
         added = {t.content for t in self.tokenizer.added_tokens_decoder.values() if t.content}
@@ -107,15 +111,19 @@ class Encoder:
         self.long_text_bytes: int | None = None
         # Set in the workers of a run whose main process encodes for them (packcli.tokenize.encode_service).
         self.remote: Any = None
-        self.warnings: list[Message] = self.chat.marker_warnings(
-            lambda text: len(self.backend.encode(text, add_special_tokens=False).ids), self.tokenizer_name
-        )
+        self.warnings: list[Message] = self.chat.marker_warnings(self._count, self.tokenizer_name)
+
+    def _count(self, text: str) -> int:
+        """A text's tokens, by the run's text encoder (the fast one gives the reference's ids)."""
+        return len(self.text.encode_flat([text], False)[0])
 
     def identity(self) -> TokenizerIdentity:
         """Return what identifies the tokenizer and template, for the manifest and the cache key."""
         return {
             "name": self.tokenizer_name,
-            "sha256": tokenizer_sha256(self.backend_json, self.tokenizer.special_tokens_map),
+            "sha256": self.record.sha256
+            if self.record is not None
+            else tokenizer_sha256(self.backend_json, self.tokenizer.special_tokens_map),
             "vocab_size": self.vocab_size,
             "vocab_sha256": self.vocab_sha256,
             "eos_token": self.tokenizer.eos_token,
@@ -142,15 +150,24 @@ class Encoder:
     def max_token_bytes(self) -> int | None:
         """The most text bytes one token covers (``tokenize.bounds``), or None: from the tokenizer's record
         when it has one (the bound is read out of the whole ``tokenizer.json``, a third of a second)."""
-        record = getattr(self.tokenizer, "record", None)
-        if record is not None and not self.overrides:
-            return record.max_token_bytes
+        if self.record is not None and not self.overrides:
+            return self.record.max_token_bytes
         return max_token_bytes(self.backend_json)
 
     @functools.cached_property
+    def backend(self) -> Any:
+        """The ``tokenizers`` backend with truncation and padding off (``plain_backend``), opened when first
+        asked for where the tokenizer came from its record (the reference encoder, long texts, images)."""
+        return plain_backend(self.tokenizer.backend_tokenizer)[0]
+
+    @functools.cached_property
     def backend_json(self) -> str:
-        """The backend tokenizer as ``tokenizer.json`` text (made once: 0.1 s for a 128k vocabulary)."""
-        return self.backend.to_str()
+        """The backend tokenizer as JSON text: the record's, or ``tokenizer.json`` as it is, without opening
+        it; else made from the backend (0.1 s for a 128k vocabulary). What the fast encoder is built from."""
+        if self.record is not None and not self.overrides:
+            text: str = self.tokenizer.backend_text()
+            return text
+        return str(self.backend.to_str())
 
     # -- the chat template (self.chat), for callers that render as the encoder does ------------------
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from packcli.owned import owner_tag
-from packcli.tokenize.recorded import RECORDS_DIR
+from packcli.tokenize.recorded import RECORDS_DIR, readable
 from packcli.version import __version__
 
 FACTS_FORMAT = 1
@@ -88,6 +88,7 @@ def write_facts(directory: Path | None, key: str, facts: EncoderFacts) -> None:
         try:
             with os.fdopen(fd, "wb") as fh:
                 np.savez(fh, meta=np.array(json.dumps(meta)), byte_lengths=lengths)
+            readable(tmp)
             os.replace(tmp, where)
         except BaseException:
             with contextlib.suppress(OSError):

@@ -327,6 +327,11 @@ def worker_context(options: TokenizeOptions, encoder: Encoder, rule_out_long: bo
     """What the workers tokenize this run's batches with; with ``rule_out_long``, the early too-long rule."""
     token_bytes = encoder.max_token_bytes if rule_out_long else None
     encoder.long_text_bytes = long_text_bytes(options, encoder)
+    if encoder.text.name != "fastokens" or encoder.long_text_bytes is not None or options.split or encoder.vision:
+        # Encoded with the tokenizers backend here (the reference, long texts, pieces, images): opened before the
+        # workers fork, so that they share it. The fast encoder alone never opens it (a record it cannot vouch
+        # for opens it in its worker).
+        _ = encoder.backend
     return worker.WorkerContext(
         encoder,
         dict(options.fields),

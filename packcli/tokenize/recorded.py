@@ -17,6 +17,7 @@ and the transformers version that resolved them; the default tokenizer's record 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import importlib.resources
@@ -28,10 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from packcli.contract import vocab_sha256
+from packcli.jsontypes import JSONObject
 from packcli.owned import owner_tag
 from packcli.tokenize.bounds import max_token_bytes
 
-RECORD_FORMAT = 2
+RECORD_FORMAT = 3
 RECORDS_DIR = "tokenizers"
 DEFAULT_RECORD = "default_tokenizer.json"
 # The files of a tokenizer directory that transformers may read (what a record's key hashes).
@@ -76,8 +78,11 @@ class TokenizerRecord:
     vocab_size: int  # len(tokenizer): the vocabulary with its added tokens
     vocab_sha256: str
     chat_template: str | dict[str, str] | None
-    # Derived from the backend once, not asked of transformers: the most bytes a token covers (``tokenize.bounds``).
+    # Derived from the backend once, not asked of transformers: the most bytes a token covers (``tokenize.bounds``),
+    # the settings apply_chat_template turns off (``plain_backend``) and the identity the manifest gives it.
     max_token_bytes: int | None = None
+    overridden: tuple[str, ...] = ()
+    sha256: str = ""
     format: int = RECORD_FORMAT
 
     def key(self) -> str:
@@ -95,6 +100,7 @@ class TokenizerRecord:
                 return None
             data["added_tokens"] = [(int(i), str(c)) for i, c in data["added_tokens"]]
             data["named"] = {k: (v[0], v[1]) for k, v in data["named"].items()}
+            data["overridden"] = tuple(data["overridden"])
             return cls(**data)
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
@@ -120,6 +126,7 @@ def record_of(tokenizer: Any, directory: Path) -> TokenizerRecord | None:
     backend = tokenizer.backend_tokenizer.to_str()
     as_file = directory / "tokenizer.json"
     unchanged = as_file.is_file() and Tokenizer.from_file(str(as_file)).to_str() == backend
+    plain, overridden = plain_backend(tokenizer.backend_tokenizer)
     return TokenizerRecord(
         files_sha256=files_sha256(directory),
         transformers=transformers_version(),
@@ -137,6 +144,8 @@ def record_of(tokenizer: Any, directory: Path) -> TokenizerRecord | None:
         vocab_sha256=vocab_sha256(tokenizer.get_vocab()),
         chat_template=template,
         max_token_bytes=max_token_bytes(backend),
+        overridden=overridden,
+        sha256=tokenizer_sha256(plain.to_str(), special),
     )
 
 
@@ -184,11 +193,19 @@ def write_record(directory: Path, record: TokenizerRecord) -> None:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(record.to_json())
+            readable(tmp)
             os.replace(tmp, where / f"{record.key()}.json")
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+
+
+def readable(path: str) -> None:
+    """Give a file mkstemp made (private) the permissions of an ordinary file of this process (its umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 class RecordedTokenizer:
@@ -197,14 +214,8 @@ class RecordedTokenizer:
     is_fast = True
 
     def __init__(self, record: TokenizerRecord, tokenizer_dir: Path) -> None:
-        from tokenizers import Tokenizer
-
         self.record = record
         self.name_or_path = str(tokenizer_dir)
-        if record.backend is None:
-            self.backend_tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-        else:
-            self.backend_tokenizer = Tokenizer.from_str(record.backend)
         self.special_tokens_map = dict(record.special_tokens_map)
         self.chat_template = record.chat_template
         self.all_special_tokens = list(record.all_special_tokens)
@@ -213,6 +224,22 @@ class RecordedTokenizer:
         for name, (token, token_id) in record.named.items():
             setattr(self, f"{name}_token", token)
             setattr(self, f"{name}_token_id", token_id)
+
+    @functools.cached_property
+    def backend_tokenizer(self) -> Any:
+        """The ``tokenizers`` backend, opened when first asked for: a run the fast encoder serves whole never asks
+        (the two together hold a large vocabulary twice: 280 and 245 MB for Gemma 3's 262k tokens)."""
+        from tokenizers import Tokenizer
+
+        if self.record.backend is None:
+            return Tokenizer.from_file(str(Path(self.name_or_path) / "tokenizer.json"))
+        return Tokenizer.from_str(self.record.backend)
+
+    def backend_text(self) -> str:
+        """The backend as JSON text, without opening it: ``tokenizer.json`` as it is, or the record's."""
+        if self.record.backend is None:
+            return (Path(self.name_or_path) / "tokenizer.json").read_text(encoding="utf-8")
+        return self.record.backend
 
     @property
     def added_tokens_decoder(self) -> dict[int, Any]:
@@ -226,7 +253,7 @@ class RecordedTokenizer:
     def __len__(self) -> int:
         return self.record.vocab_size
 
-    def get_vocab(self) -> dict[str, int]:
+    def get_vocab(self) -> dict[str, int]:  # the backend's, as a fast tokenizer's
         vocab: dict[str, int] = self.backend_tokenizer.get_vocab(with_added_tokens=True)
         return vocab
 
@@ -245,3 +272,33 @@ class RecordedTokenizer:
             raise ValueError("a recorded tokenizer decodes without cleaning up spaces")
         text: str = self.backend_tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
         return text
+
+
+def plain_backend(backend: Any) -> tuple[Any, tuple[str, ...]]:
+    """Return the backend tokenizer with truncation and padding off, and which of them were on.
+
+    ``apply_chat_template`` turns both off for its own call, whatever ``tokenizer.json`` says; packcli
+    encodes with the backend, so it turns them off on a copy (the loaded tokenizer stays as it was).
+    """
+    overrides = tuple(
+        name for name, on in (("truncation", backend.truncation), ("padding", backend.padding)) if on is not None
+    )
+    if not overrides:
+        return backend, ()
+    from tokenizers import Tokenizer
+
+    plain = Tokenizer.from_str(backend.to_str())
+    plain.no_truncation()
+    plain.no_padding()
+    return plain, overrides
+
+
+def tokenizer_sha256(backend_json: str, special_tokens_map: JSONObject) -> str:
+    """Return the tokenizer's own identity: a hash of its backend (``tokenizer.json`` text) and special tokens.
+
+    Not of a run's template keyword arguments (the manifest's chat_template_kwargs and the cache key's
+    options hold those), so that one tokenizer has one sha256 whatever --template-kwarg a run passes.
+    """
+    h = hashlib.sha256(backend_json.encode())
+    h.update(json.dumps(dict(special_tokens_map), sort_keys=True, default=str).encode())
+    return h.hexdigest()

@@ -69,13 +69,23 @@ class TextEncoder(Protocol):
 
 
 class ReferenceEncoder:
-    """The ``tokenizers`` backend: ids from ``encode_batch``, masks from character offsets."""
+    """The ``tokenizers`` backend: ids from ``encode_batch``, masks from character offsets.
+
+    Made with the backend, or with what opens it (a callable): then the backend is opened when first
+    used, which a run the fast encoder serves whole never does.
+    """
 
     name = REFERENCE
 
     def __init__(self, backend: Any) -> None:
-        self.backend = backend
+        self._backend = backend
         self.slow_records = 0
+
+    @property
+    def backend(self) -> Any:
+        if callable(self._backend):
+            self._backend = self._backend()
+        return self._backend
 
     def encode_flat(self, texts: list[str], add_special: bool) -> tuple[np.ndarray, np.ndarray]:
         done = self.backend.encode_batch(texts, add_special_tokens=add_special)
@@ -111,7 +121,7 @@ class FastEncoder:
         """Load ``fastokens`` on the tokenizer's JSON; raises ``FastUnavailable`` saying why it cannot.
 
         ``known``: what an earlier run learned of this tokenizer (its byte lengths are not read again)."""
-        why = offsets_trimmed(reference.backend)
+        why = offsets_trimmed(reference.backend) if known is None else None  # known: it was checked then
         if why is not None:
             raise FastUnavailable(why)
         try:
@@ -236,7 +246,7 @@ class Choice:
 
 
 def choose(
-    backend: Any,
+    backend: Any,  # the tokenizers backend, or what opens it
     backend_json: Callable[[], str],
     mode: str = "auto",
     work: Work | None = None,

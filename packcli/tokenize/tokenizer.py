@@ -22,8 +22,15 @@ from packcli.contract import (
 )
 from packcli.errors import Opt, TokenizerError, first_line
 from packcli.io.readers import hub_reachable
-from packcli.jsontypes import JSONObject
-from packcli.tokenize.recorded import RecordedTokenizer, read_record, record_of, shipped_record, write_record
+from packcli.tokenize.recorded import (
+    RecordedTokenizer,
+    plain_backend as plain_backend,
+    read_record,
+    record_of,
+    shipped_record,
+    tokenizer_sha256 as tokenizer_sha256,
+    write_record,
+)
 from packcli.tokenize.templates import builtin_name, builtin_template, read_chat_template
 
 
@@ -141,33 +148,3 @@ def _tokenizer_class(directory: str) -> str | None:
 
 def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.count("/") > 1 or (os.sep == "\\" and "\\" in name)
-
-
-def plain_backend(backend: Any) -> tuple[Any, tuple[str, ...]]:
-    """Return the backend tokenizer with truncation and padding off, and which of them were on.
-
-    ``apply_chat_template`` turns both off for its own call, whatever ``tokenizer.json`` says; packcli
-    encodes with the backend, so it turns them off on a copy (the loaded tokenizer stays as it was).
-    """
-    overrides = tuple(
-        name for name, on in (("truncation", backend.truncation), ("padding", backend.padding)) if on is not None
-    )
-    if not overrides:
-        return backend, ()
-    from tokenizers import Tokenizer
-
-    plain = Tokenizer.from_str(backend.to_str())
-    plain.no_truncation()
-    plain.no_padding()
-    return plain, overrides
-
-
-def tokenizer_sha256(backend_json: str, special_tokens_map: JSONObject) -> str:
-    """Return the tokenizer's own identity: a hash of its backend (``tokenizer.json`` text) and special tokens.
-
-    Not of a run's template keyword arguments (the manifest's chat_template_kwargs and the cache key's
-    options hold those), so that one tokenizer has one sha256 whatever --template-kwarg a run passes.
-    """
-    h = hashlib.sha256(backend_json.encode())
-    h.update(json.dumps(dict(special_tokens_map), sort_keys=True, default=str).encode())
-    return h.hexdigest()
