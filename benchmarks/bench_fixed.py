@@ -50,7 +50,7 @@ def run(root: Path, argv: list[str], env: dict[str, str] | None = None) -> tuple
     began = time.perf_counter()
     proc = subprocess.run(
         ["/usr/bin/time", "-v", sys.executable, "-m", "packcli", *argv],
-        cwd=REPO,
+        cwd=root,  # python -m puts the working directory first on the path: the tree run is the one there
         env={**os.environ, "PYTHONPATH": str(root), **(env or {})},
         capture_output=True,
         text=True,
@@ -68,7 +68,7 @@ def ratio_line(name: str, ratios: list[float], extra: str = "") -> str:
 
 
 def quickstart(roots: dict[str, Path], args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    argv = ["pack", "examples/chat.jsonl", "--max-len", "2048", "--no-cache", "--overwrite", "-q", "-o"]
+    argv = ["pack", str(REPO / "examples" / "chat.jsonl"), "--max-len", "2048", "--no-cache", "--overwrite", "-q", "-o"]
     out: dict[str, Any] = {}
     for name in roots:
         if name == "tree":
@@ -149,7 +149,7 @@ def increments(roots: dict[str, Path], args: argparse.Namespace, work: Path) -> 
         cache = fresh()
         killed = subprocess.Popen(
             [sys.executable, "-m", "packcli", "pack", *files, *base, *cache, "-o", str(work / "inc-killed")],
-            cwd=REPO, env={**os.environ, "PYTHONPATH": str(tree)},
+            cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         time.sleep(0.6 * cold)
@@ -169,7 +169,7 @@ def peak_pss(root: Path, argv: list[str], env: dict[str, str] | None = None) -> 
     """The peak, over 50 ms samples, of the summed PSS (MB) of a packcli run's process tree."""
     sys.path.insert(0, str(HERE))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "packcli", *argv], cwd=REPO, env={**os.environ, "PYTHONPATH": str(root), **(env or {})},
+        [sys.executable, "-m", "packcli", *argv], cwd=root, env={**os.environ, "PYTHONPATH": str(root), **(env or {})},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     peak = 0.0
