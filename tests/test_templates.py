@@ -301,9 +301,9 @@ AFTER_TOOL_HEADERS = ("<｜tool▁outputs▁end｜>",)
 # as the call's end marker (and trains): its labels are compared with the twin's on the other cases only.
 TWIN_DIFFERS_ON_TOOL_CALLS = {"diffusion_gemma"}
 # Gemma 4 v5 runs an answer's text into the next answer's with nothing between, and Diffusion Gemma
-# closes an answer with text and a call with no end marker: neither can be cut, so the record is
-# dropped (counted) rather than mislabelled.
-TOOL_UNSEPARABLE = {("gemma4_v5", "content_and_call"), ("diffusion_gemma", "content_and_call")}
+# leaves an answer with text and a call open (the next answer's header follows its text): each such
+# answer ends with its own last character, its call through the call's end marker, the tool's response
+# in between never trained (test_own_tokenizers holds them to the twin on Gemma's tokenizer).
 # DeepSeek-R1-Distill's template renders an answer's calls only when its content is null: with text, or an
 # empty string, it renders the text alone and drops the call. Trained so, the model would learn to answer
 # without calling; the record is refused instead.
@@ -329,9 +329,6 @@ def test_tool_calls_like_transformers(
         )
     except Exception:
         assert isinstance(result, RecordError) and result.reason == "template_error", (name, result)
-        return
-    if (name, case) in TOOL_UNSEPARABLE:
-        assert isinstance(result, RecordError) and result.reason == "template_spans_not_found", (name, result)
         return
     if (name, case) in TOOL_NOT_RENDERED:
         call = messages[1]["tool_calls"][0]["function"]["name"]
