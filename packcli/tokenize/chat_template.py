@@ -57,6 +57,8 @@ class ChatTemplate:
         self._forms: tuple[bool, bool] | None = None  # tool call arguments taken as a mapping, as a string
         self._tools: list[bool | None] = []  # whether it renders a tools list (learned once; None: unknown)
         self.split_markers: tuple[str, ...] = ()  # set by marker_warnings: markers the tokenizer splits
+        # Set where no template fits the tokenizer (templates.no_template): rendering raises it.
+        self.refused: Callable[[], TokenizerError] | None = None
         # A run with a processor: image parts (packcli.records.images) render as {"type": "image"}.
         self.images = False
         try:
@@ -75,6 +77,8 @@ class ChatTemplate:
         kwargs: TemplateKwargs | None = None,
     ) -> tuple[str, list[tuple[int, int]]]:
         """Return the rendered conversation and, with ``spans``, its generation-block character spans."""
+        if self.refused is not None:
+            raise self.refused()
         try:
             return rendering.render(
                 self.template,
