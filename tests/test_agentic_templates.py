@@ -204,6 +204,9 @@ LAST_ROUND_ONLY = {
     "nemotron_3_5_lightning",
 }
 NO_REASONING = {"qwen2_5", "qwen3_instruct_2507", "qwen3_vl", "lfm2_v2"}
+# Templates that render a call's reasoning only while no final answer follows it (gpt-oss): the expansion
+# cuts after the call too.
+CALL_REASONING_DROPPED = {"gptoss"}
 EVERY_ROUND = {"qwen3_8", "muse_glimmer"}
 
 
@@ -293,8 +296,11 @@ def test_expanded_rounds_train_every_reasoning_once(
     if isinstance(made, RecordError):  # a cut the template cannot render on its own
         assert made.reason in ("template_error", "template_spans_not_found"), made
         return
-    assert isinstance(made, rounds.Rounds) and len(made) == 2
+    # gpt-oss drops a call's analysis once a final answer follows: the call ends a sample of its own.
     cuts = ((4, REASONING[:2]), (6, REASONING[2:]))
+    if name in CALL_REASONING_DROPPED:
+        cuts = ((2, REASONING[:1]), (4, REASONING[1:2]), (6, REASONING[2:]))
+    assert isinstance(made, rounds.Rounds) and len(made) == len(cuts)
     per_round = []
     for (ids, labels), (cut, own) in zip(made, cuts, strict=True):
         ref = _render(tokenizer, as_template_takes(name, given[:cut]), tools, template)
@@ -312,5 +318,5 @@ def test_expanded_rounds_train_every_reasoning_once(
         assert trained.count(answer) == 1, (name, answer)
     for reasoning in REASONING:  # never twice: an earlier round is context in the later cuts
         assert trained.count(reasoning) <= 1, (name, reasoning)
-    if name in LAST_ROUND_ONLY or name in EVERY_ROUND:
+    if name in LAST_ROUND_ONLY or name in EVERY_ROUND or name in CALL_REASONING_DROPPED:
         assert all(trained.count(r) == 1 for r in REASONING), name

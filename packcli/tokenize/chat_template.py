@@ -21,11 +21,14 @@ from packcli.records.formats import Sample
 from packcli.records.images import IMAGE_KEY
 from packcli.tokenize import rendering
 from packcli.tokenize.agentic import (
+    THINK_CLOSE,
+    Reasoning,
     arguments_forms,
     check_calls,
     check_calls_rendered,
     check_tool_results,
     conform_arguments,
+    empty_thinks,
     reasoning_left_out,
     renders_tools,
 )
@@ -317,7 +320,9 @@ class ChatTemplate:
         if any(m.get("tool_calls") for m in messages):
             check_calls_rendered(messages, text, again, trained)
         with_reasoning, left = reasoning_left_out(messages, text, again, which)
-        return Rendered(text, spans, Reasoning.of(with_reasoning, left, which) if with_reasoning else None)
+        empty = empty_thinks(messages, text, trained if own else {}) if THINK_CLOSE in text else 0
+        reasoning = Reasoning.of(with_reasoning, left, which, empty) if with_reasoning or empty else None
+        return Rendered(text, spans, reasoning)
 
 
 # The end of the warning for a template of another model's markers (``ChatTemplate.marker_warnings``).
@@ -336,21 +341,6 @@ def stored_warning(text: str) -> Message:
     if text.endswith(end):
         return Message(text[: -len(end)], *CHECK_BOTH)
     return Message(text)
-
-
-@dataclass(frozen=True)
-class Reasoning:
-    """The reasoning of a conversation's trained turns: how many turns have some, how many of those the
-    template leaves out of the text, and whether it keeps the last trained turn's only."""
-
-    turns: int
-    left_out: int
-    last_only: bool
-
-    @staticmethod
-    def of(turns: int, left: tuple[int, ...], trained: list[int]) -> Reasoning:
-        last_only = bool(left) and len(left) == turns - 1 and trained[-1] not in left
-        return Reasoning(turns, len(left), last_only)
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,9 @@ from packcli.jsontypes import TemplateKwargs
 from packcli.records.formats import Sample
 from packcli.results import TokenizerIdentity
 from packcli.tokenize import long_text, text_encoders
+from packcli.tokenize.agentic import Reasoning
 from packcli.tokenize.bounds import max_token_bytes
-from packcli.tokenize.chat_template import ChatTemplate, Reasoning
+from packcli.tokenize.chat_template import ChatTemplate
 from packcli.tokenize.images import Encoded, expand_images, image_tokens_masked
 from packcli.tokenize.long_text import NO_AFFIXES, Affixes, Joined
 from packcli.tokenize.template_shape import TemplateShape
