@@ -40,6 +40,7 @@ from .test_templates import (  # noqa: E402
     TWIN_DIFFERS_ON_TOOL_CALLS,
     TWIN_NOT_COMPARABLE,
     TWIN_RENDERS_OTHERWISE,
+    Encoders,
     _check_against_twin,
     _trained_runs,
     as_template_takes,
@@ -81,8 +82,8 @@ def _schemas(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def encoders(model_tokenizer: tuple[str, Any]) -> dict[str, Encoder]:
-    return {n: Encoder(model_tokenizer[0], str(TRL_TEMPLATES / f"{n}.jinja"), EncodeOptions()) for n in TOOL_TEMPLATES}
+def encoders(template_tokenizer: Any) -> dict[str, Encoder]:
+    return Encoders(template_tokenizer)
 
 
 def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, template: str, **kw: Any) -> Any:
@@ -109,9 +110,9 @@ def _calls_left_out(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, 
 @pytest.mark.parametrize("case", ["object_args", "string_args", "two_calls", "named_in_text"])
 @pytest.mark.parametrize("name", TOOL_TEMPLATES)
 def test_agent_traces_are_exact_or_refused(
-    name: str, case: str, encoders: dict[str, Encoder], model_tokenizer: tuple[str, Any]
+    name: str, case: str, encoders: dict[str, Encoder], template_tokenizer: Any
 ) -> None:
-    tokenizer = model_tokenizer[1]
+    tokenizer = template_tokenizer(name)[1]
     given = _trace(case)
     tools = _schemas(given)
     template = (TRL_TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
@@ -228,9 +229,9 @@ def _left_out_one_by_one(name: str, tokenizer: Any, template: str, tools: Any, k
 @pytest.mark.parametrize("repeat", [False, True], ids=["own_text", "echoed_in_answer"])
 @pytest.mark.parametrize("name", TOOL_TEMPLATES)
 def test_the_reasoning_count_is_the_turns_the_template_leaves_out(
-    name: str, repeat: bool, encoders: dict[str, Encoder], model_tokenizer: tuple[str, Any]
+    name: str, repeat: bool, encoders: dict[str, Encoder], template_tokenizer: Any
 ) -> None:
-    tokenizer = model_tokenizer[1]
+    tokenizer = template_tokenizer(name)[1]
     key = "thinking" if name == "gptoss" else "reasoning_content"
     given = reasoning_trace(REASONING, key, repeat)
     tools = _schemas(given)
@@ -273,14 +274,14 @@ def test_packclis_deepseek_template_keeps_every_rounds_reasoning(model_tokenizer
 
 @pytest.mark.parametrize("name", TOOL_TEMPLATES)
 def test_expanded_rounds_train_every_reasoning_once(
-    name: str, encoders: dict[str, Encoder], model_tokenizer: tuple[str, Any]
+    name: str, encoders: dict[str, Encoder], template_tokenizer: Any
 ) -> None:
     """--expand-turns all on the three-round trace: ids equal apply_chat_template of each cut; each answer
     and (where the template renders a last round's reasoning) each reasoning trained exactly once over the
     rounds; the tool's output never."""
     from packcli.tokenize import rounds
 
-    tokenizer = model_tokenizer[1]
+    tokenizer = template_tokenizer(name)[1]
     key = "thinking" if name == "gptoss" else "reasoning_content"
     given = reasoning_trace(REASONING, key)
     tools = _schemas(given)

@@ -710,6 +710,6 @@ def test_a_template_that_cannot_render_a_record_is_named_as_the_template_s_failu
     data.write_text(json.dumps({"messages": turns}) + "\n")
     line = one_error_line(pack(data, "--chat-template", "chatml", "--no-cache", "-o", tmp_path / "o", expect=1))
     assert line.startswith(f"Error: {data} line 1: message 1 (assistant) has no content, which this chat template ")
-    assert 'needs (UndefinedError: ' in line and 'give it a string content ("" beside a tool call)' in line
+    assert "needs (UndefinedError: " in line and 'give it a string content ("" beside a tool call)' in line
     assert "fix the record or use a chat template that renders it (--chat-template)" in line
     assert "the chat template raised" not in line

@@ -111,8 +111,8 @@ def _trained_runs(ids: list[int], labels: np.ndarray, tokenizer: Any) -> list[st
 
 
 @pytest.mark.parametrize("name", ORIGINALS)
-def test_official_template(name: str, conversations: list[Any], model_tokenizer: tuple[str, Any]) -> None:
-    tok_dir, tokenizer = model_tokenizer
+def test_official_template(name: str, conversations: list[Any], template_tokenizer: Any) -> None:
+    tok_dir, tokenizer = template_tokenizer(name)  # the model's own tokenizer where one is at hand
     template = (TRL_TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
     twin_path = TRL_TEMPLATES / f"{name}_training.jinja"
     twin = twin_path.read_text(encoding="utf-8") if twin_path.exists() else None
@@ -197,8 +197,8 @@ def _encode_one(encoder: Encoder, sample: Sample) -> tuple[np.ndarray, np.ndarra
 
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_6", "gptoss", "nemotron_3_nano", "deepseekv3"])
-def test_reasoning_and_tool_calls(name: str, model_tokenizer: tuple[str, Any]) -> None:
-    tok_dir, tokenizer = model_tokenizer
+def test_reasoning_and_tool_calls(name: str, template_tokenizer: Any) -> None:
+    tok_dir, tokenizer = template_tokenizer(name)
     template_file = str(TRL_TEMPLATES / f"{name}.jinja")
     template = Path(template_file).read_text(encoding="utf-8")
     reasoning_key = "thinking" if name == "gptoss" else "reasoning_content"
@@ -291,8 +291,20 @@ def _tool_schema(name: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def tool_encoders(model_tokenizer: tuple[str, Any]) -> dict[str, Encoder]:
-    return {n: Encoder(model_tokenizer[0], str(TRL_TEMPLATES / f"{n}.jinja"), EncodeOptions()) for n in TOOL_TEMPLATES}
+def tool_encoders(template_tokenizer: Any) -> dict[str, Encoder]:
+    return Encoders(template_tokenizer)
+
+
+class Encoders(dict[str, Encoder]):
+    """Each template's encoder, made when first asked for, on the template's tokenizer (conftest)."""
+
+    def __init__(self, tokenizer_of: Any) -> None:
+        super().__init__()
+        self.tokenizer_of = tokenizer_of
+
+    def __missing__(self, name: str) -> Encoder:
+        self[name] = Encoder(self.tokenizer_of(name)[0], str(TRL_TEMPLATES / f"{name}.jinja"), EncodeOptions())
+        return self[name]
 
 
 # What DeepSeek's templates put before an answer that follows tool output (its twin trains it, as a header).
@@ -313,10 +325,10 @@ TOOL_NOT_RENDERED = {("deepseek_r1_distill", "content_and_call"), ("deepseek_r1_
 @pytest.mark.parametrize("case", sorted(TOOL_CASES))
 @pytest.mark.parametrize("name", TOOL_TEMPLATES)
 def test_tool_calls_like_transformers(
-    name: str, case: str, tool_encoders: dict[str, Encoder], model_tokenizer: tuple[str, Any]
+    name: str, case: str, tool_encoders: dict[str, Encoder], template_tokenizer: Any
 ) -> None:
     """Ids equal apply_chat_template, the call is trained, the tool's output is not, labels equal the twin's."""
-    tokenizer = model_tokenizer[1]
+    tokenizer = template_tokenizer(name)[1]
     messages = _tool_case(case)
     tools = [_tool_schema(messages[1]["tool_calls"][0]["function"]["name"])]
     template = (TRL_TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
@@ -417,16 +429,14 @@ QWEN3_FAMILY = ["qwen3", "qwen3_5_think", "qwen3_5_nothink", "qwen3_6", "qwen3_8
 
 @pytest.mark.parametrize("thinking", [None, False, True], ids=["default", "thinking_off", "thinking_on"])
 @pytest.mark.parametrize("name", [*QWEN3_FAMILY, "nemotron_3_nano"])
-def test_answers_with_reasoning_and_enable_thinking(
-    name: str, thinking: bool | None, model_tokenizer: tuple[str, Any]
-) -> None:
+def test_answers_with_reasoning_and_enable_thinking(name: str, thinking: bool | None, template_tokenizer: Any) -> None:
     """Answers carrying reasoning are kept, whether the prompt opens a think block, closes an empty one or has none.
 
     With thinking off, Qwen3.8 and Nemotron put an empty think block in the generation prompt but render
     an answer's own reasoning in its place: the answer is still found, reasoning included, and only the
     part of the prompt the rendering shares is left out.
     """
-    tok_dir, tokenizer = model_tokenizer
+    tok_dir, tokenizer = template_tokenizer(name)
     kwargs = {} if thinking is None else {"enable_thinking": thinking}
     template_file = TRL_TEMPLATES / f"{name}.jinja"
     template, twin = template_file.read_text(encoding="utf-8"), (TRL_TEMPLATES / f"{name}_training.jinja")
