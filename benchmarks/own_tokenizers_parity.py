@@ -13,7 +13,9 @@ templates prints, per template:
 - ``gptoss``: gpt-oss traces of two exchanges (a call with its reasoning, the result, a final answer with
   its reasoning) with ``--expand-turns reasoning``: samples, the reasoning trained once, the summary's
   count before and after; and traces with text and reasoning beside a call, refused;
-- ``gemma``: Diffusion Gemma traces whose first answer has text and a call: packed and exact, or refused.
+- ``gemma``: Diffusion Gemma traces whose first answer has text and a call: packed and exact, or refused;
+- ``encoders``: with each of the five tokenizers, the encoder the probe chooses, and the records whose
+  ids and masks equal ``tokenizers``'.
 
     python benchmarks/own_tokenizers_parity.py SHAREGPT.jsonl chat --conversations 300
 """
@@ -266,10 +268,36 @@ def gemma(n: int) -> None:
     print(f"diffusion_gemma (Gemma 3's tokenizer with Gemma 4's markers): {n} traces, {dict(counts)}")
 
 
+def encoders(path: str, n: int) -> None:
+    from packcli.tokenize.text_encoders import ReferenceEncoder
+
+    conversations = sharegpt(path, n)
+    chosen = {"qwen3": None, "llama3_1": None, "gemma3": None, "gptoss": "gptoss", "gpt4o": "chatml"}
+    for name, template in chosen.items():
+        where = str(own_tokenizers.tokenizer_dir(name))
+        path_ = str(templates() / f"{template}.jinja") if template not in (None, "chatml") else template
+        encoder = Encoder(where, path_, EncodeOptions())
+        items = []
+        for messages in conversations:
+            try:
+                items.append(encoder.chat.spans(Sample("chat", messages=messages), "assistant"))
+            except RecordError:
+                continue
+        got = encoder.text.encode_pieces(items, False)
+        want = ReferenceEncoder(encoder.backend).encode_pieces(items, False)
+        same = sum(np.array_equal(a, c) and np.array_equal(b, d) for (a, b), (c, d) in zip(got, want, strict=True))
+        print(
+            f"{name}: encoder {encoder.text.name} ({encoder.choice.fallback or 'probe passed'}); "
+            f"{same} of {len(items)} records with the reference's ids and masks; "
+            f"records_slow {encoder.text.slow_records}",
+            flush=True,
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sharegpt")
-    parser.add_argument("what", choices=["chat", "agent", "gptoss", "gemma"])
+    parser.add_argument("what", choices=["chat", "agent", "gptoss", "gemma", "encoders"])
     parser.add_argument("--conversations", type=int, default=300)
     args = parser.parse_args()
     if args.what == "chat":
@@ -278,6 +306,8 @@ def main() -> int:
         agent(args.sharegpt, args.conversations)
     elif args.what == "gptoss":
         gptoss(20)
+    elif args.what == "encoders":
+        encoders(args.sharegpt, args.conversations)
     else:
         gemma(60)
     return 0
