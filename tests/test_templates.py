@@ -737,6 +737,13 @@ def test_tool_output_inside_an_answer_that_cannot_be_cut_drops_the_record(tmp_pa
     result = encoder.encode_batch([Sample("chat", messages=messages)])[0]
     assert isinstance(result, RecordError) and result.reason == "template_spans_not_found", result
     assert "another message's text is rendered inside it" in result.detail
+    assert "training twin" not in result.detail  # none beside it
+    # A training twin beside the template (NAME_training.jinja, as trl ships them) is named as the fix.
+    (tmp_path / "inline_training.jinja").write_text("{% generation %}{% endgeneration %}")
+    named = encoder.encode_batch([Sample("chat", messages=messages)])[0]
+    assert isinstance(named, RecordError) and named.detail.endswith(
+        f"(its training twin {tmp_path / 'inline_training.jinja'} has them: pass it as chat_template)"
+    )
     # Without the tool message inside the turn, the same conversation is packed.
     plain = [messages[0], messages[1], {"role": "user", "content": "And?"}, messages[3]]
     assert not isinstance(encoder.encode_batch([Sample("chat", messages=plain)])[0], RecordError)
