@@ -42,7 +42,7 @@ CHAT_TEMPLATES = {"qwen3": None, "llama3_1": None, "gemma3": None, "gptoss": "gp
 
 def _chats() -> list[list[dict[str, Any]]]:
     lines = (ROOT / "examples" / "chat.jsonl").read_text(encoding="utf-8").splitlines()
-    return [json.loads(line)["messages"] for line in lines] + make_conversations(60, seed=5, max_turns=4)
+    return [json.loads(line)["messages"] for line in lines[:100]] + make_conversations(40, seed=5, max_turns=4)
 
 
 @pytest.mark.parametrize("name", sorted(ENCODERS))
