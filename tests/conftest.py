@@ -491,3 +491,23 @@ def template_tokenizer(
         return model_tokenizer if family is None else own_tokenizer(family)
 
     return get
+
+
+class TemplateEncoders(dict[str, Any]):
+    """Each trl template's encoder (default options) on its tokenizer (``template_tokenizer``), made when
+    first asked for: a tokenizer is loaded once per template a session, whichever test asks first."""
+
+    def __init__(self, tokenizer_of: Callable[[str], tuple[str, Any]]) -> None:
+        super().__init__()
+        self.tokenizer_of = tokenizer_of
+
+    def __missing__(self, name: str) -> Any:
+        from packcli.tokenize.encoder import EncodeOptions, Encoder
+
+        self[name] = Encoder(self.tokenizer_of(name)[0], str(trl_templates() / f"{name}.jinja"), EncodeOptions())
+        return self[name]
+
+
+@pytest.fixture(scope="session")
+def template_encoders(template_tokenizer: Callable[[str], tuple[str, Any]]) -> TemplateEncoders:
+    return TemplateEncoders(template_tokenizer)

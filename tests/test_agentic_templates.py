@@ -40,7 +40,6 @@ from .test_templates import (  # noqa: E402
     TWIN_DIFFERS_ON_TOOL_CALLS,
     TWIN_NOT_COMPARABLE,
     TWIN_RENDERS_OTHERWISE,
-    Encoders,
     _check_against_twin,
     _trained_runs,
     as_template_takes,
@@ -82,8 +81,8 @@ def _schemas(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def encoders(template_tokenizer: Any) -> dict[str, Encoder]:
-    return Encoders(template_tokenizer)
+def encoders(template_encoders: dict[str, Encoder]) -> dict[str, Encoder]:
+    return template_encoders
 
 
 def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, template: str, **kw: Any) -> Any:

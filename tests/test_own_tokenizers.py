@@ -198,12 +198,12 @@ def _text_and_call() -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("name", ["diffusion_gemma", "gemma4_v5"])
-def test_gemma4_answers_with_text_and_a_call_are_packed(name: str, own_tokenizer: Any) -> None:
+def test_gemma4_answers_with_text_and_a_call_are_packed(name: str, own_tokenizer: Any, template_encoders: Any) -> None:
     """The call through its end marker and the answer's text are trained, the tool's response between
     them never; Diffusion Gemma's twin masks the same but for the two rules packcli names."""
-    where, tokenizer = own_tokenizer("gemma4")
+    tokenizer = own_tokenizer("gemma4")[1]
     messages, tools = _text_and_call(), TOOLS[:1]
-    encoder = Encoder(where, str(TRL_TEMPLATES / f"{name}.jinja"), EncodeOptions())
+    encoder = template_encoders[name]  # on the same tokenizer (conftest.OWN_TOKENIZER)
     result = encoder.encode_batch([Sample("chat", messages=messages, tools=tools)])[0]
     assert not isinstance(result, RecordError), result.detail
     ids, labels = result

@@ -111,12 +111,14 @@ def _trained_runs(ids: list[int], labels: np.ndarray, tokenizer: Any) -> list[st
 
 
 @pytest.mark.parametrize("name", ORIGINALS)
-def test_official_template(name: str, conversations: list[Any], template_tokenizer: Any) -> None:
-    tok_dir, tokenizer = template_tokenizer(name)  # the model's own tokenizer where one is at hand
+def test_official_template(
+    name: str, conversations: list[Any], template_tokenizer: Any, template_encoders: dict[str, Encoder]
+) -> None:
+    tokenizer = template_tokenizer(name)[1]  # the model's own tokenizer where one is at hand
     template = (TRL_TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
     twin_path = TRL_TEMPLATES / f"{name}_training.jinja"
     twin = twin_path.read_text(encoding="utf-8") if twin_path.exists() else None
-    encoder = Encoder(tok_dir, str(TRL_TEMPLATES / f"{name}.jinja"), EncodeOptions())
+    encoder = template_encoders[name]
     results = encoder.encode_batch([Sample("chat", messages=m) for m in conversations])
     compared = 0
     for messages, result in zip(conversations, results, strict=True):
@@ -197,8 +199,8 @@ def _encode_one(encoder: Encoder, sample: Sample) -> tuple[np.ndarray, np.ndarra
 
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_6", "gptoss", "nemotron_3_nano", "deepseekv3"])
-def test_reasoning_and_tool_calls(name: str, template_tokenizer: Any) -> None:
-    tok_dir, tokenizer = template_tokenizer(name)
+def test_reasoning_and_tool_calls(name: str, template_tokenizer: Any, template_encoders: dict[str, Encoder]) -> None:
+    tokenizer = template_tokenizer(name)[1]
     template_file = str(TRL_TEMPLATES / f"{name}.jinja")
     template = Path(template_file).read_text(encoding="utf-8")
     reasoning_key = "thinking" if name == "gptoss" else "reasoning_content"
@@ -209,7 +211,7 @@ def test_reasoning_and_tool_calls(name: str, template_tokenizer: Any) -> None:
     if name == "deepseekv3":  # its template concatenates arguments as a string
         messages[2]["tool_calls"][0]["function"]["arguments"] = json.dumps({"city": "Paris"})
         messages[2]["content"] = ""
-    encoder = Encoder(tok_dir, template_file, EncodeOptions())
+    encoder = template_encoders[name]
     ids, labels = _encode_one(encoder, Sample("chat", messages=messages, tools=[WEATHER_TOOL]))
     ref = tokenizer.apply_chat_template(
         messages, tools=[WEATHER_TOOL], chat_template=template, tokenize=True, return_dict=True
@@ -291,20 +293,8 @@ def _tool_schema(name: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def tool_encoders(template_tokenizer: Any) -> dict[str, Encoder]:
-    return Encoders(template_tokenizer)
-
-
-class Encoders(dict[str, Encoder]):
-    """Each template's encoder, made when first asked for, on the template's tokenizer (conftest)."""
-
-    def __init__(self, tokenizer_of: Any) -> None:
-        super().__init__()
-        self.tokenizer_of = tokenizer_of
-
-    def __missing__(self, name: str) -> Encoder:
-        self[name] = Encoder(self.tokenizer_of(name)[0], str(TRL_TEMPLATES / f"{name}.jinja"), EncodeOptions())
-        return self[name]
+def tool_encoders(template_encoders: dict[str, Encoder]) -> dict[str, Encoder]:
+    return template_encoders
 
 
 # What DeepSeek's templates put before an answer that follows tool output (its twin trains it, as a header).
