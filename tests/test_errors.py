@@ -401,7 +401,8 @@ def test_tokenizer_not_found_and_template_that_raises(
     template = tmp_path / "t.jinja"
     template.write_text("{{ raise_exception('this template only takes one turn') }}")
     line = one_error_line(pack(chat_jsonl, "--chat-template", template, "-o", tmp_path / "o", expect=1))
-    assert f"{chat_jsonl} line 1: the chat template raised: this template only takes one turn" in line
+    assert f"{chat_jsonl} line 1: the chat template raised on message 0 (" in line  # the first message refused
+    assert "): this template only takes one turn" in line
     summary = json.loads(
         pack(
             chat_jsonl,
@@ -696,7 +697,8 @@ def test_pool_stops_its_workers_when_the_consumer_closes_it_early() -> None:
 def test_a_template_that_cannot_render_a_record_is_named_as_the_template_s_failure(
     tmp_path: Path, pack: Callable[..., Any]
 ) -> None:
-    """ChatML has no tool-call rendering: a call turn without content fails in the template, and says so."""
+    """ChatML has no tool-call rendering: a call turn without content fails in the template, and says so, naming
+    the message and what it lacks."""
     data = tmp_path / "calls.jsonl"
     call = {"type": "function", "function": {"name": "search_notes", "arguments": '{"q": "x"}'}}
     turns = [
@@ -707,6 +709,7 @@ def test_a_template_that_cannot_render_a_record_is_named_as_the_template_s_failu
     ]
     data.write_text(json.dumps({"messages": turns}) + "\n")
     line = one_error_line(pack(data, "--chat-template", "chatml", "--no-cache", "-o", tmp_path / "o", expect=1))
-    assert line.startswith(f"Error: {data} line 1: the chat template cannot render this record (UndefinedError: ")
+    assert line.startswith(f"Error: {data} line 1: message 1 (assistant) has no content, which this chat template ")
+    assert "needs (UndefinedError: " in line and 'give it a string content ("" beside a tool call)' in line
     assert "fix the record or use a chat template that renders it (--chat-template)" in line
     assert "the chat template raised" not in line

@@ -134,6 +134,31 @@ def test_default_pair_markers_are_single_tokens_and_chatml_stays_available() -> 
     assert chatml.warnings and "(<|im_end|>, <|im_start|>) are not single tokens" in chatml.warnings[0]
 
 
+def test_a_tokenizer_without_a_template_gets_one_of_packclis_only_where_its_markers_are_tokens() -> None:
+    """DeepSeek's markers: packcli's deepseek template; ChatML's: chatml; neither (gpt-oss's, GPT-4o's
+    tokenizer): chats are refused, naming the option that fixes it, and a given template is used as given."""
+    from packcli.errors import TokenizerError
+    from packcli.tokenize.templates import CHATML_MARKERS, choose_template, no_template
+
+    deepseek = choose_template(None, None, set(DEEPSEEK_MARKERS))
+    assert (deepseek.name, deepseek.origin, deepseek.guessed) == ("deepseek", "default", False)
+    assert (
+        choose_template(None, None, set(CHATML_MARKERS)).name,
+        choose_template(None, None, set(CHATML_MARKERS)).guessed,
+    ) == ("chatml", False)
+    guessed = choose_template(None, None, {"<|start|>", "<|end|>"})
+    assert (guessed.name, guessed.origin, guessed.guessed) == ("chatml", "default", True)
+    assert not choose_template("chatml", None, set()).guessed  # named: today's warning, not an error
+    assert not choose_template(None, "{{ messages }}", set()).guessed  # the tokenizer's own
+    error = no_template("org/model")
+    assert isinstance(error, TokenizerError)
+    assert str(error) == (
+        "tokenizer 'org/model' has no chat template, and ChatML's role markers (<|im_start|>, <|im_end|>) are "
+        "not tokens of it: chats rendered so would be in a format the model was never trained on; pass the "
+        "model's chat template as chat_template FILE.jinja"
+    )
+
+
 def test_summary_names_a_template_given_by_name_or_file(pack: Any, tmp_path: Path) -> None:
     data = ROOT / "examples" / "chat.jsonl"
     named = json.loads(pack(data, "--chat-template", "chatml", "-o", tmp_path / "a", "--json", "-q").stdout)

@@ -39,7 +39,7 @@ def test_the_summary_stats_and_inspect_count_the_reasoning_left_out(pack: Any, t
     argv = [data, "--max-len", "1024", "--chat-template", trl_templates() / "qwen3.jinja", "-o", out]
     result = pack(*argv, "--json")
     summary = json.loads(result.stdout)
-    counted = {"turns": 12, "turns_left_out": 8, "records_left_out": 4, "records_last_round_only": 4}
+    counted = {"turns": 12, "turns_left_out": 8, "records_left_out": 4, "records_last_round_only": 4, "empty_think": 0}
     assert summary["reasoning"] == counted
     assert QWEN3_WARNING.removeprefix("Warning: ") in summary["warnings"]
     assert QWEN3_WARNING in result.stderr.splitlines()
@@ -56,7 +56,7 @@ def test_the_summary_stats_and_inspect_count_the_reasoning_left_out(pack: Any, t
 def test_the_default_template_trains_every_rounds_reasoning(pack: Any, tmp_path: Path) -> None:
     data = write_jsonl(tmp_path / "trace.jsonl", [{"messages": _trace()}])
     summary = json.loads(pack(data, "--max-len", "1024", "-o", tmp_path / "out", "--json").stdout)
-    kept = {"turns": 3, "turns_left_out": 0, "records_left_out": 0, "records_last_round_only": 0}
+    kept = {"turns": 3, "turns_left_out": 0, "records_left_out": 0, "records_last_round_only": 0, "empty_think": 0}
     assert summary["reasoning"] == kept
     assert not any("reasoning" in w for w in summary["warnings"])
     from packcli.tokenize.tokenizer import load_tokenizer

@@ -111,12 +111,14 @@ def _trained_runs(ids: list[int], labels: np.ndarray, tokenizer: Any) -> list[st
 
 
 @pytest.mark.parametrize("name", ORIGINALS)
-def test_official_template(name: str, conversations: list[Any], model_tokenizer: tuple[str, Any]) -> None:
-    tok_dir, tokenizer = model_tokenizer
+def test_official_template(
+    name: str, conversations: list[Any], template_tokenizer: Any, template_encoders: dict[str, Encoder]
+) -> None:
+    tokenizer = template_tokenizer(name)[1]  # the model's own tokenizer where one is at hand
     template = (TRL_TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
     twin_path = TRL_TEMPLATES / f"{name}_training.jinja"
     twin = twin_path.read_text(encoding="utf-8") if twin_path.exists() else None
-    encoder = Encoder(tok_dir, str(TRL_TEMPLATES / f"{name}.jinja"), EncodeOptions())
+    encoder = template_encoders[name]
     results = encoder.encode_batch([Sample("chat", messages=m) for m in conversations])
     compared = 0
     for messages, result in zip(conversations, results, strict=True):
@@ -197,8 +199,8 @@ def _encode_one(encoder: Encoder, sample: Sample) -> tuple[np.ndarray, np.ndarra
 
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_6", "gptoss", "nemotron_3_nano", "deepseekv3"])
-def test_reasoning_and_tool_calls(name: str, model_tokenizer: tuple[str, Any]) -> None:
-    tok_dir, tokenizer = model_tokenizer
+def test_reasoning_and_tool_calls(name: str, template_tokenizer: Any, template_encoders: dict[str, Encoder]) -> None:
+    tokenizer = template_tokenizer(name)[1]
     template_file = str(TRL_TEMPLATES / f"{name}.jinja")
     template = Path(template_file).read_text(encoding="utf-8")
     reasoning_key = "thinking" if name == "gptoss" else "reasoning_content"
@@ -209,7 +211,7 @@ def test_reasoning_and_tool_calls(name: str, model_tokenizer: tuple[str, Any]) -
     if name == "deepseekv3":  # its template concatenates arguments as a string
         messages[2]["tool_calls"][0]["function"]["arguments"] = json.dumps({"city": "Paris"})
         messages[2]["content"] = ""
-    encoder = Encoder(tok_dir, template_file, EncodeOptions())
+    encoder = template_encoders[name]
     ids, labels = _encode_one(encoder, Sample("chat", messages=messages, tools=[WEATHER_TOOL]))
     ref = tokenizer.apply_chat_template(
         messages, tools=[WEATHER_TOOL], chat_template=template, tokenize=True, return_dict=True
@@ -291,8 +293,8 @@ def _tool_schema(name: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def tool_encoders(model_tokenizer: tuple[str, Any]) -> dict[str, Encoder]:
-    return {n: Encoder(model_tokenizer[0], str(TRL_TEMPLATES / f"{n}.jinja"), EncodeOptions()) for n in TOOL_TEMPLATES}
+def tool_encoders(template_encoders: dict[str, Encoder]) -> dict[str, Encoder]:
+    return template_encoders
 
 
 # What DeepSeek's templates put before an answer that follows tool output (its twin trains it, as a header).
@@ -301,9 +303,9 @@ AFTER_TOOL_HEADERS = ("<｜tool▁outputs▁end｜>",)
 # as the call's end marker (and trains): its labels are compared with the twin's on the other cases only.
 TWIN_DIFFERS_ON_TOOL_CALLS = {"diffusion_gemma"}
 # Gemma 4 v5 runs an answer's text into the next answer's with nothing between, and Diffusion Gemma
-# closes an answer with text and a call with no end marker: neither can be cut, so the record is
-# dropped (counted) rather than mislabelled.
-TOOL_UNSEPARABLE = {("gemma4_v5", "content_and_call"), ("diffusion_gemma", "content_and_call")}
+# leaves an answer with text and a call open (the next answer's header follows its text): each such
+# answer ends with its own last character, its call through the call's end marker, the tool's response
+# in between never trained (test_own_tokenizers holds them to the twin on Gemma's tokenizer).
 # DeepSeek-R1-Distill's template renders an answer's calls only when its content is null: with text, or an
 # empty string, it renders the text alone and drops the call. Trained so, the model would learn to answer
 # without calling; the record is refused instead.
@@ -313,10 +315,10 @@ TOOL_NOT_RENDERED = {("deepseek_r1_distill", "content_and_call"), ("deepseek_r1_
 @pytest.mark.parametrize("case", sorted(TOOL_CASES))
 @pytest.mark.parametrize("name", TOOL_TEMPLATES)
 def test_tool_calls_like_transformers(
-    name: str, case: str, tool_encoders: dict[str, Encoder], model_tokenizer: tuple[str, Any]
+    name: str, case: str, tool_encoders: dict[str, Encoder], template_tokenizer: Any
 ) -> None:
     """Ids equal apply_chat_template, the call is trained, the tool's output is not, labels equal the twin's."""
-    tokenizer = model_tokenizer[1]
+    tokenizer = template_tokenizer(name)[1]
     messages = _tool_case(case)
     tools = [_tool_schema(messages[1]["tool_calls"][0]["function"]["name"])]
     template = (TRL_TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
@@ -329,9 +331,6 @@ def test_tool_calls_like_transformers(
         )
     except Exception:
         assert isinstance(result, RecordError) and result.reason == "template_error", (name, result)
-        return
-    if (name, case) in TOOL_UNSEPARABLE:
-        assert isinstance(result, RecordError) and result.reason == "template_spans_not_found", (name, result)
         return
     if (name, case) in TOOL_NOT_RENDERED:
         call = messages[1]["tool_calls"][0]["function"]["name"]
@@ -420,16 +419,14 @@ QWEN3_FAMILY = ["qwen3", "qwen3_5_think", "qwen3_5_nothink", "qwen3_6", "qwen3_8
 
 @pytest.mark.parametrize("thinking", [None, False, True], ids=["default", "thinking_off", "thinking_on"])
 @pytest.mark.parametrize("name", [*QWEN3_FAMILY, "nemotron_3_nano"])
-def test_answers_with_reasoning_and_enable_thinking(
-    name: str, thinking: bool | None, model_tokenizer: tuple[str, Any]
-) -> None:
+def test_answers_with_reasoning_and_enable_thinking(name: str, thinking: bool | None, template_tokenizer: Any) -> None:
     """Answers carrying reasoning are kept, whether the prompt opens a think block, closes an empty one or has none.
 
     With thinking off, Qwen3.8 and Nemotron put an empty think block in the generation prompt but render
     an answer's own reasoning in its place: the answer is still found, reasoning included, and only the
     part of the prompt the rendering shares is left out.
     """
-    tok_dir, tokenizer = model_tokenizer
+    tok_dir, tokenizer = template_tokenizer(name)
     kwargs = {} if thinking is None else {"enable_thinking": thinking}
     template_file = TRL_TEMPLATES / f"{name}.jinja"
     template, twin = template_file.read_text(encoding="utf-8"), (TRL_TEMPLATES / f"{name}_training.jinja")
@@ -730,6 +727,13 @@ def test_tool_output_inside_an_answer_that_cannot_be_cut_drops_the_record(tmp_pa
     result = encoder.encode_batch([Sample("chat", messages=messages)])[0]
     assert isinstance(result, RecordError) and result.reason == "template_spans_not_found", result
     assert "another message's text is rendered inside it" in result.detail
+    assert "training twin" not in result.detail  # none beside it
+    # A training twin beside the template (NAME_training.jinja, as trl ships them) is named as the fix.
+    (tmp_path / "inline_training.jinja").write_text("{% generation %}{% endgeneration %}")
+    named = encoder.encode_batch([Sample("chat", messages=messages)])[0]
+    assert isinstance(named, RecordError) and named.detail.endswith(
+        f"(its training twin {tmp_path / 'inline_training.jinja'} has them: pass it as chat_template)"
+    )
     # Without the tool message inside the turn, the same conversation is packed.
     plain = [messages[0], messages[1], {"role": "user", "content": "And?"}, messages[3]]
     assert not isinstance(encoder.encode_batch([Sample("chat", messages=plain)])[0], RecordError)

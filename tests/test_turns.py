@@ -183,7 +183,9 @@ def test_without_fix_turns_the_template_error_says_what_would_fix_it(
     data = write_jsonl(tmp_path / "a.jsonl", [{"messages": MESSAGES[2][0]}, {"messages": greeting}])
     args = ["--tokenizer", tok_dir, "--chat-template", gemma, "-o", tmp_path / "out"]
     line = one_error_line(pack(data, *args, expect=1))
-    assert "a.jsonl line 2: the chat template raised: Conversation roles must alternate" in line
+    assert (
+        "a.jsonl line 2: the chat template raised on message 0 (assistant): Conversation roles must alternate" in line
+    )
     assert "; --fix-turns drops the leading assistant turn;" in line
     # Where cleaning would not make the template render it (Gemma takes no system message), no hint.
     system = [{"role": "system", "content": "Be brief."}, {"role": "assistant", "content": "Hi!"}, *MESSAGES[2][0]]

@@ -14,8 +14,10 @@ from packcli.results import EncoderInfo, MixSummary, RunSummary, StepBalance
 
 def reasoning_words(reasoning: dict[str, int]) -> str:
     """Return the reasoning count of a summary as one table cell: "2 of 3 turns (1 record)"."""
-    records = reasoning["records_left_out"]
-    return f"{reasoning['turns_left_out']:,} of {reasoning['turns']:,} turns ({records:,} record{'s' * (records != 1)})"
+    records, empty = reasoning["records_left_out"], reasoning.get("empty_think", 0)
+    plural = "s" * (records != 1)
+    words = f"{reasoning['turns_left_out']:,} of {reasoning['turns']:,} turns ({records:,} record{plural})"
+    return words + (f"; {empty:,} empty think block{'s' * (empty != 1)} trained" if empty else "")
 
 
 def step_idle_words(steps: StepBalance) -> str:

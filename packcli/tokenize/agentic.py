@@ -21,7 +21,9 @@ Three rules, each paid for only by the conversations that have tool calls or rea
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from packcli.errors import Opt, RecordError
@@ -325,3 +327,38 @@ def reasoning_left_out(
         if _PROBE not in probed:
             left.append(i)
     return counted, tuple(left)
+
+
+# An empty think block: what Qwen3's template writes into the last answer when the answer has no reasoning.
+_EMPTY_THINK = re.compile(r"<think>\s*</think>")
+
+
+def empty_thinks(messages: list[ChatMessage], text: str, trained: dict[int, list[tuple[int, int]]]) -> int:
+    """Return how many trained answers without reasoning of their own hold an empty think block in their
+    trained text (``trained``: each one's own spans in ``text``): a block the template wrote, trained."""
+    return sum(
+        1
+        for i, spans in trained.items()
+        if not reasoning_of(messages[i])[0] and any(_EMPTY_THINK.search(text, a, b) for a, b in spans)
+    )
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """The reasoning of a conversation's trained turns: how many turns have some, which of those the
+    template leaves out of the text (``left``, their message indices), whether it keeps the last trained
+    turn's only, and how many trained answers without reasoning get an empty think block of the template's."""
+
+    turns: int
+    left: tuple[int, ...]
+    last_only: bool
+    empty_think: int = 0
+
+    @property
+    def left_out(self) -> int:
+        return len(self.left)
+
+    @staticmethod
+    def of(turns: int, left: tuple[int, ...], trained: list[int], empty_think: int = 0) -> Reasoning:
+        last_only = bool(left) and len(left) == turns - 1 and trained[-1] not in left
+        return Reasoning(turns, left, last_only, empty_think)

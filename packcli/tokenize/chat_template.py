@@ -21,16 +21,20 @@ from packcli.records.formats import Sample
 from packcli.records.images import IMAGE_KEY
 from packcli.tokenize import rendering
 from packcli.tokenize.agentic import (
+    THINK_CLOSE,
+    Reasoning,
     arguments_forms,
     check_calls,
     check_calls_rendered,
     check_tool_results,
     conform_arguments,
+    empty_thinks,
     reasoning_left_out,
     renders_tools,
 )
 from packcli.tokenize.rendering import compile_template
 from packcli.tokenize.spans import assistant_spans
+from packcli.tokenize.template_errors import located, template_failure, with_twin
 from packcli.tokenize.template_shape import Render, TemplateShape, learn_shape
 
 GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -56,6 +60,8 @@ class ChatTemplate:
         self._forms: tuple[bool, bool] | None = None  # tool call arguments taken as a mapping, as a string
         self._tools: list[bool | None] = []  # whether it renders a tools list (learned once; None: unknown)
         self.split_markers: tuple[str, ...] = ()  # set by marker_warnings: markers the tokenizer splits
+        # Set where no template fits the tokenizer (templates.no_template): rendering raises it.
+        self.refused: Callable[[], TokenizerError] | None = None
         # A run with a processor: image parts (packcli.records.images) render as {"type": "image"}.
         self.images = False
         try:
@@ -74,6 +80,8 @@ class ChatTemplate:
         kwargs: TemplateKwargs | None = None,
     ) -> tuple[str, list[tuple[int, int]]]:
         """Return the rendered conversation and, with ``spans``, its generation-block character spans."""
+        if self.refused is not None:
+            raise self.refused()
         try:
             return rendering.render(
                 self.template,
@@ -86,7 +94,7 @@ class ChatTemplate:
         except RecordError:
             raise
         except Exception as exc:  # a template may raise anything (raise_exception, TypeError, ...)
-            raise RecordError("template_error", _template_failure(exc)) from exc
+            raise RecordError("template_error", template_failure(exc)) from exc
 
     def renderer(self, tools: list[Any] | None, kwargs: TemplateKwargs) -> Render:
         def render(messages: list[ChatMessage], add_generation_prompt: bool) -> str:
@@ -237,8 +245,18 @@ class ChatTemplate:
 
         Tool calls are checked where the trained spans are known (``rendered``), not here.
         """
-        messages = self.prepare(sample)
-        return self.render(messages, tools=sample.tools, kwargs=self._kwargs(sample))[0]
+        return self._whole(self.prepare(sample), sample.tools, self._kwargs(sample))[0]
+
+    def _whole(
+        self, messages: list[ChatMessage], tools: list[Any] | None, kwargs: TemplateKwargs, spans: bool = False
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """Render a record's conversation; a template error names the message it fails on (template_errors)."""
+        try:
+            return self.render(messages, spans=spans, tools=tools, kwargs=kwargs)
+        except RecordError as err:
+            if err.reason != "template_error":
+                raise
+            raise located(err, messages, lambda prefix: self.render(prefix, tools=tools, kwargs=kwargs)[0]) from err
 
     def _kwargs(self, sample: Sample) -> TemplateKwargs:
         # A record's own chat_template_kwargs override the run's.
@@ -265,10 +283,10 @@ class ChatTemplate:
         which = trained_turns(sample, train_on)
         # --train-on all trains the whole text but the answers marked "train": false (or "weight": 0).
         masked = [i for i in assistant_at if i not in set(which)] if train_on == "all" else []
-        located = which if train_on != "all" else masked
+        trained_at = which if train_on != "all" else masked
         found: list[tuple[int, int]] = []
         if self.has_generation_blocks:
-            text, blocks = self.render(messages, spans=True, tools=tools, kwargs=kwargs)
+            text, blocks = self._whole(messages, tools, kwargs, spans=True)
             if (train_on != "all" or masked) and len(blocks) != len(assistant_at):
                 raise RecordError(
                     "template_spans_mismatch",
@@ -277,17 +295,21 @@ class ChatTemplate:
                 )
             if train_on != "all" or masked:
                 by_turn = dict(zip(assistant_at, blocks, strict=True))
-                found = [by_turn[i] for i in located]
+                found = [by_turn[i] for i in trained_at]
         else:
-            text, _ = self.render(messages, tools=tools, kwargs=kwargs)
-            if located:
-                found = assistant_spans(self.renderer(tools, kwargs), messages, text, located, self.shape(kwargs))
+            text, _ = self._whole(messages, tools, kwargs)
+            if trained_at:
+                try:
+                    shape = self.shape(kwargs)
+                    found = assistant_spans(self.renderer(tools, kwargs), messages, text, trained_at, shape)
+                except RecordError as err:
+                    raise with_twin(err, self.source) from err
         spans = found
         if train_on == "all":
             spans = _outside(found, len(text)) if masked else [(0, len(text))]
         # Each trained turn's own span where one span a turn was found; else (a tool's output cut out of
         # an answer, --train-on all) every trained span.
-        own = train_on != "all" and len(found) == len(located)
+        own = train_on != "all" and len(found) == len(trained_at)
         trained = {i: [span] for i, span in zip(which, found, strict=True)} if own else {i: spans for i in which}
 
         def again(changed: list[ChatMessage]) -> str:
@@ -298,7 +320,9 @@ class ChatTemplate:
         if any(m.get("tool_calls") for m in messages):
             check_calls_rendered(messages, text, again, trained)
         with_reasoning, left = reasoning_left_out(messages, text, again, which)
-        return Rendered(text, spans, Reasoning.of(with_reasoning, left, which) if with_reasoning else None)
+        empty = empty_thinks(messages, text, trained if own else {}) if THINK_CLOSE in text else 0
+        reasoning = Reasoning.of(with_reasoning, left, which, empty) if with_reasoning or empty else None
+        return Rendered(text, spans, reasoning)
 
 
 # The end of the warning for a template of another model's markers (``ChatTemplate.marker_warnings``).
@@ -317,21 +341,6 @@ def stored_warning(text: str) -> Message:
     if text.endswith(end):
         return Message(text[: -len(end)], *CHECK_BOTH)
     return Message(text)
-
-
-@dataclass(frozen=True)
-class Reasoning:
-    """The reasoning of a conversation's trained turns: how many turns have some, how many of those the
-    template leaves out of the text, and whether it keeps the last trained turn's only."""
-
-    turns: int
-    left_out: int
-    last_only: bool
-
-    @staticmethod
-    def of(turns: int, left: tuple[int, ...], trained: list[int]) -> Reasoning:
-        last_only = bool(left) and len(left) == turns - 1 and trained[-1] not in left
-        return Reasoning(turns, len(left), last_only)
 
 
 @dataclass(frozen=True)
@@ -409,17 +418,3 @@ def trained_turns(sample: Sample, train_on: str) -> list[int]:
         return chosen
     by_rule = set(chosen)
     return [i for i in assistant_at if (i in by_rule if marks[i] is None else marks[i])]
-
-
-def _template_failure(exc: Exception) -> str:
-    """Word a template's failure as the template's: its own refusal (``raise_exception``) as it said it, any
-    other error (a missing key, None + str) as something the template does not handle in this record."""
-    from jinja2.exceptions import TemplateError
-
-    first = first_line(exc)
-    if type(exc) is TemplateError:  # raise_exception('...') in the template: the template's own words
-        return f"the chat template raised: {first}"
-    return (
-        f"the chat template cannot render this record ({type(exc).__name__}: {first}): it does not handle "
-        "something the record holds, such as a message without content or with tool_calls"
-    )

@@ -29,12 +29,13 @@ from packcli.jsontypes import TemplateKwargs
 from packcli.records.formats import Sample
 from packcli.results import TokenizerIdentity
 from packcli.tokenize import long_text, text_encoders
+from packcli.tokenize.agentic import Reasoning
 from packcli.tokenize.bounds import max_token_bytes
-from packcli.tokenize.chat_template import ChatTemplate, Reasoning
+from packcli.tokenize.chat_template import ChatTemplate
 from packcli.tokenize.images import Encoded, expand_images, image_tokens_masked
 from packcli.tokenize.long_text import NO_AFFIXES, Affixes, Joined
 from packcli.tokenize.template_shape import TemplateShape
-from packcli.tokenize.templates import TemplateChoice, choose_template
+from packcli.tokenize.templates import TemplateChoice, choose_template, no_template
 from packcli.tokenize.text_encoders import ids_and_mask, span_mask
 from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER, open_tokenizer, plain_backend, tokenizer_sha256
 
@@ -101,6 +102,8 @@ class Encoder:
         self.template_name, self.template_origin = choice.name, choice.origin
         kwargs = dict(self.tokenizer.special_tokens_map) | options.kwargs()
         self.chat = ChatTemplate(template, source, kwargs, added)
+        if choice.guessed:
+            self.chat.refused = functools.partial(no_template, self.tokenizer_name)
         self.chat.images = self.vision is not None
         self.image_token_id = self.vision.token_id(self.tokenizer) if self.vision is not None else None
         self.eos_id = self.tokenizer.eos_token_id

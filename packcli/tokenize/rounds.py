@@ -6,7 +6,10 @@ a conversation of k rounds becomes k samples: sample r is the conversation up to
 last assistant message), trained on round r's trained assistant messages only, earlier rounds being
 context. Each trained assistant message is so trained exactly once, rendered as the template renders a
 last round. A round starts at a user message (the messages before the first one belong to the first
-round) and holds the assistant messages and tool results up to the next user message.
+round) and holds the assistant messages and tool results up to the next user message. Where a later
+message of a round makes the template leave out an earlier one's reasoning (gpt-oss drops a call's
+analysis once a final answer follows), the round is cut after that message too: it ends a sample of its
+own, in which its reasoning is rendered.
 
 ``reasoning`` expands the conversations whose template leaves some trained turn's reasoning out;
 ``all`` every conversation with more than one round to train. The samples of a record share its
@@ -40,16 +43,6 @@ def round_cuts(messages: list[ChatMessage], trained: list[int]) -> list[tuple[in
         if turns:
             cuts.append((turns[-1] + 1, turns))
     return cuts
-
-
-def should_expand(mode: str, result: Any, cuts: list[tuple[int, tuple[int, ...]]]) -> bool:
-    """Return whether an encoded conversation is expanded under ``--expand-turns mode``."""
-    if len(cuts) < 2:
-        return False
-    if mode == "all":
-        return True
-    reasoning = getattr(result, "reasoning", None)
-    return reasoning is not None and reasoning.left_out > 0
 
 
 def round_samples(sample: Sample, cuts: list[tuple[int, tuple[int, ...]]]) -> list[Sample]:
@@ -89,23 +82,24 @@ class Expansion:
 
 
 def expand(encoder: Any, samples: list[Any], results: list[Any], mode: str) -> Expansion:
-    """Return the batch's results with each conversation to expand replaced by its rounds' (see the module doc).
+    """Return the batch's results with each conversation to expand replaced by its samples (see the module doc).
 
-    A round that cannot be encoded refuses its record with that round's reason.
+    A sample that cannot be encoded refuses its record with that sample's reason.
     """
     out = Expansion(list(results))
     for k, (sample, result) in enumerate(zip(samples, results, strict=True)):
         if not isinstance(sample, Sample) or sample.kind != "chat" or not isinstance(result, tuple):
             continue
-        messages = sample.messages or []
-        cuts = round_cuts(messages, trained_turns(sample, encoder.options.train_on))
-        if not should_expand(mode, result, cuts):
+        cuts = round_cuts(sample.messages or [], trained_turns(sample, encoder.options.train_on))
+        reasoning = getattr(result, "reasoning", None)
+        left = reasoning is not None and reasoning.left_out > 0
+        if not left and (mode != "all" or len(cuts) < 2):
             continue
-        made = encoder.encode_batch(round_samples(sample, cuts))
-        failed = [(r, m) for r, m in enumerate(made) if isinstance(m, RecordError)]
-        if failed:
-            at, error = failed[0]
-            out.results[k] = RecordError(error.reason, f"round {at} (", Opt("expand_turns"), "): ", *error.parts)
+        made = _cut(encoder, sample, cuts)
+        if isinstance(made, RecordError):
+            out.results[k] = made
+            continue
+        if len(made) < 2:  # one round, and no cut inside it keeps what the whole leaves out
             continue
         rounds = Rounds(made)
         rounds.whole_tokens = len(result[0])
@@ -116,7 +110,44 @@ def expand(encoder: Any, samples: list[Any], results: list[Any], mode: str) -> E
     return out
 
 
-REASONING_KEYS = ("turns", "turns_left_out", "records_left_out", "records_last_round_only")
+def _cut(encoder: Any, sample: Sample, cuts: list[tuple[int, tuple[int, ...]]]) -> list[Any] | RecordError:
+    """Return the encoded samples of a conversation's rounds, each round cut again where it must be.
+
+    A round is cut after an assistant message whose reasoning a later message of the round makes the
+    template leave out (gpt-oss drops a call's analysis once a final answer follows): that message ends
+    a sample of its own, trained on the round's messages up to it, where its reasoning is rendered; the
+    rest of the round is trained in the round's sample. Not where the message's reasoning is left out
+    even at the end of a sample (a template that renders none): no cut would keep it.
+    """
+    made: list[Any] = []
+    encoded = encoder.encode_batch(round_samples(sample, cuts))
+    pending = [(cut, turns, result) for (cut, turns), result in zip(cuts, encoded, strict=True)]
+    while pending:
+        cut, turns, result = pending.pop(0)
+        if isinstance(result, RecordError):
+            n = len(made)
+            return RecordError(result.reason, f"sample {n} (", Opt("expand_turns"), "): ", *result.parts)
+        reasoning = getattr(result, "reasoning", None)
+        earlier = [i for i in (reasoning.left if reasoning is not None else ()) if i != turns[-1]]
+        if earlier:
+            at = max(earlier)
+            head = tuple(i for i in turns if i <= at)
+            tail = tuple(i for i in turns if i > at)
+            first, rest = encoder.encode_batch(round_samples(sample, [(at + 1, head), (cut, tail)]))
+            kept = not isinstance(first, RecordError) and at not in _left(first)
+            if kept or isinstance(first, RecordError):
+                pending[:0] = [(at + 1, head, first), (cut, tail, rest)]
+                continue
+        made.append(result)
+    return made
+
+
+def _left(result: Any) -> tuple[int, ...]:
+    reasoning = getattr(result, "reasoning", None)
+    return reasoning.left if reasoning is not None else ()
+
+
+REASONING_KEYS = ("turns", "turns_left_out", "records_left_out", "records_last_round_only", "empty_think")
 
 
 def reasoning_counts(results: list[Any]) -> dict[str, int]:
@@ -124,15 +155,22 @@ def reasoning_counts(results: list[Any]) -> dict[str, int]:
 
     ``turns``: trained turns with reasoning; ``turns_left_out``: those whose reasoning the template leaves
     out of the tokens; ``records_left_out``: conversations with such a turn; ``records_last_round_only``:
-    those where the template keeps only the last round's reasoning.
+    those where the template keeps only the last round's reasoning; ``empty_think``: trained answers
+    without reasoning in which the template writes an empty think block (Qwen3's last answer). An
+    expanded record counts once, by what its samples leave out (what the expansion could not keep).
     """
-    flat = [x for r in results for x in (r if isinstance(r, Rounds) else [r])]
-    found = [r.reasoning for r in flat if getattr(r, "reasoning", None) is not None]
+    found = []
+    for result in results:
+        parts = result if isinstance(result, Rounds) else [result]
+        own = [r.reasoning for r in parts if getattr(r, "reasoning", None) is not None]
+        if own:
+            found.append(own)
     if not found:
         return {}
     return {
-        "turns": sum(r.turns for r in found),
-        "turns_left_out": sum(r.left_out for r in found),
-        "records_left_out": sum(r.left_out > 0 for r in found),
-        "records_last_round_only": sum(r.last_only for r in found),
+        "turns": sum(r.turns for own in found for r in own),
+        "turns_left_out": sum(r.left_out for own in found for r in own),
+        "records_left_out": sum(any(r.left_out for r in own) for own in found),
+        "records_last_round_only": sum(any(r.last_only for r in own) for own in found),
+        "empty_think": sum(r.empty_think for own in found for r in own),
     }

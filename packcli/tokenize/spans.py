@@ -67,14 +67,22 @@ def assistant_spans(
     else:
         bodies = _bodies_in(full, marked[0], messages, which)
     bodies = bodies or [_body(render, messages, full, i) for i in which]
+    runs_on = False  # the previous answer's text runs into this one's, nothing between them
     for n, (i, (body_start, body_end)) in enumerate(zip(which, bodies, strict=True)):
         limit = bodies[n + 1][0] if n + 1 < len(bodies) else len(full)
-        start = _header_end(full, previous_end, body_start, shape)
+        start = body_start if runs_on else _header_end(full, previous_end, body_start, shape)
         if start is None:
             start = _prompt_end(render, messages, full, i, previous_end, body_start)
         if start is None:
             raise _not_found(i, "its role header is not where the template's generation prompt says")
         end = _marker_end(full, body_end, limit, shape)
+        # No end marker, and the next answer follows at once (its text, or its role header then its text):
+        # the template leaves this answer's turn open (Gemma 4 renders a call, the tool's response, then
+        # the calling answer's text in one turn). The answer ends with its own last character.
+        gap = full[body_end:limit] if end is None and limit < len(full) else None
+        runs_on = gap == ""
+        if gap in ("", shape.header):
+            end = body_end
         if end is None:
             raise _not_found(i, "no end-of-turn marker follows it")
         if start < previous_end or end > limit:

@@ -20,8 +20,10 @@ from packcli.config import BUILTIN_TEMPLATES
 from packcli.errors import Opt, TokenizerError
 
 # The markers of the default tokenizer's own format: a tokenizer without a chat template that has them
-# as added tokens gets the "deepseek" template, any other the "chatml" one.
+# as added tokens gets the "deepseek" template; one with ChatML's the "chatml" one. Any other has no
+# template packcli could choose (chat records need --chat-template).
 DEEPSEEK_MARKERS = ("<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>")
+CHATML_MARKERS = ("<|im_start|>", "<|im_end|>")
 
 
 def builtin_name(chat_template: str | None) -> str | None:
@@ -70,6 +72,9 @@ class TemplateChoice:
     # "default" (packcli's for a tokenizer without one).
     origin: str
     source: str  # how errors name the template
+    # A tokenizer without a template of its own nor the markers of one of packcli's: the ChatML it gets
+    # would write role markers that are not its tokens, so rendering a chat is refused (``no_template``).
+    guessed: bool = False
 
 
 def choose_template(chat_template_file: str | None, own: Any, added_tokens: Collection[str]) -> TemplateChoice:
@@ -89,4 +94,15 @@ def choose_template(chat_template_file: str | None, own: Any, added_tokens: Coll
     # markers it would encode as several ordinary tokens each.
     name = "deepseek" if all(m in added_tokens for m in DEEPSEEK_MARKERS) else "chatml"
     source = f"packcli template '{name}' (the default for a tokenizer without one)"
-    return TemplateChoice(builtin_template(name), name, "default", source)
+    guessed = name == "chatml" and not all(m in added_tokens for m in CHATML_MARKERS)
+    return TemplateChoice(builtin_template(name), name, "default", source, guessed)
+
+
+def no_template(tokenizer_name: str) -> TokenizerError:
+    """Return the error for rendering a chat with a tokenizer that has no chat template packcli can choose."""
+    return TokenizerError(
+        f"tokenizer '{tokenizer_name}' has no chat template, and ChatML's role markers (<|im_start|>, "
+        "<|im_end|>) are not tokens of it: chats rendered so would be in a format the model was never "
+        "trained on",
+        hint=("pass the model's chat template as ", Opt("chat_template"), " FILE.jinja"),
+    )
