@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from packcli.errors import TokenizerError
 from packcli.records.formats import Sample
@@ -316,3 +317,34 @@ def test_a_tokenizer_the_fast_encoder_cannot_serve_is_remembered(
     text_encoders._loaded.cache_clear()
     again = choose(backend, backend.to_str, facts=cache)
     assert (again.encoder.name, again.fallback) == ("tokenizers", first.fallback)
+
+
+@given(
+    pieces=st.lists(st.sampled_from(["a", "é", "中", "😀", " ", "\n", "ab", "x̃"]), min_size=1, max_size=30),
+    cuts=st.lists(st.integers(min_value=1, max_value=4), min_size=1, max_size=30),
+    spans=st.lists(st.tuples(st.integers(-2, 40), st.integers(-2, 40)), max_size=4),
+)
+@settings(max_examples=150, deadline=None)
+def test_byte_level_masks_are_the_character_overlap_rule(pieces: list[str], cuts: list[int], spans: list[Any]) -> None:
+    """Tokens as runs of UTF-8 bytes (some cutting a character): a token is trained when the characters
+    holding its first to its last byte overlap a span, as the offset rule says."""
+    from packcli.tokenize.byte_offsets import byte_level_mask
+
+    text = "".join(pieces)
+    data = text.encode("utf-8")
+    sizes, at, k = [], 0, 0
+    while at < len(data):
+        size = min(cuts[k % len(cuts)], len(data) - at)
+        sizes.append(size)
+        at, k = at + size, k + 1
+    ids = np.arange(len(sizes))
+    lengths = np.asarray(sizes, dtype=np.int64)
+    char_of_byte = [i for i, ch in enumerate(text) for _ in ch.encode("utf-8")]
+    ends = np.cumsum(sizes)
+    expected = [
+        any(char_of_byte[e - s] < b and char_of_byte[e - 1] + 1 > a for a, b in spans if b > a)
+        for s, e in zip(sizes, ends, strict=True)
+    ]
+    mask = byte_level_mask(ids, text, spans, lengths)
+    assert mask is not None and mask.tolist() == expected
+    assert byte_level_mask(ids, text + "z", spans, lengths) is None  # the ids no longer add up to the bytes

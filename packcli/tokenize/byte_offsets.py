@@ -59,25 +59,44 @@ def token_byte_lengths(backend_json: str) -> np.ndarray | None:
 
 def byte_level_mask(ids: np.ndarray, text: str, spans: list[tuple[int, int]], lengths: np.ndarray) -> np.ndarray | None:
     """Return the mask of the tokens whose character span overlaps ``spans``; None where the ids do not
-    add up to the text's bytes (or an id is out of the table, or covers no byte)."""
+    add up to the text's bytes (or an id is out of the table, or covers no byte).
+
+    In bytes: a token covers [start, end) of the text's UTF-8 bytes, and a span [a, b) of characters the
+    bytes [A, B) of those characters. The token's characters (the one holding its first byte to the one
+    holding its last) overlap the span exactly when start < B and end > A, so only the spans' ends are
+    turned into bytes, not every character.
+    """
     if len(ids) == 0:
         return np.zeros(0, dtype=bool) if not text else None
     if int(ids.max()) >= len(lengths) or int(ids.min()) < 0:
         return None
     nbytes = lengths[ids]
+    ascii_text = text.isascii()
     try:
-        points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        total = len(text) if ascii_text else len(text.encode("utf-8"))
     except UnicodeEncodeError:  # a lone surrogate: the reference decides what happens to it
         return None
-    char_bytes = 1 + (points >= 0x80).astype(np.int64) + (points >= 0x800) + (points >= 0x10000)
-    char_ends = np.cumsum(char_bytes)
-    token_ends = np.cumsum(nbytes)
-    if token_ends[-1] != char_ends[-1] or not np.all(nbytes > 0):
+    ends = np.cumsum(nbytes)
+    if ends[-1] != total or not np.all(nbytes > 0):
         return None
-    first_char = np.searchsorted(char_ends, token_ends - nbytes, side="right")
-    end_char = np.searchsorted(char_ends, token_ends - 1, side="right") + 1
+    starts = ends - nbytes
     mask = np.zeros(len(ids), dtype=bool)
+    at = _byte_offsets(text, [x for a, b in spans if b > a for x in (a, b)], ascii_text)
     for a, b in spans:
         if b > a:
-            mask |= (first_char < b) & (end_char > a)
+            mask |= (starts < at[b]) & (ends > at[a])
     return mask
+
+
+def _byte_offsets(text: str, chars: list[int], ascii_text: bool) -> dict[int, int]:
+    """Return the UTF-8 byte offset of each character offset in ``chars`` (clipped to the text)."""
+    if ascii_text:
+        return {c: min(max(c, 0), len(text)) for c in chars}
+    out: dict[int, int] = {}
+    last_char = last_byte = 0
+    for c in sorted(set(chars)):
+        at = min(max(c, 0), len(text))
+        last_byte += len(text[last_char:at].encode("utf-8"))
+        last_char = at
+        out[c] = last_byte
+    return out
