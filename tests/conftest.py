@@ -273,6 +273,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker("quick")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_cache_dirs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Every test process (``pytest -n``: each worker) writes its caches under its own temporary directory:
+    packcli's default cache (a test that names none), and the caches of the libraries it calls."""
+    root = tmp_path_factory.mktemp("caches")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PACKCLI_CACHE", str(root / "packcli"))
+        patch.setenv("HF_DATASETS_CACHE", str(root / "datasets"))
+        patch.setenv("MPLCONFIGDIR", str(root / "matplotlib"))
+        yield root
+
+
 def trl_templates() -> Path:
     """The official chat templates the trl package ships (test data; trl is in the test extra)."""
     import trl

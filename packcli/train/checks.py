@@ -20,6 +20,7 @@ Needs torch for the sampler (``pip install "packcli[torch]"``); :func:`load_rows
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from packcli.contract import (
     vocab_sha256,
 )
 from packcli.errors import IncompatibleError, Opt, OutputError, UsageError, first_line
+from packcli.io.readers import hub_reachable
 from packcli.jsontypes import JSONObject
 
 TASKS = ("sft", "preference", "kto")
@@ -288,8 +290,10 @@ def _check_tokenizer(root: Path, recorded: JSONObject, tokenizer: Any) -> list[s
                     Opt("tokenizer"),
                 ),
             )
+        # Without network, the local Hub cache only: transformers retries a Hub it cannot reach for most of a minute.
+        offline = not os.path.exists(source) and not hub_reachable()
         try:
-            tokenizer = AutoTokenizer.from_pretrained(source)
+            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
         except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors... for one failure
             raise UsageError(
                 f"cannot load tokenizer '{name}': {first_line(exc)}; pass a tokenizer's name or directory"
