@@ -174,8 +174,9 @@ def test_an_error_in_a_worker_ends_the_run(seed: int, inputs: Path, tmp_path: Pa
     code, err, _ = ended(run, FAIL_WITHIN)
     assert code == 1, err
     assert err.strip().splitlines() == [
-        f"Error: {data} line {boom + 1}: the chat template raised: this record goes boom; fix the record or use a "
-        "chat template that renders it (--chat-template), or pass --on-error skip to skip bad records"
+        f"Error: {data} line {boom + 1}: the chat template raised on message 0 (user): this record goes boom; fix "
+        "the record or use a chat template that renders it (--chat-template), or pass --on-error skip to skip bad "
+        "records"
     ]
     assert left_behind(tmp_path, str(out)) == []
     assert not out.exists()
