@@ -232,6 +232,74 @@ SLOW_TESTS: dict[str, set[str]] = {
 }
 
 
+# Single tests of four seconds or more on two shared cores (a processor or a tokenizer loaded by transformers,
+# several packs): slow, so that the quick tier stays within three minutes; each module keeps quick tests.
+HEAVY_TESTS: dict[str, set[str]] = {
+    "test_api": {
+        "test_pack_a_dataset_in_memory_and_records_twice",
+    },
+    "test_cache_parts": {
+        "test_an_edit_keeps_the_parts_before_it",
+    },
+    "test_images": {
+        "test_ids_labels_and_image_columns_equal_the_processor[training]",
+        "test_image_bytes_from_a_parquet_column",
+        "test_a_missing_image_or_a_count_mismatch_is_one_line_or_a_counted_skip",
+        "test_split_pieces_carry_their_own_images",
+        "test_truncate_that_would_cut_an_image_is_a_counted_drop",
+        "test_the_config_keeps_no_tokenizer_and_the_run_uses_the_processors",
+        "test_an_image_replaced_with_the_same_size_and_mtime_is_not_a_cache_hit",
+        "test_an_image_in_an_assistant_message_is_refused_or_counted_never_trained",
+    },
+    "test_images_families": {
+        "test_each_sample_equals_the_processors_own_apply_chat_template[llava]",
+        "test_each_sample_equals_the_processors_own_apply_chat_template[llava_next]",
+        "test_a_text_only_corpus_packs_under_those_families[idefics3]",
+    },
+    "test_images_idefics": {
+        "test_idefics3_samples_equal_the_processors_own_apply_chat_template[True]",
+        "test_idefics3_samples_equal_the_processors_own_apply_chat_template[False]",
+        "test_smolvlm_samples_equal_its_documented_expansion[SmolVLMProcessor]",
+        "test_smolvlm_samples_equal_its_documented_expansion[Idefics3Processor]",
+        "test_verify_passes_the_output_and_catches_a_moved_span",
+        "test_the_collator_gives_the_tiles_and_refuses_a_changed_count",
+        "test_a_family_not_proven_is_still_refused",
+        "test_a_left_cut_moves_the_offset_and_keeps_the_span",
+    },
+    "test_preference": {
+        "test_ids_and_labels_equal_apply_chat_template[chatml]",
+    },
+    "test_reads": {
+        "test_a_json_file_of_json_lines_is_read_once",
+        "test_a_run_that_makes_one_whole_store_reads_each_input_once[no-cache]",
+    },
+    "test_recorded": {
+        "test_the_shipped_record_is_what_transformers_gives_for_the_default_tokenizer",
+        "test_a_tokenizer_transformers_rebuilds_is_recorded_as_rebuilt",
+        "test_a_run_records_the_tokenizer_and_the_next_one_opens_it_without_transformers",
+        "test_a_changed_tokenizer_file_or_a_damaged_record_is_not_used",
+        "test_packs_with_a_recorded_tokenizer_give_the_same_shards_and_identity",
+    },
+    "test_report_images": {
+        "test_embedded_images_are_counted_and_their_bytes_checked",
+    },
+    "test_text_encoders": {
+        "test_what_a_run_learns_of_the_fast_encoder_is_kept_and_not_learned_again",
+    },
+    "test_tokenize": {
+        "test_tokenizer_with_own_template_and_special_tokens",
+    },
+    "test_vision": {
+        "test_qwen2_vl_count_and_grid_equal_the_image_processor_on_the_pixels[4000-3000]",
+    },
+    "test_vision_families": {
+        "test_llava_count_equals_the_llava_processor_on_the_pixels[7-10]",
+    },
+}
+for _module_name, _names in HEAVY_TESTS.items():
+    SLOW_TESTS.setdefault(_module_name, set()).update(_names)
+
+
 def _module(item: pytest.Item) -> str:
     return item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
 
