@@ -6,8 +6,10 @@ import them from here (see docs/guides/output.md, "The output contract").
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -191,3 +193,29 @@ def tree_attention(node_lengths: np.ndarray | list[int], node_parents: np.ndarra
             allowed[a:b, int(starts[parent]) : int(ends[parent])] = True
             parent = int(parents[parent])
     return allowed
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Return whether the Hub answers at all (offline mode and failed name lookups say no at once).
+
+    Asked once per process (for each HF_HUB_OFFLINE and HF_ENDPOINT): a Hub that does not answer
+    costs up to ``timeout`` seconds.
+    """
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower()
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    if offline in ("1", "true", "yes", "on"):
+        return False
+    return _answers(offline, endpoint, timeout)
+
+
+@functools.cache
+def _answers(offline: str, endpoint: str, timeout: float) -> bool:
+    import socket
+    from urllib.parse import urlparse
+
+    host = urlparse(endpoint).hostname or "huggingface.co"
+    try:
+        with socket.create_connection((host, 443), timeout=timeout):
+            return True
+    except OSError:
+        return False

@@ -33,11 +33,11 @@ from packcli.contract import (
     MANIFEST,
     PREFIX_TREES,
     default_tokenizer_dir,
+    hub_reachable,
     missing_tokenizer,
     vocab_sha256,
 )
 from packcli.errors import IncompatibleError, Opt, OutputError, UsageError, first_line
-from packcli.io.readers import hub_reachable
 from packcli.jsontypes import JSONObject
 
 TASKS = ("sft", "preference", "kto")

@@ -3,39 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import functools
-import os
 from collections.abc import Iterator
 from typing import Any
 
+from packcli.contract import hub_reachable
 from packcli.errors import InputError, first_line
 from packcli.io.sources import InputSource
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Return whether the Hub answers at all (offline mode and failed name lookups say no at once).
-
-    Asked once per process (for each HF_HUB_OFFLINE and HF_ENDPOINT): a Hub that does not answer
-    costs up to ``timeout`` seconds.
-    """
-    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower()
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    if offline in ("1", "true", "yes", "on"):
-        return False
-    return _answers(offline, endpoint, timeout)
-
-
-@functools.cache
-def _answers(offline: str, endpoint: str, timeout: float) -> bool:
-    import socket
-    from urllib.parse import urlparse
-
-    host = urlparse(endpoint).hostname or "huggingface.co"
-    try:
-        with socket.create_connection((host, 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def read_hub(source: InputSource, batch_size: int) -> Iterator[Any]:
