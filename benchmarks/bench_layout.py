@@ -16,15 +16,9 @@ the ratios are taken inside each round (the machine is shared: only in-round rat
 
     python benchmarks/bench_layout.py --data benchmarks/data/chat.jsonl --rounds 3
 
-``--end-to-end`` compares whole runs instead: ``packcli pack --no-cache`` in packcli's layout
-(``PACKCLI_ENCODE=workers``, the default: each worker process encodes its batches, one tokenizer thread
-each) against ``PACKCLI_ENCODE=main`` (the workers read, normalise, render and locate the trained spans;
-the main process encodes what they send on the tokenizer's own thread pool and makes the masks; see
-``packcli.tokenize.encode_service``), in rounds of alternating order, with the ratios taken in each
-round: wall seconds, CPU seconds of the whole process tree, and the summary's ``tokenize_wall``. It
-checks that both layouts write the same shards, byte for byte.
-
-    python benchmarks/bench_layout.py --end-to-end --data benchmarks/data/chat.jsonl --rounds 4
+(An ``--end-to-end`` mode compared whole runs with the encode moved into the main process, a layout
+packcli shipped as an opt-in until 0.10.0; it lost, 0.96-0.99x end to end, and was removed. Its figures
+are in benchmarks/README.md and the changelog.)
 """
 
 from __future__ import annotations
@@ -112,67 +106,6 @@ def run_layout(layout: str, data: Path, workers: int, batch: int, pool_batch: in
 END_TO_END = ("workers", "main")
 
 
-def run_pack(layout: str, data: str, out: Path, max_len: int, num_proc: int) -> dict[str, Any]:
-    """Run ``packcli pack --no-cache`` in a new process with the given layout; return its figures."""
-    env = dict(os.environ, PACKCLI_ENCODE=layout)
-    argv = [sys.executable, "-m", "packcli", "pack", data, "--max-len", str(max_len), "--no-cache"]
-    argv += ["--num-proc", str(num_proc), "-o", str(out), "--overwrite", "--quiet", "--json"]
-    before = _cpu(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - started
-    if proc.returncode:
-        raise SystemExit(f"packcli pack ({layout}) failed: {proc.stderr.strip()[-500:]}")
-    summary = json.loads(proc.stdout)
-    return {
-        "seconds": wall,
-        "cpu_seconds": _cpu(resource.RUSAGE_CHILDREN) - before,
-        "tokenize_wall": summary["stage_seconds"].get("tokenize_wall", 0.0),
-        "rows": summary["rows"],
-        "tokens": summary["tokens"],
-        "shards": {p.name: p.read_bytes() for p in sorted(out.glob("*.parquet"))},
-    }
-
-
-def end_to_end(args: argparse.Namespace) -> int:
-    import tempfile
-
-    rounds: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="bench-layout-") as tmp:
-        for k in range(args.rounds):
-            order = END_TO_END if k % 2 == 0 else END_TO_END[::-1]
-            row = {}
-            for layout in order:
-                row[layout] = run_pack(layout, args.data, Path(tmp) / layout, args.max_len, args.workers)
-                r = row[layout]
-                print(f"[bench] round {k + 1} {layout}: {r['seconds']:.2f} s wall, {r['cpu_seconds']:.2f} s CPU, "
-                      f"tokenize_wall {r['tokenize_wall']:.2f} s", file=sys.stderr, flush=True)  # fmt: skip
-            if row["workers"]["shards"] != row["main"]["shards"]:
-                raise SystemExit(f"round {k + 1}: the two layouts wrote different shards")
-            for r in row.values():
-                del r["shards"]
-            rounds.append(row)
-    first = rounds[0]["workers"]
-    print(f"{args.data}: {first['tokens']:,} tokens in {first['rows']:,} rows, --max-len {args.max_len}, "
-          f"--num-proc {args.workers}, {os.cpu_count()} CPUs; {args.rounds} rounds, order alternating; shards "
-          f"identical in every round; load average {os.getloadavg()[0]:.1f} at the end")  # fmt: skip
-    print()
-    print("| layout | seconds (median) | CPU seconds (median) | tokenize_wall (median) | "
-          "workers / main, wall (median, range) | workers / main, CPU (median, range) |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|")
-    for layout in END_TO_END:
-        keys = ("seconds", "cpu_seconds", "tokenize_wall")
-        med = [_median_range([r[layout][key] for r in rounds])[0] for key in keys]
-        cells = f"| {layout} | {med[0]:.2f} | {med[1]:.2f} | {med[2]:.2f} |"
-        if layout == "workers":
-            print(cells + " | |")
-            continue
-        w = _median_range([r["workers"]["seconds"] / r["main"]["seconds"] for r in rounds])
-        c = _median_range([r["workers"]["cpu_seconds"] / r["main"]["cpu_seconds"] for r in rounds])
-        print(cells + f" {w[0]:.2f} ({w[1]:.2f}–{w[2]:.2f}) | {c[0]:.2f} ({c[1]:.2f}–{c[2]:.2f}) |")
-    return 0
-
-
 def _median_range(values: list[float]) -> tuple[float, float, float]:
     s = sorted(values)
     n = len(s)
@@ -189,11 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool-batch", type=int, default=1024, help="texts per call with the pool on [1024]")
     parser.add_argument("--limit", type=int, help="only the first N conversations")
     parser.add_argument("--layout", choices=LAYOUTS, help=argparse.SUPPRESS)
-    parser.add_argument("--end-to-end", action="store_true", help="whole packcli runs, in its two layouts")
     parser.add_argument("--max-len", type=int, default=4096, help="--max-len of the packcli runs [4096]")
     args = parser.parse_args(argv)
-    if args.end_to_end:
-        return end_to_end(args)
     if args.layout:
         result = run_layout(args.layout, Path(args.data), args.workers, args.batch, args.pool_batch, args.limit)
         print(json.dumps(result))

@@ -95,7 +95,6 @@ SLOW_TESTS: dict[str, set[str]] = {
         "test_the_docs_example_runs",
         "test_errors_carry_the_option_and_hint_each_client_names_its_way",
     },
-    "test_encode_service": {"test_the_main_process_encoding_writes_the_same_bytes[drop]"},
     # Each loads a tokenizer into fastokens (about 1.5 CPU seconds) or packs twice.
     "test_text_encoders": {
         "test_the_test_tokenizers_encode_with_fastokens",

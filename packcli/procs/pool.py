@@ -254,7 +254,6 @@ def map_ordered(
     fn: Callable[..., Any],
     jobs: Iterator[tuple[Any, ...]],
     num_proc: int,
-    on_start: Callable[[], None] | None = None,
     context: Any = None,
 ) -> Generator[Any, None, None]:
     """Run ``fn`` over jobs, in worker processes when num_proc > 1, yielding results in job order.
@@ -267,16 +266,11 @@ def map_ordered(
     A caller that stops iterating early should close the generator (``contextlib.closing``), so
     that the workers are stopped there and then, not whenever the garbage collector gets to it.
 
-    ``on_start`` runs once the workers are forked (or before the first job, when they run here): where
-    a thread the workers talk to is started, since a fork must not copy a busy thread.
-
     ``context``: what every job needs and no job should carry (an encoder, a store); given, each job
     runs as ``fn(context, *job)``, the workers receiving it by the fork, never pickled.
     """
-    started = on_start or (lambda: None)
     call = fn if context is None else functools.partial(fn, context)
     if num_proc <= 1:
-        started()
         for job in jobs:
             raise_if_stopped()
             yield call(*job)
@@ -285,7 +279,6 @@ def map_ordered(
     first: list[tuple[Any, ...]] = []
     read_error = _take(jobs, num_proc, first)
     if len(first) <= 1:
-        started()
         for job in first:
             raise_if_stopped()
             yield call(*job)
@@ -297,7 +290,6 @@ def map_ordered(
             workers.submit(number, job)
         sent, more = len(first), read_error is None
         del first
-        started()
         answers: dict[int, tuple[str, Any]] = {}
         for number in itertools.count():
             while number not in answers:

@@ -166,14 +166,13 @@ class StoreBuilder:
         identity: TokenizerIdentity,
         pad_id: int,
         encoder_record: EncoderInfo,
-        slow_elsewhere: int = 0,
     ) -> StoreMeta:
         """The store's meta.json but its segments, files and checksum (``TokenStoreWriter.finish`` sets
         them): its counts.
 
         ``identity`` is the tokenizer's (``Encoder.identity``, with the processor's under one);
         ``encoder_record`` which encoder made the tokens, to which ``records_slow`` is added: the
-        workers' count and ``slow_elsewhere`` (the encode service's).
+        records whose masks the fast encoder left to the reference, as the batches counted them.
         """
         options, c = self.options, self.counts
         records = c["records"]
@@ -210,7 +209,7 @@ class StoreBuilder:
             leading_answers=c["leading_answers"] or None,
             tools_left_out=c["tools_left_out"] or None,
             # Which encoder made the tokens (the cache key does not depend on it: every one gives the same).
-            encoder=dataclasses.replace(encoder_record, records_slow=c["slow_records"] + slow_elsewhere),
+            encoder=dataclasses.replace(encoder_record, records_slow=c["slow_records"]),
             reasoning={key: self.reasoning[key] for key in rounds.REASONING_KEYS} if self.reasoning else None,
             expanded={key: self.expanded[key] for key in rounds.EXPANDED_KEYS} if expanding else None,
             trees={key: self.prefix_trees[key] for key in trees.TREE_KEYS} if options.prefix_tree else None,

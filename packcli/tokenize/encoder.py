@@ -112,8 +112,6 @@ class Encoder:
         # windows (packcli.tokenize.long_text), in bounded memory. Set by the run (--overflow truncate or
         # split, with a tokenizer that bounds bytes per token); None: every text is encoded whole.
         self.long_text_bytes: int | None = None
-        # Set in the workers of a run whose main process encodes for them (packcli.tokenize.encode_service).
-        self.remote: Any = None
         self.warnings: list[Message] = self.chat.marker_warnings(self._count, self.tokenizer_name)
 
     def _count(self, text: str) -> int:
@@ -258,8 +256,7 @@ class Encoder:
         """Return (int32 ids, bool mask of the tokens overlapping the spans) for each (text, spans).
 
         Texts certainly too long for a row are encoded by windows here; the others in one batch call of
-        the run's text encoder (``self.text``), in this process or, when the run set ``remote``
-        (packcli.tokenize.encode_service), in the process that encodes for the workers.
+        the run's text encoder (``self.text``).
         """
         out: list[Any] = [None] * len(items)
         whole: list[int] = []
@@ -271,10 +268,7 @@ class Encoder:
                 out[k] = ids_and_mask(enc, spans, len(text))
         if not whole:
             return out
-        if self.remote is not None:
-            made = self.remote.encode([items[k] for k in whole], add_special)
-        else:
-            made = self.text.encode_pieces([items[k] for k in whole], add_special)
+        made = self.text.encode_pieces([items[k] for k in whole], add_special)
         for k, pair in zip(whole, made, strict=True):
             out[k] = pair
         return out

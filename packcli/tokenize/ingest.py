@@ -20,7 +20,6 @@ from packcli.store import parts
 from packcli.store.tokens import TokenStore
 from packcli.tokenize import worker
 from packcli.tokenize.building import POLICY_DROPS, TURN_FIXES, StoreBuilder
-from packcli.tokenize.encode_service import EncodeService, encode_in_main
 from packcli.tokenize.encoder import Encoder
 from packcli.tokenize.estimate import ReadRate, parts_left
 from packcli.tokenize.options import TokenizeOptions
@@ -105,13 +104,11 @@ def tokenize_to_store(
     rate = ReadRate(sources if remote is None else [], options.limit)
     results: Iterator[TokenizedBatch] | None = None
     digests: dict[str, str] = {}  # the hashes of the files read through, taken as they were read
-    service = _encode_service(options, encoder) if remote is None else None
-    slow_here = encoder.text.slow_records  # records the encode service (in this process) left to the reference
     try:
         if remote is None:
             batches = _timed(read_batches(sources, BATCH_SIZE, options.limit, digests), clock, "read")
             jobs = ((rate.seen(batch), formats[batch.source]) for batch in batches)
-            results = _run(context, jobs, options.num_proc, service)
+            results = pool.map_ordered(worker.tokenize_batch, jobs, options.num_proc, context=context)
         else:
             results = remote.results(builder.tmp)
         for result in results:
@@ -121,10 +118,7 @@ def tokenize_to_store(
             builder.take(result)
             clock["store"] += time.perf_counter() - stored
             progress("tokenize", result.n_records, rate.total())
-        slow_elsewhere = encoder.text.slow_records - slow_here if service is not None else 0
-        meta = builder.meta(
-            sources, formats, store_identity(encoder), store_pad_id(encoder), encoder.choice.record(), slow_elsewhere
-        )
+        meta = builder.meta(sources, formats, store_identity(encoder), store_pad_id(encoder), encoder.choice.record())
         meta = builder.ruled_out(meta, ruled_out_bytes)
         if before_finish is not None and (final := before_finish(digests)) is not None:
             builder.place(final)  # known once the inputs are read (their hashes key it)
@@ -142,7 +136,7 @@ def tokenize_to_store(
         builder.abort()
         raise
     finally:
-        _release(encoder, service)
+        encoder.long_text_bytes = None
 
 
 def tokenize_to_parts(
@@ -191,16 +185,13 @@ def tokenize_to_parts(
                     route.append((item, number))
                     yield batch, formats[batch.source]
 
-    service = _encode_service(options, encoder)
     results: Iterator[TokenizedBatch] | None = None
     ruled_out_bytes = options.max_len * context.rule_out[1] if context.rule_out else None
-    making = _PartMaking(
-        options, formats, encoder, cache_root, clock, unchanged, hold, ruled_out_bytes, service is not None
-    )
+    making = _PartMaking(options, formats, encoder, cache_root, clock, unchanged, hold, ruled_out_bytes)
     try:
         if todo and not todo[0].chained:  # the first part to make, begun before the first batch is tokenized
             making.begin(todo[0], todo[0].next_index, todo[0].next_record)
-        results = _run(context, jobs(), options.num_proc, service)
+        results = pool.map_ordered(worker.tokenize_batch, jobs(), options.num_proc, context=context)
         for result in results:
             making.take(*route.popleft(), result)
             progress("tokenize", result.n_records, total if total is not None else parts_left(todo, counted))
@@ -218,7 +209,7 @@ def tokenize_to_parts(
         making.abort()
         raise
     finally:
-        _release(encoder, service)
+        encoder.long_text_bytes = None
 
 
 def _chained(
@@ -262,14 +253,11 @@ class _PartMaking:
         unchanged: Callable[[InputSource], None] | None,
         hold: Callable[[str], None] | None,
         ruled_out_bytes: int | None,
-        service: bool,
     ) -> None:
         self.options, self.formats, self.encoder, self.cache_root = options, formats, encoder, cache_root
         self.clock, self.unchanged, self.hold = clock, unchanged, hold
         self.where, self.fix = options.store_where(cache_root / "part")
         self.ruled_out_bytes = ruled_out_bytes  # a record of more bytes is ruled out as too long (None: none is)
-        self.service = service  # whether an encode service (this process) encodes for the workers
-        self.slow_mark = encoder.text.slow_records
         self.part: tuple[parts.InputParts, int, StoreBuilder, int] | None = (
             None  # its input, number, builder, first record
         )
@@ -305,10 +293,8 @@ class _PartMaking:
         if self.unchanged is not None:
             self.unchanged(item.source)
         encoder = self.encoder
-        slow = encoder.text.slow_records - self.slow_mark if self.service else 0
-        self.slow_mark = encoder.text.slow_records
         identity, pad_id = store_identity(encoder), store_pad_id(encoder)
-        meta = builder.meta([item.source], self.formats, identity, pad_id, encoder.choice.record(), slow)
+        meta = builder.meta([item.source], self.formats, identity, pad_id, encoder.choice.record())
         meta = builder.ruled_out(meta, self.ruled_out_bytes)
         part = parts.part_meta(number, first, int(builder.counts["records"]), last, read=item.read)
         meta = dataclasses.replace(meta, part=part)
@@ -344,23 +330,6 @@ def worker_context(options: TokenizeOptions, encoder: Encoder, rule_out_long: bo
     )
 
 
-def _encode_service(options: TokenizeOptions, encoder: Encoder) -> EncodeService | None:
-    """The encode service of a run whose workers send their encodes to this process, or None."""
-    if options.num_proc > 1 and encoder.vision is None and encode_in_main():
-        service = EncodeService(encoder)
-        encoder.remote = service.client()
-        return service
-    return None
-
-
-def _run(
-    context: worker.WorkerContext, jobs: Iterator[Any], num_proc: int, service: EncodeService | None
-) -> Iterator[TokenizedBatch]:
-    """The batches tokenized by worker processes (or here), in order; the encode service started with them."""
-    on_start = service.start if service is not None else None
-    return pool.map_ordered(worker.tokenize_batch, jobs, num_proc, on_start, context)
-
-
 def _stop(results: Iterator[Any] | None) -> None:
     """Stop the workers here, in this thread: left to the garbage collector, a suspended results
     generator would stop them from wherever the collection happens to run."""
@@ -368,13 +337,6 @@ def _stop(results: Iterator[Any] | None) -> None:
     if close is not None:
         with contextlib.suppress(Exception):  # the error being raised is the one to report
             close()
-
-
-def _release(encoder: Encoder, service: EncodeService | None) -> None:
-    encoder.long_text_bytes = None
-    encoder.remote = None
-    if service is not None:
-        service.close()
 
 
 def store_identity(encoder: Encoder) -> TokenizerIdentity:
