@@ -168,7 +168,7 @@ def one_try(case: str, data: Path, work: Path, rng: random.Random, tmpfs: bool, 
     left = temporaries(work)
     if mounted:
         subprocess.run(["umount", str(cache)])
-    interrupted = code != 0
+    interrupted = code != 0  # a signal after the run was done is ignored: it exits 0, its output complete
     changed = (
         previous is not None and out.exists() and sorted((p.name, p.read_bytes()) for p in out.iterdir()) != previous
     )

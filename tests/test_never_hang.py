@@ -73,7 +73,7 @@ elif fault == "stuck-plan":  # the plan never ends, and has no safe point: only 
     pipeline.plan_run = plan_run
 elif fault == "stalled":  # the store stops taking batches, and the workers die: nothing will ever come
     import packcli.procs.watchdog as watchdog
-    import packcli.tokenize.building as building
+    import packcli.tokenize.batches.building as building
     watchdog.STALL = float(n)
     take = building.StoreBuilder.take
     def stalled(self, result):
@@ -238,10 +238,10 @@ def test_a_signal_at_a_random_moment_ends_the_run(seed: int, inputs: Path, tmp_p
     assert "Traceback" not in err
     assert left_behind(tmp_path, str(out)) == []
     now = {p.name: p.read_bytes() for p in out.iterdir()}
-    if code == 0:  # the signal came after the run was done
+    if code == 0:  # the signal came after the run was done: ignored, the run exits as it would have
         assert now != previous and complete(out)
     else:
-        # Before its handler is set (the first imports), the signal ends Python as it would any program.
+        # Before packcli's first line runs (Python's own start-up), the signal ends it as any program.
         assert code in (130, -sig) and now == previous, (code, err)
         if code == 130:
             assert err.strip().splitlines()[-1] == INTERRUPTED

@@ -162,12 +162,11 @@ def main(argv: list[str] | None = None) -> None:
         console.error(message)
         sys.exit(code)
     finally:
-        from packcli.procs.stop import stop_requested
-
-        for sig, handler in previous.items():
-            # After an interrupt the process only exits (its workers are gone): a further Ctrl-C must
-            # not turn the exit code 130 into death by SIGINT, which Python's shutdown would allow.
-            signal.signal(sig, signal.SIG_IGN if stop_requested() else handler)
+        for sig in previous:
+            # The command is over, its output complete or left as it was: the process only exits. A signal
+            # now must not turn that exit code into death by the signal, which Python's shutdown (it puts
+            # the default handlers back) would allow: the run would look failed with a complete output.
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def _usage_error(exc: Exception) -> str | None:
