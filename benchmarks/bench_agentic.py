@@ -17,7 +17,7 @@ from collections import Counter
 
 from packcli.errors import RecordError
 from packcli.records.formats import DEFAULT_FIELDS, detect_format, normalize
-from packcli.tokenize.encoder import EncodeOptions, Encoder
+from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
 
 
 def main(argv: list[str] | None = None) -> int:

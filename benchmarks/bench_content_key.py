@@ -17,7 +17,7 @@ import time
 
 from packcli.records.dedup import content_key
 from packcli.records.formats import DEFAULT_FIELDS, detect_format, normalize
-from packcli.tokenize.encoder import EncodeOptions, Encoder
+from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
 
 
 def main() -> None:

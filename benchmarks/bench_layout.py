@@ -48,8 +48,8 @@ def run_layout(layout: str, data: Path, workers: int, batch: int, pool_batch: in
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
-    from packcli.tokenize.templates import chatml_template
-    from packcli.tokenize.tokenizer import load_tokenizer
+    from packcli.tokenize.encoders.tokenizer import load_tokenizer
+    from packcli.tokenize.templates.choice import chatml_template
 
     tokenizer = load_tokenizer(None)
     template = _compile_jinja_template(chatml_template())

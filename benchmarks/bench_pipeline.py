@@ -52,8 +52,8 @@ def stage_limit(data: Path, max_len: int, out: Path) -> None:
     import numpy as np
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
-    from packcli.tokenize.templates import chatml_template
-    from packcli.tokenize.tokenizer import load_tokenizer
+    from packcli.tokenize.encoders.tokenizer import load_tokenizer
+    from packcli.tokenize.templates.choice import chatml_template
 
     tokenizer = load_tokenizer(None)
     template = _compile_jinja_template(chatml_template())
@@ -124,8 +124,8 @@ def stage_serial(data: Path, out: Path) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
-    from packcli.tokenize.templates import chatml_template
-    from packcli.tokenize.tokenizer import load_tokenizer
+    from packcli.tokenize.encoders.tokenizer import load_tokenizer
+    from packcli.tokenize.templates.choice import chatml_template
 
     tokenizer = load_tokenizer(None)
     template = _compile_jinja_template(chatml_template())
@@ -152,8 +152,8 @@ def stage_trl(data: Path, max_len: int, num_proc: int, workdir: Path, out: Path)
     import trl
     from trl import pack_dataset
 
-    from packcli.tokenize.templates import chatml_template
-    from packcli.tokenize.tokenizer import load_tokenizer
+    from packcli.tokenize.encoders.tokenizer import load_tokenizer
+    from packcli.tokenize.templates.choice import chatml_template
 
     datasets.disable_progress_bars()
     tokenizer = load_tokenizer(None)

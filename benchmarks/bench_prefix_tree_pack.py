@@ -84,7 +84,7 @@ def main() -> None:
         with open(data, "w", encoding="utf-8") as fh:
             for _ in range(args.traces):
                 fh.write(json.dumps(trace(rng, args.rounds, tools)) + "\n")
-        from packcli.tokenize.tokenizer import load_tokenizer
+        from packcli.tokenize.encoders.tokenizer import load_tokenizer
 
         first = trace(random.Random(args.seed), args.rounds, tools)
         prefix = load_tokenizer(None).apply_chat_template(

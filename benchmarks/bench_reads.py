@@ -24,7 +24,7 @@ from packcli.io.fingerprint import fingerprint_and_count
 from packcli.io.readers import PartEnds, read_batches, read_parts
 from packcli.io.sources import InputSource, resolve_inputs
 from packcli.store.parts import PART_BYTES, PART_RECORDS
-from packcli.tokenize.ingest import BATCH_SIZE
+from packcli.tokenize.batches.ingest import BATCH_SIZE
 
 
 def two_reads(source: InputSource) -> int:

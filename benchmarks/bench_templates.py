@@ -4,8 +4,8 @@ Runs ``packcli pack --no-cache`` on the same corpus with two templates, in paire
 so that the machine's load swings hit both alike), and prints tokens per second for each and the median
 of the in-round throughput ratios with its spread:
 
-- A: Qwen3's official template (no ``{% generation %}`` blocks: spans found by packcli.tokenize.spans), read from
-  the ``trl`` package, or ``--template FILE``;
+- A: Qwen3's official template (no ``{% generation %}`` blocks: spans found by
+  packcli.tokenize.templates.spans), read from the ``trl`` package, or ``--template FILE``;
 - B: packcli's ChatML template, whose ``{% generation %}`` blocks give the spans directly.
 
     python benchmarks/make_chat_corpus.py --conversations 5000 --seed 0 -o benchmarks/data/chat5k.jsonl
@@ -60,7 +60,7 @@ def _run(data: str, template: str, max_len: int, num_proc: int, out: Path) -> tu
 
 def _encoder_only(data: str, spans_template: str, blocks_template: str, rounds: int, records: int) -> list[float]:
     from packcli.records.formats import Sample
-    from packcli.tokenize.encoder import EncodeOptions, Encoder
+    from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
 
     with open(data, encoding="utf-8") as fh:
         samples = [

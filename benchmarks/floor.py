@@ -45,8 +45,8 @@ def main() -> int:
     import fastokens
 
     from packcli.contract import default_tokenizer_dir
-    from packcli.tokenize.rendering import compile_template  # jinja2 in apply_chat_template's environment
-    from packcli.tokenize.templates import builtin_template
+    from packcli.tokenize.templates.choice import builtin_template
+    from packcli.tokenize.templates.rendering import compile_template  # jinja2 in apply_chat_template's environment
 
     text = (Path(default_tokenizer_dir()) / "tokenizer.json").read_text(encoding="utf-8")
     encoder = fastokens.Tokenizer.from_json_str(text)

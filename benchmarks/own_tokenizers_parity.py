@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT))
 from packcli.contract import IGNORE_INDEX  # noqa: E402
 from packcli.errors import RecordError  # noqa: E402
 from packcli.records.formats import Sample  # noqa: E402
-from packcli.tokenize import rounds  # noqa: E402
-from packcli.tokenize.encoder import EncodeOptions, Encoder  # noqa: E402
+from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder  # noqa: E402
+from packcli.tokenize.templates import rounds  # noqa: E402
 from tests import own_tokenizers  # noqa: E402
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant"}
@@ -236,7 +236,7 @@ def gptoss(n: int) -> None:
 def gemma(n: int) -> None:
     from transformers import AutoTokenizer
 
-    from packcli.tokenize.chat_template import _TEMPLATE_MARKER_RE
+    from packcli.tokenize.templates.chat_template import _TEMPLATE_MARKER_RE
 
     base = AutoTokenizer.from_pretrained(str(own_tokenizers.tokenizer_dir("gemma3")))
     markers = set(_TEMPLATE_MARKER_RE.findall((templates() / "diffusion_gemma.jinja").read_text(encoding="utf-8")))
@@ -269,7 +269,7 @@ def gemma(n: int) -> None:
 
 
 def encoders(path: str, n: int) -> None:
-    from packcli.tokenize.text_encoders import ReferenceEncoder
+    from packcli.tokenize.encoders.text_encoders import ReferenceEncoder
 
     conversations = sharegpt(path, n)
     chosen = {"qwen3": None, "llama3_1": None, "gemma3": None, "gptoss": "gptoss", "gpt4o": "chatml"}

@@ -180,7 +180,7 @@ class RecordError(Exception):
 
     The detail is text and :class:`Opt` parts (``parts``), so that an error naming the record names
     the options in its reader's terms; ``detail`` is its text with Python's names (the rejects file
-    holds it with the command line's flags: ``tokenize.worker.reject``).
+    holds it with the command line's flags: ``tokenize.batches.worker.reject``).
     """
 
     def __init__(self, reason: str, *detail: Part) -> None:

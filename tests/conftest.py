@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from packcli.cli import app
 from packcli.results import StoreMeta
-from packcli.tokenize.tokenizer import default_tokenizer_dir
+from packcli.tokenize.encoders.tokenizer import default_tokenizer_dir
 
 from . import own_tokenizers
 
@@ -581,7 +581,7 @@ class TemplateEncoders(dict[str, Any]):
         self.tokenizer_of = tokenizer_of
 
     def __missing__(self, name: str) -> Any:
-        from packcli.tokenize.encoder import EncodeOptions, Encoder
+        from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
 
         self[name] = Encoder(self.tokenizer_of(name)[0], str(trl_templates() / f"{name}.jinja"), EncodeOptions())
         return self[name]

@@ -94,7 +94,7 @@ def test_a_tools_list_the_template_leaves_out_is_counted_and_warned(tmp_path: Pa
 def test_the_tools_probe_agrees_with_rendering_with_and_without_tools() -> None:
     """Over trl's templates, the probe's verdict is the comparison's: a template leaves tools out exactly
     when a conversation renders the same with them as without."""
-    from packcli.tokenize.chat_template import ChatTemplate
+    from packcli.tokenize.templates.chat_template import ChatTemplate
 
     verdicts = {}
     for path in sorted(trl_templates().glob("*.jinja")):

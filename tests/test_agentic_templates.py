@@ -28,8 +28,8 @@ trl = pytest.importorskip("trl")  # a test dependency (pyproject's test extra): 
 from packcli.contract import IGNORE_INDEX  # noqa: E402
 from packcli.errors import RecordError  # noqa: E402
 from packcli.records.formats import Sample  # noqa: E402
-from packcli.tokenize.encoder import EncodeOptions, Encoder  # noqa: E402
-from packcli.tokenize.templates import builtin_template  # noqa: E402
+from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder  # noqa: E402
+from packcli.tokenize.templates.choice import builtin_template  # noqa: E402
 
 from .test_templates import (  # noqa: E402
     AFTER_TOOL_HEADERS,
@@ -278,7 +278,7 @@ def test_expanded_rounds_train_every_reasoning_once(
     """--expand-turns all on the three-round trace: ids equal apply_chat_template of each cut; each answer
     and (where the template renders a last round's reasoning) each reasoning trained exactly once over the
     rounds; the tool's output never."""
-    from packcli.tokenize import rounds
+    from packcli.tokenize.templates import rounds
 
     tokenizer = template_tokenizer(name)[1]
     key = "thinking" if name == "gptoss" else "reasoning_content"

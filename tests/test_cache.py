@@ -23,7 +23,7 @@ from packcli.cli import app
 from packcli.io.fingerprint import fingerprint
 from packcli.io.sources import resolve_inputs
 from packcli.owned import HASH_MEMO
-from packcli.tokenize import ingest
+from packcli.tokenize.batches import ingest
 
 from .conftest import make_conversations, one_error_line, read_rows, write_jsonl
 
@@ -183,7 +183,7 @@ def test_an_empty_template_file_is_an_error_before_any_input_is_read(
 
 
 def test_a_template_file_never_shares_the_key_of_no_template(tmp_path: Path, pack: Any) -> None:
-    from packcli.tokenize.templates import builtin_template
+    from packcli.tokenize.templates.choice import builtin_template
 
     data = write_jsonl(tmp_path / "d.jsonl", _records())
     same = tmp_path / "default.jinja"
@@ -449,7 +449,7 @@ def test_sizes_read_as_people_write_them() -> None:
 def test_a_template_copy_hits_and_the_manifest_names_this_runs_template(tmp_path: Path, pack: Any) -> None:
     """The key holds a template file's text, not its path: a copy elsewhere hits, and the manifest names the
     copy this run was given (never the path of the run that made the entry)."""
-    from packcli.tokenize.templates import builtin_template
+    from packcli.tokenize.templates.choice import builtin_template
 
     data = write_jsonl(tmp_path / "d.jsonl", _records())
     first, second = tmp_path / "a.jinja", tmp_path / "sub" / "b.jinja"

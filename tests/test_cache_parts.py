@@ -135,7 +135,7 @@ def test_a_damaged_part_is_made_again_and_the_others_reused(pack: Any, tmp_path:
 KILLED = f"""
 import os, signal, sys
 from packcli.store import parts
-from packcli.tokenize import building
+from packcli.tokenize.batches import building
 parts.PART_RECORDS = {SMALL_PARTS}
 point, nth = sys.argv[1], int(sys.argv[2])
 seen = [0]
@@ -200,7 +200,7 @@ PAUSED = f"""
 import os
 import sys
 from packcli.store import parts
-from packcli.tokenize import building
+from packcli.tokenize.batches import building
 parts.PART_RECORDS = {SMALL_PARTS}
 real = building.StoreBuilder.finish
 def finish(self, *args, **kwargs):

@@ -67,7 +67,7 @@ def kto_rows(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 def _vocab() -> int:
     from transformers import AutoTokenizer
 
-    from packcli.tokenize.tokenizer import default_tokenizer_dir
+    from packcli.tokenize.encoders.tokenizer import default_tokenizer_dir
 
     return len(AutoTokenizer.from_pretrained(default_tokenizer_dir()))
 

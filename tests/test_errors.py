@@ -21,8 +21,8 @@ from packcli.errors import RecordError
 from packcli.io.sources import RawBatch
 from packcli.output import write
 from packcli.records.formats import DEFAULT_FIELDS
-from packcli.tokenize import worker
-from packcli.tokenize.encoder import EncodeOptions, Encoder
+from packcli.tokenize.batches import worker
+from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
 
 from .conftest import make_conversations, one_error_line, read_rows, write_jsonl
 

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from packcli.cli import app
 from packcli.contract import IGNORE_INDEX
-from packcli.tokenize.templates import builtin_template
-from packcli.tokenize.tokenizer import load_tokenizer
+from packcli.tokenize.encoders.tokenizer import load_tokenizer
+from packcli.tokenize.templates.choice import builtin_template
 
 from .conftest import one_error_line, read_rows, trl_templates, write_jsonl
 

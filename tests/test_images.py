@@ -132,7 +132,7 @@ def _plain(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @functools.cache
 def _text_encoder(template_dir: str) -> Any:
-    from packcli.tokenize.encoder import EncodeOptions, Encoder
+    from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
 
     return Encoder(template_dir, None, EncodeOptions())
 

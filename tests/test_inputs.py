@@ -363,7 +363,7 @@ def test_yaml_preset_names_inputs_and_fields(tmp_path: Path, cache_dir: Path) ->
 def test_a_preset_finds_its_tokenizer_directory_beside_it(tmp_path: Path, cache_dir: Path) -> None:
     import shutil
 
-    from packcli.tokenize.tokenizer import default_tokenizer_dir
+    from packcli.tokenize.encoders.tokenizer import default_tokenizer_dir
 
     presets = tmp_path / "presets"
     presets.mkdir()

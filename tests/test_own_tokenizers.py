@@ -26,8 +26,8 @@ trl = pytest.importorskip("trl")  # a test dependency (pyproject's test extra): 
 from packcli.contract import IGNORE_INDEX  # noqa: E402
 from packcli.errors import RecordError, TokenizerError  # noqa: E402
 from packcli.records.formats import Sample  # noqa: E402
-from packcli.tokenize.encoder import EncodeOptions, Encoder  # noqa: E402
-from packcli.tokenize.text_encoders import ReferenceEncoder  # noqa: E402
+from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder  # noqa: E402
+from packcli.tokenize.encoders.text_encoders import ReferenceEncoder  # noqa: E402
 
 from .conftest import make_conversations, read_rows, write_jsonl  # noqa: E402
 from .test_templates import TRL_TEMPLATES, _runs, _trained_runs, as_template_takes  # noqa: E402

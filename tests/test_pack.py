@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from packcli.contract import file_sha256
-from packcli.tokenize.templates import builtin_template
+from packcli.tokenize.templates.choice import builtin_template
 
 from .conftest import make_conversations, one_error_line, read_rows, write_jsonl
 

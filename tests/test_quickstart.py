@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from packcli.cli import app
 from packcli.contract import IGNORE_INDEX
-from packcli.tokenize.encoder import EncodeOptions, Encoder
-from packcli.tokenize.templates import DEEPSEEK_MARKERS, builtin_template
+from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
+from packcli.tokenize.templates.choice import DEEPSEEK_MARKERS, builtin_template
 
 from .conftest import read_rows
 
@@ -61,7 +61,7 @@ def test_quickstart_prints_the_tokenizer_template_and_task(quickstart: tuple[Pat
 def test_quickstart_trains_no_whitespace_after_the_end_of_turn_marker(quickstart: tuple[Path, Any]) -> None:
     """Every trained run ends with the end-of-turn marker, as one token, and no trained token follows it."""
     cwd, _ = quickstart
-    from packcli.tokenize.tokenizer import load_tokenizer
+    from packcli.tokenize.encoders.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(None)
     marker_id = tokenizer.convert_tokens_to_ids(END_OF_TURN)
@@ -92,7 +92,7 @@ def test_quickstart_ids_and_labels_equal_apply_chat_template(quickstart: tuple[P
         "default",
     )
     assert manifest["task"] == "sft" and identity["warnings"] == []
-    from packcli.tokenize.tokenizer import load_tokenizer
+    from packcli.tokenize.encoders.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(None)
     template = builtin_template("deepseek")
@@ -138,7 +138,7 @@ def test_a_tokenizer_without_a_template_gets_one_of_packclis_only_where_its_mark
     """DeepSeek's markers: packcli's deepseek template; ChatML's: chatml; neither (gpt-oss's, GPT-4o's
     tokenizer): chats are refused, naming the option that fixes it, and a given template is used as given."""
     from packcli.errors import TokenizerError
-    from packcli.tokenize.templates import CHATML_MARKERS, choose_template, no_template
+    from packcli.tokenize.templates.choice import CHATML_MARKERS, choose_template, no_template
 
     deepseek = choose_template(None, None, set(DEEPSEEK_MARKERS))
     assert (deepseek.name, deepseek.origin, deepseek.guessed) == ("deepseek", "default", False)

@@ -28,7 +28,7 @@ from packcli.errors import OutputError, UsageError
 from packcli.plan import planner as plan_stage
 from packcli.results import Manifest
 from packcli.store.tokens import load_store
-from packcli.tokenize import ingest
+from packcli.tokenize.batches import ingest
 
 from .conftest import make_conversations, write_jsonl
 

@@ -59,7 +59,7 @@ def test_the_default_template_trains_every_rounds_reasoning(pack: Any, tmp_path:
     kept = {"turns": 3, "turns_left_out": 0, "records_left_out": 0, "records_last_round_only": 0, "empty_think": 0}
     assert summary["reasoning"] == kept
     assert not any("reasoning" in w for w in summary["warnings"])
-    from packcli.tokenize.tokenizer import load_tokenizer
+    from packcli.tokenize.encoders.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(None)
     labels = read_rows(tmp_path / "out")[0]["labels"]
@@ -77,7 +77,7 @@ def test_data_without_reasoning_has_no_reasoning_key(pack: Any, chat_jsonl: Path
 def test_reasoning_repeated_in_the_answer_is_still_counted() -> None:
     """Reasoning that the answer's text repeats is in the rendering either way: the count renders without it."""
     from packcli.records.formats import Sample
-    from packcli.tokenize.encoder import EncodeOptions, Encoder
+    from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
 
     trace = _trace()
     for m in trace:

@@ -1,4 +1,4 @@
-"""A tokenizer opened from its record is the tokenizer transformers loads (``packcli.tokenize.recorded``).
+"""A tokenizer opened from its record is the tokenizer transformers loads (``packcli.tokenize.encoders.recorded``).
 
 The record of the default tokenizer ships with packcli; others are made by the first run that loads them
 with transformers and kept in the cache, so that later runs import no transformers.
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from packcli.contract import default_tokenizer_dir
-from packcli.tokenize.recorded import (
+from packcli.tokenize.encoders.recorded import (
     RECORDS_DIR,
     RecordedTokenizer,
     TokenizerRecord,
@@ -25,7 +25,7 @@ from packcli.tokenize.recorded import (
     record_of,
     shipped_record,
 )
-from packcli.tokenize.tokenizer import load_tokenizer, open_tokenizer
+from packcli.tokenize.encoders.tokenizer import load_tokenizer, open_tokenizer
 
 from .conftest import make_conversations, write_jsonl
 
@@ -93,7 +93,7 @@ def test_a_run_records_the_tokenizer_and_the_next_one_opens_it_without_transform
     assert [p.suffix for p in (cache / RECORDS_DIR).iterdir()] == [".json"]
     assert read_record(cache, rewritten) is not None
     script = (
-        "import sys; from pathlib import Path; from packcli.tokenize.tokenizer import open_tokenizer; "
+        "import sys; from pathlib import Path; from packcli.tokenize.encoders.tokenizer import open_tokenizer; "
         f"t = open_tokenizer({str(rewritten)!r}, Path({str(cache)!r})); "
         "assert 'transformers' not in sys.modules; print(type(t).__name__)"
     )
@@ -141,9 +141,9 @@ def test_packs_with_a_recorded_tokenizer_give_the_same_shards_and_identity(
 
 def test_a_run_the_fast_encoder_serves_never_opens_the_tokenizers_backend(tmp_path: Path) -> None:
     """Both at once hold a vocabulary twice (Gemma 3: 280 and 245 MB): the backend is opened only where used."""
-    from packcli.tokenize import text_encoders
-    from packcli.tokenize.encoder import EncodeOptions, Encoder
-    from packcli.tokenize.ingest import worker_context
+    from packcli.tokenize.batches.ingest import worker_context
+    from packcli.tokenize.encoders import text_encoders
+    from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
     from packcli.tokenize.options import TokenizeOptions
 
     cache, big = tmp_path / "cache", text_encoders.Work(10**9, 2)

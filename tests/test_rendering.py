@@ -1,4 +1,4 @@
-"""packcli renders chat templates as transformers does, without importing it (``packcli.tokenize.rendering``).
+"""packcli renders chat templates as transformers does, without importing it (``packcli.tokenize.templates.rendering``).
 
 Every template of the suite (packcli's, the tests', and the official ones in ``trl/chat_templates``) is
 rendered with both renderers on conversations of every shape packcli passes them: the same text, the same
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from packcli.tokenize import rendering
+from packcli.tokenize.templates import rendering
 
 from .conftest import write_jsonl
 

@@ -20,7 +20,9 @@ import pytest
 from packcli.contract import file_sha256
 from packcli.output import manifest as output_manifest, rows as shards
 from packcli.store import tokens as cache_mod, writer as store_writer
-from packcli.tokenize import bounds, building, encoder as tokenize
+from packcli.tokenize.batches import building
+from packcli.tokenize.encoders import encoder as tokenize
+from packcli.tokenize.long import bounds
 
 from .conftest import bare_meta, make_conversations, one_stderr_line, read_rows, write_jsonl
 
@@ -769,7 +771,7 @@ def test_stats_of_raw_input_counts_a_huge_integer(tmp_path: Path, cache_dir: Pat
 @pytest.fixture
 def encoded_sizes(monkeypatch: Any) -> list[int]:
     """Record the size of every sample that reaches the encoder (characters of text or messages)."""
-    from packcli.tokenize.encoder import Encoder
+    from packcli.tokenize.encoders.encoder import Encoder
 
     seen: list[int] = []
     real = Encoder.encode_batch
@@ -785,7 +787,7 @@ def encoded_sizes(monkeypatch: Any) -> list[int]:
 
 
 def _token_bytes(base_tokenizer: Any) -> int:
-    from packcli.tokenize.bounds import max_token_bytes
+    from packcli.tokenize.long.bounds import max_token_bytes
 
     token_bytes = max_token_bytes(base_tokenizer.backend_tokenizer.to_str())
     assert token_bytes is not None  # the default tokenizer is byte-level BPE
@@ -852,7 +854,7 @@ def test_truncate_still_tokenizes_and_truncates_the_long_record(pack: Any, tmp_p
 def test_rule_never_drops_a_record_that_fits(base_tokenizer: Any) -> None:
     from packcli.errors import RecordError
     from packcli.records.formats import Sample
-    from packcli.tokenize.bounds import rule_out_too_long
+    from packcli.tokenize.long.bounds import rule_out_too_long
 
     token_bytes = _token_bytes(base_tokenizer)
     backend = base_tokenizer.backend_tokenizer
@@ -875,7 +877,7 @@ def test_rule_never_drops_a_record_that_fits(base_tokenizer: Any) -> None:
 
 def test_chat_rule_measures_the_very_text_the_encoder_encodes(base_tokenizer: Any) -> None:
     from packcli.records.formats import DEFAULT_FIELDS, normalize
-    from packcli.tokenize.encoder import EncodeOptions, Encoder
+    from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
 
     encoder = Encoder(None, None, EncodeOptions())
     record = {"messages": [{"role": "system", "content": "be brief"}, *GOOD["messages"]]}

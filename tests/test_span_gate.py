@@ -15,7 +15,7 @@ import pytest
 
 from packcli.errors import RecordError
 from packcli.records.formats import Sample
-from packcli.tokenize.chat_template import ChatTemplate
+from packcli.tokenize.templates.chat_template import ChatTemplate
 
 # ChatML without generation blocks: the answers are located in the rendering.
 CHATML = (
@@ -131,7 +131,7 @@ def test_a_span_that_cuts_a_split_marker_is_refused(pack: Any, tmp_path: Path) -
 def test_a_header_prefix_never_ends_inside_a_marker() -> None:
     """Qwen3 with enable_thinking=false: its generation prompt ends "<think>\\n\\n</think>\\n\\n"; in history a
     call's turn starts "<tool_call>". The header's prefix "...assistant\\n<t" must not be taken for its end."""
-    from packcli.tokenize.encoder import EncodeOptions, Encoder
+    from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
 
     from .conftest import trl_templates
 

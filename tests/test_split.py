@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 from packcli.cli import app
 from packcli.contract import IGNORE_INDEX
 from packcli.records.formats import Sample
-from packcli.tokenize.encoder import EncodeOptions, Encoder
-from packcli.tokenize.split import SplitRule, split_chat
+from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
+from packcli.tokenize.long.split import SplitRule, split_chat
 
 from .conftest import make_conversations, read_rows, trl_templates, write_jsonl
 
@@ -176,7 +176,7 @@ def test_split_end_to_end_keeps_every_answer_and_counts(tmp_path: Path, pack: An
     assert sum(len(ps) - 1 for ps in by_record.values() if len(ps) > 1) == split["pieces"] - split["records_split"]
     # No answer is lost: every assistant message's words are trained somewhere (the tokenizer is byte-level,
     # so decoding the trained tokens of a record's pieces shows every answer).
-    from packcli.tokenize.tokenizer import load_tokenizer
+    from packcli.tokenize.encoders.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(None)
     trained: dict[int, str] = {}
@@ -372,7 +372,7 @@ def test_truncate_left_keeps_the_last_answer_of_a_conversation(tmp_path: Path, p
     left = json.loads(pack(data, *flags, "--truncate-side", "left", "-o", tmp_path / "left").stdout)
     right = pack(data, *flags, "-o", tmp_path / "right", expect=1)  # the head holds no answer
     assert "no sample left to pack" in right.stderr
-    from packcli.tokenize.tokenizer import load_tokenizer
+    from packcli.tokenize.encoders.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(None)
 
@@ -488,7 +488,7 @@ def test_a_record_certainly_too_long_is_encoded_by_windows_with_the_same_tokens(
 ) -> None:
     """A record over --max-len x (bytes a token) is encoded a window at a time (bounded memory), and its
     tokens and labels are those of the whole encoding: split writes every token of the text back."""
-    from packcli.tokenize import long_text
+    from packcli.tokenize.long import long_text
 
     records = [
         {"text": _long_text(30_000, 1)},

@@ -29,8 +29,8 @@ trl = pytest.importorskip("trl")  # a test dependency (pyproject's test extra): 
 from packcli.contract import IGNORE_INDEX  # noqa: E402
 from packcli.errors import RecordError, TokenizerError  # noqa: E402
 from packcli.records.formats import Sample  # noqa: E402
-from packcli.tokenize.encoder import EncodeOptions, Encoder  # noqa: E402
-from packcli.tokenize.tokenizer import default_tokenizer_dir  # noqa: E402
+from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder  # noqa: E402
+from packcli.tokenize.encoders.tokenizer import default_tokenizer_dir  # noqa: E402
 
 TRL_TEMPLATES = Path(trl.__file__).parent / "chat_templates"
 ORIGINALS = sorted(p.stem for p in TRL_TEMPLATES.glob("*.jinja") if not p.stem.endswith("_training"))
@@ -263,7 +263,7 @@ def _tool_case(case: str) -> list[dict[str, Any]]:
 
 
 # Templates that write a call's arguments as given, a string (a mapping fails to render): packcli passes an
-# object of arguments to them as JSON text (packcli.tokenize.agentic); the others take the object as it is.
+# object of arguments to them as JSON text (packcli.tokenize.templates.agentic); the others take the object as it is.
 STRING_ARGUMENTS = {"deepseekv3"}
 # Templates that render both forms, each its own way (a string as given): the arguments pass as they are.
 BOTH_FORMS = {"gemma4", "gemma4_v2", "gemma4_v3", "gemma4_v4", "qwen3", "qwen3_instruct_2507", "qwen3_vl"}
@@ -523,7 +523,7 @@ def test_one_rendering_for_all_answers_equals_one_per_answer(
     name: str, conversations: list[Any], model_tokenizer: tuple[str, Any]
 ) -> None:
     """The fast path (every answer perturbed in one rendering) finds the bodies one rendering each finds."""
-    from packcli.tokenize import spans
+    from packcli.tokenize.templates import spans
 
     encoder = Encoder(model_tokenizer[0], str(TRL_TEMPLATES / f"{name}.jinja"), EncodeOptions())
     render = encoder.chat.renderer(None, encoder.template_kwargs)
@@ -546,7 +546,7 @@ def test_one_rendering_for_answers_and_other_messages_changes_no_span(
     name: str, conversations: list[Any], model_tokenizer: tuple[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The shared rendering (answers perturbed, other messages marked) gives the spans their own renderings give."""
-    from packcli.tokenize import spans
+    from packcli.tokenize.templates import spans
 
     encoder = Encoder(model_tokenizer[0], str(TRL_TEMPLATES / f"{name}.jinja"), EncodeOptions())
     shape = encoder.shape()
@@ -690,7 +690,7 @@ def test_template_kwargs_in_a_preset(tmp_path: Path, pack: Any) -> None:
 
 
 def test_text_holding_a_perturbation_mark_falls_back_safely(model_tokenizer: tuple[str, Any]) -> None:
-    from packcli.tokenize import spans
+    from packcli.tokenize.templates import spans
 
     tok_dir, tokenizer = model_tokenizer
     encoder = Encoder(tok_dir, str(TRL_TEMPLATES / "qwen3.jinja"), EncodeOptions())

@@ -20,10 +20,10 @@ from hypothesis import given, settings, strategies as st
 
 from packcli.errors import TokenizerError
 from packcli.records.formats import Sample
-from packcli.tokenize import text_encoders
-from packcli.tokenize.encoder import EncodeOptions, Encoder
-from packcli.tokenize.text_encoders import ENCODER_ENV, FastEncoder, choose, piece_cuts
-from packcli.tokenize.tokenizer import default_tokenizer_dir
+from packcli.tokenize.encoders import text_encoders
+from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
+from packcli.tokenize.encoders.text_encoders import ENCODER_ENV, FastEncoder, choose, piece_cuts
+from packcli.tokenize.encoders.tokenizer import default_tokenizer_dir
 
 from .conftest import make_conversations, write_jsonl
 
@@ -200,7 +200,7 @@ def test_records_the_fast_path_cannot_vouch_for_take_the_reference_path(
 def test_a_small_input_is_encoded_with_tokenizers_a_large_one_with_the_fast_encoder(
     tmp_path: Path, pack: Any, chat_jsonl: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from packcli.tokenize import text_encoders
+    from packcli.tokenize.encoders import text_encoders
 
     monkeypatch.delenv(ENCODER_ENV)
     size = chat_jsonl.stat().st_size
@@ -270,7 +270,7 @@ def test_verify_reencode_finds_labels_tokenizers_would_not_give(
 def test_what_a_run_learns_of_the_fast_encoder_is_kept_and_not_learned_again(
     tmp_path: Path, pack: Any, chat_jsonl: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from packcli.tokenize import probe, text_encoders
+    from packcli.tokenize.encoders import probe, text_encoders
 
     cache = tmp_path / "cache"
     text_encoders._loaded.cache_clear()  # what this process loaded before: the facts must come from the cache
@@ -297,7 +297,7 @@ def test_a_tokenizer_the_fast_encoder_cannot_serve_is_remembered(
 ) -> None:
     import fastokens
 
-    from packcli.tokenize import text_encoders
+    from packcli.tokenize.encoders import text_encoders
 
     spec = json.loads((Path(default_tokenizer_dir()) / "tokenizer.json").read_text(encoding="utf-8"))
     spec["post_processor"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
@@ -328,7 +328,7 @@ def test_a_tokenizer_the_fast_encoder_cannot_serve_is_remembered(
 def test_byte_level_masks_are_the_character_overlap_rule(pieces: list[str], cuts: list[int], spans: list[Any]) -> None:
     """Tokens as runs of UTF-8 bytes (some cutting a character): a token is trained when the characters
     holding its first to its last byte overlap a span, as the offset rule says."""
-    from packcli.tokenize.byte_offsets import byte_level_mask
+    from packcli.tokenize.encoders.byte_offsets import byte_level_mask
 
     text = "".join(pieces)
     data = text.encode("utf-8")

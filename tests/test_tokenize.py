@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from packcli.contract import IGNORE_INDEX
 from packcli.errors import RecordError, TokenizerError
 from packcli.records.formats import Sample
-from packcli.tokenize.encoder import EncodeOptions, Encoder
-from packcli.tokenize.templates import builtin_template, chatml_template
+from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
+from packcli.tokenize.templates.choice import builtin_template, chatml_template
 
 from .conftest import TEMPLATES, make_conversations
 
@@ -193,7 +193,7 @@ def test_bad_tokenizer_and_template_are_clear_errors(tmp_path: Path) -> None:
 def test_fast_loading_path_equals_autotokenizer(base_tokenizer: Any, llama3_tokenizer_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    from packcli.tokenize.tokenizer import load_tokenizer
+    from packcli.tokenize.encoders.tokenizer import load_tokenizer
 
     for source, reference in ((None, base_tokenizer), (str(llama3_tokenizer_dir), None)):
         reference = reference or AutoTokenizer.from_pretrained(source)

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from packcli.contract import IGNORE_INDEX
-from packcli.tokenize.templates import builtin_template
-from packcli.tokenize.tokenizer import load_tokenizer
+from packcli.tokenize.encoders.tokenizer import load_tokenizer
+from packcli.tokenize.templates.choice import builtin_template
 
 from .conftest import one_error_line, read_rows, write_jsonl
 

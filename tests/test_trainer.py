@@ -26,7 +26,7 @@ from transformers.masking_utils import find_packed_sequence_indices
 from typer.testing import CliRunner
 
 from packcli.cli import app
-from packcli.tokenize.tokenizer import default_tokenizer_dir
+from packcli.tokenize.encoders.tokenizer import default_tokenizer_dir
 from packcli.train.collate import IGNORE_INDEX, PackedCollator
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from packcli.cli import app
 from packcli.errors import IncompatibleError, PackcliError, UsageError
-from packcli.tokenize.tokenizer import default_tokenizer_dir
+from packcli.tokenize.encoders.tokenizer import default_tokenizer_dir
 from packcli.train.checks import check_compatible, load_rows
 from packcli.train.collate import PackedCollator
 from packcli.train.dpo import PreferenceCollator

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from packcli.records.formats import DEFAULT_FIELDS, normalize
-from packcli.tokenize.templates import builtin_template
+from packcli.tokenize.templates.choice import builtin_template
 
 from .conftest import one_error_line, read_rows, trl_templates, write_jsonl
 

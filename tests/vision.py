@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from packcli.tokenize.tokenizer import default_tokenizer_dir
+from packcli.tokenize.encoders.tokenizer import default_tokenizer_dir
 from tests.conftest import trl_templates
 
 # Qwen2-VL-7B-Instruct's / Qwen2.5-VL-7B-Instruct's preprocessor_config.json (the image part).

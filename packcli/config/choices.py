@@ -26,7 +26,9 @@ MixBy = Literal["tokens", "trainable", "records"]  # --mix: what a share is a sh
 Dedup = Literal["off", "exact"]  # --dedup exact: records whose normalised content repeats are dropped
 # --encoder: the fast exact encoder where it is exact (auto), the reference only, or the fast one or an error
 EncoderMode = Literal["auto", "tokenizers", "fast"]
-ExpandTurns = Literal["off", "reasoning", "all"]  # --expand-turns: one sample per round (packcli.tokenize.rounds)
+ExpandTurns = Literal[
+    "off", "reasoning", "all"
+]  # --expand-turns: one sample per round (packcli.tokenize.templates.rounds)
 
 CHOICE_TYPES: dict[str, Any] = {
     "format": RecordFormat,

@@ -200,7 +200,7 @@ class PackConfig:
         ("With ", Opt("fix_turns"), ": write each record it changed, and how, to this file."),
         metavar="FILE",
     )
-    # one sample per round of a conversation (packcli.tokenize.rounds)
+    # one sample per round of a conversation (packcli.tokenize.templates.rounds)
     expand_turns: ExpandTurns = option(
         "off",
         "One sample per round, each trained on that round only: reasoning (conversations whose template leaves "
@@ -221,7 +221,7 @@ class PackConfig:
     ray_address: str | None = option(
         None, "Ray cluster to connect to.", metavar="ADDRESS", none_means="start a local one"
     )
-    # the text encoder (packcli.tokenize.text_encoders); tokens are the same
+    # the text encoder (packcli.tokenize.encoders.text_encoders); tokens are the same
     encoder: EncoderMode = option(
         "auto",
         "Text encoder: auto (fastokens where a probe finds it exact, else tokenizers), tokenizers, or fast "

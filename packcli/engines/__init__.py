@@ -6,7 +6,7 @@ members of ``Engine``: what varies from one engine to another. It hands each met
 two capabilities: ``hashing`` (who hashes files where the engine reads them) and ``uri_output``
 (whether it writes to a filesystem URI). What is the same for every engine stays in the run: checking
 a URI output and writing its manifest (``io.uri``), removing a scratch store
-(``TokenStore.discard_elsewhere``). An engine calls the stages (``tokenize.ingest``, ``output.write``)
+(``TokenStore.discard_elsewhere``). An engine calls the stages (``tokenize.batches.ingest``, ``output.write``)
 and never the run. ``local`` runs them in worker processes on this machine, ``ray`` on a Ray cluster.
 """
 

@@ -19,7 +19,7 @@ from packcli.plan.planner import Plan
 from packcli.results import FileDigest
 from packcli.store.parts import InputParts
 from packcli.store.tokens import TokenStore
-from packcli.tokenize.encoder import Encoder
+from packcli.tokenize.encoders.encoder import Encoder
 from packcli.tokenize.options import TokenizeOptions
 
 # Checks a found cache entry's token files: (the entry's directory, its files' entries by name).

@@ -36,7 +36,7 @@ class LocalEngine:
     def tokenize(self, job: CacheParts) -> MadeParts: ...
 
     def tokenize(self, job: WholeStore | CacheParts) -> TokenStore | MadeParts:
-        from packcli.tokenize import ingest
+        from packcli.tokenize.batches import ingest
 
         if isinstance(job, WholeStore):
             return ingest.tokenize_to_store(

@@ -220,7 +220,7 @@ def check_rejects_target(rejects: str, target: Path) -> None:
         )
 
 
-# The keys of every entry of a --fix-turns-log file (tokenize.record_entries.fix_entry).
+# The keys of every entry of a --fix-turns-log file (tokenize.batches.record_entries.fix_entry).
 FIX_LOG_KEYS = frozenset(
     {"sample_index", "source", "position", "unit", "changes", "record", "record_truncated", "record_chars"}
 )

@@ -154,7 +154,7 @@ class ImageChecker:
         if size not in self._ids:
             assert self.processor is not None
             if self._tokenizer is None:
-                from packcli.tokenize.tokenizer import load_tokenizer
+                from packcli.tokenize.encoders.tokenizer import load_tokenizer
 
                 self._tokenizer = load_tokenizer(self.processor.name)
             text = self.processor.measure(*size).text

@@ -297,7 +297,7 @@ def _tree_nodes(data: dict[str, Any]) -> dict[int, list[dict[str, int]]] | None:
 
 
 def _load_decoder(name: str | None, sha256: str | None) -> tuple[Any, bool]:
-    from packcli.tokenize.encoder import EncodeOptions, Encoder
+    from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
 
     try:
         encoder = Encoder(name, None, EncodeOptions(), encoder="tokenizers")  # it only decodes

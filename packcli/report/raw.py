@@ -23,7 +23,7 @@ from packcli.report.figures import (
     row_bounds,
 )
 from packcli.results import PolicyKept, RawLine, RawStats
-from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER
+from packcli.tokenize.encoders.tokenizer import DEFAULT_TOKENIZER
 
 
 def parse_max_lens(value: str) -> list[int]:

@@ -1,6 +1,6 @@
 """``verify --reencode N``: N rows of a packed output encoded again from the inputs, by ``tokenizers``.
 
-Whichever encoder made the output (``packcli.tokenize.text_encoders``), the rows must hold what the
+Whichever encoder made the output (``packcli.tokenize.encoders.text_encoders``), the rows must hold what the
 reference encoder gives. The rows are chosen evenly over the output; their samples' records are read
 again from the inputs the manifest names (unchanged: their content hashes must match), tokenized by the
 same worker code with ``--encoder tokenizers``, and each sample's ids and labels compared with its
@@ -128,8 +128,8 @@ def _reference_samples(
     """Yield ((sample_index, piece_index), the row's segment, tokenizers' (ids, labels)) for each wanted sample."""
     from packcli.io.readers import read_batches
     from packcli.run.options import encode_options, split_rule
-    from packcli.tokenize import ingest, worker
-    from packcli.tokenize.encoder import Encoder
+    from packcli.tokenize.batches import ingest, worker
+    from packcli.tokenize.encoders.encoder import Encoder
 
     if not wanted:
         return

@@ -46,7 +46,7 @@ class ProcessorIdentity(TypedDict, total=False):
 
 
 class TokenizerIdentity(TypedDict, total=False):
-    """What identifies the tokenizer and its chat template (packcli.tokenize.encoder.Encoder.identity):
+    """What identifies the tokenizer and its chat template (packcli.tokenize.encoders.encoder.Encoder.identity):
     recorded in the store's meta.json and the manifest, part of the cache key. Keys are missing from
     entries made before they were recorded (hence not total)."""
 
@@ -163,7 +163,7 @@ class StoreMeta:
     ruled_out_over_bytes: int | None = None
     ruled_out_max_len: int | None = None
     segment_root: str | None = None
-    encoder: EncoderInfo | None = None  # name, fallback, records_slow (packcli.tokenize.text_encoders)
+    encoder: EncoderInfo | None = None  # name, fallback, records_slow (packcli.tokenize.encoders.text_encoders)
     # A cache part (packcli.store.parts): its number, first record, records and whether it is its input's last.
     part: PartInfo | None = None
     # In memory only: the paths of the inputs as the run that made a found entry named them.

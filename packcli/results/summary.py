@@ -110,7 +110,7 @@ class CacheParts(JSONRecord):
 
 @dataclass(frozen=True, kw_only=True)
 class EncoderInfo(JSONRecord):
-    """The text encoder that made the tokens (packcli.tokenize.text_encoders): its name, why it is not the
+    """The text encoder that made the tokens (packcli.tokenize.encoders.text_encoders): its name, why it is not the
     fast one (null when it is, or was not asked for), and the records whose masks the reference
     tokenizers made (added by the run that counts them). The fields in meta.json's (sorted) order, which
     the summary and the manifest keep."""

@@ -29,7 +29,7 @@ from packcli.plan.planner import Plan
 from packcli.results import Lost, RunSummary, StepBalance, TokenizerIdentity
 from packcli.run.options import plan_options
 from packcli.store.tokens import TokenStore
-from packcli.tokenize.chat_template import stored_warning
+from packcli.tokenize.templates.chat_template import stored_warning
 
 LOUD_FRACTION = 0.05
 
@@ -254,8 +254,8 @@ def made_with(config: PackConfig, identity: TokenizerIdentity) -> MadeWith:
     ``template_source`` is ``tokenizer`` (the tokenizer's own), ``file`` (a path), ``packcli`` (one of
     packcli's templates, named) or ``default`` (packcli's template for a tokenizer without one).
     """
-    from packcli.tokenize.templates import builtin_name
-    from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER
+    from packcli.tokenize.encoders.tokenizer import DEFAULT_TOKENIZER
+    from packcli.tokenize.templates.choice import builtin_name
 
     if config.chat_template is not None:
         name = builtin_name(config.chat_template)

@@ -25,7 +25,7 @@ from packcli.run.options import tokenize_options
 from packcli.store import parts
 from packcli.store.cachedir import EntryLock, allow_open_files, touch
 from packcli.store.tokens import TokenStore
-from packcli.tokenize.encoder import Encoder
+from packcli.tokenize.encoders.encoder import Encoder
 from packcli.tokenize.options import CACHE_FIX
 
 

@@ -25,10 +25,10 @@ from packcli.records import preference
 from packcli.records.formats import accepted_fields, detect_format
 from packcli.run.options import encode_options
 from packcli.store.key import default_cache_dir
-from packcli.tokenize import worker
-from packcli.tokenize.encoder import Encoder
-from packcli.tokenize.text_encoders import Work
-from packcli.tokenize.tokenizer import tokenizer_fingerprint
+from packcli.tokenize.batches import worker
+from packcli.tokenize.encoders.encoder import Encoder
+from packcli.tokenize.encoders.text_encoders import Work
+from packcli.tokenize.encoders.tokenizer import tokenizer_fingerprint
 
 T = TypeVar("T")
 

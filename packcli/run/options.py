@@ -1,7 +1,7 @@
 """Each stage's own options, built once per run from the run's ``PackConfig``.
 
 The stages below the run take these small frozen objects, not the whole config: stage one (the
-engines, ``tokenize.ingest``) its ``TokenizeOptions``, the plan its ``PlanOptions``, the mix its
+engines, ``tokenize.batches.ingest``) its ``TokenizeOptions``, the plan its ``PlanOptions``, the mix its
 ``MixOptions``, the eval split its ``HoldoutOptions``, the row builder
 and the shard writers (locally, or in every Ray task) a ``RowLayout``.
 """
@@ -13,13 +13,13 @@ from packcli.output.layout import RowLayout
 from packcli.plan.holdout import HoldoutOptions
 from packcli.plan.mix import MixOptions
 from packcli.plan.options import PlanOptions
-from packcli.tokenize.encoder import EncodeOptions
+from packcli.tokenize.encoders.encoder import EncodeOptions
+from packcli.tokenize.long.split import SplitRule
 from packcli.tokenize.options import TokenizeOptions
-from packcli.tokenize.split import SplitRule
 
 
 def tokenize_options(config: PackConfig) -> TokenizeOptions:
-    """Return the options of stage one (``tokenize.ingest``, the engines' tokenizing)."""
+    """Return the options of stage one (``tokenize.batches.ingest``, the engines' tokenizing)."""
     return TokenizeOptions(
         encode=encode_options(config),
         fields=dict(config.fields),

@@ -17,8 +17,8 @@ from packcli.io.sources import InputSource
 from packcli.owned import staging_prefix
 from packcli.plan.planner import Plan
 from packcli.store.tokens import TokenStore
-from packcli.tokenize import ingest
-from packcli.tokenize.record_entries import reject
+from packcli.tokenize.batches import ingest
+from packcli.tokenize.batches.record_entries import reject
 
 
 def write_rejects(

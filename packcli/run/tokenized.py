@@ -36,10 +36,10 @@ from packcli.store.cachedir import EntryLock, touch
 from packcli.store.images import changed_image, load_images
 from packcli.store.key import default_cache_dir
 from packcli.store.tokens import TokenStore
-from packcli.tokenize import ingest
-from packcli.tokenize.encoder import Encoder
-from packcli.tokenize.templates import builtin_name, read_chat_template
-from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER
+from packcli.tokenize.batches import ingest
+from packcli.tokenize.encoders.encoder import Encoder
+from packcli.tokenize.encoders.tokenizer import DEFAULT_TOKENIZER
+from packcli.tokenize.templates.choice import builtin_name, read_chat_template
 from packcli.version import __version__
 
 # Bumped whenever the same inputs and options would give other tokens, labels or store meta, so the cache
@@ -90,7 +90,7 @@ def tokenized_inputs(
     tokenizer: the key hashes the tokenizer's files and the template when they are local.
 
     ``rule_out_long`` (pack with --overflow drop or error, local engine) drops records that certainly
-    exceed --max-len before tokenizing them (see packcli.tokenize.bounds).
+    exceed --max-len before tokenizing them (see packcli.tokenize.long.bounds).
 
     ``fill_cache`` False (a dry run) uses an entry found but writes nothing into the cache: a store
     made now is scratch, and the inputs' hashes are not remembered.

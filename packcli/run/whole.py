@@ -30,7 +30,7 @@ from packcli.run.identify import fields_key, run_encoder
 from packcli.run.options import tokenize_options
 from packcli.store.cachedir import touch
 from packcli.store.tokens import TokenStore
-from packcli.tokenize.encoder import Encoder
+from packcli.tokenize.encoders.encoder import Encoder
 
 # Looks up the run's entry by its key: the store found (locked while in use), the cache state, warnings.
 LookUp = Callable[[str], tuple[TokenStore | None, str, list[Message]]]

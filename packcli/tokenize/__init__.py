@@ -2,7 +2,7 @@
 
 The flow, for one batch of records (in a worker process, or a Ray actor):
 
-1. **record -> sample**: a worker (``worker.tokenize_batch``) parses each raw record, detects its format
+1. **record -> sample**: a worker (``batches.worker.tokenize_batch``) parses each raw record, detects its format
    and normalises it into a ``Sample`` (``packcli.records``); ``bounds`` rules out a record certainly
    longer than ``--max-len`` before it is tokenized.
 2. **sample -> rendering**: a conversation is rendered by its chat template as ``apply_chat_template``
@@ -17,24 +17,21 @@ The flow, for one batch of records (in a worker process, or a Ray actor):
 5. **worker**: the batch's kept samples go out as flat arrays (a ``TokenizedBatch``), with an entry for
    every record left out (``record_entries.reject``).
 
-The stage that runs batches through the workers into a token store is ``ingest``.
+The stage that runs batches through the workers into a token store is ``batches.ingest``.
 
-Which module holds what:
+Which subpackage holds what (each says so in its docstring):
 
-- ``tokenizer``: finding and loading the tokenizer (the default one, a directory, a Hub name), the
-  cache key's fingerprint of its files, and the manifest's tokenizer sha256.
-- ``templates``: which chat template a run uses (packcli's own in ``packcli/templates/``, a file, or
-  the tokenizer's), and reading them.
-- ``chat_template``: rendering a template, its content modes and markers, and the character spans that
-  ``--train-on`` trains.
-- ``template_shape``: a template's assistant header and end markers, learned from probe conversations.
-- ``spans``: each assistant answer's span in a rendering, for templates without generation blocks.
-- ``encoder``: ``EncodeOptions`` and the ``Encoder``: samples to (input_ids, labels).
-- ``long_text``: a text too long for a row, encoded by joined windows in bounded memory.
-- ``bounds``: the early too-long rule (a lower bound on tokens from UTF-8 bytes).
-- ``split``: ``--overflow split``'s pieces.
-- ``worker``: one batch of raw records to a ``TokenizedBatch``, and the worker's context.
-- ``json_line``: a JSON line decoded into a record, or the error that says why not.
-- ``record_entries``: the entries of the rejects file and of the --fix-turns-log.
-- ``ingest``: stage 1, every record tokenized and accounted for, into a token store.
+- ``templates``: chat templates and what to train in them: the template a run uses (``choice``),
+  rendering it as ``apply_chat_template`` does (``rendering``, ``chat_template``), its shape and the
+  answers' spans (``template_shape``, ``spans``, ``span_marks``), agent turns (``agentic``), the rounds
+  of ``--expand-turns`` (``rounds``), a template's failure in words (``template_errors``).
+- ``encoders``: text to ids and masks: the tokenizer (``tokenizer``, ``recorded``), the ``Encoder``
+  (``encoder``), the reference and fast text encoders (``text_encoders``, ``probe``, ``encoder_facts``,
+  ``byte_offsets``).
+- ``batches``: the per-record path: one batch of raw records to a ``TokenizedBatch`` in a worker
+  (``worker``, ``json_line``, ``record_entries``), and stage one in the run's process (``ingest``,
+  ``building``, ``estimate``).
+- ``long``: samples longer than a row: the early too-long rule (``bounds``), long texts by windows
+  (``long_text``), ``--overflow split``'s pieces (``split``).
+- At the top: ``options`` (``TokenizeOptions``), ``images`` (image samples) and ``trees`` (prefix trees).
 """

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from packcli.errors import Opt, Part, Text
-from packcli.tokenize.encoder import EncodeOptions
-from packcli.tokenize.split import SplitRule
+from packcli.tokenize.encoders.encoder import EncodeOptions
+from packcli.tokenize.long.split import SplitRule
 
 # What to do when the cache cannot be written.
 CACHE_FIX: tuple[Part, ...] = (

@@ -218,7 +218,7 @@ class VisionCollator:
                 f"the model's image token id is {model_token}, not {image_token_id}; pass the model's processor"
             )
         if image_token_id is None:
-            from packcli.tokenize.tokenizer import load_tokenizer
+            from packcli.tokenize.encoders.tokenizer import load_tokenizer
 
             image_token_id = self.processor.token_id(load_tokenizer(self.processor.name))
         self.image_token_id = int(image_token_id)

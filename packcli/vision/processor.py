@@ -129,7 +129,7 @@ def _require_pillow(name: str) -> None:
 def load_processor(name: str) -> VisionProcessor:
     """Load a saved processor directory, or raise a one-line TokenizerError naming what it lacks.
 
-    The tokenizer is the same directory's, loaded by the caller (``packcli.tokenize.tokenizer``); the families
+    The tokenizer is the same directory's, loaded by the caller (``packcli.tokenize.encoders.tokenizer``); the families
     whose processor class is built here (LLaVA, LLaVA-NeXT, Idefics3) load their own copy for it. The chat
     template is the processor's (``chat_template.jinja``, ``chat_template.json`` or processor_config.json),
     None when it has none (then the tokenizer's own).

@@ -20,9 +20,9 @@ from packcli.errors import Opt, PackcliError
 from packcli.io.uri import is_uri, join
 from packcli.results import FileDigest, Segment, TokenizerIdentity
 from packcli.store.integrity import Digest, segment_files
-from packcli.tokenize import worker
-from packcli.tokenize.encoder import EncodeOptions, Encoder
-from packcli.tokenize.split import SplitRule
+from packcli.tokenize.batches import worker
+from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
+from packcli.tokenize.long.split import SplitRule
 
 # A part's counters the task leaves out of its result when they are 0.
 ZERO_COUNTERS = ("records_split", "pieces_made", "empty_answers", "leading_answers", "tools_left_out", "slow_records")
@@ -87,7 +87,7 @@ class TokenizerSettings:
     identity: TokenizerIdentity  # the driver's tokenizer identity, which every actor's must equal
     batch_size: int
     long_text_bytes: int | None
-    encoder: str = "auto"  # --encoder (packcli.tokenize.text_encoders)
+    encoder: str = "auto"  # --encoder (packcli.tokenize.encoders.text_encoders)
 
 
 class Tokenizer:

@@ -23,9 +23,9 @@ from packcli.engines.ray.parts import Part, cut_parts, empty_source_error
 from packcli.engines.ray.tokenizing import ClusterTokenizing
 from packcli.io.sources import InputSource
 from packcli.store import parts
-from packcli.tokenize import ingest
-from packcli.tokenize.building import StoreBuilder
-from packcli.tokenize.encoder import Encoder
+from packcli.tokenize.batches import ingest
+from packcli.tokenize.batches.building import StoreBuilder
+from packcli.tokenize.encoders.encoder import Encoder
 from packcli.tokenize.options import CACHE_FIX, TokenizeOptions
 
 

@@ -47,7 +47,7 @@ from packcli.io.uri import is_uri
 from packcli.results import FileDigest, ShardEntry
 from packcli.store.integrity import DamagedStore
 from packcli.store.tokens import TokenStore
-from packcli.tokenize import ingest
+from packcli.tokenize.batches import ingest
 from packcli.tokenize.options import TokenizeOptions
 
 T = TypeVar("T")

@@ -48,10 +48,10 @@ from packcli.io.sources import InputSource
 from packcli.io.uri import is_uri, remove_uri_dir
 from packcli.owned import owner_tag
 from packcli.procs.stop import raise_if_stopped
-from packcli.tokenize import ingest
-from packcli.tokenize.encoder import Encoder
+from packcli.tokenize.batches import ingest
+from packcli.tokenize.batches.worker import TokenizedBatch
+from packcli.tokenize.encoders.encoder import Encoder
 from packcli.tokenize.options import TokenizeOptions
-from packcli.tokenize.worker import TokenizedBatch
 
 STOP_WAIT = 10.0  # seconds a failed run waits for its running parts before it kills their actors
 

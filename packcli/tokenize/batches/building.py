@@ -23,10 +23,11 @@ from packcli.results import EncoderInfo, Split, StoreMade, StoreMeta, StoreSourc
 from packcli.store.images import IMAGES_FILE, image_line
 from packcli.store.tokens import TokenStore
 from packcli.store.writer import TokenStoreWriter
-from packcli.tokenize import rounds, trees
+from packcli.tokenize import trees
+from packcli.tokenize.batches.record_entries import DETAIL_PARTS
+from packcli.tokenize.batches.worker import TokenizedBatch
 from packcli.tokenize.options import TokenizeOptions
-from packcli.tokenize.record_entries import DETAIL_PARTS
-from packcli.tokenize.worker import TokenizedBatch
+from packcli.tokenize.templates import rounds
 from packcli.version import __version__
 
 # Reasons a record is left out by policy: always counted, never an error. Every other reason is bad

@@ -18,12 +18,12 @@ from packcli.procs import pool
 from packcli.results import ProcessorIdentity, TokenizerIdentity
 from packcli.store import parts
 from packcli.store.tokens import TokenStore
-from packcli.tokenize import worker
-from packcli.tokenize.building import POLICY_DROPS, TURN_FIXES, StoreBuilder
-from packcli.tokenize.encoder import Encoder
-from packcli.tokenize.estimate import ReadRate, parts_left
+from packcli.tokenize.batches import worker
+from packcli.tokenize.batches.building import POLICY_DROPS, TURN_FIXES, StoreBuilder
+from packcli.tokenize.batches.estimate import ReadRate, parts_left
+from packcli.tokenize.batches.worker import TokenizedBatch
+from packcli.tokenize.encoders.encoder import Encoder
 from packcli.tokenize.options import TokenizeOptions
-from packcli.tokenize.worker import TokenizedBatch
 
 __all__ = ["BATCH_SIZE", "POLICY_DROPS", "TURN_FIXES", "tokenize_to_parts", "tokenize_to_store"]
 
@@ -56,7 +56,7 @@ def processor_identity(encoder: Encoder) -> ProcessorIdentity:
 def long_text_bytes(options: TokenizeOptions, encoder: Encoder) -> int | None:
     """Return the UTF-8 bytes over which a text is encoded by windows (``Encoder.long_text_bytes``), or None.
 
-    Under --overflow truncate or split, a text over the early too-long rule's bound (packcli.tokenize.bounds)
+    Under --overflow truncate or split, a text over the early too-long rule's bound (packcli.tokenize.long.bounds)
     certainly has more tokens than a row: it is encoded by windows, in bounded memory.
     """
     if options.overflow not in ("truncate", "split"):
@@ -80,7 +80,7 @@ def tokenize_to_store(
 
     The batches run in worker processes (``procs.pool``), their results taken in order.
     With ``rule_out_long``, records that certainly have more than --max-len tokens are dropped as
-    too_long before tokenizing (see packcli.tokenize.bounds); the store then lacks them, which its meta records.
+    too_long before tokenizing (see packcli.tokenize.long.bounds); the store then lacks them, which its meta records.
 
     ``remote`` is an engine that reads and tokenizes the inputs itself and writes the tokens where it
     makes them: ``remote.results(directory)`` yields, in input order, TokenizedBatch results whose

@@ -25,13 +25,9 @@ from packcli.records.dedup import content_key
 from packcli.records.formats import PREFERENCE_FORMATS, Sample, detect_format, normalize
 from packcli.records.images import attach_images
 from packcli.results import FileDigest, ImageRecord, Segment
-from packcli.tokenize import rounds, trees
-from packcli.tokenize.bounds import rule_out_too_long
-from packcli.tokenize.chat_template import trained_turns
-from packcli.tokenize.encoder import Encoder
-from packcli.tokenize.images import window_cuts_image
-from packcli.tokenize.json_line import parse_line as parse_line
-from packcli.tokenize.record_entries import (
+from packcli.tokenize import trees
+from packcli.tokenize.batches.json_line import parse_line as parse_line
+from packcli.tokenize.batches.record_entries import (
     DETAIL_PARTS as DETAIL_PARTS,
     REJECT_RECORD_CHARS as REJECT_RECORD_CHARS,
     TurnFix as TurnFix,
@@ -39,7 +35,12 @@ from packcli.tokenize.record_entries import (
     record_text as record_text,
     reject as reject,
 )
-from packcli.tokenize.split import Pieces, SplitRule, chunk_tokens, split_chat
+from packcli.tokenize.encoders.encoder import Encoder
+from packcli.tokenize.images import window_cuts_image
+from packcli.tokenize.long.bounds import rule_out_too_long
+from packcli.tokenize.long.split import Pieces, SplitRule, chunk_tokens, split_chat
+from packcli.tokenize.templates import rounds
+from packcli.tokenize.templates.chat_template import trained_turns
 
 
 @dataclass
@@ -89,7 +90,7 @@ class TokenizedBatch:
     # (records, trees, samples in them, their tokens and the expansion's); None and empty without it.
     tree_nodes: trees.TreeNodes | None = None
     prefix_trees: dict[str, int] = field(default_factory=dict)
-    # Records whose label masks the fast encoder left to the reference (packcli.tokenize.text_encoders).
+    # Records whose label masks the fast encoder left to the reference (packcli.tokenize.encoders.text_encoders).
     slow_records: int = 0
 
 
@@ -101,10 +102,10 @@ class WorkerContext:
 
     ``rule_out`` is (max_len, the most bytes one token covers): the early too-long rule, measured on
     the very text the encoder encodes (``ChatTemplate.text``). ``split`` cuts records longer than its
-    max_len into pieces (``--overflow split``, see packcli.tokenize.split). ``fix_turns`` cleans conversations
+    max_len into pieces (``--overflow split``, see packcli.tokenize.long.split). ``fix_turns`` cleans conversations
     (packcli.records.turns). ``image_window`` is (the most tokens a sample keeps, the side it is cut from)
     under --overflow truncate or split: a sample with images that the cut would cut an image of is left out.
-    ``expand_turns``: --expand-turns (packcli.tokenize.rounds). ``prefix_tree``: with --prefix-tree, the
+    ``expand_turns``: --expand-turns (packcli.tokenize.templates.rounds). ``prefix_tree``: with --prefix-tree, the
     most tokens a tree holds (--max-len): an expanded record's rounds become trees (packcli.tokenize.trees).
     """
 

@@ -1,14 +1,14 @@
 """Samples to token ids and labels, exactly as the tokenizer and its chat template give them.
 
 The token ids of a conversation are those of ``tokenizer.apply_chat_template(messages, tokenize=True)``:
-the template is rendered with the same renderer and keyword arguments (``packcli.tokenize.chat_template``),
+the template is rendered with the same renderer and keyword arguments (``packcli.tokenize.templates.chat_template``),
 and the text is encoded by the same fast tokenizer with ``add_special_tokens=False``. Label masks follow
 ``return_assistant_tokens_mask=True``: a token is trained when its character span overlaps a trained
 character span. The spans come from the template's ``{% generation %}`` blocks when it has them, and
-otherwise from the rendering of the whole conversation (``packcli.tokenize.spans``). Truncation and
+otherwise from the rendering of the whole conversation (``packcli.tokenize.templates.spans``). Truncation and
 padding settings in ``tokenizer.json`` are turned off, as ``apply_chat_template`` turns them off
-(``packcli.tokenize.tokenizer.plain_backend``). Which tokenizer and template: ``packcli.tokenize.tokenizer``
-and ``packcli.tokenize.templates``.
+(``packcli.tokenize.encoders.tokenizer.plain_backend``). Which tokenizer and template:
+``packcli.tokenize.encoders.tokenizer`` and ``packcli.tokenize.templates.choice``.
 """
 
 from __future__ import annotations
@@ -28,16 +28,17 @@ from packcli.errors import Message, RecordError
 from packcli.jsontypes import TemplateKwargs
 from packcli.records.formats import Sample
 from packcli.results import TokenizerIdentity
-from packcli.tokenize import long_text, text_encoders
-from packcli.tokenize.agentic import Reasoning
-from packcli.tokenize.bounds import max_token_bytes
-from packcli.tokenize.chat_template import ChatTemplate
+from packcli.tokenize.encoders import text_encoders
+from packcli.tokenize.encoders.text_encoders import ids_and_mask, span_mask
+from packcli.tokenize.encoders.tokenizer import DEFAULT_TOKENIZER, open_tokenizer, plain_backend, tokenizer_sha256
 from packcli.tokenize.images import Encoded, expand_images, image_tokens_masked
-from packcli.tokenize.long_text import NO_AFFIXES, Affixes, Joined
-from packcli.tokenize.template_shape import TemplateShape
-from packcli.tokenize.templates import TemplateChoice, choose_template, no_template
-from packcli.tokenize.text_encoders import ids_and_mask, span_mask
-from packcli.tokenize.tokenizer import DEFAULT_TOKENIZER, open_tokenizer, plain_backend, tokenizer_sha256
+from packcli.tokenize.long import long_text
+from packcli.tokenize.long.bounds import max_token_bytes
+from packcli.tokenize.long.long_text import NO_AFFIXES, Affixes, Joined
+from packcli.tokenize.templates.agentic import Reasoning
+from packcli.tokenize.templates.chat_template import ChatTemplate
+from packcli.tokenize.templates.choice import TemplateChoice, choose_template, no_template
+from packcli.tokenize.templates.template_shape import TemplateShape
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ class Encoder:
             self.overrides: tuple[str, ...] = self.record.overridden  # its backend opened when first asked for
         else:
             self.backend, self.overrides = plain_backend(self.tokenizer.backend_tokenizer)
-        # The text encoder, chosen once (packcli.tokenize.text_encoders): the fast one where it is exact.
+        # The text encoder, chosen once (packcli.tokenize.encoders.text_encoders): the fast one where it is exact.
         self.choice = text_encoders.choose(lambda: self.backend, lambda: self.backend_json, encoder, work, records)
         self.text = self.choice.encoder
         self.options = options
@@ -109,7 +110,7 @@ class Encoder:
         self.eos_id = self.tokenizer.eos_token_id
         self.vocab_size = len(self.tokenizer)
         # A text of more UTF-8 bytes than this certainly has more tokens than a row holds: it is encoded by
-        # windows (packcli.tokenize.long_text), in bounded memory. Set by the run (--overflow truncate or
+        # windows (packcli.tokenize.long.long_text), in bounded memory. Set by the run (--overflow truncate or
         # split, with a tokenizer that bounds bytes per token); None: every text is encoded whole.
         self.long_text_bytes: int | None = None
         self.warnings: list[Message] = self.chat.marker_warnings(self._count, self.tokenizer_name)
@@ -149,7 +150,7 @@ class Encoder:
 
     @functools.cached_property
     def max_token_bytes(self) -> int | None:
-        """The most text bytes one token covers (``tokenize.bounds``), or None: from the tokenizer's record
+        """The most text bytes one token covers (``tokenize.long.bounds``), or None: from the tokenizer's record
         when it has one (the bound is read out of the whole ``tokenizer.json``, a third of a second)."""
         if self.record is not None and not self.overrides:
             return self.record.max_token_bytes

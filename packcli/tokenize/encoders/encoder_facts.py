@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from packcli.owned import owner_tag
-from packcli.tokenize.recorded import RECORDS_DIR, readable
+from packcli.tokenize.encoders.recorded import RECORDS_DIR, readable
 from packcli.version import __version__
 
 FACTS_FORMAT = 1

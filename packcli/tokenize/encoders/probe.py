@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-# (text, trained character spans), as packcli.tokenize.text_encoders.Item; the encoders are that
+# (text, trained character spans), as packcli.tokenize.encoders.text_encoders.Item; the encoders are that
 # module's (typed Any here: it imports this one).
 Item = tuple[str, list[tuple[int, int]]]
 

@@ -31,7 +31,7 @@ from typing import Any
 from packcli.contract import vocab_sha256
 from packcli.jsontypes import JSONObject
 from packcli.owned import owner_tag
-from packcli.tokenize.bounds import max_token_bytes
+from packcli.tokenize.long.bounds import max_token_bytes
 
 RECORD_FORMAT = 3
 RECORDS_DIR = "tokenizers"
@@ -78,8 +78,9 @@ class TokenizerRecord:
     vocab_size: int  # len(tokenizer): the vocabulary with its added tokens
     vocab_sha256: str
     chat_template: str | dict[str, str] | None
-    # Derived from the backend once, not asked of transformers: the most bytes a token covers (``tokenize.bounds``),
-    # the settings apply_chat_template turns off (``plain_backend``) and the identity the manifest gives it.
+    # Derived from the backend once, not asked of transformers: the most bytes a token covers
+    # (``tokenize.long.bounds``), the settings apply_chat_template turns off (``plain_backend``) and the
+    # identity the manifest gives it.
     max_token_bytes: int | None = None
     overridden: tuple[str, ...] = ()
     sha256: str = ""
@@ -176,7 +177,9 @@ def shipped_record(tokenizer_dir: Path) -> TokenizerRecord | None:
     Made with transformers (``tests/test_recorded.py`` holds it equal to what the installed transformers
     gives); its files' hash is checked, so a changed default tokenizer package is loaded anew.
     """
-    text = importlib.resources.files("packcli").joinpath(f"tokenize/{DEFAULT_RECORD}").read_text(encoding="utf-8")
+    text = (
+        importlib.resources.files("packcli").joinpath(f"tokenize/encoders/{DEFAULT_RECORD}").read_text(encoding="utf-8")
+    )
     record = TokenizerRecord.from_json(text)
     if record is None or record.files_sha256 != files_sha256(tokenizer_dir):
         return None

@@ -3,7 +3,7 @@
 The reference is the ``tokenizers`` backend ``apply_chat_template`` encodes with; its label masks come
 from character offsets (``span_mask``). The fast one is ``fastokens``, a Rust BPE encoder that loads the
 same ``tokenizer.json`` and returns ids in one flat buffer, without offsets. For a plain byte-level BPE
-tokenizer it makes a mask from the ids' byte lengths (``packcli.tokenize.byte_offsets``). Otherwise it
+tokenizer it makes a mask from the ids' byte lengths (``packcli.tokenize.encoders.byte_offsets``). Otherwise it
 encodes the pieces of a text between the trained spans' boundaries: where the pieces' ids, one after
 the other, equal the whole text's ids, each token lies inside one piece, and a token is trained when
 its piece is. That is the offset rule's answer whenever every token covers at least one character of
@@ -12,7 +12,7 @@ used). A record either method cannot vouch for takes the reference path, and is 
 
 Which one a run uses is chosen once, when the tokenizer loads (``choose``): ``auto`` takes the fast one
 when it loads the tokenizer and gives the reference's ids and masks on every text of a probe
-(``packcli.tokenize.probe``); otherwise the reference, with the reason. ``PACKCLI_ENCODER=tokenizers``
+(``packcli.tokenize.encoders.probe``); otherwise the reference, with the reason. ``PACKCLI_ENCODER=tokenizers``
 forces the reference whatever the option says.
 """
 
@@ -31,8 +31,8 @@ import numpy as np
 
 from packcli.errors import Opt, TokenizerError, first_line
 from packcli.results import EncoderInfo
-from packcli.tokenize.byte_offsets import byte_level_mask, token_byte_lengths
-from packcli.tokenize.encoder_facts import EncoderFacts, facts_key, read_facts, write_facts
+from packcli.tokenize.encoders.byte_offsets import byte_level_mask, token_byte_lengths
+from packcli.tokenize.encoders.encoder_facts import EncoderFacts, facts_key, read_facts, write_facts
 
 ENCODER_ENV = "PACKCLI_ENCODER"
 REFERENCE = "tokenizers"
@@ -111,7 +111,7 @@ class FastEncoder:
         self.reference = reference
         # Whether add_special_tokens puts tokens around a text (a BOS...): such texts' masks are the reference's.
         self.adds_tokens = adds_tokens
-        # Each id's byte length, for a plain byte-level BPE tokenizer (packcli.tokenize.byte_offsets): masks
+        # Each id's byte length, for a plain byte-level BPE tokenizer (packcli.tokenize.encoders.byte_offsets): masks
         # from the ids alone. None: masks from the pieces between span boundaries.
         self.byte_lengths = byte_lengths
         self.slow_records = 0
@@ -206,7 +206,7 @@ class FastEncoder:
         return out
 
     def probe(self, reference: TextEncoder) -> str | None:
-        from packcli.tokenize.probe import probe_differences
+        from packcli.tokenize.encoders.probe import probe_differences
 
         return probe_differences(self, reference)
 

@@ -22,7 +22,7 @@ from packcli.contract import (
 )
 from packcli.errors import Opt, TokenizerError, first_line
 from packcli.io.readers import hub_reachable
-from packcli.tokenize.recorded import (
+from packcli.tokenize.encoders.recorded import (
     RecordedTokenizer,
     plain_backend as plain_backend,
     read_record,
@@ -31,7 +31,7 @@ from packcli.tokenize.recorded import (
     tokenizer_sha256 as tokenizer_sha256,
     write_record,
 )
-from packcli.tokenize.templates import builtin_name, builtin_template, read_chat_template
+from packcli.tokenize.templates.choice import builtin_name, builtin_template, read_chat_template
 
 
 def tokenizer_fingerprint(name: str | None, chat_template_file: str | None) -> str | None:
@@ -77,7 +77,7 @@ def open_tokenizer(name: str | None, records: Path | None = None) -> Any:
     """Return the run's tokenizer (None: the default one): opened from its record when one is kept in
     ``records`` (the cache directory) or ships with packcli, with no transformers import; else loaded by
     transformers (``load_tokenizer``) and recorded into ``records`` for the next run
-    (``packcli.tokenize.recorded``)."""
+    (``packcli.tokenize.encoders.recorded``)."""
     default = name in (None, DEFAULT_TOKENIZER)
     directory = Path(default_tokenizer_dir() if default else str(name))
     local = directory.is_dir() and (directory / "tokenizer.json").is_file()

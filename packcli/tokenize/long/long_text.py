@@ -2,7 +2,7 @@
 
 Encoding a 20 MB text at once (with the character offsets the label masks need) takes about 3 GB of the
 tokenizer's working memory. Under ``--overflow truncate`` or ``split``, a text of more UTF-8 bytes than a
-row's tokens can cover (``Encoder.long_text_bytes``, from ``packcli.tokenize.bounds``) is encoded
+row's tokens can cover (``Encoder.long_text_bytes``, from ``packcli.tokenize.long.bounds``) is encoded
 WINDOW_CHARS characters at a time (about 45 MB) and the windows are joined where they agree; when they
 cannot be joined with certainty the text is encoded whole, as any other.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from packcli.tokenize.bounds import utf8_length
+from packcli.tokenize.long.bounds import utf8_length
 
 # Consecutive windows overlap by 2 * OVERLAP_CHARS characters and are joined where they agree.
 WINDOW_CHARS = 1 << 18

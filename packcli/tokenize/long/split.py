@@ -31,7 +31,7 @@ from packcli.contract import IGNORE_INDEX
 from packcli.errors import RecordError
 from packcli.jsontypes import ChatMessage
 from packcli.records.formats import Sample
-from packcli.tokenize.chat_template import resolve_train_on, trained_turns
+from packcli.tokenize.templates.chat_template import resolve_train_on, trained_turns
 
 Encoded = tuple[np.ndarray, np.ndarray]
 

@@ -29,7 +29,7 @@ from typing import Any
 from packcli.errors import Opt, RecordError
 from packcli.jsontypes import ChatMessage
 from packcli.records.turns import orphan_tool_results
-from packcli.tokenize.template_shape import common_prefix
+from packcli.tokenize.templates.template_shape import common_prefix
 
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"

@@ -1,8 +1,8 @@
 """A chat template: rendering as ``apply_chat_template`` renders, and the character spans to train on.
 
 With ``{% generation %}`` blocks the spans are the blocks; without them they are located in the
-rendering of the whole conversation (``packcli.tokenize.spans``) by the template's shape, learned once
-per keyword arguments (``packcli.tokenize.template_shape``). Also here: how the template takes content
+rendering of the whole conversation (``packcli.tokenize.templates.spans``) by the template's shape, learned once
+per keyword arguments (``packcli.tokenize.templates.template_shape``). Also here: how the template takes content
 (strings, text parts, or both), whether its markers are tokens of the tokenizer, and which assistant
 messages ``--train-on`` trains.
 """
@@ -19,8 +19,8 @@ from packcli.errors import Message, Opt, Part, RecordError, TokenizerError, firs
 from packcli.jsontypes import ChatMessage, TemplateKwargs
 from packcli.records.formats import Sample
 from packcli.records.images import IMAGE_KEY
-from packcli.tokenize import rendering
-from packcli.tokenize.agentic import (
+from packcli.tokenize.templates import rendering
+from packcli.tokenize.templates.agentic import (
     THINK_CLOSE,
     Reasoning,
     arguments_forms,
@@ -32,10 +32,10 @@ from packcli.tokenize.agentic import (
     reasoning_left_out,
     renders_tools,
 )
-from packcli.tokenize.rendering import compile_template
-from packcli.tokenize.spans import assistant_spans
-from packcli.tokenize.template_errors import located, template_failure, with_twin
-from packcli.tokenize.template_shape import Render, TemplateShape, learn_shape
+from packcli.tokenize.templates.rendering import compile_template
+from packcli.tokenize.templates.spans import assistant_spans
+from packcli.tokenize.templates.template_errors import located, template_failure, with_twin
+from packcli.tokenize.templates.template_shape import Render, TemplateShape, learn_shape
 
 GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
 # Marker-looking substrings, for tokenizers that do not have a template's markers as added tokens.
@@ -271,7 +271,7 @@ class ChatTemplate:
         """Return the rendered conversation, its trained spans, and how many trained turns lose their reasoning.
 
         Refuses (``tool_calls_not_rendered``) a conversation whose calls the rendering leaves out of their
-        answers (``packcli.tokenize.agentic``).
+        answers (``packcli.tokenize.templates.agentic``).
         """
         messages = self.prepare(sample)
         kwargs = self._kwargs(sample)

@@ -4,7 +4,7 @@ packcli ships its templates as ``packcli/templates/<name>.jinja`` (``chatml``, `
 ``config.BUILTIN_TEMPLATES``). ``--chat-template`` names one of them or a file; without it the tokenizer's
 own template is used, and a tokenizer without one gets packcli's ``deepseek`` template when it has that
 format's markers as added tokens, ``chatml`` otherwise. Rendering a template and finding its spans is
-``packcli.tokenize.chat_template``.
+``packcli.tokenize.templates.chat_template``.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from typing import Any
 from packcli.errors import Opt, RecordError
 from packcli.jsontypes import ChatMessage
 from packcli.records.formats import Sample
-from packcli.tokenize.chat_template import trained_turns
+from packcli.tokenize.templates.chat_template import trained_turns
 
 EXPANDED_KEYS = ("records", "samples", "extra_tokens")
 

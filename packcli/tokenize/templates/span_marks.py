@@ -1,6 +1,6 @@
 """The marks that find text in a rendering: a message's characters perturbed, or marked one by one.
 
-``packcli.tokenize.spans`` renders a conversation again with some messages changed by these marks and
+``packcli.tokenize.templates.spans`` renders a conversation again with some messages changed by these marks and
 reads where the rendering differs (an answer's body) or where the marks stand (other messages' text).
 The marks are private-use code points, which no tokenizer vocabulary or template literal holds.
 """

@@ -19,7 +19,7 @@ gpt-oss ends the last answer with ``<|return|>`` and earlier ones with ``<|end|>
    generation prompt, or the longest part of it that the template also renders in history).
 3. **The end**: the first end-of-turn marker after the body. The markers, and the header of step 2,
    are learned once per template from probe conversations (what follows an answer in history and at
-   the end of the conversation): the template's shape, ``packcli.tokenize.template_shape``.
+   the end of the conversation): the template's shape, ``packcli.tokenize.templates.template_shape``.
 4. **Other messages' text** inside a span (a tool's output that the template renders in the turn of
    the answer that called it) is cut out, found character by character with marks in those messages.
 
@@ -39,8 +39,8 @@ from collections.abc import Sequence
 
 from packcli.errors import RecordError, first_line
 from packcli.jsontypes import ChatMessage
-from packcli.tokenize.span_marks import OWN_MARK, answer_marks, expand, mark_runs, marked_message, perturb
-from packcli.tokenize.template_shape import Render, TemplateShape, common_prefix
+from packcli.tokenize.templates.span_marks import OWN_MARK, answer_marks, expand, mark_runs, marked_message, perturb
+from packcli.tokenize.templates.template_shape import Render, TemplateShape, common_prefix
 
 # Separators shorter than this between two answers are too likely to occur inside an answer.
 _MIN_SEPARATOR = 24

@@ -1,7 +1,7 @@
 """What a chat template puts around assistant answers, learned once per template from probe conversations.
 
 Templates without ``{% generation %}`` blocks do not say where an answer starts and ends; the answers are
-located in a rendering (``packcli.tokenize.spans``) by the template's *shape*: its assistant header (the
+located in a rendering (``packcli.tokenize.templates.spans``) by the template's *shape*: its assistant header (the
 generation prompt, or the part of it that history turns show) and the markers that end an answer
 (``<|im_end|>``, ``<|eot_id|>``, ``<|return|>``, a tool call's ``<|call|>``...). The shape is learned by
 rendering conversations of probe words (plain ASCII that no template trims, splits or escapes) and
@@ -223,7 +223,7 @@ def _msg(role: str, content: str) -> ChatMessage:
 def common_prefix(a: str, b: str) -> int:
     """Return the length of the longest common prefix (binary search over C-level comparisons).
 
-    Renderings are compared this way here and where answers are located (``packcli.tokenize.spans``).
+    Renderings are compared this way here and where answers are located (``packcli.tokenize.templates.spans``).
     """
     low, high = 0, min(len(a), len(b))
     if a[:high] == b[:high]:
