@@ -17,7 +17,9 @@ where a ratio is printed it is the median of the ratios taken inside each round,
   fifth (the others cached); a rerun after a kill at 60% of the cold run's time. Each as a share of the
   cold run, and whether the shards equal the cold run's.
 - ``memory``: the whole process tree's peak summed PSS at ``--num-proc`` 1, 2 and 3 on the corpus's first
-  5,000 conversations, the tree and the oldest release; with ``--gemma DIR``, the tree with that tokenizer.
+  5,000 conversations: the tree and the oldest release with ``--no-cache``, and the tree with a cache that
+  knows the tokenizer (its record and the fast encoder's facts; each run tokenizes anew); with ``--gemma
+  DIR``, the tree with that tokenizer at ``--num-proc 2``, both ways.
 - ``floor``: ``benchmarks/floor.py`` (read, decode, render, encode; nothing else) against the tree's cold
   pack of the corpus (``--no-cache``), paired; and the oldest release's.
 """
@@ -210,17 +212,31 @@ def memory(roots: dict[str, Path], args: argparse.Namespace, work: Path) -> dict
     data = work / "mem5k.jsonl"
     data.write_bytes(b"\n".join(args.data.read_bytes().splitlines()[:5000]) + b"\n")
     oldest = list(roots)[-1]
+    cache = work / "mem-cache"
     out: dict[str, Any] = {}
+
+    def measure(who: str, n: int, extra: list[str], label: str) -> None:
+        for entry in cache.glob("*"):  # tokenized again each time; what was learned of the tokenizer kept
+            if entry.is_dir() and entry.name != "tokenizers":
+                shutil.rmtree(entry)
+        argv = ["pack", str(data), "--max-len", "4096", "--overwrite", "-q", "--num-proc", str(n), *extra]
+        out[f"{who} {label} num_proc {n}"] = peak_pss(roots[who], [*argv, "-o", str(work / f"mem-{who}")])
+        print(f"peak summed PSS, {who}, {label}, --num-proc {n}: {out[f'{who} {label} num_proc {n}']:.0f} MB")
+
     for who in ("tree", oldest):
         for n in (1, 2, 3):
-            argv = ["pack", str(data), "--max-len", "4096", "--no-cache", "--overwrite", "-q", "--num-proc", str(n)]
-            out[f"{who} num_proc {n}"] = peak_pss(roots[who], [*argv, "-o", str(work / f"mem-{who}")])
-            print(f"peak summed PSS, {who}, --num-proc {n}: {out[f'{who} num_proc {n}']:.0f} MB")
+            measure(who, n, ["--no-cache"], "--no-cache")
+    shutil.rmtree(cache, ignore_errors=True)
+    run(roots["tree"], ["pack", str(data), "--max-len", "4096", "--overwrite", "-q", "--cache-dir", str(cache),
+                        "-o", str(work / "mem-learn")])  # fmt: skip
+    for n in (1, 2, 3):
+        measure("tree", n, ["--cache-dir", str(cache)], "with the cache")
     if args.gemma:
-        argv = ["pack", str(data), "--max-len", "8192", "--no-cache", "--overwrite", "-q", "--num-proc", "2"]
-        argv += ["--tokenizer", str(args.gemma), "--on-error", "skip", "-o", str(work / "mem-gemma")]
-        out["gemma num_proc 2"] = peak_pss(roots["tree"], argv)
-        print(f"peak summed PSS, tree, Gemma 3's tokenizer, --num-proc 2: {out['gemma num_proc 2']:.0f} MB")
+        argv = ["--tokenizer", str(args.gemma), "--on-error", "skip"]
+        measure("tree", 2, [*argv, "--no-cache"], "Gemma 3's tokenizer, --no-cache")
+        run(roots["tree"], ["pack", str(data), "--max-len", "8192", "--overwrite", "-q", "--cache-dir", str(cache),
+                            *argv, "-o", str(work / "mem-learn")])  # fmt: skip
+        measure("tree", 2, [*argv, "--cache-dir", str(cache)], "Gemma 3's tokenizer, with the cache")
     return out
 
 
