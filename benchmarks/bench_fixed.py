@@ -1,6 +1,7 @@
 """Fixed costs: start-up, cache hits, small increments, memory on more cores, and the cold pack against its floor.
 
-    python benchmarks/bench_fixed.py --data chats.jsonl [--rounds 3] [--cases quickstart,hit,increments,memory,floor]
+    python benchmarks/bench_fixed.py --data chats.jsonl [--rounds 3]
+                                     [--cases quickstart,hit,increments,memory,floor,break-even]
                                      [--releases v0.9.0,v0.4.1] [--gemma DIR] [--workdir DIR]
 
 ``--data``: a chat corpus of JSON lines (17.6k real ShareGPT conversations in the figures of
@@ -20,6 +21,9 @@ where a ratio is printed it is the median of the ratios taken inside each round,
   5,000 conversations: the tree and the oldest release with ``--no-cache``, and the tree with a cache that
   knows the tokenizer (its record and the fast encoder's facts; each run tokenizes anew); with ``--gemma
   DIR``, the tree with that tokenizer at ``--num-proc 2``, both ways.
+- ``break-even``: ``--encoder tokenizers`` against ``--encoder fast`` on inputs of 150 to 1,200 conversations, at
+  ``--num-proc`` 1 and 2, with a cache that knows the tokenizer and without one: where the fast encoder pays
+  (``FAST_MIN_BYTES`` and ``FAST_MIN_BYTES_KNOWN`` in ``packcli/tokenize/encoders/text_encoders.py``).
 - ``floor``: ``benchmarks/floor.py`` (read, decode, render, encode; nothing else) against the tree's cold
   pack of the corpus (``--no-cache``), paired; and the oldest release's.
 """
@@ -259,12 +263,53 @@ def floor(roots: dict[str, Path], args: argparse.Namespace, work: Path) -> dict[
     return {"floor": statistics.median(against_floor), "oldest": statistics.median(against_old)}
 
 
+def break_even(roots: dict[str, Path], args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Each encoder on inputs of growing size (distinct conversations each), at ``--num-proc`` 1 and 2, with a
+    cache that knows the tokenizer (its record and the fast encoder's facts: what a second run finds) and
+    with ``--no-cache`` (the first run: the fast encoder probed): where ``fastokens`` starts to pay."""
+    lines = args.data.read_bytes().splitlines()
+    known = work / "be-known"
+    shutil.rmtree(known, ignore_errors=True)
+    head = work / "be-head.jsonl"
+    head.write_bytes(b"\n".join(lines[:50]) + b"\n")
+    run(roots["tree"], ["pack", str(head), "--max-len", "4096", "-q", "--overwrite", "--encoder", "fast",
+                        "--cache-dir", str(known), "-o", str(work / "be-out")])  # fmt: skip
+    out: dict[str, Any] = {}
+    at = 50
+    for n in (150, 300, 450, 600, 900, 1200):
+        for num_proc in (1, 2):
+            for cache in ("known", "none"):
+                gains = []
+                for _ in range(args.rounds):
+                    data = work / "be.jsonl"
+                    data.write_bytes(b"\n".join(lines[at : at + n]) + b"\n")
+                    at = at + n if at + 2 * n < len(lines) else 50
+                    took = {}
+                    for encoder in ("tokenizers", "fast"):
+                        where = ["--no-cache"]
+                        if cache == "known":
+                            shutil.rmtree(work / "be-cache", ignore_errors=True)
+                            shutil.copytree(known, work / "be-cache")
+                            where = ["--cache-dir", str(work / "be-cache")]
+                        argv = ["pack", str(data), "--max-len", "4096", "-q", "--overwrite", "--encoder", encoder,
+                                "--num-proc", str(num_proc), *where, "-o", str(work / "be-out")]  # fmt: skip
+                        took[encoder], _ = run(roots["tree"], argv)
+                    gains.append(took["tokenizers"] - took["fast"])
+                mb = data.stat().st_size / 1e6
+                key = f"{n} conversations (~{mb:.1f} MB), --num-proc {num_proc}, facts {cache}"
+                out[key] = statistics.median(gains)
+                print(f"{key}: tokenizers - fastokens {statistics.median(gains):+.2f} s "
+                      f"(range {min(gains):+.2f} to {max(gains):+.2f})")  # fmt: skip
+    return out
+
+
 CASES: dict[str, Callable[[dict[str, Path], argparse.Namespace, Path], dict[str, Any]]] = {
     "quickstart": quickstart,
     "hit": hit,
     "increments": increments,
     "memory": memory,
     "floor": floor,
+    "break-even": break_even,
 }
 
 
@@ -282,7 +327,7 @@ def main() -> int:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-fixed-"))
     work.mkdir(parents=True, exist_ok=True)
     roots = {"tree": REPO}
-    for tag in args.releases.split(","):
+    for tag in filter(None, args.releases.split(",")):
         roots[tag] = bench_release.materialise(tag, work)
     figures = {case: CASES[case](roots, args, work) for case in args.cases.split(",")}
     if args.json:

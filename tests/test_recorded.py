@@ -159,3 +159,25 @@ def test_a_run_the_fast_encoder_serves_never_opens_the_tokenizers_backend(tmp_pa
     assert small.choice.encoder.name == "tokenizers"
     worker_context(TokenizeOptions(max_len=512), small)
     assert "backend" in small.__dict__  # opened before the workers fork, to be shared with them
+
+
+def test_a_cache_that_knows_the_fast_encoder_lowers_the_size_it_pays_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Known facts: no probe, no second parse; the fast encoder pays from fewer bytes, whatever the workers."""
+    from packcli.tokenize.encoders import text_encoders
+    from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
+
+    monkeypatch.delenv(text_encoders.ENCODER_ENV, raising=False)
+    cache, unknown = tmp_path / "cache", tmp_path / "unknown"
+    text_encoders._loaded.cache_clear()  # a fast encoder loaded in this process writes no facts anew
+    Encoder(None, None, EncodeOptions(), records=cache, work=text_encoders.Work(10**9, 2))  # learns the facts
+    monkeypatch.setattr(text_encoders, "FAST_MIN_BYTES", 10**6)  # 2 MB at two workers
+    monkeypatch.setattr(text_encoders, "FAST_MIN_BYTES_KNOWN", 10**5)
+    middle = text_encoders.Work(5 * 10**5, 2)  # under the first, over the second
+    assert Encoder(None, None, EncodeOptions(), records=cache, work=middle).choice.encoder.name == "fastokens"
+    first = Encoder(None, None, EncodeOptions(), records=unknown, work=middle).choice
+    assert first.encoder.name == "tokenizers"
+    assert first.fallback is not None and "(0.5 MB, under 2 MB)" in first.fallback
+    below = Encoder(None, None, EncodeOptions(), records=cache, work=text_encoders.Work(5 * 10**4, 2)).choice
+    assert below.encoder.name == "tokenizers" and below.fallback is not None and "under 2 MB" in below.fallback

@@ -40,8 +40,12 @@ FAST = "fastokens"
 # Below this many input bytes per worker process, ``auto`` encodes with the reference: the fast encoder
 # takes longer to load (1.2 to 1.6 s for a 128k vocabulary, built once before the workers fork) than the
 # reference takes to encode them (2.5 MB/s a process on real chat; the break-even measured at 3.1 to 3.4 MB:
-# ``benchmarks/bench_fixed.py --break-even``).
+# ``benchmarks/bench_fixed.py --cases break-even``).
 FAST_MIN_BYTES = 4 << 20
+# Once the cache knows the fast encoder's facts (no probe, no second parse), it loads in about 1 s and pays
+# for itself from 2 to 3 MB of input, whatever the workers (measured at 1 and 2: small inputs barely gain
+# from a second worker): ``benchmarks/bench_fixed.py --cases break-even``.
+FAST_MIN_BYTES_KNOWN = 3 << 20
 
 # (text, the trained character spans): what a masked encode takes per text.
 Item = tuple[str, list[tuple[int, int]]]
@@ -218,14 +222,17 @@ class Work:
     input_bytes: int
     workers: int
 
-    def small(self) -> bool:
-        return self.input_bytes < FAST_MIN_BYTES * max(1, self.workers)
+    def least(self, known: bool) -> int:
+        """The fewest input bytes the fast encoder pays for; ``known``: the cache knows its facts."""
+        return FAST_MIN_BYTES_KNOWN if known else FAST_MIN_BYTES * max(1, self.workers)
 
-    def why_reference(self) -> str:
-        per = FAST_MIN_BYTES * max(1, self.workers) / 1e6
+    def small(self, known: bool = False) -> bool:
+        return self.input_bytes < self.least(known)
+
+    def why_reference(self, known: bool = False) -> str:
         return (
-            f"the input is small ({self.input_bytes / 1e6:.1f} MB, under {per:.0f} MB): tokenizers encodes it "
-            "in less time than the fast encoder takes to load"
+            f"the input is small ({self.input_bytes / 1e6:.1f} MB, under {self.least(known) / 1e6:.0f} MB): "
+            "tokenizers encodes it in less time than the fast encoder takes to load"
         )
 
 
@@ -256,7 +263,8 @@ def choose(
 
     ``fast`` is ``auto`` that raises ``TokenizerError`` where ``auto`` would fall back (but for the
     environment variable, which forces the reference whatever the option). ``work``: what the run will
-    encode, when known; ``auto`` takes the reference for less than ``FAST_MIN_BYTES`` a worker, unless
+    encode, when known; ``auto`` takes the reference for less than ``FAST_MIN_BYTES`` a worker (or
+    ``FAST_MIN_BYTES_KNOWN`` in all, where ``facts`` knows the fast encoder serves the tokenizer), unless
     the environment variable says ``fastokens`` (the tests of the fast encoder on small inputs).
     ``backend_json`` gives the tokenizer's JSON, asked for only when the fast encoder is tried. ``facts``:
     the cache directory that keeps what is learned of the tokenizer (``encoder_facts``), or None.
@@ -268,7 +276,9 @@ def choose(
     if mode == REFERENCE:
         return Choice(reference, None)
     if mode == "auto" and work is not None and work.small() and forced != FAST:
-        return Choice(reference, work.why_reference())
+        known = not work.small(known=True) and _facts_known(backend_json(), facts)
+        if not known:
+            return Choice(reference, work.why_reference(known))
     fast, why = _fast_for(backend_json(), reference, facts)
     if fast is not None and why is None:
         return Choice(fast, None)
@@ -278,6 +288,12 @@ def choose(
             hint=["pass ", Opt("encoder", "auto"), " to encode with tokenizers"],
         )
     return Choice(reference, why)
+
+
+def _facts_known(backend_json: str, facts: Path | None) -> bool:
+    """Whether the cache ``facts`` knows that the fast encoder serves this tokenizer (it then loads faster)."""
+    known = read_facts(facts, facts_key(backend_json)) if facts is not None else None
+    return known is not None and known.fast is None
 
 
 def _fast_for(
