@@ -14,7 +14,7 @@ from packcli.engines import Engine, WriteJob, load_engine
 from packcli.errors import OUTPUT, Opt, OutputError, UsageError
 from packcli.io.sources import STDIN, InputSource, forget_streams, resolve_inputs
 from packcli.io.uri import check_uri_output, is_uri, needs_ray, write_manifest_uri
-from packcli.output import guard, staging
+from packcli.output import guard, reuse, staging
 from packcli.output.formats import shard_format
 from packcli.output.images import with_written_images
 from packcli.output.layout import RowLayout
@@ -28,6 +28,7 @@ from packcli.run.record_files import write_fix_log, write_rejects
 from packcli.run.tokenized import TokenizedInputs, tokenized_inputs
 from packcli.store.cachedir import parse_size, prune
 from packcli.store.key import default_cache_dir
+from packcli.store.tokens import TokenStore
 from packcli.version import __version__
 from packcli.vision.families import SPANNED
 
@@ -164,9 +165,7 @@ def _write_output(
     embedded = held_processor.get("images", {}).get("embedded", 0)
     spanned = held_processor.get("family") in SPANNED
     layout = row_layout(found, inputs.pad_id, embedded, spanned)
-    shards = engine.write(
-        WriteJob(layout=layout, store=store, plan=plan, directory=staged.tmp if staged else None, progress=progress)
-    )
+    shards = _reused_or_written(config, engine, layout, store, plan, staged.tmp if staged else None, progress)
     marks["shards"] = time.perf_counter()
     index_files = _write_index_files(config, staged.tmp if staged else None, shards)
     if config.rejects:
@@ -182,6 +181,41 @@ def _write_output(
             found, inputs, engine, layout, eval_split.held, eval_split.plan, eval_split.summary, staged.tmp, progress
         )
     return shards, manifest
+
+
+def _reused_or_written(
+    config: PackConfig,
+    engine: Engine,
+    layout: RowLayout,
+    store: TokenStore,
+    plan: Plan,
+    directory: Path | None,
+    progress: Progress,
+) -> list[ShardEntry]:
+    """Write the plan's shards into ``directory``, or take them from the store's cache entry where an earlier
+    run wrote the same ones (``packcli.output.reuse``); a store that is a cache entry keeps what is written."""
+    entry = _cache_entry(config, store) if directory is not None else None
+    key = reuse.shards_key(layout, plan) if entry is not None else None
+    if entry is not None and key is not None and directory is not None:
+        found = reuse.reuse(entry, key, directory)
+        if found is not None:
+            progress("write", len(plan.order.order), len(plan.order.order))
+            return found
+    shards = engine.write(WriteJob(layout=layout, store=store, plan=plan, directory=directory, progress=progress))
+    if entry is not None and key is not None and directory is not None:
+        reuse.keep(entry, key, directory, shards)
+    return shards
+
+
+def _cache_entry(config: PackConfig, store: TokenStore) -> Path | None:
+    """The cache entry the run's token store is, or None (``--no-cache``, a store made aside)."""
+    if not config.cache:
+        return None
+    root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
+    try:
+        return store.path if store.path.parent.resolve() == root.resolve() else None
+    except OSError:
+        return None
 
 
 def _with_pruned_cache(config: PackConfig, cap: int | None, key: str | None, summary: RunSummary) -> RunSummary:

@@ -1,0 +1,102 @@
+"""A re-pack whose plan an earlier run of the same cache entry wrote takes its shards from the entry
+(``packcli.output.reuse``): the same bytes and manifest, none written again; a kept shard that changed
+is never reused; a new plan is written, and an entry keeps the shards of its two latest plans."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from packcli.output import reuse, write
+
+
+def _shards(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("shard-*"))}
+
+
+def _manifest(out: Path) -> dict[str, Any]:
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest.pop("output", None)
+    manifest.pop("summary", None)  # its timings and output path differ
+    for option in ("output", "num_proc", "overwrite"):  # how the runs were asked, not what they made
+        manifest["options"].pop(option, None)
+    return manifest
+
+
+def _kept(cache_dir: Path) -> list[Path]:
+    return sorted(p.parent for p in cache_dir.glob(f"*/{reuse.SHARDS_DIR}/*/{reuse.LIST}"))
+
+
+def _writes(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The staging directories the local writer writes shards into, from now on."""
+    calls: list[Path] = []
+    real = write.write_output
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[3])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(write, "write_output", counted)
+    return calls
+
+
+def test_a_repack_with_the_same_plan_takes_its_shards_from_the_cache_entry(
+    tmp_path: Path, pack: Any, chat_jsonl: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv = [chat_jsonl, "--max-len", "256", "--rows-per-shard", "4"]
+    pack(*argv, "-o", tmp_path / "a")
+    (kept,) = _kept(cache_dir)
+    assert sorted(p.name for p in kept.glob("shard-*")) == sorted(_shards(tmp_path / "a"))
+    writes = _writes(monkeypatch)
+    pack(*argv, "-o", tmp_path / "b", "--num-proc", "2")  # the shards are the same whatever the workers
+    assert _shards(tmp_path / "b") == _shards(tmp_path / "a") and len(_shards(tmp_path / "a")) > 1
+    assert _manifest(tmp_path / "b") == _manifest(tmp_path / "a")
+    pack(*argv, "-o", tmp_path / "a", "--overwrite")  # the same output again: replaced by the same bytes
+    assert _shards(tmp_path / "a") == _shards(tmp_path / "b")
+    assert writes == []
+
+
+def test_a_kept_shard_that_changed_is_written_anew_and_dropped(
+    tmp_path: Path, pack: Any, chat_jsonl: Path, cache_dir: Path
+) -> None:
+    argv = [chat_jsonl, "--max-len", "256", "--rows-per-shard", "4"]
+    pack(*argv, "-o", tmp_path / "a")
+    first = _shards(tmp_path / "a")
+    (kept,) = _kept(cache_dir)
+    # An output edited in place: where the cache and the output share a file system, they share the file.
+    victim = tmp_path / "a" / sorted(first)[1]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.unlink()
+    (kept / victim.name).unlink()
+    (kept / victim.name).write_bytes(bytes(data))
+    pack(*argv, "-o", tmp_path / "b")
+    assert _shards(tmp_path / "b") == first  # written again, not the changed file
+    (again,) = _kept(cache_dir)  # the damaged plan was dropped, and the new write kept in its place
+    assert again.name == kept.name and (again / victim.name).read_bytes() == first[victim.name]
+
+
+def test_a_new_plan_is_written_and_an_entry_keeps_its_two_latest_plans(
+    tmp_path: Path, pack: Any, chat_jsonl: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outs = {}
+    for seed in ("1", "2", "3"):  # one token store, three orders of the rows: three plans
+        outs[seed] = tmp_path / f"seed{seed}"
+        pack(chat_jsonl, "--max-len", "256", "--seed", seed, "-o", outs[seed])
+    assert len({tuple(_shards(o).values()) for o in outs.values()}) == 3
+    assert len(_kept(cache_dir)) == reuse.KEEP == 2
+    writes = _writes(monkeypatch)
+    pack(chat_jsonl, "--max-len", "256", "--seed", "3", "-o", tmp_path / "again")
+    assert writes == [] and _shards(tmp_path / "again") == _shards(outs["3"])
+    pack(chat_jsonl, "--max-len", "256", "--seed", "1", "-o", tmp_path / "oldest")  # dropped: written again
+    assert len(writes) == 1 and _shards(tmp_path / "oldest") == _shards(outs["1"])
+    assert len(_kept(cache_dir)) == 2
+
+
+def test_no_cache_and_a_dry_run_keep_nothing(tmp_path: Path, pack: Any, chat_jsonl: Path, cache_dir: Path) -> None:
+    pack(chat_jsonl, "--max-len", "256", "-o", tmp_path / "a", "--no-cache")
+    pack(chat_jsonl, "--max-len", "256", "-o", tmp_path / "b", "--dry-run")
+    assert _kept(cache_dir) == []
