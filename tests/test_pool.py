@@ -105,3 +105,26 @@ def _echo(x: Any) -> Any:
 def test_a_job_larger_than_the_socket_buffer_is_sent_without_blocking_the_pool() -> None:
     big = [(bytes(3_000_000),) for _ in range(6)]
     assert [len(r) for r in pool.map_ordered(_echo, iter(big), 2)] == [3_000_000] * 6
+
+
+def _heap_pages(x: int) -> int:
+    return x
+
+
+def test_the_parent_gives_freed_memory_back_before_it_forks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Else every worker maps what the parent freed, and the parent alone holds it once the workers trim."""
+    events: list[str] = []
+    real_start = pool.WorkerPool._start
+
+    def trim(pad: int) -> int:
+        events.append(f"trim {pad}")
+        return 1
+
+    def start(self: Any) -> None:
+        events.append("fork")
+        real_start(self)
+
+    monkeypatch.setattr(pool, "_malloc_trim", lambda: trim)
+    monkeypatch.setattr(pool.WorkerPool, "_start", start)
+    assert list(pool.map_ordered(_heap_pages, ((i,) for i in range(4)), 2)) == [0, 1, 2, 3]
+    assert events[:3] == ["trim 0", "fork", "fork"]

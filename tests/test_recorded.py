@@ -181,3 +181,16 @@ def test_a_cache_that_knows_the_fast_encoder_lowers_the_size_it_pays_from(
     assert first.fallback is not None and "(0.5 MB, under 2 MB)" in first.fallback
     below = Encoder(None, None, EncodeOptions(), records=cache, work=text_encoders.Work(5 * 10**4, 2)).choice
     assert below.encoder.name == "tokenizers" and below.fallback is not None and "under 2 MB" in below.fallback
+
+
+def test_an_encoder_from_its_record_holds_no_copy_of_the_tokenizers_json(tmp_path: Path) -> None:
+    """48 MB for Gemma 3's: read again from the record if asked for, never held by the workers."""
+    from packcli.tokenize.encoders import text_encoders
+    from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
+
+    cache, big = tmp_path / "cache", text_encoders.Work(10**9, 2)
+    Encoder(None, None, EncodeOptions(), records=cache, work=big)  # makes the record
+    again = Encoder(None, None, EncodeOptions(), records=cache, work=big)
+    assert again.record is not None and again.choice.encoder.name == "fastokens"
+    assert "backend_json" not in again.__dict__
+    assert json.loads(again.backend_json)["model"]["type"] == "BPE"  # there when asked for

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import itertools
 import multiprocessing
 import os
@@ -63,6 +64,11 @@ class WorkerPool:
         self._closed = False
         self.last_answer = time.monotonic()  # when a worker last answered (or the pool started), for the watchdog
         lifetime.register(self)
+        if (trim := _malloc_trim()) is not None:
+            # What the parent freed and glibc kept (an encoder's build, a tokenizer's JSON): given back before
+            # the fork, else every worker maps it too and the parent alone holds it once they trim.
+            gc.collect()
+            trim(0)
         try:
             for _ in range(workers):
                 self._start()

@@ -91,6 +91,10 @@ class Encoder:
             self.backend, self.overrides = plain_backend(self.tokenizer.backend_tokenizer)
         # The text encoder, chosen once (packcli.tokenize.encoders.text_encoders): the fast one where it is exact.
         self.choice = text_encoders.choose(lambda: self.backend, lambda: self.backend_json, encoder, work, records)
+        if self.record is not None and not self.overrides:
+            # Read again from the record if ever asked for: held, it is a copy in memory the size of the file
+            # (48 MB for Gemma 3's) that no worker uses.
+            self.__dict__.pop("backend_json", None)
         self.text = self.choice.encoder
         self.options = options
         added = {t.content for t in self.tokenizer.added_tokens_decoder.values() if t.content}
