@@ -183,6 +183,32 @@ def test_dedup_exact_drops_repeated_content_across_inputs(pack: Any, tmp_path: P
     again = json.loads(pack(a, b, c, "--max-len", "1024", "-o", tmp_path / "all", "--json", "-q").stdout)
     assert again["packed"] == 13 and again["cache"] == "hit" and "dedup" not in again
     assert verify_output(out).ok
+    # Without the cache the keys are made only for --dedup exact (a JSON dump and a hash a record): the same
+    # records dropped, and without it the same shards as with the keys.
+    bare_args = [a, b, c, "--max-len", "1024", "--json", "-q", "--dedup", "exact", "--no-cache"]
+    bare = json.loads(pack(*bare_args, "-o", tmp_path / "bare").stdout)
+    assert bare["dropped"] == {"duplicate": 5} and _shards(tmp_path / "bare") == _shards(out)
+    pack(a, b, c, "--max-len", "1024", "-o", tmp_path / "all-bare", "-q", "--no-cache")
+    assert _shards(tmp_path / "all-bare") == _shards(tmp_path / "all")
+
+
+def test_a_run_that_keeps_no_store_and_drops_no_duplicates_makes_no_content_keys(tmp_path: Path) -> None:
+    from packcli.config import PackConfig
+    from packcli.run.options import tokenize_options
+    from packcli.run.tokenized import tokenized_inputs
+
+    data = write_jsonl(tmp_path / "a.jsonl", [{"messages": m} for m in make_conversations(6, seed=2)])
+    given = {"inputs": (str(data),), "output": str(tmp_path / "o"), "max_len": 1024}
+    assert not tokenize_options(PackConfig(**given, dry_run=True)).content_keys
+    assert tokenize_options(PackConfig(**given, cache_dir=str(tmp_path / "c"))).content_keys  # --dedup may come later
+    with tokenized_inputs(PackConfig(**given, cache=False)) as bare:
+        assert bare.store.content_key is None
+    with tokenized_inputs(PackConfig(**given, cache=False, dedup="exact")) as keyed:
+        assert keyed.store.content_key is not None and len(keyed.store.content_key) == len(keyed.store.lengths)
+
+
+def _shards(out: Path) -> list[bytes]:
+    return [p.read_bytes() for p in sorted(out.glob("shard-*"))]
 
 
 def test_verify_checks_the_source_column_against_the_manifest(

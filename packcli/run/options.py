@@ -39,6 +39,9 @@ def tokenize_options(config: PackConfig) -> TokenizeOptions:
         output=config.output,
         cache=config.cache,
         dry_run=config.dry_run,
+        # A JSON dump and a hash a record (a seventh of a worker's time on chat): only for --dedup exact, now or
+        # on a cache entry later.
+        content_keys=(config.cache and not config.dry_run) or config.dedup == "exact",
     )
 
 

@@ -26,7 +26,8 @@ class TokenizeOptions:
     ``split``: how records longer than a row are cut (``--overflow split``), or None. ``image_window``:
     (the most tokens a sample keeps, the side it is cut from) where samples with images may be cut, or
     None. ``output``, ``cache`` and ``dry_run`` say where a token store being made lives, for the
-    messages that name it (``store_where``) and the Ray engine's segments.
+    messages that name it (``store_where``) and the Ray engine's segments. ``content_keys``: whether the
+    samples carry their records' content keys (``--dedup exact`` reads them, now or from the cache later).
     """
 
     encode: EncodeOptions = field(default_factory=EncodeOptions)
@@ -47,6 +48,7 @@ class TokenizeOptions:
     output: str = ""
     cache: bool = True
     dry_run: bool = False
+    content_keys: bool = True
 
     def store_where(self, store_path: Path) -> tuple[Path, Text]:
         """Which path to name, and what to do, when the token store at ``store_path`` cannot be written.

@@ -327,6 +327,7 @@ def worker_context(options: TokenizeOptions, encoder: Encoder, rule_out_long: bo
         image_window=options.image_window,
         expand_turns=options.expand_turns,
         prefix_tree=options.max_len if options.prefix_tree else None,
+        content_keys=options.content_keys,
     )
 
 

@@ -117,6 +117,7 @@ class WorkerContext:
     image_window: tuple[int, str] | None = None
     expand_turns: str = "off"
     prefix_tree: int | None = None
+    content_keys: bool = True  # each sample's record's content key (packcli.records.dedup), for --dedup exact
 
 
 def tokenize_batch(context: WorkerContext, batch: RawBatch, fmt: str | None) -> TokenizedBatch:
@@ -311,7 +312,8 @@ class _Kept:
 
     def _keep(self, k: int, kept: list[Any], sample: Any, tree_nodes: Any) -> None:
         batch = self.batch
-        self.content_keys.extend([content_key(sample)] * len(kept))
+        if self.context.content_keys:
+            self.content_keys.extend([content_key(sample)] * len(kept))
         if self.context.encoder.vision is not None:
             self.images.extend(getattr(piece, "images", ()) for piece in kept)
         if self.context.prefix_tree is not None:
@@ -354,7 +356,9 @@ class _Kept:
             images=self.images if self.context.encoder.vision is not None else None,
             tree_nodes=trees.TreeNodes.of(self.nodes, lengths) if self.context.prefix_tree is not None else None,
             prefix_trees=dict(self.tree_counts),
-            content_keys=np.frombuffer(b"".join(self.content_keys), dtype="<u8").reshape(-1, 2).copy(),
+            content_keys=np.frombuffer(b"".join(self.content_keys), dtype="<u8").reshape(-1, 2).copy()
+            if self.context.content_keys
+            else None,
         )
 
 
