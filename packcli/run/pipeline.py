@@ -194,16 +194,17 @@ def _reused_or_written(
 ) -> list[ShardEntry]:
     """Write the plan's shards into ``directory``, or take them from the store's cache entry where an earlier
     run wrote the same ones (``packcli.output.reuse``); a store that is a cache entry keeps what is written."""
+    job = WriteJob(layout=layout, store=store, plan=plan, directory=directory, progress=progress)
     entry = _cache_entry(config, store) if directory is not None else None
     key = reuse.shards_key(layout, plan) if entry is not None else None
-    if entry is not None and key is not None and directory is not None:
-        found = reuse.reuse(entry, key, directory)
-        if found is not None:
-            progress("write", len(plan.order.order), len(plan.order.order))
-            return found
-    shards = engine.write(WriteJob(layout=layout, store=store, plan=plan, directory=directory, progress=progress))
-    if entry is not None and key is not None and directory is not None:
-        reuse.keep(entry, key, directory, shards)
+    if directory is None or entry is None or key is None:
+        return engine.write(job)
+    found = reuse.reuse(entry, key, directory)
+    if found is not None:
+        progress("write", len(plan.order.order), len(plan.order.order))
+        return found
+    shards = engine.write(job)
+    reuse.keep(entry, key, directory, shards)
     return shards
 
 
