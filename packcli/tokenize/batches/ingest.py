@@ -318,6 +318,8 @@ def worker_context(options: TokenizeOptions, encoder: Encoder, rule_out_long: bo
         # workers fork, so that they share it. The fast encoder alone never opens it (a record it cannot vouch
         # for opens it in its worker).
         _ = encoder.backend
+    else:
+        encoder.drop_backend()  # opened for the probe, if at all
     return worker.WorkerContext(
         encoder,
         dict(options.fields),

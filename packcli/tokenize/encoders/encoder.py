@@ -166,6 +166,18 @@ class Encoder:
         asked for where the tokenizer came from its record (the reference encoder, long texts, images)."""
         return plain_backend(self.tokenizer.backend_tokenizer)[0]
 
+    def drop_backend(self) -> None:
+        """Let go of the ``tokenizers`` backend where the tokenizer's record opens it again when asked for: a run
+        the fast encoder serves whole opened it only for the probe, and its workers would inherit it unused
+        (a record the fast encoder cannot vouch for opens it in its worker)."""
+        if self.record is None or self.overrides or self.text.name != text_encoders.FAST:
+            return
+        self.__dict__.pop("backend", None)
+        self.tokenizer.__dict__.pop("backend_tokenizer", None)
+        reference = getattr(self.text, "reference", None)
+        if isinstance(reference, text_encoders.ReferenceEncoder):
+            reference.forget()
+
     @functools.cached_property
     def backend_json(self) -> str:
         """The backend tokenizer as JSON text: the record's, or ``tokenizer.json`` as it is, without opening

@@ -83,6 +83,7 @@ class ReferenceEncoder:
 
     def __init__(self, backend: Any) -> None:
         self._backend = backend
+        self._open = backend if callable(backend) else None
         self.slow_records = 0
 
     @property
@@ -90,6 +91,11 @@ class ReferenceEncoder:
         if callable(self._backend):
             self._backend = self._backend()
         return self._backend
+
+    def forget(self) -> None:
+        """Let go of the backend when it was opened by what it was made with: the next use opens it again."""
+        if self._open is not None:
+            self._backend = self._open
 
     def encode_flat(self, texts: list[str], add_special: bool) -> tuple[np.ndarray, np.ndarray]:
         done = self.backend.encode_batch(texts, add_special_tokens=add_special)
