@@ -2,7 +2,7 @@
 
 Encodes the records of a JSON lines file (``make_agent_corpus.py``, or plain chat) with one chat template,
 in batches, in this process, and prints records/s and what was refused. Run it against two checkouts
-with ``PYTHONPATH`` to compare them (``/work/shared/tools/paired.py`` style: A and B in rounds).
+with ``PYTHONPATH`` to compare them, in paired rounds (A and B alternated, the ratio taken in each round).
 
     python benchmarks/make_agent_corpus.py --conversations 1000 -o /tmp/agent.jsonl
     PYTHONPATH=. python benchmarks/bench_agentic.py /tmp/agent.jsonl --chat-template qwen3.jinja
