@@ -170,7 +170,7 @@ def test_a_cache_that_knows_the_fast_encoder_lowers_the_size_it_pays_from(
 
     monkeypatch.delenv(text_encoders.ENCODER_ENV, raising=False)
     cache, unknown = tmp_path / "cache", tmp_path / "unknown"
-    text_encoders._loaded.cache_clear()  # a fast encoder loaded in this process writes no facts anew
+    text_encoders._loaded.cache_clear()  # built anew: the first Encoder below learns the facts by its probe
     Encoder(None, None, EncodeOptions(), records=cache, work=text_encoders.Work(10**9, 2))  # learns the facts
     monkeypatch.setattr(text_encoders, "FAST_MIN_BYTES", 10**6)  # 2 MB at two workers
     monkeypatch.setattr(text_encoders, "FAST_MIN_BYTES_KNOWN", 10**5)
@@ -219,3 +219,22 @@ def test_the_backend_a_probe_opened_is_let_go_before_the_workers_fork(tmp_path: 
 
 def _split(ids: Any, starts: Any) -> list[Any]:
     return [ids[starts[k] : starts[k + 1]] for k in range(len(starts) - 1)]
+
+
+def test_a_second_cache_directory_in_the_same_process_learns_the_fast_encoders_facts(tmp_path: Path) -> None:
+    """The library packing twice in one process, with two caches: the encoder is loaded once, and both caches
+    keep what was learned of it (the next process with either builds it without a probe)."""
+    from packcli.tokenize.encoders import encoder_facts, text_encoders
+    from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
+
+    text_encoders._loaded.cache_clear()
+    big = text_encoders.Work(10**9, 2)
+    first = Encoder(None, None, EncodeOptions(), records=tmp_path / "one", work=big)
+    second = Encoder(None, None, EncodeOptions(), records=tmp_path / "two", work=big)
+    assert first.choice.encoder.name == second.choice.encoder.name == "fastokens"
+    assert text_encoders._loaded.cache_info().misses == 1  # built once
+    key = encoder_facts.facts_key(first.backend_json)
+    one, two = (encoder_facts.read_facts(tmp_path / d, key) for d in ("one", "two"))
+    assert one is not None and two is not None and (one.fast, one.adds_tokens) == (two.fast, two.adds_tokens)
+    assert one.byte_lengths is not None and two.byte_lengths is not None
+    assert (one.byte_lengths == two.byte_lengths).all()

@@ -306,7 +306,11 @@ def _fast_for(
     backend_json: str, reference: ReferenceEncoder, facts: Path | None
 ) -> tuple[FastEncoder | None, str | None]:
     """Return the fast encoder for a tokenizer (None where it cannot load) and why it is not exact (None)."""
-    loaded, why = _loaded(_Tokenizer(backend_json, reference, facts))
+    loaded, why, (key, learned) = _loaded(_Tokenizer(backend_json, reference, facts))
+    if facts is not None:  # a cache directory other than the one this process loaded it for learns it too
+        key = key or facts_key(backend_json)
+        if read_facts(facts, key) is None:
+            write_facts(facts, key, learned)
     if loaded is None:
         return None, why
     # The same native encoder; this run's reference and counts.
@@ -327,25 +331,30 @@ class _Tokenizer:
 
 
 # The fast encoders loaded in this process (native, adds_tokens, byte lengths), with their probe's
-# verdict, by the tokenizer's JSON: loading one takes seconds, and a process that packs many times (the
-# library, the tests) loads each tokenizer once. The reference encoder a run passes is not kept.
+# verdict and what was learned of the tokenizer (its facts, under their key: "" where none was computed),
+# by the tokenizer's JSON: loading one takes seconds, and a process that packs many times (the library,
+# the tests) loads each tokenizer once. The reference encoder a run passes is not kept.
 @functools.lru_cache(maxsize=4)
-def _loaded(tokenizer: _Tokenizer) -> tuple[tuple[Any, bool, np.ndarray | None] | None, str | None]:
+def _loaded(
+    tokenizer: _Tokenizer,
+) -> tuple[tuple[Any, bool, np.ndarray | None] | None, str | None, tuple[str, EncoderFacts]]:
     reference, tokenizer.reference = tokenizer.reference, None  # the key is kept, its reference not
     assert reference is not None
     key = facts_key(tokenizer.backend_json) if tokenizer.facts is not None else ""
     known = read_facts(tokenizer.facts, key) if tokenizer.facts is not None else None
     if known is not None and known.fast is not None:
-        return None, known.fast  # an earlier run found it cannot serve this tokenizer: not built again
+        return None, known.fast, (key, known)  # an earlier run found it cannot serve this tokenizer: not built again
     try:
         fast = FastEncoder.load(tokenizer.backend_json, reference, known)
     except FastUnavailable as exc:
-        write_facts(tokenizer.facts, key, EncoderFacts(str(exc), False, None))
-        return None, str(exc)
+        learned = EncoderFacts(str(exc), False, None)
+        write_facts(tokenizer.facts, key, learned)
+        return None, str(exc), (key, learned)
     verdict = fast.probe(reference) if known is None else None
+    learned = known or EncoderFacts(verdict, fast.adds_tokens, fast.byte_lengths)
     if known is None:
-        write_facts(tokenizer.facts, key, EncoderFacts(verdict, fast.adds_tokens, fast.byte_lengths))
-    return (fast.native, fast.adds_tokens, fast.byte_lengths), verdict
+        write_facts(tokenizer.facts, key, learned)
+    return (fast.native, fast.adds_tokens, fast.byte_lengths), verdict, (key, learned)
 
 
 def piece_cuts(text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[bool]]:
