@@ -57,6 +57,11 @@ def _path(directory: Path, key: str) -> Path:
     return directory / RECORDS_DIR / f"{key}.encoder.npz"
 
 
+def has_facts(directory: Path, key: str) -> bool:
+    """Whether the cache ``directory`` keeps facts under ``key`` (without reading them)."""
+    return _path(directory, key).is_file()
+
+
 def read_facts(directory: Path | None, key: str) -> EncoderFacts | None:
     """The facts kept under ``key`` in the cache ``directory``; None when there are none (or damaged ones)."""
     if directory is None:

@@ -32,7 +32,7 @@ import numpy as np
 from packcli.errors import Opt, TokenizerError, first_line
 from packcli.results import EncoderInfo
 from packcli.tokenize.encoders.byte_offsets import byte_level_mask, token_byte_lengths
-from packcli.tokenize.encoders.encoder_facts import EncoderFacts, facts_key, read_facts, write_facts
+from packcli.tokenize.encoders.encoder_facts import EncoderFacts, facts_key, has_facts, read_facts, write_facts
 
 ENCODER_ENV = "PACKCLI_ENCODER"
 REFERENCE = "tokenizers"
@@ -309,7 +309,7 @@ def _fast_for(
     loaded, why, (key, learned) = _loaded(_Tokenizer(backend_json, reference, facts))
     if facts is not None:  # a cache directory other than the one this process loaded it for learns it too
         key = key or facts_key(backend_json)
-        if read_facts(facts, key) is None:
+        if not has_facts(facts, key):
             write_facts(facts, key, learned)
     if loaded is None:
         return None, why
