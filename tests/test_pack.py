@@ -489,7 +489,8 @@ def test_stage_seconds_say_where_the_time_went(pack: Any, tmp_path: Path, chat_j
     made = miss["stage_seconds"]
     assert made["tokenize_wall"] >= made["read"] + made["store"]
     assert miss["stage_seconds"]["hash"] <= miss["stage_seconds"]["prepare"] + 0.001
-    assert miss["stage_seconds"]["write"] > 0 and miss["stage_seconds"]["finish"] > 0
+    # Writing the shards takes measurable time; putting the output in place (a rename or two) may round to 0 ms.
+    assert miss["stage_seconds"]["write"] > 0 and miss["stage_seconds"]["finish"] >= 0
     assert miss["stage_seconds"]["tokenize"] > 0 and miss["stage_seconds"]["workers_cpu"] > 0
     assert all(hit["stage_seconds"][k] == 0 for k in ("read", "decode", "tokenize", "store", "workers_cpu"))
     # Timings stay out of the manifest: the same run writes the same bytes.
