@@ -1,18 +1,147 @@
-"""The run's cache entry: its key (of the inputs' hashes, in order, and the key's options), its lookup
-(a checked store, or why none is used), and what is said when an input changed while it was read."""
+"""Stage one, the cache's steps: the run's entry key (of the inputs' hashes, in order, the tokenizer's files
+and the tokenization options), its lookup (a checked store, locked while in use, or why none is used), a
+found entry named as this run names its inputs, and what is said when an input changed while it was read."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
+from packcli.config import PackConfig
 from packcli.engines import DigestChecker, Engine, HashJob
 from packcli.errors import Message
 from packcli.io.fingerprint import files_to_hash, settled_unchanged
 from packcli.io.sources import InputSource
 from packcli.jsontypes import JSONObject
+from packcli.run.encoder import run_encoder
+from packcli.run.inputs import Inputs
+from packcli.run.options import image_window, split_rule
+from packcli.store.cachedir import EntryLock
+from packcli.store.images import changed_image, load_images
 from packcli.store.integrity import DamagedStore
 from packcli.store.key import cache_key
 from packcli.store.tokens import TokenStore, find_store
+from packcli.tokenize.encoders.encoder import Encoder
+from packcli.tokenize.encoders.tokenizer import DEFAULT_TOKENIZER, tokenizer_fingerprint
+from packcli.tokenize.templates.choice import builtin_name
+from packcli.version import __version__
+
+# Bumped whenever the same inputs and options would give other tokens, labels or store meta, so the cache
+# misses. 5: messages' own "train"/"weight" marks are read (and removed before rendering); 6: the tokens of
+# pieces left out by --overflow split are in the store meta; 7: tool call arguments in the template's form,
+# calls checked rendered, ShareGPT function_call turns as calls, reasoning left out in the store meta.
+ENCODING_RULES = 7
+
+
+@dataclass
+class RunKey:
+    """What keys the run's cache entry and parts (``run_key``)."""
+
+    key: str | None  # the entry's key; None while an input's hash is taken as it is read
+    options: JSONObject  # what keys an entry or part besides its inputs (``key_options``)
+    encoder: Encoder | None  # loaded when the key needed the tokenizer's identity (a Hub name), else None
+
+
+def run_key(config: PackConfig, inputs: Inputs) -> RunKey:
+    """The run's entry key and the key's options. The tokenizer is keyed by its files and the template
+    (hashed, when they are local), else by the identity of the tokenizer loaded (a Hub name: the encoder
+    is loaded here, once, and handed on to the tokenizing)."""
+    encoder = None
+    tokenizer_key = tokenizer_fingerprint(config.tokenizer_name, config.chat_template)
+    if tokenizer_key is None:
+        encoder = run_encoder(config, inputs.sources)
+        tokenizer_key = encoder.identity()["sha256"] + encoder.identity()["chat_template_sha256"]
+    options = key_options(config, tokenizer_key, encoder)
+    return RunKey(entry_key(inputs.sources, inputs.formats, inputs.fingerprints, options), options, encoder)
+
+
+def key_options(config: PackConfig, tokenizer_key: str, encoder: Encoder | None) -> JSONObject:
+    """What keys a cache entry or part besides its inputs: the tokenization options and the tokenizer."""
+    return {
+        "fields": config.fields,
+        # --limit N reads the first N records only (absent without it: earlier keys stay valid).
+        **({"limit": config.limit} if config.limit is not None else {}),
+        "tokenizer": tokenizer_key,  # the files of the tokenizer and template, hashed
+        # A template file, or none given (the tokenizer's own, else the default): never the same key.
+        "template": "file" if config.chat_template is not None else "none given",
+        # The rest of the tokenization options: they decide tokens and labels; no other option does.
+        "tokenization": {
+            k: v
+            for k, v in config.group("tokenization").items()
+            if k not in ("tokenizer", "chat_template", "processor", "prefix_tree")
+        },
+        # --prefix-tree: the rounds of a record grow trees of at most --max-len tokens (absent without it).
+        **({"prefix_tree": config.max_len} if config.prefix_tree else {}),
+        # --processor: what decides the image tokens, and the cut that leaves out samples whose image it
+        # would cut (absent without it: text keys stay valid).
+        **(
+            {"processor": processor_key(config, encoder), "image_window": image_window(config)}
+            if config.processor is not None
+            else {}
+        ),
+        # Split records are cut by the tokenizer's workers, so how they are cut is in the key too.
+        "split": split_rule(config).__dict__ if config.overflow == "split" else None,
+        "encoding_rules": ENCODING_RULES,
+        "version": __version__,
+    }
+
+
+def processor_key(config: PackConfig, encoder: Encoder | None) -> str:
+    """Return the identity of the run's processor (``VisionProcessor.identity``), loading it if need be."""
+    if encoder is not None and encoder.vision is not None:
+        return str(encoder.vision.identity())
+    from packcli.vision import load_processor
+
+    assert config.processor is not None
+    return load_processor(config.processor).identity()
+
+
+def look_up(
+    config: PackConfig,
+    cache_root: Path,
+    key: str | None,
+    fill_cache: bool,
+    limit: int | None,
+    check: DigestChecker | None,
+    stack: contextlib.ExitStack,
+) -> tuple[TokenStore | None, str, list[Message]]:
+    """The run's cache entry found (or None), the cache state, and warnings; the entry locked with ``stack``
+    while it is in use. A key not known yet (an input hashed as it is read) finds nothing yet."""
+    if not config.cache:
+        return None, "off", []
+    if key is None:
+        return None, "miss", []
+    entry = cache_root / key
+    if fill_cache or entry.exists():
+        lock = EntryLock(cache_root, key)
+        if lock.acquire():  # held while the entry is in use: no prune removes it
+            stack.callback(lock.release)
+    store, state, warnings = cached_store(entry, limit, check)
+    if store is not None and config.processor is not None:
+        moved_image = changed_image(load_images(store.path))
+        if moved_image is not None:
+            store, state = None, "miss"
+            warnings.append(
+                Message(f"image {moved_image} changed since the cache entry was made; the entry is made again")
+            )
+    return store, state, warnings
+
+
+def as_this_run(store: TokenStore, sources: list[InputSource], config: PackConfig) -> None:
+    """A found entry, made by a run whose inputs, tokenizer or template may have had other paths: its
+    metadata (in memory) names this run's, which the manifest, the rejects file and errors show."""
+    meta = store.meta
+    original = [s.path for s in meta.sources]
+    renamed = [dataclasses.replace(m, path=s.display) for m, s in zip(meta.sources, sources, strict=True)]
+    tokenizer = meta.tokenizer.copy()
+    tokenizer["name"] = config.tokenizer_name or DEFAULT_TOKENIZER
+    if config.chat_template is not None:  # the key holds the template's text, not its path
+        builtin = builtin_name(config.chat_template)
+        tokenizer["chat_template"] = builtin if builtin is not None else str(config.chat_template)
+        tokenizer["chat_template_source"] = "packcli" if builtin is not None else "file"
+    store.meta = dataclasses.replace(meta, sources=renamed, original_paths=original, tokenizer=tokenizer)
 
 
 def entry_key(

@@ -11,20 +11,23 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from packcli.config import PackConfig
 from packcli.contract import Progress
 from packcli.engines import CacheParts, DigestChecker, Engine
 from packcli.errors import InputError, Message
-from packcli.io.fingerprint import Learned, Memo, changed_input, fingerprint, stamps
+from packcli.io.fingerprint import Learned, changed_input, fingerprint, stamps
 from packcli.io.sources import InputSource
 from packcli.jsontypes import JSONObject
+from packcli.run.encoder import run_encoder
 from packcli.run.entries import all_known, cached_store, changed, entry_key, rehashed
-from packcli.run.identify import fields_key, run_encoder
+from packcli.run.inputs import Inputs
 from packcli.run.options import tokenize_options
 from packcli.store import parts
 from packcli.store.cachedir import EntryLock, allow_open_files, touch
 from packcli.store.tokens import TokenStore
+from packcli.tokenize.batches import ingest
 from packcli.tokenize.encoders.encoder import Encoder
 from packcli.tokenize.options import CACHE_FIX
 
@@ -34,30 +37,26 @@ class PartRun:
     """What making a store from cache parts needs of the run (``from_parts``)."""
 
     config: PackConfig
-    formats: dict[str, str | None]
-    cache_root: Path
+    inputs: Inputs  # the run's inputs, identified (their hashes None where taken as they are read)
     progress: Progress
     rule_out_long: bool
     limit: int | None  # the --max-len of the early too-long rule, or None
-    before: dict[str, list[int]]  # the inputs' stamps before they were hashed
-    fingerprints: list[str | None]  # None: hashed as it is read (filled in then)
     engine: Engine
     check: DigestChecker | None  # the engine's check of a found part's token files
     options: JSONObject  # the key's options
-    memo: Memo  # the run's hash memo, which learns the hashes taken as the inputs are read
-    stamped_ns: int  # when ``before`` was taken (``changed_input``)
+    fill_cache: bool  # False: a dry run, which makes no parts
 
 
 def from_parts(
     run: PartRun,
-    inputs: list[parts.InputParts],
     looked_up: tuple[str | None, str],
     encoder: Encoder | None,
     warnings: list[Message],
     keep: contextlib.ExitStack,
-) -> tuple[TokenStore, str, str]:
+) -> tuple[TokenStore, str, str, dict[str, int] | None] | None:
     """Make the run's cache entry from its inputs' cache parts, found or tokenized now; return it, the
-    cache state and the entry's key.
+    cache state, the entry's key and the parts and records reused and made (``parts.reused_records``;
+    None on a hit). None: this run makes no parts (``_part_cuts``), and its store is made whole.
 
     Every part used is locked (shared) until the entry is made from it (then the entry's hard links
     hold its tokens), so no prune removes it in between. A part found damaged is reported and made
@@ -67,6 +66,10 @@ def from_parts(
     it is read, so the entry's key is known only then. An entry found under it (inputs copied, or
     touched, since they were cached) is used, locked with ``keep``.
     """
+    cuts = _part_cuts(run)
+    if cuts is None:
+        return None
+    inputs = _input_parts(run, cuts)
     key, state = looked_up
     before = len(warnings)
     with contextlib.ExitStack() as held:
@@ -74,21 +77,48 @@ def from_parts(
         seconds: dict[str, float] = {}
         if not all(item.complete for item in inputs):
             seconds = _made_parts(run, inputs, encoder, held)
+        cache_root = run.inputs.cache_root
         if key is None:
-            key = entry_key([i.source for i in inputs], run.formats, run.fingerprints, run.options)
+            key = entry_key([i.source for i in inputs], run.inputs.formats, run.inputs.fingerprints, run.options)
             assert key is not None
-            lock = EntryLock(run.cache_root, key)
+            lock = EntryLock(cache_root, key)
             if lock.acquire():
                 keep.callback(lock.release)
-            found, state, said = cached_store(run.cache_root / key, run.limit, run.check)
+            found, state, said = cached_store(cache_root / key, run.limit, run.check)
             warnings[before:before] = said  # the entry's before its parts', as when its key is known first
             if found is not None:
-                return found, state, key
+                return found, state, key, None
         assembling = time.perf_counter()
-        store = parts.assemble(inputs, run.formats, run.cache_root / key, run.cache_root, CACHE_FIX)
+        store = parts.assemble(inputs, run.inputs.formats, cache_root / key, cache_root, CACHE_FIX)
         seconds["store"] = seconds.get("store", 0.0) + time.perf_counter() - assembling
         store.seconds = seconds
-        return store, state, key
+        return store, state, key, (parts.reused_records(inputs) if state != "hit" else None)
+
+
+def _part_cuts(run: PartRun) -> list[list[Any] | None] | None:
+    """How the engine cuts each input into cache parts for this run, or None: one whole store is made
+    (no cache to fill, ``--limit``, ``--processor``, or an engine that makes no parts for this run)."""
+    config = run.config
+    if not (config.cache and run.fill_cache) or config.limit is not None or config.processor:
+        return None
+    return run.engine.cache_part_cuts(tokenize_options(config), run.inputs.sources)
+
+
+def _input_parts(run: PartRun, cuts: list[list[Any] | None]) -> list[parts.InputParts]:
+    """Each input as its cache parts: how it is cut, and the keys of its parts by number (of its hash, or of
+    the hash of what it holds through each part: a chained input, hashed as it is read, whose parts' ends
+    the memo may remember)."""
+    made = []
+    for n, (source, digest, cut, chained) in enumerate(
+        zip(run.inputs.sources, run.inputs.fingerprints, cuts, run.inputs.later, strict=True)
+    ):
+        entry: list[Any] = [source.kind, source.compression, run.inputs.formats[source.display]]
+        if not chained:
+            entry.append(digest)
+        keying = functools.partial(parts.part_key, entry, options=run.options, batch_size=ingest.BATCH_SIZE, cuts=cut)
+        ends = run.inputs.memo.remembered_part_ends(source, parts.part_layout(source)) if chained else None
+        made.append(parts.InputParts(source, n, keying, cuts=cut, chained=chained, chain=ends))
+    return made
 
 
 def _found_parts(
@@ -125,10 +155,10 @@ def _find_part(
     run: PartRun, item: parts.InputParts, key: str, warnings: list[Message], held: contextlib.ExitStack
 ) -> TokenStore | None:
     """The cache part ``key`` of ``item``, checked and locked with ``held``, or None (a damaged one reported)."""
-    lock = EntryLock(run.cache_root, key)
+    lock = EntryLock(run.inputs.cache_root, key)
     if lock.acquire():
         held.callback(lock.release)
-    found, _, said = cached_store(run.cache_root / key, run.limit, run.check)
+    found, _, said = cached_store(run.inputs.cache_root / key, run.limit, run.check)
     warnings.extend(w.replace("cache entry", f"cache part of {item.source.display}") for w in said)
     if found is None or found.meta.part is None:
         return None
@@ -147,30 +177,31 @@ def _made_parts(
 
     def unchanged(source: InputSource) -> None:
         now = stamps([source])
-        if any(run.before.get(path) != stamp for path, stamp in now.items()):
+        if any(run.inputs.before.get(path) != stamp for path, stamp in now.items()):
             raise InputError(changed(source.display))
 
     def hold(key: str) -> None:
-        lock = EntryLock(run.cache_root, key)
+        lock = EntryLock(run.inputs.cache_root, key)
         if lock.acquire():
             held.callback(lock.release)
 
     job = CacheParts(
-        options=tokenize_options(config), formats=run.formats, encoder=encoder, progress=run.progress,
-        rule_out_long=run.rule_out_long, inputs=inputs, cache_root=run.cache_root, unchanged=unchanged, hold=hold,
+        options=tokenize_options(config), formats=run.inputs.formats, encoder=encoder, progress=run.progress,
+        rule_out_long=run.rule_out_long, inputs=inputs, cache_root=run.inputs.cache_root, unchanged=unchanged,
+        hold=hold,
     )  # fmt: skip
     made = run.engine.tokenize(job)
     read = made.read_digests  # the hashes taken as the inputs were read through
-    later = [k for k, f in enumerate(run.fingerprints) if f is None]
+    later = [k for k, f in enumerate(run.inputs.fingerprints) if f is None]
     for k in later:
         source = inputs[k].source
-        run.fingerprints[k] = read.get(str(Path(source.path))) or fingerprint(source)
+        run.inputs.fingerprints[k] = read.get(str(Path(source.path))) or fingerprint(source)
     # The inputs read now: did one change while it was read? (The others gave only parts found by the
     # hash taken before.)
-    now = [(i.source, f) for i, f in zip(inputs, run.fingerprints, strict=True) if i.made or i.read is not None]
+    now = [(i.source, f) for i, f in zip(inputs, run.inputs.fingerprints, strict=True) if i.made or i.read is not None]
     sources = [source for source, _ in now]
-    hashes = {**rehashed(run.engine, sources, run.before, run.stamped_ns), **read}
-    moved = changed_input(sources, run.before, all_known([f for _, f in now]), hashes, run.stamped_ns)
+    hashes = {**rehashed(run.engine, sources, run.inputs.before, run.inputs.stamped_ns), **read}
+    moved = changed_input(sources, run.inputs.before, all_known([f for _, f in now]), hashes, run.inputs.stamped_ns)
     if moved is not None:
         for item in inputs:
             if item.source.display == moved:
@@ -179,11 +210,11 @@ def _made_parts(
         raise InputError(changed(moved))
     learned = []  # known by their stamps from now on, as if hashed before
     for k in later:
-        item, digest = inputs[k], run.fingerprints[k]
-        stamp = run.before.get(str(Path(item.source.path)))
+        item, digest = inputs[k], run.inputs.fingerprints[k]
+        stamp = run.inputs.before.get(str(Path(item.source.path)))
         if digest is not None and stamp is not None:
             ends = (parts.part_layout(item.source), item.read.ends) if item.read is not None else None
             taken = (digest, item.records(item.parts), stamp)
-            learned.append(Learned(item.source, taken, run.formats[item.source.display], ends))
-    run.memo.remember_reads(learned, fields_key(config))  # saved by the run
+            learned.append(Learned(item.source, taken, run.inputs.formats[item.source.display], ends))
+    run.inputs.memo.remember_reads(learned, run.inputs.fields_key)  # saved by the run
     return made.seconds

@@ -21,12 +21,12 @@ from packcli.config import PackConfig
 from packcli.contract import Progress
 from packcli.engines import Engine, WholeStore
 from packcli.errors import InputError, Message
-from packcli.io.fingerprint import Learned, Memo, changed_input, fingerprint
-from packcli.io.sources import InputSource
+from packcli.io.fingerprint import Learned, changed_input, fingerprint
 from packcli.jsontypes import JSONObject
 from packcli.procs.stop import raise_if_stopped
+from packcli.run.encoder import run_encoder
 from packcli.run.entries import all_known, changed, entry_key, rehashed
-from packcli.run.identify import fields_key, run_encoder
+from packcli.run.inputs import Inputs
 from packcli.run.options import tokenize_options
 from packcli.store.cachedir import touch
 from packcli.store.tokens import TokenStore
@@ -41,18 +41,12 @@ class WholeRun:
     """What making one whole store needs of the run (``whole_store``)."""
 
     config: PackConfig
-    sources: list[InputSource]
-    formats: dict[str, str | None]
+    inputs: Inputs  # the run's inputs, identified (their hashes None where taken as they are read)
     engine: Engine
     progress: Progress
     rule_out_long: bool
-    before: dict[str, list[int]]  # the inputs' stamps before they were read
-    fingerprints: list[str | None]  # None: hashed as it is read (filled in then)
     options: JSONObject  # the key's options
-    cache_root: Path
-    memo: Memo  # the run's hash memo, which learns the hashes taken as the inputs are read
     warnings: list[Message]  # the run's, which the entry's lookup adds to
-    stamped_ns: int  # when ``before`` was taken (``changed_input``)
 
 
 class _Found(Exception):
@@ -81,10 +75,11 @@ def whole_store(
     key, state = looked_up
     config = run.config
     if encoder is None:
-        encoder = run_encoder(config, run.sources)
+        encoder = run_encoder(config, run.inputs.sources)
+    run.inputs.settle()  # the hashes taken beside the tokenizer's loading: before a worker is forked
     if entry:
         # Its key known, or known once read: the store is begun beside the entries (its name then given).
-        store_path = run.cache_root / (key if key is not None else "pending")
+        store_path = run.inputs.cache_root / (key if key is not None else "pending")
     else:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=".packcli-tokens-", dir=scratch))
         store_path = Path(tmp) / "tokens"
@@ -95,19 +90,19 @@ def whole_store(
         _unchanged(run, read)
         if key is not None or not config.cache:
             return None
-        key = entry_key(run.sources, run.formats, run.fingerprints, run.options)
+        key = entry_key(run.inputs.sources, run.inputs.formats, run.inputs.fingerprints, run.options)
         assert key is not None
         found, state, said = look_up(key)
         if found is not None:
             raise _Found(found, state)
         run.warnings.extend(said)  # a damaged entry under it, made again
-        return run.cache_root / key if entry else None
+        return run.inputs.cache_root / key if entry else None
 
     job = WholeStore(
-        options=tokenize_options(config), formats=run.formats, encoder=encoder, progress=run.progress,
-        rule_out_long=run.rule_out_long, sources=run.sources, path=store_path, before_finish=read_through,
+        options=tokenize_options(config), formats=run.inputs.formats, encoder=encoder, progress=run.progress,
+        rule_out_long=run.rule_out_long, sources=run.inputs.sources, path=store_path, before_finish=read_through,
     )  # fmt: skip
-    learning = [f is None for f in run.fingerprints]
+    learning = [f is None for f in run.inputs.fingerprints]
     try:
         store = run.engine.tokenize(job)
     except _Found as found:
@@ -117,19 +112,21 @@ def whole_store(
     if not entry:
         stack.callback(store.discard_elsewhere)  # a scratch store's tokens kept outside its directory
     elif any(learning):
-        run.memo.remember_reads(_learned(run, store, learning), fields_key(config))  # saved by the run
+        run.inputs.memo.remember_reads(_learned(run, store, learning), run.inputs.fields_key)  # saved by the run
     return store, state, key
 
 
 def _unchanged(run: WholeRun, read: dict[str, str]) -> None:
     """Fill in the hashes taken as the inputs were read; raise if an input changed while it was read
     (its stamp, or its hash, differ from those taken before the run)."""
-    for k, source in enumerate(run.sources):
-        if run.fingerprints[k] is None:
-            run.fingerprints[k] = read.get(str(Path(source.path))) or fingerprint(source)
+    for k, source in enumerate(run.inputs.sources):
+        if run.inputs.fingerprints[k] is None:
+            run.inputs.fingerprints[k] = read.get(str(Path(source.path))) or fingerprint(source)
     # The hashes taken as the inputs were read, else hashed again: by the Ray engine's tasks, or here.
-    known = {**rehashed(run.engine, run.sources, run.before, run.stamped_ns), **read}
-    moved = changed_input(run.sources, run.before, all_known(run.fingerprints), known, run.stamped_ns)
+    known = {**rehashed(run.engine, run.inputs.sources, run.inputs.before, run.inputs.stamped_ns), **read}
+    moved = changed_input(
+        run.inputs.sources, run.inputs.before, all_known(run.inputs.fingerprints), known, run.inputs.stamped_ns
+    )
     if moved is not None:
         raise InputError(changed(moved))
 
@@ -139,11 +136,11 @@ def _learned(run: WholeRun, store: TokenStore, learning: list[bool]) -> list[Lea
     records when every one was read (not those of an input ``--limit`` may have cut)."""
     starts = [*store.meta.source_starts, store.meta.records_read]
     learned = []
-    for k, source in enumerate(run.sources):
-        digest, stamp = run.fingerprints[k], run.before.get(str(Path(source.path)))
+    for k, source in enumerate(run.inputs.sources):
+        digest, stamp = run.inputs.fingerprints[k], run.inputs.before.get(str(Path(source.path)))
         if learning[k] and digest is not None and stamp is not None:
             # Its records, unless --limit may have cut it (it ended before the limit was reached: whole).
             whole = run.config.limit is None or starts[k + 1] < run.config.limit
             records = starts[k + 1] - starts[k] if whole else None
-            learned.append(Learned(source, (digest, records, stamp), run.formats[source.display]))
+            learned.append(Learned(source, (digest, records, stamp), run.inputs.formats[source.display]))
     return learned

@@ -1,0 +1,54 @@
+"""Stage one's encoder: the tokenizer and template loaded where tokenizing starts (a store made whole or
+from cache parts), or sooner only where the cache's key needs the tokenizer's own identity (a Hub name).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from packcli.config import PackConfig
+from packcli.io.sources import InputSource
+from packcli.io.uri import is_uri
+from packcli.run.options import encode_options
+from packcli.store.key import default_cache_dir
+from packcli.tokenize.encoders.encoder import Encoder
+from packcli.tokenize.encoders.text_encoders import Work
+
+
+def run_encoder(config: PackConfig, sources: list[InputSource] | None = None) -> Encoder:
+    """The run's encoder: its tokenizer and template loaded, with its processor, if any.
+
+    ``sources``: the inputs it will tokenize (all of them when None), whose size decides whether the fast
+    encoder pays for its load (``text_encoders.Work``). The tokenizer is opened from its record in the
+    cache, which learns it, unless the run writes nothing there (``--no-cache``, a dry run).
+    """
+    records = None
+    if config.cache and not config.dry_run:
+        records = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
+    size = input_bytes(sources) if sources is not None else None
+    work = Work(size, config.num_proc) if size is not None else None
+    return Encoder(
+        config.tokenizer_name,
+        config.chat_template,
+        encode_options(config),
+        config.processor,
+        encoder=config.encoder,
+        records=records,
+        work=work,
+    )
+
+
+def input_bytes(sources: list[InputSource]) -> int | None:
+    """The bytes of the inputs on local disk (as stored: compressed ones count their compressed size, times
+    four); None when one is not a local file (a URI, a Hub dataset, a saved dataset's directory)."""
+    total = 0
+    for source in sources:
+        if source.kind in ("hub", "saved_dataset") or is_uri(source.path):
+            return None
+        try:
+            size = os.path.getsize(source.path)
+        except OSError:
+            return None
+        total += size * (4 if source.compression else 1)
+    return total

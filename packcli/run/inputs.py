@@ -1,0 +1,228 @@
+"""Stage one, step one: the run's inputs resolved once, into one ``Inputs`` that the run passes on.
+
+Each input's identity before anything is tokenized: its path and stamp, its record format (sniffed from
+its first records, or remembered with its hash), its content hash and record count (taken now, remembered
+by its stamp, or left to be taken as it is read), and the run's hash memo, which learns them. The run's
+task follows from the formats. ``run.tokenized`` keys the cache by them; the steps after it (the cache's
+lookup, a store made whole or from cache parts) read them here instead of asking for them again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packcli.config import PackConfig
+from packcli.engines import Engine, FileHashing, HashJob
+from packcli.errors import InputError, Opt, Part, RecordError, UsageError, record_fix, where
+from packcli.io.fingerprint import Memo, stamps
+from packcli.io.readers import hashed_as_read, read_head
+from packcli.io.sources import InputSource, resolve_inputs
+from packcli.owned import HASH_MEMO
+from packcli.procs.stop import raise_if_stopped
+from packcli.records import preference
+from packcli.records.formats import accepted_fields, detect_format
+from packcli.store.key import default_cache_dir
+from packcli.tokenize.batches import worker
+from packcli.tokenize.templates.choice import builtin_name, read_chat_template
+
+# An input's content hash and record count, either None where not known without reading it again.
+Hashed = tuple[str | None, int | None]
+
+
+@dataclass
+class Inputs:
+    """The run's inputs, identified once (``identify_inputs``) and passed on through stage one."""
+
+    sources: list[InputSource]  # in order, each with its record count where known
+    formats: dict[str, str | None]  # each input's record format, by its display name
+    task: str  # sft, preference or kto (packcli.records.preference.resolve_task)
+    fingerprints: list[str | None]  # content hashes; None: taken as the input is read (filled in then)
+    later: list[bool]  # the inputs hashed as they are read (JSON lines files made into cache parts)
+    before: dict[str, list[int]]  # the local files' stamps, taken before anything was read
+    stamped_ns: int  # when ``before`` was taken (``io.fingerprint.changed_input``)
+    memo: Memo  # the run's hash memo, read once; it learns what the run learns, and the run saves it
+    fields_key: str  # the fields the formats were sniffed with, as the memo keeps them (``fields_key``)
+    cache_root: Path  # the cache's directory (used only with the cache on)
+    spent: list[float] = field(default_factory=list)  # seconds of each pass reading the inputs through
+    # The hashes being taken in a thread beside the tokenizer's loading (the cache off): ``settle`` waits.
+    pending: Future[list[Hashed]] | None = None
+
+    def settle(self) -> None:
+        """Wait for the hashes taken beside the tokenizer's loading, if any; before any worker is forked."""
+        if self.pending is not None:
+            self._known(self.pending.result())
+            self.pending = None
+        raise_if_stopped()
+
+    def _known(self, found: list[Hashed]) -> None:
+        self.fingerprints = [f for f, _ in found]
+        # The records of each input, counted as it was hashed (or remembered): for progress, without a read.
+        self.sources = [
+            dataclasses.replace(s, records=n) if n is not None else s
+            for s, (_, n) in zip(self.sources, found, strict=True)
+        ]
+
+    @property
+    def hash_seconds(self) -> float:
+        """Seconds spent reading the inputs through before tokenizing them (hashes, record counts)."""
+        return sum(self.spent)
+
+
+def identify_inputs(config: PackConfig, engine: Engine, given: list[InputSource] | None, fill_cache: bool) -> Inputs:
+    """Resolve the run's inputs (``given``: already resolved by the caller) and identify each one: stamp,
+    record format, the run's task, content hash and record count.
+
+    A chat template file given is read first (an empty or unreadable one is refused before any input
+    is read). With the cache on, the hashes are taken now (the key needs them), except those of the
+    inputs hashed as they are read; with it off, in a thread beside the tokenizer's loading, until
+    ``Inputs.settle``. ``fill_cache`` False (a dry run): the memo is asked, never taught.
+    """
+    if config.chat_template is not None and builtin_name(config.chat_template) is None:
+        read_chat_template(config.chat_template)
+    sources = given if given is not None else resolve_inputs(list(config.inputs), config.split)
+    stamped_ns = time.time_ns()
+    before = stamps(sources)  # before the format is sniffed and the contents hashed
+    cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
+    memo = Memo.load(cache_root / HASH_MEMO if config.cache else None)  # read once for the run's inputs
+    key = fields_key(config)
+    task, formats = _task_and_formats(config, sources, memo, key)
+    # Who hashes the inputs where it reads them: the engine (Ray's tasks); None: this process, and the
+    # local files are hashed as they are read to be tokenized.
+    hashing = engine.hashing
+    later = [hashing is None and hashed_as_read(s) for s in sources]
+    inputs = Inputs(sources, formats, task, [None] * len(sources), later, before, stamped_ns, memo, key, cache_root)
+    _hash(inputs, hashing, config.cache)
+    if fill_cache:  # a dry run writes nothing
+        memo.remember_formats(sources, key, formats)
+    return inputs
+
+
+def _hash(inputs: Inputs, hashing: FileHashing | None, cache: bool) -> None:
+    """Take the inputs' content hashes and record counts: by the engine, where it hashes them elsewhere
+    (the Ray engine: in tasks, not on the driver; nor does it count records there); now, with the cache
+    on; else in a thread, joined by ``Inputs.settle`` once the tokenizer is loaded (reading the inputs
+    and loading the tokenizer each keep one core busy).
+
+    One read of each input hashes it and counts its records (for the progress bar); a file remembered by
+    its stamp in the memo (which learns the hashes taken here; the run saves it) is not read.
+    """
+    memo, sources = inputs.memo, inputs.sources
+
+    def hashed() -> list[Hashed]:
+        began = time.perf_counter()
+        try:
+            return [
+                (memo.remembered_hash(s) or (None, None)) if then else memo.fingerprint_and_count(s)
+                for s, then in zip(sources, inputs.later, strict=True)
+            ]
+        finally:
+            inputs.spent.append(time.perf_counter() - began)
+
+    if hashing is not None:
+        known = hashing.hash_files(HashJob(memo.files_to_hash(sources)))
+        inputs._known([(memo.fingerprint_and_count(s, known, count=False)[0], None) for s in sources])
+    elif cache:
+        inputs._known(hashed())  # the key needs them first
+    else:  # no memo: the cache is off
+        ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-inputs")
+        inputs.pending = ahead.submit(hashed)
+        ahead.shutdown(wait=False)
+
+
+def fields_key(config: PackConfig) -> str:
+    """The fields a record format is sniffed with (--field), as the key its memo is kept under."""
+    return json.dumps(config.fields, sort_keys=True)
+
+
+def _task_and_formats(
+    config: PackConfig, sources: list[InputSource], memo: Memo, key: str
+) -> tuple[str, dict[str, str | None]]:
+    """The run's task (--task, or found from the formats) and each input's record format (remembered in
+    ``memo``, the run's hash memo, under the fields' ``key``, or sniffed)."""
+    task, formats = preference.resolve_task(
+        config.task, _record_formats(config, sources, memo, key), config.overflow, config.output_format,
+        config.truncate_side,
+    )  # fmt: skip
+    if config.processor is not None and task != "sft":
+        found = next(fmt for fmt in formats.values() if fmt in ("preference", "kto"))
+        raise UsageError(
+            f"the inputs are {found} records, and {task} data with images is not supported yet; leave out ",
+            Opt("processor"),
+            " or pack SFT records",
+        )
+    return task, formats
+
+
+def _record_formats(config: PackConfig, sources: list[InputSource], memo: Memo, key: str) -> dict[str, str | None]:
+    """Each input's record format (--format, or sniffed from its first records, or remembered from the run
+    that last sniffed the file as it is now), by its display name.
+
+    Under --on-error fail, an input whose format cannot be told stops the run, naming its fields.
+    """
+    formats: dict[str, str | None] = {}
+    for source in sources:
+        seen: list[str] = []
+        fmt: str | None
+        if config.format != "auto":
+            fmt, unparsed = config.format, None
+        elif (known := memo.remembered_format(source, key)) is not None:
+            fmt, unparsed = known, None
+        else:
+            fmt, unparsed = _sniff_format(source, config.fields, seen)
+        if fmt is None and unparsed is not None and config.on_error == "fail":
+            raise InputError(*unparsed)
+        if fmt is None and config.on_error == "fail":
+            shown = ", ".join(seen[:12]) + (f" and {len(seen) - 12} more" if len(seen) > 12 else "")
+            raise InputError(
+                f"{source.display}: cannot tell the record format from the fields of its first records "
+                f"({shown or 'none'}); a record needs {accepted_fields(config.fields)}",
+                hint=("pass ", Opt("format"), ", or ", Opt("fields"), " to name the fields"),
+            )
+        formats[source.display] = fmt
+    return formats
+
+
+def _sniff_format(
+    source: InputSource, fields: dict[str, str], seen: list[str] | None = None
+) -> tuple[str | None, tuple[Part, ...] | None]:
+    """Return the record format of a source, from the fields of its first readable records.
+
+    When it cannot be told and a record could not be parsed before the first that could (a first line
+    that is no JSON: a header, a note), also return why (where, what and the fix): in input order that,
+    not the fields of the records after it, is the problem to report. ``seen`` receives the fields of
+    the records read (or what a record is, when it is no object), for the error that names them.
+    """
+    first_error: tuple[Part, ...] | None = None
+    parsed = False
+    seen = [] if seen is None else seen
+    for batch in read_head(source, 50):
+        errors = {pos: (reason, detail) for pos, reason, detail in batch.errors}
+        for item, pos in zip(batch.items, batch.positions, strict=True):
+            try:
+                if pos in errors:
+                    raise RecordError(*errors[pos])
+                record = worker.parse_line(item) if batch.raw_lines else item
+            except RecordError as err:
+                unit = "line" if batch.raw_lines else "record"
+                if not parsed:
+                    first_error = first_error or (
+                        f"{where(source.display, unit, pos)}: ",
+                        *err.parts,
+                        "; ",
+                        *record_fix(err.reason),
+                    )
+                continue
+            parsed = True
+            for name in record if isinstance(record, dict) else [f"a {type(record).__name__}, not an object"]:
+                if str(name) not in seen:
+                    seen.append(str(name))
+            fmt = detect_format(record, fields)
+            if fmt is not None:
+                return fmt, None
+        break
+    return None, first_error
