@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from packcli.contract import IMAGE_COLUMNS
 from packcli.results import ImageRecord, ShardEntry, TokenizerIdentity
@@ -88,6 +87,8 @@ def image_columns(
 def written_image_counts(table: pa.Table) -> dict[str, int]:
     """Return the image counts (``IMAGE_COUNTS``) of rows as written: a sample is counted once per row it
     is in, an image as bytes when it has no path (``image_refs`` null)."""
+    import pyarrow.compute as pc  # costs a text run's start-up some 25 ms; only image rows need it
+
     refs = table.column("image_refs").combine_chunks()
     per_row = refs.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
     sample = table.column("image_sample").combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.int64)
