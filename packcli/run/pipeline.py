@@ -355,7 +355,7 @@ def _manifest(
         rank_tokens=summary.rank_tokens,
         rank_token_spread=summary.rank_token_spread,
         step_balance=summary.step_balance,
-        columns=list(layout.schema().names),  # as the shards read back (shard_formats)
+        columns=layout.columns(),  # as the shards read back (shard_formats)
         # A model's input embedding must have more rows than this (packcli.train.checks.check_compatible).
         max_token_id=max((s.max_token_id for s in shards if s.max_token_id is not None), default=-1),
         shards=shards,
