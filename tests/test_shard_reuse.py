@@ -5,11 +5,14 @@ is never reused; a new plan is written, and an entry keeps the shards of its two
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from packcli.io import fingerprint
 from packcli.output import reuse, write
 
 
@@ -57,6 +60,33 @@ def test_a_repack_with_the_same_plan_takes_its_shards_from_the_cache_entry(
     pack(*argv, "-o", tmp_path / "a", "--overwrite")  # the same output again: replaced by the same bytes
     assert _shards(tmp_path / "a") == _shards(tmp_path / "b")
     assert writes == []
+
+
+# Runs the command line given in argv; prints which of the packages a run that reuses its shards has no use
+# for were imported (the shard writer's pyarrow, the template renderer's jinja2, the tokenizers). RACY_NS 0
+# stands for an input written long before the run: its hash and parts are known by its stamp, unread.
+IMPORTED = """
+import sys
+from packcli.cli import main
+from packcli.io import fingerprint
+fingerprint.RACY_NS = 0
+main(sys.argv[1:])
+print(" ".join(m for m in ("pyarrow", "jinja2", "transformers", "tokenizers", "zstandard") if m in sys.modules))
+"""
+
+
+def test_a_repack_that_reuses_its_shards_imports_no_writer_renderer_or_tokenizer(
+    tmp_path: Path, pack: Any, chat_jsonl: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fingerprint, "RACY_NS", 0)
+    argv = [str(chat_jsonl), "--max-len", "256", "--cache-dir", str(cache_dir), "--num-proc", "1"]
+    pack(*argv, "-o", tmp_path / "a")
+    command = [sys.executable, "-c", IMPORTED, "pack", *argv, "-q", "-o", str(tmp_path / "b")]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == []
+    assert _shards(tmp_path / "b") == _shards(tmp_path / "a")
+    assert reuse.writer_version() == __import__("pyarrow").__version__  # the key names the writer installed
 
 
 def test_a_kept_shard_that_changed_is_written_anew_and_dropped(

@@ -244,6 +244,20 @@ def test_build_rows_positions_restart_and_padding_is_its_own_segment() -> None:
     assert table.schema == SHARD_SCHEMA
 
 
+@pytest.mark.parametrize(
+    "layout",
+    [
+        RowLayout(8),
+        RowLayout(8, pad_multiple=4, loss_weighting="sqrt", sample_roles=True, sources=True, trees=True),
+        RowLayout(8, images=True),
+        RowLayout(8, loss_weighting="sample", images=True, image_bytes=True, image_spans=True),
+    ],
+)
+def test_a_layouts_column_names_are_those_of_its_schema(layout: RowLayout) -> None:
+    """The manifest lists the columns by these names, found without pyarrow (a cache hit does not import it)."""
+    assert layout.columns() == layout.schema().names
+
+
 @pytest.mark.parametrize("output_format", ["parquet", "arrow"])
 def test_write_and_read_a_shard(tmp_path: Path, output_format: str) -> None:
     table = build_rows(np.arange(6, dtype=np.int32), np.arange(6, dtype=np.int32), np.array([2, 4]), np.array([1, 1]),

@@ -55,7 +55,6 @@ from packcli.config import (
 )
 from packcli.contract import Progress
 from packcli.errors import Message, UsageError
-from packcli.output.formats import format_of, read_shard
 from packcli.output.manifest import read_checked_manifest
 from packcli.procs.stop import reset_stop
 from packcli.results import OutputStats, RawStats, RunSummary
@@ -163,6 +162,8 @@ class PackResult:
     def dataset(self) -> Any:
         """Return the shards as a ``datasets.Dataset`` (rows in order), ready for a Trainer."""
         from datasets import Dataset, concatenate_datasets
+
+        from packcli.output.formats import format_of, read_shard
 
         if self.shards and format_of(self.shards[0]).name in ("mds", "megatron"):
             # Read back as packcli rows (in memory): the layouts of other trainers are not datasets' own.

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 import packcli.cli.render as console
 from packcli.cli.options import CacheDirOption, JsonFlag
@@ -97,6 +96,8 @@ def human_age(seconds: float) -> str:
 
 def print_cache_entries(root: str, entries: list[dict[str, Any]]) -> None:
     """The entries of the cache (``packcli cache ls``), least recently used first, on stdout."""
+    from rich.table import Table
+
     total = sum(e["bytes"] for e in entries)
     table = Table(title=f"{len(entries)} entries, {human_bytes(total)} in {root}", title_justify="left")
     for name, justify in (("key", "left"), ("size", "right"), ("last used", "right"), ("made by", "left")):

@@ -4,28 +4,37 @@ progress bars), stdout for what a command prints (under ``--json``, kept for its
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stdout
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+if TYPE_CHECKING:
+    from rich.console import Console
 
-stderr = Console(stderr=True, highlight=False)
-stdout = Console(highlight=False, emoji=False)
+    stderr: Console
+    stdout: Console
 
 STAGE_LABELS = {"tokenize": "Tokenizing records", "write": "Writing rows"}
+
+
+@functools.cache
+def _console(name: str) -> Console:
+    """The console ``stderr`` or ``stdout``, made (and rich imported) when a line is first printed on it:
+    a run that prints nothing for people, such as ``pack -q --json`` without warnings, never imports rich."""
+    from rich.console import Console
+
+    if name == "stderr":
+        return Console(stderr=True, highlight=False)
+    return Console(highlight=False, emoji=False)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("stderr", "stdout"):
+        return _console(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # The stdout that --json writes to, while everything else written to stdout goes to stderr.
@@ -61,12 +70,18 @@ def emit_json(data: Any, ensure_ascii: bool = True) -> None:
 
 def error(message: str) -> None:
     """Print one error line on stderr."""
-    stderr.print(f"[bold red]Error:[/] {escape(message)}", soft_wrap=True, markup=True, highlight=False, emoji=False)
+    from rich.markup import escape
+
+    _console("stderr").print(
+        f"[bold red]Error:[/] {escape(message)}", soft_wrap=True, markup=True, highlight=False, emoji=False
+    )
 
 
 def warning(message: str) -> None:
     """Print one warning line on stderr."""
-    stderr.print(
+    from rich.markup import escape
+
+    _console("stderr").print(
         f"[bold yellow]Warning:[/] {escape(message)}", soft_wrap=True, markup=True, highlight=False, emoji=False
     )
 
@@ -77,6 +92,16 @@ def progress_bars(enabled: bool) -> Iterator[Any]:
     if not enabled or not sys.stderr.isatty():
         yield lambda stage, advance, total: None
         return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TaskID,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
     bars = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -85,7 +110,7 @@ def progress_bars(enabled: bool) -> Iterator[Any]:
         TimeElapsedColumn(),
         TextColumn("eta"),
         TimeRemainingColumn(),
-        console=stderr,
+        console=_console("stderr"),
         transient=False,
     )
     tasks: dict[str, TaskID] = {}

@@ -171,16 +171,23 @@ def merge_preset(
     come back relative to the current directory.
     """
     from packcli.api import available_cores
-    from packcli.config.presets import load_config_file, parse_field_flags, parse_template_kwargs
     from packcli.records.formats import DEFAULT_FIELDS
 
-    options: dict[str, Any] = load_config_file(config) if config else {}
+    options: dict[str, Any] = {}
+    if config:
+        from packcli.config.presets import load_config_file
+
+        options = load_config_file(config)
     for name, value in flags.items():
         if given(ctx, name) or name not in options:
             options[name] = value
     if field:
+        from packcli.config.presets import parse_field_flags
+
         options["fields"] = {**DEFAULT_FIELDS, **options.get("fields", {}), **parse_field_flags(field)}
     if template_kwarg:
+        from packcli.config.presets import parse_template_kwargs
+
         options["template_kwargs"] = {**options.get("template_kwargs", {}), **parse_template_kwargs(template_kwarg)}
     options["num_proc"] = num_proc if num_proc is not None else options.get("num_proc", available_cores())
     options["cache"] = not no_cache and options.get("cache", True)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from packcli import api
 from packcli.cli.options import (
     ConfigOption,
     JsonFlag,
@@ -18,7 +17,9 @@ from packcli.cli.options import (
     with_options,
 )
 from packcli.config import PackConfig
-from packcli.results import RunSummary
+
+if TYPE_CHECKING:
+    from packcli.results import RunSummary
 
 # The options whose parameter here has their own name, passed on as given; the others of PackConfig come
 # from --field, --template-kwarg, --num-proc and --no-cache (merge_preset).
@@ -59,7 +60,9 @@ def pack(
     Example: packcli pack data.jsonl --max-len 4096 -o out/
     """
     cfg = _pack_config(ctx, {"inputs": inputs, "config": config, **options})
+    # The library (and numpy, pyarrow) loads for a run, not for ``--help`` or another command.
     import packcli.cli.render as console
+    from packcli import api
 
     with console.progress_bars(enabled=not quiet) as progress:
         summary = api.run(cfg, progress).summary

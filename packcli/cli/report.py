@@ -26,10 +26,10 @@ from packcli.cli.options import (
     with_options,
 )
 from packcli.config import OPTION_GROUPS
-from packcli.results import OutputStats, RawStats
 
 if TYPE_CHECKING:
     from packcli.report.reencode import Reencoded
+    from packcli.results import OutputStats, RawStats
 
 RAW_ONLY = ("max_len", *TOKEN_PARAMETERS, "num_proc", "cache_dir", "no_cache")
 # The options of a raw-input stats run, by PackConfig name: what decides tokens, and the cache.
@@ -208,6 +208,8 @@ def _raw_stats(paths: list[str], options: dict[str, Any], lens: list[int], batch
 
 def _show_stats(result: OutputStats | RawStats, packed: bool, plot: str | None, json_out: bool) -> None:
     """Draw the --plot file, then print the figures: JSON, or the packed or raw table."""
+    from packcli.results import OutputStats
+
     if plot is not None:
         from packcli.report.plot import plot_histograms, write_plot
 

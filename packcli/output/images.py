@@ -22,26 +22,34 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
-from packcli.contract import IMAGE_COLUMNS
 from packcli.results import ImageRecord, ShardEntry, TokenizerIdentity
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# pyarrow is imported by the functions that make columns: a text run imports this module for
+# ``with_written_images`` alone, and a cache hit writes no column.
 
 # The manifest's image counts: samples with images, images, their image tokens, images that came as bytes.
 IMAGE_COUNTS = ("samples", "images", "image_tokens", "embedded")
 
 
-def _written(name: str, with_bytes: bool, with_spans: bool) -> bool:
+def written(name: str, with_bytes: bool, with_spans: bool) -> bool:
+    """Whether image column ``name`` is written: image_bytes only ``with_bytes``, image_spans only ``with_spans``."""
     return (with_bytes or name != "image_bytes") and (with_spans or name != "image_spans")
 
 
 def image_fields(with_bytes: bool, with_spans: bool = False) -> list[pa.Field]:
     """Return the image columns' fields (``image_bytes`` only ``with_bytes``, ``image_spans`` only ``with_spans``)."""
-    return [pa.field(name, kind) for name, kind in IMAGE_COLUMNS if _written(name, with_bytes, with_spans)]
+    import pyarrow as pa
+
+    from packcli.contract import IMAGE_COLUMNS
+
+    return [pa.field(name, kind) for name, kind in IMAGE_COLUMNS if written(name, with_bytes, with_spans)]
 
 
 def image_columns(
@@ -58,6 +66,10 @@ def image_columns(
     ``images`` holds each sample's images (offsets within the sample as stored); ``skips`` the tokens
     cut from each sample's start (--truncate-side left), which move its images' offsets.
     """
+    import pyarrow as pa
+
+    from packcli.contract import IMAGE_COLUMNS
+
     lengths = np.asarray(lengths, dtype=np.int64)
     starts = np.cumsum(lengths) - lengths
     row_first = np.cumsum(samples_per_row) - samples_per_row
@@ -82,12 +94,14 @@ def image_columns(
         for name in values:
             values[name].append(row[name])
         del r
-    return [pa.array(values[name], type=kind) for name, kind in IMAGE_COLUMNS if _written(name, with_bytes, with_spans)]
+    return [pa.array(values[name], type=kind) for name, kind in IMAGE_COLUMNS if written(name, with_bytes, with_spans)]
 
 
 def written_image_counts(table: pa.Table) -> dict[str, int]:
     """Return the image counts (``IMAGE_COUNTS``) of rows as written: a sample is counted once per row it
     is in, an image as bytes when it has no path (``image_refs`` null)."""
+    import pyarrow.compute as pc
+
     refs = table.column("image_refs").combine_chunks()
     per_row = refs.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
     sample = table.column("image_sample").combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.int64)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from packcli.contract import TREE_COLUMNS, shard_schema
+from packcli.contract import IMAGE_SHARD_COLUMNS, TREE_COLUMNS, shard_columns, shard_schema
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,8 @@ class RowLayout:
         """The length every row is padded to (``--pad-to-max``), or None."""
         return self.max_len if self.pad_to_max else None
 
-    def schema(self) -> Any:
-        """The columns the rows have: SHARD_SCHEMA and the optional columns this layout asks for."""
+    def optional_columns(self) -> list[str]:
+        """The optional columns (``contract.OPTIONAL_SHARD_COLUMNS``) this layout asks for, in their order."""
         optional = []
         if self.pad_multiple > 1:
             optional.append("seq_lengths_unpadded")
@@ -51,10 +51,23 @@ class RowLayout:
             optional.append("source")
         if self.trees:
             optional.extend(TREE_COLUMNS)
-        schema = shard_schema(optional)
+        return optional
+
+    def schema(self) -> Any:
+        """The columns the rows have: SHARD_SCHEMA and the optional columns this layout asks for."""
+        schema = shard_schema(self.optional_columns())
         if self.images:
             from packcli.output.images import image_fields
 
             for f in image_fields(self.image_bytes, self.image_spans):
                 schema = schema.append(f)
         return schema
+
+    def columns(self) -> list[str]:
+        """The names of ``schema()``'s columns, in order, without pyarrow (the manifest lists them)."""
+        names = shard_columns(self.optional_columns())
+        if self.images:
+            from packcli.output.images import written
+
+            names += [name for name, _ in IMAGE_SHARD_COLUMNS if written(name, self.image_bytes, self.image_spans)]
+        return names

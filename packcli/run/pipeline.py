@@ -24,13 +24,11 @@ from packcli.plan.planner import Plan
 from packcli.results import CachePruned, Counts, Manifest, RunSummary, Seconds, ShardEntry, StageSeconds
 from packcli.run.options import row_layout
 from packcli.run.planned import EvalSplit, PlannedRun, plan_run, run_summary
-from packcli.run.record_files import write_fix_log, write_rejects
 from packcli.run.tokenized import TokenizedInputs, tokenized_inputs
 from packcli.store.cachedir import parse_size, prune
 from packcli.store.key import default_cache_dir
 from packcli.store.tokens import TokenStore
 from packcli.version import __version__
-from packcli.vision.families import SPANNED
 
 __all__ = ["run_pack", "tokenized_inputs"]
 
@@ -163,16 +161,20 @@ def _write_output(
     store, plan = planned.store, planned.plan
     held_processor = store.meta.tokenizer.get("processor") or {}
     embedded = held_processor.get("images", {}).get("embedded", 0)
-    spanned = held_processor.get("family") in SPANNED
+    spanned = _spanned(held_processor.get("family"))
     layout = row_layout(found, inputs.pad_id, embedded, spanned)
     shards = _reused_or_written(config, engine, layout, store, plan, staged.tmp if staged else None, progress)
     marks["shards"] = time.perf_counter()
     index_files = _write_index_files(config, staged.tmp if staged else None, shards)
     if config.rejects:
+        from packcli.run.record_files import write_rejects
+
         rejects = prepared.rejects_path(config.rejects) if prepared else Path(config.rejects)
         extra = planned.deduped.rejects if planned.deduped is not None else []
         write_rejects(rejects, store, plan, inputs.sources, config.limit, extra)
     if config.fix_turns_log:
+        from packcli.run.record_files import write_fix_log
+
         write_fix_log(Path(config.fix_turns_log), store)
     rejects_file = prepared.rejects_relative.as_posix() if prepared and prepared.rejects_relative else None
     manifest = _manifest(found, inputs, summary, shards, layout, index_files or None, rejects_file)
@@ -181,6 +183,16 @@ def _write_output(
             found, inputs, engine, layout, eval_split.held, eval_split.plan, eval_split.summary, staged.tmp, progress
         )
     return shards, manifest
+
+
+def _spanned(family: str | None) -> bool:
+    """Whether the processor family's image is a span of markers and image tokens (``vision.families.SPANNED``);
+    a text run has no family, and imports no vision."""
+    if family is None:
+        return False
+    from packcli.vision.families import SPANNED
+
+    return family in SPANNED
 
 
 def _reused_or_written(
@@ -355,7 +367,7 @@ def _manifest(
         rank_tokens=summary.rank_tokens,
         rank_token_spread=summary.rank_token_spread,
         step_balance=summary.step_balance,
-        columns=list(layout.schema().names),  # as the shards read back (shard_formats)
+        columns=layout.columns(),  # as the shards read back (shard_formats)
         # A model's input embedding must have more rows than this (packcli.train.checks.check_compatible).
         max_token_id=max((s.max_token_id for s in shards if s.max_token_id is not None), default=-1),
         shards=shards,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bz2
 import contextlib
+import functools
 import hashlib
 import io
 import lzma
@@ -118,7 +119,7 @@ class Decompressed(io.RawIOBase):
             else:
                 data, self._input = self._input, b""
                 self._output = member.decompress(data, MAX_OUTPUT)
-        except _DECODE_ERRORS as exc:
+        except _decode_errors() as exc:
             if self._members > 1 and not self._fed:
                 raise self._error(
                     f"after {_MEMBER[self._compression]} {self._members - 1} the file holds bytes that are not "
@@ -146,7 +147,9 @@ class Decompressed(io.RawIOBase):
 _MEMBER = {"gzip": "member", "bz2": "stream", "xz": "stream", "zstd": "frame"}
 
 
+@functools.cache
 def _decode_errors() -> tuple[type[BaseException], ...]:
+    """What decoding damaged data raises: asked when decoding fails, so that this module imports no zstandard."""
     errors: list[type[BaseException]] = [OSError, EOFError, lzma.LZMAError, zlib.error]
     try:
         import zstandard
@@ -155,9 +158,6 @@ def _decode_errors() -> tuple[type[BaseException], ...]:
     except ImportError:
         pass
     return tuple(errors)
-
-
-_DECODE_ERRORS = _decode_errors()
 
 
 # Decompressed bytes buffered for the readers.

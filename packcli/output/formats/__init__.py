@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from packcli.output.formats.arrow import ArrowStreamFormat
 from packcli.output.formats.base import (
@@ -34,6 +33,9 @@ from packcli.output.formats.base import (
 from packcli.output.formats.mds import MDS_INDEX, MDSFormat
 from packcli.output.formats.megatron import MEGATRON_METADATA, MegatronFormat
 from packcli.output.formats.parquet import ParquetFormat
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = [
     "FORMATS",

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from packcli.output.formats.base import ShardFormat, ShardWriter
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 class _ArrowStreamWriter:
     def __init__(self, path: Path, schema: pa.Schema) -> None:
+        import pyarrow as pa
+
         self._sink = pa.OSFile(str(path), "wb")
         try:
             self._writer = pa.ipc.new_stream(self._sink, schema)
@@ -40,6 +44,8 @@ class ArrowStreamFormat(ShardFormat):
         return _ArrowStreamWriter(path, schema)
 
     def batches(self, path: Path, columns: Sequence[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
         with pa.memory_map(str(path)) as source:
             for batch in pa.ipc.open_stream(source):
                 if columns:
@@ -48,9 +54,13 @@ class ArrowStreamFormat(ShardFormat):
                     yield batch.slice(start, batch_rows)
 
     def schema(self, path: Path) -> pa.Schema:
+        import pyarrow as pa
+
         with pa.memory_map(str(path)) as source:
             return pa.ipc.open_stream(source).schema
 
     def read(self, path: Path) -> pa.Table:
+        import pyarrow as pa
+
         with pa.memory_map(str(path)) as source:
             return pa.ipc.open_stream(source).read_all()

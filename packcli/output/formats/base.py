@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from packcli.jsontypes import JSONObject
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 READ_BATCH_ROWS = 1024
 # Why an index file must be there (verify: "index.json: is missing: <this>, but the file is not there").
@@ -74,6 +75,8 @@ class ShardFormat:
 
     def read(self, path: Path) -> pa.Table:
         """Return the whole shard as a table."""
+        import pyarrow as pa
+
         return pa.Table.from_batches(list(self.batches(path, None, READ_BATCH_ROWS)), schema=self.schema(path))
 
 
@@ -134,6 +137,8 @@ def _differences(path: str, found: Any, expected: Any) -> Iterator[tuple[str, An
 
 def damaged(kind: str, path: Path, exc: Exception) -> pa.ArrowInvalid:
     """The error a malformed shard raises: an ArrowException, as the read side expects of any format."""
+    import pyarrow as pa
+
     return pa.ArrowInvalid(f"{path.name}: not a valid {kind} shard ({type(exc).__name__}: {exc})")
 
 

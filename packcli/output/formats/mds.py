@@ -14,10 +14,9 @@ import json
 import mmap
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
 
 from packcli.errors import Opt, ShardTooLarge
 from packcli.jsontypes import JSONObject
@@ -32,20 +31,25 @@ from packcli.output.formats.base import (
     read_index,
 )
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 MDS_INDEX = "index.json"
-_MDS_DTYPES = {pa.int8(): "int8", pa.int32(): "int32", pa.int64(): "int64", pa.float32(): "float32"}
 _MDS_SHAPE_DTYPES = (np.uint8, np.uint16, np.uint32, np.uint64)
 _UINT32_MAX = (1 << 32) - 1
 
 
 def _mds_config(schema: pa.Schema) -> JSONObject:
+    import pyarrow as pa
+
+    dtypes = {pa.int8(): "int8", pa.int32(): "int32", pa.int64(): "int64", pa.float32(): "float32"}
     names = sorted(schema.names)
     encodings = []
     for name in names:
         kind = schema.field(name).type
-        if not pa.types.is_list(kind) or kind.value_type not in _MDS_DTYPES:
+        if not pa.types.is_list(kind) or kind.value_type not in dtypes:
             raise ValueError(f"column {name} of type {kind} has no MDS encoding here")
-        encodings.append(f"ndarray:{_MDS_DTYPES[kind.value_type]}")
+        encodings.append(f"ndarray:{dtypes[kind.value_type]}")
     return {
         "column_encodings": encodings,
         "column_names": names,
@@ -159,6 +163,8 @@ class MDSFormat(ShardFormat):
     def _batches(
         self, config: JSONObject, offsets: np.ndarray, data: Any, columns: Sequence[str] | None, batch_rows: int
     ) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
         schema = _mds_schema(config)
         wanted = list(columns) if columns else schema.names
         names = config["column_names"]
@@ -224,6 +230,8 @@ class MDSFormat(ShardFormat):
 
 def _mds_schema(config: JSONObject) -> pa.Schema:
     """The packcli schema of an MDS shard's columns: SHARD_SCHEMA's order, then the optional columns."""
+    import pyarrow as pa
+
     from packcli.contract import OPTIONAL_COLUMNS, SHARD_SCHEMA
 
     known = [*SHARD_SCHEMA, *OPTIONAL_COLUMNS]

@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
 
 from packcli.jsontypes import JSONObject
 from packcli.output.formats.base import (
@@ -29,6 +29,9 @@ from packcli.output.formats.base import (
     damaged,
     read_index,
 )
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 MEGATRON_METADATA = "packing_metadata.json"
 
@@ -47,12 +50,16 @@ def _segment_starts(seq_lengths: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
 
 def _offsets(col: pa.ListArray) -> pa.Array:
     """A list column's offsets, starting at 0 (a sliced column's start elsewhere)."""
+    import pyarrow as pa
+
     offsets = col.offsets.to_numpy()
     return pa.array((offsets - offsets[0]).astype(np.int32), type=pa.int32())
 
 
 def _megatron_table(table: pa.Table) -> pa.Table:
     """packcli rows -> Megatron's packed layout (plus packcli's per-sample columns)."""
+    import pyarrow as pa
+
     from packcli.contract import IGNORE_INDEX
 
     ids = table.column("input_ids").combine_chunks()
@@ -93,6 +100,8 @@ class _MegatronWriter:
 
 
 def _megatron_schema(schema: pa.Schema) -> pa.Schema:
+    import pyarrow as pa
+
     fields = [
         pa.field("input_ids", pa.list_(pa.int32())),
         pa.field("loss_mask", pa.list_(pa.int8())),
@@ -108,6 +117,8 @@ def _megatron_schema(schema: pa.Schema) -> pa.Schema:
 
 def _packcli_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
     """Megatron's packed layout -> packcli rows (labels unshifted from loss_mask, positions per sample)."""
+    import pyarrow as pa
+
     from packcli.contract import IGNORE_INDEX, SHARD_SCHEMA, shard_schema
 
     ids_col = batch.column("input_ids")
@@ -192,6 +203,8 @@ class MegatronFormat(ShardFormat):
                 yield out.select(list(columns)) if columns else out
 
     def read(self, path: Path) -> pa.Table:
+        import pyarrow as pa
+
         return pa.Table.from_batches(list(self.batches(path, None, READ_BATCH_ROWS)), schema=self.schema(path))
 
     def write_index(self, directory: Path, files: Sequence[str], max_len: int) -> list[str]:

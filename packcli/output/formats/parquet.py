@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from packcli.output.formats.base import ShardFormat, ShardWriter
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 class _ParquetWriter:

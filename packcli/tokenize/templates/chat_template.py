@@ -19,7 +19,6 @@ from packcli.errors import Message, Opt, Part, RecordError, TokenizerError, firs
 from packcli.jsontypes import ChatMessage, TemplateKwargs
 from packcli.records.formats import Sample
 from packcli.records.images import IMAGE_KEY
-from packcli.tokenize.templates import rendering
 from packcli.tokenize.templates.agentic import (
     THINK_CLOSE,
     Reasoning,
@@ -32,7 +31,6 @@ from packcli.tokenize.templates.agentic import (
     reasoning_left_out,
     renders_tools,
 )
-from packcli.tokenize.templates.rendering import compile_template
 from packcli.tokenize.templates.spans import assistant_spans
 from packcli.tokenize.templates.template_errors import located, template_failure, with_twin
 from packcli.tokenize.templates.template_shape import Render, TemplateShape, learn_shape
@@ -64,6 +62,10 @@ class ChatTemplate:
         self.refused: Callable[[], TokenizerError] | None = None
         # A run with a processor: image parts (packcli.records.images) render as {"type": "image"}.
         self.images = False
+        # The renderer (jinja2) is imported by the first template made, not with this module: a cache hit
+        # imports this module and renders nothing.
+        from packcli.tokenize.templates.rendering import compile_template
+
         try:
             compile_template(template)
         except Exception as exc:
@@ -82,6 +84,8 @@ class ChatTemplate:
         """Return the rendered conversation and, with ``spans``, its generation-block character spans."""
         if self.refused is not None:
             raise self.refused()
+        from packcli.tokenize.templates import rendering
+
         try:
             return rendering.render(
                 self.template,
