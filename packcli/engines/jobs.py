@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packcli.contract import Progress
 from packcli.io.sources import InputSource
@@ -19,8 +20,10 @@ from packcli.plan.planner import Plan
 from packcli.results import FileDigest
 from packcli.store.parts import InputParts
 from packcli.store.tokens import TokenStore
-from packcli.tokenize.encoders.encoder import Encoder
 from packcli.tokenize.options import TokenizeOptions
+
+if TYPE_CHECKING:
+    from packcli.tokenize.encoders.encoder import Encoder
 
 # Checks a found cache entry's token files: (the entry's directory, its files' entries by name).
 DigestChecker = Callable[[str, dict[str, FileDigest]], None]

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packcli.config import PackConfig
 from packcli.io.sources import InputSource
 from packcli.io.uri import is_uri
 from packcli.run.options import encode_options
 from packcli.store.key import default_cache_dir
-from packcli.tokenize.encoders.encoder import Encoder
-from packcli.tokenize.encoders.text_encoders import Work
+
+if TYPE_CHECKING:
+    from packcli.tokenize.encoders.encoder import Encoder
 
 
 def run_encoder(config: PackConfig, sources: list[InputSource] | None = None) -> Encoder:
@@ -23,6 +25,10 @@ def run_encoder(config: PackConfig, sources: list[InputSource] | None = None) ->
     encoder pays for its load (``text_encoders.Work``). The tokenizer is opened from its record in the
     cache, which learns it, unless the run writes nothing there (``--no-cache``, a dry run).
     """
+    # Imported here: a run that finds its store in the cache loads no tokenizer, nor the modules that do.
+    from packcli.tokenize.encoders.encoder import Encoder
+    from packcli.tokenize.encoders.text_encoders import Work
+
     records = None
     if config.cache and not config.dry_run:
         records = Path(config.cache_dir) if config.cache_dir else default_cache_dir()

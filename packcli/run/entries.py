@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packcli.config import PackConfig
 from packcli.engines import DigestChecker, Engine, HashJob
@@ -23,10 +24,12 @@ from packcli.store.images import changed_image, load_images
 from packcli.store.integrity import DamagedStore
 from packcli.store.key import cache_key
 from packcli.store.tokens import TokenStore, find_store
-from packcli.tokenize.encoders.encoder import Encoder
 from packcli.tokenize.encoders.tokenizer import DEFAULT_TOKENIZER, tokenizer_fingerprint
 from packcli.tokenize.templates.choice import builtin_name
 from packcli.version import __version__
+
+if TYPE_CHECKING:
+    from packcli.tokenize.encoders.encoder import Encoder
 
 # Bumped whenever the same inputs and options would give other tokens, labels or store meta, so the cache
 # misses. 5: messages' own "train"/"weight" marks are read (and removed before rendering); 6: the tokens of

@@ -11,7 +11,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packcli.config import PackConfig
 from packcli.contract import Progress
@@ -27,9 +27,10 @@ from packcli.run.options import tokenize_options
 from packcli.store import parts
 from packcli.store.cachedir import EntryLock, allow_open_files, touch
 from packcli.store.tokens import TokenStore
-from packcli.tokenize.batches import ingest
-from packcli.tokenize.encoders.encoder import Encoder
-from packcli.tokenize.options import CACHE_FIX
+from packcli.tokenize.options import BATCH_SIZE, CACHE_FIX
+
+if TYPE_CHECKING:
+    from packcli.tokenize.encoders.encoder import Encoder
 
 
 @dataclass
@@ -115,7 +116,7 @@ def _input_parts(run: PartRun, cuts: list[list[Any] | None]) -> list[parts.Input
         entry: list[Any] = [source.kind, source.compression, run.inputs.formats[source.display]]
         if not chained:
             entry.append(digest)
-        keying = functools.partial(parts.part_key, entry, options=run.options, batch_size=ingest.BATCH_SIZE, cuts=cut)
+        keying = functools.partial(parts.part_key, entry, options=run.options, batch_size=BATCH_SIZE, cuts=cut)
         ends = run.inputs.memo.remembered_part_ends(source, parts.part_layout(source)) if chained else None
         made.append(parts.InputParts(source, n, keying, cuts=cut, chained=chained, chain=ends))
     return made

@@ -27,7 +27,6 @@ from packcli.procs.stop import raise_if_stopped
 from packcli.records import preference
 from packcli.records.formats import accepted_fields, detect_format
 from packcli.store.key import default_cache_dir
-from packcli.tokenize.batches import worker
 from packcli.tokenize.templates.choice import builtin_name, read_chat_template
 
 # An input's content hash and record count, either None where not known without reading it again.
@@ -197,6 +196,8 @@ def _sniff_format(
     not the fields of the records after it, is the problem to report. ``seen`` receives the fields of
     the records read (or what a record is, when it is no object), for the error that names them.
     """
+    from packcli.tokenize.batches import worker  # a line decoded as the workers decode it; not on a memo hit
+
     first_error: tuple[Part, ...] | None = None
     parsed = False
     seen = [] if seen is None else seen

@@ -13,9 +13,7 @@ from packcli.output.layout import RowLayout
 from packcli.plan.holdout import HoldoutOptions
 from packcli.plan.mix import MixOptions
 from packcli.plan.options import PlanOptions
-from packcli.tokenize.encoders.encoder import EncodeOptions
-from packcli.tokenize.long.split import SplitRule
-from packcli.tokenize.options import TokenizeOptions
+from packcli.tokenize.options import EncodeOptions, SplitRule, TokenizeOptions
 
 
 def tokenize_options(config: PackConfig) -> TokenizeOptions:

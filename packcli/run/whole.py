@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packcli.config import PackConfig
 from packcli.contract import Progress
@@ -30,7 +31,9 @@ from packcli.run.inputs import Inputs
 from packcli.run.options import tokenize_options
 from packcli.store.cachedir import touch
 from packcli.store.tokens import TokenStore
-from packcli.tokenize.encoders.encoder import Encoder
+
+if TYPE_CHECKING:
+    from packcli.tokenize.encoders.encoder import Encoder
 
 # Looks up the run's entry by its key: the store found (locked while in use), the cache state, warnings.
 LookUp = Callable[[str], tuple[TokenStore | None, str, list[Message]]]

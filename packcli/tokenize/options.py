@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from packcli.errors import Opt, Part, Text
-from packcli.tokenize.encoders.encoder import EncodeOptions
-from packcli.tokenize.long.split import SplitRule
+from packcli.jsontypes import TemplateKwargs
+
+# Records read, and handed to a worker, at a time (the cache parts of an input are cut at batch ends).
+BATCH_SIZE = 256
 
 # What to do when the cache cannot be written.
 CACHE_FIX: tuple[Part, ...] = (
@@ -17,6 +20,37 @@ CACHE_FIX: tuple[Part, ...] = (
     " with free space, or pass ",
     Opt("cache", False),
 )
+
+
+@dataclass(frozen=True)
+class SplitRule:
+    """How records longer than ``max_len`` are cut (the options of ``--overflow split``)."""
+
+    max_len: int
+    system: str = "all"  # all | first
+    min_piece: int = 0
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    """What decides the tokens and labels of a sample (all of it goes into the cache key).
+
+    ``template_kwargs`` are the chat template's keyword arguments (``enable_thinking``,
+    ``reasoning_effort``...) as sorted (name, JSON value) pairs, so that the options stay hashable.
+    """
+
+    train_on: str = "auto"
+    add_eos: bool = True
+    template_kwargs: tuple[tuple[str, str], ...] = ()
+
+    @staticmethod
+    def kwargs_items(kwargs: TemplateKwargs) -> tuple[tuple[str, str], ...]:
+        """Return template keyword arguments in the form ``template_kwargs`` holds them."""
+        return tuple(sorted((str(k), json.dumps(v, sort_keys=True)) for k, v in kwargs.items()))
+
+    def kwargs(self) -> TemplateKwargs:
+        """Return the template keyword arguments as a dict of JSON values."""
+        return {k: json.loads(v) for k, v in self.template_kwargs}
 
 
 @dataclass(frozen=True)

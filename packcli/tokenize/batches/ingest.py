@@ -23,11 +23,10 @@ from packcli.tokenize.batches.building import POLICY_DROPS, TURN_FIXES, StoreBui
 from packcli.tokenize.batches.estimate import ReadRate, parts_left
 from packcli.tokenize.batches.worker import TokenizedBatch
 from packcli.tokenize.encoders.encoder import Encoder
-from packcli.tokenize.options import TokenizeOptions
+from packcli.tokenize.options import BATCH_SIZE, TokenizeOptions
 
 __all__ = ["BATCH_SIZE", "POLICY_DROPS", "TURN_FIXES", "tokenize_to_parts", "tokenize_to_store"]
 
-BATCH_SIZE = 256
 assert parts.PART_RECORDS % BATCH_SIZE == 0  # a batch lies in one cache part
 
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,32 +33,11 @@ from packcli.tokenize.images import Encoded, expand_images, image_tokens_masked
 from packcli.tokenize.long import long_text
 from packcli.tokenize.long.bounds import max_token_bytes
 from packcli.tokenize.long.long_text import NO_AFFIXES, Affixes, Joined
+from packcli.tokenize.options import EncodeOptions
 from packcli.tokenize.templates.agentic import Reasoning
 from packcli.tokenize.templates.chat_template import ChatTemplate
 from packcli.tokenize.templates.choice import TemplateChoice, choose_template, no_template
 from packcli.tokenize.templates.template_shape import TemplateShape
-
-
-@dataclass(frozen=True)
-class EncodeOptions:
-    """What decides the tokens and labels of a sample (all of it goes into the cache key).
-
-    ``template_kwargs`` are the chat template's keyword arguments (``enable_thinking``,
-    ``reasoning_effort``...) as sorted (name, JSON value) pairs, so that the options stay hashable.
-    """
-
-    train_on: str = "auto"
-    add_eos: bool = True
-    template_kwargs: tuple[tuple[str, str], ...] = ()
-
-    @staticmethod
-    def kwargs_items(kwargs: TemplateKwargs) -> tuple[tuple[str, str], ...]:
-        """Return template keyword arguments in the form ``template_kwargs`` holds them."""
-        return tuple(sorted((str(k), json.dumps(v, sort_keys=True)) for k, v in kwargs.items()))
-
-    def kwargs(self) -> TemplateKwargs:
-        """Return the template keyword arguments as a dict of JSON values."""
-        return {k: json.loads(v) for k, v in self.template_kwargs}
 
 
 class Encoder:

@@ -31,18 +31,10 @@ from packcli.contract import IGNORE_INDEX
 from packcli.errors import RecordError
 from packcli.jsontypes import ChatMessage
 from packcli.records.formats import Sample
+from packcli.tokenize.options import SplitRule
 from packcli.tokenize.templates.chat_template import resolve_train_on, trained_turns
 
 Encoded = tuple[np.ndarray, np.ndarray]
-
-
-@dataclass(frozen=True)
-class SplitRule:
-    """How records longer than ``max_len`` are cut (the options of ``--overflow split``)."""
-
-    max_len: int
-    system: str = "all"  # all | first
-    min_piece: int = 0
 
 
 @dataclass
