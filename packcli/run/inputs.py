@@ -89,7 +89,17 @@ def identify_inputs(config: PackConfig, engine: Engine, given: list[InputSource]
     cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     memo = Memo.load(cache_root / HASH_MEMO if config.cache else None)  # read once for the run's inputs
     key = fields_key(config)
-    task, formats = _task_and_formats(config, sources, memo, key)
+    task, formats = preference.resolve_task(
+        config.task, _record_formats(config, sources, memo, key), config.overflow, config.output_format,
+        config.truncate_side,
+    )  # fmt: skip
+    if config.processor is not None and task != "sft":
+        found = next(fmt for fmt in formats.values() if fmt in ("preference", "kto"))
+        raise UsageError(
+            f"the inputs are {found} records, and {task} data with images is not supported yet; leave out ",
+            Opt("processor"),
+            " or pack SFT records",
+        )
     # Who hashes the inputs where it reads them: the engine (Ray's tasks); None: this process, and the
     # local files are hashed as they are read to be tokenized.
     hashing = engine.hashing
@@ -136,25 +146,6 @@ def _hash(inputs: Inputs, hashing: FileHashing | None, cache: bool) -> None:
 def fields_key(config: PackConfig) -> str:
     """The fields a record format is sniffed with (--field), as the key its memo is kept under."""
     return json.dumps(config.fields, sort_keys=True)
-
-
-def _task_and_formats(
-    config: PackConfig, sources: list[InputSource], memo: Memo, key: str
-) -> tuple[str, dict[str, str | None]]:
-    """The run's task (--task, or found from the formats) and each input's record format (remembered in
-    ``memo``, the run's hash memo, under the fields' ``key``, or sniffed)."""
-    task, formats = preference.resolve_task(
-        config.task, _record_formats(config, sources, memo, key), config.overflow, config.output_format,
-        config.truncate_side,
-    )  # fmt: skip
-    if config.processor is not None and task != "sft":
-        found = next(fmt for fmt in formats.values() if fmt in ("preference", "kto"))
-        raise UsageError(
-            f"the inputs are {found} records, and {task} data with images is not supported yet; leave out ",
-            Opt("processor"),
-            " or pack SFT records",
-        )
-    return task, formats
 
 
 def _record_formats(config: PackConfig, sources: list[InputSource], memo: Memo, key: str) -> dict[str, str | None]:

@@ -96,24 +96,26 @@ def tokenized_inputs(
             return look_up(config, inputs.cache_root, key, fill_cache, limit, check, stack)
 
         store, state, warnings = entry(keyed.key)
-        run = PartRun(config, inputs, progress, rule_out_long, limit, engine, check, keyed.options, fill_cache)
-        if store is None:
-            warnings.extend(_unreachable(inputs.sources))
+        parts = False  # whether the store was assembled from cache parts
         if store is not None:
             if fill_cache:
                 touch(store.path)  # its last use, for pruning by age
-            as_this_run(store, inputs.sources, config)
-        elif (made := from_parts(run, (keyed.key, state), keyed.encoder, warnings, stack)) is not None:
-            # Made from the inputs' cache parts: those found are reused, the rest tokenized and kept.
-            store, state, keyed.key, reuse = made
-            as_this_run(store, inputs.sources, config)  # parts made by runs that named the tokenizer otherwise
         else:
-            whole = WholeRun(config, inputs, engine, progress, rule_out_long, keyed.options, warnings)
-            store, state, keyed.key = whole_store(
-                whole, (keyed.key, state), entry, keyed.encoder, config.cache and fill_cache, scratch, stack
-            )
-            if state == "hit":  # a copy of a cached input, found once read
-                as_this_run(store, inputs.sources, config)
+            warnings.extend(_unreachable(inputs.sources))
+            run = PartRun(config, inputs, progress, rule_out_long, limit, engine, check, keyed.options, fill_cache)
+            # Made from the inputs' cache parts: those found are reused, the rest tokenized and kept.
+            if (made := from_parts(run, (keyed.key, state), keyed.encoder, warnings, stack)) is not None:
+                store, state, keyed.key, reuse = made
+                parts = True
+            else:
+                whole = WholeRun(config, inputs, engine, progress, rule_out_long, keyed.options, warnings)
+                store, state, keyed.key = whole_store(
+                    whole, (keyed.key, state), entry, keyed.encoder, config.cache and fill_cache, scratch, stack
+                )
+        # An entry found (also one found once the inputs were read, a copy of a cached input), or parts, made
+        # by runs that named the inputs, the tokenizer or the template otherwise: named as this run names them.
+        if state == "hit" or parts:
+            as_this_run(store, inputs.sources, config)
         if fill_cache:  # what the run learned of its inputs, in one write (saved once they are read)
             inputs.memo.save()
         yield TokenizedInputs(
