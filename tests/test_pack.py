@@ -487,7 +487,7 @@ def test_stage_seconds_say_where_the_time_went(pack: Any, tmp_path: Path, chat_j
         assert abs(seconds["total"] - sum(seconds[k] for k in main)) <= 0.01
     assert hit["stage_seconds"]["tokenize_wall"] == 0
     made = miss["stage_seconds"]
-    assert made["tokenize_wall"] >= made["read"] + made["store"]
+    assert made["tokenize_wall"] >= made["read"] + made["store"] - 0.002  # each rounded to 1 ms
     assert miss["stage_seconds"]["hash"] <= miss["stage_seconds"]["prepare"] + 0.001
     # Writing the shards takes measurable time; putting the output in place (a rename or two) may round to 0 ms.
     assert miss["stage_seconds"]["write"] > 0 and miss["stage_seconds"]["finish"] >= 0
