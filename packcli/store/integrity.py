@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from packcli.contract import file_sha256
@@ -83,21 +84,22 @@ def check_store(path: Path, check_digests: Callable[[str, dict[str, FileDigest]]
     if not isinstance(files, dict) or not {"samples.npz", *token_files} <= set(files):
         raise DamagedStore(f"{path}: meta.json does not list the store's files")
     remote = checked.segment_root
-    for name, expect in sorted(files.items()):
-        if remote and name in token_files:
-            _check_remote(join(remote, name), expect)
-            continue
-        file = path / name
+    local = {name for name in files if not (remote and name in token_files)}
+    hashed = [name for name in sorted(local) if check_digests is None or name not in token_files]
+    # The files are hashed two at a time (hashlib and reads let go of the GIL: a store's token files come in
+    # pairs of the same size), and checked in order, so that the first problem named is the same.
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="packcli-check") as pool:
+        digests = {name: pool.submit(file_sha256, path / name) for name in hashed}
         try:
-            size = file.stat().st_size
-            if size != expect["bytes"]:
-                raise DamagedStore(f"{file}: has {size} bytes, meta.json says {expect['bytes']}")
-            if (check_digests is None or name not in token_files) and file_sha256(file) != expect["sha256"]:
-                raise DamagedStore(f"{file}: sha256 differs from meta.json (changed bytes)")
-        except FileNotFoundError:
-            raise DamagedStore(f"{file}: is missing") from None
-        except OSError as exc:
-            raise DamagedStore(f"{file}: cannot be read ({exc.strerror or exc})") from exc
+            for name, expect in sorted(files.items()):
+                if name in local:
+                    _check_file(path / name, expect, digests.get(name))
+                else:
+                    _check_remote(join(str(remote), name), expect)
+        except BaseException:
+            for future in digests.values():
+                future.cancel()  # a damaged store: the files not begun are not read
+            raise
     if check_digests is not None:
         check_digests(str(path), {n: files[n] for n in sorted(token_files)})
     return checked
@@ -112,6 +114,21 @@ def read_meta(path: Path, data: object) -> StoreMeta:
         raise DamagedStore(f"{path}: ", *exc.parts) from None
     except (TypeError, ValueError, AttributeError):
         raise DamagedStore(f"{path}: meta.json is not a token store's metadata") from None
+
+
+def _check_file(file: Path, expect: FileDigest, digest: Future[str] | None) -> None:
+    """A file of the store on disk: its size, and its sha256 (``digest``, being taken; None: not checked
+    here), those meta.json records."""
+    try:
+        size = file.stat().st_size
+        if size != expect["bytes"]:
+            raise DamagedStore(f"{file}: has {size} bytes, meta.json says {expect['bytes']}")
+        if digest is not None and digest.result() != expect["sha256"]:
+            raise DamagedStore(f"{file}: sha256 differs from meta.json (changed bytes)")
+    except FileNotFoundError:
+        raise DamagedStore(f"{file}: is missing") from None
+    except OSError as exc:
+        raise DamagedStore(f"{file}: cannot be read ({exc.strerror or exc})") from exc
 
 
 def _check_remote(uri: str, expect: FileDigest) -> None:
