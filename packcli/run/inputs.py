@@ -54,11 +54,12 @@ class Inputs:
     def settle(self) -> None:
         """Wait for the hashes taken beside the tokenizer's loading, if any; before any worker is forked."""
         if self.pending is not None:
-            self._known(self.pending.result())
+            self.hashes_taken(self.pending.result())
             self.pending = None
         raise_if_stopped()
 
-    def _known(self, found: list[Hashed]) -> None:
+    def hashes_taken(self, found: list[Hashed]) -> None:
+        """Take in the inputs' hashes and record counts (``Hashed``, in order)."""
         self.fingerprints = [f for f, _ in found]
         # The records of each input, counted as it was hashed (or remembered): for progress, without a read.
         self.sources = [
@@ -134,9 +135,9 @@ def _hash(inputs: Inputs, hashing: FileHashing | None, cache: bool) -> None:
 
     if hashing is not None:
         known = hashing.hash_files(HashJob(memo.files_to_hash(sources)))
-        inputs._known([(memo.fingerprint_and_count(s, known, count=False)[0], None) for s in sources])
+        inputs.hashes_taken([(memo.fingerprint_and_count(s, known, count=False)[0], None) for s in sources])
     elif cache:
-        inputs._known(hashed())  # the key needs them first
+        inputs.hashes_taken(hashed())  # the key needs them first
     else:  # no memo: the cache is off
         ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-inputs")
         inputs.pending = ahead.submit(hashed)
