@@ -493,3 +493,32 @@ def test_uris_are_told_from_paths_in_one_place() -> None:
         and ('"://" in' in (text := path.read_text(encoding="utf-8")) or "def is_uri" in text)
     ]
     assert own == []
+
+
+def test_a_run_that_fails_before_its_inputs_are_hashed_stops_hashing_them(tmp_path: Path) -> None:
+    # With the cache off, inputs that are not hashed as they are read (a saved dataset, a URI) are hashed in
+    # a thread beside the tokenizer's loading. A run that fails there (a template that does not compile)
+    # must not read them through before it ends: the thread stops at its next read. A saved dataset of 4 GB
+    # of zeros (a sparse file: no disk) takes seconds to hash.
+    from packcli.config import PackConfig
+    from packcli.errors import PackcliError
+    from packcli.run.tokenized import tokenized_inputs
+
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "state.json").write_text("{}")
+    (saved / "dataset_info.json").write_text("{}")
+    with open(saved / "data-00000-of-00001.arrow", "wb") as fh:
+        fh.truncate(4 << 30)
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}{{ m.content }")
+    config = PackConfig(
+        inputs=(str(saved),), output=str(tmp_path / "out"), format="messages", chat_template=str(bad),
+        cache=False, num_proc=1,
+    )  # fmt: skip
+    with pytest.raises(PackcliError, match="does not compile"), tokenized_inputs(config):
+        pass
+    hashing = [t for t in threading.enumerate() if t.name.startswith("packcli-inputs")]
+    for thread in hashing:
+        thread.join(timeout=2)  # ends within one read of 4 MiB once told; the whole file takes seconds
+    assert not any(t.is_alive() for t in hashing)

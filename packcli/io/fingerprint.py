@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +34,16 @@ _BLANK_AFTER = re.compile(rb"\n(?=[ \t\r\f\v]*\n)")
 CHUNK = 1 << 22
 
 
-def _hash_file(path: str | Path, count_lines: bool, chunk_size: int = CHUNK) -> tuple[str, int | None]:
+class HashingCancelled(Exception):
+    """The hash being taken was no longer wanted (``Memo.fingerprint_and_count``'s ``cancelled``)."""
+
+
+def _hash_file(
+    path: str | Path, count_lines: bool, chunk_size: int = CHUNK, cancelled: threading.Event | None = None
+) -> tuple[str, int | None]:
     """The content hash of one file (``file_blake2b``) and, with ``count_lines``, its lines that are not
-    blank (a JSON lines file's records, as ``io.readers.count_records`` counts them), in the same read."""
+    blank (a JSON lines file's records, as ``io.readers.count_records`` counts them), in the same read.
+    ``cancelled`` set: HashingCancelled at the next chunk."""
     file_hash = hashlib.blake2b(digest_size=16)
     lines = blank = 0
     open_blank = True  # whether the line not yet ended is blank so far
@@ -43,6 +51,8 @@ def _hash_file(path: str | Path, count_lines: bool, chunk_size: int = CHUNK) -> 
         while chunk := fh.read(chunk_size):
             file_hash.update(chunk)
             raise_if_stopped()  # may run in a thread beside the tokenizer's loading
+            if cancelled is not None and cancelled.is_set():
+                raise HashingCancelled(str(path))
             if not count_lines:
                 continue
             first, last = chunk.find(b"\n"), chunk.rfind(b"\n")
@@ -182,13 +192,18 @@ class Memo:
         return out
 
     def fingerprint_and_count(
-        self, source: InputSource, known: dict[str, str] | None = None, count: bool = True
+        self,
+        source: InputSource,
+        known: dict[str, str] | None = None,
+        count: bool = True,
+        cancelled: threading.Event | None = None,
     ) -> tuple[str, int | None]:
         """Return a source's content hash (``fingerprint``) and, for a JSON lines file, its records, counted in
         the read that hashes it and remembered with its hash (None when neither the memo nor that read gave
         them). The hashes computed are remembered here, and written by ``save``.
 
         With ``count`` False, a remembered hash without a count is used as it is (the file is not read for it).
+        ``cancelled`` set: HashingCancelled at the next 4 MiB read (a run that failed before it needed the hash).
         """
         h = hashlib.blake2b(digest_size=16)
         if source.kind == "hub":
@@ -213,7 +228,7 @@ class Memo:
                 if str(f) in known:
                     entry = {"stat": stamp, "blake2b": known[str(f)]}
                 else:
-                    digest, lines = _hash_file(f, count_lines=counts)
+                    digest, lines = _hash_file(f, count_lines=counts, cancelled=cancelled)
                     entry = {"stat": stamp, "blake2b": digest, **({"records": lines} if counts else {})}
                 if kept:
                     self._set(key, entry if time.time_ns() - max(stamp[1], stamp[3]) > RACY_NS else None)

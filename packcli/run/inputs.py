@@ -9,8 +9,10 @@ lookup, a store made whole or from cache parts) read them here instead of asking
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -48,8 +50,10 @@ class Inputs:
     fields_key: str  # the fields the formats were sniffed with, as the memo keeps them (``fields_key``)
     cache_root: Path  # the cache's directory (used only with the cache on)
     spent: list[float] = field(default_factory=list)  # seconds of each pass reading the inputs through
-    # The hashes being taken in a thread beside the tokenizer's loading (the cache off): ``settle`` waits.
+    # The hashes being taken in a thread beside the tokenizer's loading (the cache off): ``settle`` waits;
+    # ``cancel`` stops them (the run failed first), and waits for the thread.
     pending: Future[list[Hashed]] | None = None
+    cancelled: threading.Event = field(default_factory=threading.Event)
 
     def settle(self) -> None:
         """Wait for the hashes taken beside the tokenizer's loading, if any; before any worker is forked."""
@@ -57,6 +61,17 @@ class Inputs:
             self.hashes_taken(self.pending.result())
             self.pending = None
         raise_if_stopped()
+
+    def cancel(self) -> None:
+        """Stop the hashes being taken beside the tokenizer's loading, if any, and wait for their thread, which
+        ends at its next read of 4 MiB: a run that fails before it needs them ends without reading its inputs
+        through (a process waits for its threads before it exits)."""
+        if self.pending is None:
+            return
+        self.cancelled.set()
+        with contextlib.suppress(Exception, KeyboardInterrupt):
+            self.pending.result()  # the thread's end: HashingCancelled, or what it met before
+        self.pending = None
 
     def hashes_taken(self, found: list[Hashed]) -> None:
         """Take in the inputs' hashes and record counts (``Hashed``, in order)."""
@@ -127,7 +142,9 @@ def _hash(inputs: Inputs, hashing: FileHashing | None, cache: bool) -> None:
         began = time.perf_counter()
         try:
             return [
-                (memo.remembered_hash(s) or (None, None)) if then else memo.fingerprint_and_count(s)
+                (memo.remembered_hash(s) or (None, None))
+                if then
+                else memo.fingerprint_and_count(s, cancelled=inputs.cancelled)
                 for s, then in zip(sources, inputs.later, strict=True)
             ]
         finally:

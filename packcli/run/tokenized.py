@@ -86,6 +86,7 @@ def tokenized_inputs(
             engine = load_engine(config.engine, config.num_proc, config.ray_address)
             stack.callback(engine.close)  # registered first: closed last
         inputs = identify_inputs(config, engine, sources, fill_cache)
+        stack.callback(inputs.cancel)  # a run that fails before its store is made reads its inputs no further
         keyed = run_key(config, inputs)
         rule_out_long = rule_out_long and config.engine == "local" and config.overflow in ("drop", "error")
         limit = config.max_len if rule_out_long else None
