@@ -55,7 +55,8 @@ def run_key(config: PackConfig, inputs: Inputs) -> RunKey:
     tokenizer_key = tokenizer_fingerprint(config.tokenizer_name, config.chat_template)
     if tokenizer_key is None:
         encoder = run_encoder(config, inputs.sources)
-        tokenizer_key = encoder.identity()["sha256"] + encoder.identity()["chat_template_sha256"]
+        identity = encoder.identity()  # hashes the tokenizer's JSON where it has no record: once
+        tokenizer_key = identity["sha256"] + identity["chat_template_sha256"]
     options = key_options(config, tokenizer_key, encoder)
     return RunKey(entry_key(inputs.sources, inputs.formats, inputs.fingerprints, options), options, encoder)
 
