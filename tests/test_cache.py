@@ -223,6 +223,54 @@ def test_a_dry_run_fills_no_cache(tmp_path: Path, pack: Any, cache_dir: Path) ->
     assert again["cache"] == "hit" and _tree(cache_dir) == before
 
 
+def _flip(path: Path, at: int) -> None:
+    """Change one byte of a file in place (its size kept)."""
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        byte = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_a_hit_reads_back_only_the_entry_files_whose_stamps_moved(
+    tmp_path: Path, pack: Any, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from packcli.store import integrity, stamps
+
+    read_back: list[str] = []
+    real = integrity.file_sha256
+    monkeypatch.setattr(integrity, "file_sha256", lambda p: read_back.append(Path(p).name) or real(p))
+    data = write_jsonl(tmp_path / "d.jsonl", _records())
+    argv = [data, "--max-len", "256", "--json", "-q", "-o"]
+    pack(*argv, tmp_path / "a")
+    (key,) = _entries(cache_dir)
+    entry = cache_dir / key
+    assert (entry / stamps.STAMPS).is_file() and read_back == []  # hashed as written
+    assert _summary(pack(*argv, tmp_path / "b"))["cache"] == "hit" and read_back == []
+    # A token file changed in place, its size kept: its mtime moved, so it is read back, and the entry rebuilt.
+    ids = next(entry.rglob("*input_ids.bin"))  # the entry's own, or its input's cache part's, linked
+    _flip(ids, 40)
+    rebuilt = _summary(pack(*argv, tmp_path / "c"))
+    assert rebuilt["cache"] == "rebuilt" and ids.name in read_back
+    assert any(f"{ids.name}: sha256 differs" in w for w in rebuilt["warnings"])
+    assert read_rows(tmp_path / "c") == read_rows(tmp_path / "a")
+    # The same bytes put in its place with its size and mtime: another inode, read back, found right, and its
+    # new stamp kept; the next hit reads nothing.
+    labels = next(entry.rglob("*labels.bin"))
+    copy = tmp_path / "labels.copy"
+    shutil.copy2(labels, copy)
+    os.replace(copy, labels)
+    del read_back[:]
+    assert _summary(pack(*argv, tmp_path / "d"))["cache"] == "hit" and read_back == [labels.name]
+    assert _summary(pack(*argv, tmp_path / "e"))["cache"] == "hit" and read_back == [labels.name]
+    # A dry run checks in full where no stamps are kept, and writes none.
+    (entry / stamps.STAMPS).unlink()
+    del read_back[:]
+    assert _summary(pack(data, "--max-len", "256", "--dry-run", "--json", "-q"))["cache"] == "hit"
+    assert ids.name in read_back and not (entry / stamps.STAMPS).exists()
+    assert read_rows(tmp_path / "e") == read_rows(tmp_path / "a")
+
+
 # -- 4. keyed by contents, not paths ------------------------------------------------------------------------
 
 

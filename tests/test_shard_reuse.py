@@ -109,6 +109,31 @@ def test_a_kept_shard_that_changed_is_written_anew_and_dropped(
     assert again.name == kept.name and (again / victim.name).read_bytes() == first[victim.name]
 
 
+def test_a_reused_shard_is_read_back_only_when_its_stamp_moved(
+    tmp_path: Path, pack: Any, chat_jsonl: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv = [chat_jsonl, "--max-len", "256", "--rows-per-shard", "4"]
+    pack(*argv, "-o", tmp_path / "a")
+    first = _shards(tmp_path / "a")
+    read_back: list[str] = []
+    real = reuse.file_sha256
+    monkeypatch.setattr(reuse, "file_sha256", lambda p: read_back.append(Path(p).name) or real(p))
+    writes = _writes(monkeypatch)
+    pack(*argv, "-o", tmp_path / "b")
+    assert _shards(tmp_path / "b") == first and read_back == [] and writes == []
+    # The output edited in place, its size kept: the cache's file is the same file, whose mtime moved. It is
+    # read back, found changed, and the shards are written anew.
+    victim = tmp_path / "b" / sorted(first)[1]
+    with open(victim, "r+b") as fh:
+        fh.seek(len(first[victim.name]) // 2)
+        fh.write(b"\0\1\2\3")
+    pack(*argv, "-o", tmp_path / "c")
+    assert victim.name in read_back and len(writes) == 1 and _shards(tmp_path / "c") == first
+    del read_back[:]
+    pack(*argv, "-o", tmp_path / "d")  # the shards written anew are kept with their stamps
+    assert read_back == [] and len(writes) == 1 and _shards(tmp_path / "d") == first
+
+
 def test_a_new_plan_is_written_and_an_entry_keeps_its_two_latest_plans(
     tmp_path: Path, pack: Any, chat_jsonl: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -146,6 +146,7 @@ def test_finishing_a_store_never_reads_its_token_files_back(tmp_path: Path, monk
     (they are the bulk of a run's bytes), and the checksums are those of the bytes, so a later lookup
     of the entry checks them."""
     from packcli.store import integrity, writer as store_writer
+    from packcli.store.stamps import STAMPS
 
     hashed: list[str] = []
     real = store_writer.file_sha256
@@ -168,6 +169,9 @@ def test_finishing_a_store_never_reads_its_token_files_back(tmp_path: Path, monk
     assert store.meta.files["input_ids.bin"] == {"bytes": len(ids), "sha256": hashlib.sha256(ids).hexdigest()}
     labels = (-np.concatenate(batches)).astype("<i4").tobytes()
     assert store.meta.files["labels.bin"]["sha256"] == hashlib.sha256(labels).hexdigest()
+    assert find_store(tmp_path / "store") is not None  # the stamps kept as it was written vouch for its files
+    assert hashed == ["samples.npz"]
+    (tmp_path / "store" / STAMPS).unlink()
     assert find_store(tmp_path / "store") is not None  # the checksums hold when the entry is read
     assert sorted(hashed[1:]) == ["input_ids.bin", "labels.bin", "samples.npz"]
 

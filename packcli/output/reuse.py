@@ -5,8 +5,10 @@ row layout and the Parquet writer's version: nothing else. A run whose token sto
 the shards it wrote under that entry (``shards/KEY/``, KEY a hash of all of those), and a later run that
 finds the entry and makes the same plan takes them from there (a hard link where the cache and the output
 share a file system, else a copy) instead of building and compressing every row again. Every reused file
-is read back and its sha256 checked against the one recorded when it was written: a shard changed since
-(an output edited in place shares its file with the cache) is never reused; the run writes it anew.
+is checked against the sha256 recorded when it was written: read back, unless its stamp (size, mtime,
+inode) is the one kept when its bytes were last found right (``packcli.store.stamps``). A shard changed
+since (an output edited in place shares its file with the cache, and its mtime) is never reused; the run
+writes it anew.
 
 An entry keeps the shards of its ``KEEP`` most recent plans; they go with the entry when it is pruned.
 Rows with images are never kept (their bytes may come from image files outside the store). Nothing here
@@ -32,6 +34,7 @@ from packcli.contract import file_sha256
 from packcli.output.layout import RowLayout
 from packcli.plan.planner import Plan
 from packcli.results import ShardEntry
+from packcli.store.stamps import read_stamps, stamps_of, write_stamps
 from packcli.version import __version__
 
 SHARDS_DIR = "shards"
@@ -89,17 +92,25 @@ def reuse(entry: Path, key: str, directory: Path) -> list[ShardEntry] | None:
     entries, or None (none kept, or one damaged: nothing is left in ``directory``)."""
     kept = entry / SHARDS_DIR / key
     try:
-        shards = [ShardEntry.from_dict(d) for d in json.loads((kept / LIST).read_text(encoding="utf-8"))]
+        listed = (kept / LIST).read_text(encoding="utf-8")
+        shards = [ShardEntry.from_dict(d) for d in json.loads(listed)]
     except (OSError, ValueError, TypeError, KeyError):
         return None
+    of = hashlib.sha256(listed.encode()).hexdigest()
+    now = stamps_of(kept, [shard.file for shard in shards])  # taken before the bytes are checked
+    trusted = read_stamps(kept, of)
     placed: list[Path] = []
     try:
         for shard in shards:
             target = directory / shard.file
             _link_or_copy(kept / shard.file, target)
             placed.append(target)
-            if file_sha256(target) != shard.sha256:
+            if (now[shard.file] is None or trusted.get(shard.file) != now[shard.file]) and file_sha256(
+                target
+            ) != shard.sha256:
                 raise ValueError(f"{kept / shard.file}: changed since it was written")
+        if now != trusted:
+            write_stamps(kept, of, now)
         os.utime(kept)  # the most recently used plan of the entry
     except (OSError, ValueError):
         for path in placed:
@@ -120,7 +131,10 @@ def keep(entry: Path, key: str, directory: Path, shards: list[ShardEntry]) -> No
         made = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
         for shard in shards:
             _link_or_copy(directory / shard.file, made / shard.file)
-        (made / LIST).write_text(json.dumps([s.to_dict() for s in shards]), encoding="utf-8")
+        listed = json.dumps([s.to_dict() for s in shards])
+        (made / LIST).write_text(listed, encoding="utf-8")
+        # The shards' bytes are those just written, hashed as they were: their first reuse reads none back.
+        write_stamps(made, hashlib.sha256(listed.encode()).hexdigest(), stamps_of(made, [s.file for s in shards]))
         os.rename(made, root / key)
         made = None
         now = time.time()

@@ -22,7 +22,7 @@ from packcli.run.options import image_window, split_rule
 from packcli.store.cachedir import EntryLock
 from packcli.store.images import changed_image, load_images
 from packcli.store.integrity import DamagedStore
-from packcli.store.key import cache_key
+from packcli.store.key import cache_key, default_cache_dir
 from packcli.store.tokens import TokenStore, find_store
 from packcli.tokenize.encoders.tokenizer import DEFAULT_TOKENIZER, tokenizer_fingerprint
 from packcli.tokenize.templates.choice import builtin_name
@@ -122,7 +122,7 @@ def look_up(
         lock = EntryLock(cache_root, key)
         if lock.acquire():  # held while the entry is in use: no prune removes it
             stack.callback(lock.release)
-    store, state, warnings = cached_store(entry, limit, check)
+    store, state, warnings = cached_store(entry, limit, check, fill_cache)
     if store is not None and config.processor is not None:
         moved_image = changed_image(load_images(store.path))
         if moved_image is not None:
@@ -191,17 +191,29 @@ def changed(display: str) -> str:
     )
 
 
+def cache_entry(config: PackConfig, store: TokenStore) -> Path | None:
+    """The cache entry the run's token store is, or None (``--no-cache``, a store made aside)."""
+    if not config.cache:
+        return None
+    root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
+    try:
+        return store.path if store.path.parent.resolve() == root.resolve() else None
+    except OSError:
+        return None
+
+
 def cached_store(
-    path: Path, rule_out_max_len: int | None, check_digests: DigestChecker | None = None
+    path: Path, rule_out_max_len: int | None, check_digests: DigestChecker | None = None, remember: bool = True
 ) -> tuple[TokenStore | None, str, list[Message]]:
     """Return the checked cache entry at ``path`` (or None), the cache state, and warnings.
 
     A damaged entry is never used: it is reported in one warning and made again (state "rebuilt").
     An entry that left out long records untokenized serves only runs that would drop them too: a run
-    that truncates, or allows longer samples, makes the entry again (a miss).
+    that truncates, or allows longer samples, makes the entry again (a miss). ``remember``: the check may
+    keep its files' stamps there (``packcli.store.stamps``; False in a dry run, which writes nothing).
     """
     try:
-        store = find_store(path, check_digests)
+        store = find_store(path, check_digests, remember)
     except DamagedStore as exc:
         return None, "rebuilt", [Message("the cache entry is damaged (", *exc.parts, "); it is rebuilt")]
     # The byte limit is max_len * L, and L is the same (the tokenizer is in the key): comparing max

@@ -85,7 +85,7 @@ def from_parts(
             lock = EntryLock(cache_root, key)
             if lock.acquire():
                 keep.callback(lock.release)
-            found, state, said = cached_store(cache_root / key, run.limit, run.check)
+            found, state, said = cached_store(cache_root / key, run.limit, run.check, run.fill_cache)
             warnings[before:before] = said  # the entry's before its parts', as when its key is known first
             if found is not None:
                 return found, state, key, None
@@ -159,7 +159,7 @@ def _find_part(
     lock = EntryLock(run.inputs.cache_root, key)
     if lock.acquire():
         held.callback(lock.release)
-    found, _, said = cached_store(run.inputs.cache_root / key, run.limit, run.check)
+    found, _, said = cached_store(run.inputs.cache_root / key, run.limit, run.check, run.fill_cache)
     warnings.extend(w.replace("cache entry", f"cache part of {item.source.display}") for w in said)
     if found is None or found.meta.part is None:
         return None

@@ -22,6 +22,7 @@ from packcli.output.manifest import write_manifest
 from packcli.plan import holdout
 from packcli.plan.planner import Plan
 from packcli.results import CachePruned, Counts, Manifest, RunSummary, Seconds, ShardEntry, StageSeconds
+from packcli.run.entries import cache_entry
 from packcli.run.options import row_layout
 from packcli.run.planned import EvalSplit, PlannedRun, plan_run, run_summary
 from packcli.run.tokenized import TokenizedInputs, tokenized_inputs
@@ -207,7 +208,7 @@ def _reused_or_written(
     """Write the plan's shards into ``directory``, or take them from the store's cache entry where an earlier
     run wrote the same ones (``packcli.output.reuse``); a store that is a cache entry keeps what is written."""
     job = WriteJob(layout=layout, store=store, plan=plan, directory=directory, progress=progress)
-    entry = _cache_entry(config, store) if directory is not None else None
+    entry = cache_entry(config, store) if directory is not None else None
     key = reuse.shards_key(layout, plan) if entry is not None else None
     if directory is None or entry is None or key is None:
         return engine.write(job)
@@ -218,17 +219,6 @@ def _reused_or_written(
     shards = engine.write(job)
     reuse.keep(entry, key, directory, shards)
     return shards
-
-
-def _cache_entry(config: PackConfig, store: TokenStore) -> Path | None:
-    """The cache entry the run's token store is, or None (``--no-cache``, a store made aside)."""
-    if not config.cache:
-        return None
-    root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
-    try:
-        return store.path if store.path.parent.resolve() == root.resolve() else None
-    except OSError:
-        return None
 
 
 def _with_pruned_cache(config: PackConfig, cap: int | None, key: str | None, summary: RunSummary) -> RunSummary:

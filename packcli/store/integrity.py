@@ -18,6 +18,7 @@ from packcli.errors import PackcliError, first_line
 from packcli.io.uri import join
 from packcli.jsontypes import JSONObject
 from packcli.results import DamagedResult, FileDigest, StoreMeta, required_fields
+from packcli.store.stamps import read_stamps, stamps_of, write_stamps
 
 # Every key a finished store's meta.json has (packcli.results.StoreMeta); one missing means the entry is damaged.
 META_KEYS = required_fields(StoreMeta)
@@ -54,13 +55,17 @@ def meta_digest(meta: JSONObject) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def check_store(path: Path, check_digests: Callable[[str, dict[str, FileDigest]], None] | None = None) -> StoreMeta:
+def check_store(
+    path: Path, check_digests: Callable[[str, dict[str, FileDigest]], None] | None = None, remember: bool = True
+) -> StoreMeta:
     """Check a store's meta.json and the size and sha256 of each of its files; return the meta.
 
-    Raise DamagedStore naming the first problem. The cost is one sequential read of the store.
-    ``check_digests(directory, {token file: expected})`` hashes the local token files instead of this
-    process (the Ray engine has tasks do it, so that its driver never reads tokens); it raises
-    DamagedStore as this function does.
+    Raise DamagedStore naming the first problem. A file whose stamp is the one kept when its bytes were last
+    found right (``packcli.store.stamps``) is not read again: an unchanged store costs a stat a file, any
+    other one sequential read. ``remember``: keep the stamps of the files read (False: the directory is
+    not written, as in a dry run). ``check_digests(directory, {token file: expected})`` hashes the local
+    token files instead of this process (the Ray engine has tasks do it, so that its driver never reads
+    tokens); it raises DamagedStore as this function does.
     """
     try:
         meta = json.loads((path / "meta.json").read_text())
@@ -85,7 +90,13 @@ def check_store(path: Path, check_digests: Callable[[str, dict[str, FileDigest]]
         raise DamagedStore(f"{path}: meta.json does not list the store's files")
     remote = checked.segment_root
     local = {name for name in files if not (remote and name in token_files)}
-    hashed = [name for name in sorted(local) if check_digests is None or name not in token_files]
+    now = stamps_of(path, sorted(local))
+    kept = read_stamps(path, meta["meta_sha256"])
+    hashed = [
+        name
+        for name in sorted(local)
+        if (check_digests is None or name not in token_files) and (now[name] is None or kept.get(name) != now[name])
+    ]
     # The files are hashed two at a time (hashlib and reads let go of the GIL: a store's token files come in
     # pairs of the same size), and checked in order, so that the first problem named is the same.
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="packcli-check") as pool:
@@ -102,7 +113,18 @@ def check_store(path: Path, check_digests: Callable[[str, dict[str, FileDigest]]
             raise
     if check_digests is not None:
         check_digests(str(path), {n: files[n] for n in sorted(token_files)})
+    if remember and hashed:
+        write_stamps(path, meta["meta_sha256"], now)
     return checked
+
+
+def keep_stamps(path: Path, meta: JSONObject) -> None:
+    """Keep the stamps of a store's local files, just written (``meta``: its meta.json, as written), whose
+    checksums were taken from their bytes: its first use reads none of them back."""
+    remote = meta.get("segment_root")
+    token_files = {name for seg in meta["segments"] for name in segment_files(seg["prefix"])}
+    local = sorted(name for name in meta["files"] if not (remote and name in token_files))
+    write_stamps(path, meta["meta_sha256"], stamps_of(path, local))
 
 
 def read_meta(path: Path, data: object) -> StoreMeta:

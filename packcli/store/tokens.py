@@ -189,11 +189,15 @@ class TokenReader:
 
 
 def load_store(
-    path: Path, verify: bool = True, check_digests: Callable[[str, dict[str, FileDigest]], None] | None = None
+    path: Path,
+    verify: bool = True,
+    check_digests: Callable[[str, dict[str, FileDigest]], None] | None = None,
+    remember: bool = True,
 ) -> TokenStore:
-    """Load a finished store's per-sample arrays and metadata, checked first unless ``verify`` is False."""
+    """Load a finished store's per-sample arrays and metadata, checked first unless ``verify`` is False
+    (``remember``: keep the stamps of the files the check read; see ``check_store``)."""
     if verify:
-        meta = check_store(path, check_digests)
+        meta = check_store(path, check_digests, remember)
     else:
         meta = StoreMeta.from_dict(json.loads((path / "meta.json").read_text()))
     try:
@@ -210,14 +214,15 @@ def load_store(
 
 
 def find_store(
-    path: Path, check_digests: Callable[[str, dict[str, FileDigest]], None] | None = None
+    path: Path, check_digests: Callable[[str, dict[str, FileDigest]], None] | None = None, remember: bool = True
 ) -> TokenStore | None:
     """Return the checked store at ``path``, or None when there is none.
 
     Raise DamagedStore when something is there but fails the checks: it must be rebuilt, not used.
+    ``remember``: keep the stamps of the files the check read (False: nothing is written there).
     """
     if not path.exists() and not path.is_symlink():
         return None
     if not path.is_dir():
         raise DamagedStore(f"{path}: is not a directory")
-    return load_store(path, check_digests=check_digests)
+    return load_store(path, check_digests=check_digests, remember=remember)

@@ -22,7 +22,7 @@ from packcli.errors import OutputError, Text
 from packcli.owned import owner_tag
 from packcli.procs import cleanup
 from packcli.results import FileDigest, Segment, StoreMeta
-from packcli.store.integrity import TOKEN_FILES, Digest, meta_digest
+from packcli.store.integrity import TOKEN_FILES, Digest, keep_stamps, meta_digest
 from packcli.store.nodes import TreeNodes
 from packcli.store.tokens import ARRAYS, TOKEN_DTYPE, TREE_ARRAYS, TokenStore, load_store
 
@@ -245,6 +245,7 @@ class TokenStoreWriter:
             on_disk = {**body, "meta_sha256": meta_digest(body)}
             # Written last: a store without a whole meta.json fails its check and is rebuilt.
             (self.tmp / "meta.json").write_text(json.dumps(on_disk, indent=1, sort_keys=True))
+            keep_stamps(self.tmp, on_disk)
             if self.final_path.is_dir() and not self.final_path.is_symlink():
                 shutil.rmtree(self.final_path, ignore_errors=True)
             elif self.final_path.exists() or self.final_path.is_symlink():
