@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -526,3 +530,58 @@ def test_the_plan_holds_a_few_arrays_per_sample_at_its_peak() -> None:
         tracemalloc.stop()
     assert plan.n_rows == len(plan.row_start) - 1 and plan.tokens == int(lengths.sum())
     assert held < 28 * n and peak < 64 * n, (held / n, peak / n)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"world_size": 3, "seed": 7},
+        {"world_size": 4, "rank_remainder": "pad", "pad_multiple": 8},
+        {"algorithm": "bfd", "pad_multiple": 4, "pad_offset": 1},
+        {"overflow": "drop", "sample_limit": 150, "max_len": 160},
+    ],
+)
+def test_a_kept_plan_reads_back_as_it_was_made(tmp_path: Path, options: dict[str, Any]) -> None:
+    from packcli.plan import kept
+    from packcli.plan.options import PlanOptions
+    from packcli.plan.planner import make_plan
+    from packcli.results import StoreSource
+    from packcli.store.tokens import TokenStore
+
+    from .conftest import bare_meta
+
+    n = 3_000
+    lengths = np.random.default_rng(1).integers(5, 200, n).astype(np.int32)
+    source = StoreSource(path="a", kind="jsonl", format="messages", unit="line")
+    store = TokenStore(
+        path=tmp_path,
+        sample_index=np.arange(n, dtype=np.int64),
+        piece_index=np.zeros(n, np.int32),
+        lengths=lengths,
+        trainable=lengths // 2,
+        first_trained=np.ones(n, np.int32),
+        positions=np.arange(n, dtype=np.int32),
+        meta=bare_meta(sources=[source], source_starts=[0], records_read=n),
+    )
+    chosen = PlanOptions(**{"max_len": 1024, "sample_limit": 1024, **options})
+    made = make_plan(chosen, store)
+    assert kept.load_plan(tmp_path, chosen, n) is None
+    kept.keep_plan(tmp_path, chosen, made)
+    loaded = kept.load_plan(tmp_path, chosen, n)
+    assert loaded is not None
+    for name in ("store_rows", "lengths", "skips", "row_start"):
+        assert getattr(loaded, name).dtype == getattr(made, name).dtype
+        assert np.array_equal(getattr(loaded, name), getattr(made, name))
+    for name in ("order", "dropped_rows", "padded_rows", "rank_tokens"):
+        a, b = getattr(loaded.order, name), getattr(made.order, name)
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert list(loaded.drop_rows) == list(made.drop_rows)
+    assert all(np.array_equal(loaded.drop_rows[r], made.drop_rows[r]) for r in made.drop_rows)
+    scalars = ("truncated", "tokens", "trainable", "n_rows", "bound_l1", "bound_l2", "alignment_padding")
+    assert [getattr(loaded, k) for k in scalars] == [getattr(made, k) for k in scalars]
+    assert kept.load_plan(tmp_path, replace(chosen, seed=chosen.seed + 1), n) is None  # other options: none
+    assert kept.load_plan(tmp_path, chosen, int(made.store_rows.max())) is None  # not this store's: refused
+    (path,) = (tmp_path / kept.PLANS_DIR).glob("*.npz")
+    path.write_bytes(path.read_bytes()[:-50])  # cut short: made anew, never half read
+    assert kept.load_plan(tmp_path, chosen, n) is None

@@ -134,6 +134,34 @@ def test_a_reused_shard_is_read_back_only_when_its_stamp_moved(
     assert read_back == [] and len(writes) == 1 and _shards(tmp_path / "d") == first
 
 
+def test_a_repack_loads_the_plan_its_entry_kept(
+    tmp_path: Path, pack: Any, chat_jsonl: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from packcli.plan import kept
+    from packcli.run import planned
+
+    argv = [chat_jsonl, "--max-len", "256", "--rows-per-shard", "4"]
+    pack(*argv, "-o", tmp_path / "a")
+
+    def plans() -> list[Path]:
+        return sorted(cache_dir.glob(f"*/{kept.PLANS_DIR}/*.npz"))
+
+    assert len(plans()) == 1
+    made: list[int] = []
+    real = planned.make_plan
+    monkeypatch.setattr(planned, "make_plan", lambda options, store: made.append(1) or real(options, store))
+    pack(*argv, "-o", tmp_path / "b")
+    assert made == [] and _shards(tmp_path / "b") == _shards(tmp_path / "a")
+    assert _manifest(tmp_path / "b") == _manifest(tmp_path / "a")
+    pack(*argv, "--seed", "5", "-o", tmp_path / "c")  # other options: planned, and kept beside
+    assert len(made) == 1 and len(plans()) == 2
+    pack(*argv, "--seed", "6", "--dry-run")  # a dry run keeps nothing
+    pack(*argv, "--dedup", "exact", "-o", tmp_path / "d")  # a view of the store: planned, never kept
+    assert len(made) == 3 and len(plans()) == 2
+    pack(*argv, "--seed", "5", "-o", tmp_path / "e")
+    assert len(made) == 3 and _shards(tmp_path / "e") == _shards(tmp_path / "c")
+
+
 def test_a_new_plan_is_written_and_an_entry_keeps_its_two_latest_plans(
     tmp_path: Path, pack: Any, chat_jsonl: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

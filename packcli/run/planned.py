@@ -12,9 +12,12 @@ from dataclasses import dataclass
 
 from packcli.config import PackConfig
 from packcli.plan import dedup, holdout, mix
+from packcli.plan.kept import keep_plan, load_plan
+from packcli.plan.options import PlanOptions
 from packcli.plan.planner import Plan, make_plan
 from packcli.results import CacheParts, RunSummary
 from packcli.run import accounting, evalsplit
+from packcli.run.entries import cache_entry
 from packcli.run.options import mix_options
 from packcli.run.tokenized import TokenizedInputs
 from packcli.store.tokens import TokenStore
@@ -56,10 +59,22 @@ def plan_run(config: PackConfig, found: PackConfig, inputs: TokenizedInputs) -> 
     store = held.train if held is not None else store
     mixed = mix.choose(mixing_options, store, of_inputs) if of_inputs is not None else None
     store = mixed.view if mixed is not None else store
-    plan = make_plan(mixing_options.plan, store)
+    plan = _plan(config, mixing_options.plan, store, whole=store is inputs.store)
     if mixed is not None:
         mix.part_repeats(mixing_options.plan, mixed, plan)
     return PlannedRun(store, plan, mixing_options, deduped, held, mixed)
+
+
+def _plan(config: PackConfig, options: PlanOptions, store: TokenStore, whole: bool) -> Plan:
+    """The plan of ``store``: kept by an earlier run of the same cache entry and options, or made (and kept,
+    where ``store`` is a cache entry seen ``whole``, not a view of it; ``packcli.plan.kept``)."""
+    entry = cache_entry(config, store) if whole else None
+    if entry is not None and (plan := load_plan(entry, options, len(store.lengths), not config.dry_run)) is not None:
+        return plan
+    plan = make_plan(options, store)
+    if entry is not None and not config.dry_run:
+        keep_plan(entry, options, plan)
+    return plan
 
 
 def run_summary(
