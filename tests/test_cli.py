@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from packcli.cli import app, main
 from packcli.config import CHOICES, OPTION_GROUPS
+from packcli.version import __version__
 from tests.conftest import make_conversations, write_jsonl
 
 # A parameter of the command line -> the option of PackConfig it sets, where the names differ.
@@ -210,3 +211,70 @@ def test_bare_packcli_prints_the_help_once() -> None:
     assert code == 2
     assert (stdout + stderr).count("Usage: packcli [OPTIONS] COMMAND [ARGS]...") == 1
     assert "╭─ Commands ─" in stdout and stderr.strip() == ""
+
+
+# The entry point as the console script runs it: main() with the process's own arguments.
+ENTRY = """
+import atexit, sys, threading, time
+from pathlib import Path
+atexit.register(lambda: print("exit handler ran", file=sys.stderr))
+if sys.argv[1] == "--thread":  # a thread still at work when the command is over
+    def late(path: Path) -> None:
+        time.sleep(0.5)
+        path.write_text("done")
+    threading.Thread(target=late, args=(Path(sys.argv[2]),)).start()
+    sys.argv[1:3] = []
+sys.argv[0] = "packcli"
+from packcli.cli import main
+main()
+print("never printed: main ends the process")
+"""
+
+
+def test_the_entry_point_ends_the_process_as_python_would(tmp_path: Path) -> None:
+    """The console script's main() ends the process without tearing down every module, but as Python's
+    exit would: its exit code, the exit handlers run, the streams flushed, threads at work waited for."""
+    import subprocess
+    import sys
+
+    def entry(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", ENTRY, *args], capture_output=True, text=True, timeout=120)
+
+    done = entry("--version")
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"packcli {__version__}\n", "exit handler ran\n")
+    helped = entry("--help")
+    assert helped.returncode == 0 and helped.stdout.rstrip().endswith("╯") and "never printed" not in helped.stdout
+    refused = entry("pack", str(tmp_path / "none.jsonl"), "--max-len", "64", "-o", str(tmp_path / "o"))
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr.splitlines() == [
+        f"Error: {tmp_path / 'none.jsonl'}: no such file or directory; check the path",
+        "exit handler ran",
+    ]
+    waited = entry("--thread", str(tmp_path / "late.txt"), "--version")
+    assert waited.returncode == 0 and (tmp_path / "late.txt").read_text() == "done"
+
+
+def test_a_line_off_a_terminal_is_what_rich_prints_without_importing_it() -> None:
+    import io
+    import os
+    import subprocess
+    import sys
+    from contextlib import redirect_stderr
+
+    from rich.console import Console
+    from rich.markup import escape
+
+    from packcli.cli import consoles
+
+    for message in ["plain", "[bold]not markup[/] ]", "üñï 😀 :smile:", "bell\a back\b cr\r ff\f vt\v", "two\nlines  "]:
+        mine = io.StringIO()
+        with redirect_stderr(mine):
+            consoles.warning(message)
+        theirs = io.StringIO()
+        line = f"[bold yellow]Warning:[/] {escape(message)}"
+        Console(file=theirs, highlight=False).print(line, soft_wrap=True, markup=True, highlight=False, emoji=False)
+        assert mine.getvalue() == theirs.getvalue()
+    script = "import sys; from packcli.cli import consoles; consoles.error('x y'); print('rich' in sys.modules)"
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert (run.stdout, run.stderr) == ("False\n", "Error: x y\n")
