@@ -235,7 +235,7 @@ def _flip(path: Path, at: int) -> None:
 def test_a_hit_reads_back_only_the_entry_files_whose_stamps_moved(
     tmp_path: Path, pack: Any, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from packcli.store import integrity, stamps
+    from packcli.store import integrity
 
     read_back: list[str] = []
     real = integrity.file_sha256
@@ -245,7 +245,7 @@ def test_a_hit_reads_back_only_the_entry_files_whose_stamps_moved(
     pack(*argv, tmp_path / "a")
     (key,) = _entries(cache_dir)
     entry = cache_dir / key
-    assert (entry / stamps.STAMPS).is_file() and read_back == []  # hashed as written
+    assert (entry / integrity.STAMPS).is_file() and read_back == []  # hashed as written
     assert _summary(pack(*argv, tmp_path / "b"))["cache"] == "hit" and read_back == []
     # A token file changed in place, its size kept: its mtime moved, so it is read back, and the entry rebuilt.
     ids = next(entry.rglob("*input_ids.bin"))  # the entry's own, or its input's cache part's, linked
@@ -264,10 +264,10 @@ def test_a_hit_reads_back_only_the_entry_files_whose_stamps_moved(
     assert _summary(pack(*argv, tmp_path / "d"))["cache"] == "hit" and read_back == [labels.name]
     assert _summary(pack(*argv, tmp_path / "e"))["cache"] == "hit" and read_back == [labels.name]
     # A dry run checks in full where no stamps are kept, and writes none.
-    (entry / stamps.STAMPS).unlink()
+    (entry / integrity.STAMPS).unlink()
     del read_back[:]
     assert _summary(pack(data, "--max-len", "256", "--dry-run", "--json", "-q"))["cache"] == "hit"
-    assert ids.name in read_back and not (entry / stamps.STAMPS).exists()
+    assert ids.name in read_back and not (entry / integrity.STAMPS).exists()
     assert read_rows(tmp_path / "e") == read_rows(tmp_path / "a")
 
 

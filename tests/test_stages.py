@@ -146,7 +146,7 @@ def test_finishing_a_store_never_reads_its_token_files_back(tmp_path: Path, monk
     (they are the bulk of a run's bytes), and the checksums are those of the bytes, so a later lookup
     of the entry checks them."""
     from packcli.store import integrity, writer as store_writer
-    from packcli.store.stamps import STAMPS
+    from packcli.store.integrity import STAMPS
 
     hashed: list[str] = []
     real = store_writer.file_sha256

@@ -6,7 +6,7 @@ the shards it wrote under that entry (``shards/KEY/``, KEY a hash of all of thos
 finds the entry and makes the same plan takes them from there (a hard link where the cache and the output
 share a file system, else a copy) instead of building and compressing every row again. Every reused file
 is checked against the sha256 recorded when it was written: read back, unless its stamp (size, mtime,
-inode) is the one kept when its bytes were last found right (``packcli.store.stamps``). A shard changed
+inode) is the one kept when its bytes were last found right (``packcli.store.integrity``). A shard changed
 since (an output edited in place shares its file with the cache, and its mtime) is never reused; the run
 writes it anew.
 
@@ -34,7 +34,7 @@ from packcli.contract import file_sha256
 from packcli.output.layout import RowLayout
 from packcli.plan.planner import Plan
 from packcli.results import ShardEntry
-from packcli.store.stamps import read_stamps, stamps_of, write_stamps
+from packcli.store.integrity import read_stamps, stamps_of, write_stamps
 from packcli.version import __version__
 
 SHARDS_DIR = "shards"

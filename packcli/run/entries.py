@@ -210,7 +210,7 @@ def cached_store(
     A damaged entry is never used: it is reported in one warning and made again (state "rebuilt").
     An entry that left out long records untokenized serves only runs that would drop them too: a run
     that truncates, or allows longer samples, makes the entry again (a miss). ``remember``: the check may
-    keep its files' stamps there (``packcli.store.stamps``; False in a dry run, which writes nothing).
+    keep its files' stamps there (``packcli.store.integrity``; False in a dry run, which writes nothing).
     """
     try:
         store = find_store(path, check_digests, remember)
