@@ -303,15 +303,19 @@ def _records_lost(store: TokenStore, plan: Plan) -> dict[str, int]:
     kept = np.ones(len(store.lengths), dtype=bool)
     for rows in plan.drop_rows.values():
         kept[rows] = False
-    index = store.sample_index
-    still_there = np.unique(index[kept])
+    index = store.sample_index  # record numbers, from 0: a flag a record, not np.unique (which sorts)
+    records = int(index.max()) + 1 if len(index) else 0
+    still_there = np.zeros(records, dtype=bool)
+    still_there[index[kept]] = True
     out: dict[str, int] = {}
     for reason, rows in plan.drop_rows.items():
-        gone = np.setdiff1d(np.unique(index[rows]), still_there)
+        gone = np.zeros(records, dtype=bool)
+        gone[index[rows]] = True
+        gone &= ~still_there
         # A record with samples dropped for two reasons counts under the first (in plan order).
-        still_there = np.union1d(still_there, gone)
-        if len(gone):
-            out[reason] = len(gone)
+        still_there |= gone
+        if n := int(gone.sum()):
+            out[reason] = n
     return out
 
 
