@@ -56,14 +56,21 @@ def _exit(code: Any) -> NoReturn:
         code = 1
     if any(t.is_alive() and not t.daemon and t is not threading.main_thread() for t in threading.enumerate()):
         sys.exit(code)  # Python's exit waits for it
+    if not _flushed():
+        sys.exit(code)  # nothing has run yet: Python says what could not be written, and how it ends
     atexit._run_exitfuncs()
+    os._exit(code if _flushed() else 120)  # 120: Python's exit status when it cannot flush at exit
+
+
+def _flushed() -> bool:
+    """Whether stdout and stderr took what was written to them."""
     try:
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:
                 stream.flush()
     except (OSError, ValueError):
-        sys.exit(code)  # Python says what could not be written, and how it ends
-    os._exit(code)
+        return False
+    return True
 
 
 def _stopped_early(signum: int, frame: Any) -> None:
