@@ -7,6 +7,9 @@ order (release first in even rounds), ``packcli pack DATA --no-cache --max-len L
 new process, start-up included. Per corpus it prints each round's seconds, CPU seconds and the peak
 RSS of the largest process of the run, then the median of the in-round ratios (release seconds /
 tree seconds: above 1, the tree is faster) with their range, and whether the shards are byte-identical.
+Both trees' modules are compiled to byte code first, as pip does when it installs a package (where
+``PYTHONDONTWRITEBYTECODE`` is set, a fresh archive would be compiled at every start, the working tree
+maybe not).
 
 Corpora (made once, kept in the work directory):
 
@@ -209,6 +212,8 @@ def main(argv: list[str] | None = None) -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     tag = args.tag or last_release()
     roots = {"release": materialise(tag, args.workdir), "tree": args.tree.resolve()}
+    for root in roots.values():  # byte code for both, as an installed package has it (bench_fixed.py does too)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(root / "packcli")], check=True)
     results = [compare(name, data, roots, args) for name, data in corpora(args.workdir, args.chat, args.short).items()]
     print(
         f"release {tag} ({release_commit(tag)[:10]}) against the working tree, {args.rounds} paired rounds, "

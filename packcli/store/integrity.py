@@ -73,7 +73,7 @@ def check_store(
     """Check a store's meta.json and the size and sha256 of each of its files; return the meta.
 
     Raise DamagedStore naming the first problem. A file whose stamp is the one kept when its bytes were last
-    found right (``packcli.store.integrity``) is not read again: an unchanged store costs a stat a file, any
+    found right (``stamps.json``, see the module's doc) is not read again: an unchanged store costs a stat a file, any
     other one sequential read. ``remember``: keep the stamps of the files read (False: the directory is
     not written, as in a dry run). ``check_digests(directory, {token file: expected})`` hashes the local
     token files instead of this process (the Ray engine has tasks do it, so that its driver never reads
