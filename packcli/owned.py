@@ -8,6 +8,8 @@
   writing the same output fail at once, naming the process that holds it.
 - Staging and temporary directories carry the host and PID of the run that made them, so the next
   run removes those whose process is gone, and only those.
+- A file of the cache is written whole or not at all (``write_whole``), with an ordinary file's
+  permissions, through a temporary file beside it that carries the same host and PID.
 - Replacing a mount point's contents in place is journaled (``REPLACE_JOURNAL``): the staged copy a
   journal names is never removed as stale, and the next run finishes the replace from it.
 """
@@ -20,7 +22,8 @@ import os
 import re
 import shutil
 import socket
-from collections.abc import Iterable
+import tempfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +52,29 @@ def owner_tag() -> str:
     """Return ``host-pid`` of this process, put into the names of the directories it makes."""
     host = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:40] or "host"
     return f"{host}-{os.getpid()}"
+
+
+def write_whole(target: Path, write: Callable[[Any], object]) -> None:
+    """Write ``target`` whole or not at all: ``write`` fills a binary file beside it, which gets an ordinary
+    file's permissions (``readable``) and replaces ``target``. The temporary file (named ``.tmp-`` and its
+    owner) is removed on any error, which is raised."""
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{owner_tag()}-", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+        readable(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def readable(path: str) -> None:
+    """Give a file mkstemp made (private) the permissions of an ordinary file of this process (its umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def staging_prefix(name: str) -> str:

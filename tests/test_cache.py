@@ -246,6 +246,10 @@ def test_a_hit_reads_back_only_the_entry_files_whose_stamps_moved(
     (key,) = _entries(cache_dir)
     entry = cache_dir / key
     assert (entry / integrity.STAMPS).is_file() and read_back == []  # hashed as written
+    umask = os.umask(0)
+    os.umask(umask)
+    kept = [entry / integrity.STAMPS, *(entry / "plans").glob("*.npz")]
+    assert len(kept) == 2 and {p.stat().st_mode & 0o777 for p in kept} == {0o666 & ~umask}  # as any file's
     assert _summary(pack(*argv, tmp_path / "b"))["cache"] == "hit" and read_back == []
     # A token file changed in place, its size kept: its mtime moved, so it is read back, and the entry rebuilt.
     ids = next(entry.rglob("*input_ids.bin"))  # the entry's own, or its input's cache part's, linked

@@ -504,24 +504,10 @@ def test_the_plan_holds_a_few_arrays_per_sample_at_its_peak() -> None:
 
     from packcli.plan.options import PlanOptions
     from packcli.plan.planner import make_plan
-    from packcli.results import StoreSource
-    from packcli.store.tokens import TokenStore
-
-    from .conftest import bare_meta
 
     n = 50_000
     lengths = np.random.default_rng(0).integers(20, 200, n).astype(np.int32)
-    source = StoreSource(path="a", kind="jsonl", format="messages", unit="line")
-    store = TokenStore(
-        path=Path("unused"),
-        sample_index=np.arange(n, dtype=np.int64),
-        piece_index=np.zeros(n, np.int32),
-        lengths=lengths,
-        trainable=lengths // 2,
-        first_trained=np.ones(n, np.int32),
-        positions=np.arange(n, dtype=np.int32),
-        meta=bare_meta(sources=[source], source_starts=[0], records_read=n),
-    )
+    store = _lengths_store(Path("unused"), lengths)
     tracemalloc.start()
     try:
         plan = make_plan(PlanOptions(max_len=4096, sample_limit=4096), store)
@@ -546,24 +532,9 @@ def test_a_kept_plan_reads_back_as_it_was_made(tmp_path: Path, options: dict[str
     from packcli.plan import kept
     from packcli.plan.options import PlanOptions
     from packcli.plan.planner import make_plan
-    from packcli.results import StoreSource
-    from packcli.store.tokens import TokenStore
-
-    from .conftest import bare_meta
 
     n = 3_000
-    lengths = np.random.default_rng(1).integers(5, 200, n).astype(np.int32)
-    source = StoreSource(path="a", kind="jsonl", format="messages", unit="line")
-    store = TokenStore(
-        path=tmp_path,
-        sample_index=np.arange(n, dtype=np.int64),
-        piece_index=np.zeros(n, np.int32),
-        lengths=lengths,
-        trainable=lengths // 2,
-        first_trained=np.ones(n, np.int32),
-        positions=np.arange(n, dtype=np.int32),
-        meta=bare_meta(sources=[source], source_starts=[0], records_read=n),
-    )
+    store = _lengths_store(tmp_path, np.random.default_rng(1).integers(5, 200, n).astype(np.int32))
     chosen = PlanOptions(**{"max_len": 1024, "sample_limit": 1024, **options})
     made = make_plan(chosen, store)
     assert kept.load_plan(tmp_path, chosen, n) is None
@@ -585,3 +556,24 @@ def test_a_kept_plan_reads_back_as_it_was_made(tmp_path: Path, options: dict[str
     (path,) = (tmp_path / kept.PLANS_DIR).glob("*.npz")
     path.write_bytes(path.read_bytes()[:-50])  # cut short: made anew, never half read
     assert kept.load_plan(tmp_path, chosen, n) is None
+
+
+def _lengths_store(path: Path, lengths: np.ndarray) -> Any:
+    """A token store of one sample a record with these lengths (no tokens on disk: the plan reads none)."""
+    from packcli.results import StoreSource
+    from packcli.store.tokens import TokenStore
+
+    from .conftest import bare_meta
+
+    n = len(lengths)
+    source = StoreSource(path="a", kind="jsonl", format="messages", unit="line")
+    return TokenStore(
+        path=path,
+        sample_index=np.arange(n, dtype=np.int64),
+        piece_index=np.zeros(n, np.int32),
+        lengths=lengths,
+        trainable=lengths // 2,
+        first_trained=np.ones(n, np.int32),
+        positions=np.arange(n, dtype=np.int32),
+        meta=bare_meta(sources=[source], source_starts=[0], records_read=n),
+    )

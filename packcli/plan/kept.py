@@ -16,12 +16,12 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from packcli.owned import write_whole
 from packcli.plan.options import PlanOptions
 from packcli.plan.packing import RowOrder
 from packcli.plan.planner import Plan
@@ -81,30 +81,19 @@ def keep_plan(entry: Path, options: PlanOptions, plan: Plan) -> None:
     """Keep ``plan`` (made with ``options``) under the cache ``entry``, and drop its least recently used
     plans beyond ``KEEP``; nothing is said when the entry cannot take it."""
     root = entry / PLANS_DIR
-    made = None
-    try:
+    arrays = {k: getattr(plan, k) for k in _ARRAYS}
+    arrays.update({f"order.{k}": getattr(plan.order, k) for k in _ORDER})
+    arrays["drop_reasons"] = np.array(list(plan.drop_rows), dtype=str)
+    arrays.update({f"drop.{r}": rows for r, rows in plan.drop_rows.items()})
+    arrays.update({k: np.int64(getattr(plan, k)) for k in _COUNTS})
+    with contextlib.suppress(OSError):
         root.mkdir(exist_ok=True)
-        fd, made = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=root)
-        arrays = {k: getattr(plan, k) for k in _ARRAYS}
-        arrays.update({f"order.{k}": getattr(plan.order, k) for k in _ORDER})
-        arrays["drop_reasons"] = np.array(list(plan.drop_rows), dtype=str)
-        arrays.update({f"drop.{r}": rows for r, rows in plan.drop_rows.items()})
-        arrays.update({k: np.int64(getattr(plan, k)) for k in _COUNTS})
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
-        os.replace(made, root / f"{plan_key(options)}.npz")
-        made = None
+        write_whole(root / f"{plan_key(options)}.npz", lambda fh: np.savez(fh, **arrays))
         kept = sorted(
             (p for p in root.glob("*.npz") if not p.name.startswith(".")), key=lambda p: p.stat().st_mtime, reverse=True
         )
         for old in kept[KEEP:]:
             old.unlink()
-    except OSError:
-        pass
-    finally:
-        if made is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(made)
 
 
 def _consistent(plan: Plan, samples: int) -> bool:

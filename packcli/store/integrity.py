@@ -21,7 +21,6 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -30,6 +29,7 @@ from packcli.contract import file_sha256
 from packcli.errors import PackcliError, first_line
 from packcli.io.uri import join
 from packcli.jsontypes import JSONObject
+from packcli.owned import write_whole
 from packcli.results import DamagedResult, FileDigest, StoreMeta, required_fields
 
 # Every key a finished store's meta.json has (packcli.results.StoreMeta); one missing means the entry is damaged.
@@ -220,16 +220,6 @@ def write_stamps(directory: Path, of: str, stamps: dict[str, Stamp | None]) -> N
     directory cannot take it (the next use hashes the files again)."""
     if any(v is None for v in stamps.values()):
         return
-    made = None
-    try:
-        fd, made = tempfile.mkstemp(prefix=".stamps-", dir=directory)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump({"of": of, "files": stamps}, fh, sort_keys=True)
-        os.replace(made, directory / STAMPS)
-        made = None
-    except OSError:
-        pass
-    finally:
-        if made is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(made)
+    with contextlib.suppress(OSError):
+        body = json.dumps({"of": of, "files": stamps}, sort_keys=True).encode("utf-8")
+        write_whole(directory / STAMPS, lambda fh: fh.write(body))

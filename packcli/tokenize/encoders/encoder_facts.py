@@ -14,15 +14,13 @@ import contextlib
 import hashlib
 import importlib.metadata
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from packcli.owned import owner_tag
-from packcli.tokenize.encoders.recorded import RECORDS_DIR, readable
+from packcli.owned import write_whole
+from packcli.tokenize.encoders.recorded import RECORDS_DIR
 from packcli.version import __version__
 
 FACTS_FORMAT = 1
@@ -89,13 +87,4 @@ def write_facts(directory: Path | None, key: str, facts: EncoderFacts) -> None:
     where = _path(directory, key)
     with contextlib.suppress(OSError):
         where.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{owner_tag()}-", suffix=".npz", dir=where.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                np.savez(fh, meta=np.array(json.dumps(meta)), byte_lengths=lengths)
-            readable(tmp)
-            os.replace(tmp, where)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_whole(where, lambda fh: np.savez(fh, meta=np.array(json.dumps(meta)), byte_lengths=lengths))

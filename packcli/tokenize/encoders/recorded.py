@@ -22,15 +22,13 @@ import hashlib
 import importlib.metadata
 import importlib.resources
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from packcli.contract import vocab_sha256
 from packcli.jsontypes import JSONObject
-from packcli.owned import owner_tag
+from packcli.owned import write_whole
 from packcli.tokenize.long.bounds import max_token_bytes
 
 RECORD_FORMAT = 3
@@ -192,23 +190,7 @@ def write_record(directory: Path, record: TokenizerRecord) -> None:
     where = directory / RECORDS_DIR
     with contextlib.suppress(OSError):
         where.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{owner_tag()}-", dir=where)  # its owner: removed once gone
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(record.to_json())
-            readable(tmp)
-            os.replace(tmp, where / f"{record.key()}.json")
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-
-
-def readable(path: str) -> None:
-    """Give a file mkstemp made (private) the permissions of an ordinary file of this process (its umask)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
+        write_whole(where / f"{record.key()}.json", lambda fh: fh.write(record.to_json().encode("utf-8")))
 
 
 class RecordedTokenizer:
