@@ -10,7 +10,6 @@ from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -391,62 +390,31 @@ def write_shard(
     max_id = -1  # the largest input id (padding included): a model's embedding must be larger than it
     images: dict[str, int] | None = None  # image-text rows: their image counts (the manifest's, summed)
     writer = shard_format(output_format).writer(path, schema)
-    behind = _WriteBehind(writer)
     try:
-        for table in tables:
-            rows += table.num_rows
-            ids = table.column("input_ids").combine_chunks().flatten()
-            tokens += len(ids)
-            if len(ids):  # pyarrow's own max: Array.to_numpy would import pandas (a quarter of a second)
-                max_id = max(max_id, int(pc.max(ids).as_py()))
-            if "image_refs" in table.column_names:
-                from packcli.output.images import written_image_counts
+        # Its exit waits for the write under way, also when building the next table failed.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-shard") as behind:
+            written: Future[None] | None = None
+            for table in tables:
+                rows += table.num_rows
+                ids = table.column("input_ids").combine_chunks().flatten()
+                tokens += len(ids)
+                if len(ids):  # pyarrow's own max: Array.to_numpy would import pandas (a quarter of a second)
+                    max_id = max(max_id, int(pc.max(ids).as_py()))
+                if "image_refs" in table.column_names:
+                    from packcli.output.images import written_image_counts
 
-                counted = written_image_counts(table)
-                images = {key: (images or {}).get(key, 0) + value for key, value in counted.items()}
-            behind.write(table)
-        behind.finish()
+                    counted = written_image_counts(table)
+                    images = {key: (images or {}).get(key, 0) + value for key, value in counted.items()}
+                if written is not None:
+                    written.result()  # one table written, one waiting at most
+                written = behind.submit(writer.write, table)
+            if written is not None:
+                written.result()
     finally:
-        behind.finish(raising=False)
         writer.close()
     return ShardEntry(
         file=path.name, rows=rows, tokens=tokens, max_token_id=max_id, sha256=file_sha256(path), images=images
     )
-
-
-class _WriteBehind:
-    """A shard writer's writes, made one after the other by a thread while the caller builds the next table.
-
-    ``write`` waits for the write before the last to be done (one table written, one waiting at most) and
-    raises what a write raised; ``finish`` waits for every write, and raises likewise unless told not to.
-    """
-
-    def __init__(self, writer: Any) -> None:
-        self._writer = writer
-        self._pending: Future[None] | None = None
-        self._pool: ThreadPoolExecutor | None = None
-
-    def write(self, table: pa.Table) -> None:
-        self._wait()
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-shard")
-        self._pending = self._pool.submit(self._writer.write, table)
-
-    def finish(self, raising: bool = True) -> None:
-        try:
-            self._wait()
-        except BaseException:
-            if raising:
-                raise
-        finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
-
-    def _wait(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
 
 
 def read_shard(path: Path) -> pa.Table:
