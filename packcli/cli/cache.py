@@ -15,9 +15,9 @@ from packcli.cli.options import CacheDirOption, JsonFlag
 
 
 def _root(cache_dir: str | None) -> Path:
-    from packcli.store.key import default_cache_dir
+    from packcli.store.key import cache_root
 
-    return Path(cache_dir) if cache_dir else default_cache_dir()
+    return cache_root(cache_dir)
 
 
 def ls(cache_dir: CacheDirOption = None, json_out: JsonFlag = False) -> None:

@@ -5,14 +5,13 @@ from cache parts), or sooner only where the cache's key needs the tokenizer's ow
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from packcli.config import PackConfig
 from packcli.io.sources import InputSource
 from packcli.io.uri import is_uri
 from packcli.run.options import encode_options
-from packcli.store.key import default_cache_dir
+from packcli.store.key import cache_root
 
 if TYPE_CHECKING:
     from packcli.tokenize.encoders.encoder import Encoder
@@ -31,7 +30,7 @@ def run_encoder(config: PackConfig, sources: list[InputSource] | None = None) ->
 
     records = None
     if config.cache and not config.dry_run:
-        records = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
+        records = cache_root(config.cache_dir)
     size = input_bytes(sources) if sources is not None else None
     work = Work(size, config.num_proc) if size is not None else None
     return Encoder(

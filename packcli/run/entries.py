@@ -22,7 +22,7 @@ from packcli.run.options import image_window, split_rule
 from packcli.store.cachedir import EntryLock
 from packcli.store.images import changed_image, load_images
 from packcli.store.integrity import DamagedStore
-from packcli.store.key import cache_key, default_cache_dir
+from packcli.store.key import cache_key, cache_root
 from packcli.store.tokens import TokenStore, find_store
 from packcli.tokenize.encoders.tokenizer import DEFAULT_TOKENIZER, tokenizer_fingerprint
 from packcli.tokenize.templates.choice import builtin_name
@@ -195,7 +195,7 @@ def cache_entry(config: PackConfig, store: TokenStore) -> Path | None:
     """The cache entry the run's token store is, or None (``--no-cache``, a store made aside)."""
     if not config.cache:
         return None
-    root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
+    root = cache_root(config.cache_dir)
     try:
         return store.path if store.path.parent.resolve() == root.resolve() else None
     except OSError:

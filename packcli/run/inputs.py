@@ -28,7 +28,7 @@ from packcli.owned import HASH_MEMO
 from packcli.procs.stop import raise_if_stopped
 from packcli.records import preference
 from packcli.records.formats import accepted_fields, detect_format
-from packcli.store.key import default_cache_dir
+from packcli.store.key import cache_root
 from packcli.tokenize.templates.choice import builtin_name, read_chat_template
 
 # An input's content hash and record count, either None where not known without reading it again.
@@ -102,8 +102,8 @@ def identify_inputs(config: PackConfig, engine: Engine, given: list[InputSource]
     sources = given if given is not None else resolve_inputs(list(config.inputs), config.split)
     stamped_ns = time.time_ns()
     before = stamps(sources)  # before the format is sniffed and the contents hashed
-    cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
-    memo = Memo.load(cache_root / HASH_MEMO if config.cache else None)  # read once for the run's inputs
+    root = cache_root(config.cache_dir)
+    memo = Memo.load(root / HASH_MEMO if config.cache else None)  # read once for the run's inputs
     key = fields_key(config)
     task, formats = preference.resolve_task(
         config.task, _record_formats(config, sources, memo, key), config.overflow, config.output_format,
@@ -120,7 +120,7 @@ def identify_inputs(config: PackConfig, engine: Engine, given: list[InputSource]
     # local files are hashed as they are read to be tokenized.
     hashing = engine.hashing
     later = [hashing is None and hashed_as_read(s) for s in sources]
-    inputs = Inputs(sources, formats, task, [None] * len(sources), later, before, stamped_ns, memo, key, cache_root)
+    inputs = Inputs(sources, formats, task, [None] * len(sources), later, before, stamped_ns, memo, key, root)
     _hash(inputs, hashing, config.cache)
     if fill_cache:  # a dry run writes nothing
         memo.remember_formats(sources, key, formats)

@@ -27,7 +27,7 @@ from packcli.run.options import row_layout
 from packcli.run.planned import EvalSplit, PlannedRun, plan_run, run_summary
 from packcli.run.tokenized import TokenizedInputs, tokenized_inputs
 from packcli.store.cachedir import parse_size, prune
-from packcli.store.key import default_cache_dir
+from packcli.store.key import cache_root
 from packcli.store.tokens import TokenStore
 from packcli.version import __version__
 
@@ -225,9 +225,9 @@ def _with_pruned_cache(config: PackConfig, cap: int | None, key: str | None, sum
     """Prune the cache to ``cap`` bytes (never this run's entry, ``key``) if asked; return the summary saying so."""
     if cap is None or not config.cache or config.dry_run:
         return summary
-    cache_root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
+    root = cache_root(config.cache_dir)
     keep = frozenset({key}) if key else frozenset()
-    pruned = prune(cache_root, max_size=cap, keep=keep)
+    pruned = prune(root, max_size=cap, keep=keep)
     cache_pruned = CachePruned(
         entries=len(pruned["removed"]),
         bytes=pruned["bytes_freed"],
@@ -295,10 +295,10 @@ def _prepare_output(config: PackConfig, sources: list[InputSource]) -> staging.P
     # A directory named as an input is an input as a whole, not only the files found in it: an -o inside
     # it is refused (its files come first, so an -o that contains them is named by the file it holds).
     paths += [Path(raw).resolve() for raw in config.inputs if raw != STDIN and not is_uri(raw) and Path(raw).is_dir()]
-    cache_root = (Path(config.cache_dir) if config.cache_dir else default_cache_dir()) if config.cache else None
+    root = cache_root(config.cache_dir) if config.cache else None
     if config.fix_turns_log:
-        guard.check_fix_log_target(config.fix_turns_log, Path(config.output).resolve(), paths, cache_root)
-    return staging.prepare_output(config.output, config.overwrite, paths, cache_root, config.rejects)
+        guard.check_fix_log_target(config.fix_turns_log, Path(config.output).resolve(), paths, root)
+    return staging.prepare_output(config.output, config.overwrite, paths, root, config.rejects)
 
 
 def _manifest(

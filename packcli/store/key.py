@@ -21,6 +21,11 @@ def default_cache_dir() -> Path:
     return Path(base) / "packcli"
 
 
+def cache_root(named: str | None) -> Path:
+    """The cache directory: the one named (``--cache-dir``), else ``default_cache_dir()``."""
+    return Path(named) if named else default_cache_dir()
+
+
 def cache_key(parts: dict[str, Any]) -> str:
     """Return a stable hex key for everything that decides the tokens."""
     blob = json.dumps({"cache_format": CACHE_FORMAT, **parts}, sort_keys=True).encode()
