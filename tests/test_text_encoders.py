@@ -145,6 +145,52 @@ def test_a_post_processor_that_trims_offsets_falls_back(tmp_path: Path) -> None:
     assert choice.fallback == "the tokenizer's post-processor trims offsets, which label masks follow"
 
 
+def test_the_reference_opens_while_the_fast_encoder_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a first sight of a tokenizer, the reference and the byte lengths are learned beside the build; a
+    trimmed offset stays the reason given when the build fails too, as when it was checked first."""
+    import threading
+
+    import fastokens
+
+    spec = json.loads((Path(default_tokenizer_dir()) / "tokenizer.json").read_text(encoding="utf-8"))
+    from tokenizers import Tokenizer
+
+    opened_on: list[str] = []
+    real = Tokenizer.from_str(json.dumps(spec))
+
+    def opening() -> Any:
+        opened_on.append(threading.current_thread().name)
+        return real
+
+    built_on: list[str] = []
+    build = fastokens.Tokenizer.from_json_str
+
+    def building(text: str) -> Any:
+        built_on.append(threading.current_thread().name)
+        return build(text)
+
+    monkeypatch.setattr(fastokens.Tokenizer, "from_json_str", building)
+    text_encoders._loaded.cache_clear()
+    choice = choose(opening, real.to_str)
+    assert (choice.encoder.name, choice.fallback) == ("fastokens", None)
+    assert built_on == [threading.current_thread().name]  # its tables in the heap the workers share
+    assert len(opened_on) == 1 and opened_on[0].startswith("packcli-learn")
+    assert isinstance(choice.encoder, FastEncoder) and choice.encoder.byte_lengths is not None
+
+    def refused(text: str) -> Any:
+        raise ValueError("not this one")
+
+    monkeypatch.setattr(fastokens.Tokenizer, "from_json_str", refused)
+    for trims, why in ((True, "the tokenizer's post-processor trims offsets"), (False, "fastokens cannot load")):
+        spec["post_processor"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": trims}
+        backend = Tokenizer.from_str(json.dumps(spec))
+        text_encoders._loaded.cache_clear()
+        choice = choose(backend, backend.to_str)
+        assert choice.encoder.name == "tokenizers"
+        assert choice.fallback is not None and choice.fallback.startswith(why), choice.fallback
+    text_encoders._loaded.cache_clear()
+
+
 def test_a_probe_difference_falls_back_and_packs_the_same(
     tmp_path: Path, pack: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
