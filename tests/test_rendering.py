@@ -145,6 +145,25 @@ def test_plain_data_is_what_the_template_sees() -> None:
     value = {"a": (1, np.int64(2), np.float32(0.5)), "b": [Odd(), True, None], 3: "x"}
     assert rendering.plain(value) == {"a": (1, 2, 0.5), "b": ["<Odd>", True, None], 3: "x"}
 
+    # Subclasses inside the dicts and lists JSON decoding makes become their base types, at any depth.
+    class Text(str):
+        pass
+
+    class Number(int):
+        pass
+
+    class Ordered(dict):  # type: ignore[type-arg]
+        pass
+
+    record = {"m": [{"role": Text("user"), "n": Number(3), "x": [np.int32(1), Ordered(k=Text("v"))]}], Text("t"): 1.5}
+    made = rendering.plain(record)
+    assert made == {"m": [{"role": "user", "n": 3, "x": [1, {"k": "v"}]}], "t": 1.5}
+    message = made["m"][0]
+    assert type(message["role"]) is str and type(message["n"]) is int and type(message["x"][0]) is int
+    assert type(message["x"][1]) is dict and type(message["x"][1]["k"]) is str
+    assert all(type(key) is str for key in made)
+    assert made is not record and made["m"] is not record["m"]  # a copy, whatever the template does with it
+
 
 # Packs with a template of trl's (one with generation blocks, one without), in a process that must not
 # import transformers; prints the shards' rows' input_ids and labels.

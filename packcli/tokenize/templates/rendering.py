@@ -171,11 +171,28 @@ def _with_reasoning_names(message: Any) -> Any:
     return {"thinking": reasoning, **message, "reasoning_content": reasoning}
 
 
+# The types a template sees as they are: what a JSON decoder makes of a record's scalars.
+_AS_IS = frozenset({str, int, float, bool, type(None)})
+
+
 def plain(value: Any) -> Any:
     """Return ``value`` rebuilt of plain JSON types, as the template may see it: other objects become
     ``"<TypeName>"`` (a template only tests whether such a key is there), subclasses their base type."""
-    if value is None or type(value) in (str, int, float, bool):
+    kind = type(value)
+    if kind in _AS_IS:
         return value
+    # What JSON decoding makes, the common case: a record's dicts and lists, their scalars taken as they are.
+    if kind is dict:
+        return {
+            key if type(key) is str else plain(key): item if type(item) in _AS_IS else plain(item)
+            for key, item in value.items()
+        }
+    if kind is list:
+        return [item if type(item) in _AS_IS else plain(item) for item in value]
+    return _plain_other(value)
+
+
+def _plain_other(value: Any) -> Any:
     if isinstance(value, str):
         return str.__str__(value)
     if isinstance(value, int):
