@@ -1,18 +1,20 @@
-"""Character offsets of byte-level BPE tokens from their byte lengths, for label masks without offsets.
+"""Label masks by the offset rule: from a ``tokenizers`` encoding's character offsets (``span_mask``), or,
+without offsets, from the byte lengths of byte-level BPE tokens (``byte_level_mask``).
 
 In a byte-level BPE tokenizer without a normalizer, the tokens of a text, one after the other, are the
 text's UTF-8 bytes: an ordinary token covers as many bytes as its vocabulary string has characters (one
 character a byte), an added token the bytes of its content. So each token's byte span follows from the
 ids alone, and its character span is that of the characters its first and last bytes belong to, which is
 how ``tokenizers`` reports a byte-level token's offsets (a token holding part of a character has the
-whole character's span). A token is trained when its span overlaps a trained span: the rule of
-``span_mask``. A text whose tokens do not add up to its bytes (an added token that strips the spaces
+whole character's span). A token is trained when its span overlaps a trained span: the offset
+rule. A text whose tokens do not add up to its bytes (an added token that strips the spaces
 beside it, say) is left to the reference encoder.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 
@@ -100,3 +102,41 @@ def _byte_offsets(text: str, chars: list[int], ascii_text: bool) -> dict[int, in
         last_char = at
         out[c] = last_byte
     return out
+
+
+def ids_and_mask(enc: Any, spans: list[tuple[int, int]], n_chars: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return an encoding's ids (int32) and the mask of its tokens that overlap ``spans``."""
+    ids = np.asarray(enc.ids, dtype=np.int32)
+    return ids, span_mask(enc, spans, len(ids), n_chars)
+
+
+def span_mask(enc: Any, spans: list[tuple[int, int]], n_tokens: int, n_chars: int) -> np.ndarray:
+    """Mark every token whose character span overlaps one of ``spans`` (the rule transformers uses).
+
+    Offsets are monotone, so the tokens overlapping [a, b) run from the first token containing
+    character a to the last token starting before b; two lookups a span instead of every offset.
+    """
+    mask = np.zeros(n_tokens, dtype=bool)
+    for a, b in spans:
+        if b <= a or n_tokens == 0:
+            continue
+        first = enc.char_to_token(a)
+        last = n_tokens - 1 if b >= n_chars else enc.char_to_token(b)
+        if first is None or last is None:
+            return _span_mask_offsets(enc, spans, n_tokens)
+        if b < n_chars and enc.token_to_chars(last)[0] >= b:
+            last -= 1
+        # A character split over several byte tokens: include all tokens that start before b.
+        while last + 1 < n_tokens and enc.token_to_chars(last + 1)[0] < b:
+            last += 1
+        if last >= first:
+            mask[first : last + 1] = True
+    return mask
+
+
+def _span_mask_offsets(enc: Any, spans: list[tuple[int, int]], n_tokens: int) -> np.ndarray:
+    offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(n_tokens, 2)
+    mask = np.zeros(n_tokens, dtype=bool)
+    for a, b in spans:
+        mask |= (offsets[:, 0] < b) & (offsets[:, 1] > a)
+    return mask

@@ -27,7 +27,7 @@ from packcli.jsontypes import TemplateKwargs
 from packcli.records.formats import Sample
 from packcli.results import TokenizerIdentity
 from packcli.tokenize.encoders import text_encoders
-from packcli.tokenize.encoders.text_encoders import ids_and_mask, span_mask
+from packcli.tokenize.encoders.byte_offsets import ids_and_mask, span_mask
 from packcli.tokenize.encoders.tokenizer import DEFAULT_TOKENIZER, open_tokenizer, plain_backend, tokenizer_sha256
 from packcli.tokenize.images import Encoded, expand_images, image_tokens_masked
 from packcli.tokenize.long import long_text

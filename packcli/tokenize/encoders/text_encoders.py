@@ -1,7 +1,7 @@
 """Text to token ids and label masks: the reference encoder and a fast exact one, behind one protocol.
 
 The reference is the ``tokenizers`` backend ``apply_chat_template`` encodes with; its label masks come
-from character offsets (``span_mask``). The fast one is ``fastokens``, a Rust BPE encoder that loads the
+from character offsets (``byte_offsets.span_mask``). The fast one is ``fastokens``, a Rust BPE encoder that loads the
 same ``tokenizer.json`` and returns ids in one flat buffer, without offsets. For a plain byte-level BPE
 tokenizer it makes a mask from the ids' byte lengths (``packcli.tokenize.encoders.byte_offsets``). Otherwise it
 encodes the pieces of a text between the trained spans' boundaries: where the pieces' ids, one after
@@ -32,7 +32,7 @@ import numpy as np
 
 from packcli.errors import Opt, TokenizerError, first_line
 from packcli.results import EncoderInfo
-from packcli.tokenize.encoders.byte_offsets import byte_level_mask, token_byte_lengths
+from packcli.tokenize.encoders.byte_offsets import byte_level_mask, ids_and_mask, token_byte_lengths
 from packcli.tokenize.encoders.encoder_facts import EncoderFacts, facts_key, has_facts, read_facts, write_facts
 
 ENCODER_ENV = "PACKCLI_ENCODER"
@@ -423,41 +423,3 @@ def _flat(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     np.cumsum([len(a) for a in arrays], out=starts[1:])
     ids = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
     return ids.astype(np.int32, copy=False), starts
-
-
-def ids_and_mask(enc: Any, spans: list[tuple[int, int]], n_chars: int) -> tuple[np.ndarray, np.ndarray]:
-    """Return an encoding's ids (int32) and the mask of its tokens that overlap ``spans``."""
-    ids = np.asarray(enc.ids, dtype=np.int32)
-    return ids, span_mask(enc, spans, len(ids), n_chars)
-
-
-def span_mask(enc: Any, spans: list[tuple[int, int]], n_tokens: int, n_chars: int) -> np.ndarray:
-    """Mark every token whose character span overlaps one of ``spans`` (the rule transformers uses).
-
-    Offsets are monotone, so the tokens overlapping [a, b) run from the first token containing
-    character a to the last token starting before b; two lookups a span instead of every offset.
-    """
-    mask = np.zeros(n_tokens, dtype=bool)
-    for a, b in spans:
-        if b <= a or n_tokens == 0:
-            continue
-        first = enc.char_to_token(a)
-        last = n_tokens - 1 if b >= n_chars else enc.char_to_token(b)
-        if first is None or last is None:
-            return _span_mask_offsets(enc, spans, n_tokens)
-        if b < n_chars and enc.token_to_chars(last)[0] >= b:
-            last -= 1
-        # A character split over several byte tokens: include all tokens that start before b.
-        while last + 1 < n_tokens and enc.token_to_chars(last + 1)[0] < b:
-            last += 1
-        if last >= first:
-            mask[first : last + 1] = True
-    return mask
-
-
-def _span_mask_offsets(enc: Any, spans: list[tuple[int, int]], n_tokens: int) -> np.ndarray:
-    offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(n_tokens, 2)
-    mask = np.zeros(n_tokens, dtype=bool)
-    for a, b in spans:
-        mask |= (offsets[:, 0] < b) & (offsets[:, 1] > a)
-    return mask
