@@ -394,3 +394,51 @@ def test_byte_level_masks_are_the_character_overlap_rule(pieces: list[str], cuts
     mask = byte_level_mask(ids, text, spans, lengths)
     assert mask is not None and mask.tolist() == expected
     assert byte_level_mask(ids, text + "z", spans, lengths) is None  # the ids no longer add up to the bytes
+
+
+def _byte_tokens(text: str, cuts: list[int], first_id: int) -> tuple[list[int], list[int]]:
+    """A text's UTF-8 bytes cut into tokens of the ``cuts``' sizes in turn: (ids from ``first_id``, sizes)."""
+    sizes, at, k, n = [], 0, 0, len(text.encode("utf-8"))
+    while at < n:
+        size = min(cuts[k % len(cuts)], n - at)
+        sizes.append(size)
+        at, k = at + size, k + 1
+    return list(range(first_id, first_id + len(sizes))), sizes
+
+
+@given(
+    texts=st.lists(st.text(alphabet="aé中😀 \nx̃", max_size=12), min_size=1, max_size=6),
+    cuts=st.lists(st.integers(min_value=1, max_value=4), min_size=1, max_size=8),
+    spans=st.lists(st.tuples(st.integers(-2, 14), st.integers(-2, 14)), max_size=3),
+    broken=st.integers(min_value=0, max_value=5),
+)
+@settings(max_examples=150, deadline=None)
+def test_a_batch_of_byte_level_masks_is_each_text_alone(
+    texts: list[str], cuts: list[int], spans: list[Any], broken: int
+) -> None:
+    """The masks of a batch (its byte ends summed over every text) are each text's own; a text with an id
+    out of the table, a byteless token or bytes that do not add up gets None, and only that text."""
+    from packcli.tokenize.encoders.byte_offsets import byte_level_mask, byte_level_masks
+
+    ids: list[int] = []
+    sizes: list[int] = []
+    starts = [0]
+    for text in texts:
+        mine, theirs = _byte_tokens(text, cuts, len(sizes))
+        ids += mine
+        sizes += theirs
+        starts.append(len(ids))
+    lengths = np.asarray([*sizes, 0], dtype=np.int64)  # the last id covers no byte
+    flat = np.asarray(ids, dtype=np.int64)
+    k = broken % len(texts)
+    if starts[k + 1] > starts[k]:  # one text's first token made out of the table, byteless, or cut short
+        flat[starts[k]] = (len(lengths) + 3, len(lengths) - 1, -1)[broken % 3]
+    items = [(text, list(spans)) for text in texts]
+    got = byte_level_masks(flat, np.asarray(starts), items, lengths)
+    for j, (text, mine) in enumerate(items):
+        alone = byte_level_mask(flat[starts[j] : starts[j + 1]].copy(), text, mine, lengths)
+        if j == k and starts[k + 1] > starts[k]:
+            assert got[j] is None and alone is None
+            continue
+        assert alone is not None and got[j] is not None
+        assert got[j].tolist() == alone.tolist()

@@ -13,6 +13,7 @@ beside it, say) is left to the reference encoder.
 
 from __future__ import annotations
 
+import bisect
 import json
 from typing import Any
 
@@ -61,33 +62,68 @@ def token_byte_lengths(backend_json: str) -> np.ndarray | None:
 
 def byte_level_mask(ids: np.ndarray, text: str, spans: list[tuple[int, int]], lengths: np.ndarray) -> np.ndarray | None:
     """Return the mask of the tokens whose character span overlaps ``spans``; None where the ids do not
-    add up to the text's bytes (or an id is out of the table, or covers no byte).
+    add up to the text's bytes (or an id is out of the table, or covers no byte). One text of
+    ``byte_level_masks``."""
+    return byte_level_masks(ids, np.array([0, len(ids)]), [(text, spans)], lengths)[0]
+
+
+def byte_level_masks(
+    ids: np.ndarray, starts: np.ndarray, items: list[tuple[str, list[tuple[int, int]]]], lengths: np.ndarray
+) -> list[np.ndarray | None]:
+    """Return each text's mask of the tokens whose character span overlaps its spans, the text's tokens
+    being ``ids[starts[k]:starts[k + 1]]``; None for a text whose ids do not add up to its bytes (or hold
+    an id out of the table, or one that covers no byte).
 
     In bytes: a token covers [start, end) of the text's UTF-8 bytes, and a span [a, b) of characters the
     bytes [A, B) of those characters. The token's characters (the one holding its first byte to the one
     holding its last) overlap the span exactly when start < B and end > A, so only the spans' ends are
-    turned into bytes, not every character.
+    turned into bytes, not every character. The tokens' byte ends are summed over the whole batch at
+    once; in a text whose tokens all cover a byte, starts and ends both rise, so the tokens a span
+    trains are one run, found by two binary searches.
     """
-    if len(ids) == 0:
-        return np.zeros(0, dtype=bool) if not text else None
-    if int(ids.max()) >= len(lengths) or int(ids.min()) < 0:
-        return None
-    nbytes = lengths[ids]
-    ascii_text = text.isascii()
-    try:
-        total = len(text) if ascii_text else len(text.encode("utf-8"))
-    except UnicodeEncodeError:  # a lone surrogate: the reference decides what happens to it
-        return None
-    ends = np.cumsum(nbytes)
-    if ends[-1] != total or not np.all(nbytes > 0):
-        return None
-    starts = ends - nbytes
-    mask = np.zeros(len(ids), dtype=bool)
-    at = _byte_offsets(text, [x for a, b in spans if b > a for x in (a, b)], ascii_text)
-    for a, b in spans:
-        if b > a:
-            mask |= (starts < at[b]) & (ends > at[a])
-    return mask
+    bounds = starts.tolist()
+    nbytes = lengths.take(ids, mode="clip") if len(ids) else np.zeros(0, dtype=np.int64)
+    if len(ids) and (int(ids.max()) >= len(lengths) or int(ids.min()) < 0):
+        nbytes[(ids < 0) | (ids >= len(lengths))] = 0  # an id out of the table: its text fails below
+    # Where each token ends, in the batch's bytes; a token starts where the one before it ends.
+    ends = np.cumsum(nbytes, dtype=np.int64)
+    byteless = np.flatnonzero(nbytes == 0).tolist()  # tokens of no byte: their texts fail below
+    out: list[np.ndarray | None] = []
+    for k, (text, spans) in enumerate(items):
+        first, stop = bounds[k], bounds[k + 1]
+        if first == stop:
+            out.append(np.zeros(0, dtype=bool) if not text else None)
+            continue
+        base = int(ends[first - 1]) if first else 0
+        ascii_text = text.isascii()
+        try:
+            total = len(text) if ascii_text else len(text.encode("utf-8"))
+        except UnicodeEncodeError:  # a lone surrogate: the reference decides what happens to it
+            out.append(None)
+            continue
+        if int(ends[stop - 1]) - base != total or (byteless and _any_within(byteless, first, stop)):
+            out.append(None)
+            continue
+        mask = np.zeros(stop - first, dtype=bool)
+        live = [(a, b) for a, b in spans if b > a]
+        if live:
+            at = _byte_offsets(text, [x for a, b in live for x in (a, b)], ascii_text)
+            mine = ends[first:stop]
+            # The first token ending after A; the tokens starting before B: the first, and each after a
+            # token that ends before B.
+            lo = np.searchsorted(mine, [base + at[a] for a, _ in live], "right").tolist()
+            hi = np.searchsorted(mine[:-1], [base + at[b] for _, b in live], "left").tolist()
+            for x, y, (_, b) in zip(lo, hi, live, strict=True):
+                if at[b] > 0:
+                    mask[x : y + 1] = True
+        out.append(mask)
+    return out
+
+
+def _any_within(sorted_positions: list[int], first: int, stop: int) -> bool:
+    """Whether one of ``sorted_positions`` lies in [first, stop)."""
+    at = bisect.bisect_left(sorted_positions, first)
+    return at < len(sorted_positions) and sorted_positions[at] < stop
 
 
 def _byte_offsets(text: str, chars: list[int], ascii_text: bool) -> dict[int, int]:

@@ -32,7 +32,7 @@ import numpy as np
 
 from packcli.errors import Opt, TokenizerError, first_line
 from packcli.results import EncoderInfo
-from packcli.tokenize.encoders.byte_offsets import byte_level_mask, ids_and_mask, token_byte_lengths
+from packcli.tokenize.encoders.byte_offsets import byte_level_masks, ids_and_mask, token_byte_lengths
 from packcli.tokenize.encoders.encoder_facts import EncoderFacts, facts_key, has_facts, read_facts, write_facts
 
 ENCODER_ENV = "PACKCLI_ENCODER"
@@ -182,12 +182,8 @@ class FastEncoder:
         if self.byte_lengths is None:
             return self.pieces_or_none(items)
         ids, starts = self.encode_flat([text for text, _ in items], False)
-        out: list[Masked | None] = []
-        for k, (text, spans) in enumerate(items):
-            whole = ids[starts[k] : starts[k + 1]]
-            mask = byte_level_mask(whole, text, spans, self.byte_lengths)
-            out.append(None if mask is None else (whole, mask))
-        return out
+        masks = byte_level_masks(ids, starts, items, self.byte_lengths)
+        return [None if mask is None else (ids[starts[k] : starts[k + 1]], mask) for k, mask in enumerate(masks)]
 
     def pieces_or_none(self, items: list[Item]) -> list[Masked | None]:
         """Return each text's ids and mask from its pieces, or None where the pieces differ from the whole.
