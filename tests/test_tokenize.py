@@ -202,3 +202,23 @@ def test_fast_loading_path_equals_autotokenizer(base_tokenizer: Any, llama3_toke
         assert loaded.backend_tokenizer.to_str() == reference.backend_tokenizer.to_str()
         assert loaded.special_tokens_map == reference.special_tokens_map
         assert loaded.chat_template == reference.chat_template
+
+
+@given(
+    samples=st.lists(
+        st.lists(st.booleans(), min_size=1, max_size=40).filter(any),  # every sample trains a token
+        min_size=1,
+        max_size=12,
+    )
+)
+@settings(max_examples=150, deadline=None)
+def test_label_stats_count_and_find_each_samples_first_trained_token(samples: list[list[bool]]) -> None:
+    """A batch's per-sample trained counts and first trained positions, from one pass over its labels."""
+    from packcli.tokenize.batches.worker import label_stats
+
+    labels = np.asarray([7 if on else IGNORE_INDEX for sample in samples for on in sample], dtype=np.int32)
+    lengths = np.asarray([len(sample) for sample in samples], dtype=np.int64)
+    counts, first = label_stats(labels, lengths)
+    assert counts.tolist() == [sum(sample) for sample in samples]
+    assert first.tolist() == [sample.index(True) for sample in samples]
+    assert counts.dtype == np.int32 and first.dtype == np.int32

@@ -400,11 +400,11 @@ def label_stats(labels: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np
     """
     if not len(lengths):
         return np.zeros(0, np.int32), np.zeros(0, np.int32)
-    starts = np.zeros(len(lengths), dtype=np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
-    trained = labels != IGNORE_INDEX
-    counts = np.add.reduceat(trained.astype(np.int64), starts).astype(np.int32)
-    hits = np.flatnonzero(trained)
-    owner = np.searchsorted(starts, hits, side="right") - 1
-    _, first_hit = np.unique(owner, return_index=True)
-    return counts, (hits[first_hit] - starts).astype(np.int32)
+    ends = np.cumsum(lengths, dtype=np.int64)
+    starts = ends - lengths
+    # The trained tokens up to each position: a sample's count is what its end adds to its start, and its
+    # first trained token the first position that counts one more than there were before it.
+    seen = np.cumsum(labels != IGNORE_INDEX, dtype=np.int32 if len(labels) < 2**31 else np.int64)
+    before = np.concatenate(([0], seen[starts[1:] - 1]))
+    counts = seen[ends - 1] - before
+    return counts.astype(np.int32), (np.searchsorted(seen, before + 1) - starts).astype(np.int32)
