@@ -82,7 +82,7 @@ def byte_level_masks(
     trains are one run, found by two binary searches.
     """
     bounds = starts.tolist()
-    nbytes = lengths.take(ids, mode="clip") if len(ids) else np.zeros(0, dtype=np.int64)
+    nbytes = lengths.take(ids, mode="clip") if len(ids) and len(lengths) else np.zeros(len(ids), dtype=np.int64)
     if len(ids) and (int(ids.max()) >= len(lengths) or int(ids.min()) < 0):
         nbytes[(ids < 0) | (ids >= len(lengths))] = 0  # an id out of the table: its text fails below
     # Where each token ends, in the batch's bytes; a token starts where the one before it ends.

@@ -1,14 +1,15 @@
 """Text to token ids and label masks: the reference encoder and a fast exact one, behind one protocol.
 
 The reference is the ``tokenizers`` backend ``apply_chat_template`` encodes with; its label masks come
-from character offsets (``byte_offsets.span_mask``). The fast one is ``fastokens``, a Rust BPE encoder that loads the
-same ``tokenizer.json`` and returns ids in one flat buffer, without offsets. For a plain byte-level BPE
-tokenizer it makes a mask from the ids' byte lengths (``packcli.tokenize.encoders.byte_offsets``). Otherwise it
-encodes the pieces of a text between the trained spans' boundaries: where the pieces' ids, one after
-the other, equal the whole text's ids, each token lies inside one piece, and a token is trained when
-its piece is. That is the offset rule's answer whenever every token covers at least one character of
-its own piece, which holds unless a post-processor trims the offsets (then the fast encoder is not
-used). A record either method cannot vouch for takes the reference path, and is counted.
+from character offsets (``byte_offsets.span_mask``). The fast one is ``fastokens``, a Rust BPE encoder
+that loads the same ``tokenizer.json`` and returns ids in one flat buffer, without offsets. For a plain
+byte-level BPE tokenizer it makes a mask from the ids' byte lengths (``byte_offsets.byte_level_masks``,
+a batch at a time). Otherwise it encodes the pieces of a text between the trained spans' boundaries:
+where the pieces' ids, one after the other, equal the whole text's ids, each token lies inside one
+piece, and a token is trained when its piece is. That is the offset rule's answer whenever every token
+covers at least one character of its own piece, which holds unless a post-processor trims the offsets
+(then the fast encoder is not used). A record either method cannot vouch for takes the reference path,
+and is counted.
 
 Which one a run uses is chosen once, when the tokenizer loads (``choose``): ``auto`` takes the fast one
 when it loads the tokenizer and gives the reference's ids and masks on every text of a probe
