@@ -29,7 +29,7 @@ from packcli.plan.planner import Plan
 from packcli.results import Lost, RunSummary, StepBalance, TokenizerIdentity
 from packcli.run.options import plan_options
 from packcli.store.tokens import TokenStore
-from packcli.tokenize.templates.chat_template import stored_warning
+from packcli.tokenize.templates.template_errors import stored_warning
 
 LOUD_FRACTION = 0.05
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from packcli.errors import Message, Opt, Part, RecordError, TokenizerError, first_line, render
+from packcli.errors import Message, Opt, RecordError, TokenizerError, first_line
 from packcli.jsontypes import ChatMessage, TemplateKwargs
 from packcli.records.formats import Sample
 from packcli.records.images import IMAGE_KEY
@@ -32,7 +32,7 @@ from packcli.tokenize.templates.agentic import (
     renders_tools,
 )
 from packcli.tokenize.templates.spans import assistant_spans
-from packcli.tokenize.templates.template_errors import located, template_failure, with_twin
+from packcli.tokenize.templates.template_errors import CHECK_BOTH, located, template_failure, with_twin
 from packcli.tokenize.templates.template_shape import Render, TemplateShape, learn_shape
 
 GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -327,24 +327,6 @@ class ChatTemplate:
         empty = empty_thinks(messages, text, trained if own else {}) if THINK_CLOSE in text else 0
         reasoning = Reasoning.of(with_reasoning, left, which, empty) if with_reasoning or empty else None
         return Rendered(text, spans, reasoning)
-
-
-# The end of the warning for a template of another model's markers (``ChatTemplate.marker_warnings``).
-CHECK_BOTH: tuple[Part, ...] = ("; check ", Opt("tokenizer"), " and ", Opt("chat_template"))
-
-
-def stored_warning(text: str) -> Message:
-    """Return a warning the tokenizer's identity holds (as the manifest records it: flags) as a message again.
-
-    The identity is kept in the cache entry and the manifest in the command line's terms; the summary
-    names the options by the terms of whichever client shows it.
-    """
-    from packcli.config import flag_term
-
-    end = render(CHECK_BOTH, flag_term)
-    if text.endswith(end):
-        return Message(text[: -len(end)], *CHECK_BOTH)
-    return Message(text)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ text and reasoning beside one call), or a Jinja error (Qwen3's own template read
 a call whose content is null). Either way the record is refused (``template_error``), as
 ``apply_chat_template`` refuses it; the error names the first message whose conversation prefix the
 template cannot render (its index and role) and, where rendering that message changed shows it, what
-would fix it.
+would fix it. Here too: the end of the warning for a template of another model's markers, and that
+warning made a message again from the tokenizer's identity that keeps it (read on every run, a cache
+hit's included, which imports no other template module).
 """
 
 from __future__ import annotations
@@ -13,10 +15,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from packcli.errors import Opt, RecordError, first_line
+from packcli.errors import Message, Opt, Part, RecordError, first_line, render
 from packcli.jsontypes import ChatMessage
 
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+
+
+# The end of the warning for a template of another model's markers (``ChatTemplate.marker_warnings``).
+CHECK_BOTH: tuple[Part, ...] = ("; check ", Opt("tokenizer"), " and ", Opt("chat_template"))
+
+
+def stored_warning(text: str) -> Message:
+    """Return a warning the tokenizer's identity holds (as the manifest records it: flags) as a message again.
+
+    The identity is kept in the cache entry and the manifest in the command line's terms; the summary
+    names the options by the terms of whichever client shows it.
+    """
+    from packcli.config import flag_term
+
+    end = render(CHECK_BOTH, flag_term)
+    if text.endswith(end):
+        return Message(text[: -len(end)], *CHECK_BOTH)
+    return Message(text)
 
 
 def template_failure(exc: Exception) -> str:
