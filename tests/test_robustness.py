@@ -930,3 +930,9 @@ def test_the_byte_scan_passes_ordinary_lines() -> None:
         assert raw_line_is_clean(json.dumps(record, ensure_ascii=False).encode())
     assert raw_line_is_clean(b"[" * MAX_DEPTH)
     assert not raw_line_is_clean(b"[" * (MAX_DEPTH + 1))
+    assert not raw_line_is_clean(b"{" * 60 + b"[" * 41)
+    # Hangul written ASCII-only escapes just below the surrogates: no surrogate, nothing to check again.
+    korean = {"messages": [{"role": "user", "content": "한국어 힣"}, {"role": "assistant", "content": "네"}]}
+    assert b"\\ud55c" in json.dumps(korean).encode() and raw_line_is_clean(json.dumps(korean).encode())
+    for escape in (b"\\uD800", b"\\udbff", b"\\uDc00", b"\\udfff"):  # either case, both halves
+        assert not raw_line_is_clean(b'{"text": "a' + escape + b'"}')

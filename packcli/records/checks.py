@@ -179,9 +179,13 @@ def raw_line_is_clean(line: bytes) -> bool:
     one; and no value nests deeper than the line has brackets and braces. Both tests are byte scans,
     far cheaper than walking the decoded record; a line that fails them is checked in full.
     Values parsed again from strings (a tools cell given as JSON text) are covered: their escapes and
-    brackets are in the line too.
+    brackets are in the line too. The escapes of the characters just below the surrogates (Hangul
+    syllables written ASCII-only, ``\\uD000``-``\\uD7FF``) pass.
     """
-    return b"\\ud" not in line and b"\\uD" not in line and line.count(b"{") + line.count(b"[") <= MAX_DEPTH
+    return _SURROGATE_ESCAPE.search(line) is None and len(line) - len(line.translate(None, b"{[")) <= MAX_DEPTH
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def check_sample(sample: Sample) -> None:
