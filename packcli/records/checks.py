@@ -17,6 +17,8 @@ from packcli.records.formats import Sample
 # Far deeper than any real record (chat messages with tool calls nest under 10 levels), and far below
 # the recursion limit of the decoder and of the template renderer.
 MAX_DEPTH = 100
+# A JSON escape of a surrogate (\uD800-\uDFFF, either case): the only way a line's text holds a lone one.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _STRUCTURE = re.compile(r'["\[\]{}]')
 _IN_STRING = re.compile(r'["\\]')
 _SCALAR_END = re.compile(r"[\s,\]]")
@@ -183,9 +185,6 @@ def raw_line_is_clean(line: bytes) -> bool:
     syllables written ASCII-only, ``\\uD000``-``\\uD7FF``) pass.
     """
     return _SURROGATE_ESCAPE.search(line) is None and len(line) - len(line.translate(None, b"{[")) <= MAX_DEPTH
-
-
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def check_sample(sample: Sample) -> None:
