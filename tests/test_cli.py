@@ -278,3 +278,21 @@ def test_a_line_off_a_terminal_is_what_rich_prints_without_importing_it() -> Non
     env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
     assert (run.stdout, run.stderr) == ("False\n", "Error: x y\n")
+
+
+def test_numpy_is_imported_before_typing_extensions_replaces_typing_internals(tmp_path: Path) -> None:
+    # numpy's typing module builds its Literal types with typing's own parameter collection, not with
+    # typing_extensions' slower replacement (which typer's pydantic installs): 40-60 ms of a cache hit.
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "packcli", "cache", "ls", "--cache-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    done = [line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")]
+    assert "numpy._typing._char_codes" in done and "typing_extensions" in done
+    assert done.index("numpy._typing._char_codes") < done.index("typing_extensions")
