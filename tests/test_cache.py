@@ -524,7 +524,7 @@ def test_an_engine_hashes_again_only_the_inputs_whose_stamps_had_not_settled(
     from types import SimpleNamespace
 
     from packcli.io import fingerprint as fp
-    from packcli.run.entries import rehashed
+    from packcli.run.inputs import rehashed
 
     monkeypatch.setattr(fp, "RACY_NS", 100_000_000)  # 0.1 s
     old = write_jsonl(tmp_path / "old.jsonl", [{"text": "a"}])

@@ -1,6 +1,6 @@
 """Stage one, the cache's steps: the run's entry key (of the inputs' hashes, in order, the tokenizer's files
-and the tokenization options), its lookup (a checked store, locked while in use, or why none is used), a
-found entry named as this run names its inputs, and what is said when an input changed while it was read."""
+and the tokenization options: ``Inputs.entry_key``), its lookup (a checked store, locked while in use, or
+why none is used), and a found entry named as this run names its inputs."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from packcli.config import PackConfig
-from packcli.engines import DigestChecker, Engine, HashJob
+from packcli.engines import DigestChecker
 from packcli.errors import Message
-from packcli.io.fingerprint import files_to_hash, settled_unchanged
 from packcli.io.sources import InputSource
 from packcli.jsontypes import JSONObject
 from packcli.run.encoder import run_encoder
@@ -22,7 +21,7 @@ from packcli.run.options import image_window, split_rule
 from packcli.store.cachedir import EntryLock
 from packcli.store.images import changed_image, load_images
 from packcli.store.integrity import DamagedStore
-from packcli.store.key import cache_key, cache_root
+from packcli.store.key import cache_root
 from packcli.store.tokens import TokenStore, find_store
 from packcli.tokenize.encoders.tokenizer import DEFAULT_TOKENIZER, tokenizer_fingerprint
 from packcli.tokenize.templates.choice import builtin_name
@@ -58,7 +57,7 @@ def run_key(config: PackConfig, inputs: Inputs) -> RunKey:
         identity = encoder.identity()  # hashes the tokenizer's JSON where it has no record: once
         tokenizer_key = identity["sha256"] + identity["chat_template_sha256"]
     options = key_options(config, tokenizer_key, encoder)
-    return RunKey(entry_key(inputs.sources, inputs.formats, inputs.fingerprints, options), options, encoder)
+    return RunKey(inputs.entry_key(options), options, encoder)
 
 
 def key_options(config: PackConfig, tokenizer_key: str, encoder: Encoder | None) -> JSONObject:
@@ -146,49 +145,6 @@ def as_this_run(store: TokenStore, sources: list[InputSource], config: PackConfi
         tokenizer["chat_template"] = builtin if builtin is not None else str(config.chat_template)
         tokenizer["chat_template_source"] = "packcli" if builtin is not None else "file"
     store.meta = dataclasses.replace(meta, sources=renamed, original_paths=original, tokenizer=tokenizer)
-
-
-def entry_key(
-    sources: list[InputSource], formats: dict[str, str | None], fingerprints: list[str | None], options: JSONObject
-) -> str | None:
-    """The key of the run's cache entry, or None while the hash of an input is not known.
-
-    Each input by its content, in order (sample_index follows it), with the reader its file type chose and
-    the record format found: never its path, so that any spelling of a path, a copy, stdin or a preset
-    run from elsewhere finds the same entry.
-    """
-    if any(f is None for f in fingerprints):
-        return None
-    entries = [[s.kind, s.compression, formats[s.display], f] for s, f in zip(sources, fingerprints, strict=True)]
-    return cache_key({"inputs": entries, **options})
-
-
-def all_known(fingerprints: list[str | None]) -> list[str]:
-    """The inputs' hashes, every one known."""
-    found = [f for f in fingerprints if f is not None]
-    assert len(found) == len(fingerprints)
-    return found
-
-
-def rehashed(
-    engine: Engine, sources: list[InputSource], before: dict[str, list[int]], stamped_ns: int
-) -> dict[str, str]:
-    """The inputs' hashes taken again, once read, by the engine where it reads them (none: the run hashes
-    them itself, in ``changed_input``): of the inputs whose stamps changed or had not settled when taken
-    (``before``, at ``stamped_ns``); ``changed_input`` trusts the others' stamps."""
-    if engine.hashing is None:
-        return {}
-    unsure = [s for s in sources if not settled_unchanged(s, before, stamped_ns)]
-    if not unsure:
-        return {}
-    return engine.hashing.hash_files(HashJob(files_to_hash(unsure), again=True))
-
-
-def changed(display: str) -> str:
-    return (
-        f"{display}: the input changed while it was read (its size, time stamps or contents differ "
-        "from before the run); nothing was cached or written; run again once it is no longer being written"
-    )
 
 
 def cache_entry(config: PackConfig, store: TokenStore) -> Path | None:

@@ -17,12 +17,12 @@ from packcli.config import PackConfig
 from packcli.contract import Progress
 from packcli.engines import CacheParts, DigestChecker, Engine
 from packcli.errors import InputError, Message
-from packcli.io.fingerprint import Learned, changed_input, fingerprint, stamps
+from packcli.io.fingerprint import Learned, stamps
 from packcli.io.sources import InputSource
 from packcli.jsontypes import JSONObject
 from packcli.run.encoder import run_encoder
-from packcli.run.entries import all_known, cached_store, changed, entry_key, rehashed
-from packcli.run.inputs import Inputs
+from packcli.run.entries import cached_store
+from packcli.run.inputs import Inputs, changed
 from packcli.run.options import tokenize_options
 from packcli.store import parts
 from packcli.store.cachedir import EntryLock, allow_open_files, touch
@@ -80,7 +80,7 @@ def from_parts(
             seconds = _made_parts(run, inputs, encoder, held)
         cache_root = run.inputs.cache_root
         if key is None:
-            key = entry_key([i.source for i in inputs], run.inputs.formats, run.inputs.fingerprints, run.options)
+            key = run.inputs.entry_key(run.options)
             assert key is not None
             lock = EntryLock(cache_root, key)
             if lock.acquire():
@@ -191,18 +191,12 @@ def _made_parts(
         rule_out_long=run.rule_out_long, inputs=inputs, cache_root=run.inputs.cache_root, unchanged=unchanged,
         hold=hold,
     )  # fmt: skip
-    made = run.engine.tokenize(job)
-    read = made.read_digests  # the hashes taken as the inputs were read through
     later = [k for k, f in enumerate(run.inputs.fingerprints) if f is None]
-    for k in later:
-        source = inputs[k].source
-        run.inputs.fingerprints[k] = read.get(str(Path(source.path))) or fingerprint(source)
+    made = run.engine.tokenize(job)
     # The inputs read now: did one change while it was read? (The others gave only parts found by the
     # hash taken before.)
-    now = [(i.source, f) for i, f in zip(inputs, run.inputs.fingerprints, strict=True) if i.made or i.read is not None]
-    sources = [source for source, _ in now]
-    hashes = {**rehashed(run.engine, sources, run.inputs.before, run.inputs.stamped_ns), **read}
-    moved = changed_input(sources, run.inputs.before, all_known([f for _, f in now]), hashes, run.inputs.stamped_ns)
+    now = [k for k, item in enumerate(inputs) if item.made or item.read is not None]
+    moved = run.inputs.changed_while_read(run.engine, made.read_digests, now)
     if moved is not None:
         for item in inputs:
             if item.source.display == moved:

@@ -3,8 +3,9 @@
 Each input's identity before anything is tokenized: its path and stamp, its record format (sniffed from
 its first records, or remembered with its hash), its content hash and record count (taken now, remembered
 by its stamp, or left to be taken as it is read), and the run's hash memo, which learns them. The run's
-task follows from the formats. ``run.tokenized`` keys the cache by them; the steps after it (the cache's
-lookup, a store made whole or from cache parts) read them here instead of asking for them again.
+task follows from the formats. ``run.tokenized`` keys the cache by them (``Inputs.entry_key``); the steps
+after it (the cache's lookup, a store made whole or from cache parts) read them here instead of asking for
+them again, and ask it whether an input changed while it was read (``Inputs.changed_while_read``).
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ from pathlib import Path
 from packcli.config import PackConfig
 from packcli.engines import Engine, FileHashing, HashJob
 from packcli.errors import InputError, Opt, Part, RecordError, UsageError, record_fix, where
-from packcli.io.fingerprint import Memo, stamps
+from packcli.io.fingerprint import Memo, changed_input, files_to_hash, fingerprint, settled_unchanged, stamps
 from packcli.io.readers import hashed_as_read, read_head
 from packcli.io.sources import InputSource, resolve_inputs
+from packcli.jsontypes import JSONObject
 from packcli.owned import HASH_MEMO
 from packcli.procs.stop import raise_if_stopped
 from packcli.records import preference
 from packcli.records.formats import accepted_fields, detect_format
-from packcli.store.key import cache_root
+from packcli.store.key import cache_key, cache_root
 from packcli.tokenize.templates.choice import builtin_name, read_chat_template
 
 # An input's content hash and record count, either None where not known without reading it again.
@@ -86,6 +88,69 @@ class Inputs:
     def hash_seconds(self) -> float:
         """Seconds spent reading the inputs through before tokenizing them (hashes, record counts)."""
         return sum(self.spent)
+
+    @property
+    def hashes(self) -> list[str]:
+        """The inputs' hashes, every one known (once those taken as the inputs are read are in)."""
+        found = [f for f in self.fingerprints if f is not None]
+        assert len(found) == len(self.fingerprints)
+        return found
+
+    def entry_key(self, options: JSONObject) -> str | None:
+        """The key of the run's cache entry (``options``: what keys it besides its inputs), or None while
+        the hash of an input is not known.
+
+        Each input by its content, in order (sample_index follows it), with the reader its file type chose
+        and the record format found: never its path, so that any spelling of a path, a copy, stdin or a
+        preset run from elsewhere finds the same entry.
+        """
+        if any(f is None for f in self.fingerprints):
+            return None
+        entries = [
+            [s.kind, s.compression, self.formats[s.display], f]
+            for s, f in zip(self.sources, self.fingerprints, strict=True)
+        ]
+        return cache_key({"inputs": entries, **options})
+
+    def changed_while_read(self, engine: Engine, read: dict[str, str], among: list[int] | None = None) -> str | None:
+        """Take in the hashes taken as the inputs were read (``read``, by path; an input hashed as it is read
+        and missing there is hashed now), and return the display name of the first input among ``among``
+        (index numbers; None: all) that changed while it was read (its stamp, or its hash, differ from
+        those taken before the run), or None.
+
+        The hashes compared are those taken as the inputs were read, else taken again by the engine where it
+        reads them (Ray's tasks: ``rehashed``), else here (``io.fingerprint.changed_input``).
+        """
+        for k, source in enumerate(self.sources):
+            if self.fingerprints[k] is None:
+                self.fingerprints[k] = read.get(str(Path(source.path))) or fingerprint(source)
+        among = list(range(len(self.sources))) if among is None else among
+        sources = [self.sources[k] for k in among]
+        known = {**rehashed(engine, sources, self.before, self.stamped_ns), **read}
+        hashes = self.hashes
+        return changed_input(sources, self.before, [hashes[k] for k in among], known, self.stamped_ns)
+
+
+def rehashed(
+    engine: Engine, sources: list[InputSource], before: dict[str, list[int]], stamped_ns: int
+) -> dict[str, str]:
+    """The inputs' hashes taken again, once read, by the engine where it reads them (none: the run hashes
+    them itself, in ``changed_input``): of the inputs whose stamps changed or had not settled when taken
+    (``before``, at ``stamped_ns``); ``changed_input`` trusts the others' stamps."""
+    if engine.hashing is None:
+        return {}
+    unsure = [s for s in sources if not settled_unchanged(s, before, stamped_ns)]
+    if not unsure:
+        return {}
+    return engine.hashing.hash_files(HashJob(files_to_hash(unsure), again=True))
+
+
+def changed(display: str) -> str:
+    """What is said of an input that changed while it was read."""
+    return (
+        f"{display}: the input changed while it was read (its size, time stamps or contents differ "
+        "from before the run); nothing was cached or written; run again once it is no longer being written"
+    )
 
 
 def identify_inputs(config: PackConfig, engine: Engine, given: list[InputSource] | None, fill_cache: bool) -> Inputs:

@@ -21,7 +21,7 @@ from packcli.errors import Message
 from packcli.io.readers import hub_reachable
 from packcli.io.sources import InputSource
 from packcli.results import TokenizerIdentity
-from packcli.run.entries import all_known, as_this_run, look_up, run_key
+from packcli.run.entries import as_this_run, look_up, run_key
 from packcli.run.from_parts import PartRun, from_parts
 from packcli.run.inputs import identify_inputs
 from packcli.run.whole import WholeRun, whole_store
@@ -123,7 +123,7 @@ def tokenized_inputs(
             store=store,
             cache=state,
             sources=inputs.sources,
-            fingerprints=all_known(inputs.fingerprints),
+            fingerprints=inputs.hashes,
             formats=inputs.formats,
             tokenizer=store.meta.tokenizer,
             pad_id=store.meta.pad_id,

@@ -22,12 +22,11 @@ from packcli.config import PackConfig
 from packcli.contract import Progress
 from packcli.engines import Engine, WholeStore
 from packcli.errors import InputError, Message
-from packcli.io.fingerprint import Learned, changed_input, fingerprint
+from packcli.io.fingerprint import Learned
 from packcli.jsontypes import JSONObject
 from packcli.procs.stop import raise_if_stopped
 from packcli.run.encoder import run_encoder
-from packcli.run.entries import all_known, changed, entry_key, rehashed
-from packcli.run.inputs import Inputs
+from packcli.run.inputs import Inputs, changed
 from packcli.run.options import tokenize_options
 from packcli.store.cachedir import touch
 from packcli.store.tokens import TokenStore
@@ -90,10 +89,12 @@ def whole_store(
 
     def read_through(read: dict[str, str]) -> Path | None:
         nonlocal key, state
-        _unchanged(run, read)
+        moved = run.inputs.changed_while_read(run.engine, read)
+        if moved is not None:
+            raise InputError(changed(moved))
         if key is not None or not config.cache:
             return None
-        key = entry_key(run.inputs.sources, run.inputs.formats, run.inputs.fingerprints, run.options)
+        key = run.inputs.entry_key(run.options)
         assert key is not None
         found, state, said = look_up(key)
         if found is not None:
@@ -117,21 +118,6 @@ def whole_store(
     elif any(learning):
         run.inputs.memo.remember_reads(_learned(run, store, learning), run.inputs.fields_key)  # saved by the run
     return store, state, key
-
-
-def _unchanged(run: WholeRun, read: dict[str, str]) -> None:
-    """Fill in the hashes taken as the inputs were read; raise if an input changed while it was read
-    (its stamp, or its hash, differ from those taken before the run)."""
-    for k, source in enumerate(run.inputs.sources):
-        if run.inputs.fingerprints[k] is None:
-            run.inputs.fingerprints[k] = read.get(str(Path(source.path))) or fingerprint(source)
-    # The hashes taken as the inputs were read, else hashed again: by the Ray engine's tasks, or here.
-    known = {**rehashed(run.engine, run.inputs.sources, run.inputs.before, run.inputs.stamped_ns), **read}
-    moved = changed_input(
-        run.inputs.sources, run.inputs.before, all_known(run.inputs.fingerprints), known, run.inputs.stamped_ns
-    )
-    if moved is not None:
-        raise InputError(changed(moved))
 
 
 def _learned(run: WholeRun, store: TokenStore, learning: list[bool]) -> list[Learned]:
