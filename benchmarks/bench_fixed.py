@@ -28,7 +28,7 @@ modules again: 0.1 s of a cache hit); ``--no-byte-code`` removes it, for every s
   DIR``, the tree with that tokenizer at ``--num-proc 2``, both ways.
 - ``break-even``: ``--encoder tokenizers`` against ``--encoder fast`` on inputs of 150 to 1,200 conversations, at
   ``--num-proc`` 1 and 2, with a cache that knows the tokenizer and without one: where the fast encoder pays
-  (``FAST_MIN_BYTES`` and ``FAST_MIN_BYTES_KNOWN`` in ``packcli/tokenize/encoders/text_encoders.py``).
+  (``FAST_MIN_BYTES`` and ``FAST_MIN_BYTES_KNOWN`` in ``packcli/tokenize/encoders/encoder_choice.py``).
 - ``floor``: ``benchmarks/floor.py`` (read, decode, render, encode; nothing else) against the tree's cold
   pack of the corpus (``--no-cache``), paired; and the oldest release's.
 """

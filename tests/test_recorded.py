@@ -142,20 +142,20 @@ def test_packs_with_a_recorded_tokenizer_give_the_same_shards_and_identity(
 def test_a_run_the_fast_encoder_serves_never_opens_the_tokenizers_backend(tmp_path: Path) -> None:
     """Both at once hold a vocabulary twice (Gemma 3: 280 and 245 MB): the backend is opened only where used."""
     from packcli.tokenize.batches.ingest import worker_context
-    from packcli.tokenize.encoders import text_encoders
+    from packcli.tokenize.encoders import encoder_choice
     from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
     from packcli.tokenize.options import TokenizeOptions
 
-    cache, big = tmp_path / "cache", text_encoders.Work(10**9, 2)
-    text_encoders._loaded.cache_clear()
+    cache, big = tmp_path / "cache", encoder_choice.Work(10**9, 2)
+    encoder_choice._loaded.cache_clear()
     first = Encoder(None, None, EncodeOptions(), records=cache, work=big)  # learns the facts: the probe opens it
     assert first.choice.encoder.name == "fastokens" and "backend" in first.__dict__
-    text_encoders._loaded.cache_clear()
+    encoder_choice._loaded.cache_clear()
     again = Encoder(None, None, EncodeOptions(), records=cache, work=big)
     assert again.choice.encoder.name == "fastokens"
     assert "backend" not in again.__dict__ and "backend_tokenizer" not in again.tokenizer.__dict__
     assert again.identity() == first.identity()
-    small = Encoder(None, None, EncodeOptions(), records=cache, work=text_encoders.Work(1000, 2))
+    small = Encoder(None, None, EncodeOptions(), records=cache, work=encoder_choice.Work(1000, 2))
     assert small.choice.encoder.name == "tokenizers"
     worker_context(TokenizeOptions(max_len=512), small)
     assert "backend" in small.__dict__  # opened before the workers fork, to be shared with them
@@ -165,30 +165,30 @@ def test_a_cache_that_knows_the_fast_encoder_lowers_the_size_it_pays_from(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Known facts: no probe, no second parse; the fast encoder pays from fewer bytes, whatever the workers."""
-    from packcli.tokenize.encoders import text_encoders
+    from packcli.tokenize.encoders import encoder_choice
     from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
 
-    monkeypatch.delenv(text_encoders.ENCODER_ENV, raising=False)
+    monkeypatch.delenv(encoder_choice.ENCODER_ENV, raising=False)
     cache, unknown = tmp_path / "cache", tmp_path / "unknown"
-    text_encoders._loaded.cache_clear()  # built anew: the first Encoder below learns the facts by its probe
-    Encoder(None, None, EncodeOptions(), records=cache, work=text_encoders.Work(10**9, 2))  # learns the facts
-    monkeypatch.setattr(text_encoders, "FAST_MIN_BYTES", 10**6)  # 2 MB at two workers
-    monkeypatch.setattr(text_encoders, "FAST_MIN_BYTES_KNOWN", 10**5)
-    middle = text_encoders.Work(5 * 10**5, 2)  # under the first, over the second
+    encoder_choice._loaded.cache_clear()  # built anew: the first Encoder below learns the facts by its probe
+    Encoder(None, None, EncodeOptions(), records=cache, work=encoder_choice.Work(10**9, 2))  # learns the facts
+    monkeypatch.setattr(encoder_choice, "FAST_MIN_BYTES", 10**6)  # 2 MB at two workers
+    monkeypatch.setattr(encoder_choice, "FAST_MIN_BYTES_KNOWN", 10**5)
+    middle = encoder_choice.Work(5 * 10**5, 2)  # under the first, over the second
     assert Encoder(None, None, EncodeOptions(), records=cache, work=middle).choice.encoder.name == "fastokens"
     first = Encoder(None, None, EncodeOptions(), records=unknown, work=middle).choice
     assert first.encoder.name == "tokenizers"
     assert first.fallback is not None and "(0.5 MB, under 2 MB)" in first.fallback
-    below = Encoder(None, None, EncodeOptions(), records=cache, work=text_encoders.Work(5 * 10**4, 2)).choice
+    below = Encoder(None, None, EncodeOptions(), records=cache, work=encoder_choice.Work(5 * 10**4, 2)).choice
     assert below.encoder.name == "tokenizers" and below.fallback is not None and "under 2 MB" in below.fallback
 
 
 def test_an_encoder_from_its_record_holds_no_copy_of_the_tokenizers_json(tmp_path: Path) -> None:
     """48 MB for Gemma 3's: read again from the record if asked for, never held by the workers."""
-    from packcli.tokenize.encoders import text_encoders
+    from packcli.tokenize.encoders import encoder_choice
     from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
 
-    cache, big = tmp_path / "cache", text_encoders.Work(10**9, 2)
+    cache, big = tmp_path / "cache", encoder_choice.Work(10**9, 2)
     Encoder(None, None, EncodeOptions(), records=cache, work=big)  # makes the record
     again = Encoder(None, None, EncodeOptions(), records=cache, work=big)
     assert again.record is not None and again.choice.encoder.name == "fastokens"
@@ -200,12 +200,12 @@ def test_the_backend_a_probe_opened_is_let_go_before_the_workers_fork(tmp_path: 
     """A run the fast encoder serves whole: its workers do not inherit the backend (40 MB less at one worker on
     DeepSeek's); one that needs it for a record the fast encoder cannot vouch for opens it again."""
     from packcli.tokenize.batches.ingest import worker_context
-    from packcli.tokenize.encoders import text_encoders
+    from packcli.tokenize.encoders import encoder_choice
     from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
     from packcli.tokenize.options import TokenizeOptions
 
-    text_encoders._loaded.cache_clear()
-    probed = Encoder(None, None, EncodeOptions(), records=tmp_path / "cache", work=text_encoders.Work(10**9, 2))
+    encoder_choice._loaded.cache_clear()
+    probed = Encoder(None, None, EncodeOptions(), records=tmp_path / "cache", work=encoder_choice.Work(10**9, 2))
     assert probed.choice.encoder.name == "fastokens" and "backend" in probed.__dict__  # the probe opened it
     worker_context(TokenizeOptions(max_len=512), probed)
     assert "backend" not in probed.__dict__ and "backend_tokenizer" not in probed.tokenizer.__dict__
@@ -224,17 +224,17 @@ def _split(ids: Any, starts: Any) -> list[Any]:
 def test_a_second_cache_directory_in_the_same_process_learns_the_fast_encoders_facts(tmp_path: Path) -> None:
     """The library packing twice in one process, with two caches: the encoder is loaded once, and both caches
     keep what was learned of it (the next process with either builds it without a probe)."""
-    from packcli.tokenize.encoders import encoder_facts, text_encoders
+    from packcli.tokenize.encoders import encoder_choice
     from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
 
-    text_encoders._loaded.cache_clear()
-    big = text_encoders.Work(10**9, 2)
+    encoder_choice._loaded.cache_clear()
+    big = encoder_choice.Work(10**9, 2)
     first = Encoder(None, None, EncodeOptions(), records=tmp_path / "one", work=big)
     second = Encoder(None, None, EncodeOptions(), records=tmp_path / "two", work=big)
     assert first.choice.encoder.name == second.choice.encoder.name == "fastokens"
-    assert text_encoders._loaded.cache_info().misses == 1  # built once
-    key = encoder_facts.facts_key(first.backend_json)
-    one, two = (encoder_facts.read_facts(tmp_path / d, key) for d in ("one", "two"))
+    assert encoder_choice._loaded.cache_info().misses == 1  # built once
+    key = encoder_choice.facts_key(first.backend_json)
+    one, two = (encoder_choice.read_facts(tmp_path / d, key) for d in ("one", "two"))
     assert one is not None and two is not None and (one.fast, one.adds_tokens) == (two.fast, two.adds_tokens)
     assert one.byte_lengths is not None and two.byte_lengths is not None
     assert (one.byte_lengths == two.byte_lengths).all()

@@ -20,9 +20,10 @@ from hypothesis import given, settings, strategies as st
 
 from packcli.errors import TokenizerError
 from packcli.records.formats import Sample
-from packcli.tokenize.encoders import text_encoders
+from packcli.tokenize.encoders import encoder_choice, text_encoders
 from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
-from packcli.tokenize.encoders.text_encoders import ENCODER_ENV, FastEncoder, choose, piece_cuts
+from packcli.tokenize.encoders.encoder_choice import ENCODER_ENV, choose
+from packcli.tokenize.encoders.text_encoders import FastEncoder, piece_cuts
 from packcli.tokenize.encoders.tokenizer import default_tokenizer_dir
 
 from .conftest import make_conversations, write_jsonl
@@ -74,7 +75,7 @@ def test_piece_cuts_part_a_text_at_every_span_end() -> None:
 
 def _fresh_fast_encoders(monkeypatch: pytest.MonkeyPatch) -> None:
     """Load the fast encoders anew in this test, into a cache of its own (the process's is left as it was)."""
-    monkeypatch.setattr(text_encoders, "_loaded", functools.lru_cache(maxsize=4)(text_encoders._loaded.__wrapped__))
+    monkeypatch.setattr(encoder_choice, "_loaded", functools.lru_cache(maxsize=4)(encoder_choice._loaded.__wrapped__))
 
 
 def _masks_by(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -170,7 +171,7 @@ def test_the_reference_opens_while_the_fast_encoder_builds(monkeypatch: pytest.M
         return build(text)
 
     monkeypatch.setattr(fastokens.Tokenizer, "from_json_str", building)
-    text_encoders._loaded.cache_clear()
+    encoder_choice._loaded.cache_clear()
     choice = choose(opening, real.to_str)
     assert (choice.encoder.name, choice.fallback) == ("fastokens", None)
     assert built_on == [threading.current_thread().name]  # its tables in the heap the workers share
@@ -184,11 +185,11 @@ def test_the_reference_opens_while_the_fast_encoder_builds(monkeypatch: pytest.M
     for trims, why in ((True, "the tokenizer's post-processor trims offsets"), (False, "fastokens cannot load")):
         spec["post_processor"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": trims}
         backend = Tokenizer.from_str(json.dumps(spec))
-        text_encoders._loaded.cache_clear()
+        encoder_choice._loaded.cache_clear()
         choice = choose(backend, backend.to_str)
         assert choice.encoder.name == "tokenizers"
         assert choice.fallback is not None and choice.fallback.startswith(why), choice.fallback
-    text_encoders._loaded.cache_clear()
+    encoder_choice._loaded.cache_clear()
 
 
 def test_a_probe_difference_falls_back_and_packs_the_same(
@@ -246,19 +247,19 @@ def test_records_the_fast_path_cannot_vouch_for_take_the_reference_path(
 def test_a_small_input_is_encoded_with_tokenizers_a_large_one_with_the_fast_encoder(
     tmp_path: Path, pack: Any, chat_jsonl: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from packcli.tokenize.encoders import text_encoders
+    from packcli.tokenize.encoders import encoder_choice
 
     monkeypatch.delenv(ENCODER_ENV)
     size = chat_jsonl.stat().st_size
     small = _summary(pack(chat_jsonl, "-o", tmp_path / "small", "--no-cache", "--num-proc", "2", "--json", "-q"))
-    per = text_encoders.FAST_MIN_BYTES * 2 / 1e6
+    per = encoder_choice.FAST_MIN_BYTES * 2 / 1e6
     assert small["encoder"] == {
         "name": "tokenizers",
         "fallback": f"the input is small ({size / 1e6:.1f} MB, under {per:.0f} MB): tokenizers encodes it in less "
         "time than the fast encoder takes to load",
         "records_slow": 0,
     }
-    monkeypatch.setattr(text_encoders, "FAST_MIN_BYTES", size // 2)  # as if the input were twice the break-even
+    monkeypatch.setattr(encoder_choice, "FAST_MIN_BYTES", size // 2)  # as if the input were twice the break-even
     large = _summary(pack(chat_jsonl, "-o", tmp_path / "large", "--no-cache", "--num-proc", "1", "--json", "-q"))
     assert large["encoder"] == {"name": "fastokens", "fallback": None, "records_slow": 0}
     assert _shards(tmp_path / "small") == _shards(tmp_path / "large")
@@ -316,10 +317,10 @@ def test_verify_reencode_finds_labels_tokenizers_would_not_give(
 def test_what_a_run_learns_of_the_fast_encoder_is_kept_and_not_learned_again(
     tmp_path: Path, pack: Any, chat_jsonl: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from packcli.tokenize.encoders import probe, text_encoders
+    from packcli.tokenize.encoders import encoder_choice, probe, text_encoders
 
     cache = tmp_path / "cache"
-    text_encoders._loaded.cache_clear()  # what this process loaded before: the facts must come from the cache
+    encoder_choice._loaded.cache_clear()  # what this process loaded before: the facts must come from the cache
     first = _summary(pack(chat_jsonl, "-o", tmp_path / "a", "--cache-dir", cache, "--json", "-q"))
     assert first["encoder"] == {"name": "fastokens", "fallback": None, "records_slow": 0}
     assert len(list((cache / "tokenizers").glob("*.encoder.npz"))) == 1
@@ -329,7 +330,7 @@ def test_what_a_run_learns_of_the_fast_encoder_is_kept_and_not_learned_again(
 
     monkeypatch.setattr(probe, "probe_differences", never)
     monkeypatch.setattr(text_encoders, "token_byte_lengths", never)
-    text_encoders._loaded.cache_clear()
+    encoder_choice._loaded.cache_clear()
     for entry in cache.iterdir():
         if entry.is_dir() and entry.name != "tokenizers":
             shutil.rmtree(entry)  # tokenized again, by the fast encoder the facts vouch for
@@ -343,7 +344,7 @@ def test_a_tokenizer_the_fast_encoder_cannot_serve_is_remembered(
 ) -> None:
     import fastokens
 
-    from packcli.tokenize.encoders import text_encoders
+    from packcli.tokenize.encoders import encoder_choice, text_encoders
 
     spec = json.loads((Path(default_tokenizer_dir()) / "tokenizer.json").read_text(encoding="utf-8"))
     spec["post_processor"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
@@ -351,7 +352,7 @@ def test_a_tokenizer_the_fast_encoder_cannot_serve_is_remembered(
 
     backend = Tokenizer.from_str(json.dumps(spec))
     cache = tmp_path / "cache"
-    text_encoders._loaded.cache_clear()
+    encoder_choice._loaded.cache_clear()
     first = choose(backend, backend.to_str, facts=cache)
     assert first.fallback == "the tokenizer's post-processor trims offsets, which label masks follow"
 
@@ -360,7 +361,7 @@ def test_a_tokenizer_the_fast_encoder_cannot_serve_is_remembered(
 
     monkeypatch.setattr(fastokens.Tokenizer, "from_json_str", never)
     monkeypatch.setattr(text_encoders.FastEncoder, "load", never)
-    text_encoders._loaded.cache_clear()
+    encoder_choice._loaded.cache_clear()
     again = choose(backend, backend.to_str, facts=cache)
     assert (again.encoder.name, again.fallback) == ("tokenizers", first.fallback)
 

@@ -21,12 +21,12 @@ def run_encoder(config: PackConfig, sources: list[InputSource] | None = None) ->
     """The run's encoder: its tokenizer and template loaded, with its processor, if any.
 
     ``sources``: the inputs it will tokenize (all of them when None), whose size decides whether the fast
-    encoder pays for its load (``text_encoders.Work``). The tokenizer is opened from its record in the
+    encoder pays for its load (``encoder_choice.Work``). The tokenizer is opened from its record in the
     cache, which learns it, unless the run writes nothing there (``--no-cache``, a dry run).
     """
     # Imported here: a run that finds its store in the cache loads no tokenizer, nor the modules that do.
     from packcli.tokenize.encoders.encoder import Encoder
-    from packcli.tokenize.encoders.text_encoders import Work
+    from packcli.tokenize.encoders.encoder_choice import Work
 
     records = None
     if config.cache and not config.dry_run:

@@ -26,8 +26,8 @@ Which subpackage holds what (each says so in its docstring):
   answers' spans (``template_shape``, ``spans``, ``span_marks``), agent turns (``agentic``), the rounds
   of ``--expand-turns`` (``rounds``), a template's failure in words (``template_errors``).
 - ``encoders``: text to ids and masks: the tokenizer (``tokenizer``, ``recorded``), the ``Encoder``
-  (``encoder``), the reference and fast text encoders (``text_encoders``, ``probe``, ``encoder_facts``,
-  ``byte_offsets``).
+  (``encoder``), the reference and fast text encoders (``text_encoders``, ``probe``, ``byte_offsets``),
+  which of them a tokenizer gets and what is learned of it (``encoder_choice``).
 - ``batches``: the per-record path: one batch of raw records to a ``TokenizedBatch`` in a worker
   (``worker``, ``json_line``, ``record_entries``), and stage one in the run's process (``ingest``,
   ``building``, ``estimate``).

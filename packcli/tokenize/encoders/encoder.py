@@ -26,7 +26,7 @@ from packcli.errors import Message, RecordError
 from packcli.jsontypes import TemplateKwargs
 from packcli.records.formats import Sample
 from packcli.results import TokenizerIdentity
-from packcli.tokenize.encoders import text_encoders
+from packcli.tokenize.encoders import encoder_choice, text_encoders
 from packcli.tokenize.encoders.byte_offsets import ids_and_mask, span_mask
 from packcli.tokenize.encoders.tokenizer import DEFAULT_TOKENIZER, open_tokenizer, plain_backend, tokenizer_sha256
 from packcli.tokenize.images import Encoded, expand_images, image_tokens_masked
@@ -51,7 +51,7 @@ class Encoder:
         processor: str | None = None,
         encoder: str = "auto",
         records: Path | None = None,
-        work: text_encoders.Work | None = None,
+        work: encoder_choice.Work | None = None,
     ) -> None:
         self.tokenizer_name = tokenizer_name or DEFAULT_TOKENIZER
         # --processor DIR: its tokenizer (the run's tokenizer is DIR), its chat template, its image rule.
@@ -66,8 +66,8 @@ class Encoder:
             self.overrides: tuple[str, ...] = self.record.overridden  # its backend opened when first asked for
         else:
             self.backend, self.overrides = plain_backend(self.tokenizer.backend_tokenizer)
-        # The text encoder, chosen once (packcli.tokenize.encoders.text_encoders): the fast one where it is exact.
-        self.choice = text_encoders.choose(lambda: self.backend, lambda: self.backend_json, encoder, work, records)
+        # The text encoder, chosen once (packcli.tokenize.encoders.encoder_choice): the fast one where it is exact.
+        self.choice = encoder_choice.choose(lambda: self.backend, lambda: self.backend_json, encoder, work, records)
         if self.record is not None and not self.overrides:
             # Read again from the record if ever asked for: held, it is a copy in memory the size of the file
             # (48 MB for Gemma 3's) that no worker uses.

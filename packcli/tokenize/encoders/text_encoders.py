@@ -11,44 +11,24 @@ covers at least one character of its own piece, which holds unless a post-proces
 (then the fast encoder is not used). A record either method cannot vouch for takes the reference path,
 and is counted.
 
-Which one a run uses is chosen once, when the tokenizer loads (``choose``): ``auto`` takes the fast one
-when it loads the tokenizer and gives the reference's ids and masks on every text of a probe
-(``packcli.tokenize.encoders.probe``); otherwise the reference, with the reason. ``PACKCLI_ENCODER=tokenizers``
-forces the reference whatever the option says.
+Which one a run uses is chosen once, when the tokenizer loads (``encoder_choice.choose``).
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
-import os
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-from packcli.errors import Opt, TokenizerError, first_line
-from packcli.results import EncoderInfo
+from packcli.errors import first_line
 from packcli.tokenize.encoders.byte_offsets import byte_level_masks, ids_and_mask, token_byte_lengths
-from packcli.tokenize.encoders.encoder_facts import EncoderFacts, facts_key, has_facts, read_facts, write_facts
 
-ENCODER_ENV = "PACKCLI_ENCODER"
 REFERENCE = "tokenizers"
 FAST = "fastokens"
-# Below this many input bytes per worker process, ``auto`` encodes with the reference: the fast encoder
-# takes longer to load (1.2 to 1.6 s for a 128k vocabulary, built once before the workers fork) than the
-# reference takes to encode them (2.5 MB/s a process on real chat; the break-even measured at 3.1 to 3.4 MB:
-# ``benchmarks/bench_fixed.py --cases break-even``).
-FAST_MIN_BYTES = 4 << 20
-# Once the cache knows the fast encoder's facts (no probe, no second parse), it loads in about 1 s and pays
-# for itself from 2 to 3 MB of input, whatever the workers (measured at 1 and 2: small inputs barely gain
-# from a second worker): ``benchmarks/bench_fixed.py --cases break-even``.
-FAST_MIN_BYTES_KNOWN = 3 << 20
-
 # (text, the trained character spans): what a masked encode takes per text.
 Item = tuple[str, list[tuple[int, int]]]
 Masked = tuple[np.ndarray, np.ndarray]  # int32 ids, bool mask
@@ -238,140 +218,21 @@ def _native(backend_json: str) -> Any:
         raise FastUnavailable(f"fastokens cannot load the tokenizer ({first_line(exc)})") from exc
 
 
-@dataclass(frozen=True)
-class Work:
-    """What a run will encode: its inputs' bytes (at most), and the processes that share the encoding."""
-
-    input_bytes: int
-    workers: int
-
-    def least(self, known: bool) -> int:
-        """The fewest input bytes the fast encoder pays for; ``known``: the cache knows its facts."""
-        return FAST_MIN_BYTES_KNOWN if known else FAST_MIN_BYTES * max(1, self.workers)
-
-    def small(self, known: bool = False) -> bool:
-        return self.input_bytes < self.least(known)
-
-    def why_reference(self, known: bool = False) -> str:
-        return (
-            f"the input is small ({self.input_bytes / 1e6:.1f} MB, under {self.least(known) / 1e6:.0f} MB): "
-            "tokenizers encodes it in less time than the fast encoder takes to load"
-        )
-
-
 class FastUnavailable(Exception):
     """The fast encoder cannot serve this tokenizer; the message says why (one line)."""
 
 
 @dataclass(frozen=True)
-class Choice:
-    """The encoder a run uses, and why the fast one is not it (None when it is, or was not asked for)."""
+class EncoderFacts:
+    """What the fast encoder is known to do with a tokenizer (learned once, kept by ``encoder_choice``).
 
-    encoder: TextEncoder
-    fallback: str | None
+    ``fast``: why the fast encoder cannot serve the tokenizer (None: it gives the reference's ids on the
+    probe); ``adds_tokens``: whether it puts tokens around a text encoded with special tokens;
+    ``byte_lengths``: each id's byte length for a plain byte-level BPE tokenizer (else None)."""
 
-    def record(self) -> EncoderInfo:
-        """What the summary and manifest say of it (records_slow is added by the run that counts them)."""
-        return EncoderInfo(name=self.encoder.name, fallback=self.fallback)
-
-
-def choose(
-    backend: Any,  # the tokenizers backend, or what opens it
-    backend_json: Callable[[], str],
-    mode: str = "auto",
-    work: Work | None = None,
-    facts: Path | None = None,
-) -> Choice:
-    """Return the encoder for a tokenizer: ``mode`` auto, tokenizers or fast (see the module's doc).
-
-    ``fast`` is ``auto`` that raises ``TokenizerError`` where ``auto`` would fall back (but for the
-    environment variable, which forces the reference whatever the option). ``work``: what the run will
-    encode, when known; ``auto`` takes the reference for less than ``FAST_MIN_BYTES`` a worker (or
-    ``FAST_MIN_BYTES_KNOWN`` in all, where ``facts`` knows the fast encoder serves the tokenizer), unless
-    the environment variable says ``fastokens`` (the tests of the fast encoder on small inputs).
-    ``backend_json`` gives the tokenizer's JSON, asked for only when the fast encoder is tried. ``facts``:
-    the cache directory that keeps what is learned of the tokenizer (``encoder_facts``), or None.
-    """
-    reference = ReferenceEncoder(backend)
-    forced = os.environ.get(ENCODER_ENV, "").strip().lower()
-    if forced == REFERENCE:
-        return Choice(reference, f"{ENCODER_ENV}={REFERENCE}" if mode != REFERENCE else None)
-    if mode == REFERENCE:
-        return Choice(reference, None)
-    if mode == "auto" and work is not None and work.small() and forced != FAST:
-        known = not work.small(known=True) and _facts_known(backend_json(), facts)
-        if not known:
-            return Choice(reference, work.why_reference(known))
-    fast, why = _fast_for(backend_json(), reference, facts)
-    if fast is not None and why is None:
-        return Choice(fast, None)
-    if mode == "fast":
-        raise TokenizerError(
-            f"the fast encoder cannot be used with this tokenizer: {why}",
-            hint=["pass ", Opt("encoder", "auto"), " to encode with tokenizers"],
-        )
-    return Choice(reference, why)
-
-
-def _facts_known(backend_json: str, facts: Path | None) -> bool:
-    """Whether the cache ``facts`` knows that the fast encoder serves this tokenizer (it then loads faster)."""
-    known = read_facts(facts, facts_key(backend_json)) if facts is not None else None
-    return known is not None and known.fast is None
-
-
-def _fast_for(
-    backend_json: str, reference: ReferenceEncoder, facts: Path | None
-) -> tuple[FastEncoder | None, str | None]:
-    """Return the fast encoder for a tokenizer (None where it cannot load) and why it is not exact (None)."""
-    loaded, why, (key, learned) = _loaded(_Tokenizer(backend_json, reference, facts))
-    if facts is not None:  # a cache directory other than the one this process loaded it for learns it too
-        key = key or facts_key(backend_json)
-        if not has_facts(facts, key):
-            write_facts(facts, key, learned)
-    if loaded is None:
-        return None, why
-    # The same native encoder; this run's reference and counts.
-    return FastEncoder(loaded[0], reference, loaded[1], loaded[2]), why
-
-
-class _Tokenizer:
-    """A tokenizer by its JSON alone, with the reference encoder that loads and probes its fast encoder once."""
-
-    def __init__(self, backend_json: str, reference: ReferenceEncoder | None, facts: Path | None) -> None:
-        self.backend_json, self.reference, self.facts = backend_json, reference, facts
-
-    def __hash__(self) -> int:
-        return hash(self.backend_json)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Tokenizer) and other.backend_json == self.backend_json
-
-
-# The fast encoders loaded in this process (native, adds_tokens, byte lengths), with their probe's
-# verdict and what was learned of the tokenizer (its facts, under their key: "" where none was computed),
-# by the tokenizer's JSON: loading one takes seconds, and a process that packs many times (the library,
-# the tests) loads each tokenizer once. The reference encoder a run passes is not kept.
-@functools.lru_cache(maxsize=4)
-def _loaded(
-    tokenizer: _Tokenizer,
-) -> tuple[tuple[Any, bool, np.ndarray | None] | None, str | None, tuple[str, EncoderFacts]]:
-    reference, tokenizer.reference = tokenizer.reference, None  # the key is kept, its reference not
-    assert reference is not None
-    key = facts_key(tokenizer.backend_json) if tokenizer.facts is not None else ""
-    known = read_facts(tokenizer.facts, key) if tokenizer.facts is not None else None
-    if known is not None and known.fast is not None:
-        return None, known.fast, (key, known)  # an earlier run found it cannot serve this tokenizer: not built again
-    try:
-        fast = FastEncoder.load(tokenizer.backend_json, reference, known)
-    except FastUnavailable as exc:
-        learned = EncoderFacts(str(exc), False, None)
-        write_facts(tokenizer.facts, key, learned)
-        return None, str(exc), (key, learned)
-    verdict = fast.probe(reference) if known is None else None
-    learned = known or EncoderFacts(verdict, fast.adds_tokens, fast.byte_lengths)
-    if known is None:
-        write_facts(tokenizer.facts, key, learned)
-    return (fast.native, fast.adds_tokens, fast.byte_lengths), verdict, (key, learned)
+    fast: str | None
+    adds_tokens: bool
+    byte_lengths: np.ndarray | None
 
 
 def piece_cuts(text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[bool]]:
