@@ -164,10 +164,10 @@ def identify_inputs(config: PackConfig, engine: Engine, given: list[InputSource]
     """
     if config.chat_template is not None and builtin_name(config.chat_template) is None:
         read_chat_template(config.chat_template)
+    root = cache_root(config.cache_dir)
     sources = given if given is not None else resolve_inputs(list(config.inputs), config.split)
     stamped_ns = time.time_ns()
     before = stamps(sources)  # before the format is sniffed and the contents hashed
-    root = cache_root(config.cache_dir)
     memo = Memo.load(root / HASH_MEMO if config.cache else None)  # read once for the run's inputs
     key = fields_key(config)
     task, formats = preference.resolve_task(
