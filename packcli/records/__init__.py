@@ -1,1 +1,2 @@
-"""Records to samples: the input formats, preference pairs, per-record checks and turn cleaning."""
+"""Records to samples: the input formats, preference pairs, per-record checks and turn cleaning, and a JSON
+line decoded (``json_line``)."""

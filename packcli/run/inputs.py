@@ -21,15 +21,15 @@ from pathlib import Path
 
 from packcli.config import PackConfig
 from packcli.engines import Engine, FileHashing, HashJob
-from packcli.errors import InputError, Opt, Part, RecordError, UsageError, record_fix, where
+from packcli.errors import InputError, Opt, UsageError
 from packcli.io.fingerprint import Memo, changed_input, files_to_hash, fingerprint, settled_unchanged, stamps
-from packcli.io.readers import hashed_as_read, read_head
+from packcli.io.readers import hashed_as_read, sniff_format
 from packcli.io.sources import InputSource, resolve_inputs
 from packcli.jsontypes import JSONObject
 from packcli.owned import HASH_MEMO
 from packcli.procs.stop import raise_if_stopped
 from packcli.records import preference
-from packcli.records.formats import accepted_fields, detect_format
+from packcli.records.formats import accepted_fields
 from packcli.store.key import cache_key, cache_root
 from packcli.tokenize.templates.choice import builtin_name, read_chat_template
 
@@ -170,10 +170,10 @@ def identify_inputs(config: PackConfig, engine: Engine, given: list[InputSource]
     before = stamps(sources)  # before the format is sniffed and the contents hashed
     memo = Memo.load(root / HASH_MEMO if config.cache else None)  # read once for the run's inputs
     key = fields_key(config)
+    found = _record_formats(config, sources, memo, key)
     task, formats = preference.resolve_task(
-        config.task, _record_formats(config, sources, memo, key), config.overflow, config.output_format,
-        config.truncate_side,
-    )  # fmt: skip
+        config.task, found, config.overflow, config.output_format, config.truncate_side
+    )
     if config.processor is not None and task != "sft":
         found = next(fmt for fmt in formats.values() if fmt in ("preference", "kto"))
         raise UsageError(
@@ -246,7 +246,7 @@ def _record_formats(config: PackConfig, sources: list[InputSource], memo: Memo, 
         elif (known := memo.remembered_format(source, key)) is not None:
             fmt, unparsed = known, None
         else:
-            fmt, unparsed = _sniff_format(source, config.fields, seen)
+            fmt, unparsed = sniff_format(source, config.fields, seen)
         if fmt is None and unparsed is not None and config.on_error == "fail":
             raise InputError(*unparsed)
         if fmt is None and config.on_error == "fail":
@@ -258,46 +258,3 @@ def _record_formats(config: PackConfig, sources: list[InputSource], memo: Memo, 
             )
         formats[source.display] = fmt
     return formats
-
-
-def _sniff_format(
-    source: InputSource, fields: dict[str, str], seen: list[str] | None = None
-) -> tuple[str | None, tuple[Part, ...] | None]:
-    """Return the record format of a source, from the fields of its first readable records.
-
-    When it cannot be told and a record could not be parsed before the first that could (a first line
-    that is no JSON: a header, a note), also return why (where, what and the fix): in input order that,
-    not the fields of the records after it, is the problem to report. ``seen`` receives the fields of
-    the records read (or what a record is, when it is no object), for the error that names them.
-    """
-    from packcli.tokenize.batches import worker  # a line decoded as the workers decode it; not on a memo hit
-
-    first_error: tuple[Part, ...] | None = None
-    parsed = False
-    seen = [] if seen is None else seen
-    for batch in read_head(source, 50):
-        errors = {pos: (reason, detail) for pos, reason, detail in batch.errors}
-        for item, pos in zip(batch.items, batch.positions, strict=True):
-            try:
-                if pos in errors:
-                    raise RecordError(*errors[pos])
-                record = worker.parse_line(item) if batch.raw_lines else item
-            except RecordError as err:
-                unit = "line" if batch.raw_lines else "record"
-                if not parsed:
-                    first_error = first_error or (
-                        f"{where(source.display, unit, pos)}: ",
-                        *err.parts,
-                        "; ",
-                        *record_fix(err.reason),
-                    )
-                continue
-            parsed = True
-            for name in record if isinstance(record, dict) else [f"a {type(record).__name__}, not an object"]:
-                if str(name) not in seen:
-                    seen.append(str(name))
-            fmt = detect_format(record, fields)
-            if fmt is not None:
-                return fmt, None
-        break
-    return None, first_error

@@ -29,7 +29,7 @@ Which subpackage holds what (each says so in its docstring):
   (``encoder``), the reference and fast text encoders (``text_encoders``, ``probe``, ``byte_offsets``),
   which of them a tokenizer gets and what is learned of it (``encoder_choice``).
 - ``batches``: the per-record path: one batch of raw records to a ``TokenizedBatch`` in a worker
-  (``worker``, ``json_line``, ``record_entries``), and stage one in the run's process (``ingest``,
+  (``worker``, ``record_entries``), and stage one in the run's process (``ingest``,
   ``building``, ``estimate``).
 - ``long``: samples longer than a row: the early too-long rule (``bounds``), long texts by windows
   (``long_text``), ``--overflow split``'s pieces (``split``).

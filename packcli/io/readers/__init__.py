@@ -17,7 +17,7 @@ import pickle
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
-from packcli.errors import InputError
+from packcli.errors import InputError, Part, RecordError, record_fix, where
 from packcli.io.readers.compressed import open_input, read_rest
 from packcli.io.readers.hub import hub_reachable
 from packcli.io.readers.jsonl import PartEnds, read_json, read_json_lines
@@ -39,6 +39,7 @@ __all__ = [
     "read_head",
     "read_parts",
     "read_source",
+    "sniff_format",
 ]
 
 
@@ -214,3 +215,48 @@ def read_source(
             yield from read_tabular(source, Reading(batch_size, digests, records, head, hashed))
     except OSError as exc:
         raise InputError(f"{source.display}: cannot read ({exc.strerror or exc}); check the file") from exc
+
+
+def sniff_format(
+    source: InputSource, fields: dict[str, str], seen: list[str] | None = None
+) -> tuple[str | None, tuple[Part, ...] | None]:
+    """Return the record format of a source, from the fields of its first readable records.
+
+    When it cannot be told and a record could not be parsed before the first that could (a first line
+    that is no JSON: a header, a note), also return why (where, what and the fix): in input order that,
+    not the fields of the records after it, is the problem to report. ``seen`` receives the fields of
+    the records read (or what a record is, when it is no object), for the error that names them.
+    """
+    # A line decoded as the workers decode it; imported here, not on a run whose memo knows the formats.
+    from packcli.records.formats import detect_format
+    from packcli.records.json_line import parse_line
+
+    first_error: tuple[Part, ...] | None = None
+    parsed = False
+    seen = [] if seen is None else seen
+    for batch in read_head(source, 50):
+        errors = {pos: (reason, detail) for pos, reason, detail in batch.errors}
+        for item, pos in zip(batch.items, batch.positions, strict=True):
+            try:
+                if pos in errors:
+                    raise RecordError(*errors[pos])
+                record = parse_line(item) if batch.raw_lines else item
+            except RecordError as err:
+                unit = "line" if batch.raw_lines else "record"
+                if not parsed:
+                    first_error = first_error or (
+                        f"{where(source.display, unit, pos)}: ",
+                        *err.parts,
+                        "; ",
+                        *record_fix(err.reason),
+                    )
+                continue
+            parsed = True
+            for name in record if isinstance(record, dict) else [f"a {type(record).__name__}, not an object"]:
+                if str(name) not in seen:
+                    seen.append(str(name))
+            fmt = detect_format(record, fields)
+            if fmt is not None:
+                return fmt, None
+        break
+    return None, first_error

@@ -1,6 +1,6 @@
 """The worker side of tokenizing: one RawBatch of records in, one TokenizedBatch (flat arrays) out.
 
-A JSON line is decoded by ``json_line``; the entries of the rejects file and of the --fix-turns-log
+A JSON line is decoded by ``records.json_line``; the entries of the rejects file and of the --fix-turns-log
 are made by ``record_entries``: both re-exported here.
 """
 
@@ -24,9 +24,9 @@ from packcli.records.checks import UnusableRecord, check_sample, raw_line_is_cle
 from packcli.records.dedup import content_key
 from packcli.records.formats import PREFERENCE_FORMATS, Sample, detect_format, normalize
 from packcli.records.images import attach_images
+from packcli.records.json_line import parse_line as parse_line
 from packcli.results import FileDigest, ImageRecord, Segment
 from packcli.tokenize import trees
-from packcli.tokenize.batches.json_line import parse_line as parse_line
 from packcli.tokenize.batches.record_entries import (
     DETAIL_PARTS as DETAIL_PARTS,
     REJECT_RECORD_CHARS as REJECT_RECORD_CHARS,
