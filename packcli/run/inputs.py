@@ -170,9 +170,9 @@ def identify_inputs(config: PackConfig, engine: Engine, given: list[InputSource]
     before = stamps(sources)  # before the format is sniffed and the contents hashed
     memo = Memo.load(root / HASH_MEMO if config.cache else None)  # read once for the run's inputs
     key = fields_key(config)
-    found = _record_formats(config, sources, memo, key)
+    sniffed = _record_formats(config, sources, memo, key)
     task, formats = preference.resolve_task(
-        config.task, found, config.overflow, config.output_format, config.truncate_side
+        config.task, sniffed, config.overflow, config.output_format, config.truncate_side
     )
     if config.processor is not None and task != "sft":
         found = next(fmt for fmt in formats.values() if fmt in ("preference", "kto"))
