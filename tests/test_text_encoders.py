@@ -192,6 +192,50 @@ def test_the_reference_opens_while_the_fast_encoder_builds(monkeypatch: pytest.M
     encoder_choice._loaded.cache_clear()
 
 
+def test_the_probes_reference_side_is_made_beside_the_build_and_gives_the_same_verdict(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a first sight, the reference encodes the probe's texts on the learning thread while the fast encoder
+    builds; the probe then compares with what it made, and finds what a probe that makes it itself finds."""
+    import threading
+
+    from tokenizers import Tokenizer
+
+    from packcli.tokenize.encoders import probe
+
+    made_on: list[str] = []
+    real = probe.expected_of
+
+    def recording(reference: Any) -> probe.Expected:
+        made_on.append(threading.current_thread().name)
+        return real(reference)
+
+    monkeypatch.setattr(probe, "expected_of", recording)
+    backend = Tokenizer.from_file(str(Path(default_tokenizer_dir()) / "tokenizer.json"))
+    encoder_choice._loaded.cache_clear()
+    choice = choose(backend, backend.to_str)
+    assert (choice.encoder.name, choice.fallback) == ("fastokens", None)
+    assert len(made_on) == 1 and made_on[0].startswith("packcli-learn")  # made once, beside the build
+    fast = choice.encoder
+    assert isinstance(fast, FastEncoder) and fast.expected is None  # let go once the probe used it
+    expected = real(fast.reference)
+    assert probe.probe_differences(fast, fast.reference, expected) is None
+    plain = FastEncoder.encode_flat
+
+    def digits_differ(self: FastEncoder, texts: list[str], add_special: bool) -> tuple[np.ndarray, np.ndarray]:
+        ids, starts = plain(self, texts, add_special)
+        for k, text in enumerate(texts):
+            if "1234567890" in text and starts[k + 1] > starts[k]:
+                ids[starts[k]] = 0
+        return ids, starts
+
+    monkeypatch.setattr(FastEncoder, "encode_flat", digits_differ)
+    either = probe.probe_differences(fast, fast.reference, expected)
+    assert either is not None and either == probe.probe_differences(fast, fast.reference)
+    assert '"1234567890"' in either
+    encoder_choice._loaded.cache_clear()
+
+
 def test_a_probe_difference_falls_back_and_packs_the_same(
     tmp_path: Path, pack: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

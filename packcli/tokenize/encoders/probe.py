@@ -10,6 +10,7 @@ surrogate) is no difference; one only one of them refuses is.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -113,22 +114,43 @@ def _ids_or_error(encoder: Any, texts: list[str], add_special: bool) -> list[Any
         return out
 
 
-def probe_differences(fast: Any, reference: Any) -> str | None:
-    """Return the first way ``fast`` differs from ``reference`` on the probe (None: on none of it)."""
-    added = sorted(_added_tokens(fast))
+@dataclass(frozen=True)
+class Expected:
+    """What the reference gives on the probe (``expected_of``): the texts' ids (or refusals), by group of texts
+    and with special tokens or not, and the conversations' ids and masks."""
+
+    added: list[str]
+    ids: list[list[Any]]  # as ``_groups`` orders them
+    masks: list[Any]
+
+
+def expected_of(reference: Any) -> Expected:
+    """The reference's side of the probe, which needs no fast encoder: made while it builds (``FastEncoder.load``)."""
+    added = sorted(_added_tokens(reference))
+    ids = [_ids_or_error(reference, texts, add_special) for texts, add_special in _groups(added)]
+    return Expected(added, ids, reference.encode_pieces(conversations(added), False))
+
+
+def _groups(added: list[str]) -> list[tuple[list[str], bool]]:
+    """The probe's texts, without and with special tokens; the surrogates apart (a refused text makes its
+    batch go one by one)."""
     surrogates = [json.loads(s) for s in SURROGATE_JSON]
-    for texts in (probe_texts(added), surrogates):  # apart: a refused text makes its batch go one by one
-        for add_special in (False, True):
-            mine = _ids_or_error(fast, texts, add_special)
-            theirs = _ids_or_error(reference, texts, add_special)
-            for text, a, b in zip(texts, mine, theirs, strict=True):
-                if a != b:
-                    shown = json.dumps(text[:40])
-                    return f"fastokens gives other ids than tokenizers for the probe text {shown}"
-    items = conversations(added)
+    return [(texts, add_special) for texts in (probe_texts(added), surrogates) for add_special in (False, True)]
+
+
+def probe_differences(fast: Any, reference: Any, expected: Expected | None = None) -> str | None:
+    """Return the first way ``fast`` differs from ``reference`` on the probe (None: on none of it);
+    ``expected``: the reference's side, made already."""
+    expected = expected or expected_of(reference)
+    for (texts, add_special), theirs in zip(_groups(expected.added), expected.ids, strict=True):
+        mine = _ids_or_error(fast, texts, add_special)
+        for text, a, b in zip(texts, mine, theirs, strict=True):
+            if a != b:
+                shown = json.dumps(text[:40])
+                return f"fastokens gives other ids than tokenizers for the probe text {shown}"
+    items = conversations(expected.added)
     made = fast.masked_or_none(items)
-    expected = reference.encode_pieces(items, False)
-    for (text, _), got, want in zip(items, made, expected, strict=True):
+    for (text, _), got, want in zip(items, made, expected.masks, strict=True):
         if got is None:
             continue  # such a record takes the reference's path: slower, never different
         if not (np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])):
@@ -138,7 +160,7 @@ def probe_differences(fast: Any, reference: Any) -> str | None:
     return None
 
 
-def _added_tokens(fast: Any) -> set[str]:
+def _added_tokens(reference: Any) -> set[str]:
     """The added vocabulary's contents (special or not), as the reference backend lists them."""
-    decoder = fast.reference.backend.get_added_tokens_decoder()
+    decoder = reference.backend.get_added_tokens_decoder()
     return {token.content for token in decoder.values() if token.content}

@@ -107,6 +107,7 @@ class FastEncoder:
         # from the ids alone. None: masks from the pieces between span boundaries.
         self.byte_lengths = byte_lengths
         self.slow_records = 0
+        self.expected: Any = None  # the reference's side of the probe, where the load made it (``probe.Expected``)
 
     @classmethod
     def load(cls, backend_json: str, reference: ReferenceEncoder, known: EncoderFacts | None = None) -> FastEncoder:
@@ -115,27 +116,30 @@ class FastEncoder:
         ``known``: what an earlier run learned of this tokenizer (its byte lengths are not read again).
 
         Unknown, the tokenizer is learned while ``fastokens`` builds its tables, which it does without the
-        GIL: a thread opens the reference (whose offsets decide whether the fast encoder may be used) and
-        reads the byte lengths out of the JSON, 0.45 of the build's 0.8 s for a 128k vocabulary. The build
-        stays on the calling thread, so its tables, which the workers share, sit in the main heap.
+        GIL: a thread opens the reference (whose offsets decide whether the fast encoder may be used), reads
+        the byte lengths out of the JSON and encodes the probe's texts with the reference (``probe.expected_of``),
+        0.55 of the build's 0.8 s for a 128k vocabulary. The build stays on the calling thread, so its
+        tables, which the workers share, sit in the main heap.
         """
         if known is not None:  # it was checked then
             return cls(_native(backend_json), reference, known.adds_tokens, known.byte_lengths)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-learn") as beside:
-            learned = beside.submit(lambda: (offsets_trimmed(reference.backend), token_byte_lengths(backend_json)))
+            learned = beside.submit(_learn, reference, backend_json)
             try:
                 native = _native(backend_json)
             except FastUnavailable:
-                why, _ = learned.result()  # a trimmed offset is the reason, as when it was asked first
+                why, _, _ = learned.result()  # a trimmed offset is the reason, as when it was asked first
                 if why is not None:
                     raise FastUnavailable(why) from None
                 raise
-            why, byte_lengths = learned.result()
+            why, byte_lengths, expected = learned.result()
         if why is not None:
             raise FastUnavailable(why)
         sample = "a b"
         adds = list(native.encode(sample, add_special_tokens=True).ids) != list(native.encode(sample).ids)
-        return cls(native, reference, adds, byte_lengths)
+        fast = cls(native, reference, adds, byte_lengths)
+        fast.expected = expected
+        return fast
 
     def encode_flat(self, texts: list[str], add_special: bool) -> tuple[np.ndarray, np.ndarray]:
         ids, starts = self.native.encode_batch_flat(texts, add_special_tokens=add_special)
@@ -203,7 +207,19 @@ class FastEncoder:
     def probe(self, reference: TextEncoder) -> str | None:
         from packcli.tokenize.encoders.probe import probe_differences
 
-        return probe_differences(self, reference)
+        expected = self.expected if reference is self.reference else None
+        self.expected = None  # asked once; its ids held no longer
+        return probe_differences(self, reference, expected)
+
+
+def _learn(reference: ReferenceEncoder, backend_json: str) -> tuple[str | None, np.ndarray | None, Any]:
+    """What a first load learns beside the build: why the fast encoder may not be used (trimmed offsets),
+    the ids' byte lengths, and the reference's side of the probe (where the fast encoder may be used)."""
+    from packcli.tokenize.encoders.probe import expected_of
+
+    why = offsets_trimmed(reference.backend)
+    lengths = token_byte_lengths(backend_json)
+    return why, lengths, (expected_of(reference) if why is None else None)
 
 
 def _native(backend_json: str) -> Any:
