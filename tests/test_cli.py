@@ -296,3 +296,28 @@ def test_numpy_is_imported_before_typing_extensions_replaces_typing_internals(tm
     done = [line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")]
     assert "numpy._typing._char_codes" in done and "typing_extensions" in done
     assert done.index("numpy._typing._char_codes") < done.index("typing_extensions")
+
+
+def test_the_command_line_has_pyarrow_allocate_with_the_system_malloc_unless_told_otherwise() -> None:
+    # mimalloc, pyarrow's default, made writing the shards half again as long (packcli.output.write.arrow_pool);
+    # the variable is read once, as libarrow loads, so the command line sets it before anything loads pyarrow.
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "from packcli.cli import main\n"
+        "try:\n    main(['--version'])\nexcept SystemExit:\n    pass\n"
+        "import pyarrow as pa\nprint(pa.default_memory_pool().backend_name)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    for given, used in ((None, "system"), ("mimalloc", "mimalloc")):
+        run = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**env, "ARROW_DEFAULT_MEMORY_POOL": given} if given else env,
+        )
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.split()[-1] == used

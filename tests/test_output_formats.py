@@ -650,3 +650,28 @@ def test_stats_verify_and_manifest_count_tokens_alike(fmt: str, tamper_outputs: 
     line = CliRunner().invoke(app, ["verify", str(out)]).stdout
     written = report["tokens"] - manifest["tokens"]
     assert f"{manifest['tokens']:,} tokens and {written:,} padding tokens, " in line
+
+
+def test_the_write_allocates_with_the_system_malloc_and_puts_the_callers_pool_back(
+    pack: Any, chat_jsonl: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyarrow as pa
+
+    from packcli.output import write
+
+    seen: list[str] = []
+    real = write._write_all
+
+    def watching(*args: Any, **kwargs: Any) -> Any:
+        seen.append(pa.default_memory_pool().backend_name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(write, "_write_all", watching)
+    before = pa.default_memory_pool()
+    pa.set_memory_pool(pa.mimalloc_memory_pool())
+    try:
+        pack(chat_jsonl, "-o", tmp_path / "out", "--no-cache", "-q")
+        assert seen == ["system"]
+        assert pa.default_memory_pool().backend_name == "mimalloc"  # a library call leaves its caller's pool
+    finally:
+        pa.set_memory_pool(before)
