@@ -298,20 +298,30 @@ def test_numpy_is_imported_before_typing_extensions_replaces_typing_internals(tm
     assert done.index("numpy._typing._char_codes") < done.index("typing_extensions")
 
 
-def test_the_command_line_has_pyarrow_allocate_with_the_system_malloc_unless_told_otherwise() -> None:
-    # mimalloc, pyarrow's default, made writing the shards half again as long (packcli.output.write.arrow_pool);
-    # the variable is read once, as libarrow loads, so the command line sets it before anything loads pyarrow.
+def test_the_command_line_has_pyarrow_allocate_with_jemalloc_or_the_system_malloc_unless_told_otherwise() -> None:
+    # mimalloc, pyarrow's default, made writing and reading shards slower (packcli.cli.arrow_allocator); the
+    # variable is read once, as libarrow loads, so the command line sets it before anything loads pyarrow.
     import os
     import subprocess
     import sys
 
+    import pyarrow as pa
+
+    from packcli.cli import arrow_allocator
+
+    try:
+        pa.jemalloc_memory_pool()
+        built = "jemalloc"
+    except NotImplementedError:
+        built = "system"
+    assert arrow_allocator() == built  # read from the build's header without loading pyarrow
     script = (
         "from packcli.cli import main\n"
         "try:\n    main(['--version'])\nexcept SystemExit:\n    pass\n"
         "import pyarrow as pa\nprint(pa.default_memory_pool().backend_name)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
-    for given, used in ((None, "system"), ("mimalloc", "mimalloc")):
+    for given, used in ((None, built), ("mimalloc", "mimalloc")):
         run = subprocess.run(
             [sys.executable, "-c", script],
             capture_output=True,

@@ -107,21 +107,26 @@ def _write_one_shard(job: ShardWriting, s: int, progress: Progress = no_progress
 
 @contextlib.contextmanager
 def arrow_pool() -> Iterator[None]:
-    """pyarrow's default allocator while the shards are written: the system's, the one before put back
-    after (a library call leaves its caller's as it was); the writers forked inside inherit it.
+    """pyarrow's default allocator while the shards are written: jemalloc where pyarrow has it, else the
+    system's; the one before put back after (a library call leaves its caller's as it was); the writers
+    forked inside inherit it.
 
     pyarrow's own default, mimalloc, made the write half again as long (a worker builds a shard's next
     row group while a thread writes the last). This sets the pool pyarrow's Python side allocates from;
     the Parquet writer's page buffers come from the default that libarrow reads from
-    ``ARROW_DEFAULT_MEMORY_POOL`` as it loads, which the command line sets (``packcli.cli.main``).
+    ``ARROW_DEFAULT_MEMORY_POOL`` as it loads, which the command line sets (``packcli.cli.arrow_allocator``).
     17,545 conversations, ``--no-cache``, ``--num-proc 2``, the write's seconds over 5 runs each: 1.40-1.51
-    with mimalloc, 1.19-1.42 with this alone, 0.97-1.11 with both. Each buffer is freed by the pool that
-    made it, whatever the default is by then.
+    with mimalloc, 1.19-1.42 with the system's pool here alone, 0.97-1.11 with it in both places. Each
+    buffer is freed by the pool that made it, whatever the default is by then.
     """
     import pyarrow as pa
 
     before = pa.default_memory_pool()
-    pa.set_memory_pool(pa.system_memory_pool())
+    try:
+        chosen = pa.jemalloc_memory_pool()
+    except NotImplementedError:  # a pyarrow built without it (Windows)
+        chosen = pa.system_memory_pool()
+    pa.set_memory_pool(chosen)
     try:
         yield
     finally:
