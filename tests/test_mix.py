@@ -315,6 +315,48 @@ def test_the_content_key_is_the_canonical_json_of_the_normalised_sample() -> Non
     assert len(keys | {content_key(members)}) == len(records) + 1
 
 
+def test_the_content_key_is_the_same_whether_orjson_or_json_writes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """orjson writes the key's JSON where it writes json's bytes; a body it would write otherwise (a float: 1e-05
+    is 0.00001 to orjson) or cannot write (bytes, a lone surrogate, an integer past 64 bits, deep nesting) is
+    written by json, so a key is the same with orjson or without it."""
+    import orjson
+
+    from packcli.records import dedup
+
+    def reference(body: Any) -> bytes:
+        text = json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=dedup._bytes_key)
+        return text.encode("utf-8", "surrogatepass")
+
+    every_char = "".join(chr(c) for c in range(0x300)) + "\u2028\u2029\ufeff\uffff\U0001f600\U0010ffff"
+    deep: Any = "leaf"
+    for _ in range(300):
+        deep = [deep]
+    written_alike = [
+        {"kind": "chat", "messages": [{"role": "user", "content": every_char}], "message_train": (True, None, False)},
+        {"é": 1, "e": 2, "\U0001f600": 3, "\uffff": 4, "Z": {"b": [1, {"y": None, "x": True}], "a": ()}},
+        [2**63 - 1, -(2**63), 2**64 - 1, 0, -1],
+    ]
+    not_alike = [
+        {"weight": 1e-05, "big": 1e16},  # orjson: 0.00001 and 1e16; json: 1e-05 and 1e+16
+        {"image": b"\x89PNG"},
+        {"text": "a lone \ud800 surrogate"},
+        {"n": 2**64, "m": -(2**63) - 1},
+        {1: "an integer key"},
+        deep,
+    ]
+    for body in written_alike:
+        assert dedup._written_alike(body)
+        assert orjson.dumps(body, option=orjson.OPT_SORT_KEYS) == reference(body)
+        assert dedup.canonical_json(body) == reference(body)
+    for body in not_alike:
+        assert dedup.canonical_json(body) == reference(body)
+    assert not dedup._written_alike(not_alike[0])
+    assert orjson.dumps(not_alike[0], option=orjson.OPT_SORT_KEYS) != reference(not_alike[0])
+    keys = [dedup.canonical_json(body) for body in written_alike + not_alike]
+    monkeypatch.setattr(dedup, "orjson", None)
+    assert [dedup.canonical_json(body) for body in written_alike + not_alike] == keys
+
+
 # -- the mixture report: one loss fraction of what was read, the sources' warnings, eval, padding saved -------
 
 
