@@ -679,3 +679,51 @@ def test_the_write_allocates_with_jemalloc_or_the_system_malloc_and_puts_the_cal
         assert pa.default_memory_pool().backend_name == "mimalloc"  # a library call leaves its caller's pool
     finally:
         pa.set_memory_pool(before)
+
+
+def test_a_shards_token_ids_are_read_from_the_buffers_of_any_chunks_and_slices() -> None:
+    import pyarrow as pa
+
+    from packcli.output.rows import _token_ids
+
+    lists = pa.array([[1, 2], [3], [], [4, 5, 6], [7]], pa.list_(pa.int32()))
+    columns = [
+        pa.chunked_array([lists]),
+        pa.chunked_array([lists.slice(1, 3)]),
+        pa.chunked_array([lists.slice(1, 2), lists.slice(3), lists.slice(0, 0)]),
+        pa.chunked_array([], pa.list_(pa.int32())),
+    ]
+    for column in columns:
+        expected = [v for chunk in column.chunks for row in chunk.to_pylist() for v in row]
+        got = _token_ids(column)
+        assert got.dtype == np.int32 and got.tolist() == expected
+
+
+# Packs, then prints which of the modules a pack that writes its shards has no use for were imported.
+WRITE_IMPORTS = """
+import sys
+from packcli.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print(" ".join(m for m in ("pyarrow.compute", "pandas") if m in sys.modules))
+"""
+
+
+def test_a_pack_that_writes_its_shards_imports_neither_pyarrow_compute_nor_pandas(
+    chat_jsonl: Path, tmp_path: Path
+) -> None:
+    """pyarrow.compute costs 26 ms to import, pandas more: the write reads the ids' buffers instead."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    argv = ["pack", str(chat_jsonl), "--max-len", "256", "--no-cache", "--num-proc", "1", "-q", "-o", str(out)]
+    run = subprocess.run([sys.executable, "-c", WRITE_IMPORTS, *argv], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == []
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    rows = read_rows(out)
+    assert sum(entry["tokens"] for entry in manifest["shards"]) == sum(len(r["input_ids"]) for r in rows)
+    assert max(entry["max_token_id"] for entry in manifest["shards"]) == max(max(r["input_ids"]) for r in rows)
