@@ -15,6 +15,8 @@ from packcli.jsontypes import ChatMessage
 from packcli.records.cells import json_cell, tname
 from packcli.records.names import ROLE_ALIASES, ROLES, SHAREGPT_ROLES, TRAIN_KEYS
 
+_TRAIN_KEYS = frozenset(TRAIN_KEYS)
+
 
 @dataclass(frozen=True)
 class Turns:
@@ -145,14 +147,18 @@ def read_messages(
             )
         if isinstance(content, list) and not all(isinstance(p, dict) for p in content):
             raise RecordError("wrong_type", f"message {i} of '{field}': content parts must be objects")
-        marks.append(train_mark(message, i, field))
+        marked = not _TRAIN_KEYS.isdisjoint(message)
+        marks.append(train_mark(message, i, field) if marked else None)
         if sharegpt or role_key != "role" or content_key != "content" or role != message[role_key]:
-            # Keep every other key (tool_calls, reasoning, names): templates may read them.
-            # A stray "role" or "content" key never replaces the mapped ones (a human turn with
-            # "role": "assistant" would otherwise be trained on).
-            rest = {k: v for k, v in message.items() if k not in (role_key, content_key, "role", "content")}
-            message = {"role": role, "content": content, **rest}
-        if any(k in message for k in TRAIN_KEYS):
+            if len(message) == 2 and content_key in message:  # the speaker and the text alone (ShareGPT's)
+                message = {"role": role, "content": content}
+            else:
+                # Keep every other key (tool_calls, reasoning, names): templates may read them.
+                # A stray "role" or "content" key never replaces the mapped ones (a human turn with
+                # "role": "assistant" would otherwise be trained on).
+                rest = {k: v for k, v in message.items() if k not in (role_key, content_key, "role", "content")}
+                message = {"role": role, "content": content, **rest}
+        if marked and not _TRAIN_KEYS.isdisjoint(message):
             # The marks are packcli's, not the template's: the template renders the message without them.
             message = {k: v for k, v in message.items() if k not in TRAIN_KEYS}
         out.append(message)

@@ -31,9 +31,11 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # The names a message's reasoning may come under; templates read the first (gpt-oss's read ``thinking``).
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+_REASONING = frozenset(REASONING_FIELDS)
 
-# (the text rendered so far, in pieces; the generation blocks' spans) of the rendering being tracked.
-_Tracked = tuple[list[str], list[tuple[int, int]]]
+# (the text rendered so far, in pieces; the generation blocks' spans; how many of the pieces were counted
+# at the last block, and their characters) of the rendering being tracked.
+_Tracked = tuple[list[str], list[tuple[int, int]], list[int]]
 
 
 class GenerationBlocks(jinja2.ext.Extension):
@@ -56,13 +58,15 @@ class GenerationBlocks(jinja2.ext.Extension):
         tracked = self.tracking.get()
         if tracked is not None:
             # The block's output is the next piece the template yields: it starts where the output so far ends.
-            start = sum(len(piece) for piece in tracked[0])
-            tracked[1].append((start, start + len(text)))
+            pieces, spans, counted = tracked
+            start = counted[1] + sum(map(len, pieces[counted[0] :]))
+            counted[:] = len(pieces), start
+            spans.append((start, start + len(text)))
         return text
 
     @contextlib.contextmanager
     def track(self, pieces: list[str], spans: list[tuple[int, int]]) -> Iterator[None]:
-        token = self.tracking.set((pieces, spans))
+        token = self.tracking.set((pieces, spans, [0, 0]))
         try:
             yield
         finally:
@@ -163,7 +167,7 @@ def render(
 
 def _with_reasoning_names(message: Any) -> Any:
     """A message with its reasoning under ``thinking`` and ``reasoning_content`` too, as transformers passes it."""
-    if not isinstance(message, dict):
+    if not isinstance(message, dict) or _REASONING.isdisjoint(message):
         return message
     reasoning = next((message[key] for key in REASONING_FIELDS if message.get(key) is not None), None)
     if reasoning is None:
