@@ -699,8 +699,9 @@ def test_a_shards_token_ids_are_read_from_the_buffers_of_any_chunks_and_slices()
         assert got.dtype == np.int32 and got.tolist() == expected
 
 
-# Packs, then prints which of the modules a pack that writes its shards has no use for were imported.
-WRITE_IMPORTS = """
+# Runs the command line given in argv, then prints which of the modules that a pack, verify or stats has no
+# use for were imported.
+UNUSED_IMPORTS = """
 import sys
 from packcli.cli import main
 try:
@@ -711,19 +712,59 @@ print(" ".join(m for m in ("pyarrow.compute", "pandas") if m in sys.modules))
 """
 
 
-def test_a_pack_that_writes_its_shards_imports_neither_pyarrow_compute_nor_pandas(
-    chat_jsonl: Path, tmp_path: Path
-) -> None:
-    """pyarrow.compute costs 26 ms to import, pandas more: the write reads the ids' buffers instead."""
+def test_pack_verify_and_stats_import_neither_pyarrow_compute_nor_pandas(chat_jsonl: Path, tmp_path: Path) -> None:
+    """pyarrow.compute costs 26 ms to import, pandas 0.16 s: the write and the readers of the shards read
+    the list columns' buffers instead."""
     import subprocess
     import sys
 
     out = tmp_path / "out"
-    argv = ["pack", str(chat_jsonl), "--max-len", "256", "--no-cache", "--num-proc", "1", "-q", "-o", str(out)]
-    run = subprocess.run([sys.executable, "-c", WRITE_IMPORTS, *argv], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == []
+    for argv in (
+        ["pack", str(chat_jsonl), "--max-len", "256", "--no-cache", "--num-proc", "1", "-q", "-o", str(out)],
+        ["verify", str(out), "-q"],
+        ["stats", str(out), "--json"],
+    ):
+        command = [sys.executable, "-c", UNUSED_IMPORTS, *argv]
+        run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.splitlines()[-1].split() == [], argv[0]
     manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
     rows = read_rows(out)
     assert sum(entry["tokens"] for entry in manifest["shards"]) == sum(len(r["input_ids"]) for r in rows)
     assert max(entry["max_token_id"] for entry in manifest["shards"]) == max(max(r["input_ids"]) for r in rows)
+
+
+def test_list_columns_read_from_their_buffers_equal_pyarrows_reading() -> None:
+    """``output.columns.list_parts`` gives pyarrow's lengths and values for a list of numbers without a null,
+    sliced or not; and None (its callers read through pyarrow) for a null row or value, bools, large lists,
+    strings and an empty column."""
+    import pyarrow as pa
+
+    from packcli.output.columns import list_parts, values_hold_null
+
+    def pyarrows(column: pa.Array) -> tuple[list[int], list[Any]]:
+        offsets = column.offsets.to_pylist()
+        return [b - a for a, b in zip(offsets, offsets[1:], strict=False)], column.flatten().to_pylist()
+
+    for value_type in (pa.int8(), pa.int32(), pa.int64(), pa.uint16(), pa.float32(), pa.float64()):
+        column = pa.array([[1, 2], [3], [], [4, 5, 6], [7]], pa.list_(value_type))
+        for part in (column, column.slice(1, 3), column.slice(3), column.slice(2, 1)):
+            read = list_parts(part)
+            assert read is not None
+            lengths, values = read
+            assert lengths.dtype == np.int64 and values.dtype == value_type.to_pandas_dtype()
+            assert (lengths.tolist(), values.tolist()) == pyarrows(part)
+            assert not values_hold_null(part)
+    unread = [
+        pa.array([[1], None, [2]], pa.list_(pa.int32())),
+        pa.array([[1, None], [2]], pa.list_(pa.int32())),
+        pa.array([[True], [False]], pa.list_(pa.bool_())),
+        pa.array([[1], [2]], pa.large_list(pa.int32())),
+        pa.array([["a"], ["b"]], pa.list_(pa.string())),
+        pa.array([], pa.list_(pa.int32())),
+    ]
+    assert [list_parts(column) for column in unread] == [None] * len(unread)
+    with_null = pa.array([[1], [2, None], [3]], pa.list_(pa.int32()))
+    assert values_hold_null(with_null) and values_hold_null(with_null.slice(1, 1))
+    assert not values_hold_null(with_null.slice(0, 1)) and not values_hold_null(with_null.slice(2))
+    assert list_parts(with_null.slice(2)) is not None  # the null lies outside the rows read

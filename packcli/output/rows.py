@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from packcli.contract import IGNORE_INDEX, SHARD_SCHEMA, TREE_COLUMNS, file_sha256, shard_schema
+from packcli.output.columns import list_parts
 from packcli.output.formats import FORMATS, shard_format
 from packcli.output.layout import RowLayout
 from packcli.plan import packing
@@ -417,25 +418,14 @@ def write_shard(
 
 
 def _token_ids(column: pa.ChunkedArray) -> np.ndarray:
-    """The ids of a ``list<int32>`` column without nulls, all rows' in one numpy array, read from the buffers.
-
-    Not by pyarrow: ``ListArray.flatten`` imports ``pyarrow.compute`` (26 ms) and ``Array.to_numpy`` pandas,
-    which nothing else a pack does loads.
-    """
+    """The ids of the ``input_ids`` column, all rows' in one numpy array, read from its buffers."""
     chunks = [np.zeros(0, np.int32)]
     for chunk in column.chunks:
-        assert chunk.type == pa.list_(pa.int32()) and chunk.null_count == 0
-        if not len(chunk):
-            continue
-        offsets = _int32_buffer(chunk.buffers()[1], chunk.offset, len(chunk) + 1)
-        values = chunk.values
-        assert values.null_count == 0
-        chunks.append(_int32_buffer(values.buffers()[1], values.offset, len(values))[offsets[0] : offsets[-1]])
+        if len(chunk):
+            read = list_parts(chunk)
+            assert read is not None, "the rows built here are lists of int32 without a null"
+            chunks.append(read[1])
     return np.concatenate(chunks) if len(chunks) > 2 else chunks[-1]
-
-
-def _int32_buffer(buffer: pa.Buffer, offset: int, length: int) -> np.ndarray:
-    return np.frombuffer(buffer, dtype=np.int32, count=offset + length)[offset:]
 
 
 def read_shard(path: Path) -> pa.Table:

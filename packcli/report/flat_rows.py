@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from packcli.output.columns import values_hold_null
 from packcli.report.stats import list_parts
 
 
@@ -82,8 +83,9 @@ def rows_with_nulls(cols: dict[str, pa.Array], n: int) -> np.ndarray:
     """Return which of the ``n`` rows hold a null, as a row or as a value in one of their lists."""
     null_rows = np.zeros(n, dtype=bool)
     for col in cols.values():
-        null_rows |= col.is_null().to_numpy(zero_copy_only=False)
-        if col.flatten().null_count:
+        if col.null_count:
+            null_rows |= col.is_null().to_numpy(zero_copy_only=False)
+        if values_hold_null(col):
             seg_lengths, _ = list_parts(col)
             nulls = col.flatten().is_null().to_numpy(zero_copy_only=False)
             null_rows[np.repeat(np.arange(n), seg_lengths)[nulls]] = True
