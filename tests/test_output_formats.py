@@ -738,13 +738,15 @@ def test_list_columns_read_from_their_buffers_equal_pyarrows_reading() -> None:
     """``output.columns.list_parts`` gives pyarrow's lengths and values for a list of numbers without a null,
     sliced or not; and None (its callers read through pyarrow) for a null row or value, bools, large lists,
     strings and an empty column."""
+    import itertools
+
     import pyarrow as pa
 
     from packcli.output.columns import list_parts, values_hold_null
 
     def pyarrows(column: pa.Array) -> tuple[list[int], list[Any]]:
         offsets = column.offsets.to_pylist()
-        return [b - a for a, b in zip(offsets, offsets[1:], strict=False)], column.flatten().to_pylist()
+        return [b - a for a, b in itertools.pairwise(offsets)], column.flatten().to_pylist()
 
     for value_type in (pa.int8(), pa.int32(), pa.int64(), pa.uint16(), pa.float32(), pa.float64()):
         column = pa.array([[1, 2], [3], [], [4, 5, 6], [7]], pa.list_(value_type))

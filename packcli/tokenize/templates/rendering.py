@@ -131,7 +131,11 @@ def compile_template(template: str) -> jinja2.Template:
     env.globals["strftime_now"] = _strftime_now
     env.globals["dict"] = _DictMaker()
     env.globals["namespace"] = _Namespace
-    return env.from_string(template)
+    compiled = env.from_string(template)
+    # Jinja copies a template's globals into each render's context through a ChainMap of the template's and
+    # the environment's (5.7 of a short chat's 21.4 us); neither changes after this, so one dict serves.
+    compiled.globals = dict(compiled.globals)
+    return compiled
 
 
 def render(
