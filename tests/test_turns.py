@@ -351,3 +351,30 @@ def test_a_conversation_that_opens_with_an_answer_is_counted_and_warned(
     fixed = pack(data, "--max-len", "128", "-o", tmp_path / "fixed", "--fix-turns", "--json", "-q")
     summary = json.loads(fixed.stdout)
     assert summary["leading_answers"] == 0 and summary["turns_fixed"]["leading_assistant_dropped"] == 2
+
+
+def test_a_sharegpt_turn_is_its_role_and_text_with_its_other_keys_and_without_its_marks() -> None:
+    """The speaker and the text alone make a message of two keys; any other key is kept, a training mark read
+    and taken off; a field that names both the speaker and the text keeps the turn's other keys too."""
+    record = {
+        "conversations": [
+            {"from": "human", "value": "q"},
+            {"from": "gpt", "value": "a", "train": False, "name": "bot"},
+            {"from": "human", "value": "more", "weight": 1},
+            {"from": "gpt", "value": "b"},
+        ]
+    }
+    sample = normalize(record, "conversations", dict(DEFAULT_FIELDS))
+    assert sample.messages == [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a", "name": "bot"},
+        {"role": "user", "content": "more"},
+        {"role": "assistant", "content": "b"},
+    ]
+    assert sample.message_train == (None, False, True, None)
+    same = {**DEFAULT_FIELDS, "from": "x", "value": "x"}
+    sample = normalize({"conversations": [{"x": "human", "y": 1}, {"x": "gpt", "y": 2}]}, "conversations", same)
+    assert sample.messages == [
+        {"role": "user", "content": "human", "y": 1},
+        {"role": "assistant", "content": "gpt", "y": 2},
+    ]

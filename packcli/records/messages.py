@@ -150,7 +150,7 @@ def read_messages(
         marked = not _TRAIN_KEYS.isdisjoint(message)
         marks.append(train_mark(message, i, field) if marked else None)
         if sharegpt or role_key != "role" or content_key != "content" or role != message[role_key]:
-            if len(message) == 2 and content_key in message:  # the speaker and the text alone (ShareGPT's)
+            if len(message) == 2 and content_key in message and role_key != content_key:  # speaker and text alone
                 message = {"role": role, "content": content}
             else:
                 # Keep every other key (tool_calls, reasoning, names): templates may read them.
