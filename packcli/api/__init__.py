@@ -57,11 +57,12 @@ from packcli.contract import Progress
 from packcli.errors import Message, UsageError
 from packcli.output.manifest import read_checked_manifest
 from packcli.procs.stop import reset_stop
-from packcli.results import OutputStats, RawStats, RunSummary
+from packcli.results import RunSummary
 
 if TYPE_CHECKING:
     from packcli.report.inspect import InspectedRow
     from packcli.report.verify import VerifyReport
+    from packcli.results import OutputStats, RawStats
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 
 pyarrow's own ways import more than a pack, ``stats`` or ``verify`` otherwise loads: ``ListArray.flatten``
 and ``Array.is_null`` import ``pyarrow.compute`` (26 ms), and ``Array.to_numpy`` imports pandas (0.16 s).
-``list_parts`` reads a list column of numbers without nulls (every column packcli writes) from its offsets
-and values buffers, and says None for any other column, which its callers then read through pyarrow.
+``from_buffers`` reads a list column of numbers without nulls (every column packcli writes) from its
+offsets and values buffers, and says None for any other column; ``list_parts`` reads any list column, from
+its buffers where it can, else through pyarrow.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ _NUMPY_TYPES = {
 }
 
 
-def list_parts(column: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
+def from_buffers(column: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
     """Return (each row's length as int64, all rows' values flat) of a ``list<number>`` column without a
     null (neither a null row nor a null value), read from its buffers; None for any other column."""
     if not pa.types.is_list(column.type) or column.null_count or not len(column):
@@ -46,6 +47,17 @@ def list_parts(column: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
     else:
         flat = np.frombuffer(values_buffer, dtype=dtype, count=values.offset + end)[values.offset + start :]
     return np.diff(offsets.astype(np.int64)), flat
+
+
+def list_parts(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Return (per-row lengths, flat values) of a list column, as numpy arrays: from its buffers where it is a
+    list of numbers without a null, else through pyarrow."""
+    read = from_buffers(column)
+    if read is not None:
+        return read
+    offsets = column.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+    values = column.flatten().to_numpy(zero_copy_only=False)
+    return np.diff(offsets), values
 
 
 def values_hold_null(column: pa.Array) -> bool:

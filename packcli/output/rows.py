@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from packcli.contract import IGNORE_INDEX, SHARD_SCHEMA, TREE_COLUMNS, file_sha256, shard_schema
-from packcli.output.columns import list_parts
+from packcli.output.columns import from_buffers
 from packcli.output.formats import FORMATS, shard_format
 from packcli.output.layout import RowLayout
 from packcli.plan import packing
@@ -422,7 +422,7 @@ def _token_ids(column: pa.ChunkedArray) -> np.ndarray:
     chunks = [np.zeros(0, np.int32)]
     for chunk in column.chunks:
         if len(chunk):
-            read = list_parts(chunk)
+            read = from_buffers(chunk)
             assert read is not None, "the rows built here are lists of int32 without a null"
             chunks.append(read[1])
     return np.concatenate(chunks) if len(chunks) > 2 else chunks[-1]

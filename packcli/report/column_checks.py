@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from packcli.output.columns import list_parts
 from packcli.output.rows import loss_weights
 from packcli.plan.packing import pad_lengths
 from packcli.report.flat_rows import FlatRows, rows_of
 from packcli.report.row_contract import WEIGHT_RTOL, WEIGHTING_RULES, Expected, ShardTotals
-from packcli.report.stats import list_parts
 
 
 def check_shapes(flat: FlatRows, expect: Expected, totals: ShardTotals, first_row: int) -> bool:

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from packcli.output.columns import values_hold_null
-from packcli.report.stats import list_parts
+from packcli.output.columns import list_parts, values_hold_null
 
 
 def rows_of(ends: np.ndarray, mask: np.ndarray) -> np.ndarray:

@@ -19,10 +19,10 @@ import pyarrow as pa
 from packcli.contract import IGNORE_INDEX, SAMPLE_ROLES, TREE_COLUMNS
 from packcli.errors import IncompatibleError, InputError, Opt, OutputError, TokenizerError, UsageError, first_line
 from packcli.jsontypes import JSONObject
+from packcli.output.columns import list_parts
 from packcli.output.formats import shard_batches
 from packcli.output.manifest import read_checked_manifest
 from packcli.report.images import RowImage, image_label, row_images
-from packcli.report.stats import list_parts
 from packcli.results import Counts, Manifest
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from packcli.contract import IGNORE_INDEX, TREE_COLUMNS
+from packcli.output.columns import list_parts
 from packcli.report.column_checks import (
     check_loss_weights,
     check_positions,
@@ -31,7 +32,6 @@ from packcli.report.row_contract import (
     Expected as Expected,
     ShardTotals as ShardTotals,
 )
-from packcli.report.stats import list_parts
 from packcli.report.trees import check_tree_rows
 
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from packcli.contract import CHOSEN, IGNORE_INDEX, MANIFEST, TREE_COLUMNS
 from packcli.errors import OutputError, first_line
-from packcli.output.columns import list_parts as from_buffers
+from packcli.output.columns import list_parts
 from packcli.output.formats import shard_batches
 from packcli.output.manifest import read_checked_manifest
 from packcli.plan.balance import row_loads, written_step_balance
@@ -53,17 +53,6 @@ __all__ = ["is_packed_output", "list_parts", "output_stats", "parse_max_lens", "
 def has_images(columns: list[str] | tuple[str, ...] | None) -> bool:
     """Return whether an output's columns are those of image-text rows."""
     return bool(columns) and all(c in (columns or ()) for c in ("image_refs", "image_tokens", "image_sample"))
-
-
-def list_parts(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Return (per-row lengths, flat values) of a list column, as numpy arrays: from its buffers where it is a
-    list of numbers without a null (``output.columns``), else through pyarrow."""
-    read = from_buffers(column)
-    if read is not None:
-        return read
-    offsets = column.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
-    values = column.flatten().to_numpy(zero_copy_only=False)
-    return np.diff(offsets), values
 
 
 # -- stats of a packed output ----------------------------------------------------------------------

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from packcli.contract import TREE_COLUMNS
-from packcli.report.stats import list_parts
+from packcli.output.columns import list_parts
 
 TREE_CHECKS = {
     "tree_nodes": "have tree_node_lengths and tree_node_parents that do not tile every sample with nodes whose "
