@@ -31,17 +31,15 @@ _NUMPY_TYPES = {
 def from_buffers(column: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
     """Return (each row's length as int64, all rows' values flat) of a ``list<number>`` column without a
     null (neither a null row nor a null value), read from its buffers; None for any other column."""
-    if not pa.types.is_list(column.type) or column.null_count or not len(column):
+    offsets = _offsets(column)
+    dtype = _NUMPY_TYPES.get(column.values.type) if offsets is not None else None
+    if offsets is None or dtype is None:
         return None
     values = column.values
-    dtype = _NUMPY_TYPES.get(values.type)
-    offsets_buffer, values_buffer = column.buffers()[1], values.buffers()[1]
-    if dtype is None or offsets_buffer is None:
-        return None
-    offsets = np.frombuffer(offsets_buffer, dtype=np.int32, count=column.offset + len(column) + 1)[column.offset :]
     start, end = int(offsets[0]), int(offsets[-1])
     if values.null_count and values.slice(start, end - start).null_count:
         return None
+    values_buffer = values.buffers()[1]
     if values_buffer is None:  # no values at all (every row empty)
         flat = np.zeros(0, dtype=dtype)
     else:
@@ -62,8 +60,19 @@ def list_parts(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 def values_hold_null(column: pa.Array) -> bool:
     """Whether the values of a list column's rows hold a null (``column.flatten().null_count``)."""
-    if pa.types.is_list(column.type) and not column.null_count and len(column) and column.buffers()[1] is not None:
-        offsets = np.frombuffer(column.buffers()[1], dtype=np.int32, count=column.offset + len(column) + 1)
-        start, end = int(offsets[column.offset]), int(offsets[-1])
-        return column.values.slice(start, end - start).null_count > 0
-    return column.flatten().null_count > 0
+    offsets = _offsets(column)
+    if offsets is None:
+        return column.flatten().null_count > 0
+    start, end = int(offsets[0]), int(offsets[-1])
+    return column.values.slice(start, end - start).null_count > 0
+
+
+def _offsets(column: pa.Array) -> np.ndarray | None:
+    """The offsets of a non-empty ``list`` column without a null row, read from its buffer (its rows'
+    ends in its values, the first row's start first); None for any other column."""
+    if not pa.types.is_list(column.type) or column.null_count or not len(column):
+        return None
+    buffer = column.buffers()[1]
+    if buffer is None:
+        return None
+    return np.frombuffer(buffer, dtype=np.int32, count=column.offset + len(column) + 1)[column.offset :]
