@@ -11,6 +11,7 @@ import functools
 import json
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,12 @@ from hypothesis import given, settings, strategies as st
 from packcli.errors import TokenizerError
 from packcli.records.formats import Sample
 from packcli.tokenize.encoders import encoder_choice, text_encoders
+from packcli.tokenize.encoders.byte_offsets import token_byte_lengths
 from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
 from packcli.tokenize.encoders.encoder_choice import ENCODER_ENV, choose
 from packcli.tokenize.encoders.text_encoders import FastEncoder, piece_cuts
 from packcli.tokenize.encoders.tokenizer import default_tokenizer_dir
+from packcli.tokenize.long.bounds import max_token_bytes, tokenizer_settings
 
 from .conftest import make_conversations, write_jsonl
 
@@ -381,6 +384,33 @@ def test_what_a_run_learns_of_the_fast_encoder_is_kept_and_not_learned_again(
     second = _summary(pack(chat_jsonl, "-o", tmp_path / "b", "--cache-dir", cache, "--json", "-q"))
     assert second["cache"] == "miss" and second["encoder"] == first["encoder"]
     assert _shards(tmp_path / "a") == _shards(tmp_path / "b")
+
+
+@pytest.mark.parametrize("family", ["deepseek", "gemma3"])  # byte-level BPE, and not
+def test_a_tokenizers_settings_are_read_without_its_model(
+    family: str, own_tokenizer: Callable[[str], tuple[str, Any]]
+) -> None:
+    # Both readers of tokenizer.json decide on its settings before they decode its model (Gemma 3's: 0.4 s).
+    text = (Path(own_tokenizer(family)[0]) / "tokenizer.json").read_text(encoding="utf-8")
+    wanted = ("normalizer", "truncation", "pre_tokenizer", "added_tokens")
+    whole = json.loads(text)
+    assert tokenizer_settings(text, wanted) == {key: whole.get(key) for key in wanted}
+    cut = text[: text.rindex('"model"')] + '"model": {not JSON'
+    assert tokenizer_settings(cut, wanted) == {key: whole.get(key) for key in wanted}  # the model is not read
+    # The model first: what the two readers make of the text decoded whole, as they read it before.
+    model_first = json.dumps({"model": whole.pop("model"), **whole})
+    assert max_token_bytes(text) == max_token_bytes(model_first)
+    lengths, whole_lengths = token_byte_lengths(text), token_byte_lengths(model_first)
+    assert (lengths is None and whole_lengths is None) or np.array_equal(lengths, whole_lengths)
+    assert (lengths is None) == (family == "gemma3")
+    # A member after the model, or missing: the text is decoded whole (and refused where it is no JSON).
+    after = json.dumps({"model": {"type": "BPE"}, "normalizer": {"type": "NFC"}}, indent=2)
+    assert tokenizer_settings(after, ("normalizer", "truncation")) == {
+        "normalizer": {"type": "NFC"},
+        "truncation": None,
+    }
+    with pytest.raises(json.JSONDecodeError):
+        tokenizer_settings('{"model": {not JSON', ("normalizer",))
 
 
 def test_a_tokenizer_the_fast_encoder_cannot_serve_is_remembered(

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from packcli.tokenize.long.bounds import tokenizer_settings
+
 # The characters GPT-2's byte-level alphabet stands for bytes with: printable Latin-1 as themselves, the
 # other 68 bytes as U+0100 to U+0143.
 _BYTE_CHARS = frozenset(
@@ -33,7 +35,7 @@ def token_byte_lengths(backend_json: str) -> np.ndarray | None:
     Plain: no normalizer (or an empty sequence), a ByteLevel pre-tokenizer that adds no prefix space, a
     BPE model whose vocabulary is all byte-level strings.
     """
-    spec = json.loads(backend_json)
+    spec = tokenizer_settings(backend_json, ("normalizer", "pre_tokenizer", "added_tokens"))
     normalizer = spec.get("normalizer")
     if normalizer is not None and not (normalizer.get("type") == "Sequence" and not normalizer.get("normalizers")):
         return None
@@ -42,11 +44,11 @@ def token_byte_lengths(backend_json: str) -> np.ndarray | None:
     byte_level = [s for s in steps if isinstance(s, dict) and s.get("type") == "ByteLevel"]
     if len(byte_level) != 1 or byte_level[0].get("add_prefix_space"):
         return None
-    model = spec.get("model") or {}
+    model = json.loads(backend_json).get("model") or {}
     if model.get("type") != "BPE" or model.get("dropout") or not isinstance(model.get("vocab"), dict):
         return None
     vocab: dict[str, int] = model["vocab"]
-    added = {int(t["id"]): str(t["content"]) for t in spec.get("added_tokens", [])}
+    added = {int(t["id"]): str(t["content"]) for t in spec.get("added_tokens") or []}
     size = max([*vocab.values(), *added.keys()], default=-1) + 1
     lengths = np.zeros(size, dtype=np.int64)
     for token, i in vocab.items():

@@ -22,6 +22,7 @@ others are encoded 1 MiB of characters at a time.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,7 @@ from packcli.jsontypes import JSONObject
 from packcli.records.formats import Sample
 
 CHUNK_CHARS = 1 << 20
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
 # Pre-tokenizers that split text into pieces and keep every character.
 SPLITTING = {"ByteLevel", "Split", "Digits", "Punctuation", "UnicodeScripts"}
 
@@ -51,28 +53,79 @@ def _pre_tokenizers(spec: JSONObject | None) -> list[JSONObject]:
     return [spec]
 
 
+def tokenizer_settings(tokenizer_json: str, wanted: tuple[str, ...]) -> JSONObject:
+    """The members ``wanted`` of a tokenizer's JSON object, decoded without its ``model`` where they come
+    before it.
+
+    The model (the vocabulary and, for BPE, the merges) is nearly all of the text: decoding Gemma 3's
+    takes 0.4 s and 165 MB, only for its normalizer to rule out what the callers look for. ``tokenizers``
+    writes the model last; a JSON that puts one of ``wanted`` after it is decoded whole. A member named
+    twice cannot be: the text is what ``tokenizers`` loaded (a record's, or a file it opened), and it
+    refuses a duplicate field.
+    """
+    decoder = json.JSONDecoder()
+    found: JSONObject = {}
+    at = _space(tokenizer_json, 0)
+    if tokenizer_json[at : at + 1] != "{":
+        return _members(json.loads(tokenizer_json), wanted)
+    at += 1
+    while not set(wanted) <= found.keys():
+        at = _space(tokenizer_json, at)
+        if tokenizer_json[at : at + 1] != '"':
+            break  # the object's end (or a text json refuses: decoded whole below, raising)
+        key, at = decoder.raw_decode(tokenizer_json, at)
+        at = _space(tokenizer_json, at)
+        if key == "model" or tokenizer_json[at : at + 1] != ":":
+            break
+        found[key], at = decoder.raw_decode(tokenizer_json, _space(tokenizer_json, at + 1))
+        at = _space(tokenizer_json, at)
+        if tokenizer_json[at : at + 1] == ",":
+            at += 1
+    if set(wanted) <= found.keys():
+        return _members(found, wanted)
+    return _members(json.loads(tokenizer_json), wanted)
+
+
+def _space(text: str, at: int) -> int:
+    return _WHITESPACE.match(text, at).end()  # type: ignore[union-attr]  # it matches the empty string
+
+
+def _members(spec: Any, wanted: tuple[str, ...]) -> JSONObject:
+    if not isinstance(spec, dict):
+        raise ValueError("a tokenizer's JSON is an object")
+    return {key: spec.get(key) for key in wanted}
+
+
+# What decides whether a tokenizer bounds the bytes of a token, before its vocabulary is read.
+_BOUND_SETTINGS = ("normalizer", "truncation", "pre_tokenizer", "added_tokens")
+
+
 def max_token_bytes(tokenizer_json: str) -> int | None:
     """Return L, the most text bytes one token can cover, or None when the tokenizer gives no bound."""
-    spec = json.loads(tokenizer_json)
-    normalizer = spec.get("normalizer")
-    if normalizer is not None and not (normalizer.get("type") == "Sequence" and not normalizer.get("normalizers")):
-        return None  # a normalizer may shorten the text
-    if spec.get("truncation") is not None:
+    spec = tokenizer_settings(tokenizer_json, _BOUND_SETTINGS)
+    if not _bounded(spec):
         return None
-    pre = _pre_tokenizers(spec.get("pre_tokenizer"))
-    if not any(p.get("type") == "ByteLevel" for p in pre):
-        return None
-    if any(p.get("type") not in SPLITTING or p.get("behavior") == "Removed" for p in pre):
-        return None
-    model = spec.get("model") or {}
+    model = json.loads(tokenizer_json).get("model") or {}
     vocab = model.get("vocab")
     if model.get("type") != "BPE" or not isinstance(vocab, dict) or not _byte_alphabet() <= set(vocab):
         return None
-    added = spec.get("added_tokens") or []
-    if any(a.get("lstrip") or a.get("rstrip") for a in added):
-        return None
     longest = max(len(token) for token in vocab)
-    return max([longest, *(len(a["content"].encode("utf-8")) for a in added)])
+    return max([longest, *(len(a["content"].encode("utf-8")) for a in spec.get("added_tokens") or [])])
+
+
+def _bounded(spec: JSONObject) -> bool:
+    """Whether the settings ``spec`` leave every byte of a text to exactly one token (see the module's docstring)."""
+    normalizer = spec.get("normalizer")
+    if normalizer is not None and not (normalizer.get("type") == "Sequence" and not normalizer.get("normalizers")):
+        return False  # a normalizer may shorten the text
+    if spec.get("truncation") is not None:
+        return False
+    pre = _pre_tokenizers(spec.get("pre_tokenizer"))
+    if not any(p.get("type") == "ByteLevel" for p in pre):
+        return False
+    if any(p.get("type") not in SPLITTING or p.get("behavior") == "Removed" for p in pre):
+        return False
+    return not any(a.get("lstrip") or a.get("rstrip") for a in spec.get("added_tokens") or [])
 
 
 def utf8_length(text: str) -> int:
