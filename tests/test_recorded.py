@@ -89,7 +89,9 @@ def test_a_run_records_the_tokenizer_and_the_next_one_opens_it_without_transform
 ) -> None:
     cache = tmp_path / "cache"
     first = open_tokenizer(str(rewritten), cache)
-    assert not isinstance(first, RecordedTokenizer)  # loaded by transformers, then recorded
+    # Loaded by transformers, recorded, and served from the record with transformers' backend.
+    assert isinstance(first, RecordedTokenizer) and first.record.files_sha256
+    assert _facts(first) == _facts(load_tokenizer(str(rewritten)))
     assert [p.suffix for p in (cache / RECORDS_DIR).iterdir()] == [".json"]
     assert read_record(cache, rewritten) is not None
     script = (
@@ -100,6 +102,22 @@ def test_a_run_records_the_tokenizer_and_the_next_one_opens_it_without_transform
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert run.stdout.strip() == "RecordedTokenizer", run.stderr
     assert _facts(open_tokenizer(str(rewritten), cache)) == _facts(first)
+
+
+def test_without_a_cache_directory_the_tokenizer_is_served_from_a_record_of_this_run(
+    rewritten: Path, llama3_tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    # transformers' tokenizer is let go and its backend kept (no second parse of tokenizer.json), nothing written.
+    loaded = load_tokenizer(str(rewritten))
+    served = open_tokenizer(str(rewritten), None)
+    assert isinstance(served, RecordedTokenizer) and served.record.files_sha256 == ""
+    assert "backend_tokenizer" in served.__dict__  # opened once, by transformers
+    assert _facts(served) == _facts(loaded)
+    assert served.record.sha256 == record_of(loaded, rewritten).sha256  # type: ignore[union-attr]
+    # A tokenizer transformers does not change: its record's backend is the JSON its backend writes.
+    plain = open_tokenizer(str(llama3_tokenizer_dir), None)
+    assert isinstance(plain, RecordedTokenizer) and plain.record.backend is not None
+    assert _facts(plain) == _facts(load_tokenizer(str(llama3_tokenizer_dir)))
 
 
 def test_a_changed_tokenizer_file_or_a_damaged_record_is_not_used(rewritten: Path, tmp_path: Path) -> None:

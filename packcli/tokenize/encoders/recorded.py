@@ -109,9 +109,15 @@ def record_key(files: str, transformers: str) -> str:
     return hashlib.sha256(f"{files}\0{transformers}\0{RECORD_FORMAT}".encode()).hexdigest()[:32]
 
 
-def record_of(tokenizer: Any, directory: Path) -> TokenizerRecord | None:
+def record_of(tokenizer: Any, directory: Path, kept: bool = True) -> TokenizerRecord | None:
     """Record a tokenizer transformers loaded from ``directory``; None where a fact is not plain data
-    (a special token that is no string), which a record cannot keep."""
+    (a special token that is no string), which a record cannot keep.
+
+    ``kept`` False: the record serves this run only (no cache directory to keep it in), so it is neither
+    keyed by the directory's files nor checked against ``tokenizer.json`` (which would open the file again:
+    1.3 s for Gemma 3's): its backend is the JSON transformers' backend writes, what a run without a
+    record built the fast encoder from.
+    """
     special = dict(tokenizer.special_tokens_map)
     if not all(
         isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)) for v in special.values()
@@ -124,10 +130,10 @@ def record_of(tokenizer: Any, directory: Path) -> TokenizerRecord | None:
 
     backend = tokenizer.backend_tokenizer.to_str()
     as_file = directory / "tokenizer.json"
-    unchanged = as_file.is_file() and Tokenizer.from_file(str(as_file)).to_str() == backend
+    unchanged = kept and as_file.is_file() and Tokenizer.from_file(str(as_file)).to_str() == backend
     plain, overridden = plain_backend(tokenizer.backend_tokenizer)
     return TokenizerRecord(
-        files_sha256=files_sha256(directory),
+        files_sha256=files_sha256(directory) if kept else "",
         transformers=transformers_version(),
         class_name=type(tokenizer).__name__,
         backend=None if unchanged else backend,
@@ -144,7 +150,7 @@ def record_of(tokenizer: Any, directory: Path) -> TokenizerRecord | None:
         chat_template=template,
         max_token_bytes=max_token_bytes(backend),
         overridden=overridden,
-        sha256=tokenizer_sha256(plain.to_str(), special),
+        sha256=tokenizer_sha256(plain.to_str() if overridden else backend, special),
     )
 
 
@@ -198,8 +204,11 @@ class RecordedTokenizer:
 
     is_fast = True
 
-    def __init__(self, record: TokenizerRecord, tokenizer_dir: Path) -> None:
+    def __init__(self, record: TokenizerRecord, tokenizer_dir: Path, backend: Any = None) -> None:
+        """``backend``: the record's backend, opened already (transformers' own, where it was just recorded)."""
         self.record = record
+        if backend is not None:
+            self.backend_tokenizer = backend
         self.name_or_path = str(tokenizer_dir)
         self.special_tokens_map = dict(record.special_tokens_map)
         self.chat_template = record.chat_template

@@ -77,7 +77,8 @@ def open_tokenizer(name: str | None, records: Path | None = None) -> Any:
     """Return the run's tokenizer (None: the default one): opened from its record when one is kept in
     ``records`` (the cache directory) or ships with packcli, with no transformers import; else loaded by
     transformers (``load_tokenizer``) and recorded into ``records`` for the next run
-    (``packcli.tokenize.encoders.recorded``)."""
+    (``packcli.tokenize.encoders.recorded``), and served from that record (made for this run alone where
+    there is no cache directory)."""
     default = name in (None, DEFAULT_TOKENIZER)
     directory = Path(default_tokenizer_dir() if default else str(name))
     local = directory.is_dir() and (directory / "tokenizer.json").is_file()
@@ -88,11 +89,14 @@ def open_tokenizer(name: str | None, records: Path | None = None) -> Any:
         if record is not None:
             return RecordedTokenizer(record, directory)
     tokenizer = load_tokenizer(name)
-    if local and records is not None:
-        made = record_of(tokenizer, directory)
-        if made is not None:
-            write_record(records, made)
-    return tokenizer
+    made = record_of(tokenizer, directory, kept=records is not None) if local else None
+    if made is None:
+        return tokenizer
+    if records is not None:
+        write_record(records, made)
+    # Served from its record from now on, as the next run's is: transformers' tokenizer (180 MB of Gemma 3's
+    # beside its backend) is let go, its backend kept.
+    return RecordedTokenizer(made, directory, tokenizer.backend_tokenizer)
 
 
 def load_tokenizer(name: str | None) -> Any:
