@@ -278,12 +278,15 @@ HEAVY_TESTS: dict[str, set[str]] = {
         "test_a_run_records_the_tokenizer_and_the_next_one_opens_it_without_transformers",
         "test_a_changed_tokenizer_file_or_a_damaged_record_is_not_used",
         "test_packs_with_a_recorded_tokenizer_give_the_same_shards_and_identity",
+        "test_without_a_cache_directory_the_tokenizer_is_served_from_a_record_of_this_run",
+        "test_offline_a_hub_tokenizer_is_served_from_its_record_and_a_hit_loads_no_tokenizer",
     },
     "test_report_images": {
         "test_embedded_images_are_counted_and_their_bytes_checked",
     },
     "test_text_encoders": {
         "test_what_a_run_learns_of_the_fast_encoder_is_kept_and_not_learned_again",
+        "test_a_tokenizers_settings_are_read_without_its_model[gemma3]",  # loads Gemma 3's with transformers
     },
     "test_tokenize": {
         "test_tokenizer_with_own_template_and_special_tokens",

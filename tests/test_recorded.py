@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -256,3 +258,61 @@ def test_a_second_cache_directory_in_the_same_process_learns_the_fast_encoders_f
     assert one is not None and two is not None and (one.fast, one.adds_tokens) == (two.fast, two.adds_tokens)
     assert one.byte_lengths is not None and two.byte_lengths is not None
     assert (one.byte_lengths == two.byte_lengths).all()
+
+
+def test_offline_a_hub_tokenizer_is_served_from_its_record_and_a_hit_loads_no_tokenizer(
+    own_tokenizer: Callable[[str], tuple[str, Any]], tmp_path: Path
+) -> None:
+    # A Hub repository in the Hugging Face cache, as a first load online leaves it; the Hub not asked.
+    repo = tmp_path / "hub" / "models--packcli-test--qwen3"
+    commit = "1" * 40
+    snapshot = repo / "snapshots" / commit
+    shutil.copytree(own_tokenizer("qwen3")[0], snapshot)
+    (snapshot / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in make_conversations(20, seed=5)])
+    cache = tmp_path / "cache"
+    script = (
+        "import json, sys; from packcli.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit as end:\n    assert not end.code, end.code\n"
+        "print(json.dumps({'transformers': 'transformers' in sys.modules}))"
+    )
+
+    def run(out: str, *extra: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        argv = ["pack", str(data), "--max-len", "512", "--tokenizer", "packcli-test/qwen3", "-o", str(tmp_path / out)]
+        done = subprocess.run(
+            [sys.executable, "-c", script, *argv, "--json", "-q", *extra],
+            capture_output=True, text=True, env=env, timeout=300, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        *summary, imports = done.stdout.strip().splitlines()
+        return json.loads("\n".join(summary)), json.loads(imports)
+
+    first, loaded = run("first", "--cache-dir", str(cache))
+    assert first["cache"] == "miss" and loaded["transformers"]
+    assert [p.suffix for p in (cache / RECORDS_DIR).iterdir()] == [".json"]  # recorded, by the repository's name
+    again, loaded = run("again", "--cache-dir", str(cache))
+    assert again["cache"] == "hit" and not loaded["transformers"]  # keyed from the record: nothing loaded
+    _, loaded = run("bare", "--no-cache")
+    assert loaded["transformers"]  # no record to read: loaded, and served from a record of its own
+    shards = [{p.name: p.read_bytes() for p in (tmp_path / o).glob("shard-*")} for o in ("first", "again", "bare")]
+    assert shards[0] and shards[0] == shards[1] == shards[2]
+    manifests = [json.loads((tmp_path / o / "manifest.json").read_text())["tokenizer"] for o in ("first", "bare")]
+    assert manifests[0] == manifests[1] and manifests[0]["name"] == "packcli-test/qwen3"
+    # The key the record gives is the one the tokenizer transformers loads gives (as it was keyed before).
+    check = (
+        "import hashlib, sys; from pathlib import Path\n"
+        "from transformers import AutoTokenizer\n"
+        "from packcli.tokenize.encoders.tokenizer import plain_backend, recorded_key, tokenizer_sha256\n"
+        "t = AutoTokenizer.from_pretrained('packcli-test/qwen3')\n"
+        "loaded = tokenizer_sha256(plain_backend(t.backend_tokenizer)[0].to_str(), t.special_tokens_map)\n"
+        "loaded += hashlib.sha256(t.chat_template.encode()).hexdigest()\n"
+        "assert recorded_key('packcli-test/qwen3', None, Path(sys.argv[1])) == loaded\n"
+        "assert recorded_key('packcli-test/other', None, Path(sys.argv[1])) is None\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check, str(cache)], capture_output=True, text=True, env=env, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr

@@ -5,6 +5,7 @@ from cache parts), or sooner only where the cache's key needs the tokenizer's ow
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from packcli.config import PackConfig
@@ -28,9 +29,7 @@ def run_encoder(config: PackConfig, sources: list[InputSource] | None = None) ->
     from packcli.tokenize.encoders.encoder import Encoder
     from packcli.tokenize.encoders.encoder_choice import Work
 
-    records = None
-    if config.cache and not config.dry_run:
-        records = cache_root(config.cache_dir)
+    records = tokenizer_records(config)
     size = input_bytes(sources) if sources is not None else None
     work = Work(size, config.num_proc) if size is not None else None
     return Encoder(
@@ -42,6 +41,12 @@ def run_encoder(config: PackConfig, sources: list[InputSource] | None = None) ->
         records=records,
         work=work,
     )
+
+
+def tokenizer_records(config: PackConfig) -> Path | None:
+    """Where the run reads and keeps its tokenizer's record: the cache directory, unless the run writes
+    nothing there (``--no-cache``, a dry run)."""
+    return cache_root(config.cache_dir) if config.cache and not config.dry_run else None
 
 
 def input_bytes(sources: list[InputSource]) -> int | None:

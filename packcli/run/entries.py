@@ -15,7 +15,7 @@ from packcli.engines import DigestChecker
 from packcli.errors import Message
 from packcli.io.sources import InputSource
 from packcli.jsontypes import JSONObject
-from packcli.run.encoder import run_encoder
+from packcli.run.encoder import run_encoder, tokenizer_records
 from packcli.run.inputs import Inputs
 from packcli.run.options import image_window, split_rule
 from packcli.store.cachedir import EntryLock
@@ -23,7 +23,7 @@ from packcli.store.images import changed_image, load_images
 from packcli.store.integrity import DamagedStore
 from packcli.store.key import cache_root
 from packcli.store.tokens import TokenStore, find_store
-from packcli.tokenize.encoders.tokenizer import DEFAULT_TOKENIZER, tokenizer_fingerprint
+from packcli.tokenize.encoders.tokenizer import DEFAULT_TOKENIZER, recorded_key, tokenizer_fingerprint
 from packcli.tokenize.templates.choice import builtin_name
 from packcli.version import __version__
 
@@ -48,10 +48,13 @@ class RunKey:
 
 def run_key(config: PackConfig, inputs: Inputs) -> RunKey:
     """The run's entry key and the key's options. The tokenizer is keyed by its files and the template
-    (hashed, when they are local), else by the identity of the tokenizer loaded (a Hub name: the encoder
-    is loaded here, once, and handed on to the tokenizing)."""
+    (hashed, when they are local), else by the identity of the tokenizer (a Hub name): read from its record
+    where the Hub cannot be asked and the cache has one, else of the tokenizer loaded (the encoder is loaded
+    here, once, and handed on to the tokenizing)."""
     encoder = None
     tokenizer_key = tokenizer_fingerprint(config.tokenizer_name, config.chat_template)
+    if tokenizer_key is None and config.processor is None:  # a Hub name: its identity from its record, if any
+        tokenizer_key = recorded_key(config.tokenizer_name, config.chat_template, tokenizer_records(config))
     if tokenizer_key is None:
         encoder = run_encoder(config, inputs.sources)
         identity = encoder.identity()  # hashes the tokenizer's JSON where it has no record: once

@@ -46,9 +46,13 @@ def transformers_version() -> str:
         return "none"
 
 
-def files_sha256(directory: Path) -> str:
-    """A hash of the files of a tokenizer directory that transformers may read, names and bytes."""
+def files_sha256(directory: Path, hub: str | None = None) -> str:
+    """A hash of the files of a tokenizer directory that transformers may read, names and bytes; and of
+    the Hub name ``hub`` for a snapshot of a Hub repository in the Hugging Face cache (transformers may
+    choose a tokenizer's class by the repository's name)."""
     h = hashlib.sha256()
+    if hub is not None:
+        h.update(b"hub\0" + hub.encode() + b"\0")
     for path in sorted(directory.iterdir()):
         if path.is_file() and path.suffix in _KEYED_SUFFIXES:
             h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
@@ -109,14 +113,15 @@ def record_key(files: str, transformers: str) -> str:
     return hashlib.sha256(f"{files}\0{transformers}\0{RECORD_FORMAT}".encode()).hexdigest()[:32]
 
 
-def record_of(tokenizer: Any, directory: Path, kept: bool = True) -> TokenizerRecord | None:
+def record_of(tokenizer: Any, directory: Path, kept: bool = True, hub: str | None = None) -> TokenizerRecord | None:
     """Record a tokenizer transformers loaded from ``directory``; None where a fact is not plain data
     (a special token that is no string), which a record cannot keep.
 
     ``kept`` False: the record serves this run only (no cache directory to keep it in), so it is neither
     keyed by the directory's files nor checked against ``tokenizer.json`` (which would open the file again:
     1.3 s for Gemma 3's): its backend is the JSON transformers' backend writes, what a run without a
-    record built the fast encoder from.
+    record built the fast encoder from. ``hub``: the Hub name transformers loaded it by, ``directory``
+    being that repository's snapshot in the Hugging Face cache.
     """
     special = dict(tokenizer.special_tokens_map)
     if not all(
@@ -133,7 +138,7 @@ def record_of(tokenizer: Any, directory: Path, kept: bool = True) -> TokenizerRe
     unchanged = kept and as_file.is_file() and Tokenizer.from_file(str(as_file)).to_str() == backend
     plain, overridden = plain_backend(tokenizer.backend_tokenizer)
     return TokenizerRecord(
-        files_sha256=files_sha256(directory) if kept else "",
+        files_sha256=files_sha256(directory, hub) if kept else "",
         transformers=transformers_version(),
         class_name=type(tokenizer).__name__,
         backend=None if unchanged else backend,
@@ -162,9 +167,10 @@ def _named_templates(value: Any) -> bool:
     return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
 
-def read_record(directory: Path | None, tokenizer_dir: Path) -> TokenizerRecord | None:
-    """The record of the tokenizer in ``tokenizer_dir`` kept in ``directory`` (or shipped), if any."""
-    files = files_sha256(tokenizer_dir)
+def read_record(directory: Path | None, tokenizer_dir: Path, hub: str | None = None) -> TokenizerRecord | None:
+    """The record of the tokenizer in ``tokenizer_dir`` (the snapshot of the Hub repository ``hub``) kept
+    in ``directory``, if any."""
+    files = files_sha256(tokenizer_dir, hub)
     key = record_key(files, transformers_version())
     candidates = [directory / RECORDS_DIR / f"{key}.json"] if directory is not None else []
     for path in candidates:

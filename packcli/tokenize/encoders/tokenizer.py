@@ -31,14 +31,14 @@ from packcli.tokenize.encoders.recorded import (
     tokenizer_sha256 as tokenizer_sha256,
     write_record,
 )
-from packcli.tokenize.templates.choice import builtin_name, builtin_template, read_chat_template
+from packcli.tokenize.templates.choice import builtin_name, builtin_template, choose_template, read_chat_template
 
 
 def tokenizer_fingerprint(name: str | None, chat_template_file: str | None) -> str | None:
     """Return a hash of a local tokenizer's files and the template, without loading transformers.
 
     It keys the tokenization cache, so that a cache hit needs no tokenizer at all. None for a Hub name
-    (its files are only known once loaded).
+    (keyed by its identity: from its record where the Hub is not asked, ``recorded_key``, else loaded).
     """
     source = Path(default_tokenizer_dir() if name in (None, DEFAULT_TOKENIZER) else name)
     if not source.is_dir():
@@ -81,15 +81,20 @@ def open_tokenizer(name: str | None, records: Path | None = None) -> Any:
     there is no cache directory)."""
     default = name in (None, DEFAULT_TOKENIZER)
     directory = Path(default_tokenizer_dir() if default else str(name))
+    hub = None
+    if not directory.is_dir() and name is not None and not _looks_like_path(name):
+        snapshot = hub_snapshot(name)
+        if snapshot is not None:
+            directory, hub = snapshot, name
     local = directory.is_dir() and (directory / "tokenizer.json").is_file()
     if local:
         record = shipped_record(directory) if default else None
         if record is None and records is not None:
-            record = read_record(records, directory)
+            record = read_record(records, directory, hub)
         if record is not None:
             return RecordedTokenizer(record, directory)
     tokenizer = load_tokenizer(name)
-    made = record_of(tokenizer, directory, kept=records is not None) if local else None
+    made = record_of(tokenizer, directory, kept=records is not None, hub=hub) if local else None
     if made is None:
         return tokenizer
     if records is not None:
@@ -97,6 +102,37 @@ def open_tokenizer(name: str | None, records: Path | None = None) -> Any:
     # Served from its record from now on, as the next run's is: transformers' tokenizer (180 MB of Gemma 3's
     # beside its backend) is let go, its backend kept.
     return RecordedTokenizer(made, directory, tokenizer.backend_tokenizer)
+
+
+def hub_snapshot(name: str) -> Path | None:
+    """The directory transformers loads the Hub tokenizer ``name`` from when the Hub cannot be asked
+    (``HF_HUB_OFFLINE``, or no answer): the snapshot of the repository's main revision in the local Hugging
+    Face cache. None where the Hub answers (transformers asks it which revision is current, and may
+    download a newer one) or the cache holds no ``tokenizer.json`` of it."""
+    if hub_reachable():
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(name, "tokenizer.json")
+    except ValueError:  # not a repository name
+        return None
+    return Path(found).parent if isinstance(found, str) else None
+
+
+def recorded_key(name: str | None, chat_template_file: str | None, records: Path | None) -> str | None:
+    """The cache key's part for a Hub tokenizer with a record here (``hub_snapshot``), without loading it:
+    the identity ``Encoder.identity`` gives it (its sha256 and its chosen template's), read from the
+    record. None where it has none: the run loads the tokenizer for its identity."""
+    if name is None or records is None or _looks_like_path(name) or os.path.exists(name):
+        return None
+    snapshot = hub_snapshot(name)
+    record = read_record(records, snapshot, name) if snapshot is not None else None
+    if record is None:
+        return None
+    added = {content for _, content in record.added_tokens if content}
+    choice = choose_template(chat_template_file, record.chat_template, added)
+    return record.sha256 + hashlib.sha256(choice.text.encode()).hexdigest()
 
 
 def load_tokenizer(name: str | None) -> Any:
