@@ -255,9 +255,11 @@ def _answers(offline: str, endpoint: str, timeout: float) -> bool:
     import socket
     from urllib.parse import urlparse
 
-    host = urlparse(endpoint).hostname or "huggingface.co"
-    try:
-        with socket.create_connection((host, 443), timeout=timeout):
+    parsed = urlparse(endpoint)
+    host = parsed.hostname or "huggingface.co"
+    try:  # a mirror's own port where HF_ENDPOINT names one, else its scheme's
+        port = parsed.port or (80 if parsed.scheme == "http" else 443)
+        with socket.create_connection((host, port), timeout=timeout):
             return True
     except OSError:
         return False

@@ -9,6 +9,7 @@ import json
 import lzma
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -339,6 +340,19 @@ def test_a_cached_hub_dataset_loads_offline(
     assert any("read from the local Hugging Face cache" in w for w in result.warnings)
     with pytest.raises(packcli.PackcliError, match=r"hub:acme/nothing\[train\]: .*not in the local cache"):
         packcli.pack("acme/nothing", 256, dry_run=True, cache_dir=cache_dir, num_proc=1, format="messages")
+
+
+def test_the_hub_is_asked_at_the_port_hf_endpoint_names() -> None:
+    # A mirror on a port of its own (or plain http) answers there, not at 443: asked there, it is online.
+    from packcli.contract import _answers
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        assert _answers("0", f"http://127.0.0.1:{port}", 2.0)
+    _answers.cache_clear()  # asked once a process: asked again
+    assert not _answers("0", f"http://127.0.0.1:{port}", 2.0)  # closed now
 
 
 def test_yaml_preset_names_inputs_and_fields(tmp_path: Path, cache_dir: Path) -> None:
