@@ -280,6 +280,7 @@ HEAVY_TESTS: dict[str, set[str]] = {
         "test_packs_with_a_recorded_tokenizer_give_the_same_shards_and_identity",
         "test_without_a_cache_directory_the_tokenizer_is_served_from_a_record_of_this_run",
         "test_offline_a_hub_tokenizer_is_served_from_its_record_and_a_hit_loads_no_tokenizer",
+        "test_online_a_hub_tokenizer_is_served_from_the_record_of_the_commit_the_hub_names",
     },
     "test_report_images": {
         "test_embedded_images_are_counted_and_their_bytes_checked",

@@ -7,11 +7,13 @@ with transformers and kept in the cache, so that later runs import no transforme
 from __future__ import annotations
 
 import dataclasses
+import http.server
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -260,35 +262,56 @@ def test_a_second_cache_directory_in_the_same_process_learns_the_fast_encoders_f
     assert (one.byte_lengths == two.byte_lengths).all()
 
 
-def test_offline_a_hub_tokenizer_is_served_from_its_record_and_a_hit_loads_no_tokenizer(
-    own_tokenizer: Callable[[str], tuple[str, Any]], tmp_path: Path
-) -> None:
-    # A Hub repository in the Hugging Face cache, as a first load online leaves it; the Hub not asked.
-    repo = tmp_path / "hub" / "models--packcli-test--qwen3"
-    commit = "1" * 40
+HUB_NAME = "packcli-test/qwen3"
+# Runs the command line, then says whether the run imported transformers.
+_PACK_SAYING_IMPORTS = (
+    "import json, sys; from packcli.cli import main\n"
+    "try:\n    main(sys.argv[1:])\nexcept SystemExit as end:\n    assert not end.code, end.code\n"
+    "print(json.dumps({'transformers': 'transformers' in sys.modules}))"
+)
+
+
+def _hub_cache(hub: Path, tokenizer_dir: str, commit: str) -> None:
+    """A Hub repository in the Hugging Face cache ``hub``, as a first load at ``commit`` leaves it."""
+    repo = hub / f"models--{HUB_NAME.replace('/', '--')}"
     snapshot = repo / "snapshots" / commit
-    shutil.copytree(own_tokenizer("qwen3")[0], snapshot)
+    shutil.copytree(tokenizer_dir, snapshot)
     (snapshot / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
+
+
+def _hub_pack(
+    tmp_path: Path, env: dict[str, str], out: str, *extra: str, ok: bool = True
+) -> tuple[dict[str, Any], dict[str, Any]] | str:
+    """``pack`` with the Hub tokenizer in a process of its own: its summary and what it imported (or its
+    error, where ``ok`` is False)."""
+    data = tmp_path / "chat.jsonl"
+    if not data.exists():
+        write_jsonl(data, [{"messages": m} for m in make_conversations(20, seed=5)])
+    argv = ["pack", str(data), "--max-len", "512", "--tokenizer", HUB_NAME, "-o", str(tmp_path / out), "--json", "-q"]
+    done = subprocess.run(
+        [sys.executable, "-c", _PACK_SAYING_IMPORTS, *argv, *extra],
+        capture_output=True, text=True, env=env, timeout=300, check=False,
+    )  # fmt: skip
+    assert (done.returncode == 0) == ok, done.stderr
+    if not ok:
+        return done.stderr
+    *summary, imports = done.stdout.strip().splitlines()
+    return json.loads("\n".join(summary)), json.loads(imports)
+
+
+def test_offline_a_hub_tokenizer_is_served_from_its_record_and_a_hit_loads_no_tokenizer(
+    own_tokenizer: Callable[[str], tuple[str, Any]], tmp_path: Path
+) -> None:
+    _hub_cache(tmp_path / "hub", own_tokenizer("qwen3")[0], "1" * 40)
     env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
-    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in make_conversations(20, seed=5)])
     cache = tmp_path / "cache"
-    script = (
-        "import json, sys; from packcli.cli import main\n"
-        "try:\n    main(sys.argv[1:])\nexcept SystemExit as end:\n    assert not end.code, end.code\n"
-        "print(json.dumps({'transformers': 'transformers' in sys.modules}))"
-    )
 
     def run(out: str, *extra: str) -> tuple[dict[str, Any], dict[str, Any]]:
-        argv = ["pack", str(data), "--max-len", "512", "--tokenizer", "packcli-test/qwen3", "-o", str(tmp_path / out)]
-        done = subprocess.run(
-            [sys.executable, "-c", script, *argv, "--json", "-q", *extra],
-            capture_output=True, text=True, env=env, timeout=300, check=False,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        *summary, imports = done.stdout.strip().splitlines()
-        return json.loads("\n".join(summary)), json.loads(imports)
+        done = _hub_pack(tmp_path, env, out, *extra)
+        assert not isinstance(done, str)
+        return done
 
     first, loaded = run("first", "--cache-dir", str(cache))
     assert first["cache"] == "miss" and loaded["transformers"]
@@ -300,19 +323,80 @@ def test_offline_a_hub_tokenizer_is_served_from_its_record_and_a_hit_loads_no_to
     shards = [{p.name: p.read_bytes() for p in (tmp_path / o).glob("shard-*")} for o in ("first", "again", "bare")]
     assert shards[0] and shards[0] == shards[1] == shards[2]
     manifests = [json.loads((tmp_path / o / "manifest.json").read_text())["tokenizer"] for o in ("first", "bare")]
-    assert manifests[0] == manifests[1] and manifests[0]["name"] == "packcli-test/qwen3"
+    assert manifests[0] == manifests[1] and manifests[0]["name"] == HUB_NAME
     # The key the record gives is the one the tokenizer transformers loads gives (as it was keyed before).
     check = (
         "import hashlib, sys; from pathlib import Path\n"
         "from transformers import AutoTokenizer\n"
         "from packcli.tokenize.encoders.tokenizer import plain_backend, recorded_key, tokenizer_sha256\n"
-        "t = AutoTokenizer.from_pretrained('packcli-test/qwen3')\n"
+        f"t = AutoTokenizer.from_pretrained({HUB_NAME!r})\n"
         "loaded = tokenizer_sha256(plain_backend(t.backend_tokenizer)[0].to_str(), t.special_tokens_map)\n"
         "loaded += hashlib.sha256(t.chat_template.encode()).hexdigest()\n"
-        "assert recorded_key('packcli-test/qwen3', None, Path(sys.argv[1])) == loaded\n"
+        f"assert recorded_key({HUB_NAME!r}, None, Path(sys.argv[1])) == loaded\n"
         "assert recorded_key('packcli-test/other', None, Path(sys.argv[1])) is None\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", check, str(cache)], capture_output=True, text=True, env=env, timeout=300, check=False
     )
     assert done.returncode == 0, done.stderr
+
+
+class _Hub(http.server.ThreadingHTTPServer):
+    """A Hub that knows one repository's current commit (``commit``) and serves no file: what is asked of it."""
+
+    commit = ""
+    asked: list[str]
+
+
+class _HubAnswers(http.server.BaseHTTPRequestHandler):
+    server: _Hub
+
+    def _answer(self, body: bool) -> None:
+        self.server.asked.append(f"{self.command} {self.path}")
+        info = json.dumps({"id": HUB_NAME, "sha": self.server.commit}).encode()
+        known = self.path == f"/api/models/{HUB_NAME}" or self.path.startswith(f"/api/models/{HUB_NAME}/revision/")
+        self.send_response(200 if known else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(info) if known else 0))
+        self.end_headers()
+        if known and body:
+            self.wfile.write(info)
+
+    def do_GET(self) -> None:
+        self._answer(True)
+
+    def do_HEAD(self) -> None:
+        self._answer(False)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_online_a_hub_tokenizer_is_served_from_the_record_of_the_commit_the_hub_names(
+    own_tokenizer: Callable[[str], tuple[str, Any]], tmp_path: Path
+) -> None:
+    # The Hub asked which commit the main revision is, as transformers asks it: a record of that commit's
+    # snapshot serves; a new commit is loaded by transformers, never served from the old one's record.
+    old = "2" * 40
+    _hub_cache(tmp_path / "hub", own_tokenizer("qwen3")[0], old)
+    hub = _Hub(("127.0.0.1", 0), _HubAnswers)
+    hub.commit, hub.asked = old, []
+    threading.Thread(target=hub.serve_forever, daemon=True).start()
+    try:
+        endpoint = f"http://127.0.0.1:{hub.server_address[1]}"
+        env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": endpoint}
+        cache = ["--cache-dir", str(tmp_path / "cache")]
+        first = _hub_pack(tmp_path, env, "first", *cache)
+        assert not isinstance(first, str) and first[0]["cache"] == "miss" and first[1]["transformers"]
+        hub.asked.clear()
+        again = _hub_pack(tmp_path, env, "again", *cache, "--overwrite")
+        assert not isinstance(again, str) and again[0]["cache"] == "hit" and not again[1]["transformers"]
+        assert f"GET /api/models/{HUB_NAME}" in hub.asked  # the commit asked of the Hub
+        shards = [{p.name: p.read_bytes() for p in (tmp_path / o).glob("shard-*")} for o in ("first", "again")]
+        assert shards[0] and shards[0] == shards[1]
+        hub.commit = "3" * 40  # a new commit, which this Hub cannot serve: transformers tries, and says so
+        said = _hub_pack(tmp_path, env, "new", *cache, ok=False)
+        assert isinstance(said, str) and f"cannot load tokenizer '{HUB_NAME}'" in said
+    finally:
+        hub.shutdown()
+        hub.server_close()

@@ -105,25 +105,25 @@ def open_tokenizer(name: str | None, records: Path | None = None) -> Any:
 
 
 def hub_snapshot(name: str) -> Path | None:
-    """The directory transformers loads the Hub tokenizer ``name`` from when the Hub cannot be asked
-    (``HF_HUB_OFFLINE``, or no answer): the snapshot of the repository's main revision in the local Hugging
-    Face cache. None where the Hub answers (transformers asks it which revision is current, and may
-    download a newer one) or the cache holds no ``tokenizer.json`` of it."""
-    if hub_reachable():
-        return None
-    from huggingface_hub import try_to_load_from_cache
+    """The directory transformers loads the Hub tokenizer ``name`` from: the snapshot, in the local Hugging
+    Face cache, of the commit its main revision resolves to (asked of the Hub, or read from the cache where
+    the Hub cannot be asked: ``HF_HUB_OFFLINE``, or no answer), as transformers resolves it before it loads
+    anything. None where it cannot be resolved or the snapshot holds no ``tokenizer.json``: transformers
+    loads it (and downloads what it needs)."""
+    from huggingface_hub import HfApi, try_to_load_from_cache
 
     try:
-        found = try_to_load_from_cache(name, "tokenizer.json")
-    except ValueError:  # not a repository name
-        return None
+        commit = HfApi().resolve_revision(name, local_files_only=not hub_reachable()).resolved
+        found = try_to_load_from_cache(name, "tokenizer.json", revision=commit)
+    except Exception:  # not a repository name, not found, no access, an older huggingface_hub...
+        return None  # transformers' own load says why, if anything is wrong
     return Path(found).parent if isinstance(found, str) else None
 
 
 def recorded_key(name: str | None, chat_template_file: str | None, records: Path | None) -> str | None:
-    """The cache key's part for a Hub tokenizer with a record here (``hub_snapshot``), without loading it:
-    the identity ``Encoder.identity`` gives it (its sha256 and its chosen template's), read from the
-    record. None where it has none: the run loads the tokenizer for its identity."""
+    """The cache key's part for a Hub tokenizer with a record of its current snapshot here (``hub_snapshot``),
+    without loading it: the identity ``Encoder.identity`` gives it (its sha256 and its chosen template's),
+    read from the record. None where it has none: the run loads the tokenizer for its identity."""
     if name is None or records is None or _looks_like_path(name) or os.path.exists(name):
         return None
     snapshot = hub_snapshot(name)
