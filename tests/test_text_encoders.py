@@ -411,6 +411,12 @@ def test_a_tokenizers_settings_are_read_without_its_model(
     }
     with pytest.raises(json.JSONDecodeError):
         tokenizer_settings('{"model": {not JSON', ("normalizer",))
+    # Named again after the model: the last one holds, as in tokenizers and json (and a vocabulary entry of
+    # that name changes nothing).
+    twice = '{"normalizer": null, "model": {"vocab": {"normalizer": 0}}, "normalizer": {"type": "NFC"}}'
+    assert tokenizer_settings(twice, ("normalizer",)) == {"normalizer": {"type": "NFC"}}
+    entry = '{"normalizer": null, "model": {"vocab": {"normalizer": 0}}}'
+    assert tokenizer_settings(entry, ("normalizer",)) == {"normalizer": None}
 
 
 def test_a_tokenizer_the_fast_encoder_cannot_serve_is_remembered(

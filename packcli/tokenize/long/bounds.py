@@ -21,6 +21,7 @@ others are encoded 1 MiB of characters at a time.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable
@@ -59,9 +60,10 @@ def tokenizer_settings(tokenizer_json: str, wanted: tuple[str, ...]) -> JSONObje
 
     The model (the vocabulary and, for BPE, the merges) is nearly all of the text: decoding Gemma 3's
     takes 0.4 s and 165 MB, only for its normalizer to rule out what the callers look for. ``tokenizers``
-    writes the model last; a JSON that puts one of ``wanted`` after it is decoded whole. A member named
-    twice cannot be: the text is what ``tokenizers`` loaded (a record's, or a file it opened), and it
-    refuses a duplicate field.
+    writes the model last; a JSON that puts one of ``wanted`` after it is decoded whole, and so is one whose
+    text after the model names one of them at all (a member named twice: ``tokenizers`` takes the last, as
+    ``json`` does; or a vocabulary entry of that name, which costs the whole decode and changes nothing).
+    Only a name written with escapes would pass unseen, which no writer of ``tokenizer.json`` does.
     """
     decoder = json.JSONDecoder()
     found: JSONObject = {}
@@ -81,9 +83,15 @@ def tokenizer_settings(tokenizer_json: str, wanted: tuple[str, ...]) -> JSONObje
         at = _space(tokenizer_json, at)
         if tokenizer_json[at : at + 1] == ",":
             at += 1
-    if set(wanted) <= found.keys():
+    if set(wanted) <= found.keys() and _named(wanted).search(tokenizer_json, at) is None:
         return _members(found, wanted)
     return _members(json.loads(tokenizer_json), wanted)
+
+
+@functools.lru_cache(maxsize=8)
+def _named(wanted: tuple[str, ...]) -> re.Pattern[str]:
+    """Any of the names ``wanted``, as a JSON string."""
+    return re.compile("|".join(re.escape(json.dumps(name)) for name in wanted))
 
 
 def _space(text: str, at: int) -> int:
