@@ -48,8 +48,8 @@ class RunKey:
 
 def run_key(config: PackConfig, inputs: Inputs) -> RunKey:
     """The run's entry key and the key's options. The tokenizer is keyed by its files and the template
-    (hashed, when they are local), else by the identity of the tokenizer (a Hub name): read from its record
-    where the Hub cannot be asked and the cache has one, else of the tokenizer loaded (the encoder is loaded
+    (hashed, when they are local), else by the identity of the tokenizer (a Hub name): read from the record
+    of the commit the Hub names where the cache has one, else of the tokenizer loaded (the encoder is loaded
     here, once, and handed on to the tokenizing)."""
     encoder = None
     tokenizer_key = tokenizer_fingerprint(config.tokenizer_name, config.chat_template)

@@ -65,7 +65,7 @@ def tokenized_inputs(
     With the cache on, the store is the cache entry (found, or made and kept); with it off, it is made
     under ``scratch`` (a temporary directory when None) and removed afterwards. A cache hit loads no
     tokenizer: the key hashes the tokenizer's files and the template when they are local, and is read
-    from the tokenizer's record for a Hub name the Hub is not asked for (``HF_HUB_OFFLINE``).
+    from the tokenizer's record for a Hub name (the record of the commit its main revision resolves to).
 
     ``rule_out_long`` (pack with --overflow drop or error, local engine) drops records that certainly
     exceed --max-len before tokenizing them (see packcli.tokenize.long.bounds).

@@ -38,7 +38,7 @@ def tokenizer_fingerprint(name: str | None, chat_template_file: str | None) -> s
     """Return a hash of a local tokenizer's files and the template, without loading transformers.
 
     It keys the tokenization cache, so that a cache hit needs no tokenizer at all. None for a Hub name
-    (keyed by its identity: from its record where the Hub is not asked, ``recorded_key``, else loaded).
+    (keyed by its identity: from the record of its current commit, ``recorded_key``, else loaded).
     """
     source = Path(default_tokenizer_dir() if name in (None, DEFAULT_TOKENIZER) else name)
     if not source.is_dir():
