@@ -82,10 +82,8 @@ def open_tokenizer(name: str | None, records: Path | None = None) -> Any:
     default = name in (None, DEFAULT_TOKENIZER)
     directory = Path(default_tokenizer_dir() if default else str(name))
     hub = None
-    if not directory.is_dir() and name is not None and not _looks_like_path(name):
-        snapshot = hub_snapshot(name)
-        if snapshot is not None:
-            directory, hub = snapshot, name
+    if _is_hub_name(name) and (snapshot := hub_snapshot(str(name))) is not None:
+        directory, hub = snapshot, name
     local = directory.is_dir() and (directory / "tokenizer.json").is_file()
     if local:
         record = shipped_record(directory) if default else None
@@ -124,7 +122,7 @@ def recorded_key(name: str | None, chat_template_file: str | None, records: Path
     """The cache key's part for a Hub tokenizer with a record of its current snapshot here (``hub_snapshot``),
     without loading it: the identity ``Encoder.identity`` gives it (its sha256 and its chosen template's),
     read from the record. None where it has none: the run loads the tokenizer for its identity."""
-    if name is None or records is None or _looks_like_path(name) or os.path.exists(name):
+    if name is None or records is None or not _is_hub_name(name):
         return None
     snapshot = hub_snapshot(name)
     record = read_record(records, snapshot, name) if snapshot is not None else None
@@ -184,6 +182,11 @@ def _tokenizer_class(directory: str) -> str | None:
     except (OSError, ValueError):
         return None
     return config.get("tokenizer_class") if isinstance(config, dict) else None
+
+
+def _is_hub_name(name: str | None) -> bool:
+    """Whether ``--tokenizer`` names a Hub repository: not the default tokenizer, no local directory, no path."""
+    return name not in (None, DEFAULT_TOKENIZER) and not os.path.isdir(str(name)) and not _looks_like_path(str(name))
 
 
 def _looks_like_path(name: str) -> bool:
