@@ -138,6 +138,23 @@ class Learned:
     part_ends: tuple[str, list[str]] | None = None
 
 
+@dataclass(frozen=True)
+class Remembered:
+    """What the memo remembers of a local file while its stamp is the one remembered (``Memo.remembered``):
+    its hash and records, its record formats by the fields they were sniffed with, and its cache parts'
+    ends by the layout they were cut by (these only with its hash)."""
+
+    blake2b: str | None
+    records: int | None  # None: not counted, or no hash remembered
+    formats: dict[str, str]
+    part_ends: dict[str, list[str]]
+
+    @property
+    def hashed(self) -> tuple[str, int | None] | None:
+        """Its hash and records, or None: not known without reading the file."""
+        return (self.blake2b, self.records) if self.blake2b is not None else None
+
+
 class Memo:
     """The hash memo of a run: read once (``load``), asked of each input, and what the run learned
     written once a step (``save``), not once an input.
@@ -250,30 +267,21 @@ class Memo:
         except OSError:
             return None
 
-    def remembered_hash(self, source: InputSource) -> tuple[str, int | None] | None:
-        """A local file's hash and records as the memo remembers them for its stamp now, or None: not known
-        without reading it."""
+    def remembered(self, source: InputSource) -> Remembered | None:
+        """What the memo remembers of a local file as it is now (its stamp), asked once a run for each input
+        (``Remembered``), or None: nothing is known of it without reading it."""
         entry = self._entry_now(source)
-        if entry is None or not isinstance(entry.get("blake2b"), str):
+        if entry is None:
             return None
-        records = entry.get("records")
-        return entry["blake2b"], records if isinstance(records, int) else None
-
-    def remembered_part_ends(self, source: InputSource, layout: str) -> list[str] | None:
-        """The ends of a JSON lines file's cache parts cut by ``layout``, as the memo remembers them for its
-        stamp now (``remember_reads``), or None."""
-        if self.remembered_hash(source) is None:
-            return None
-        entry = self._entries.get(str(Path(source.path).resolve()), {})
-        ends = entry.get("part_ends", {}).get(layout)
-        return ends if isinstance(ends, list) and all(isinstance(e, str) for e in ends) else None
-
-    def remembered_format(self, source: InputSource, fields: str) -> str | None:
-        """The record format remembered for a local file as it is now (its stamp), sniffed with the fields
-        ``fields`` (a key of the fields asked for), or None: it must be sniffed."""
-        entry = self._entry_now(source)
-        found = entry.get("formats", {}).get(fields) if entry is not None else None
-        return found if isinstance(found, str) else None
+        digest, records = entry.get("blake2b"), entry.get("records")
+        formats = {k: v for k, v in entry.get("formats", {}).items() if isinstance(v, str)}
+        ends = entry.get("part_ends", {}) if isinstance(digest, str) else {}
+        return Remembered(
+            digest if isinstance(digest, str) else None,
+            records if isinstance(records, int) and isinstance(digest, str) else None,
+            formats,
+            {k: v for k, v in ends.items() if isinstance(v, list) and all(isinstance(e, str) for e in v)},
+        )
 
     def remember_formats(self, sources: list[InputSource], fields: str, formats: dict[str, str | None]) -> None:
         """Remember each local file's record format (``formats``, by display name) with its hash, for the

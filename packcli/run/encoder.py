@@ -1,10 +1,14 @@
-"""Stage one's encoder: the tokenizer and template loaded where tokenizing starts (a store made whole or
-from cache parts), or sooner only where the cache's key needs the tokenizer's own identity (a Hub name).
+"""Stage one's encoder: the tokenizer and template the run names, identified before any input is read
+(``name_tokenizer``: the template given read, and refused if it cannot be, the tokenizer's part of the
+cache key where its files or its record give it), and loaded where tokenizing starts (``run_encoder``: a
+store made whole or from cache parts), or sooner only where the cache's key needs the tokenizer's own
+identity (a Hub name without a record).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,9 +17,34 @@ from packcli.io.sources import InputSource
 from packcli.io.uri import is_uri
 from packcli.run.options import encode_options
 from packcli.store.key import cache_root
+from packcli.tokenize.encoders.tokenizer import recorded_key, tokenizer_fingerprint
+from packcli.tokenize.templates.choice import GivenTemplate, given_template
 
 if TYPE_CHECKING:
     from packcli.tokenize.encoders.encoder import Encoder
+
+
+@dataclass(frozen=True)
+class Tokenizing:
+    """What the run tokenizes with, named before any input is read (``name_tokenizer``)."""
+
+    template: GivenTemplate  # --chat-template, read
+    records: Path | None  # where the tokenizer's record is read and kept (``tokenizer_records``)
+    # The tokenizer's part of the cache key: of its files and the template (local), or of its record (a
+    # Hub name whose current commit has one); None: the tokenizer is loaded for it (``run.entries.run_key``).
+    key: str | None
+
+
+def name_tokenizer(config: PackConfig) -> Tokenizing:
+    """The run's tokenizer and template, named: the template given read (an empty or unreadable file is
+    refused here, before any input is read), and the tokenizer's part of the key where it is known without
+    loading the tokenizer."""
+    template = given_template(config.chat_template)
+    records = tokenizer_records(config)
+    key = tokenizer_fingerprint(config.tokenizer_name, template)
+    if key is None and config.processor is None:  # a Hub name: its identity from its record, if any
+        key = recorded_key(config.tokenizer_name, config.chat_template, records)
+    return Tokenizing(template, records, key)
 
 
 def run_encoder(config: PackConfig, sources: list[InputSource] | None = None) -> Encoder:

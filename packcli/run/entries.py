@@ -15,7 +15,7 @@ from packcli.engines import DigestChecker
 from packcli.errors import Message
 from packcli.io.sources import InputSource
 from packcli.jsontypes import JSONObject
-from packcli.run.encoder import run_encoder, tokenizer_records
+from packcli.run.encoder import Tokenizing, run_encoder
 from packcli.run.inputs import Inputs
 from packcli.run.options import image_window, split_rule
 from packcli.store.cachedir import EntryLock
@@ -23,8 +23,7 @@ from packcli.store.images import changed_image, load_images
 from packcli.store.integrity import DamagedStore
 from packcli.store.key import cache_root
 from packcli.store.tokens import TokenStore, find_store
-from packcli.tokenize.encoders.tokenizer import DEFAULT_TOKENIZER, recorded_key, tokenizer_fingerprint
-from packcli.tokenize.templates.choice import builtin_name
+from packcli.tokenize.encoders.tokenizer import DEFAULT_TOKENIZER
 from packcli.version import __version__
 
 if TYPE_CHECKING:
@@ -46,15 +45,13 @@ class RunKey:
     encoder: Encoder | None  # loaded when the key needed the tokenizer's identity (a Hub name), else None
 
 
-def run_key(config: PackConfig, inputs: Inputs) -> RunKey:
+def run_key(config: PackConfig, inputs: Inputs, tokenizing: Tokenizing) -> RunKey:
     """The run's entry key and the key's options. The tokenizer is keyed by its files and the template
     (hashed, when they are local), else by the identity of the tokenizer (a Hub name): read from the record
-    of the commit the Hub names where the cache has one, else of the tokenizer loaded (the encoder is loaded
-    here, once, and handed on to the tokenizing)."""
+    of the commit the Hub names where the cache has one (both ``tokenizing.key``), else of the tokenizer
+    loaded (the encoder is loaded here, once, and handed on to the tokenizing)."""
     encoder = None
-    tokenizer_key = tokenizer_fingerprint(config.tokenizer_name, config.chat_template)
-    if tokenizer_key is None and config.processor is None:  # a Hub name: its identity from its record, if any
-        tokenizer_key = recorded_key(config.tokenizer_name, config.chat_template, tokenizer_records(config))
+    tokenizer_key = tokenizing.key
     if tokenizer_key is None:
         encoder = run_encoder(config, inputs.sources)
         identity = encoder.identity()  # hashes the tokenizer's JSON where it has no record: once
@@ -135,7 +132,7 @@ def look_up(
     return store, state, warnings
 
 
-def as_this_run(store: TokenStore, sources: list[InputSource], config: PackConfig) -> None:
+def as_this_run(store: TokenStore, sources: list[InputSource], config: PackConfig, tokenizing: Tokenizing) -> None:
     """A found entry, made by a run whose inputs, tokenizer or template may have had other paths: its
     metadata (in memory) names this run's, which the manifest, the rejects file and errors show."""
     meta = store.meta
@@ -143,10 +140,8 @@ def as_this_run(store: TokenStore, sources: list[InputSource], config: PackConfi
     renamed = [dataclasses.replace(m, path=s.display) for m, s in zip(meta.sources, sources, strict=True)]
     tokenizer = meta.tokenizer.copy()
     tokenizer["name"] = config.tokenizer_name or DEFAULT_TOKENIZER
-    if config.chat_template is not None:  # the key holds the template's text, not its path
-        builtin = builtin_name(config.chat_template)
-        tokenizer["chat_template"] = builtin if builtin is not None else str(config.chat_template)
-        tokenizer["chat_template_source"] = "packcli" if builtin is not None else "file"
+    if (shown := tokenizing.template.shown) is not None:  # the key holds the template's text, not its path
+        tokenizer["chat_template"], tokenizer["chat_template_source"] = shown
     store.meta = dataclasses.replace(meta, sources=renamed, original_paths=original, tokenizer=tokenizer)
 
 

@@ -110,14 +110,14 @@ def _input_parts(run: PartRun, cuts: list[list[Any] | None]) -> list[parts.Input
     the hash of what it holds through each part: a chained input, hashed as it is read, whose parts' ends
     the memo may remember)."""
     made = []
-    for n, (source, digest, cut, chained) in enumerate(
-        zip(run.inputs.sources, run.inputs.fingerprints, cuts, run.inputs.later, strict=True)
+    for n, (source, digest, cut, chained, known) in enumerate(
+        zip(run.inputs.sources, run.inputs.fingerprints, cuts, run.inputs.later, run.inputs.remembered, strict=True)
     ):
         entry: list[Any] = [source.kind, source.compression, run.inputs.formats[source.display]]
         if not chained:
             entry.append(digest)
         keying = functools.partial(parts.part_key, entry, options=run.options, batch_size=BATCH_SIZE, cuts=cut)
-        ends = run.inputs.memo.remembered_part_ends(source, parts.part_layout(source)) if chained else None
+        ends = known.part_ends.get(parts.part_layout(source)) if chained and known is not None else None
         made.append(parts.InputParts(source, n, keying, cuts=cut, chained=chained, chain=ends))
     return made
 

@@ -22,7 +22,15 @@ from pathlib import Path
 from packcli.config import PackConfig
 from packcli.engines import Engine, FileHashing, HashJob
 from packcli.errors import InputError, Opt, UsageError
-from packcli.io.fingerprint import Memo, changed_input, files_to_hash, fingerprint, settled_unchanged, stamps
+from packcli.io.fingerprint import (
+    Memo,
+    Remembered,
+    changed_input,
+    files_to_hash,
+    fingerprint,
+    settled_unchanged,
+    stamps,
+)
 from packcli.io.readers import hashed_as_read, sniff_format
 from packcli.io.sources import InputSource, resolve_inputs
 from packcli.jsontypes import JSONObject
@@ -31,7 +39,6 @@ from packcli.procs.stop import raise_if_stopped
 from packcli.records import preference
 from packcli.records.formats import accepted_fields
 from packcli.store.key import cache_key, cache_root
-from packcli.tokenize.templates.choice import builtin_name, read_chat_template
 
 # An input's content hash and record count, either None where not known without reading it again.
 Hashed = tuple[str | None, int | None]
@@ -49,6 +56,7 @@ class Inputs:
     before: dict[str, list[int]]  # the local files' stamps, taken before anything was read
     stamped_ns: int  # when ``before`` was taken (``io.fingerprint.changed_input``)
     memo: Memo  # the run's hash memo, read once; it learns what the run learns, and the run saves it
+    remembered: list[Remembered | None]  # what the memo knew of each input as it was before the run, asked once
     fields_key: str  # the fields the formats were sniffed with, as the memo keeps them (``fields_key``)
     cache_root: Path  # the cache's directory (used only with the cache on)
     spent: list[float] = field(default_factory=list)  # seconds of each pass reading the inputs through
@@ -157,20 +165,18 @@ def identify_inputs(config: PackConfig, engine: Engine, given: list[InputSource]
     """Resolve the run's inputs (``given``: already resolved by the caller) and identify each one: stamp,
     record format, the run's task, content hash and record count.
 
-    A chat template file given is read first (an empty or unreadable one is refused before any input
-    is read). With the cache on, the hashes are taken now (the key needs them), except those of the
+    With the cache on, the hashes are taken now (the key needs them), except those of the
     inputs hashed as they are read; with it off, in a thread beside the tokenizer's loading, until
     ``Inputs.settle``. ``fill_cache`` False (a dry run): the memo is asked, never taught.
     """
-    if config.chat_template is not None and builtin_name(config.chat_template) is None:
-        read_chat_template(config.chat_template)
     root = cache_root(config.cache_dir)
     sources = given if given is not None else resolve_inputs(list(config.inputs), config.split)
     stamped_ns = time.time_ns()
     before = stamps(sources)  # before the format is sniffed and the contents hashed
     memo = Memo.load(root / HASH_MEMO if config.cache else None)  # read once for the run's inputs
+    remembered = [memo.remembered(s) for s in sources]  # asked once: formats, hashes, parts' ends
     key = fields_key(config)
-    sniffed = _record_formats(config, sources, memo, key)
+    sniffed = _record_formats(config, sources, [r.formats.get(key) if r else None for r in remembered])
     task, formats = preference.resolve_task(
         config.task, sniffed, config.overflow, config.output_format, config.truncate_side
     )
@@ -185,7 +191,9 @@ def identify_inputs(config: PackConfig, engine: Engine, given: list[InputSource]
     # local files are hashed as they are read to be tokenized.
     hashing = engine.hashing
     later = [hashing is None and hashed_as_read(s) for s in sources]
-    inputs = Inputs(sources, formats, task, [None] * len(sources), later, before, stamped_ns, memo, key, root)
+    inputs = Inputs(
+        sources, formats, task, [None] * len(sources), later, before, stamped_ns, memo, remembered, key, root
+    )
     _hash(inputs, hashing, config.cache)
     if fill_cache:  # a dry run writes nothing
         memo.remember_formats(sources, key, formats)
@@ -207,10 +215,10 @@ def _hash(inputs: Inputs, hashing: FileHashing | None, cache: bool) -> None:
         began = time.perf_counter()
         try:
             return [
-                (memo.remembered_hash(s) or (None, None))
+                ((known.hashed if known else None) or (None, None))
                 if then
                 else memo.fingerprint_and_count(s, cancelled=inputs.cancelled)
-                for s, then in zip(sources, inputs.later, strict=True)
+                for s, then, known in zip(sources, inputs.later, inputs.remembered, strict=True)
             ]
         finally:
             inputs.spent.append(time.perf_counter() - began)
@@ -231,19 +239,21 @@ def fields_key(config: PackConfig) -> str:
     return json.dumps(config.fields, sort_keys=True)
 
 
-def _record_formats(config: PackConfig, sources: list[InputSource], memo: Memo, key: str) -> dict[str, str | None]:
-    """Each input's record format (--format, or sniffed from its first records, or remembered from the run
-    that last sniffed the file as it is now), by its display name.
+def _record_formats(
+    config: PackConfig, sources: list[InputSource], remembered: list[str | None]
+) -> dict[str, str | None]:
+    """Each input's record format (--format, or sniffed from its first records, or ``remembered`` from the
+    run that last sniffed the file as it is now), by its display name.
 
     Under --on-error fail, an input whose format cannot be told stops the run, naming its fields.
     """
     formats: dict[str, str | None] = {}
-    for source in sources:
+    for source, known in zip(sources, remembered, strict=True):
         seen: list[str] = []
         fmt: str | None
         if config.format != "auto":
             fmt, unparsed = config.format, None
-        elif (known := memo.remembered_format(source, key)) is not None:
+        elif known is not None:
             fmt, unparsed = known, None
         else:
             fmt, unparsed = sniff_format(source, config.fields, seen)

@@ -21,6 +21,7 @@ from packcli.errors import Message
 from packcli.io.readers import hub_reachable
 from packcli.io.sources import InputSource
 from packcli.results import TokenizerIdentity
+from packcli.run.encoder import name_tokenizer
 from packcli.run.entries import as_this_run, look_up, run_key
 from packcli.run.from_parts import PartRun, from_parts
 from packcli.run.inputs import identify_inputs
@@ -86,9 +87,10 @@ def tokenized_inputs(
         if engine is None:
             engine = load_engine(config.engine, config.num_proc, config.ray_address)
             stack.callback(engine.close)  # registered first: closed last
+        tokenizing = name_tokenizer(config)  # a template file that cannot be read is refused before any input
         inputs = identify_inputs(config, engine, sources, fill_cache)
         stack.callback(inputs.cancel)  # a run that fails before its store is made reads its inputs no further
-        keyed = run_key(config, inputs)
+        keyed = run_key(config, inputs, tokenizing)
         rule_out_long = rule_out_long and config.engine == "local" and config.overflow in ("drop", "error")
         limit = config.max_len if rule_out_long else None
         check = engine.hashing.check_digests if engine.hashing is not None else None
@@ -117,7 +119,7 @@ def tokenized_inputs(
         # An entry found (also one found once the inputs were read, a copy of a cached input), or parts, made
         # by runs that named the inputs, the tokenizer or the template otherwise: named as this run names them.
         if state == "hit" or parts:
-            as_this_run(store, inputs.sources, config)
+            as_this_run(store, inputs.sources, config, tokenizing)
         if fill_cache:  # what the run learned of its inputs, in one write (saved once they are read)
             inputs.memo.save()
         yield TokenizedInputs(

@@ -31,11 +31,11 @@ from packcli.tokenize.encoders.recorded import (
     tokenizer_sha256 as tokenizer_sha256,
     write_record,
 )
-from packcli.tokenize.templates.choice import builtin_name, builtin_template, choose_template, read_chat_template
+from packcli.tokenize.templates.choice import GivenTemplate, builtin_template, choose_template
 
 
-def tokenizer_fingerprint(name: str | None, chat_template_file: str | None) -> str | None:
-    """Return a hash of a local tokenizer's files and the template, without loading transformers.
+def tokenizer_fingerprint(name: str | None, template: GivenTemplate) -> str | None:
+    """Return a hash of a local tokenizer's files and the template given, without loading transformers.
 
     It keys the tokenization cache, so that a cache hit needs no tokenizer at all. None for a Hub name
     (keyed by its identity: from the record of its current commit, ``recorded_key``, else loaded).
@@ -50,14 +50,10 @@ def tokenizer_fingerprint(name: str | None, chat_template_file: str | None) -> s
             h.update(path.read_bytes())
     # The template's source is keyed as well as its text: one of packcli's (named), a file (whatever its
     # text), or none given (the tokenizer's own, in the files above, else one of packcli's: its files decide).
-    builtin = builtin_name(chat_template_file)
-    if builtin is not None:
-        h.update(b"packcli template\0" + builtin.encode() + b"\0" + builtin_template(builtin).encode())
-    elif chat_template_file is not None:
-        try:
-            h.update(b"template file\0" + read_chat_template(chat_template_file).encode())
-        except TokenizerError:
-            return None  # the Encoder reports it
+    if template.builtin is not None:
+        h.update(b"packcli template\0" + template.builtin.encode() + b"\0" + str(template.text).encode())
+    elif template.text is not None:
+        h.update(b"template file\0" + template.text.encode())
     else:
         h.update(b"no template given\0")
         for builtin in BUILTIN_TEMPLATES:

@@ -63,6 +63,31 @@ def read_chat_template(path: str) -> str:
 
 
 @dataclass(frozen=True)
+class GivenTemplate:
+    """``--chat-template`` as a run names it, read once before any input is read (``given_template``)."""
+
+    given: str | None  # as given: one of packcli's templates by name, a file's path, or None
+    builtin: str | None  # the packcli template it names, or None
+    text: str | None  # the named template's text, or the file's; None when none is given
+
+    @property
+    def shown(self) -> tuple[str, str] | None:
+        """How the manifest names it (``chat_template``, ``chat_template_source``), or None when none is given."""
+        if self.builtin is not None:
+            return self.builtin, "packcli"
+        return (str(self.given), "file") if self.given is not None else None
+
+
+def given_template(chat_template: str | None) -> GivenTemplate:
+    """``--chat-template``, read: one of packcli's templates, or a file (one that cannot be read, or is empty,
+    is an error), or None."""
+    builtin = builtin_name(chat_template)
+    if builtin is not None:
+        return GivenTemplate(chat_template, builtin, builtin_template(builtin))
+    return GivenTemplate(chat_template, None, read_chat_template(chat_template) if chat_template else None)
+
+
+@dataclass(frozen=True)
 class TemplateChoice:
     """The template a run renders with, and where it comes from."""
 
