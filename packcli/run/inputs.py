@@ -21,7 +21,7 @@ from pathlib import Path
 
 from packcli.config import PackConfig
 from packcli.engines import Engine, FileHashing, HashJob
-from packcli.errors import InputError, Opt, UsageError
+from packcli.errors import Opt, UsageError
 from packcli.io.fingerprint import (
     Memo,
     Remembered,
@@ -31,13 +31,12 @@ from packcli.io.fingerprint import (
     settled_unchanged,
     stamps,
 )
-from packcli.io.readers import hashed_as_read, sniff_format
+from packcli.io.readers import hashed_as_read, record_formats
 from packcli.io.sources import InputSource, resolve_inputs
 from packcli.jsontypes import JSONObject
 from packcli.owned import HASH_MEMO
 from packcli.procs.stop import raise_if_stopped
 from packcli.records import preference
-from packcli.records.formats import accepted_fields
 from packcli.store.key import cache_key, cache_root
 
 # An input's content hash and record count, either None where not known without reading it again.
@@ -57,7 +56,7 @@ class Inputs:
     stamped_ns: int  # when ``before`` was taken (``io.fingerprint.changed_input``)
     memo: Memo  # the run's hash memo, read once; it learns what the run learns, and the run saves it
     remembered: list[Remembered | None]  # what the memo knew of each input as it was before the run, asked once
-    fields_key: str  # the fields the formats were sniffed with, as the memo keeps them (``fields_key``)
+    fields_key: str  # the fields the formats were sniffed with, as the memo keeps them (--field, as JSON)
     cache_root: Path  # the cache's directory (used only with the cache on)
     spent: list[float] = field(default_factory=list)  # seconds of each pass reading the inputs through
     # The hashes being taken in a thread beside the tokenizer's loading (the cache off): ``settle`` waits;
@@ -175,8 +174,9 @@ def identify_inputs(config: PackConfig, engine: Engine, given: list[InputSource]
     before = stamps(sources)  # before the format is sniffed and the contents hashed
     memo = Memo.load(root / HASH_MEMO if config.cache else None)  # read once for the run's inputs
     remembered = [memo.remembered(s) for s in sources]  # asked once: formats, hashes, parts' ends
-    key = fields_key(config)
-    sniffed = _record_formats(config, sources, [r.formats.get(key) if r else None for r in remembered])
+    key = json.dumps(config.fields, sort_keys=True)  # the fields the formats are sniffed with, as the memo keys them
+    remembered_formats = [r.formats.get(key) if r else None for r in remembered]
+    sniffed = record_formats(sources, config.format, config.fields, remembered_formats, config.on_error == "fail")
     task, formats = preference.resolve_task(
         config.task, sniffed, config.overflow, config.output_format, config.truncate_side
     )
@@ -232,39 +232,3 @@ def _hash(inputs: Inputs, hashing: FileHashing | None, cache: bool) -> None:
         ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="packcli-inputs")
         inputs.pending = ahead.submit(hashed)
         ahead.shutdown(wait=False)
-
-
-def fields_key(config: PackConfig) -> str:
-    """The fields a record format is sniffed with (--field), as the key its memo is kept under."""
-    return json.dumps(config.fields, sort_keys=True)
-
-
-def _record_formats(
-    config: PackConfig, sources: list[InputSource], remembered: list[str | None]
-) -> dict[str, str | None]:
-    """Each input's record format (--format, or sniffed from its first records, or ``remembered`` from the
-    run that last sniffed the file as it is now), by its display name.
-
-    Under --on-error fail, an input whose format cannot be told stops the run, naming its fields.
-    """
-    formats: dict[str, str | None] = {}
-    for source, known in zip(sources, remembered, strict=True):
-        seen: list[str] = []
-        fmt: str | None
-        if config.format != "auto":
-            fmt, unparsed = config.format, None
-        elif known is not None:
-            fmt, unparsed = known, None
-        else:
-            fmt, unparsed = sniff_format(source, config.fields, seen)
-        if fmt is None and unparsed is not None and config.on_error == "fail":
-            raise InputError(*unparsed)
-        if fmt is None and config.on_error == "fail":
-            shown = ", ".join(seen[:12]) + (f" and {len(seen) - 12} more" if len(seen) > 12 else "")
-            raise InputError(
-                f"{source.display}: cannot tell the record format from the fields of its first records "
-                f"({shown or 'none'}); a record needs {accepted_fields(config.fields)}",
-                hint=("pass ", Opt("format"), ", or ", Opt("fields"), " to name the fields"),
-            )
-        formats[source.display] = fmt
-    return formats

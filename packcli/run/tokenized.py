@@ -18,7 +18,7 @@ from packcli.config import PackConfig
 from packcli.contract import Progress, no_progress
 from packcli.engines import Engine, load_engine
 from packcli.errors import Message
-from packcli.io.readers import hub_reachable
+from packcli.io.readers.hub import unreachable
 from packcli.io.sources import InputSource
 from packcli.results import TokenizerIdentity
 from packcli.run.encoder import name_tokenizer
@@ -105,7 +105,7 @@ def tokenized_inputs(
             if fill_cache:
                 touch(store.path)  # its last use, for pruning by age
         else:
-            warnings.extend(_unreachable(inputs.sources))
+            warnings.extend(unreachable(inputs.sources))
             run = PartRun(config, inputs, progress, rule_out_long, limit, engine, check, keyed.options, fill_cache)
             # Made from the inputs' cache parts: those found are reused, the rest tokenized and kept.
             if (made := from_parts(run, (keyed.key, state), keyed.encoder, warnings, stack)) is not None:
@@ -136,12 +136,3 @@ def tokenized_inputs(
             hash_seconds=inputs.hash_seconds,
             reuse=reuse,
         )
-
-
-def _unreachable(sources: list[InputSource]) -> list[Message]:
-    """What is said of the Hub datasets among the inputs when the Hub cannot be reached (they are read from
-    the local Hugging Face cache)."""
-    if not any(s.kind == "hub" for s in sources) or hub_reachable():
-        return []
-    message = ": the Hugging Face Hub cannot be reached; read from the local Hugging Face cache"
-    return [Message(f"{s.display}{message}") for s in sources if s.kind == "hub"]

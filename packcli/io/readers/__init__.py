@@ -17,7 +17,7 @@ import pickle
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
-from packcli.errors import InputError, Part, RecordError, record_fix, where
+from packcli.errors import InputError, Opt, Part, RecordError, record_fix, where
 from packcli.io.readers.compressed import open_input, read_rest
 from packcli.io.readers.hub import hub_reachable
 from packcli.io.readers.jsonl import PartEnds, read_json, read_json_lines
@@ -39,6 +39,7 @@ __all__ = [
     "read_head",
     "read_parts",
     "read_source",
+    "record_formats",
     "sniff_format",
 ]
 
@@ -260,3 +261,37 @@ def sniff_format(
                 return fmt, None
         break
     return None, first_error
+
+
+def record_formats(
+    sources: list[InputSource],
+    fmt: str,
+    fields: dict[str, str],
+    remembered: list[str | None],
+    fail: bool,
+) -> dict[str, str | None]:
+    """Each input's record format, by its display name: ``fmt`` (--format) unless it is "auto", else the one
+    ``remembered`` for the input as it is now (the memo's, of the run that last sniffed it), else sniffed
+    from its first records (``sniff_format``); None where it cannot be told.
+
+    ``fail`` (--on-error fail): an input whose format cannot be told stops the run, naming its fields.
+    """
+    from packcli.records.formats import accepted_fields
+
+    formats: dict[str, str | None] = {}
+    for source, known in zip(sources, remembered, strict=True):
+        seen: list[str] = []
+        found, unparsed = (
+            (fmt, None) if fmt != "auto" else (known, None) if known else sniff_format(source, fields, seen)
+        )
+        if found is None and unparsed is not None and fail:
+            raise InputError(*unparsed)
+        if found is None and fail:
+            shown = ", ".join(seen[:12]) + (f" and {len(seen) - 12} more" if len(seen) > 12 else "")
+            raise InputError(
+                f"{source.display}: cannot tell the record format from the fields of its first records "
+                f"({shown or 'none'}); a record needs {accepted_fields(fields)}",
+                hint=("pass ", Opt("format"), ", or ", Opt("fields"), " to name the fields"),
+            )
+        formats[source.display] = found
+    return formats

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from packcli.contract import hub_reachable
-from packcli.errors import InputError, first_line
+from packcli.errors import InputError, Message, first_line
 from packcli.io.sources import InputSource
 
 
@@ -53,3 +53,12 @@ def _offline(offline: bool) -> Iterator[None]:
     finally:
         datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE = saved[:2]
         datasets_logging.set_verbosity(saved[2])
+
+
+def unreachable(sources: list[InputSource]) -> list[Message]:
+    """What is said of the Hub datasets among the inputs when the Hub cannot be reached (they are read from
+    the local Hugging Face cache)."""
+    if not any(s.kind == "hub" for s in sources) or hub_reachable():
+        return []
+    message = ": the Hugging Face Hub cannot be reached; read from the local Hugging Face cache"
+    return [Message(f"{s.display}{message}") for s in sources if s.kind == "hub"]
