@@ -116,12 +116,7 @@ def look_up(
         return None, "off", []
     if key is None:
         return None, "miss", []
-    entry = cache_root / key
-    if fill_cache or entry.exists():
-        lock = EntryLock(cache_root, key)
-        if lock.acquire():  # held while the entry is in use: no prune removes it
-            stack.callback(lock.release)
-    store, state, warnings = cached_store(entry, limit, check, fill_cache)
+    store, state, warnings = locked_entry(cache_root, key, limit, check, fill_cache, stack)
     if store is not None and config.processor is not None:
         moved_image = changed_image(load_images(store.path))
         if moved_image is not None:
@@ -130,6 +125,25 @@ def look_up(
                 Message(f"image {moved_image} changed since the cache entry was made; the entry is made again")
             )
     return store, state, warnings
+
+
+def locked_entry(
+    cache_root: Path,
+    key: str,
+    limit: int | None,
+    check: DigestChecker | None,
+    fill_cache: bool,
+    held: contextlib.ExitStack,
+) -> tuple[TokenStore | None, str, list[Message]]:
+    """The cache entry or part ``key`` found (``cached_store``: checked, or None), the cache state and
+    warnings; locked with ``held`` while it is in use, so that no prune removes it (where the run may make
+    it, or it is there: a dry run that finds nothing takes no lock)."""
+    entry = cache_root / key
+    if fill_cache or entry.exists():
+        lock = EntryLock(cache_root, key)
+        if lock.acquire():
+            held.callback(lock.release)
+    return cached_store(entry, limit, check, fill_cache)
 
 
 def as_this_run(store: TokenStore, sources: list[InputSource], config: PackConfig, tokenizing: Tokenizing) -> None:

@@ -21,7 +21,7 @@ from packcli.io.fingerprint import Learned, stamps
 from packcli.io.sources import InputSource
 from packcli.jsontypes import JSONObject
 from packcli.run.encoder import run_encoder
-from packcli.run.entries import cached_store
+from packcli.run.entries import locked_entry
 from packcli.run.inputs import Inputs, changed
 from packcli.run.options import tokenize_options
 from packcli.store import parts
@@ -82,10 +82,7 @@ def from_parts(
         if key is None:
             key = run.inputs.entry_key(run.options)
             assert key is not None
-            lock = EntryLock(cache_root, key)
-            if lock.acquire():
-                keep.callback(lock.release)
-            found, state, said = cached_store(cache_root / key, run.limit, run.check, run.fill_cache)
+            found, state, said = locked_entry(cache_root, key, run.limit, run.check, run.fill_cache, keep)
             warnings[before:before] = said  # the entry's before its parts', as when its key is known first
             if found is not None:
                 return found, state, key, None
@@ -156,10 +153,7 @@ def _find_part(
     run: PartRun, item: parts.InputParts, key: str, warnings: list[Message], held: contextlib.ExitStack
 ) -> TokenStore | None:
     """The cache part ``key`` of ``item``, checked and locked with ``held``, or None (a damaged one reported)."""
-    lock = EntryLock(run.inputs.cache_root, key)
-    if lock.acquire():
-        held.callback(lock.release)
-    found, _, said = cached_store(run.inputs.cache_root / key, run.limit, run.check, run.fill_cache)
+    found, _, said = locked_entry(run.inputs.cache_root, key, run.limit, run.check, run.fill_cache, held)
     warnings.extend(w.replace("cache entry", f"cache part of {item.source.display}") for w in said)
     if found is None or found.meta.part is None:
         return None
