@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from packcli.cli import app
 from packcli.contract import IGNORE_INDEX
-from packcli.tokenize.templates.choice import builtin_template, chatml_template
+from packcli.tokenize.templates.choice import builtin_template
 
 from .conftest import one_error_line, read_rows, trl_templates, write_jsonl
 
@@ -104,7 +104,7 @@ def test_ids_and_labels_equal_apply_chat_template(
     records = preference_records(24, seed=5)
     data = write_jsonl(tmp_path / "pref.jsonl", records)
     if template == "chatml":
-        text = chatml_template()
+        text = builtin_template("chatml")
         args = ["--chat-template", "chatml"]
     else:
         text = (trl_templates() / f"{template}.jinja").read_text()

@@ -446,6 +446,13 @@ def test_a_tokenizer_the_fast_encoder_cannot_serve_is_remembered(
     assert (again.encoder.name, again.fallback) == ("tokenizers", first.fallback)
 
 
+def byte_level_mask(ids: Any, text: str, spans: list[tuple[int, int]], lengths: Any) -> Any:
+    """One text's mask by ``byte_level_masks`` (a batch of one)."""
+    from packcli.tokenize.encoders.byte_offsets import byte_level_masks
+
+    return byte_level_masks(ids, np.array([0, len(ids)]), [(text, spans)], lengths)[0]
+
+
 @given(
     pieces=st.lists(st.sampled_from(["a", "é", "中", "😀", " ", "\n", "ab", "x̃"]), min_size=1, max_size=30),
     cuts=st.lists(st.integers(min_value=1, max_value=4), min_size=1, max_size=30),
@@ -455,7 +462,6 @@ def test_a_tokenizer_the_fast_encoder_cannot_serve_is_remembered(
 def test_byte_level_masks_are_the_character_overlap_rule(pieces: list[str], cuts: list[int], spans: list[Any]) -> None:
     """Tokens as runs of UTF-8 bytes (some cutting a character): a token is trained when the characters
     holding its first to its last byte overlap a span, as the offset rule says."""
-    from packcli.tokenize.encoders.byte_offsets import byte_level_mask
 
     text = "".join(pieces)
     data = text.encode("utf-8")
@@ -499,7 +505,7 @@ def test_a_batch_of_byte_level_masks_is_each_text_alone(
 ) -> None:
     """The masks of a batch (its byte ends summed over every text) are each text's own; a text with an id
     out of the table, a byteless token or bytes that do not add up gets None, and only that text."""
-    from packcli.tokenize.encoders.byte_offsets import byte_level_mask, byte_level_masks
+    from packcli.tokenize.encoders.byte_offsets import byte_level_masks
 
     ids: list[int] = []
     sizes: list[int] = []

@@ -13,7 +13,7 @@ from packcli.contract import IGNORE_INDEX
 from packcli.errors import RecordError, TokenizerError
 from packcli.records.formats import Sample
 from packcli.tokenize.encoders.encoder import EncodeOptions, Encoder
-from packcli.tokenize.templates.choice import builtin_template, chatml_template
+from packcli.tokenize.templates.choice import builtin_template
 
 from .conftest import TEMPLATES, make_conversations
 
@@ -27,7 +27,7 @@ TEMPLATE_PAIRS = {
 
 
 def _template(name: str) -> str:
-    return chatml_template() if name == "chatml" else (TEMPLATES / name).read_text()
+    return builtin_template("chatml") if name == "chatml" else (TEMPLATES / name).read_text()
 
 
 def _template_file(name: str, tmp_path: Path) -> str:
@@ -94,7 +94,7 @@ def test_parity_on_arbitrary_unicode(turns: list[tuple[str, str]], system: str |
     for user, assistant in turns:
         messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
     encoder = _chatml_encoder()
-    _check_parity(encoder, base_tokenizer, [messages], chatml_template())
+    _check_parity(encoder, base_tokenizer, [messages], builtin_template("chatml"))
     # The default pair: the default tokenizer with its own markers' template (no --chat-template).
     if "default" not in _ENCODERS:
         _ENCODERS["default"] = Encoder(None, None, EncodeOptions())

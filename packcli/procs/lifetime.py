@@ -95,11 +95,6 @@ def kill_all() -> None:
         pool.kill()
 
 
-def pools_open() -> int:
-    """How many pools are open in this process."""
-    return len(_POOLS)
-
-
 def stalled(seconds: float) -> bool:
     """Whether an open pool has no live worker and has not answered for ``seconds`` (a run waiting on nothing)."""
     now = time.monotonic()

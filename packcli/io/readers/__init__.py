@@ -76,7 +76,6 @@ def _count_lines(path: str, size: int, mtime_ns: int) -> int:
             if not i & 0xFFFF:
                 raise_if_stopped()
     return n
-    return None
 
 
 def read_batches(

@@ -1,5 +1,5 @@
 """Label masks by the offset rule: from a ``tokenizers`` encoding's character offsets (``span_mask``), or,
-without offsets, from the byte lengths of byte-level BPE tokens (``byte_level_mask``).
+without offsets, from the byte lengths of byte-level BPE tokens (``byte_level_masks``).
 
 In a byte-level BPE tokenizer without a normalizer, the tokens of a text, one after the other, are the
 text's UTF-8 bytes: an ordinary token covers as many bytes as its vocabulary string has characters (one
@@ -60,13 +60,6 @@ def token_byte_lengths(backend_json: str) -> np.ndarray | None:
     for i, content in added.items():
         lengths[i] = len(content.encode("utf-8"))
     return lengths
-
-
-def byte_level_mask(ids: np.ndarray, text: str, spans: list[tuple[int, int]], lengths: np.ndarray) -> np.ndarray | None:
-    """Return the mask of the tokens whose character span overlaps ``spans``; None where the ids do not
-    add up to the text's bytes (or an id is out of the table, or covers no byte). One text of
-    ``byte_level_masks``."""
-    return byte_level_masks(ids, np.array([0, len(ids)]), [(text, spans)], lengths)[0]
 
 
 def byte_level_masks(

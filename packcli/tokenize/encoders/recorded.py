@@ -159,10 +159,6 @@ def record_of(tokenizer: Any, directory: Path, kept: bool = True, hub: str | Non
     )
 
 
-def _strings(value: Any) -> bool:
-    return isinstance(value, str) or (isinstance(value, list) and all(isinstance(x, str) for x in value))
-
-
 def _named_templates(value: Any) -> bool:
     return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 

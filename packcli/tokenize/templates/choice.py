@@ -42,12 +42,6 @@ def builtin_template(name: str) -> str:
     return importlib.resources.files("packcli").joinpath(f"templates/{name}.jinja").read_text(encoding="utf-8")
 
 
-def chatml_template() -> str:
-    """Return packcli's ChatML template (with generation blocks): ``--chat-template chatml``, and the
-    template of a tokenizer that has neither a chat template nor the default tokenizer's markers."""
-    return builtin_template("chatml")
-
-
 def read_chat_template(path: str) -> str:
     """Return the text of a chat template file; one that cannot be read, or is empty, is an error."""
     try:
