@@ -29,7 +29,9 @@ class Tokenizing:
     """What the run tokenizes with, named before any input is read (``name_tokenizer``)."""
 
     template: GivenTemplate  # --chat-template, read
-    records: Path | None  # where the tokenizer's record is read and kept (``tokenizer_records``)
+    # Where the tokenizer's record is read and kept: the cache directory, unless the run writes nothing
+    # there (``--no-cache``, a dry run).
+    records: Path | None
     # The tokenizer's part of the cache key: of its files and the template (local), or of its record (a
     # Hub name whose current commit has one); None: the tokenizer is loaded for it (``run.entries.run_key``).
     key: str | None
@@ -39,26 +41,25 @@ def name_tokenizer(config: PackConfig) -> Tokenizing:
     """The run's tokenizer and template, named: the template given read (an empty or unreadable file is
     refused here, before any input is read), and the tokenizer's part of the key where it is known without
     loading the tokenizer."""
+    records = cache_root(config.cache_dir) if config.cache and not config.dry_run else None
     template = given_template(config.chat_template)
-    records = tokenizer_records(config)
     key = tokenizer_fingerprint(config.tokenizer_name, template)
     if key is None and config.processor is None:  # a Hub name: its identity from its record, if any
         key = recorded_key(config.tokenizer_name, config.chat_template, records)
     return Tokenizing(template, records, key)
 
 
-def run_encoder(config: PackConfig, sources: list[InputSource] | None = None) -> Encoder:
+def run_encoder(config: PackConfig, tokenizing: Tokenizing, sources: list[InputSource] | None = None) -> Encoder:
     """The run's encoder: its tokenizer and template loaded, with its processor, if any.
 
     ``sources``: the inputs it will tokenize (all of them when None), whose size decides whether the fast
     encoder pays for its load (``encoder_choice.Work``). The tokenizer is opened from its record in the
-    cache, which learns it, unless the run writes nothing there (``--no-cache``, a dry run).
+    cache, which learns it, unless the run writes nothing there (``tokenizing.records``).
     """
     # Imported here: a run that finds its store in the cache loads no tokenizer, nor the modules that do.
     from packcli.tokenize.encoders.encoder import Encoder
     from packcli.tokenize.encoders.encoder_choice import Work
 
-    records = tokenizer_records(config)
     size = input_bytes(sources) if sources is not None else None
     work = Work(size, config.num_proc) if size is not None else None
     return Encoder(
@@ -67,15 +68,9 @@ def run_encoder(config: PackConfig, sources: list[InputSource] | None = None) ->
         encode_options(config),
         config.processor,
         encoder=config.encoder,
-        records=records,
+        records=tokenizing.records,
         work=work,
     )
-
-
-def tokenizer_records(config: PackConfig) -> Path | None:
-    """Where the run reads and keeps its tokenizer's record: the cache directory, unless the run writes
-    nothing there (``--no-cache``, a dry run)."""
-    return cache_root(config.cache_dir) if config.cache and not config.dry_run else None
 
 
 def input_bytes(sources: list[InputSource]) -> int | None:

@@ -53,7 +53,7 @@ def run_key(config: PackConfig, inputs: Inputs, tokenizing: Tokenizing) -> RunKe
     encoder = None
     tokenizer_key = tokenizing.key
     if tokenizer_key is None:
-        encoder = run_encoder(config, inputs.sources)
+        encoder = run_encoder(config, tokenizing, inputs.sources)
         identity = encoder.identity()  # hashes the tokenizer's JSON where it has no record: once
         tokenizer_key = identity["sha256"] + identity["chat_template_sha256"]
     options = key_options(config, tokenizer_key, encoder)
@@ -135,15 +135,31 @@ def locked_entry(
     fill_cache: bool,
     held: contextlib.ExitStack,
 ) -> tuple[TokenStore | None, str, list[Message]]:
-    """The cache entry or part ``key`` found (``cached_store``: checked, or None), the cache state and
-    warnings; locked with ``held`` while it is in use, so that no prune removes it (where the run may make
-    it, or it is there: a dry run that finds nothing takes no lock)."""
+    """The cache entry or part ``key`` found, checked (or None), the cache state and warnings; locked with
+    ``held`` while it is in use, so that no prune removes it (where the run may make it, or it is there: a
+    dry run that finds nothing takes no lock).
+
+    A damaged entry is never used: it is reported in one warning and made again (state "rebuilt").
+    An entry that left out long records untokenized serves only runs that would drop them too (``limit``:
+    the --max-len of this run's early rule, or None): a run that truncates, or allows longer samples, makes
+    the entry again (a miss). ``fill_cache``: the check may keep its files' stamps there
+    (``packcli.store.integrity``; False in a dry run, which writes nothing).
+    """
     entry = cache_root / key
     if fill_cache or entry.exists():
         lock = EntryLock(cache_root, key)
         if lock.acquire():
             held.callback(lock.release)
-    return cached_store(entry, limit, check, fill_cache)
+    try:
+        store = find_store(entry, check, fill_cache)
+    except DamagedStore as exc:
+        return None, "rebuilt", [Message("the cache entry is damaged (", *exc.parts, "); it is rebuilt")]
+    # The byte limit is max_len * L, and L is the same (the tokenizer is in the key): comparing max
+    # lengths compares limits.
+    ruled_out = store.meta.ruled_out_max_len if store is not None else None
+    if ruled_out is not None and (limit is None or limit > ruled_out):
+        return None, "miss", []
+    return store, ("miss" if store is None else "hit"), []
 
 
 def as_this_run(store: TokenStore, sources: list[InputSource], config: PackConfig, tokenizing: Tokenizing) -> None:
@@ -168,25 +184,3 @@ def cache_entry(config: PackConfig, store: TokenStore) -> Path | None:
         return store.path if store.path.parent.resolve() == root.resolve() else None
     except OSError:
         return None
-
-
-def cached_store(
-    path: Path, rule_out_max_len: int | None, check_digests: DigestChecker | None = None, remember: bool = True
-) -> tuple[TokenStore | None, str, list[Message]]:
-    """Return the checked cache entry at ``path`` (or None), the cache state, and warnings.
-
-    A damaged entry is never used: it is reported in one warning and made again (state "rebuilt").
-    An entry that left out long records untokenized serves only runs that would drop them too: a run
-    that truncates, or allows longer samples, makes the entry again (a miss). ``remember``: the check may
-    keep its files' stamps there (``packcli.store.integrity``; False in a dry run, which writes nothing).
-    """
-    try:
-        store = find_store(path, check_digests, remember)
-    except DamagedStore as exc:
-        return None, "rebuilt", [Message("the cache entry is damaged (", *exc.parts, "); it is rebuilt")]
-    # The byte limit is max_len * L, and L is the same (the tokenizer is in the key): comparing max
-    # lengths compares limits.
-    ruled_out = store.meta.ruled_out_max_len if store is not None else None
-    if ruled_out is not None and (rule_out_max_len is None or rule_out_max_len > ruled_out):
-        return None, "miss", []
-    return store, ("miss" if store is None else "hit"), []

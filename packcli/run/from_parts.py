@@ -20,7 +20,7 @@ from packcli.errors import InputError, Message
 from packcli.io.fingerprint import Learned, stamps
 from packcli.io.sources import InputSource
 from packcli.jsontypes import JSONObject
-from packcli.run.encoder import run_encoder
+from packcli.run.encoder import Tokenizing, run_encoder
 from packcli.run.entries import locked_entry
 from packcli.run.inputs import Inputs, changed
 from packcli.run.options import tokenize_options
@@ -46,6 +46,7 @@ class PartRun:
     check: DigestChecker | None  # the engine's check of a found part's token files
     options: JSONObject  # the key's options
     fill_cache: bool  # False: a dry run, which makes no parts
+    tokenizing: Tokenizing  # what the run tokenizes with (``run.encoder.name_tokenizer``)
 
 
 def from_parts(
@@ -168,7 +169,7 @@ def _made_parts(
     be theirs); fill in the hashes taken as the inputs were read. Return the seconds by stage."""
     config = run.config
     if encoder is None:
-        encoder = run_encoder(config, [item.source for item in inputs if not item.complete])
+        encoder = run_encoder(config, run.tokenizing, [item.source for item in inputs if not item.complete])
 
     def unchanged(source: InputSource) -> None:
         now = stamps([source])

@@ -176,6 +176,10 @@ def identify_inputs(config: PackConfig, engine: Engine, given: list[InputSource]
     remembered = [memo.remembered(s) for s in sources]  # asked once: formats, hashes, parts' ends
     key = json.dumps(config.fields, sort_keys=True)  # the fields the formats are sniffed with, as the memo keys them
     remembered_formats = [r.formats.get(key) if r else None for r in remembered]
+    # Who hashes the inputs where it reads them: the engine (Ray's tasks); None: this process, and the
+    # local files are hashed as they are read to be tokenized.
+    hashing = engine.hashing
+    later = [hashing is None and hashed_as_read(s) for s in sources]
     sniffed = record_formats(sources, config.format, config.fields, remembered_formats, config.on_error == "fail")
     task, formats = preference.resolve_task(
         config.task, sniffed, config.overflow, config.output_format, config.truncate_side
@@ -187,10 +191,6 @@ def identify_inputs(config: PackConfig, engine: Engine, given: list[InputSource]
             Opt("processor"),
             " or pack SFT records",
         )
-    # Who hashes the inputs where it reads them: the engine (Ray's tasks); None: this process, and the
-    # local files are hashed as they are read to be tokenized.
-    hashing = engine.hashing
-    later = [hashing is None and hashed_as_read(s) for s in sources]
     inputs = Inputs(
         sources, formats, task, [None] * len(sources), later, before, stamped_ns, memo, remembered, key, root
     )

@@ -106,13 +106,15 @@ def tokenized_inputs(
                 touch(store.path)  # its last use, for pruning by age
         else:
             warnings.extend(unreachable(inputs.sources))
-            run = PartRun(config, inputs, progress, rule_out_long, limit, engine, check, keyed.options, fill_cache)
+            run = PartRun(
+                config, inputs, progress, rule_out_long, limit, engine, check, keyed.options, fill_cache, tokenizing
+            )
             # Made from the inputs' cache parts: those found are reused, the rest tokenized and kept.
             if (made := from_parts(run, (keyed.key, state), keyed.encoder, warnings, stack)) is not None:
                 store, state, keyed.key, reuse = made
                 parts = True
             else:
-                whole = WholeRun(config, inputs, engine, progress, rule_out_long, keyed.options, warnings)
+                whole = WholeRun(config, inputs, engine, progress, rule_out_long, keyed.options, warnings, tokenizing)
                 store, state, keyed.key = whole_store(
                     whole, (keyed.key, state), entry, keyed.encoder, config.cache and fill_cache, scratch, stack
                 )

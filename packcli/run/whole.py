@@ -25,7 +25,7 @@ from packcli.errors import InputError, Message
 from packcli.io.fingerprint import Learned
 from packcli.jsontypes import JSONObject
 from packcli.procs.stop import raise_if_stopped
-from packcli.run.encoder import run_encoder
+from packcli.run.encoder import Tokenizing, run_encoder
 from packcli.run.inputs import Inputs, changed
 from packcli.run.options import tokenize_options
 from packcli.store.cachedir import touch
@@ -49,6 +49,7 @@ class WholeRun:
     rule_out_long: bool
     options: JSONObject  # the key's options
     warnings: list[Message]  # the run's, which the entry's lookup adds to
+    tokenizing: Tokenizing  # what the run tokenizes with (``run.encoder.name_tokenizer``)
 
 
 class _Found(Exception):
@@ -77,7 +78,7 @@ def whole_store(
     key, state = looked_up
     config = run.config
     if encoder is None:
-        encoder = run_encoder(config, run.inputs.sources)
+        encoder = run_encoder(config, run.tokenizing, run.inputs.sources)
     run.inputs.settle()  # the hashes taken beside the tokenizer's loading: before a worker is forked
     if entry:
         # Its key known, or known once read: the store is begun beside the entries (its name then given).

@@ -221,7 +221,7 @@ class StoreBuilder:
     def ruled_out(self, meta: StoreMeta, ruled_out_bytes: int | None) -> StoreMeta:
         """``meta``, recording that records over ``ruled_out_bytes`` were left out untokenized, if any was.
 
-        Only runs whose limit is no higher may then use this store (``run.entries.cached_store``).
+        Only runs whose limit is no higher may then use this store (``run.entries.locked_entry``).
         """
         if ruled_out_bytes is not None and self.dropped["too_long"]:
             limit = self.options.max_len
