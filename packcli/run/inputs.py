@@ -175,7 +175,7 @@ def identify_inputs(config: PackConfig, engine: Engine, given: list[InputSource]
     memo = Memo.load(root / HASH_MEMO if config.cache else None)  # read once for the run's inputs
     remembered = [memo.remembered(s) for s in sources]  # asked once: formats, hashes, parts' ends
     key = json.dumps(config.fields, sort_keys=True)  # the fields the formats are sniffed with, as the memo keys them
-    remembered_formats = [r.formats.get(key) if r else None for r in remembered]
+    remembered_formats = [r.formats.get(key) if r is not None else None for r in remembered]
     # Who hashes the inputs where it reads them: the engine (Ray's tasks); None: this process, and the
     # local files are hashed as they are read to be tokenized.
     hashing = engine.hashing
@@ -215,7 +215,7 @@ def _hash(inputs: Inputs, hashing: FileHashing | None, cache: bool) -> None:
         began = time.perf_counter()
         try:
             return [
-                ((known.hashed if known else None) or (None, None))
+                ((known.hashed if known is not None else None) or (None, None))
                 if then
                 else memo.fingerprint_and_count(s, cancelled=inputs.cancelled)
                 for s, then, known in zip(sources, inputs.later, inputs.remembered, strict=True)

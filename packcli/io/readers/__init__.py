@@ -280,9 +280,13 @@ def record_formats(
     formats: dict[str, str | None] = {}
     for source, known in zip(sources, remembered, strict=True):
         seen: list[str] = []
-        found, unparsed = (
-            (fmt, None) if fmt != "auto" else (known, None) if known else sniff_format(source, fields, seen)
-        )
+        found: str | None
+        if fmt != "auto":
+            found, unparsed = fmt, None
+        elif known is not None:
+            found, unparsed = known, None
+        else:
+            found, unparsed = sniff_format(source, fields, seen)
         if found is None and unparsed is not None and fail:
             raise InputError(*unparsed)
         if found is None and fail:

@@ -78,7 +78,7 @@ def given_template(chat_template: str | None) -> GivenTemplate:
     builtin = builtin_name(chat_template)
     if builtin is not None:
         return GivenTemplate(chat_template, builtin, builtin_template(builtin))
-    return GivenTemplate(chat_template, None, read_chat_template(chat_template) if chat_template else None)
+    return GivenTemplate(chat_template, None, read_chat_template(chat_template) if chat_template is not None else None)
 
 
 @dataclass(frozen=True)
